@@ -1,0 +1,35 @@
+"""The DCP branch of :func:`mla_sink.run.run`: the local path computes a sink-free (out, lse) over
+this rank's shard, :mod:`mla_sink.dcp` merges across ranks and applies the sink once."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .inputs import DecodeInputs
+from .launch import launch
+from .plan import LaunchPlan
+
+
+def run_dcp(plan: LaunchPlan, inputs: DecodeInputs, *, group: Any, layout: str, num_kv_rows: Optional[int]):
+    """Run ``plan`` (which must return an LSE) on this rank's shard and merge over ``group``.
+
+    Raises:
+        ValueError: no group or no global pool size given, or a plan whose path writes no LSE.
+    """
+    from .dcp import dcp_sparse_mla_decode
+
+    if group is None:
+        raise ValueError(f"'dcp_group' is required when spec.dcp_world_size={plan.spec.dcp_world_size}")
+    if num_kv_rows is None:
+        raise ValueError("'num_kv_rows' (the global pool size N) is required with DCP")
+    if plan.params.get("return_lse") is False:
+        raise ValueError(f"path {plan.path!r} (row {plan.row_id}) writes no LSE and cannot serve DCP")
+
+    def local_decode(x: DecodeInputs):
+        out, lse = launch(plan, x)
+        if lse is None:
+            raise ValueError(f"path {plan.path!r} returned no LSE; DCP needs one")
+        return out, lse
+
+    return dcp_sparse_mla_decode(inputs, group=group, layout=layout, num_kv_rows=num_kv_rows,
+                                 local_decode=local_decode)

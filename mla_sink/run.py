@@ -1,0 +1,187 @@
+"""The pipeline end to end: describe -> validate -> select -> plan -> launch -> finalize.
+
+:func:`run` takes a :class:`CallSpec` and the call's tensors; :func:`sparse_mla_decode` derives the
+spec from the tensors. :func:`prepare` does everything that needs no tensors (validation and
+selection), so engines reject a configuration when they build a layer, never during CUDA-graph
+capture. Semantics: :mod:`mla_sink.reference`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import torch
+
+from .describe import describe
+from .dtypes import DTYPE_KEYS
+from .inputs import DecodeInputs
+from .launch import launch
+from .plan import LaunchPlan
+from .platform import arch_of, detect_platform
+from .records import D_QK, CallSpec, Platform
+from .select import plan_call
+from .validate import check_inputs, check_sinks, check_sm_scale
+
+Result = tuple[torch.Tensor, Optional[torch.Tensor]]
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_plan(spec: CallSpec, platform: Platform, path: Optional[str]) -> LaunchPlan:
+    return plan_call(spec, platform, path=path)
+
+
+def prepare(
+    spec: CallSpec,
+    platform: Optional[Platform] = None,
+    *,
+    path: Optional[str] = None,
+    sinks: Optional[torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+) -> LaunchPlan:
+    """Validate and select with no call tensors: the layer-construction-time check.
+
+    Args:
+        spec: the call description (fields already validated by construction).
+        platform: where it will run (default: this machine's current device).
+        path: force a path (only rows naming it are considered).
+        sinks: the layer's fp32 ``[H]`` sinks, checked now (dtype, shape, contiguity) if given.
+        sm_scale: checked now if given.
+
+    Returns:
+        The cached :class:`LaunchPlan` that every later call of this shape will run.
+
+    Raises:
+        ValueError: sinks or sm_scale malformed, or sinks given while ``spec.sinks`` is False (or
+            the reverse).
+        NoKernelError: the rule table refuses the call on this platform.
+    """
+    if sinks is not None:
+        if not spec.sinks:
+            raise ValueError("'sinks' given but spec.sinks is False; build the spec with sinks=True")
+        check_sinks(sinks, spec.num_heads, sinks.device)
+    if sm_scale is not None:
+        check_sm_scale(sm_scale)
+    return _cached_plan(spec, platform if platform is not None else detect_platform(), path)
+
+
+def check_spec_matches(spec: CallSpec, inputs: DecodeInputs) -> None:
+    """Raise ``ValueError`` when the tensors disagree with the spec they are run under."""
+    got = {
+        "q_dtype": DTYPE_KEYS.get(inputs.q.dtype),
+        "kv_dtype": DTYPE_KEYS.get(inputs.kv_cache.dtype),
+        "num_heads": inputs.q.shape[1],
+        "topk": inputs.indices.shape[1],
+        "sinks": inputs.sinks is not None,
+    }
+    for name, value in got.items():
+        if getattr(spec, name) != value:
+            raise ValueError(f"the tensors give {name}={value!r} but spec.{name}={getattr(spec, name)!r}")
+
+
+def run(
+    spec: CallSpec,
+    inputs: DecodeInputs,
+    *,
+    platform: Optional[Platform] = None,
+    path: Optional[str] = None,
+    dcp_group: Any = None,
+    dcp_layout: str = "interleaved",
+    num_kv_rows: Optional[int] = None,
+) -> Result:
+    """Run one sparse MLA decode call.
+
+    Args:
+        spec: the call description (see :func:`mla_sink.describe.describe`).
+        inputs: the tensors (:class:`DecodeInputs`); with DCP, ``inputs.kv_cache`` is this rank's
+            shard and ``inputs.indices`` hold global row ids.
+        platform: the platform to plan for (default: detected from the tensors' device). It must
+            describe the device the tensors are on.
+        path: force a path instead of the table's first match.
+        dcp_group: ``torch.distributed`` process group of ``spec.dcp_world_size`` ranks (DCP only).
+        dcp_layout: how the pool is sharded over ranks: ``interleaved`` or ``contiguous`` (docs/DCP.md).
+        num_kv_rows: global pool size N (DCP only; default: shard rows * world size is NOT assumed).
+
+    Returns:
+        ``(out, lse)``: ``out`` ``[T, H, 512]`` in q's dtype (bf16 for fp8 q), written into
+        ``inputs.out`` when given; ``lse`` fp32 ``[T, H]``, natural log, sink excluded, ``-inf`` on rows
+        with no valid id; ``None`` only when the call needs no LSE (no sinks, no DCP,
+        ``return_lse=False``) and the chosen path writes none (``aiter_persistent``).
+
+    Raises:
+        ValueError: malformed tensors, or tensors that disagree with ``spec`` or ``platform``.
+        NoKernelError: no path serves the call on this platform.
+    """
+    x = inputs
+    check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
+                 q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out)
+    check_spec_matches(spec, x)
+    device_arch = arch_of(x.device)
+    if platform is None:
+        platform = detect_platform(x.device)
+    elif platform.arch != device_arch:
+        raise ValueError(
+            f"'platform' describes arch {platform.arch!r} but the tensors are on {x.device} (arch {device_arch!r})"
+        )
+    plan = _cached_plan(spec, platform, path)
+    if spec.dcp_world_size > 1:
+        from .dcp_run import run_dcp
+
+        return run_dcp(plan, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows)
+    if dcp_group is not None:
+        raise ValueError("'dcp_group' given but spec.dcp_world_size == 1")
+    return launch(plan, x)
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+    *,
+    topk_length: Optional[torch.Tensor] = None,
+    q_scale: Optional[torch.Tensor] = None,
+    kv_scale: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    max_seqlen_q: int = 1,
+    return_lse: bool = False,
+    logit_cap: float = 0.0,
+    platform: Optional[Platform] = None,
+    path: Optional[str] = None,
+) -> Result:
+    """Sparse MLA decode with optional sinks: the one-call convenience over :func:`run`.
+
+    ``out = sum_j exp(s_j) v_j / (exp(lse) + exp(sink))`` with ``s_j = sm_scale * q.k_j`` over the
+    valid ids j of each row and ``lse = log(sum_j exp(s_j))`` (natural log, sink excluded); see
+    :mod:`mla_sink.reference` for the full semantics.
+
+    Args:
+        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (innermost stride 1).
+        kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns.
+        indices: int32 ``[T, topk]`` global row ids; ``-1`` or any id outside ``[0, N)`` = skip.
+        sinks: optional fp32 ``[H]`` natural-log sink logits, not scaled by ``sm_scale``.
+        sm_scale: default ``576 ** -0.5``.
+        topk_length: optional int32 ``[T]``: use only the first ``topk_length[t]`` ids of row t.
+        q_scale, kv_scale: fp32 ``[1]`` dequantisation scales, required for fp8 q / fp8 KV.
+        out: optional ``[T, H, 512]`` output buffer.
+        max_seqlen_q: query tokens per sequence (AITER kernel choice only).
+        return_lse: guarantee the LSE is returned (it is always returned with sinks).
+        logit_cap: ``> 0`` soft-caps the scaled logits.
+        platform, path: see :func:`run`.
+
+    Returns:
+        ``(out, lse)`` as :func:`run`.
+
+    Raises:
+        ValueError: malformed input. NoKernelError: no path serves the call here.
+    """
+    if sm_scale is None:
+        sm_scale = D_QK ** -0.5
+    spec, platform = describe(q, kv_cache, indices, sinks, max_seqlen_q=max_seqlen_q, return_lse=return_lse,
+                              logit_cap=logit_cap, platform=platform)
+    inputs = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=sm_scale, sinks=sinks,
+                          topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out,
+                          logit_cap=logit_cap)
+    return run(spec, inputs, platform=platform, path=path)
+
