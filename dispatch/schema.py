@@ -1,0 +1,159 @@
+"""Field and path declarations of a rule table, and typed values.
+
+A field has a type (``str``, ``int``, ``float``, ``bool`` or ``version``), may be
+nullable, and declares the domain the checker enumerates. A path names a result a
+row may choose, and may carry ``requires`` conditions that must hold whenever it wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from packaging.version import InvalidVersion, Version
+
+FIELD_TYPES = ("str", "int", "float", "bool", "version")
+NUMERIC_TYPES = ("int", "float", "version")
+
+
+def type_error(ftype: str, value: Any) -> str | None:
+    """Say why ``value`` is not a (non-null) value of field type ``ftype``.
+
+    Args:
+        ftype: One of ``FIELD_TYPES``.
+        value: A candidate value (``None`` is handled by the caller).
+
+    Returns:
+        ``None`` when the value fits, else a short reason such as
+        ``"expected a bool (true/false), got str 'yes'"``.
+    """
+    shown = repr(value) if isinstance(value, str) else format_value(value)
+    got = f"got {type(value).__name__} {shown}"
+    if ftype == "str":
+        return None if isinstance(value, str) else f"expected a string, {got}"
+    if ftype == "bool":
+        return None if isinstance(value, bool) else f"expected a bool (true/false), {got}"
+    if ftype == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"expected an int, {got}"
+    if ftype == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else f"expected a number, {got}"
+    if ftype == "version":
+        if isinstance(value, Version):
+            return None
+        if not isinstance(value, str):
+            return f"expected a version written as a quoted string such as \"0.1.19\", {got}"
+        try:
+            Version(value)
+        except InvalidVersion:
+            return f"expected a PEP 440 version, {got}"
+        return None
+    return f"unknown field type {ftype!r}"
+
+
+def normalize(ftype: str, value: Any) -> Any:
+    """Return the canonical stored form of a value already accepted by ``type_error``.
+
+    Args:
+        ftype: The field type.
+        value: The value, or ``None``.
+
+    Returns:
+        ``float(value)`` for float fields, ``str(value)`` for versions, else ``value``.
+    """
+    if value is None:
+        return None
+    if ftype == "float":
+        return float(value)
+    if ftype == "version":
+        return str(value)
+    return value
+
+
+def format_value(value: Any) -> str:
+    """Format a value the way explanations print it.
+
+    Booleans print as ``true``/``false``, ``None`` as ``None``, strings bare,
+    sequences as ``[a, b]`` and mappings as ``{k: v}``.
+
+    Args:
+        value: Any plain value.
+
+    Returns:
+        The text.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "None"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+@attrs.frozen
+class Field:
+    """One input field that rows may test.
+
+    Attributes:
+        name: The field name (``[a-z_][a-z0-9_]*``).
+        type: One of ``str``, ``int``, ``float``, ``bool``, ``version``.
+        domain: The values the checker enumerates (normalized; ``None`` included
+            when the field is nullable). For ``bool`` it defaults to ``(False, True)``.
+        nullable: Whether ``None`` (YAML ``null``) is a legal value.
+        description: Free text.
+    """
+
+    name: str
+    type: str
+    domain: tuple = ()
+    nullable: bool = False
+    description: str = ""
+
+    def check_value(self, value: Any) -> str | None:
+        """Say why ``value`` is not a legal value of this field.
+
+        Args:
+            value: A candidate value.
+
+        Returns:
+            ``None`` when legal, else the reason.
+        """
+        if value is None:
+            return None if self.nullable else "null given but the field is not nullable"
+        return type_error(self.type, value)
+
+    def grid(self) -> tuple:
+        """Return the values the checker enumerates for this field.
+
+        Returns:
+            The declared domain; for a bool field without one, ``(False, True)``
+            (plus ``None`` when nullable).
+        """
+        if self.domain:
+            return self.domain
+        if self.type == "bool":
+            return (False, True, None) if self.nullable else (False, True)
+        return ()
+
+
+@attrs.frozen
+class PathSpec:
+    """A result a row may choose.
+
+    Attributes:
+        name: The path name (``[a-z0-9_]+``).
+        description: Free text.
+        requires: Conditions (``Condition`` records) that must hold whenever a
+            row naming this path wins; a matching row whose path requirements
+            fail is rejected with those failures.
+        line: Line of the declaration in the YAML file, or 0.
+    """
+
+    name: str
+    description: str = ""
+    requires: tuple = ()
+    line: int = 0

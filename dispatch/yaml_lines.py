@@ -1,0 +1,103 @@
+"""YAML loading that keeps line numbers and rejects duplicate keys.
+
+Mappings load as ``LineDict`` and sequences as ``LineList``; both remember the
+line where they start and the line of each key or item (1-based).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from .errors import TableError
+
+
+class LineDict(dict):
+    """A dict with ``line`` (its first line) and ``key_lines`` (line of each key)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.line = 0
+        self.key_lines: dict = {}
+
+    def line_of(self, key: str) -> int:
+        """Return the line of ``key``, or of the mapping when absent.
+
+        Args:
+            key: A key of the mapping.
+
+        Returns:
+            A 1-based line number.
+        """
+        return self.key_lines.get(key, self.line)
+
+
+class LineList(list):
+    """A list with ``line`` (its first line) and ``item_lines`` (line of each item)."""
+
+    line: int = 0
+    item_lines: list
+
+
+def _row_id(node: yaml.MappingNode) -> str | None:
+    """The scalar ``id`` of a mapping node (a row), to name it in errors."""
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == "id":
+            if isinstance(value_node, yaml.ScalarNode):
+                return value_node.value
+    return None
+
+
+def _convert(node: yaml.Node, loader: yaml.SafeLoader, label: str, where: str = "") -> Any:
+    if isinstance(node, yaml.MappingNode):
+        row_id = _row_id(node)
+        if row_id is not None:
+            where = f"row {row_id!r}: "
+        out = LineDict()
+        out.line = node.start_mark.line + 1
+        for key_node, value_node in node.value:
+            key = _convert(key_node, loader, label, where)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (dict, list)):
+                raise TableError(f"{label}:{line}: {where}a mapping key must be a scalar")
+            if key in out:
+                raise TableError(
+                    f"{label}:{line}: {where}duplicate key {key!r} (first at line {out.key_lines[key]})"
+                )
+            out[key] = _convert(value_node, loader, label, where)
+            out.key_lines[key] = line
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        out_list = LineList(_convert(item, loader, label, where) for item in node.value)
+        out_list.line = node.start_mark.line + 1
+        out_list.item_lines = [item.start_mark.line + 1 for item in node.value]
+        return out_list
+    return loader.construct_object(node, deep=True)
+
+
+def load_yaml(text: str, label: str) -> Any:
+    """Parse one YAML document, keeping line numbers.
+
+    Args:
+        text: The YAML text.
+        label: File name used in error messages.
+
+    Returns:
+        ``LineDict`` / ``LineList`` / scalars; ``None`` for an empty document.
+
+    Raises:
+        TableError: On a YAML syntax error or a duplicate key.
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        return _convert(node, loader, label)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 0
+        raise TableError(f"{label}:{line}: invalid YAML: {exc.problem or exc}") from exc
+    finally:
+        loader.dispose()

@@ -1,0 +1,275 @@
+"""Tests of the table checker: coverage, reachability, path requirements, scale."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from dispatch import TableCheckError, assert_table_ok, check_table, load_table
+
+HEAD = """\
+table: check_demo
+fields:
+  arch: {type: str, domain: [gfx942, gfx950, cpu]}
+  num_heads: {type: int, domain: [16, 32, 64]}
+  need_lse: {type: bool}
+  version: {type: version, nullable: true, domain: ["0.1.12", "0.1.19"]}
+paths:
+  fast: {description: no LSE, requires: {need_lse: {eq: false, because: writes no LSE}}}
+  lse: {description: with LSE}
+  slow: {description: anywhere}
+rows:
+"""
+
+
+def make(rows: str):
+    return load_table(HEAD + textwrap.indent(textwrap.dedent(rows), "  "), name="check_demo.yaml")
+
+
+def kinds(problems):
+    return [(p.kind, p.row_id) for p in problems]
+
+
+GOOD = """\
+- id: fast_gfx950
+  when: {arch: gfx950, need_lse: false, version: {at_least: "0.1.19"}}
+  path: fast
+  why: w
+  source: s
+- id: lse_new
+  when: {version: {present: true, at_least: "0.1.19"}, num_heads: [16, 32]}
+  path: lse
+  why: w
+  source: s
+- id: refuse_cpu
+  when: {arch: cpu}
+  refuse: no cpu
+  why: w
+  source: s
+- id: fallback
+  path: slow
+  why: w
+  source: s
+"""
+
+
+def test_good_table_passes():
+    table = make(GOOD)
+    assert check_table(table) == []
+    assert_table_ok(table, strict=True)
+
+
+def test_nullable_domain_gets_null():
+    assert make(GOOD).fields["version"].grid() == ("0.1.12", "0.1.19", None)
+
+
+def test_shadowed_row_names_the_covering_row():
+    table = make(
+        """\
+        - id: wide
+          when: {num_heads: {le: 64}}
+          path: slow
+          why: w
+          source: s
+        - id: narrow
+          when: {num_heads: 32}
+          path: lse
+          why: w
+          source: s
+        """
+    )
+    problems = check_table(table)
+    assert kinds(problems) == [("shadowed", "narrow"), ("unused_path", None)]
+    assert "earlier row(s) wide" in problems[0].message
+    assert problems[0].message.startswith("check_demo.yaml:17: row 'narrow'")
+    with pytest.raises(TableCheckError, match="shadowed") as info:
+        assert_table_ok(table)
+    assert [p.kind for p in info.value.problems] == ["shadowed", "unused_path"]
+
+
+def test_shadowed_by_several_rows():
+    table = make(
+        """\
+        - id: small
+          when: {num_heads: [16, 32]}
+          path: slow
+          why: w
+          source: s
+        - id: big
+          when: {num_heads: 64}
+          path: lse
+          why: w
+          source: s
+        - id: any
+          path: fast
+          why: w
+          source: s
+        """
+    )
+    problems = check_table(table)
+    assert kinds(problems) == [("shadowed", "any")]
+    assert "earlier row(s) small, big" in problems[0].message
+
+
+def test_gap_reports_an_example_combination():
+    table = make(
+        """\
+        - id: gfx
+          when: {arch: [gfx942, gfx950]}
+          path: slow
+          why: w
+          source: s
+        - id: cpu_small
+          when: {arch: cpu, num_heads: 16}
+          refuse: not here
+          why: w
+          source: s
+        """
+    )
+    problems = check_table(table)
+    gaps = [p for p in problems if p.kind == "gap"]
+    assert len(gaps) == 1 and gaps[0].row_id is None
+    assert "12 of 54 combination(s) match no row" in gaps[0].message
+    assert "e.g. arch=cpu, num_heads=32, need_lse=false, version=0.1.12" in gaps[0].message
+    with pytest.raises(TableCheckError, match="arch=cpu, num_heads=32"):
+        assert_table_ok(table)
+
+
+def test_unsatisfiable_row():
+    table = make(
+        """\
+        - id: impossible
+          when: {num_heads: {gt: 64}, arch: cpu}
+          path: lse
+          why: w
+          source: s
+        - id: contradictory
+          when: {num_heads: {ge: 32, le: 16}}
+          path: lse
+          why: w
+          source: s
+        - id: fallback
+          path: slow
+          why: w
+          source: s
+        """
+    )
+    problems = check_table(table)
+    assert kinds(problems) == [
+        ("unsatisfiable", "impossible"),
+        ("unsatisfiable", "contradictory"),
+        ("unused_path", None),
+    ]
+    assert "no declared value of num_heads satisfies its conditions" in problems[0].message
+    assert "no declared value of num_heads" in problems[1].message
+
+
+def test_requires_violation():
+    table = make(
+        """\
+        - id: fast_everywhere
+          when: {arch: gfx950}
+          path: fast
+          why: w
+          source: s
+        - id: fallback
+          path: slow
+          why: w
+          source: s
+        """
+    )
+    problems = check_table(table)
+    assert kinds(problems) == [("requires", "fast_everywhere"), ("unused_path", None)]
+    message = problems[0].message
+    assert "path 'fast' does not allow" in message
+    assert "need_lse=true, needs false (writes no LSE)" in message
+    assert "arch=gfx950, num_heads=16, need_lse=true" in message
+
+
+def test_requires_never_satisfiable_is_unsatisfiable():
+    table = make(
+        """\
+        - id: fast_lse
+          when: {need_lse: true}
+          path: fast
+          why: w
+          source: s
+        - id: fallback
+          path: slow
+          why: w
+          source: s
+        """
+    )
+    assert kinds(check_table(table)) == [
+        ("requires", "fast_lse"),
+        ("unsatisfiable", "fast_lse"),
+        ("unused_path", None),
+    ]
+
+
+def test_unused_path_is_a_warning():
+    table = make(
+        """\
+        - id: fallback
+          path: slow
+          why: w
+          source: s
+        """
+    )
+    problems = check_table(table)
+    assert kinds(problems) == [("unused_path", None), ("unused_path", None)]
+    assert {p.level for p in problems} == {"warning"}
+    assert "path 'fast' is declared but no row names it" in problems[0].message
+    assert_table_ok(table)  # warnings alone pass
+    with pytest.raises(TableCheckError, match="unused_path"):
+        assert_table_ok(table, strict=True)
+
+
+def test_undeclared_path_in_table_built_in_code():
+    import attrs
+
+    table = make(GOOD)
+    bad_row = attrs.evolve(table.rows[-1], path="ghost")
+    table = attrs.evolve(table, rows=table.rows[:-1] + (bad_row,))
+    assert ("undeclared_path", "fallback") in kinds(check_table(table))
+
+
+def test_checker_agrees_with_select():
+    """Every combination's winner in select is consistent with a clean check."""
+    import itertools
+
+    table = make(GOOD)
+    grids = [f.grid() for f in table.fields.values()]
+    for combo in itertools.product(*grids):
+        sel = table.select(dict(zip(table.fields, combo)))
+        assert sel.row is not None
+
+
+def test_large_grid_completes():
+    """~300k combinations, 15 fields, 20 rows: the checker must finish (no timing assert)."""
+    sizes = [4, 6, 2, 2, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]
+    lines = ["table: big", "fields:"]
+    for i, size in enumerate(sizes):
+        lines.append(f"  f{i}: {{type: int, domain: {list(range(size))}}}")
+    lines += ["paths:", "  a: {requires: {f14: {eq: 0}}}", "  b: {}", "rows:"]
+    for r in range(19):
+        field = r % 14
+        path = "a" if r % 2 else "b"
+        extra = ", f14: 0" if path == "a" else ""
+        lines += [
+            f"  - id: r{r}",
+            f"    when: {{f{field}: {{ge: {1 + r // 14}}}, f{(field + 1) % 14}: {r % 2}{extra}}}",
+            f"    path: {path}",
+            "    why: w",
+            "    source: s",
+        ]
+    lines += ["  - id: fallback", "    path: b", "    why: w", "    source: s"]
+    table = load_table("\n".join(lines) + "\n")
+    total = 1
+    for size in sizes:
+        total *= size
+    assert total == 294912
+    problems = check_table(table)
+    assert all(p.kind in ("shadowed", "unsatisfiable") for p in problems)
+    assert not any(p.kind == "gap" for p in problems)
