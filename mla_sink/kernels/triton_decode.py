@@ -1,0 +1,441 @@
+"""Triton sparse MLA decode with fused sinks and a natural-log, sink-free LSE.
+
+Semantics are those of :func:`mla_sink.reference.sparse_mla_decode_reference` (the float64 reference):
+``s_j = sm_scale * q.k_j`` over the valid ids of a token row (``0 <= id < N``, position ``<
+topk_length[t]``), optionally soft-capped ``s = cap * tanh(s / cap)``; ``lse = log(sum_j exp(s_j))``
+(natural log, sink excluded, ``-inf`` for an empty row); ``out = sum_j exp(s_j - lse) v_j`` times
+``sigmoid(lse - sink)`` (0 on empty rows; ``sink = +inf`` gives 0, ``sink = -inf`` changes nothing).
+
+Kernel structure (one program per (head block, KV split, token); head blocks of one token are
+adjacent in launch order so their identical gathers hit L2):
+
+* the 576 dims are two dots: a 512-dim latent dot and a 64-dim RoPE dot (Triton blocks are powers of
+  two); the gathered latent tile is reused as V (no second load);
+* online softmax in base 2 (``log2 e`` folded into the scale), fp32 accumulation; the LSE written to
+  ``lse`` is converted back to natural log;
+* ids that are ``-1``, negative, ``>= N`` or past ``topk_length`` are masked in the gathered load
+  (``other=0``): their rows are never read, so NaN in unreferenced rows cannot leak; ids are cast
+  to int64 before multiplying by the row stride (pools beyond 2^31 bytes);
+* fp8 KV/q are converted to bf16 tiles (exact) and the per-tensor scales, read from device memory,
+  are folded into the scores and the output; ``fp8_e4m3fnuz`` is decoded from its bits through
+  ``e4m3fn`` (value / 2, with its own NaN and max encodings) so it runs on NVIDIA and the CPU too;
+* split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
+  with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
+  exactly once.
+
+On the CPU the same Python function runs through Triton's interpreter
+(``triton.runtime.interpreter.InterpretedFunction``), without ``TRITON_INTERPRET`` being set; an
+``UPCAST`` constexpr (true only there) casts half tiles to fp32 before any arithmetic, because the
+interpreter does not do bf16 arithmetic (DESIGN.md, triton-lang/triton#11584).
+
+Source: the split-KV decode + combine structure of lightllm/sglang ``decode_attention`` kernels; the
+online softmax of Triton tutorial 06; the sink formula of FlashMLA ``flash_mla_interface.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Optional
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ..dtypes import DTYPE_KEYS, out_dtype_for
+from .tuning import TritonConfig, num_kv_splits_for, triton_config
+
+D_QK = 576
+D_V = 512
+D_PE = D_QK - D_V
+LOG2E = 1.4426950408889634
+
+
+def _sparse_mla_decode_kernel(
+    Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
+    OUT, LSE, PART_OUT, PART_LSE,
+    sm_scale, logit_cap,
+    num_rows, topk, ids_per_split,
+    stride_qt, stride_qh, stride_kv, stride_it,
+    stride_ot, stride_oh, stride_lt, stride_lh,
+    stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+    NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
+    Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Stage 1: one program = (head block, KV split, token). See the module docstring."""
+    pid_h = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_t = tl.program_id(2).to(tl.int64)
+
+    LOG2E_C: tl.constexpr = 1.4426950408889634
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < NUM_HEADS
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    # ---- q tile [BLOCK_H, 512] + [BLOCK_H, 64]; padded heads load 0 ----
+    q_ptr = Q + pid_t * stride_qt + offs_h[:, None] * stride_qh
+    q_nope = tl.load(q_ptr + offs_d[None, :], mask=mask_h[:, None], other=0.0)
+    q_rope = tl.load(q_ptr + D_NOPE + offs_r[None, :], mask=mask_h[:, None], other=0.0)
+
+    # Scale of the scores in base 2: sm_scale * log2(e) * q_scale * kv_scale.
+    qk_scale = sm_scale
+    if Q_FP8:
+        qk_scale = qk_scale * tl.load(Q_SCALE)
+    if KV_FP8:
+        qk_scale = qk_scale * tl.load(KV_SCALE)
+
+    if Q_FP8:
+        if Q_FNUZ:
+            qb_n = q_nope.to(tl.uint8, bitcast=True)
+            qb_r = q_rope.to(tl.uint8, bitcast=True)
+            q_nope = qb_n.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            q_rope = qb_r.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            q_nope = tl.where((qb_n & 0x7F) == 0x7F, tl.where(qb_n >= 128, -480.0, 480.0), q_nope)
+            q_rope = tl.where((qb_r & 0x7F) == 0x7F, tl.where(qb_r >= 128, -480.0, 480.0), q_rope)
+            q_nope = tl.where(qb_n == 0x80, float("nan"), q_nope) * 0.5
+            q_rope = tl.where(qb_r == 0x80, float("nan"), q_rope) * 0.5
+        if UPCAST:
+            q_nope = q_nope.to(tl.float32)
+            q_rope = q_rope.to(tl.float32)
+        else:
+            q_nope = q_nope.to(tl.bfloat16)
+            q_rope = q_rope.to(tl.bfloat16)
+    elif UPCAST:
+        q_nope = q_nope.to(tl.float32)
+        q_rope = q_rope.to(tl.float32)
+
+    # ---- this split's id range ----
+    t_end = topk
+    if HAS_TOPK_LEN:
+        t_end = tl.minimum(tl.maximum(tl.load(TOPK_LEN + pid_t), 0), topk)
+    start = pid_s * ids_per_split
+    end = tl.minimum(start + ids_per_split, t_end)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)
+
+    idx_row = IDX + pid_t * stride_it
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        in_range = pos < end
+        ids = tl.load(idx_row + pos, mask=in_range, other=-1)
+        valid = in_range & (ids >= 0) & (ids < num_rows)
+        row = KV + ids.to(tl.int64) * stride_kv
+        k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
+        if KV_FP8:
+            if KV_FNUZ:
+                kb_n = k_nope.to(tl.uint8, bitcast=True)
+                kb_r = k_rope.to(tl.uint8, bitcast=True)
+                k_nope = kb_n.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                k_rope = kb_r.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                k_nope = tl.where((kb_n & 0x7F) == 0x7F, tl.where(kb_n >= 128, -480.0, 480.0), k_nope)
+                k_rope = tl.where((kb_r & 0x7F) == 0x7F, tl.where(kb_r >= 128, -480.0, 480.0), k_rope)
+                k_nope = tl.where(kb_n == 0x80, float("nan"), k_nope) * 0.5
+                k_rope = tl.where(kb_r == 0x80, float("nan"), k_rope) * 0.5
+            if UPCAST:
+                k_nope = k_nope.to(tl.float32)
+                k_rope = k_rope.to(tl.float32)
+            else:
+                k_nope = k_nope.to(q_nope.dtype)
+                k_rope = k_rope.to(q_nope.dtype)
+        elif UPCAST:
+            k_nope = k_nope.to(tl.float32)
+            k_rope = k_rope.to(tl.float32)
+
+        qk = tl.dot(q_nope, tl.trans(k_nope))
+        qk = tl.dot(q_rope, tl.trans(k_rope), qk)
+        if HAS_CAP:
+            s = qk * qk_scale
+            e = tl.exp(2.0 * s / logit_cap)
+            s = logit_cap * (1.0 - 2.0 / (e + 1.0))
+            s = s * LOG2E_C
+        else:
+            s = qk * (qk_scale * LOG2E_C)
+        s = tl.where(valid[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        m_i = m_new
+
+    # ---- epilogue ----
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    if KV_FP8:
+        out = out * tl.load(KV_SCALE)
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
+
+    if SPLIT:
+        po = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        tl.store(po, out, mask=mask_h[:, None])
+        tl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=mask_h)
+    else:
+        if HAS_SINKS:
+            sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
+            # sigmoid(lse - sink) = 1 / (1 + 2^((sink - lse) * log2 e)); 0 on empty rows.
+            diff = tl.where(empty, 0.0, sink * LOG2E_C - lse2)  # no -inf - -inf on empty rows
+            factor = tl.where(empty, 0.0, 1.0 / (1.0 + tl.exp2(diff)))
+            out = out * factor[:, None]
+        o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
+        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=mask_h)
+
+
+def _sparse_mla_combine_kernel(
+    PART_OUT, PART_LSE, SINKS, OUT, LSE,
+    num_splits,
+    stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+    stride_ot, stride_oh, stride_lt, stride_lh,
+    NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, D_NOPE: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    """Stage 2: merge the fp32 partial states of the splits of one (token, head block); apply the sink once."""
+    pid_h = tl.program_id(0)
+    pid_t = tl.program_id(1).to(tl.int64)
+    LOG2E_C: tl.constexpr = 1.4426950408889634
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < NUM_HEADS
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D_NOPE)
+
+    pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
+    lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
+    m = tl.max(lses, 0)  # [BLOCK_H]
+    empty = m == float("-inf")
+    m_safe = tl.where(empty, 0.0, m)
+    l_sum = tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
+
+    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)
+    for s in range(0, num_splits):
+        ls = tl.load(PART_LSE + pid_t * stride_plt + s * stride_pls + offs_h, mask=mask_h, other=float("-inf"))
+        w = tl.exp2(ls - m_safe)  # 0 for a split with no valid id
+        po = PART_OUT + pid_t * stride_pt + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        o = tl.load(po, mask=mask_h[:, None] & (w[:, None] > 0.0), other=0.0)
+        acc += w[:, None] * o
+
+    l_safe = tl.where(empty, 1.0, l_sum)
+    out = acc / l_safe[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_safe + tl.log2(l_safe))
+    if HAS_SINKS:
+        sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
+        diff = tl.where(empty, 0.0, sink * LOG2E_C - lse2)
+        factor = tl.where(empty, 0.0, 1.0 / (1.0 + tl.exp2(diff)))
+        out = out * factor[:, None]
+    o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
+    tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=mask_h)
+
+
+_decode_jit = triton.jit(_sparse_mla_decode_kernel)
+_combine_jit = triton.jit(_sparse_mla_combine_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreted(name: str):
+    """The interpreter version of a kernel (CPU tensors), built without needing TRITON_INTERPRET=1.
+
+    Triton 3.6 and 3.9 both construct it as ``InterpretedFunction(fn)`` and launch it as ``fn[grid](...)``.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+
+    fn = {"decode": _sparse_mla_decode_kernel, "combine": _sparse_mla_combine_kernel}[name]
+    return InterpretedFunction(fn)
+
+
+@contextlib.contextmanager
+def _interpreter_stdlib():
+    """Make ``tl.sum``, ``tl.max``, ``tl.zeros``... callable by the interpreter for the duration of a launch.
+
+    Without ``TRITON_INTERPRET=1`` at import, Triton's standard library functions are ``JITFunction``s,
+    which refuse to be called outside a compiled kernel. The interpreter build of them is what
+    ``TRITON_INTERPRET=1`` would have made at import time: ``InterpretedFunction(f.fn)``. They are
+    swapped in for the launch and restored afterwards (one object per function, so the interpreter's
+    identity checks of combine functions such as ``tl.standard._sum_combine`` still hold).
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    try:  # imported lazily by Triton's argument mangling; it asserts the stdlib is unpatched
+        import triton.experimental.gluon  # noqa: F401
+    except Exception:  # pragma: no cover - absent in older Triton
+        pass
+    modules = [tl, tl.standard, tl.math, tl.core]
+    replaced: dict[int, object] = {}
+    saved = []
+    for mod in modules:
+        for name, obj in list(vars(mod).items()):
+            if isinstance(obj, JITFunction):
+                new = replaced.setdefault(id(obj), InterpretedFunction(obj.fn))
+                saved.append((mod, name, obj))
+                setattr(mod, name, new)
+    try:
+        with np.errstate(all="ignore"):  # exp overflow to inf in the soft cap is intended
+            yield
+    finally:
+        for mod, name, obj in reversed(saved):
+            setattr(mod, name, obj)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _arch(device_type: str, device_index: Optional[int]) -> str:
+    from ..platform import arch_of
+
+    return arch_of(torch.device(device_type, device_index) if device_type != "cpu" else "cpu")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cpu":
+        return 1
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def sparse_mla_decode_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+    *,
+    topk_length: Optional[torch.Tensor] = None,
+    q_scale: Optional[torch.Tensor] = None,
+    kv_scale: Optional[torch.Tensor] = None,
+    logit_cap: float = 0.0,
+    out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
+    num_kv_splits: Optional[int] = None,
+    config: Optional[TritonConfig] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode with fused sinks (Triton; CPU tensors run through Triton's interpreter).
+
+    Args:
+        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (e4m3fn or e4m3fnuz), any strides.
+        kv_cache: ``[N, 576]`` bf16 / fp16 / fp8 rows (one shared KV head; value = first 512 columns);
+            any row stride.
+        indices: int32 ``[T, topk]`` global row ids; ``-1``, negative and ``>= N`` ids are skipped
+            wherever they sit.
+        sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
+        sm_scale: multiplies ``q.k``; default ``576 ** -0.5``.
+        topk_length: optional int32 ``[T]``; only the first ``topk_length[t]`` ids of row t are used.
+        q_scale, kv_scale: fp32 ``[1]`` dequantisation scales for fp8 q / fp8 KV (value = stored *
+            scale), read inside the kernel (no host synchronisation).
+        logit_cap: ``> 0`` soft-caps the scaled logits, ``s = cap * tanh(s / cap)``.
+        out: optional ``[T, H, 512]`` output buffer (q's dtype; bf16 for fp8 q), written in full.
+        lse: optional fp32 ``[T, H]`` buffer, written in full.
+        num_kv_splits: KV splits per token; ``None`` picks from the tuning table and the SM count.
+        config: a :class:`~mla_sink.kernels.tuning.TritonConfig` overriding the tuning table.
+
+    Returns:
+        ``(out, lse)``: ``out [T, H, 512]`` = sink-free attention output times
+        ``sigmoid(lse - sink)`` (0 on rows with no valid id); ``lse`` fp32 ``[T, H]``, natural log,
+        sink excluded, ``-inf`` on rows with no valid id.
+
+    Inputs are validated by the caller (:mod:`mla_sink.validate`); this launcher assumes valid input.
+    No ``.item()``/``.cpu()``: the call can be captured in a CUDA graph.
+
+    Source: semantics of :func:`mla_sink.reference.sparse_mla_decode_reference`.
+    """
+    T, H, d_qk = q.shape
+    topk = indices.shape[1]
+    num_rows = kv_cache.shape[0]
+    device = q.device
+    q_key = DTYPE_KEYS[q.dtype]
+    kv_key = DTYPE_KEYS[kv_cache.dtype]
+    if out is None:
+        out = torch.empty((T, H, D_V), dtype=out_dtype_for(q_key), device=device)
+    if lse is None:
+        lse = torch.empty((T, H), dtype=torch.float32, device=device)
+    if T == 0 or H == 0:
+        return out, lse
+    if sm_scale is None:
+        sm_scale = d_qk ** -0.5
+
+    interp = device.type == "cpu"
+    arch = _arch(device.type, device.index)
+    cfg = config if config is not None else triton_config(arch, q_key, kv_key, H, T, topk)
+    block_h = cfg.block_h_for(H)
+    num_hb = triton.cdiv(H, block_h)
+    if num_kv_splits is None:
+        num_kv_splits = num_kv_splits_for(cfg, T, num_hb, topk, _num_sms(device))
+    num_kv_splits = max(1, min(int(num_kv_splits), triton.cdiv(max(topk, 1), cfg.block_n)))
+    ids_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_kv_splits), cfg.block_n) * cfg.block_n
+    num_kv_splits = triton.cdiv(max(topk, 1), ids_per_split)
+
+    # Kernels assume a unit stride on the last dim of q, kv_cache and indices (copy otherwise).
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if kv_cache.stride(-1) != 1:
+        kv_cache = kv_cache.contiguous()
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    out_k = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+    q_fnuz = q.dtype == torch.float8_e4m3fnuz
+    kv_fnuz = kv_cache.dtype == torch.float8_e4m3fnuz
+    q_k = q.view(torch.uint8) if q_fnuz else q
+    kv_k = kv_cache.view(torch.uint8) if kv_fnuz else kv_cache
+
+    dummy = lse
+    split = num_kv_splits > 1
+    if split:
+        part_out = torch.empty((T, num_kv_splits, H, D_V), dtype=torch.float32, device=device)
+        part_lse = torch.empty((T, num_kv_splits, H), dtype=torch.float32, device=device)
+    else:
+        part_out, part_lse = dummy, dummy
+    q_fp8 = q.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+    kv_fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+    decode = _interpreted("decode") if interp else _decode_jit
+    combine = _interpreted("combine") if interp else _combine_jit
+    sinks_k = sinks if sinks is not None else dummy
+    with _interpreter_stdlib() if interp else contextlib.nullcontext():
+        decode[(num_hb, num_kv_splits, T)](
+            q_k, kv_k, indices, sinks_k,
+            topk_length if topk_length is not None else dummy,
+            q_scale if q_fp8 else dummy,
+            kv_scale if kv_fp8 else dummy,
+            out_k, lse, part_out, part_lse,
+            float(sm_scale), float(logit_cap) if logit_cap > 0 else 1.0,
+            num_rows, topk, ids_per_split,
+            q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
+            out_k.stride(0), out_k.stride(1), lse.stride(0), lse.stride(1),
+            part_out.stride(0) if split else 0, part_out.stride(1) if split else 0,
+            part_out.stride(2) if split else 0,
+            part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
+            NUM_HEADS=H, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_V, D_ROPE=D_PE,
+            HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None, HAS_CAP=logit_cap > 0,
+            Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=q_fnuz, KV_FNUZ=kv_fnuz,
+            SPLIT=split, UPCAST=interp,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        if split:
+            cbh = min(cfg.combine_block_h, max(16, triton.next_power_of_2(H)))
+            combine[(triton.cdiv(H, cbh), T)](
+                part_out, part_lse, sinks_k, out_k, lse,
+                num_kv_splits,
+                part_out.stride(0), part_out.stride(1), part_out.stride(2),
+                part_lse.stride(0), part_lse.stride(1),
+                out_k.stride(0), out_k.stride(1), lse.stride(0), lse.stride(1),
+                NUM_HEADS=H, BLOCK_H=cbh, D_NOPE=D_V, BLOCK_S=triton.next_power_of_2(num_kv_splits),
+                HAS_SINKS=sinks is not None,
+                num_warps=4, num_stages=1,
+            )
+    if out_k is not out:
+        out.copy_(out_k)
+    return out, lse

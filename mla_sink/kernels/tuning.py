@@ -1,0 +1,118 @@
+"""Launch parameters of the Triton decode kernel, looked up in ``tables/triton_tuning.yaml``.
+
+The table is a rule table in the project's generic format (ordered rows, first match wins, single
+path ``triton``); :func:`triton_config` is the only lookup, so swapping the matcher for
+``dispatch.load_table`` is one line (:func:`_select`). No arch-specific branches live in code.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import attrs
+
+from ..table_files import table_path
+
+
+@attrs.frozen
+class TritonConfig:
+    """Launch parameters of :func:`mla_sink.kernels.triton_decode.sparse_mla_decode_triton`.
+
+    Attributes:
+        block_h: head block (a power of two >= 16); clamped per call by :meth:`block_h_for`.
+        block_n: ids gathered per loop step (a power of two >= 16).
+        num_warps, num_stages: Triton launch options.
+        max_kv_splits: upper bound on KV splits per token.
+        min_ids_per_split: lower bound on ids per split.
+        split_waves: target programs per SM when splitting.
+        split_min_fill: split only when the unsplit grid has fewer than this fraction of the SMs' programs.
+        combine_block_h: head block of the combine kernel.
+        row: id of the table row that produced it (``"explicit"`` when built by hand).
+    """
+
+    block_h: int = 64
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+    max_kv_splits: int = 32
+    min_ids_per_split: int = 64
+    split_waves: float = 1.0
+    split_min_fill: float = 0.5
+    combine_block_h: int = 16
+    row: str = "explicit"
+
+    def block_h_for(self, num_heads: int) -> int:
+        """Head block for ``num_heads`` heads: ``min(block_h, max(16, next_pow2(num_heads)))``."""
+        return min(self.block_h, max(16, 1 << max(0, (num_heads - 1).bit_length())))
+
+
+_PARAM_NAMES = {
+    "BLOCK_H": "block_h", "BLOCK_N": "block_n", "num_warps": "num_warps", "num_stages": "num_stages",
+    "max_kv_splits": "max_kv_splits", "min_ids_per_split": "min_ids_per_split",
+    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h",
+}
+
+
+def _cond_holds(value: Any, cond: Any) -> bool:
+    """Minimal matcher of the rule-table condition forms (scalar = eq, list = in, operator mapping)."""
+    if isinstance(cond, list):
+        return value in cond
+    if not isinstance(cond, dict):
+        return value == cond
+    ops = {
+        "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
+        "in": lambda a, b: a in b, "not_in": lambda a, b: a not in b,
+        "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
+        "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+        "range": lambda a, b: b[0] <= a <= b[1],
+    }
+    return all(ops[op](value, arg) for op, arg in cond.items())
+
+
+@functools.lru_cache(maxsize=None)
+def _load_rows() -> tuple:
+    import yaml
+
+    with open(table_path("triton_tuning")) as f:
+        doc = yaml.safe_load(f)
+    return tuple(doc["rows"])
+
+
+def _select(values: dict) -> tuple[str, dict]:
+    """(row id, params) of the first matching row. The one place that changes when ``dispatch`` lands."""
+    for row in _load_rows():
+        if all(_cond_holds(values.get(k), c) for k, c in (row.get("when") or {}).items()):
+            return row["id"], dict(row["params"])
+    raise LookupError(f"no row of triton_tuning matches {values}")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_config(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, topk: int) -> TritonConfig:
+    """Launch parameters for one call shape, from ``tables/triton_tuning.yaml``.
+
+    Args:
+        arch: compile target (``sm90``, ``gfx942``, ``cpu``, ...).
+        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
+        num_heads: H. num_tokens: T. topk: ids per token.
+
+    Raises:
+        LookupError: no row matches (the table's last row should catch every GPU).
+    """
+    row_id, params = _select({"arch": arch, "q_dtype": q_dtype, "kv_dtype": kv_dtype,
+                              "num_heads": num_heads, "num_tokens": num_tokens, "topk": topk})
+    return TritonConfig(row=row_id, **{_PARAM_NAMES[k]: v for k, v in params.items()})
+
+
+def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, topk: int, num_sms: int) -> int:
+    """KV splits per token: 1 when ``T * head blocks`` fills the GPU, else enough to reach ``split_waves``.
+
+    A pure function of shapes and the SM count (no device data), so it is safe under CUDA-graph capture.
+    """
+    programs = max(1, num_tokens * num_head_blocks)
+    if programs >= cfg.split_min_fill * num_sms:
+        return 1
+    want = math.ceil(cfg.split_waves * num_sms / programs)
+    most = max(1, math.ceil(topk / cfg.min_ids_per_split))
+    return max(1, min(want, cfg.max_kv_splits, most))

@@ -1,0 +1,228 @@
+"""The Triton decode kernel on the CPU (Triton's interpreter) against the float64 reference.
+
+Adversarial inputs of DESIGN.md: empty rows, ``-1`` anywhere, ids equal to N and to 2^31-1, ±inf
+sinks, NaN in unreferenced KV rows, padded head counts, non-contiguous q, topk_length, logit cap,
+split and unsplit launches. Output and LSE buffers are poisoned with NaN before every call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from mla_sink.kernels.triton_decode import sparse_mla_decode_triton  # noqa: E402
+from mla_sink.kernels.tuning import TritonConfig, num_kv_splits_for, triton_config  # noqa: E402
+from mla_sink.reference import sparse_mla_decode_reference  # noqa: E402
+
+D_QK, D_V = 576, 512
+FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, **FP8}
+NAN_BITS = {"fp8_e4m3": 0x7F, "fp8_e4m3fnuz": 0x80}
+
+#: (atol, rtol) of ``out`` against float64, by out dtype. Under the interpreter every product is fp32
+#: (half tiles are upcast), so the error is the final rounding of out to its dtype plus fp32 sums.
+OUT_TOL = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 8e-3)}
+LSE_TOL = (2e-5, 1e-5)  # fp32 online softmax over <= 256 ids
+
+UNSPLIT = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1)
+SPLIT_KW = dict(config=TritonConfig(block_h=64, block_n=16, num_warps=4, num_stages=1), num_kv_splits=3)
+
+
+def make_case(T, H, topk, q_dtype="bf16", kv_dtype="bf16", N=160, seed=0, sinks="mixed"):
+    """Inputs whose rows are: 0 = ids with -1, -5, N, 2^31-1 mixed in; 1 = first 16 ids -1; 2 = empty."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, D_QK, generator=g) * 1.5
+    kv = torch.randn(N, D_QK, generator=g)
+    idx = torch.randint(0, N - 8, (T, topk), generator=g, dtype=torch.int32)  # rows N-8.. never used
+    bad = torch.tensor([-1, -5, N, 2**31 - 1], dtype=torch.int32)
+    if T > 0:
+        pos = torch.arange(0, topk, 3)
+        idx[0, pos] = bad[torch.arange(len(pos)) % 4]
+    if T > 1:
+        idx[1, : min(16, topk - 1) if topk > 1 else 0] = -1
+    if T > 2:
+        idx[2] = -1
+    q_scale = kv_scale = None
+    if kv_dtype in FP8:
+        kv = (kv * 0.5).to(FP8[kv_dtype])
+        kv_scale = torch.tensor([1.7])
+    else:
+        kv = kv.to(DT[kv_dtype])
+    if q_dtype in FP8:
+        q = (q * 0.5).to(FP8[q_dtype])
+        q_scale = torch.tensor([0.8])
+    else:
+        q = q.to(DT[q_dtype])
+    # NaN in every row no valid id references: it must never reach the result.
+    used = torch.zeros(N, dtype=torch.bool)
+    ok = (idx >= 0) & (idx < N)
+    used[idx[ok].long()] = True
+    if kv_dtype in FP8:
+        kv.view(torch.uint8)[~used] = NAN_BITS[kv_dtype]
+    else:
+        kv[~used] = float("nan")
+    if sinks == "mixed":
+        vals = [float("-inf"), 0.5, float("inf"), 0.0, 20.0, 100.0, -1.0, 2.0]
+        s = torch.tensor([vals[h % len(vals)] for h in range(H)], dtype=torch.float32)
+    elif sinks is None:
+        s = None
+    else:
+        s = torch.full((H,), float(sinks))
+    return dict(q=q, kv_cache=kv, indices=idx, sinks=s, q_scale=q_scale, kv_scale=kv_scale)
+
+
+def run_both(case, sm_scale=None, **kw):
+    """(kernel out, kernel lse, reference out, reference lse) with poisoned output buffers."""
+    q = case["q"]
+    T, H, _ = q.shape
+    out_dtype = torch.bfloat16 if q.dtype in FP8.values() else q.dtype
+    out = torch.full((T, H, D_V), float("nan"), dtype=out_dtype)
+    lse = torch.full((T, H), float("nan"))
+    extra = {k: kw.pop(k) for k in ("topk_length", "logit_cap") if k in kw}
+    o, l = sparse_mla_decode_triton(case["q"], case["kv_cache"], case["indices"], case["sinks"], sm_scale,
+                                    q_scale=case["q_scale"], kv_scale=case["kv_scale"], out=out, lse=lse,
+                                    **extra, **kw)
+    assert o.data_ptr() == out.data_ptr() and l.data_ptr() == lse.data_ptr()
+    assert not torch.isnan(o).any(), "out has NaN (unwritten element or leaked NaN)"
+    assert not torch.isnan(l).any(), "lse has NaN (unwritten element or leaked NaN)"
+    ro, rl = sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"], sm_scale,
+                                         q_scale=case["q_scale"], kv_scale=case["kv_scale"], **extra)
+    return o, l, ro, rl
+
+
+def check(o, l, ro, rl):
+    atol, rtol = OUT_TOL[o.dtype]
+    torch.testing.assert_close(o.double(), ro, atol=atol, rtol=rtol)
+    torch.testing.assert_close(l, rl, atol=LSE_TOL[0], rtol=LSE_TOL[1])
+
+
+@pytest.mark.parametrize("H,topk", list(itertools.product([1, 5, 16, 24, 64], [1, 37, 256])),
+                         ids=lambda v: str(v))
+def test_bf16_heads_topk(H, topk):
+    case = make_case(4, H, topk)
+    check(*run_both(case, config=UNSPLIT))
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", [
+    ("fp16", "fp16"), ("bf16", "bf16"), ("bf16", "fp8_e4m3"), ("fp16", "fp8_e4m3"),
+    ("bf16", "fp8_e4m3fnuz"), ("fp16", "fp8_e4m3fnuz"), ("fp8_e4m3", "fp8_e4m3"),
+    ("fp8_e4m3fnuz", "fp8_e4m3fnuz"),
+])
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_dtypes(q_dtype, kv_dtype, split):
+    case = make_case(4, 24, 37, q_dtype, kv_dtype, seed=1)
+    kw = SPLIT_KW if split else dict(config=UNSPLIT)
+    check(*run_both(case, **kw))
+
+
+def test_fp8_max_values_decode_exactly():
+    """Every finite fp8 bit pattern (including fnuz's +-240 at 0x7F/0xFF) dequantises like torch does."""
+    for key, dt in FP8.items():
+        bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        vals = bits.view(dt).float()
+        finite = torch.isfinite(vals)
+        row_bits = bits[finite][:D_QK]
+        kv = torch.zeros(4, D_QK, dtype=torch.uint8)
+        kv[0, : len(row_bits)] = row_bits
+        kv = kv.view(dt)
+        q = torch.zeros(1, 1, D_QK, dtype=torch.float16)
+        q[0, 0, 0] = 1.0
+        idx = torch.tensor([[0]], dtype=torch.int32)
+        o, l = sparse_mla_decode_triton(q, kv, idx, kv_scale=torch.tensor([1.0]), config=UNSPLIT)
+        ro, rl = sparse_mla_decode_reference(q, kv, idx, kv_scale=torch.tensor([1.0]))
+        torch.testing.assert_close(o.double(), ro, atol=1e-3, rtol=2e-3, msg=key)
+
+
+@pytest.mark.parametrize("sink", [float("-inf"), float("inf"), 0.0, 20.0, 100.0])
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_sink_values(sink, split):
+    case = make_case(3, 5, 37, sinks=sink, seed=2)
+    kw = SPLIT_KW if split else dict(config=UNSPLIT)
+    o, l, ro, rl = run_both(case, **kw)
+    check(o, l, ro, rl)
+    if sink == float("inf"):
+        assert (o == 0).all()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_sink_is_applied_once(split):
+    """With sinks the result differs from the sink-free one, and matches the reference."""
+    case = make_case(3, 16, 256, sinks=None, seed=3)
+    kw = SPLIT_KW if split else dict(config=UNSPLIT)
+    o0, l0, _, _ = run_both(case, **kw)
+    case["sinks"] = torch.linspace(3.0, 7.0, 16)  # lse ~ log(256): factors well inside (0, 1)
+    o1, l1, ro, rl = run_both(case, **kw)
+    assert not torch.allclose(o1[:2].float(), o0[:2].float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(l1, l0)  # the LSE is sink-free
+    check(o1, l1, ro, rl)
+
+
+def test_split_counts_and_empty_splits():
+    case = make_case(4, 16, 256, seed=4)
+    case["indices"][0, 64:] = -1  # the later splits of row 0 hold no valid id
+    for splits in (2, 5, 16):
+        cfg = TritonConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
+        check(*run_both(case, config=cfg, num_kv_splits=splits))
+
+
+def test_noncontiguous_q():
+    case = make_case(3, 8, 37, seed=5)
+    base = torch.randn(3, 16, D_QK).to(torch.bfloat16)
+    case["q"] = base[:, ::2]  # head stride 2 * 576
+    check(*run_both(case, config=UNSPLIT))
+    wide = torch.randn(3, 8, 2 * D_QK).to(torch.bfloat16)
+    case["q"] = wide[..., ::2]  # stride(-1) = 2: copied by the launcher
+    check(*run_both(case, config=UNSPLIT))
+
+
+def test_topk_length():
+    case = make_case(4, 5, 37, seed=6)
+    tl_ = torch.tensor([37, 20, 5, 0], dtype=torch.int32)
+    check(*run_both(case, config=UNSPLIT, topk_length=tl_))
+    check(*run_both(case, topk_length=tl_, **SPLIT_KW))
+
+
+def test_logit_cap_and_scale():
+    case = make_case(3, 5, 37, seed=7)
+    check(*run_both(case, sm_scale=0.2, config=UNSPLIT, logit_cap=3.0))
+    check(*run_both(case, sm_scale=0.2, logit_cap=3.0, **SPLIT_KW))
+
+
+def test_default_config_and_allocation():
+    case = make_case(2, 5, 37, seed=8)
+    o, l = sparse_mla_decode_triton(case["q"], case["kv_cache"], case["indices"], case["sinks"])
+    ro, rl = sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"])
+    assert o.shape == (2, 5, D_V) and o.dtype == torch.bfloat16 and l.dtype == torch.float32
+    check(o, l, ro, rl)
+
+
+def test_empty_batch():
+    q = torch.zeros(0, 4, D_QK, dtype=torch.bfloat16)
+    o, l = sparse_mla_decode_triton(q, torch.zeros(8, D_QK, dtype=torch.bfloat16),
+                                    torch.zeros(0, 16, dtype=torch.int32))
+    assert o.shape == (0, 4, D_V) and l.shape == (0, 4)
+
+
+def test_all_rows_empty():
+    case = make_case(2, 5, 37, seed=9)
+    case["indices"][:] = -1
+    o, l, ro, rl = run_both(case, **SPLIT_KW)
+    assert (o == 0).all() and torch.isneginf(l).all()
+
+
+def test_tuning_table_and_split_heuristic():
+    cfg = triton_config("sm90", "bf16", "bf16", 128, 256, 2048)
+    assert cfg.row.startswith("sm90")
+    assert cfg.block_h_for(5) == 16 and cfg.block_h_for(128) == cfg.block_h
+    for arch in ("sm80", "sm100", "gfx942", "gfx950", "cpu"):
+        assert triton_config(arch, "bf16", "bf16", 16, 2, 2048).block_n >= 16
+    # Few tokens split, many do not; never more splits than ids allow.
+    assert num_kv_splits_for(cfg, 256, 2, 2048, 132) == 1
+    assert num_kv_splits_for(cfg, 2, 2, 2048, 132) > 1
+    assert num_kv_splits_for(cfg, 1, 1, 64, 132) == 1
+    assert math.isfinite(cfg.split_waves)
