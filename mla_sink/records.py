@@ -21,7 +21,7 @@ D_QK = 576  #: 512 latent + 64 RoPE dims of a DeepSeek-style MLA query/key.
 D_V = 512  #: latent dims that serve as the value.
 
 _DTYPES = tuple(sorted(DTYPE_KEYS.values()))
-_ARCH_RE = re.compile(r"^(gfx[0-9]{3,4}[a-z]?|sm[0-9]{2,3}[a-z]?|cpu)$")
+_ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm[0-9]{2,3}[a-z]?|cpu)$")
 
 
 def _int_at_least(lo: int):

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from .describe import describe
+from . import ops  # noqa: F401  (registers torch.ops.mla_sink.*)
 from .dtypes import DTYPE_KEYS
 from .inputs import DecodeInputs
 from .launch import launch
@@ -105,14 +106,16 @@ def run(
     Returns:
         ``(out, lse)``: ``out`` ``[T, H, 512]`` in q's dtype (bf16 for fp8 q), written into
         ``inputs.out`` when given; ``lse`` fp32 ``[T, H]``, natural log, sink excluded, ``-inf`` on rows
-        with no valid id; ``None`` only when the call needs no LSE (no sinks, no DCP,
-        ``return_lse=False``) and the chosen path writes none (``aiter_persistent``).
+        with no valid id, returned whenever ``spec.need_lse`` (sinks, DCP or ``return_lse=True``),
+        else ``None`` (so the answer never depends on which path ran).
 
     Raises:
         ValueError: malformed tensors, or tensors that disagree with ``spec`` or ``platform``.
         NoKernelError: no path serves the call on this platform.
     """
     x = inputs
+    if torch.compiler.is_compiling():
+        return _run_op(spec, x, path)
     check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
                  q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out)
     check_spec_matches(spec, x)
@@ -130,7 +133,22 @@ def run(
         return run_dcp(plan, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows)
     if dcp_group is not None:
         raise ValueError("'dcp_group' given but spec.dcp_world_size == 1")
-    return launch(plan, x)
+    out, lse = launch(plan, x)
+    return out, (lse if spec.need_lse else None)
+
+
+def _run_op(spec: CallSpec, x: DecodeInputs, path: Optional[str]) -> Result:
+    """The traced form of :func:`run`: one custom op, so ``torch.compile`` sees no graph break."""
+    if spec.dcp_world_size > 1:
+        raise ValueError("DCP calls run eagerly (collectives); call run() outside torch.compile")
+    args = (x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, x.topk_length, x.q_scale, x.kv_scale)
+    tail = (spec.max_seqlen_q, spec.return_lse, spec.logit_cap, path or "")
+    if x.out is not None:
+        lse = torch.ops.mla_sink.sparse_mla_decode_out(*args, x.out, *tail)
+        out = x.out
+    else:
+        out, lse = torch.ops.mla_sink.sparse_mla_decode(*args, *tail)
+    return out, (lse if spec.need_lse else None)
 
 
 def sparse_mla_decode(

@@ -1,0 +1,193 @@
+"""``mla-sink`` command line: ``explain``, ``demo``, ``info`` and ``bench``.
+
+``mla-sink explain`` prints which kernel path a call takes on a platform and why (every platform
+field is a flag, defaulting to this machine); ``--json`` for machines, ``--matrix`` for a grid.
+A refused call exits with status 2 and prints the explanation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+import attrs
+
+from .records import CallSpec, Platform, call_key
+
+_DTYPES = ["bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz"]
+_ABBREV = {
+    "aiter_persistent": "P",
+    "aiter_lse": "L",
+    "aiter_lse_single_split": "L1",
+    "aiter_lse_fp8_two_split": "L2",
+    "triton": "T",
+    "reference": "R",
+}
+
+
+def _platform_from_args(args: argparse.Namespace) -> Platform:
+    from .platform import detect_platform
+
+    here = detect_platform()
+    arch = args.arch or here.arch
+    if args.aiter is None:
+        aiter = here.aiter_version if arch == here.arch else None
+    else:
+        aiter = None if args.aiter.lower() in ("none", "no", "absent", "") else args.aiter
+    triton = here.triton if args.triton is None else args.triton
+    return Platform(arch=arch, aiter_version=aiter, triton=triton)
+
+
+def _spec_from_args(args: argparse.Namespace) -> CallSpec:
+    return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
+                    topk=args.topk, max_seqlen_q=args.qlen, sinks=args.sinks, dcp_world_size=args.dcp,
+                    return_lse=args.return_lse, logit_cap=args.logit_cap)
+
+
+def _add_call_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine)")
+    p.add_argument("--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
+    p.add_argument("--triton", dest="triton", action="store_true", default=None, help="Triton importable")
+    p.add_argument("--no-triton", dest="triton", action="store_false", help="Triton not importable")
+    p.add_argument("--q-dtype", default="bf16", choices=_DTYPES)
+    p.add_argument("--kv-dtype", default=None, choices=_DTYPES, help="default: the q dtype")
+    p.add_argument("--heads", type=int, default=16, help="num_heads H")
+    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--qlen", type=int, default=1, help="max_seqlen_q")
+    p.add_argument("--sinks", action="store_true", help="the call has per-head sinks")
+    p.add_argument("--dcp", type=int, default=1, help="dcp_world_size")
+    p.add_argument("--return-lse", action="store_true")
+    p.add_argument("--logit-cap", type=float, default=0.0)
+    p.add_argument("--path", default=None, help="consider only rows naming this path")
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import dispatch
+
+    from .select import select
+
+    try:
+        if args.matrix:
+            print(matrix_text(args))
+            return 0
+        platform = _platform_from_args(args)
+        spec = _spec_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sel = select(spec, platform, path=args.path)
+    key = call_key(spec, platform)
+    if args.json:
+        doc = dispatch.selection_to_dict(sel)
+        doc.update(key=key, spec=attrs.asdict(spec), platform=attrs.asdict(platform), need_lse=spec.need_lse)
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(dispatch.explain(sel, key=key))
+    return 2 if (sel.refused or sel.path is None) else 0
+
+
+MATRIX_PLATFORMS = (
+    Platform("gfx942", "0.1.20"),
+    Platform("gfx950", "0.1.20"),
+    Platform("gfx942", "0.1.15"),
+    Platform("gfx942", None),
+    Platform("sm90"),
+    Platform("sm80"),
+    Platform("cpu"),
+    Platform("cpu", triton=False),
+)
+MATRIX_DTYPES = (("bf16", "bf16"), ("fp16", "fp16"), ("fp8_e4m3fnuz", "fp8_e4m3fnuz"), ("fp8_e4m3", "fp8_e4m3"),
+                 ("bf16", "fp8_e4m3"))
+MATRIX_HEADS = (8, 16, 24, 32, 64, 128, 256)
+
+
+def matrix_text(args: Optional[argparse.Namespace] = None) -> str:
+    """A platforms x dtypes by heads x sinks grid of chosen paths (abbreviated, legend below it)."""
+    from .select import select
+
+    qlen = getattr(args, "qlen", 1) if args is not None else 1
+    dcp = getattr(args, "dcp", 1) if args is not None else 1
+    cols = [(h, s) for h in MATRIX_HEADS for s in (False, True)]
+    header = f"{'platform':<26}{'q/kv':<24}" + "".join(f"{f'h{h}' + ('+s' if s else ''):>7}" for h, s in cols)
+    lines = [f"chosen path (qlen={qlen}, dcp={dcp}; +s = with sinks)", header, "-" * len(header)]
+    for platform in MATRIX_PLATFORMS:
+        for q, kv in MATRIX_DTYPES:
+            cells = []
+            for h, s in cols:
+                spec = CallSpec(q_dtype=q, kv_dtype=kv, num_heads=h, topk=2048, sinks=s, max_seqlen_q=qlen,
+                                dcp_world_size=dcp)
+                sel = select(spec, platform)
+                cells.append("✗" if sel.refused or sel.path is None else _ABBREV[sel.path])
+            lines.append(f"{str(platform):<26}{q + '/' + kv:<24}" + "".join(f"{c:>7}" for c in cells))
+    legend = ", ".join(f"{v}={k}" for k, v in _ABBREV.items())
+    lines += ["", f"legend: {legend}, ✗=refused (run `mla-sink explain ...` for the reason)"]
+    return "\n".join(lines)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import importlib.metadata
+
+    import torch
+
+    from .info import path_availability
+    from .platform import detect_platform
+
+    platform = detect_platform()
+    print(f"platform: {platform}  (arch={platform.arch}, aiter={platform.aiter_version}, triton={platform.triton})")
+    for name in ("torch", "triton", "aiter", "amd-aiter"):
+        try:
+            print(f"  {name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            if name in ("torch", "triton"):
+                print(f"  {name}: not installed")
+    print(f"  torch.version.cuda={torch.version.cuda} torch.version.hip={torch.version.hip}")
+    print("paths:")
+    for path, ok, reason in path_availability(platform):
+        print(f"  {'✓' if ok else '✗'} {path:<26} {reason}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mla-sink", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("explain", help="which kernel path a call takes, and why")
+    _add_call_flags(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--matrix", action="store_true", help="chosen path over archs x dtypes x heads x sinks")
+    p.set_defaults(func=_cmd_explain)
+
+    p = sub.add_parser("demo", help="run sparse MLA decode with sinks on a default input; error vs float64")
+    from .demo import add_demo_arguments
+
+    add_demo_arguments(p)
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("info", help="detected platform, versions, and which paths are available")
+    p.set_defaults(func=_cmd_info)
+
+    try:
+        from .bench import register as register_bench
+    except ImportError:  # the benchmark needs optional extras; the rest of the CLI does not
+        register_bench = None
+    if register_bench is not None:
+        register_bench(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``mla-sink`` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

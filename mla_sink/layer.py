@@ -1,0 +1,75 @@
+"""A layer-style object that engines build once per attention layer.
+
+Everything that can be rejected is rejected in ``__init__`` (validation of the configuration and
+the sinks, rule-table selection), so nothing is first refused at the first forward or inside
+CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .inputs import DecodeInputs
+from .plan import LaunchPlan
+from .records import D_QK, CallSpec, Platform
+from .run import Result, prepare, run
+
+
+class SparseMLADecode:
+    """Sparse MLA decode for one attention layer: configuration fixed at construction.
+
+    Args:
+        num_heads: H, query heads of this rank.
+        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
+        topk: ids per token in ``indices [T, topk]``.
+        sinks: optional fp32 ``[H]`` learned sink logits (natural log, not scaled by ``sm_scale``),
+            checked now (dtype, shape, contiguity, device) and used by every call.
+        sm_scale: default ``576 ** -0.5``.
+        max_seqlen_q: query tokens per sequence (1 plain decode, 2-4 speculative).
+        dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md).
+        return_lse: return the LSE from every call.
+        logit_cap: soft cap of the scaled logits; ``<= 0`` disables.
+        platform: where the layer runs (default: this machine's current device).
+        path: force a kernel path.
+
+    Attributes:
+        spec, platform, plan: the records the layer runs under (``plan.path`` names the kernel path).
+
+    Raises:
+        ValueError: bad configuration or sinks. NoKernelError: no path serves it on this platform.
+    """
+
+    def __init__(self, *, num_heads: int, q_dtype: str, kv_dtype: str, topk: int,
+                 sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
+                 max_seqlen_q: int = 1, dcp_world_size: int = 1, dcp_group: Any = None,
+                 dcp_layout: str = "interleaved", num_kv_rows: Optional[int] = None,
+                 return_lse: bool = False, logit_cap: float = 0.0,
+                 platform: Optional[Platform] = None, path: Optional[str] = None) -> None:
+        self.spec = CallSpec(q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=num_heads, topk=topk,
+                             max_seqlen_q=max_seqlen_q, sinks=sinks is not None,
+                             dcp_world_size=dcp_world_size, return_lse=return_lse, logit_cap=logit_cap)
+        self.sm_scale = float(D_QK ** -0.5 if sm_scale is None else sm_scale)
+        if dcp_world_size > 1:
+            if dcp_group is None or num_kv_rows is None:
+                raise ValueError(f"'dcp_group' and 'num_kv_rows' are required with dcp_world_size={dcp_world_size}")
+            if dcp_layout not in ("interleaved", "contiguous"):
+                raise ValueError(f"'dcp_layout' must be in ('interleaved', 'contiguous') (got {dcp_layout!r})")
+        self.plan: LaunchPlan = prepare(self.spec, platform, path=path, sinks=sinks, sm_scale=self.sm_scale)
+        self.platform = self.plan.platform
+        self.sinks = sinks
+        self.path = path
+        self._dcp = dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
+
+    def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,
+                 topk_length: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None,
+                 kv_scale: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> Result:
+        """Run the layer's decode; shapes and returns as :func:`mla_sink.run.run`."""
+        x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=self.sm_scale, sinks=self.sinks,
+                         topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out,
+                         logit_cap=self.spec.logit_cap)
+        return run(self.spec, x, platform=self.platform, path=self.path, **self._dcp)
+
+    def __repr__(self) -> str:
+        return f"SparseMLADecode({self.spec} on {self.platform} -> {self.plan.path}, row {self.plan.row_id})"

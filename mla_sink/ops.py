@@ -1,0 +1,81 @@
+"""PyTorch custom operators (``torch.library``) so the decode composes with ``torch.compile`` and
+CUDA graphs: ``torch.ops.mla_sink.sparse_mla_decode`` (out-of-place, returns ``(out, lse)``) and
+``torch.ops.mla_sink.sparse_mla_decode_out`` (writes a caller-provided ``out``, returns ``lse``).
+
+Both select the path on the device the tensors live on (or take a forced ``path``), and both have
+fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces :func:`mla_sink.run.run`
+without a graph break. ``lse`` is ``[T, H]`` when the call needs one (sinks, or ``return_lse``),
+else an empty ``[T, 0]`` tensor (the Python API turns that into ``None``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .dtypes import DTYPE_KEYS, out_dtype_for
+from .inputs import DecodeInputs
+from .launch import launch
+from .records import D_V
+
+
+def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
+                     max_seqlen_q, return_lse, logit_cap, path):
+    from .describe import describe
+    from .run import _cached_plan
+
+    spec, platform = describe(q, kv_cache, indices, sinks, max_seqlen_q=max_seqlen_q, return_lse=return_lse,
+                              logit_cap=logit_cap)
+    plan = _cached_plan(spec, platform, path or None)
+    x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=sm_scale, sinks=sinks,
+                     topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out, logit_cap=logit_cap)
+    res_out, lse = launch(plan, x)
+    if not spec.need_lse:
+        lse = q.new_empty((q.shape[0], 0), dtype=torch.float32)
+    return res_out, lse
+
+
+def _lse_shape(q: Tensor, sinks: Optional[Tensor], return_lse: bool) -> tuple[int, int]:
+    return (q.shape[0], q.shape[1] if (sinks is not None or return_lse) else 0)
+
+
+@torch.library.custom_op("mla_sink::sparse_mla_decode", mutates_args=())
+def sparse_mla_decode_op(
+    q: Tensor, kv_cache: Tensor, indices: Tensor, sinks: Optional[Tensor], sm_scale: float,
+    topk_length: Optional[Tensor], q_scale: Optional[Tensor], kv_scale: Optional[Tensor],
+    max_seqlen_q: int, return_lse: bool, logit_cap: float, path: str,
+) -> tuple[Tensor, Tensor]:
+    """Out-of-place decode: ``out [T, H, 512]`` (q dtype; bf16 for fp8 q) and ``lse`` fp32 ``[T, H]``
+    (natural log, sink excluded) or ``[T, 0]`` when no LSE is needed. ``path=''`` = rule table."""
+    out, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, None,
+                                max_seqlen_q, return_lse, logit_cap, path)
+    return out, lse
+
+
+@sparse_mla_decode_op.register_fake
+def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, max_seqlen_q, return_lse,
+      logit_cap, path):
+    out = q.new_empty((q.shape[0], q.shape[1], D_V), dtype=out_dtype_for(DTYPE_KEYS[q.dtype]))
+    return out, q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)
+
+
+@torch.library.custom_op("mla_sink::sparse_mla_decode_out", mutates_args=("out",))
+def sparse_mla_decode_out_op(
+    q: Tensor, kv_cache: Tensor, indices: Tensor, sinks: Optional[Tensor], sm_scale: float,
+    topk_length: Optional[Tensor], q_scale: Optional[Tensor], kv_scale: Optional[Tensor], out: Tensor,
+    max_seqlen_q: int, return_lse: bool, logit_cap: float, path: str,
+) -> Tensor:
+    """In-place decode into ``out [T, H, 512]``; returns ``lse`` as :func:`sparse_mla_decode_op`."""
+    res, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
+                                max_seqlen_q, return_lse, logit_cap, path)
+    if res.data_ptr() != out.data_ptr():
+        out.copy_(res)
+    return lse
+
+
+@sparse_mla_decode_out_op.register_fake
+def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, max_seqlen_q, return_lse,
+      logit_cap, path):
+    return q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)

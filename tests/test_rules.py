@@ -1,0 +1,139 @@
+"""The shipped rule table: (CallSpec, Platform) -> expected path and params, or refusal text.
+
+Explicit platforms on the CPU; no mocks of hardware. Every row of tables/mla_decode.yaml is the
+winner of at least one case below (checked by test_every_row_is_exercised).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import dispatch
+from mla_sink import CallSpec, NoKernelError, Platform, call_key, plan_call, select
+from mla_sink.select import KNOWN_PATHS, mla_table
+
+G942 = Platform("gfx942", "0.1.20")
+G950 = Platform("gfx950", "0.1.20")
+FNUZ, OCP = "fp8_e4m3fnuz", "fp8_e4m3"
+
+
+def spec(q="bf16", kv=None, h=16, sinks=False, dcp=1, qlen=1, lse=False, cap=0.0, topk=2048):
+    return CallSpec(q_dtype=q, kv_dtype=kv or q, num_heads=h, topk=topk, sinks=sinks, dcp_world_size=dcp,
+                    max_seqlen_q=qlen, return_lse=lse, logit_cap=cap)
+
+
+# (spec, platform, expected path, expected params subset, expected row id)
+CASES = [
+    (spec(h=32, sinks=True), G950, "aiter_lse_single_split", {"num_kv_splits": 1}, "gfx950_bf16_h32_lse_single_split"),
+    (spec(h=64, sinks=True), G950, "aiter_lse", {}, "aiter_lse_bf16"),
+    (spec(h=128, sinks=True), G942, "aiter_lse", {}, "aiter_lse_bf16"),
+    (spec(h=5, sinks=True), G942, "aiter_lse", {}, "aiter_lse_bf16_small_heads"),
+    (spec(FNUZ, h=16, sinks=True), G942, "aiter_lse_fp8_two_split", {"min_kv_splits": 2}, "gfx942_fp8_lse_two_split_h16"),
+    (spec(FNUZ, h=128, sinks=True), G942, "aiter_lse_fp8_two_split", {"min_kv_splits": 2}, "gfx942_fp8_lse_two_split_h128"),
+    (spec(FNUZ, h=64, sinks=True), G942, "aiter_persistent", {"return_lse": True}, "gfx942_fp8_h64_q1_persistent_lse"),
+    (spec(FNUZ, h=64, sinks=True, qlen=2), G942, "triton", {}, "triton_portable"),
+    (spec(FNUZ, h=32, sinks=True), G942, "triton", {}, "triton_portable"),
+    (spec(OCP, h=16, sinks=True, qlen=2), G950, "aiter_lse_fp8_two_split", {"min_kv_splits": 2}, "gfx950_fp8_h16_q2_lse_two_split"),
+    (spec(OCP, h=64, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_fp8_persistent_lse"),
+    (spec(h=24, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_bf16_lse_persistent"),
+    (spec(h=64, sinks=True), G942, "triton", {}, "gfx942_bf16_h64_lse_to_triton"),
+    (spec(h=48, dcp=2), G942, "triton", {}, "gfx942_bf16_h64_lse_to_triton"),
+    (spec("fp16", h=16, sinks=True), G942, "triton", {}, "fp16_never_to_aiter"),
+    (spec("fp16", h=16), G950, "triton", {}, "fp16_never_to_aiter"),
+    (spec(h=64), G942, "aiter_persistent", {"return_lse": False}, "aiter_persistent_bf16"),
+    (spec(h=16), G950, "aiter_persistent", {"return_lse": False}, "aiter_persistent_bf16"),
+    (spec(FNUZ, h=32), G942, "aiter_persistent", {"return_lse": False}, "aiter_persistent_fp8_gfx942"),
+    (spec(OCP, h=32), G950, "aiter_persistent", {"return_lse": False}, "aiter_persistent_fp8_gfx950"),
+    (spec(h=256), G942, "triton", {}, "aiter_over_128_heads"),
+    (spec(h=16, cap=30.0), G942, "triton", {}, "aiter_positive_logit_cap"),
+    (spec(h=32, sinks=True), Platform("gfx942", "0.1.15"), "triton", {}, "triton_portable"),
+    (spec(h=32, sinks=True), Platform("gfx950", "0.1.18"), "triton", {}, "triton_portable"),
+    (spec(h=32, sinks=True), Platform("gfx942", None), "triton", {}, "aiter_not_importable"),
+    (spec(h=64), Platform("gfx950", None), "triton", {}, "aiter_not_importable"),
+    (spec(h=128, sinks=True), Platform("sm90"), "triton", {}, "triton_portable"),
+    (spec(OCP, h=16), Platform("sm90"), "triton", {}, "triton_portable"),
+    (spec("bf16", OCP, h=16, sinks=True), Platform("sm100"), "triton", {}, "triton_portable"),
+    (spec(h=16, sinks=True), Platform("cpu"), "triton", {}, "triton_portable"),
+    (spec(h=16, sinks=True), Platform("cpu", triton=False), "reference", {}, "reference_without_triton"),
+    (spec(h=128, sinks=True), Platform("gfx942", None, triton=False), "reference", {}, "reference_without_triton"),
+    (spec(h=16, sinks=True), Platform("gfx90a", "0.1.20"), "triton", {}, "triton_portable"),
+]
+
+REFUSALS = [
+    (spec(FNUZ, h=16), Platform("sm90"), "fp8_fnuz_not_on_nvidia", "AMD's fp8 format"),
+    (spec("bf16", OCP, h=16), Platform("sm80"), "fp8_needs_sm89", "sm89"),
+]
+
+
+@pytest.mark.parametrize("s,p,path,params,row", CASES, ids=[call_key(c[0], c[1]) for c in CASES])
+def test_rule_table_choice(s, p, path, params, row):
+    sel = select(s, p)
+    assert (sel.path, sel.row.id) == (path, row), dispatch.explain(sel)
+    assert {k: sel.params[k] for k in params} == params
+    plan = plan_call(s, p)
+    assert plan.path == path and plan.row_id == row
+
+
+@pytest.mark.parametrize("s,p,row,text", REFUSALS, ids=[call_key(c[0], c[1]) for c in REFUSALS])
+def test_rule_table_refusal(s, p, row, text):
+    sel = select(s, p)
+    assert sel.refused and sel.row.id == row
+    with pytest.raises(NoKernelError, match=text) as info:
+        plan_call(s, p)
+    assert call_key(s, p) in str(info.value)
+
+
+def test_every_row_is_exercised():
+    exercised = {c[4] for c in CASES} | {r[2] for r in REFUSALS}
+    assert {r.id for r in mla_table().rows} == exercised
+
+
+def test_shipped_table_passes_checker():
+    problems = dispatch.check_table(mla_table())
+    assert problems == [], "\n".join(map(str, problems))
+
+
+def test_table_paths_are_the_launchable_paths():
+    from mla_sink.launch import LAUNCHERS
+
+    assert set(mla_table().paths) == set(KNOWN_PATHS) == set(LAUNCHERS)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_no_lse_path_never_serves_sinks_or_dcp(arch):
+    for h in (8, 16, 24, 32, 48, 64, 128):
+        for q in ("bf16", FNUZ if arch == "gfx942" else OCP):
+            for kw in ({"sinks": True}, {"dcp": 2}, {"lse": True}):
+                sel = select(spec(q, h=h, **kw), Platform(arch, "0.1.20"))
+                assert sel.params.get("return_lse") is not False, (h, q, kw, sel.row.id)
+
+
+def test_aiter_absent_reason_is_stated():
+    sel = select(spec(h=32, sinks=True), Platform("gfx942", None))
+    text = dispatch.explain(sel)
+    assert "AITER not importable" in text
+
+
+def test_old_aiter_is_not_given_lse_path():
+    sel = select(spec(h=32, sinks=True), Platform("gfx942", "0.1.15"))
+    assert not sel.path.startswith("aiter")
+    text = dispatch.explain(sel)
+    assert "aiter_version=0.1.15" in text and "0.1.19" in text
+
+
+def test_dcp_explains_why_persistent_is_rejected():
+    sel = select(spec(h=64, dcp=2), Platform("gfx950", "0.1.20"))
+    assert sel.path == "aiter_lse"
+    rejected = {row.id: " ".join(map(str, fails)) for row, fails in sel.rejected}
+    assert "need_lse=true" in rejected["aiter_persistent_bf16"]
+    assert "writes no LSE" in rejected["aiter_persistent_bf16"]
+
+
+def test_forced_path_that_cannot_serve_is_refused_with_reason():
+    with pytest.raises(NoKernelError, match="writes no LSE"):
+        plan_call(spec(h=64, dcp=2), Platform("gfx942", "0.1.20"), path="aiter_persistent")
+
+
+def test_forced_unknown_path_is_value_error():
+    with pytest.raises(ValueError, match="'path' must be one of"):
+        select(spec(), Platform("cpu"), path="cuda_magic")
