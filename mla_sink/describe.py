@@ -37,7 +37,7 @@ def describe(
         ValueError: a tensor is malformed (see :func:`mla_sink.validate.check_inputs`) or a field is
             out of its domain.
     """
-    check_inputs(q, kv_cache, indices, sinks)
+    check_inputs(q, kv_cache, indices, sinks, check_scales=False)
     spec = CallSpec(
         q_dtype=dtype_key(q.dtype),
         kv_dtype=dtype_key(kv_cache.dtype),

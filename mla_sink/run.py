@@ -196,6 +196,8 @@ def sparse_mla_decode(
     """
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
+    check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale,
+                 kv_scale=kv_scale, out=out)
     spec, platform = describe(q, kv_cache, indices, sinks, max_seqlen_q=max_seqlen_q, return_lse=return_lse,
                               logit_cap=logit_cap, platform=platform)
     inputs = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=sm_scale, sinks=sinks,

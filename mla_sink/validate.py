@@ -66,6 +66,7 @@ def check_inputs(
     q_scale: Optional[torch.Tensor] = None,
     kv_scale: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
+    check_scales: bool = True,
 ) -> None:
     """Validate the tensors of one call (shapes, dtypes, layouts, devices; never values).
 
@@ -78,6 +79,8 @@ def check_inputs(
         topk_length: optional int32 ``[T]``.
         q_scale / kv_scale: fp32 with one element; required exactly when q / kv_cache is fp8.
         out: optional ``[T, H, 512]`` in the out dtype (q's dtype; bf16 for fp8 q), innermost stride 1.
+        check_scales: False skips the fp8 scale checks (for :func:`mla_sink.describe.describe`,
+            which is given no scales).
 
     Raises:
         ValueError: naming the argument, the value and what is allowed.
@@ -124,12 +127,14 @@ def check_inputs(
         if topk_length.device != device:
             raise ValueError(f"'topk_length' must be on {device}, like q (got {topk_length.device})")
     for name, scale, tensor in (("q_scale", q_scale, q), ("kv_scale", kv_scale, kv_cache)):
+        if not check_scales:
+            break
         is_fp8 = _dt(tensor) in FP8_KEYS
         owner = "q" if name == "q_scale" else "kv_cache"
         if is_fp8 and scale is None:
             raise ValueError(f"'{name}' is required when {owner} is fp8 ({_dt(tensor)}): pass a float32 tensor of shape [1]")
         if not is_fp8 and scale is not None:
-            raise ValueError(f"'{name}' must be None when {owner} is {_dt(tensor)} (scales apply to fp8 only)")
+            raise ValueError(f"'{name}' must be None when {owner} is {_dt(tensor)} (scales apply to fp8 only; got a tensor)")
         if scale is not None:
             _require_tensor(name, scale)
             if scale.dtype != torch.float32 or scale.numel() != 1:

@@ -1,0 +1,87 @@
+"""CallSpec / Platform: construction-time validation, canonical keys, hashability."""
+
+from __future__ import annotations
+
+import pytest
+
+from mla_sink import CallSpec, Platform, call_key
+
+
+def test_canonical_key_matches_design_example():
+    s = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=64, topk=2048, sinks=True)
+    assert call_key(s, Platform("gfx942", "0.1.20")) == "bf16-h64-gfx942-sinks-dcp1"
+    assert str(s) == "bf16-h64-sinks-dcp1"
+    assert str(Platform("gfx942", "0.1.20")) == "gfx942-aiter0.1.20-triton"
+    assert str(Platform("cpu", triton=False)) == "cpu-noaiter-notriton"
+
+
+def test_key_names_non_default_fields():
+    s = CallSpec(q_dtype="bf16", kv_dtype="fp8_e4m3", num_heads=16, topk=64, max_seqlen_q=2,
+                 dcp_world_size=2, return_lse=True, logit_cap=30)
+    assert call_key(s, Platform("sm90")) == "bf16+kv_fp8_e4m3-h16-sm90-nosinks-dcp2-qlen2-lse-cap30"
+
+
+def test_need_lse():
+    base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
+    assert not CallSpec(**base).need_lse
+    assert CallSpec(**base, sinks=True).need_lse
+    assert CallSpec(**base, dcp_world_size=2).need_lse
+    assert CallSpec(**base, return_lse=True).need_lse
+
+
+def test_records_are_frozen_and_hashable():
+    s = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
+    assert hash(s) == hash(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64))
+    with pytest.raises(Exception):
+        s.num_heads = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(q_dtype="fp32"), "q_dtype"),
+        (dict(kv_dtype="int8"), "kv_dtype"),
+        (dict(num_heads=0), "num_heads"),
+        (dict(num_heads=True), "num_heads"),
+        (dict(topk=0), "topk"),
+        (dict(d_qk=512), "d_qk"),
+        (dict(d_v=576), "d_v"),
+        (dict(max_seqlen_q=0), "max_seqlen_q"),
+        (dict(dcp_world_size=0), "dcp_world_size"),
+        (dict(sinks="yes"), "sinks"),
+        (dict(logit_cap=float("nan")), "logit_cap"),
+        (dict(q_dtype="fp8_e4m3", kv_dtype="bf16"), "q_dtype"),
+        (dict(q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3fnuz"), "kv_dtype"),
+    ],
+)
+def test_callspec_rejects_bad_field(kwargs, field):
+    base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=field) as info:
+        CallSpec(**base)
+    assert "got" in str(info.value)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx90a", "gfx1100", "sm80", "sm90", "sm100", "sm90a", "cpu"])
+def test_platform_accepts_arch(arch):
+    assert Platform(arch).arch == arch
+
+
+@pytest.mark.parametrize(
+    "kwargs,text",
+    [
+        (dict(arch="9.0"), "'arch' must be a compile target"),
+        (dict(arch=(9, 0)), "'arch' must be a compile target"),
+        (dict(arch="cuda"), "'arch' must be a compile target"),
+        (dict(arch="gfx942", aiter_version="latest"), "'aiter_version'"),
+        (dict(arch="cpu", triton="yes"), "'triton'"),
+    ],
+)
+def test_platform_rejects(kwargs, text):
+    with pytest.raises(ValueError, match=text):
+        Platform(**kwargs)
+
+
+def test_detect_on_this_machine_reads_cpu_without_aiter():
+    p = Platform.detect("cpu")
+    assert p.arch == "cpu" and p.aiter_version is None

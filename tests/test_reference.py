@@ -1,0 +1,149 @@
+"""The float64 reference against hand-computed values and the LSE algebra it must satisfy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mla_sink.lse import apply_sink, merge_states
+from mla_sink.reference import sparse_mla_decode_reference as ref
+
+
+def one_head_two_keys():
+    """q.k1 = 2, q.k2 = 0 with sm_scale 1; v1 = 1, v2 = 3 in column 0."""
+    q = torch.zeros(1, 1, 576, dtype=torch.float16)
+    q[0, 0, 0] = 1.0
+    kv = torch.zeros(3, 576, dtype=torch.float16)
+    kv[0, 0] = 2.0   # k1 . q = 2, v1[0] = 2
+    kv[1, 1] = 3.0   # k2 . q = 0, v2[1] = 3
+    kv[2] = float("nan")  # never referenced
+    idx = torch.tensor([[0, 1]], dtype=torch.int32)
+    return q, kv, idx
+
+
+def test_hand_computed_without_sink():
+    q, kv, idx = one_head_two_keys()
+    out, lse = ref(q, kv, idx, sm_scale=1.0)
+    z = math.exp(2) + 1.0
+    assert lse.item() == pytest.approx(math.log(z), abs=1e-6)
+    assert out[0, 0, 0].item() == pytest.approx(2 * math.exp(2) / z, rel=1e-12)
+    assert out[0, 0, 1].item() == pytest.approx(3 * 1 / z, rel=1e-12)
+    assert not out.isnan().any()
+
+
+def test_hand_computed_with_known_sink():
+    q, kv, idx = one_head_two_keys()
+    sink = 1.5
+    out, lse = ref(q, kv, idx, torch.tensor([sink]), sm_scale=1.0)
+    z = math.exp(2) + 1.0
+    denom = z + math.exp(sink)
+    assert lse.item() == pytest.approx(math.log(z), abs=1e-6)  # sink excluded from the LSE
+    assert out[0, 0, 0].item() == pytest.approx(2 * math.exp(2) / denom, rel=1e-12)
+    assert out[0, 0, 1].item() == pytest.approx(3 / denom, rel=1e-12)
+
+
+@pytest.mark.parametrize("sink,factor", [(float("-inf"), 1.0), (float("inf"), 0.0)])
+def test_infinite_sinks(sink, factor):
+    q, kv, idx = one_head_two_keys()
+    base, _ = ref(q, kv, idx, sm_scale=1.0)
+    out, _ = ref(q, kv, idx, torch.tensor([sink]), sm_scale=1.0)
+    torch.testing.assert_close(out, base * factor, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sink", [float("-inf"), 0.0, float("inf")])
+def test_empty_rows_give_zero_and_neg_inf(sink):
+    q, kv, idx = one_head_two_keys()
+    idx = torch.tensor([[-1, 3]], dtype=torch.int32)  # -1 and an id == N
+    out, lse = ref(q, kv, idx, torch.tensor([sink]), sm_scale=1.0)
+    assert torch.isneginf(lse).all()
+    assert (out == 0).all()
+
+
+def test_invalid_ids_anywhere_are_skipped_and_nan_rows_never_leak():
+    torch.manual_seed(0)
+    q = torch.randn(3, 2, 576).half()
+    kv = torch.randn(16, 576).half()
+    kv[7] = float("nan")
+    messy = torch.tensor([[-1, 1, 2, 16], [1, -5, 2, 3], [1, 2**31 - 1, -1, 2]], dtype=torch.int32)
+    out, lse = ref(q, kv, messy)
+    assert not out.isnan().any()
+    for t, ids in enumerate(([1, 2], [1, 2, 3], [1, 2])):
+        o1, l1 = ref(q[t:t + 1], kv, torch.tensor([ids], dtype=torch.int32))
+        torch.testing.assert_close(out[t:t + 1], o1)
+        torch.testing.assert_close(lse[t:t + 1], l1)
+
+
+def test_topk_length_uses_leading_ids_only():
+    torch.manual_seed(1)
+    q = torch.randn(2, 3, 576).half()
+    kv = torch.randn(20, 576).half()
+    idx = torch.randint(0, 20, (2, 6), dtype=torch.int32)
+    out, lse = ref(q, kv, idx, topk_length=torch.tensor([4, 0], dtype=torch.int32))
+    o4, l4 = ref(q[:1], kv, idx[:1, :4])
+    torch.testing.assert_close(out[:1], o4)
+    torch.testing.assert_close(lse[:1], l4)
+    assert torch.isneginf(lse[1]).all() and (out[1] == 0).all()
+
+
+def test_logit_cap_bounds_scores():
+    q, kv, idx = one_head_two_keys()
+    out, lse = ref(q, kv, idx, sm_scale=1.0, logit_cap=1.0)
+    z = math.exp(math.tanh(2.0)) + 1.0
+    assert lse.item() == pytest.approx(math.log(z), abs=1e-6)
+
+
+def test_fp8_scales_dequantise():
+    torch.manual_seed(2)
+    q = torch.randn(2, 2, 576).half()
+    kv32 = torch.randn(10, 576)
+    kv8 = (kv32 / 0.05).to(torch.float8_e4m3fn)
+    idx = torch.randint(0, 10, (2, 5), dtype=torch.int32)
+    out, lse = ref(q, kv8, idx, kv_scale=torch.tensor([0.05]))
+    out_h, lse_h = ref(q, (kv8.double() * 0.05), idx)
+    torch.testing.assert_close(out, out_h)
+    torch.testing.assert_close(lse, lse_h)
+
+
+def test_merge_known_numbers():
+    """Normalisers 2 and 8, outputs 0 and 10 merge to 8 (a base-2 mix-up gives about 7.23)."""
+    outs = [torch.tensor([[0.0]]), torch.tensor([[10.0]])]
+    lses = [torch.tensor([math.log(2)]), torch.tensor([math.log(8)])]
+    out, lse = merge_states(outs, lses)
+    assert out.item() == pytest.approx(8.0, abs=1e-6)
+    assert lse.item() == pytest.approx(math.log(10), abs=1e-6)
+
+
+def test_merge_of_empty_parts():
+    nan_out = torch.full((1, 2), float("nan"))
+    out, lse = merge_states([nan_out, torch.ones(1, 2)], [torch.tensor([-math.inf]), torch.tensor([0.0])])
+    torch.testing.assert_close(out, torch.ones(1, 2))
+    out, lse = merge_states([nan_out, nan_out], [torch.tensor([-math.inf])] * 2)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), topk=st.integers(1, 24), heads=st.integers(1, 5),
+       split=st.integers(0, 24), sink=st.one_of(st.none(), st.floats(-30, 30)))
+def test_merge_property_split_ids_equals_whole(seed, topk, heads, split, sink):
+    """Splitting a row's ids into two sets and merging the two (out, lse) by LSE equals the whole."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, heads, 576, generator=g).half()
+    kv = torch.randn(32, 576, generator=g).half()
+    idx = torch.randint(-2, 34, (2, topk), generator=g, dtype=torch.int32)
+    cut = min(split, topk)
+    a, b = idx.clone(), idx.clone()
+    a[:, cut:] = -1
+    b[:, :cut] = -1
+    whole_out, whole_lse = ref(q, kv, idx)
+    (oa, la), (ob, lb) = ref(q, kv, a), ref(q, kv, b)
+    out, lse = merge_states([oa, ob], [la, lb])
+    torch.testing.assert_close(lse, whole_lse, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out.double(), whole_out, atol=1e-5, rtol=1e-5)
+    if sink is not None:
+        sinks = torch.full((heads,), sink)
+        ws, _ = ref(q, kv, idx, sinks)
+        torch.testing.assert_close(apply_sink(out.double(), lse, sinks), ws, atol=1e-5, rtol=1e-5)

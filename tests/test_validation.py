@@ -1,0 +1,120 @@
+"""Every malformed call is a ValueError naming the argument, raised before any kernel runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mla_sink import CallSpec, Platform, SparseMLADecode, prepare, sparse_mla_decode
+from mla_sink.validate import check_inputs
+
+
+def good(T=2, H=4, N=32, topk=8, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16):
+    q = torch.randn(T, H, 576).to(q_dtype)
+    kv = torch.randn(N, 576).to(kv_dtype)
+    idx = torch.randint(0, N, (T, topk), dtype=torch.int32)
+    return dict(q=q, kv_cache=kv, indices=idx)
+
+
+BAD = [
+    # (mutation, argument named in the message)
+    (lambda x: x.update(sinks=torch.zeros(4, dtype=torch.bfloat16)), "sinks"),
+    (lambda x: x.update(sinks=torch.zeros(4, 1)), "sinks"),
+    (lambda x: x.update(sinks=torch.zeros(5)), "sinks"),
+    (lambda x: x.update(sinks=torch.zeros(8)[::2]), "sinks"),
+    (lambda x: x.update(sinks=torch.zeros(4, device="meta")), "sinks"),
+    (lambda x: x.update(q=torch.randn(2, 4, 512).bfloat16()), "q"),
+    (lambda x: x.update(q=torch.randn(2, 576).bfloat16()), "q"),
+    (lambda x: x.update(q=torch.randn(2, 4, 576)), "q"),
+    (lambda x: x.update(q=torch.randn(2, 4, 576 * 2).bfloat16()[..., ::2]), "q"),
+    (lambda x: x.update(kv_cache=torch.randn(32, 1, 576).bfloat16()), "kv_cache"),
+    (lambda x: x.update(kv_cache=torch.randn(32, 512).bfloat16()), "kv_cache"),
+    (lambda x: x.update(kv_cache=torch.randn(0, 576).bfloat16()), "kv_cache"),
+    (lambda x: x.update(kv_cache=torch.randn(32, 576).half()), "kv_cache dtype"),
+    (lambda x: x.update(indices=x["indices"].long()), "indices"),
+    (lambda x: x.update(indices=x["indices"][0]), "indices"),
+    (lambda x: x.update(indices=x["indices"][:1]), "indices"),
+    (lambda x: x.update(indices=torch.zeros(2, 0, dtype=torch.int32)), "indices"),
+    (lambda x: x.update(indices=x["indices"].to("meta")), "indices"),
+    (lambda x: x.update(sm_scale=0.0), "sm_scale"),
+    (lambda x: x.update(sm_scale=float("inf")), "sm_scale"),
+    (lambda x: x.update(topk_length=torch.zeros(2, dtype=torch.int64)), "topk_length"),
+    (lambda x: x.update(topk_length=torch.zeros(3, dtype=torch.int32)), "topk_length"),
+    (lambda x: x.update(kv_scale=torch.ones(1)), "kv_scale"),
+    (lambda x: x.update(out=torch.empty(2, 4, 512)), "out"),
+    (lambda x: x.update(out=torch.empty(2, 4, 576, dtype=torch.bfloat16)), "out"),
+]
+
+
+@pytest.mark.parametrize("mutate,arg", BAD, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD)])
+def test_bad_input_names_the_argument(mutate, arg):
+    x = good()
+    mutate(x)
+    with pytest.raises(ValueError, match=f"'?{arg}") as info:
+        sparse_mla_decode(**x)
+    assert "got" in str(info.value)
+
+
+def test_fp8_without_scales_is_rejected():
+    x = good(kv_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="'kv_scale' is required"):
+        sparse_mla_decode(**x)
+    x = good(q_dtype=torch.float8_e4m3fn, kv_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="'q_scale' is required"):
+        sparse_mla_decode(**x, kv_scale=torch.ones(1))
+    with pytest.raises(ValueError, match="'kv_scale' must be float32 with one element"):
+        sparse_mla_decode(**x, q_scale=torch.ones(1), kv_scale=torch.ones(2))
+
+
+def test_non_tensor_is_rejected():
+    x = good()
+    x["q"] = x["q"].tolist()
+    with pytest.raises(ValueError, match="'q' must be a torch.Tensor"):
+        check_inputs(**x)
+
+
+def test_non_contiguous_q_with_unit_inner_stride_is_accepted():
+    x = good()
+    x["q"] = torch.randn(4, 2, 576).bfloat16().transpose(0, 1)  # [T=2, H=4, 576], non-contiguous
+    check_inputs(**x)
+
+
+def test_prepare_checks_sinks_without_call_tensors():
+    s = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8, sinks=True)
+    with pytest.raises(ValueError, match="'sinks' must be float32"):
+        prepare(s, Platform("cpu"), sinks=torch.zeros(4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="'sinks' must be contiguous"):
+        prepare(s, Platform("cpu"), sinks=torch.zeros(8)[::2])
+    with pytest.raises(ValueError, match="spec.sinks is False"):
+        prepare(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8), Platform("cpu"), sinks=torch.zeros(4))
+    assert prepare(s, Platform("cpu", triton=False), sinks=torch.zeros(4)).path == "reference"
+
+
+def test_layer_rejects_at_construction():
+    with pytest.raises(ValueError, match="'sinks' must have num_heads=8"):
+        SparseMLADecode(num_heads=8, q_dtype="bf16", kv_dtype="bf16", topk=64, sinks=torch.zeros(4),
+                        platform=Platform("cpu"))
+    with pytest.raises(ValueError, match="'num_heads'"):
+        SparseMLADecode(num_heads=0, q_dtype="bf16", kv_dtype="bf16", topk=64, platform=Platform("cpu"))
+    from mla_sink import NoKernelError
+
+    with pytest.raises(NoKernelError, match="AMD's fp8 format"):
+        SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="fp8_e4m3fnuz", topk=64, platform=Platform("sm90"))
+
+
+def test_spec_tensor_mismatch_is_rejected():
+    from mla_sink import DecodeInputs, run
+
+    x = good()
+    s = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=8, topk=8)
+    with pytest.raises(ValueError, match="num_heads=4"):
+        run(s, DecodeInputs(sm_scale=0.1, **x))
+
+
+def test_platform_must_describe_the_tensors_device():
+    from mla_sink import DecodeInputs, run
+
+    x = good()
+    s = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8)
+    with pytest.raises(ValueError, match="'platform' describes arch 'gfx942'"):
+        run(s, DecodeInputs(sm_scale=0.1, **x), platform=Platform("gfx942", "0.1.20"))
