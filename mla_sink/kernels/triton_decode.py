@@ -56,11 +56,11 @@ def _sparse_mla_decode_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
     OUT, LSE, PART_OUT, PART_LSE,
     sm_scale, logit_cap,
-    num_rows, topk, ids_per_split,
+    num_heads, num_rows, topk, ids_per_split,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-    NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
@@ -73,7 +73,7 @@ def _sparse_mla_decode_kernel(
 
     LOG2E_C: tl.constexpr = 1.4426950408889634
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < NUM_HEADS
+    mask_h = offs_h < num_heads
     offs_d = tl.arange(0, D_NOPE)
     offs_r = tl.arange(0, D_ROPE)
     offs_n = tl.arange(0, BLOCK_N)
@@ -196,10 +196,10 @@ def _sparse_mla_decode_kernel(
 
 def _sparse_mla_combine_kernel(
     PART_OUT, PART_LSE, SINKS, OUT, LSE,
-    num_splits,
+    num_heads, num_splits,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     stride_ot, stride_oh, stride_lt, stride_lh,
-    NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, D_NOPE: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_H: tl.constexpr, D_NOPE: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block); apply the sink once."""
@@ -207,7 +207,7 @@ def _sparse_mla_combine_kernel(
     pid_t = tl.program_id(1).to(tl.int64)
     LOG2E_C: tl.constexpr = 1.4426950408889634
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < NUM_HEADS
+    mask_h = offs_h < num_heads
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D_NOPE)
 
@@ -412,13 +412,13 @@ def sparse_mla_decode_triton(
             kv_scale if kv_fp8 else dummy,
             out_k, lse, part_out, part_lse,
             float(sm_scale), float(logit_cap) if logit_cap > 0 else 1.0,
-            num_rows, topk, ids_per_split,
+            H, num_rows, topk, ids_per_split,
             q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
             out_k.stride(0), out_k.stride(1), lse.stride(0), lse.stride(1),
             part_out.stride(0) if split else 0, part_out.stride(1) if split else 0,
             part_out.stride(2) if split else 0,
             part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
-            NUM_HEADS=H, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_V, D_ROPE=D_PE,
+            BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_V, D_ROPE=D_PE,
             HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None, HAS_CAP=logit_cap > 0,
             Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=q_fnuz, KV_FNUZ=kv_fnuz,
             SPLIT=split, UPCAST=interp,
@@ -428,11 +428,11 @@ def sparse_mla_decode_triton(
             cbh = min(cfg.combine_block_h, max(16, triton.next_power_of_2(H)))
             combine[(triton.cdiv(H, cbh), T)](
                 part_out, part_lse, sinks_k, out_k, lse,
-                num_kv_splits,
+                H, num_kv_splits,
                 part_out.stride(0), part_out.stride(1), part_out.stride(2),
                 part_lse.stride(0), part_lse.stride(1),
                 out_k.stride(0), out_k.stride(1), lse.stride(0), lse.stride(1),
-                NUM_HEADS=H, BLOCK_H=cbh, D_NOPE=D_V, BLOCK_S=triton.next_power_of_2(num_kv_splits),
+                BLOCK_H=cbh, D_NOPE=D_V, BLOCK_S=triton.next_power_of_2(num_kv_splits),
                 HAS_SINKS=sinks is not None,
                 num_warps=4, num_stages=1,
             )

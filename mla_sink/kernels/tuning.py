@@ -1,8 +1,8 @@
 """Launch parameters of the Triton decode kernel, looked up in ``tables/triton_tuning.yaml``.
 
 The table is a rule table in the project's generic format (ordered rows, first match wins, single
-path ``triton``); :func:`triton_config` is the only lookup, so swapping the matcher for
-``dispatch.load_table`` is one line (:func:`_select`). No arch-specific branches live in code.
+path ``triton``); :func:`triton_config` is the only lookup, through
+``dispatch.load_table`` (:func:`_select`). No arch-specific branches live in code.
 """
 
 from __future__ import annotations
@@ -55,37 +55,18 @@ _PARAM_NAMES = {
 }
 
 
-def _cond_holds(value: Any, cond: Any) -> bool:
-    """Minimal matcher of the rule-table condition forms (scalar = eq, list = in, operator mapping)."""
-    if isinstance(cond, list):
-        return value in cond
-    if not isinstance(cond, dict):
-        return value == cond
-    ops = {
-        "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
-        "in": lambda a, b: a in b, "not_in": lambda a, b: a not in b,
-        "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
-        "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
-        "range": lambda a, b: b[0] <= a <= b[1],
-    }
-    return all(ops[op](value, arg) for op, arg in cond.items())
-
-
 @functools.lru_cache(maxsize=None)
-def _load_rows() -> tuple:
-    import yaml
+def _table():
+    import dispatch
 
-    with open(table_path("triton_tuning")) as f:
-        doc = yaml.safe_load(f)
-    return tuple(doc["rows"])
+    return dispatch.load_table(table_path("triton_tuning"))
 
 
 def _select(values: dict) -> tuple[str, dict]:
-    """(row id, params) of the first matching row. The one place that changes when ``dispatch`` lands."""
-    for row in _load_rows():
-        if all(_cond_holds(values.get(k), c) for k, c in (row.get("when") or {}).items()):
-            return row["id"], dict(row["params"])
-    raise LookupError(f"no row of triton_tuning matches {values}")
+    """(row id, params) of the first matching row of the tuning table (``dispatch`` rule engine)."""
+    table = _table()
+    sel = table.select({k: v for k, v in values.items() if k in table.fields})
+    return sel.row.id, dict(sel.params)
 
 
 @functools.lru_cache(maxsize=None)

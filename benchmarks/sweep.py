@@ -1,0 +1,87 @@
+"""Variant sweep of the Triton decode kernel on one GPU (cold L2, CUDA-graph replay; see mla_sink/bench.py).
+
+Usage: PYTHONPATH=. python benchmarks/sweep.py OUT.json [budget_seconds]
+Each line of the output is one (case, config, splits) timing; a config that fails to compile or
+produces a wrong result is recorded with its error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+from mla_sink.bench import GraphTimer
+from mla_sink.kernels.triton_decode import sparse_mla_decode_triton
+from mla_sink.kernels.tuning import TritonConfig
+from mla_sink.reference import sparse_mla_decode_reference
+
+D_QK = 576
+POOL = 3_500_000
+
+# (case, [(block_h, block_n, warps, stages, splits)])
+BIG = [(64, 64, 8, 2, 1), (64, 64, 8, 1, 1), (64, 32, 8, 2, 1), (64, 32, 8, 3, 1), (64, 32, 8, 4, 1),
+       (64, 16, 8, 4, 1), (32, 64, 4, 2, 1), (32, 32, 4, 3, 1), (64, 64, 8, 3, 1)]
+SMALL = [(16, 64, 4, 2, 1), (16, 32, 4, 3, 1), (16, 64, 4, 3, 1), (16, 128, 4, 2, 1), (16, 64, 8, 2, 1),
+         (16, 32, 4, 4, 1), (64, 64, 8, 2, 1), (32, 64, 4, 2, 1), (16, 64, 4, 2, 2)]
+SPLITS_T2 = [(64, 64, 8, 2, s) for s in (8, 16, 32, 64)] + [(64, 32, 8, 3, s) for s in (16, 32, 64)]
+SPLITS_T2_H16 = [(16, 64, 4, 2, s) for s in (16, 32, 64)] + [(16, 32, 4, 3, s) for s in (32, 64)]
+PLAN = [
+    (dict(H=128, T=256, kv="bf16"), BIG),
+    (dict(H=64, T=256, kv="bf16"), BIG[:6]),
+    (dict(H=16, T=256, kv="bf16"), SMALL),
+    (dict(H=32, T=256, kv="bf16"), SMALL[:4] + [(32, 64, 4, 2, 1), (32, 32, 4, 3, 1), (64, 32, 8, 3, 1)]),
+    (dict(H=16, T=256, kv="fp8"), SMALL[:6]),
+    (dict(H=128, T=2, kv="bf16"), SPLITS_T2),
+    (dict(H=16, T=2, kv="bf16"), SPLITS_T2_H16),
+    (dict(H=128, T=64, kv="bf16"), [(64, 64, 8, 2, s) for s in (1, 2)] + [(64, 32, 8, 3, s) for s in (1, 2)]),
+    (dict(H=16, T=64, kv="bf16"), [(16, 64, 4, 2, s) for s in (1, 2, 4, 8)]),
+    (dict(H=128, T=256, kv="bf16", sinks=False), BIG[:4]),
+]
+
+
+def main():
+    out_path = sys.argv[1]
+    budget = float(sys.argv[2]) if len(sys.argv) > 2 else 300
+    t_start = time.time()
+    torch.manual_seed(0)
+    pool = torch.randn(POOL, D_QK, device="cuda", dtype=torch.bfloat16)
+    pool8 = pool.to(torch.float8_e4m3fn)
+    timer = GraphTimer(reps=6, replays=3)
+    rows = []
+    for case, cfgs in PLAN:
+        H, T = case["H"], case["T"]
+        kv = pool8 if case["kv"] == "fp8" else pool
+        kv_scale = torch.tensor([1.0], device="cuda") if case["kv"] == "fp8" else None
+        q = torch.randn(T, H, D_QK, device="cuda").to(torch.bfloat16)
+        idx = torch.randint(0, POOL, (T, 2048), device="cuda", dtype=torch.int32)
+        sinks = torch.randn(H, device="cuda") if case.get("sinks", True) else None
+        ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, kv_scale=kv_scale)
+        out = torch.empty(T, H, 512, device="cuda", dtype=torch.bfloat16)
+        lse = torch.empty(T, H, device="cuda")
+        for bh, bn, w, st, sp in cfgs:
+            if time.time() - t_start > budget:
+                break
+            cfg = TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st)
+            rec = dict(case=case, block_h=bh, block_n=bn, num_warps=w, num_stages=st, splits=sp)
+            try:
+                fn = lambda: sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out, lse=lse,
+                                                      config=cfg, num_kv_splits=sp)
+                fn()
+                torch.cuda.synchronize()
+                err = (out.double() - ro).abs().max().item()
+                lerr = (lse - rl).abs().max().item()
+                rec.update(max_err=err, lse_err=lerr, us=timer.time_us(fn))
+            except Exception as e:
+                rec["error"] = repr(e)[:300]
+            rows.append(rec)
+            print(json.dumps(rec), flush=True)
+            with open(out_path, "w") as f:
+                json.dump(rows, f, indent=0)
+    print(f"sweep done in {time.time() - t_start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
