@@ -61,7 +61,10 @@ def run_demo(args: argparse.Namespace) -> int:
                     not args.no_sinks, args.seed)
     spec, platform = describe(x["q"], x["kv_cache"], x["indices"], x.get("sinks"), return_lse=True)
     print(f"call: {spec} on {platform}; T={args.tokens} topk={args.topk} pool N={args.pool}")
-    print(explain_call(spec, platform, path=args.path))
+    text = explain_call(spec, platform, path=args.path).splitlines()
+    winner = [line for line in text if not line.lstrip().startswith("✗ ") or "refused" in line]
+    print("\n".join(winner))
+    print(f"  ({len(text) - len(winner)} earlier rows rejected; `mla-sink explain` lists why)")
     out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)  # warm-up / compile
     if device != "cpu":
         torch.cuda.synchronize()

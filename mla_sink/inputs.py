@@ -1,15 +1,20 @@
-"""The tensors of one call, bundled as an immutable record that every path's launcher takes."""
+"""The tensors of one call, bundled as an immutable record that every path's launcher takes.
+
+A ``typing.NamedTuple`` rather than an attrs class: it is immutable too, and ``torch.compile``
+traces its construction (a frozen attrs ``__init__`` goes through ``object.__setattr__``, which
+Dynamo cannot trace), so ``run()`` compiles with ``fullgraph=True``.
+"""
 
 from __future__ import annotations
 
 from typing import Optional
 
-import attrs
+from typing import NamedTuple
+
 import torch
 
 
-@attrs.frozen(eq=False)
-class DecodeInputs:
+class DecodeInputs(NamedTuple):
     """Tensors and scalars of one sparse MLA decode call (validated by :mod:`mla_sink.validate`).
 
     Attributes:

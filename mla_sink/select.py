@@ -92,9 +92,14 @@ def explain_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = No
 def plan_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> LaunchPlan:
     """select + plan: the :class:`LaunchPlan` of a call.
 
+    ``path='reference'`` is always honoured (the reference runs anywhere; ``row_id='forced'``);
+    any other forced path must be named by a row that accepts the call.
+
     Raises:
         NoKernelError: the table refuses the call or no row accepts it (message = full explanation).
     """
+    if path == "reference":
+        return LaunchPlan(path="reference", params={}, spec=spec, platform=platform, row_id="forced")
     selection = select(spec, platform, path=path)
     if selection.refused or selection.path is None:
         raise NoKernelError(dispatch.explain(selection, key=call_key(spec, platform)), selection)

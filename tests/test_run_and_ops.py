@@ -1,0 +1,100 @@
+"""run(), the layer object and the torch.library custom ops, end to end on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mla_sink import CallSpec, DecodeInputs, Platform, SparseMLADecode, run, sparse_mla_decode
+from mla_sink.reference import sparse_mla_decode_reference as ref
+
+CPU_NO_TRITON = Platform("cpu", triton=False)
+
+
+def inputs(T=3, H=5, N=64, topk=24, dtype=torch.float16, seed=0, sinks=True):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, 576, generator=g).to(dtype)
+    kv = torch.randn(N, 576, generator=g).to(dtype)
+    kv[N - 1] = float("nan")  # never referenced below
+    idx = torch.randint(0, N - 1, (T, topk), generator=g, dtype=torch.int32)
+    idx[0, 3] = -1
+    idx[1, :5] = -1
+    idx[-1] = -1
+    s = torch.randn(H, generator=g) * 2 if sinks else None
+    return q, kv, idx, s
+
+
+@pytest.mark.parametrize("platform,path", [(CPU_NO_TRITON, "reference"), (Platform("cpu"), "triton")])
+def test_run_matches_float64(platform, path):
+    q, kv, idx, s = inputs()
+    out, lse = sparse_mla_decode(q, kv, idx, s, platform=platform)
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32
+    r_out, r_lse = ref(q, kv, idx, s)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2)
+    finite = torch.isfinite(r_lse)
+    torch.testing.assert_close(lse[finite].double(), r_lse[finite].double(), atol=1e-4, rtol=1e-4)
+    assert torch.isneginf(lse[-1]).all() and (out[-1] == 0).all()
+
+
+def test_lse_returned_iff_needed():
+    q, kv, idx, _ = inputs(sinks=False)
+    out, lse = sparse_mla_decode(q, kv, idx, platform=CPU_NO_TRITON)
+    assert lse is None
+    out, lse = sparse_mla_decode(q, kv, idx, platform=CPU_NO_TRITON, return_lse=True)
+    assert lse is not None and lse.shape == (3, 5)
+
+
+def test_out_buffer_is_written_in_place():
+    q, kv, idx, s = inputs()
+    buf = torch.full((3, 5, 512), float("nan"), dtype=torch.float16)
+    out, _ = sparse_mla_decode(q, kv, idx, s, out=buf, platform=CPU_NO_TRITON)
+    assert out.data_ptr() == buf.data_ptr() and not buf.isnan().any()
+
+
+def test_layer_runs_the_planned_path():
+    q, kv, idx, s = inputs()
+    layer = SparseMLADecode(num_heads=5, q_dtype="fp16", kv_dtype="fp16", topk=24, sinks=s, platform=CPU_NO_TRITON)
+    assert layer.plan.path == "reference" and "reference" in repr(layer)
+    out, lse = layer(q, kv, idx)
+    r_out, _ = ref(q, kv, idx, s)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2)
+
+
+def test_forced_path():
+    q, kv, idx, s = inputs()
+    out, _ = sparse_mla_decode(q, kv, idx, s, path="reference")
+    r_out, _ = ref(q, kv, idx, s)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2)
+
+
+def _op_args(q, kv, idx, s, path):
+    return (q, kv, idx, s, 576 ** -0.5, None, None, None, 1, True, 0.0, path)
+
+
+@pytest.mark.parametrize("path", ["reference", "triton"])
+def test_opcheck_out_of_place(path):
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    torch.library.opcheck(torch.ops.mla_sink.sparse_mla_decode.default, _op_args(q, kv, idx, s, path))
+
+
+@pytest.mark.parametrize("path", ["reference", "triton"])
+def test_opcheck_in_place(path):
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    out = torch.empty(2, 3, 512, dtype=torch.float16)
+    a = _op_args(q, kv, idx, s, path)
+    torch.library.opcheck(torch.ops.mla_sink.sparse_mla_decode_out.default, (*a[:8], out, *a[8:]))
+
+
+def test_compile_fullgraph_traces_run():
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=3, topk=8, sinks=True)
+
+    def step(q, kv, idx, s):
+        out, lse = run(spec, DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=576 ** -0.5, sinks=s), path="reference")
+        return out.float() * 2, lse
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    out, lse = compiled(q, kv, idx, s)
+    e_out, e_lse = step(q, kv, idx, s)
+    torch.testing.assert_close(out, e_out)
+    torch.testing.assert_close(lse, e_lse)
