@@ -1,0 +1,421 @@
+"""Decode context parallel on the CPU: gloo groups of 2 and 4 processes against the float64 reference.
+
+One spawned group per world size runs every case (both layouts, H = 1 and 16, sinks none / -inf /
+0 / +inf / 50 / mixed, bf16, a pool smaller than the group, topk_length, large logits, a caller
+``out`` buffer) and the argument-validation calls; each rank saves its results to a file and the
+parent compares them, case by case, with the single-process float64 reference on the full pool.
+Unit tests cover the sharding maps and the merge with known numbers (base-e vs base-2).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from mla_sink.dcp import (
+    LAYOUTS,
+    dcp_sparse_mla_decode,
+    global_row_ids,
+    local_indices,
+    shard_kv_cache,
+    shard_num_rows,
+)
+from mla_sink.inputs import DecodeInputs
+from mla_sink.lse import merge_states
+from mla_sink.reference import sparse_mla_decode_reference
+
+INF = float("inf")
+WORLD_SIZES = (2, 4)
+JOIN_TIMEOUT_S = 180  # a hung collective fails the test instead of blocking CI
+PG_TIMEOUT = timedelta(seconds=60)
+
+# (atol, rtol) per output dtype; out travels in the output dtype, merges in fp32.
+TOL = {
+    torch.float32: dict(out=(2e-5, 1e-5), lse=(1e-5, 1e-6)),
+    torch.bfloat16: dict(out=(4e-3, 1.6e-2), lse=(1e-5, 1e-6)),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Case table (built identically in the parent and, from the saved file, used by the workers)
+# --------------------------------------------------------------------------------------------
+
+SINK_KINDS = ("none", "-inf", "0", "+inf", "50", "mixed")
+
+
+def _case_specs() -> list[dict]:
+    specs = []
+    for layout in LAYOUTS:
+        for h in (1, 16):
+            for sk in SINK_KINDS:
+                specs.append(dict(name=f"{layout}-h{h}-sink_{sk}", layout=layout, h=h, sinks=sk))
+        specs.append(dict(name=f"{layout}-h16-bf16", layout=layout, h=16, sinks="mixed", dtype="bf16"))
+        specs.append(dict(name=f"{layout}-h16-tiny_pool", layout=layout, h=16, sinks="mixed", n=3))
+        specs.append(dict(name=f"{layout}-h16-topk_length", layout=layout, h=16, sinks="mixed", topk_length=True))
+        specs.append(dict(name=f"{layout}-h16-large_logits", layout=layout, h=16, sinks="mixed", sm_scale=1.0))
+        specs.append(dict(name=f"{layout}-h16-out_buffer", layout=layout, h=16, sinks="50", out_buffer=True))
+    return specs
+
+
+CASE_SPECS = _case_specs()
+CASE_NAMES = [s["name"] for s in CASE_SPECS]
+
+
+def _owner(g: int, n: int, w: int, layout: str) -> int:
+    """Rank that owns global row g (written independently of mla_sink.dcp)."""
+    return g % w if layout == "interleaved" else g // math.ceil(n / w)
+
+
+def _make_case(spec: dict, w: int, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    n = spec.get("n", 61)  # prime: not divisible by any world size
+    h, t, topk = spec["h"], 8, 24
+    dtype = torch.bfloat16 if spec.get("dtype") == "bf16" else torch.float32
+    q = torch.randn(t, h, 576, generator=gen)
+    kv = torch.randn(n, 576, generator=gen)
+    nan_rows = set() if n < 10 else {7, 20, 33, 46, 59}
+    kv[sorted(nan_rows)] = float("nan")  # never referenced by a valid id
+    allowed = [g for g in range(n) if g not in nan_rows]
+    invalid = [-1, -1, -7, n, n + 5]
+
+    def pick(pool: list[int], k: int) -> list[int]:
+        if not pool:
+            return []
+        sel = torch.randint(0, len(pool), (k,), generator=gen)
+        return [pool[i] for i in sel.tolist()]
+
+    def row(valid: list[int]) -> list[int]:
+        r = valid + pick(invalid, topk - len(valid))
+        perm = torch.randperm(topk, generator=gen).tolist()
+        return [r[i] for i in perm]
+
+    on = lambda pred: [g for g in allowed if pred(_owner(g, n, w, spec["layout"]))]  # noqa: E731
+    rows = [
+        row(pick(allowed, 16)),  # random, invalid ids anywhere
+        row(pick(on(lambda r: r == 0), 12)),  # every id on rank 0
+        row(pick(on(lambda r: r != 1), 12)),  # rank 1 has no id for this row
+        row([]),  # empty everywhere: -1, negatives, ids == N and > N
+        row(pick(allowed, 1) * 5),  # one id repeated
+        row(pick(allowed, 1)),  # a single valid id
+        pick(allowed, topk),  # random, all valid
+        pick(allowed, topk),
+    ]
+    indices = torch.tensor(rows, dtype=torch.int32)
+    sk = spec["sinks"]
+    if sk == "none":
+        sinks = None
+    elif sk == "mixed":
+        sinks = torch.randn(h, generator=gen) * 2
+        sinks[: min(h, 4)] = torch.tensor([-INF, 0.0, INF, 50.0])[: min(h, 4)]
+    else:
+        sinks = torch.full((h,), float(sk))
+    topk_length = None
+    if spec.get("topk_length"):
+        topk_length = torch.randint(0, topk + 1, (t,), generator=gen, dtype=torch.int32)
+        topk_length[0] = topk
+    return dict(
+        q=q.to(dtype),
+        kv=kv.to(dtype),
+        indices=indices,
+        sinks=sinks,
+        topk_length=topk_length,
+        sm_scale=spec.get("sm_scale", 576**-0.5),
+        n=n,
+        layout=spec["layout"],
+        out_buffer=bool(spec.get("out_buffer")),
+    )
+
+
+def _local_reference(inp: DecodeInputs):
+    """The local_decode of the tests: sink-free float64 reference on this rank's shard."""
+    assert inp.sinks is None and inp.topk_length is None and inp.out is None
+    return sparse_mla_decode_reference(inp.q, inp.kv_cache, inp.indices, None, inp.sm_scale)
+
+
+# --------------------------------------------------------------------------------------------
+# Worker (runs in each spawned process)
+# --------------------------------------------------------------------------------------------
+
+
+def _known_numbers_local(rank: int):
+    """Rank 0: out 0, lse ln 2; rank 1: out 10, lse ln 8; others: empty with NaN out (must not leak)."""
+
+    def local(inp: DecodeInputs):
+        t, h = inp.q.shape[:2]
+        if rank == 0:
+            return torch.zeros(t, h, 512), torch.full((t, h), math.log(2.0))
+        if rank == 1:
+            return torch.full((t, h), 10.0).unsqueeze(-1).expand(t, h, 512).clone(), torch.full((t, h), math.log(8.0))
+        return torch.full((t, h, 512), float("nan")), torch.full((t, h), -INF)
+
+    return local
+
+
+def _validation_calls(rank: int, w: int) -> dict[str, str]:
+    """Bad calls on a live group; each must raise ValueError before any collective."""
+    n = 61
+    q = torch.randn(2, 4, 576)
+    idx = torch.zeros(2, 8, dtype=torch.int32)
+    good_kv = shard_kv_cache(torch.randn(n, 576), w, rank, "interleaved")
+    base = DecodeInputs(q, good_kv, idx, 576**-0.5)
+    kw = dict(group=None, layout="interleaved", num_kv_rows=n, local_decode=_local_reference)
+    bad = {
+        "layout": (base, dict(kw, layout="blocked")),
+        "num_kv_rows": (base, dict(kw, num_kv_rows=-1)),
+        "dcp_world_size": (base, dict(kw, dcp_world_size=w + 1)),
+        "kv_cache_rows": (DecodeInputs(q, torch.randn(n, 576), idx, 576**-0.5), kw),
+        "kv_cache_short": (DecodeInputs(q, good_kv[:-1], idx, 576**-0.5), kw),
+        "indices_dtype": (DecodeInputs(q, good_kv, idx.long(), 576**-0.5), kw),
+        "indices_tokens": (DecodeInputs(q, good_kv, idx[:1], 576**-0.5), kw),
+        "sinks_shape": (DecodeInputs(q, good_kv, idx, 576**-0.5, sinks=torch.zeros(3)), kw),
+        "out_shape": (DecodeInputs(q, good_kv, idx, 576**-0.5, out=torch.empty(2, 4, 511)), kw),
+        "local_decode": (base, dict(kw, local_decode=None)),
+    }
+    msgs = {}
+    for name, (inp, kwargs) in bad.items():
+        try:
+            dcp_sparse_mla_decode(inp, **kwargs)
+            msgs[name] = "NO ERROR"
+        except ValueError as e:
+            msgs[name] = str(e)
+    return msgs
+
+
+def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -> None:
+    try:
+        torch.set_num_threads(1)
+        store = dist.FileStore(store_path, w)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=w, timeout=PG_TIMEOUT)
+        cases = torch.load(cases_path, weights_only=False)
+        results = {}
+        for name, c in cases.items():
+            kv_shard = shard_kv_cache(c["kv"], w, rank, c["layout"])
+            out_buf = torch.full((c["q"].shape[0], c["q"].shape[1], 512), float("nan"), dtype=c["q"].dtype) if c["out_buffer"] else None
+            inp = DecodeInputs(
+                c["q"], kv_shard, c["indices"], c["sm_scale"], sinks=c["sinks"], topk_length=c["topk_length"], out=out_buf
+            )
+            out, lse = dcp_sparse_mla_decode(
+                inp, group=None, layout=c["layout"], num_kv_rows=c["n"], local_decode=_local_reference, dcp_world_size=w
+            )
+            results[name] = dict(out=out, lse=lse, is_buffer=out_buf is not None and out is out_buf)
+        # Known numbers through the whole DCP path (NaN out on empty parts must not leak).
+        q = torch.randn(3, 2, 576)
+        n = 61
+        kv_shard = shard_kv_cache(torch.randn(n, 576), w, rank, "interleaved")
+        idx = torch.zeros(3, 4, dtype=torch.int32)
+        for label, sinks in (("nosink", None), ("sink_ln10", torch.full((2,), math.log(10.0)))):
+            out, lse = dcp_sparse_mla_decode(
+                DecodeInputs(q, kv_shard, idx, 1.0, sinks=sinks),
+                group=None, layout="interleaved", num_kv_rows=n, local_decode=_known_numbers_local(rank),
+            )
+            results[f"known-{label}"] = dict(out=out, lse=lse)
+        errors = _validation_calls(rank, w)
+        dist.barrier()  # the group is still in step: no failed call entered a collective
+        torch.save(dict(results=results, errors=errors), os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+def _run_group(w: int, tmp) -> dict:
+    cases = {s["name"]: _make_case(s, w, seed=1000 * w + i) for i, s in enumerate(CASE_SPECS)}
+    cases_path = str(tmp / "cases.pt")
+    torch.save(cases, cases_path)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, w, str(tmp / "store"), cases_path, str(tmp))) for r in range(w)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(JOIN_TIMEOUT_S)
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+        p.join(5)
+    errs = [(tmp / f"rank{r}.err").read_text() for r in range(w) if (tmp / f"rank{r}.err").exists()]
+    if hung or errs or any(p.exitcode != 0 for p in procs):
+        pytest.fail(f"DCP group of {w} failed (hung: {len(hung)}, exit codes {[p.exitcode for p in procs]}):\n" + "\n".join(errs))
+    ranks = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(w)]
+    return dict(cases=cases, ranks=ranks)
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory):
+    return {w: _run_group(w, tmp_path_factory.mktemp(f"dcp{w}")) for w in WORLD_SIZES}
+
+
+# --------------------------------------------------------------------------------------------
+# Distributed comparisons
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_dcp_matches_single_process_reference(groups, w, name):
+    c = groups[w]["cases"][name]
+    ref_out, ref_lse = sparse_mla_decode_reference(
+        c["q"], c["kv"], c["indices"], c["sinks"], c["sm_scale"], topk_length=c["topk_length"]
+    )
+    res = [g["results"][name] for g in groups[w]["ranks"]]
+    out, lse = res[0]["out"], res[0]["lse"]
+    assert out.dtype == c["q"].dtype and out.shape == ref_out.shape
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
+    for r, other in enumerate(res[1:], start=1):  # every rank returns the same result
+        assert torch.equal(other["out"], out), f"rank {r} out differs from rank 0"
+        assert torch.equal(other["lse"], lse), f"rank {r} lse differs from rank 0"
+    if c["out_buffer"]:
+        assert all(x["is_buffer"] for x in res)
+    assert not out.isnan().any() and not lse.isnan().any()
+    tol = TOL[out.dtype]
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=tol["out"][0], rtol=tol["out"][1])
+    torch.testing.assert_close(lse, ref_lse, atol=tol["lse"][0], rtol=tol["lse"][1])
+    # Row 3 has no valid id anywhere: exactly 0 and -inf.
+    assert torch.equal(out[3].float(), torch.zeros_like(out[3].float()))
+    assert torch.isneginf(lse[3]).all()
+    if c["sinks"] is not None:  # +inf sink heads are exactly 0
+        inf_heads = torch.isposinf(c["sinks"])
+        assert torch.equal(out[:, inf_heads].float(), torch.zeros_like(out[:, inf_heads].float()))
+
+
+@pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
+def test_dcp_known_numbers_merge(groups, w):
+    # normalisers 2 (out 0) and 8 (out 10) -> 8; ranks >= 2 are empty with NaN out and contribute 0.
+    for g in groups[w]["ranks"]:
+        r = g["results"]["known-nosink"]
+        torch.testing.assert_close(r["out"], torch.full_like(r["out"], 8.0), atol=1e-6, rtol=0)
+        torch.testing.assert_close(r["lse"], torch.full_like(r["lse"], math.log(10.0)), atol=1e-6, rtol=0)
+        s = g["results"]["known-sink_ln10"]  # sink ln 10 applied once: 8 * 10 / (10 + 10) = 4
+        torch.testing.assert_close(s["out"], torch.full_like(s["out"], 4.0), atol=1e-6, rtol=0)
+        torch.testing.assert_close(s["lse"], r["lse"])  # LSE is sink-free
+
+
+VALIDATION_EXPECT = {
+    "layout": "'layout'",
+    "num_kv_rows": "'num_kv_rows'",
+    "dcp_world_size": "'dcp_world_size'",
+    "kv_cache_rows": "'inputs.kv_cache'",
+    "kv_cache_short": "'inputs.kv_cache'",
+    "indices_dtype": "'inputs.indices'",
+    "indices_tokens": "'inputs.indices'",
+    "sinks_shape": "'inputs.sinks'",
+    "out_shape": "'inputs.out'",
+    "local_decode": "'local_decode'",
+}
+
+
+@pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
+@pytest.mark.parametrize("case", sorted(VALIDATION_EXPECT))
+def test_dcp_validation_errors_name_the_argument(groups, w, case):
+    for g in groups[w]["ranks"]:
+        assert VALIDATION_EXPECT[case] in g["errors"][case], g["errors"][case]
+
+
+# --------------------------------------------------------------------------------------------
+# Merge with known numbers (in-process)
+# --------------------------------------------------------------------------------------------
+
+
+def test_merge_states_known_numbers_natural_log():
+    outs = [torch.zeros(1, 512), torch.full((1, 512), 10.0)]
+    lses = [torch.full((1,), math.log(2.0)), torch.full((1,), math.log(8.0))]
+    out, lse = merge_states(outs, lses)
+    assert torch.allclose(out, torch.full_like(out, 8.0), atol=1e-6, rtol=0)
+    base2_mixup = 10 * 2 ** math.log(8) / (2 ** math.log(2) + 2 ** math.log(8))  # ~7.23
+    assert abs(base2_mixup - 7.23) < 0.01
+    assert (out - base2_mixup).abs().min() > 0.5
+    assert abs(lse.item() - math.log(10.0)) < 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# Sharding (in-process)
+# --------------------------------------------------------------------------------------------
+
+SHARD_GRID = [(n, w) for n in (0, 1, 3, 5, 10, 61, 64) for w in (1, 2, 3, 4, 8)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n,w", SHARD_GRID, ids=[f"n{n}-w{w}" for n, w in SHARD_GRID])
+def test_shards_partition_the_pool(layout, n, w):
+    ids = [global_row_ids(n, w, r, layout) for r in range(w)]
+    assert [len(x) for x in ids] == [shard_num_rows(n, w, r, layout) for r in range(w)]
+    assert torch.equal(torch.cat(ids).sort().values, torch.arange(n))
+    kv = torch.arange(n, dtype=torch.float32).unsqueeze(1).expand(n, 576).contiguous()
+    for r in range(w):
+        shard = shard_kv_cache(kv, w, r, layout)
+        assert torch.equal(shard[:, 0], ids[r].float())
+        copy = shard_kv_cache(kv, w, r, layout, copy=True)
+        assert copy.is_contiguous() and torch.equal(copy, shard)
+        if n:
+            assert copy.untyped_storage().data_ptr() != kv.untyped_storage().data_ptr()
+    if layout == "contiguous" and n:
+        s = math.ceil(n / w)
+        assert [x[0].item() for x in ids if len(x)] == [r * s for r in range(w) if r * s < n]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n,w", SHARD_GRID, ids=[f"n{n}-w{w}" for n, w in SHARD_GRID])
+def test_local_indices_round_trip(layout, n, w):
+    g = torch.arange(-3, n + 4, dtype=torch.int32).reshape(1, -1)  # includes -1, negatives, N, > N
+    owners = torch.zeros_like(g)
+    for r in range(w):
+        loc = local_indices(g, world_size=w, rank=r, layout=layout, num_kv_rows=n)
+        assert loc.dtype == torch.int32 and loc.shape == g.shape
+        own = loc >= 0
+        owners += own.int()
+        back = global_row_ids(n, w, r, layout)[loc[own].long()]
+        assert torch.equal(back, g[own].long())
+        assert (loc[own] < shard_num_rows(n, w, r, layout)).all()
+    valid = (g >= 0) & (g < n)
+    assert torch.equal(owners, valid.int())  # each valid id on exactly one rank; invalid (incl. == N) on none
+
+
+def test_local_indices_explicit_table():
+    g = torch.tensor([[0, 1, 5, 9, 10, -1, 3]], dtype=torch.int32)  # N = 10, W = 4
+    table = {
+        ("interleaved", 1): [-1, 0, 1, 2, -1, -1, -1],
+        ("interleaved", 3): [-1, -1, -1, -1, -1, -1, 0],
+        ("contiguous", 0): [0, 1, -1, -1, -1, -1, -1],  # S = 3: rows [0, 3)
+        ("contiguous", 1): [-1, -1, 2, -1, -1, -1, 0],  # rows [3, 6)
+        ("contiguous", 3): [-1, -1, -1, 0, -1, -1, -1],  # rows [9, 10): the short last shard
+    }
+    for (layout, r), want in table.items():
+        got = local_indices(g, world_size=4, rank=r, layout=layout, num_kv_rows=10)
+        assert got.tolist() == [want], (layout, r)
+    assert shard_num_rows(10, 4, 3, "contiguous") == 1
+    assert shard_num_rows(10, 4, 3, "interleaved") == 2
+    assert shard_num_rows(3, 4, 3, "interleaved") == 0
+
+
+@pytest.mark.parametrize(
+    "call,needle",
+    [
+        (lambda: shard_num_rows(10, 2, 0, "blocked"), "'layout'"),
+        (lambda: shard_num_rows(10, 2, 2, "interleaved"), "'rank'"),
+        (lambda: shard_num_rows(10, 0, 0, "interleaved"), "'world_size'"),
+        (lambda: shard_num_rows(-1, 2, 0, "interleaved"), "'num_kv_rows'"),
+        (lambda: shard_kv_cache(torch.zeros(4), 2, 0, "interleaved"), "'kv_cache'"),
+        (lambda: local_indices(torch.zeros(2, 3), world_size=2, rank=0, layout="interleaved", num_kv_rows=4), "'indices'"),
+        (lambda: local_indices(torch.zeros(2, 3, dtype=torch.int32), world_size=2, rank=-1, layout="contiguous", num_kv_rows=4), "'rank'"),
+    ],
+    ids=["layout", "rank", "world_size", "num_kv_rows", "kv_cache", "indices", "rank_negative"],
+)
+def test_sharding_argument_errors(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call()
+
+
+def test_dcp_call_errors_without_process_group():
+    inp = DecodeInputs(torch.randn(1, 1, 576), torch.randn(4, 576), torch.zeros(1, 2, dtype=torch.int32), 1.0)
+    with pytest.raises(ValueError, match="'layout'"):
+        dcp_sparse_mla_decode(inp, group=None, layout="rows", num_kv_rows=4, local_decode=_local_reference)
+    if not dist.is_initialized():
+        with pytest.raises(ValueError, match="'group'"):
+            dcp_sparse_mla_decode(inp, group=None, layout="interleaved", num_kv_rows=4, local_decode=_local_reference)
