@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import attrs
 import torch
 import torch.distributed as dist
 
@@ -216,6 +215,15 @@ def local_indices(indices: torch.Tensor, *, world_size: int, rank: int, layout: 
     return torch.where(own, local, torch.full_like(local, -1)).to(torch.int32)
 
 
+def _replace(inputs: DecodeInputs, **changes) -> DecodeInputs:
+    """A copy of ``inputs`` with some fields changed (NamedTuple ``_replace``; attrs ``evolve`` for an attrs record)."""
+    if hasattr(inputs, "_replace"):
+        return inputs._replace(**changes)
+    import attrs
+
+    return attrs.evolve(inputs, **changes)
+
+
 def _out_dtype(q: torch.Tensor) -> torch.dtype:
     """q's dtype for bf16/fp16 (and fp32/fp64 test inputs), bf16 for fp8 q."""
     key = DTYPE_KEYS.get(q.dtype)
@@ -376,7 +384,7 @@ def dcp_sparse_mla_decode(
         out_r = torch.zeros((t, h, D_V), dtype=out_dtype, device=q.device)
         lse_r = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
     else:
-        local = attrs.evolve(inputs, indices=loc, sinks=None, topk_length=None, out=None)
+        local = _replace(inputs, indices=loc, sinks=None, topk_length=None, out=None)
         out_r, lse_r = local_decode(local)
         if tuple(out_r.shape) != (t, h, D_V) or tuple(lse_r.shape) != (t, h):
             raise ValueError(
