@@ -1,0 +1,82 @@
+"""The ``mla-sink`` command line: explain (text, --json, --matrix, refusals), info, demo."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mla_sink.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_explain_names_key_path_row_and_rejections(capsys):
+    code, out = run_cli(capsys, "explain", "--arch", "gfx942", "--aiter", "0.1.20", "--q-dtype", "bf16",
+                        "--heads", "64", "--sinks")
+    assert code == 0
+    assert out.splitlines()[0] == "bf16-h64-gfx942-sinks-dcp1"
+    assert "→ triton" in out and "gfx942_bf16_h64_lse_to_triton" in out and "64-head bucket" in out
+    assert "✗ aiter_not_importable" in out
+
+
+def test_explain_dcp_shows_persistent_rejected_for_lse(capsys):
+    code, out = run_cli(capsys, "explain", "--arch", "gfx950", "--aiter", "0.1.20", "--heads", "64", "--dcp", "2")
+    assert code == 0
+    line = next(x for x in out.splitlines() if "✗ aiter_persistent_bf16" in x)
+    assert "need_lse=true" in line and "writes no LSE" in line
+
+
+def test_explain_json(capsys):
+    code, out = run_cli(capsys, "explain", "--arch", "gfx950", "--aiter", "0.1.20", "--heads", "32", "--sinks", "--json")
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["path"] == "aiter_lse_single_split" and doc["params"] == {"num_kv_splits": 1}
+    assert doc["key"] == "bf16-h32-gfx950-sinks-dcp1"
+    assert any(r["row"] == "aiter_persistent_bf16" for r in doc["rejected"])
+
+
+def test_explain_refusal_exits_2(capsys):
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--aiter", "none", "--q-dtype", "bf16",
+                        "--kv-dtype", "fp8_e4m3fnuz")
+    assert code == 2
+    assert "refused" in out and "AMD's fp8 format" in out
+
+
+def test_explain_bad_flag_value_exits_2(capsys):
+    code = main(["explain", "--arch", "mi300"])
+    err = capsys.readouterr().err
+    assert code == 2 and "'arch' must be a compile target" in err
+
+
+def test_matrix_shows_every_path(capsys):
+    code, out = run_cli(capsys, "explain", "--matrix")
+    assert code == 0
+    body = "\n".join(out.splitlines()[3:-2])
+    cells = set(body.split())
+    for abbrev in ("P", "L", "L1", "L2", "T", "R", "✗"):
+        assert abbrev in cells, abbrev
+
+
+def test_info_lists_paths(capsys):
+    code, out = run_cli(capsys, "info")
+    assert code == 0
+    assert "✗ aiter_lse" in out and "AITER not importable" in out
+    assert "reference" in out
+
+
+def test_demo_runs_on_cpu(capsys):
+    code, out = run_cli(capsys, "demo", "--device", "cpu", "--tokens", "2", "--topk", "64", "--pool", "256")
+    assert code == 0
+    assert "→ triton" in out or "→ reference" in out
+    assert "NaN in out: False" in out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["explain", "--help"], ["demo", "--help"]])
+def test_help(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 0
