@@ -1,0 +1,92 @@
+"""CUDA-graph capture of the triton path and construction-time refusal (GPU marker: run on the device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mla_sink import NoKernelError, Platform, SparseMLADecode
+from mla_sink.reference import sparse_mla_decode_reference as ref
+
+pytestmark = pytest.mark.gpu
+
+
+def _fresh(T, H, N, topk, g, device):
+    idx = torch.randint(0, N, (T, topk), generator=g, dtype=torch.int32, device="cpu")
+    idx[0, :7] = -1
+    idx[1, 100:] = N + 3 if topk > 100 else -1
+    idx[-1] = -1
+    return idx.to(device), (torch.randn(H, generator=g) * 3).float().to(device)
+
+
+@pytest.mark.parametrize("H,T", [(128, 2), (64, 64), (16, 256)])
+def test_cuda_graph_replays_follow_new_indices_and_sinks(H, T):
+    device = "cuda"
+    N, topk = 100_000, 2048
+    g = torch.Generator().manual_seed(H * 1000 + T)
+    q = torch.randn(T, H, 576, generator=g).bfloat16().to(device)
+    kv = torch.randn(N, 576, generator=g).bfloat16().to(device)
+    idx0, sinks0 = _fresh(T, H, N, topk, g, device)
+    static_idx, static_sinks = idx0.clone(), sinks0.clone()
+    layer = SparseMLADecode(num_heads=H, q_dtype="bf16", kv_dtype="bf16", topk=topk, sinks=static_sinks)
+    assert layer.plan.path == "triton", repr(layer)
+    out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up compiles the kernels outside capture
+        layer(q, kv, static_idx, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse_static = layer(q, kv, static_idx, out=out)
+    for replay in range(3):
+        idx, sinks = _fresh(T, H, N, topk, g, device)
+        static_idx.copy_(idx)
+        static_sinks.copy_(sinks)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager_layer = SparseMLADecode(num_heads=H, q_dtype="bf16", kv_dtype="bf16", topk=topk, sinks=sinks)
+        e_out, e_lse = eager_layer(q, kv, idx)
+        torch.testing.assert_close(out, e_out, atol=0, rtol=0, msg=f"replay {replay}")
+        torch.testing.assert_close(lse_static, e_lse, atol=0, rtol=0, msg=f"replay {replay}")
+        r_out, _ = ref(q, kv, idx, sinks)
+        torch.testing.assert_close(out.double(), r_out, atol=1e-2, rtol=2 / 128)
+        assert (out[-1] == 0).all() and torch.isneginf(lse_static[-1]).all()
+
+
+def test_refused_configuration_raises_at_construction_before_capture():
+    with pytest.raises(NoKernelError, match="AMD's fp8 format"):
+        SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="fp8_e4m3fnuz", topk=2048)
+    with pytest.raises(ValueError, match="'sinks' must be float32"):
+        SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=2048,
+                        sinks=torch.zeros(16, dtype=torch.bfloat16, device="cuda"))
+
+
+def test_platform_detects_this_gpu():
+    p = Platform.detect("cuda")
+    assert p.arch.startswith("sm") or p.arch.startswith("gfx")
+
+
+def test_compiled_run_captures_in_cuda_graph():
+    """torch.compile(mode='reduce-overhead') puts the custom op inside a CUDA graph."""
+    from mla_sink import CallSpec, DecodeInputs, run
+
+    device = "cuda"
+    T, H, N, topk = 4, 16, 10_000, 256
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(T, H, 576, generator=g).bfloat16().to(device)
+    kv = torch.randn(N, 576, generator=g).bfloat16().to(device)
+    idx = torch.randint(0, N, (T, topk), generator=g, dtype=torch.int32).to(device)
+    sinks = torch.randn(H, generator=g).float().to(device)
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=topk, sinks=True)
+
+    def step(q, kv, idx, sinks):
+        return run(spec, DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=576 ** -0.5, sinks=sinks))
+
+    compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):
+        out, lse = compiled(q, kv, idx, sinks)
+    e_out, e_lse = step(q, kv, idx, sinks)
+    torch.testing.assert_close(out, e_out, atol=0, rtol=0)
+    torch.testing.assert_close(lse, e_lse, atol=0, rtol=0)
