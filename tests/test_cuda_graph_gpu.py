@@ -56,8 +56,12 @@ def test_cuda_graph_replays_follow_new_indices_and_sinks(H, T):
 
 
 def test_refused_configuration_raises_at_construction_before_capture():
-    with pytest.raises(NoKernelError, match="AMD's fp8 format"):
-        SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="fp8_e4m3fnuz", topk=2048)
+    # on this machine (detected platform): AITER's path cannot be pinned on an NVIDIA GPU
+    with pytest.raises(NoKernelError, match="aiter_lse"):
+        SparseMLADecode(num_heads=64, q_dtype="bf16", kv_dtype="bf16", topk=2048, return_lse=True, path="aiter_lse")
+    with pytest.raises(NoKernelError, match="sm89"):
+        SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="fp8_e4m3", topk=2048,
+                        platform=Platform("sm80"))
     with pytest.raises(ValueError, match="'sinks' must be float32"):
         SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=2048,
                         sinks=torch.zeros(16, dtype=torch.bfloat16, device="cuda"))

@@ -52,6 +52,8 @@ CASES = [
     (spec(h=64), Platform("gfx950", None), "triton", {}, "aiter_not_importable"),
     (spec(h=128, sinks=True), Platform("sm90"), "triton", {}, "triton_portable"),
     (spec(OCP, h=16), Platform("sm90"), "triton", {}, "triton_portable"),
+    (spec(FNUZ, h=16, sinks=True), Platform("sm90"), "triton", {}, "triton_portable"),
+    (spec("bf16", OCP, h=16), Platform("sm80", triton=False), "reference", {}, "reference_without_triton"),
     (spec("bf16", OCP, h=16, sinks=True), Platform("sm100"), "triton", {}, "triton_portable"),
     (spec(h=16, sinks=True), Platform("cpu"), "triton", {}, "triton_portable"),
     (spec(h=16, sinks=True), Platform("cpu", triton=False), "reference", {}, "reference_without_triton"),
@@ -60,7 +62,7 @@ CASES = [
 ]
 
 REFUSALS = [
-    (spec(FNUZ, h=16), Platform("sm90"), "fp8_fnuz_not_on_nvidia", "AMD's fp8 format"),
+    (spec(FNUZ, h=16), Platform("sm80"), "fp8_needs_sm89", "sm89"),
     (spec("bf16", OCP, h=16), Platform("sm80"), "fp8_needs_sm89", "sm89"),
 ]
 

@@ -1,0 +1,373 @@
+"""Contract tests: every AITER path, launched through :class:`AiterContractFake`, against the float64
+reference; every documented failure mode shown neutralised by the plan, and shown to really appear in
+the fake without it (so these tests can fail).
+
+The fake models the documented contract; it is not evidence that AITER runs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import pytest
+import torch
+
+from mla_sink.aiter import AiterWorkspace, allocate_buffers, fill_kv_buffers, launch_aiter, plan_aiter
+from mla_sink.aiter.launch import allocate_metadata, fill_metadata
+from mla_sink.dtypes import TORCH_DTYPES
+from mla_sink.inputs import DecodeInputs
+from mla_sink.plan import LaunchPlan
+from mla_sink.records import CallSpec, Platform
+from mla_sink.reference import sparse_mla_decode_reference
+
+from aiter_contract import GARBAGE_LSE, AiterAbort, AiterContractFake
+
+#: (atol, rtol) of the final out per out dtype, and of the fp32 LSE.
+TOL = {"bf16": (2e-2, 2e-2), "lse": (2e-3, 1e-4)}
+N_ROWS, TOPK = 64, 24
+
+
+def make_inputs(T: int, H: int, q_key: str, *, sinks: Optional[str] = None, seed: int = 0,
+                noncontig_q: bool = False, with_topk_length: bool = True) -> DecodeInputs:
+    """Adversarial inputs: -1 in the middle, ids >= N, an all-invalid row, NaN in unreferenced KV rows."""
+    g = torch.Generator().manual_seed(seed)
+    fp8 = q_key.startswith("fp8")
+    dt = TORCH_DTYPES[q_key]
+    q32 = torch.randn(T, H, 576, generator=g)
+    kv32 = torch.randn(N_ROWS, 576, generator=g)
+    indices = torch.randint(0, N_ROWS - 8, (T, TOPK), generator=g, dtype=torch.int32)  # rows >= N-8 never valid ids
+    indices[0, 3] = -1
+    indices[0, 10] = N_ROWS + 3
+    indices[min(1, T - 1)] = -1  # all-invalid row
+    if T > 2:
+        indices[2, ::2] = -1
+        indices[2, 5] = -7
+    kv32[N_ROWS - 8:] = float("nan")  # never referenced
+    indices[min(1, T - 1), 0] = N_ROWS - 1  # ... except by an id the row masks out below? no: keep row empty
+    indices[min(1, T - 1), 0] = -1
+    topk_length = None
+    if with_topk_length:
+        topk_length = torch.full((T,), TOPK, dtype=torch.int32)
+        topk_length[-1] = 7
+    q_scale = kv_scale = None
+    if fp8:
+        q_scale = torch.tensor([0.05], dtype=torch.float32)
+        kv_scale = torch.tensor([0.04], dtype=torch.float32)
+        q = (q32 / q_scale).to(dt)
+        kv = torch.nan_to_num(kv32 / kv_scale, nan=0.0).to(dt)
+        kv[N_ROWS - 8:] = float("nan")
+    else:
+        q, kv = q32.to(dt), kv32.to(dt)
+    if noncontig_q:
+        q = torch.cat([q, q], dim=1)[:, ::2]
+    s = None
+    if sinks == "finite":
+        s = torch.linspace(-1.0, 3.0, H, dtype=torch.float32)
+    elif sinks == "inf":
+        s = torch.linspace(-1.0, 3.0, H, dtype=torch.float32)
+        s[0] = float("inf")
+        s[-1] = float("-inf")
+    return DecodeInputs(q=q, kv_cache=kv, indices=indices, sm_scale=576 ** -0.5 * 1.3, sinks=s,
+                        topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale)
+
+
+def make_plan(path: str, arch: str, q_key: str, H: int, *, params: Optional[dict] = None, sinks: bool = True,
+              version: str = "0.1.20") -> LaunchPlan:
+    spec = CallSpec(q_dtype=q_key, kv_dtype=q_key, num_heads=H, topk=TOPK, sinks=sinks)
+    return LaunchPlan(path=path, params=params or {}, spec=spec,
+                      platform=Platform(arch=arch, aiter_version=version), row_id="contract")
+
+
+def reference(x: DecodeInputs):
+    return sparse_mla_decode_reference(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
+                                       q_scale=x.q_scale, kv_scale=x.kv_scale)
+
+
+def assert_matches_reference(x: DecodeInputs, out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
+    ref_out, ref_lse = reference(x)
+    assert out.dtype == torch.bfloat16 and out.shape == ref_out.shape
+    atol, rtol = TOL["bf16"]
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    if lse is not None:
+        atol, rtol = TOL["lse"]
+        assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
+        torch.testing.assert_close(lse, ref_lse, atol=atol, rtol=rtol)
+
+
+# (case id, path, arch, q dtype, heads, rule params, fake kwargs, returns lse)
+PATH_CASES = [
+    ("lse-bf16-h16", "aiter_lse", "gfx942", "bf16", 16, {}, {}, True),
+    ("lse-bf16-h4-padded", "aiter_lse", "gfx942", "bf16", 4, {}, {}, True),
+    ("lse-bf16-h64", "aiter_lse", "gfx950", "bf16", 64, {}, {}, True),
+    ("single-split-gfx950-h32", "aiter_lse_single_split", "gfx950", "bf16", 32, {"num_kv_splits": 1}, {}, True),
+    ("fp8-two-split-h16-gfx942", "aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16, {"min_kv_splits": 2}, {}, True),
+    ("fp8-two-split-h128-gfx942", "aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 128, {"min_kv_splits": 2}, {}, True),
+    ("fp8-two-split-h8-gfx950", "aiter_lse_fp8_two_split", "gfx950", "fp8_e4m3", 8, {"min_kv_splits": 2}, {}, True),
+    ("fp8-two-split-keeps-3", "aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16, {"min_kv_splits": 2},
+     {"heuristic_splits": 3}, True),
+    ("persistent-bf16-h16-nolse", "aiter_persistent", "gfx950", "bf16", 16, {"return_lse": False}, {}, False),
+    ("persistent-bf16-h8-padded-nolse", "aiter_persistent", "gfx942", "bf16", 8, {"return_lse": False}, {}, False),
+    ("persistent-bf16-h48-lse", "aiter_persistent", "gfx950", "bf16", 48, {"return_lse": True}, {}, True),
+    ("persistent-fp8-h64-lse-gfx942", "aiter_persistent", "gfx942", "fp8_e4m3fnuz", 64, {"return_lse": True}, {}, True),
+]
+
+
+@pytest.mark.parametrize("sinks", [None, "finite", "inf"])
+@pytest.mark.parametrize("case", PATH_CASES, ids=[c[0] for c in PATH_CASES])
+def test_path_matches_reference(case, sinks):
+    case_id, path, arch, q_key, H, params, fake_kw, has_lse = case
+    if not has_lse and sinks is not None:
+        pytest.skip("a path without LSE never serves sinks (the planner refuses it; see test below)")
+    fake = AiterContractFake(arch=arch, **fake_kw)
+    x = make_inputs(5, H, q_key, sinks=sinks, noncontig_q=(H == 16))
+    out, lse = launch_aiter(make_plan(path, arch, q_key, H, params=params, sinks=sinks is not None), x,
+                            impl=fake, workspace=AiterWorkspace())
+    assert (lse is not None) == has_lse
+    assert_matches_reference(x, out, lse)
+    assert torch.all(out[1] == 0) and (lse is None or torch.all(lse[1] == float("-inf")))
+    assert len(fake.calls) == 1
+    if path == "aiter_lse_fp8_two_split":
+        assert fake.calls[0]["num_kv_splits"] == (3 if fake_kw else 2)
+        assert fake.calls[0]["num_kv_splits_indptr_given"]
+
+
+def test_out_buffer_and_fp8_out_dtype():
+    fake = AiterContractFake(arch="gfx942")
+    x = make_inputs(4, 16, "fp8_e4m3fnuz", sinks="finite")
+    buf = torch.full((4, 16, 512), 7.0, dtype=torch.bfloat16)
+    x = x._replace(out=buf)
+    out, lse = launch_aiter(make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16), x, impl=fake,
+                            workspace=AiterWorkspace())
+    assert out is buf
+    assert_matches_reference(x, out, lse)
+
+
+def test_persistent_without_lse_refuses_sinks():
+    with pytest.raises(ValueError, match="returns no LSE"):
+        launch_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": False}, sinks=True),
+                     make_inputs(3, 16, "bf16", sinks="finite"), impl=AiterContractFake(arch="gfx950"))
+
+
+def test_workspace_reuses_buffers_and_refills_metadata():
+    fake = AiterContractFake(arch="gfx950")
+    ws = AiterWorkspace()
+    plan = make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": True})
+    x1 = make_inputs(4, 16, "bf16", sinks="finite", seed=1)
+    x2 = make_inputs(4, 16, "bf16", sinks="finite", seed=2)  # same shape, different ids (different work plan)
+    out1, lse1 = launch_aiter(plan, x1, impl=fake, workspace=ws)
+    entry = next(iter(ws._entries.values()))
+    ptrs = {k: v.data_ptr() for k, v in entry["metadata"].items()}
+    out2, lse2 = launch_aiter(plan, x2, impl=fake, workspace=ws)
+    assert len(ws) == 1 and fake.metadata_fills == 2
+    assert {k: v.data_ptr() for k, v in entry["metadata"].items()} == ptrs
+    assert_matches_reference(x1, out1, lse1)
+    assert_matches_reference(x2, out2, lse2)
+
+
+# ---- failure modes: present in the fake without the fix, neutralised with it ------------------------
+
+def raw_call(fake, call, x: DecodeInputs, **override):
+    """Call the fake's mla_decode_fwd with our buffers but WITHOUT finalize (and optional overrides)."""
+    bufs = allocate_buffers(call, x.device)
+    fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, x.indices, call.num_kv_rows, x.topk_length,
+                    layout=call.kv_indices_layout)
+    q = torch.zeros(call.q_shape, dtype=x.q.dtype)
+    q[:, : call.num_heads] = x.q
+    o = torch.empty(call.o_shape, dtype=torch.bfloat16)
+    kw = call.scalar_kwargs()
+    if call.pass_q_scale:
+        kw.update(q_scale=x.q_scale, kv_scale=x.kv_scale)
+    if call.persistent:
+        md = allocate_metadata(call.metadata, x.device, fake)
+        fill_metadata(call.metadata, md, bufs, fake)
+        kw.update(md)
+    elif bufs.num_kv_splits_indptr is not None:
+        kw["num_kv_splits_indptr"] = bufs.num_kv_splits_indptr
+    kw.update(override)
+    kw = {k: v for k, v in kw.items() if v is not _DROP}
+    _, lse = fake.mla_decode_fwd(q, x.kv_cache.view(call.kv_view_shape), o, bufs.qo_indptr, bufs.kv_indptr,
+                                 bufs.kv_indices, bufs.kv_last_page_lens, 1, **kw)
+    return o, lse
+
+
+_DROP = object()
+
+
+def test_empty_rows_nan_and_minus_inf_neutralised():
+    fake = AiterContractFake(arch="gfx942")
+    plan = make_plan("aiter_lse", "gfx942", "bf16", 16)
+    x = make_inputs(4, 16, "bf16", sinks="finite")
+    call = plan_aiter(plan, num_tokens=4, num_kv_rows=N_ROWS, topk=TOPK)
+    o, lse = raw_call(fake, call, x)
+    assert torch.isnan(o[1]).all() and torch.isneginf(lse[1]).all()  # the failure mode is there
+    out, lse_f = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+    assert (out[1] == 0).all() and torch.isneginf(lse_f[1]).all() and not torch.isnan(out).any()
+
+
+def test_persistent_plus_inf_lse_neutralised():
+    fake = AiterContractFake(arch="gfx950")
+    plan = make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": True})
+    x = make_inputs(4, 16, "bf16", sinks="inf")
+    call = plan_aiter(plan, num_tokens=4, num_kv_rows=N_ROWS, topk=TOPK)
+    o, lse = raw_call(fake, call, x)
+    assert torch.isnan(o[1]).all() and torch.isposinf(lse[1]).all()  # +inf from the persistent reduce
+    out, lse_f = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+    assert (out[1] == 0).all() and torch.isneginf(lse_f[1]).all()
+    assert_matches_reference(x, out, lse_f)
+
+
+def test_fp8_one_split_lse_unwritten_without_forced_split():
+    x = make_inputs(5, 16, "fp8_e4m3fnuz", sinks="finite")
+    # The fake's heuristic (AITER's fp8 cap: avg kv 24 < block 128) picks 1 split for this shape.
+    fake = AiterContractFake(arch="gfx942")
+    assert fake.get_meta_param(None, 5, 5 * TOPK, 16, 1, x.q.dtype)[0] == 1
+    # WITHOUT the fix: the plain aiter_lse path lets AITER take its one-split fast path.
+    out_bad, lse_bad = launch_aiter(make_plan("aiter_lse", "gfx942", "fp8_e4m3fnuz", 16), x, impl=fake,
+                                    workspace=AiterWorkspace())
+    assert fake.calls[-1]["num_kv_splits"] == 1
+    assert (lse_bad[0] == GARBAGE_LSE).all()
+    with pytest.raises(AssertionError):
+        assert_matches_reference(x, out_bad, lse_bad)
+    # Forcing num_kv_splits=2 WITHOUT num_kv_splits_indptr is not enough: AITER re-runs get_meta_param and
+    # its fp8 cap brings the count back to 1.
+    call = plan_aiter(make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16), num_tokens=5,
+                      num_kv_rows=N_ROWS, topk=TOPK, meta_param=(1, 5), sm_scale=x.sm_scale)
+    _, lse_half = raw_call(fake, call, x, num_kv_splits_indptr=_DROP)
+    assert fake.calls[-1]["num_kv_splits"] == 1 and (lse_half == GARBAGE_LSE).all()
+    # WITH the fix: two splits and the matching num_kv_splits_indptr.
+    out, lse = launch_aiter(make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16), x, impl=fake,
+                            workspace=AiterWorkspace())
+    assert fake.calls[-1]["num_kv_splits"] == 2
+    assert_matches_reference(x, out, lse)
+
+
+def test_gfx950_h32_ragged_tail_needs_single_split():
+    x = make_inputs(5, 32, "bf16", sinks="finite")
+    fake = AiterContractFake(arch="gfx950")
+    out_bad, lse_bad = launch_aiter(make_plan("aiter_lse", "gfx950", "bf16", 32), x, impl=fake, workspace=AiterWorkspace())
+    assert fake.calls[-1]["num_kv_splits"] > 1
+    with pytest.raises(AssertionError):
+        assert_matches_reference(x, out_bad, lse_bad)
+    out, lse = launch_aiter(make_plan("aiter_lse_single_split", "gfx950", "bf16", 32, params={"num_kv_splits": 1}),
+                            x, impl=fake, workspace=AiterWorkspace())
+    assert fake.calls[-1]["num_kv_splits"] == 1
+    assert_matches_reference(x, out, lse)
+
+
+def test_persistent_needs_explicit_splits_against_silent_fallback():
+    # gfx950 bf16 16 heads, batch >= 32: with num_kv_splits=None AITER drops to the non-persistent kernel,
+    # which reads kv_indices packed, not row-strided.
+    T = 32
+    x = make_inputs(T, 16, "bf16", sinks=None)
+    fake = AiterContractFake(arch="gfx950")
+    plan = make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": False}, sinks=False)
+    call = plan_aiter(plan, num_tokens=T, num_kv_rows=N_ROWS, topk=TOPK, sm_scale=x.sm_scale)
+    o_bad, _ = raw_call(fake, call, x, num_kv_splits=None)
+    assert fake.calls[-1]["persistent"] is False
+    ref_out, _ = reference(x)
+    good = torch.ones(T, dtype=torch.bool)
+    good[1] = False  # the empty row is NaN either way
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(o_bad[good].double(), ref_out[good], atol=2e-2, rtol=2e-2)
+    out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+    assert fake.calls[-1]["persistent"] is True and lse is None
+    assert_matches_reference(x, out, None)
+
+
+def test_metadata_argument_order_is_enforced():
+    fake = AiterContractFake(arch="gfx950")
+    call = plan_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 16, sinks=False), num_tokens=3,
+                      num_kv_rows=N_ROWS, topk=TOPK)
+    md = allocate_metadata(call.metadata, torch.device("cpu"), fake)
+    bufs = allocate_buffers(call, torch.device("cpu"))
+    with pytest.raises(AiterAbort, match="reverse"):
+        fake.get_mla_metadata_v1(bufs.qo_indptr, bufs.kv_indptr, bufs.kv_last_page_lens, 16, 1, True,
+                                 *(md[k] for k in ("work_meta_data", "work_indptr", "work_info_set",
+                                                   "reduce_indptr", "reduce_final_map", "reduce_partial_map")))
+    fill_metadata(call.metadata, md, bufs, fake)  # ours: work_info_set before work_indptr
+    assert fake.metadata_fills == 1
+
+
+def test_metadata_head_count_must_match_padded_heads():
+    fake = AiterContractFake(arch="gfx942")
+    call = plan_aiter(make_plan("aiter_persistent", "gfx942", "bf16", 8, sinks=False), num_tokens=3,
+                      num_kv_rows=N_ROWS, topk=TOPK)
+    x = make_inputs(3, 8, "bf16")
+    bufs = allocate_buffers(call, x.device)
+    md = allocate_metadata(call.metadata, x.device, fake)
+    bad_meta = attrs.evolve(call.metadata, num_heads=32)
+    fill_metadata(bad_meta, md, bufs, fake)
+    q = torch.zeros(call.q_shape, dtype=x.q.dtype)
+    with pytest.raises(AiterAbort, match="metadata built for 32 heads"):
+        fake.mla_decode_fwd(q, x.kv_cache.view(call.kv_view_shape), torch.empty(call.o_shape, dtype=torch.bfloat16),
+                            bufs.qo_indptr, bufs.kv_indptr, bufs.kv_indices, bufs.kv_last_page_lens, 1,
+                            num_kv_splits=32, **md)
+
+
+def test_heads_below_16_abort_unpadded():
+    fake = AiterContractFake(arch="gfx942")
+    x = make_inputs(2, 4, "bf16")
+    bufs = allocate_buffers(plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 4), num_tokens=2, num_kv_rows=N_ROWS,
+                                       topk=TOPK), x.device)
+    with pytest.raises(AiterAbort, match="below 16"):
+        fake.mla_decode_fwd(x.q, x.kv_cache.view(N_ROWS, 1, 1, 576), torch.empty(2, 4, 512, dtype=torch.bfloat16),
+                            bufs.qo_indptr, bufs.kv_indptr, bufs.kv_indices, bufs.kv_last_page_lens, 1, return_lse=True)
+
+
+def test_fp16_aborts_in_fake_and_is_refused_by_planner():
+    fake = AiterContractFake()
+    q = torch.zeros(1, 16, 576, dtype=torch.float16)
+    with pytest.raises(AiterAbort, match="fp16"):
+        fake.mla_decode_fwd(q, torch.zeros(4, 1, 1, 576, dtype=torch.float16), torch.empty(1, 16, 512, dtype=torch.bfloat16),
+                            torch.arange(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                            torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 1)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=16, topk=TOPK)
+    plan = LaunchPlan(path="aiter_lse", params={}, spec=spec, platform=Platform(arch="gfx942", aiter_version="0.1.20"))
+    with pytest.raises(ValueError, match="fp16"):
+        plan_aiter(plan, num_tokens=1, num_kv_rows=4, topk=TOPK)
+
+
+@pytest.mark.parametrize("version,effect", [("0.1.12", "garbage"), ("0.1.15", "abort")])
+def test_old_versions_fail_in_fake_and_are_refused_by_planner(version, effect):
+    x = make_inputs(3, 16, "bf16", sinks="finite")
+    call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16), num_tokens=3, num_kv_rows=N_ROWS, topk=TOPK,
+                      sm_scale=x.sm_scale)
+    fake = AiterContractFake(arch="gfx942", version=version)
+    if effect == "abort":
+        with pytest.raises(AiterAbort, match="return_lse aborts"):
+            raw_call(fake, call, x)
+    else:
+        _, lse = raw_call(fake, call, x)
+        _, ref_lse = reference(x)
+        assert not torch.allclose(lse[0], ref_lse[0], atol=1e-2)
+    with pytest.raises(ValueError, match="0.1.19"):
+        launch_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16, version=version), x, impl=fake)
+
+
+def test_persistent_lse_on_gfx942_bf16_aborts_in_fake():
+    fake = AiterContractFake(arch="gfx942")
+    x = make_inputs(3, 16, "bf16")
+    call = plan_aiter(make_plan("aiter_persistent", "gfx942", "bf16", 16, sinks=False), num_tokens=3,
+                      num_kv_rows=N_ROWS, topk=TOPK)
+    with pytest.raises(AiterAbort, match="persistent return_lse aborts"):
+        raw_call(fake, call, x, return_lse=True)
+
+
+def test_launch_rejects_inputs_that_disagree_with_plan():
+    fake = AiterContractFake(arch="gfx942")
+    x = make_inputs(3, 16, "fp8_e4m3fnuz")
+    with pytest.raises(ValueError, match="'q_scale'"):
+        launch_aiter(make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16, sinks=False),
+                     x._replace(q_scale=None), impl=fake, workspace=AiterWorkspace())
+    with pytest.raises(ValueError, match="'plan.path'"):
+        launch_aiter(make_plan("triton", "gfx942", "fp8_e4m3fnuz", 16), x, impl=fake)
+
+
+def test_launch_without_aiter_raises_clear_error():
+    import importlib.util
+
+    if importlib.util.find_spec("aiter") is not None:
+        pytest.skip("AITER is installed here")
+    with pytest.raises(RuntimeError, match="AITER not importable"):
+        launch_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16), make_inputs(2, 16, "bf16"))
