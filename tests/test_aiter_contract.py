@@ -43,9 +43,7 @@ def make_inputs(T: int, H: int, q_key: str, *, sinks: Optional[str] = None, seed
     if T > 2:
         indices[2, ::2] = -1
         indices[2, 5] = -7
-    kv32[N_ROWS - 8:] = float("nan")  # never referenced
-    indices[min(1, T - 1), 0] = N_ROWS - 1  # ... except by an id the row masks out below? no: keep row empty
-    indices[min(1, T - 1), 0] = -1
+    kv32[N_ROWS - 8:] = float("nan")  # rows no valid id references: NaN must not leak
     topk_length = None
     if with_topk_length:
         topk_length = torch.full((T,), TOPK, dtype=torch.int32)
