@@ -21,24 +21,24 @@ from mla_sink.reference import sparse_mla_decode_reference
 D_QK = 576
 POOL = 3_500_000
 
-# (case, [(block_h, block_n, warps, stages, splits)])
-BIG = [(64, 64, 8, 2, 1), (64, 64, 8, 1, 1), (64, 32, 8, 2, 1), (64, 32, 8, 3, 1), (64, 32, 8, 4, 1),
-       (64, 16, 8, 4, 1), (32, 64, 4, 2, 1), (32, 32, 4, 3, 1), (64, 64, 8, 3, 1)]
-SMALL = [(16, 64, 4, 2, 1), (16, 32, 4, 3, 1), (16, 64, 4, 3, 1), (16, 128, 4, 2, 1), (16, 64, 8, 2, 1),
-         (16, 32, 4, 4, 1), (64, 64, 8, 2, 1), (32, 64, 4, 2, 1), (16, 64, 4, 2, 2)]
-SPLITS_T2 = [(64, 64, 8, 2, s) for s in (8, 16, 32, 64)] + [(64, 32, 8, 3, s) for s in (16, 32, 64)]
-SPLITS_T2_H16 = [(16, 64, 4, 2, s) for s in (16, 32, 64)] + [(16, 32, 4, 3, s) for s in (32, 64)]
+# (case, [(block_h, block_n, warps, stages, splits[, fp8_f16])])
 PLAN = [
-    (dict(H=128, T=256, kv="bf16"), BIG),
-    (dict(H=64, T=256, kv="bf16"), BIG[:6]),
-    (dict(H=16, T=256, kv="bf16"), SMALL),
-    (dict(H=32, T=256, kv="bf16"), SMALL[:4] + [(32, 64, 4, 2, 1), (32, 32, 4, 3, 1), (64, 32, 8, 3, 1)]),
-    (dict(H=16, T=256, kv="fp8"), SMALL[:6]),
-    (dict(H=128, T=2, kv="bf16"), SPLITS_T2),
-    (dict(H=16, T=2, kv="bf16"), SPLITS_T2_H16),
-    (dict(H=128, T=64, kv="bf16"), [(64, 64, 8, 2, s) for s in (1, 2)] + [(64, 32, 8, 3, s) for s in (1, 2)]),
-    (dict(H=16, T=64, kv="bf16"), [(16, 64, 4, 2, s) for s in (1, 2, 4, 8)]),
-    (dict(H=128, T=256, kv="bf16", sinks=False), BIG[:4]),
+    (dict(H=128, T=2, kv="bf16", flush="write"), [(64, 64, 8, 2, 8), (64, 64, 8, 3, 8)]),
+    (dict(H=128, T=2, kv="bf16"), [(64, 64, 8, 2, s) for s in (4, 8, 16, 32)] + [(64, 64, 8, 3, s) for s in (8, 16)]),
+    (dict(H=16, T=2, kv="bf16"), [(16, 64, 4, 2, s) for s in (8, 16, 32)] + [(16, 64, 8, 2, 16)]),
+    (dict(H=128, T=256, kv="bf16"), [(64, 64, 8, 3, 1), (128, 32, 16, 2, 1), (128, 64, 16, 2, 1), (128, 32, 16, 3, 1),
+                                     (64, 64, 8, 4, 1), (64, 64, 8, 3, 2), (64, 64, 16, 3, 1)]),
+    (dict(H=64, T=256, kv="bf16"), [(64, 64, 8, 3, 1), (64, 64, 8, 3, 2), (32, 64, 4, 3, 1), (32, 64, 8, 2, 1),
+                                    (64, 64, 16, 3, 1), (32, 64, 8, 3, 1)]),
+    (dict(H=32, T=256, kv="bf16"), [(32, 64, 4, 2, 1), (32, 64, 8, 2, 1), (32, 64, 8, 3, 1), (32, 64, 4, 3, 1),
+                                    (16, 64, 8, 2, 1), (32, 64, 4, 2, 2)]),
+    (dict(H=16, T=256, kv="bf16"), [(16, 64, 8, 2, 1), (16, 64, 8, 3, 1), (16, 128, 8, 2, 1), (16, 64, 8, 2, 2)]),
+    (dict(H=16, T=256, kv="bf16", sinks=False), [(16, 64, 8, 2, 1)]),
+    (dict(H=16, T=256, kv="fp8"), [(16, 64, 4, 2, 1, False), (16, 64, 4, 2, 1), (16, 64, 8, 2, 1), (16, 32, 4, 3, 1),
+                                   (16, 128, 4, 2, 1), (16, 64, 4, 3, 1), (16, 128, 8, 2, 1), (16, 64, 4, 2, 2)]),
+    (dict(H=128, T=256, kv="fp8"), [(64, 64, 8, 3, 1), (64, 64, 8, 3, 1, False)]),
+    (dict(H=64, T=64, kv="bf16"), [(64, 64, 8, 3, s) for s in (1, 2, 4)]),
+    (dict(H=32, T=64, kv="bf16"), [(32, 64, 4, 2, s) for s in (1, 2, 4)] + [(32, 64, 8, 2, 2)]),
 ]
 
 
@@ -49,7 +49,7 @@ def main():
     torch.manual_seed(0)
     pool = torch.randn(POOL, D_QK, device="cuda", dtype=torch.bfloat16)
     pool8 = pool.to(torch.float8_e4m3fn)
-    timer = GraphTimer(reps=6, replays=3)
+    timers = {"read": GraphTimer(reps=6, replays=3), "write": GraphTimer(reps=6, replays=3, flush="write")}
     rows = []
     for case, cfgs in PLAN:
         H, T = case["H"], case["T"]
@@ -61,11 +61,13 @@ def main():
         ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, kv_scale=kv_scale)
         out = torch.empty(T, H, 512, device="cuda", dtype=torch.bfloat16)
         lse = torch.empty(T, H, device="cuda")
-        for bh, bn, w, st, sp in cfgs:
+        timer = timers[case.get("flush", "read")]
+        for bh, bn, w, st, sp, *f16 in cfgs:
             if time.time() - t_start > budget:
                 break
-            cfg = TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st)
-            rec = dict(case=case, block_h=bh, block_n=bn, num_warps=w, num_stages=st, splits=sp)
+            f16 = f16[0] if f16 else True
+            cfg = TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, fp8_f16=f16)
+            rec = dict(case=case, block_h=bh, block_n=bn, num_warps=w, num_stages=st, splits=sp, fp8_f16=f16)
             try:
                 fn = lambda: sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out, lse=lse,
                                                       config=cfg, num_kv_splits=sp)

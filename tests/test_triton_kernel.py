@@ -226,3 +226,20 @@ def test_tuning_table_and_split_heuristic():
     assert num_kv_splits_for(cfg, 2, 2, 2048, 132) > 1
     assert num_kv_splits_for(cfg, 1, 1, 64, 132) == 1
     assert math.isfinite(cfg.split_waves)
+
+
+def test_tuning_table_passes_checker():
+    import dispatch
+    from mla_sink.table_files import table_path
+
+    assert dispatch.check_table(dispatch.load_table(table_path("triton_tuning"))) == []
+
+
+@pytest.mark.parametrize("q_mag", [1e-6, 1.0, 3e5], ids=["tiny_q", "unit_q", "huge_q"])
+@pytest.mark.parametrize("fp8_f16", [True, False], ids=["fp16_tiles", "bf16_tiles"])
+def test_fp8_kv_tile_dtypes(q_mag, fp8_f16):
+    """bf16 q with fp8 KV: fp16 tiles (q scaled per row by a power of two) and bf16 tiles agree with float64."""
+    case = make_case(3, 16, 37, "bf16", "fp8_e4m3", seed=10)
+    case["q"] = (case["q"].float() * q_mag).to(torch.bfloat16)
+    cfg = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1, fp8_f16=fp8_f16)
+    check(*run_both(case, sm_scale=1.0 / q_mag / 24.0, config=cfg))

@@ -64,7 +64,7 @@ def _sparse_mla_decode_kernel(
     D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
-    SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
     pid_h = tl.program_id(0)
@@ -103,9 +103,30 @@ def _sparse_mla_decode_kernel(
         if UPCAST:
             q_nope = q_nope.to(tl.float32)
             q_rope = q_rope.to(tl.float32)
+        elif FP8_F16:
+            q_nope = q_nope.to(tl.float16)
+            q_rope = q_rope.to(tl.float16)
         else:
             q_nope = q_nope.to(tl.bfloat16)
             q_rope = q_rope.to(tl.bfloat16)
+    elif ROW_SCALE:
+        # bf16 q with fp8 KV computed in fp16 (fp8 -> fp16 is one instruction, fp8 -> bf16 several):
+        # scale each head row by a power of two so that its largest |q| is 2^14 (fits fp16, exact
+        # for bf16 mantissas); the inverse scale is applied to the scores.
+        qn = q_nope.to(tl.float32)
+        qr = q_rope.to(tl.float32)
+        qmax = tl.maximum(tl.max(tl.abs(qn), 1), tl.max(tl.abs(qr), 1))
+        row_exp = tl.math.ceil(tl.log2(tl.maximum(qmax, 1e-30)))
+        row_scale = tl.exp2(14.0 - row_exp)
+        inv_row_scale = tl.exp2(row_exp - 14.0)
+        qn = qn * row_scale[:, None]
+        qr = qr * row_scale[:, None]
+        if UPCAST:
+            q_nope = qn
+            q_rope = qr
+        else:
+            q_nope = qn.to(tl.float16)
+            q_rope = qr.to(tl.float16)
     elif UPCAST:
         q_nope = q_nope.to(tl.float32)
         q_rope = q_rope.to(tl.float32)
@@ -152,6 +173,8 @@ def _sparse_mla_decode_kernel(
 
         qk = tl.dot(q_nope, tl.trans(k_nope))
         qk = tl.dot(q_rope, tl.trans(k_rope), qk)
+        if ROW_SCALE:
+            qk = qk * inv_row_scale[:, None]
         if HAS_CAP:
             s = qk * qk_scale
             e = tl.exp(2.0 * s / logit_cap)
@@ -401,6 +424,7 @@ def sparse_mla_decode_triton(
     q_fp8 = q.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
     kv_fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
+    f16 = kv_fp8 and cfg.fp8_f16
     decode = _interpreted("decode") if interp else _decode_jit
     combine = _interpreted("combine") if interp else _combine_jit
     sinks_k = sinks if sinks is not None else dummy
@@ -421,7 +445,7 @@ def sparse_mla_decode_triton(
             BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_V, D_ROPE=D_PE,
             HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None, HAS_CAP=logit_cap > 0,
             Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=q_fnuz, KV_FNUZ=kv_fnuz,
-            SPLIT=split, UPCAST=interp,
+            SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and q.dtype == torch.bfloat16,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         if split:

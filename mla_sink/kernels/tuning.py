@@ -29,6 +29,8 @@ class TritonConfig:
         split_waves: target programs per SM when splitting.
         split_min_fill: split only when the unsplit grid has fewer than this fraction of the SMs' programs.
         combine_block_h: head block of the combine kernel.
+        fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
+            scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
         row: id of the table row that produced it (``"explicit"`` when built by hand).
     """
 
@@ -41,6 +43,7 @@ class TritonConfig:
     split_waves: float = 1.0
     split_min_fill: float = 0.5
     combine_block_h: int = 16
+    fp8_f16: bool = True
     row: str = "explicit"
 
     def block_h_for(self, num_heads: int) -> int:
@@ -51,7 +54,7 @@ class TritonConfig:
 _PARAM_NAMES = {
     "BLOCK_H": "block_h", "BLOCK_N": "block_n", "num_warps": "num_warps", "num_stages": "num_stages",
     "max_kv_splits": "max_kv_splits", "min_ids_per_split": "min_ids_per_split",
-    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h",
+    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h", "fp8_f16": "fp8_f16",
 }
 
 
