@@ -1,6 +1,6 @@
 """Variant sweep of the Triton decode kernel on one GPU (cold L2, CUDA-graph replay; see mla_sink/bench.py).
 
-Usage: PYTHONPATH=. python benchmarks/sweep.py OUT.json [budget_seconds]
+Usage: PYTHONPATH=. python benchmarks/sweep.py OUT.json [budget_seconds] [fp8]
 Each line of the output is one (case, config, splits) timing; a config that fails to compile or
 produces a wrong result is recorded with its error.
 """
@@ -21,7 +21,14 @@ from mla_sink.reference import sparse_mla_decode_reference
 D_QK = 576
 POOL = 3_500_000
 
-# (case, [(block_h, block_n, warps, stages, splits[, fp8_f16])])
+# (case, [(block_h, block_n, warps, stages, splits[, fp8_f16[, fp8_bits]]])])
+PLAN_FP8 = [
+    (dict(H=16, T=256, kv="fp8"), [(16, 32, 4, 3, 1, True, False), (16, 32, 4, 3, 1, True, True),
+                                   (16, 64, 4, 2, 1, True, True), (16, 64, 8, 2, 1, True, True),
+                                   (16, 32, 8, 3, 1, True, True)]),
+    (dict(H=128, T=256, kv="fp8"), [(64, 64, 8, 3, 1, False, False), (64, 64, 8, 3, 1, True, True)]),
+    (dict(H=16, T=2, kv="fp8"), [(16, 32, 4, 3, 8, True, False), (16, 32, 4, 3, 8, True, True)]),
+]
 PLAN = [
     (dict(H=128, T=2, kv="bf16", flush="write"), [(64, 64, 8, 2, 8), (64, 64, 8, 3, 8)]),
     (dict(H=128, T=2, kv="bf16"), [(64, 64, 8, 2, s) for s in (4, 8, 16, 32)] + [(64, 64, 8, 3, s) for s in (8, 16)]),
@@ -45,13 +52,14 @@ PLAN = [
 def main():
     out_path = sys.argv[1]
     budget = float(sys.argv[2]) if len(sys.argv) > 2 else 300
+    plan = PLAN_FP8 if len(sys.argv) > 3 and sys.argv[3] == "fp8" else PLAN
     t_start = time.time()
     torch.manual_seed(0)
     pool = torch.randn(POOL, D_QK, device="cuda", dtype=torch.bfloat16)
     pool8 = pool.to(torch.float8_e4m3fn)
     timers = {"read": GraphTimer(reps=6, replays=3), "write": GraphTimer(reps=6, replays=3, flush="write")}
     rows = []
-    for case, cfgs in PLAN:
+    for case, cfgs in plan:
         H, T = case["H"], case["T"]
         kv = pool8 if case["kv"] == "fp8" else pool
         kv_scale = torch.tensor([1.0], device="cuda") if case["kv"] == "fp8" else None
@@ -62,12 +70,14 @@ def main():
         out = torch.empty(T, H, 512, device="cuda", dtype=torch.bfloat16)
         lse = torch.empty(T, H, device="cuda")
         timer = timers[case.get("flush", "read")]
-        for bh, bn, w, st, sp, *f16 in cfgs:
+        for bh, bn, w, st, sp, *flags in cfgs:
             if time.time() - t_start > budget:
                 break
-            f16 = f16[0] if f16 else True
-            cfg = TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, fp8_f16=f16)
-            rec = dict(case=case, block_h=bh, block_n=bn, num_warps=w, num_stages=st, splits=sp, fp8_f16=f16)
+            f16 = flags[0] if flags else True
+            bits = flags[1] if len(flags) > 1 else False
+            cfg = TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, fp8_f16=f16, fp8_bits=bits)
+            rec = dict(case=case, block_h=bh, block_n=bn, num_warps=w, num_stages=st, splits=sp, fp8_f16=f16,
+                       fp8_bits=bits)
             try:
                 fn = lambda: sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out, lse=lse,
                                                       config=cfg, num_kv_splits=sp)

@@ -120,8 +120,10 @@ def test_dtypes(q_dtype, kv_dtype, split):
     check(*run_both(case, **kw))
 
 
-def test_fp8_max_values_decode_exactly():
+@pytest.mark.parametrize("fp8_bits", [False, True], ids=["cvt", "bit_decode"])
+def test_fp8_max_values_decode_exactly(fp8_bits):
     """Every finite fp8 bit pattern (including fnuz's +-240 at 0x7F/0xFF) dequantises like torch does."""
+    cfg = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1, fp8_bits=fp8_bits)
     for key, dt in FP8.items():
         bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
         vals = bits.view(dt).float()
@@ -133,7 +135,7 @@ def test_fp8_max_values_decode_exactly():
         q = torch.zeros(1, 1, D_QK, dtype=torch.float16)
         q[0, 0, 0] = 1.0
         idx = torch.tensor([[0]], dtype=torch.int32)
-        o, l = sparse_mla_decode_triton(q, kv, idx, kv_scale=torch.tensor([1.0]), config=UNSPLIT)
+        o, l = sparse_mla_decode_triton(q, kv, idx, kv_scale=torch.tensor([1.0]), config=cfg)
         ro, rl = sparse_mla_decode_reference(q, kv, idx, kv_scale=torch.tensor([1.0]))
         torch.testing.assert_close(o.double(), ro, atol=1e-3, rtol=2e-3, msg=key)
 
@@ -236,10 +238,11 @@ def test_tuning_table_passes_checker():
 
 
 @pytest.mark.parametrize("q_mag", [1e-6, 1.0, 3e5], ids=["tiny_q", "unit_q", "huge_q"])
-@pytest.mark.parametrize("fp8_f16", [True, False], ids=["fp16_tiles", "bf16_tiles"])
-def test_fp8_kv_tile_dtypes(q_mag, fp8_f16):
+@pytest.mark.parametrize("fp8_f16,fp8_bits", [(True, False), (True, True), (False, False)],
+                         ids=["fp16_tiles", "fp16_bit_decode", "bf16_tiles"])
+def test_fp8_kv_tile_dtypes(q_mag, fp8_f16, fp8_bits):
     """bf16 q with fp8 KV: fp16 tiles (q scaled per row by a power of two) and bf16 tiles agree with float64."""
     case = make_case(3, 16, 37, "bf16", "fp8_e4m3", seed=10)
     case["q"] = (case["q"].float() * q_mag).to(torch.bfloat16)
-    cfg = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1, fp8_f16=fp8_f16)
+    cfg = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1, fp8_f16=fp8_f16, fp8_bits=fp8_bits)
     check(*run_both(case, sm_scale=1.0 / q_mag / 24.0, config=cfg))

@@ -65,6 +65,7 @@ def _sparse_mla_decode_kernel(
     HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
+    FP8_BITS: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
     pid_h = tl.program_id(0)
@@ -88,7 +89,10 @@ def _sparse_mla_decode_kernel(
     if Q_FP8:
         qk_scale = qk_scale * tl.load(Q_SCALE)
     if KV_FP8:
-        qk_scale = qk_scale * tl.load(KV_SCALE)
+        kv_s = tl.load(KV_SCALE)
+        if FP8_BITS:
+            kv_s = kv_s * 256.0  # the bit-shift decode below yields value / 2^8
+        qk_scale = qk_scale * kv_s
 
     if Q_FP8:
         if Q_FNUZ:
@@ -161,6 +165,14 @@ def _sparse_mla_decode_kernel(
                 k_rope = tl.where((kb_r & 0x7F) == 0x7F, tl.where(kb_r >= 128, -480.0, 480.0), k_rope)
                 k_nope = tl.where(kb_n == 0x80, float("nan"), k_nope) * 0.5
                 k_rope = tl.where(kb_r == 0x80, float("nan"), k_rope) * 0.5
+            if FP8_BITS:
+                # e4m3fn -> fp16 by bit placement: sign to bit 15, exponent+mantissa to bits 13..7
+                # gives value / 2^8 exactly for every finite code (normals and subnormals alike);
+                # a NaN code of a referenced row becomes a finite number (unreferenced rows load 0).
+                kh_n = k_nope.to(tl.uint8, bitcast=True).to(tl.uint16)
+                kh_r = k_rope.to(tl.uint8, bitcast=True).to(tl.uint16)
+                k_nope = (((kh_n & 0x80) << 8) | ((kh_n & 0x7F) << 7)).to(tl.float16, bitcast=True)
+                k_rope = (((kh_r & 0x80) << 8) | ((kh_r & 0x7F) << 7)).to(tl.float16, bitcast=True)
             if UPCAST:
                 k_nope = k_nope.to(tl.float32)
                 k_rope = k_rope.to(tl.float32)
@@ -198,7 +210,7 @@ def _sparse_mla_decode_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     if KV_FP8:
-        out = out * tl.load(KV_SCALE)
+        out = out * kv_s
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
 
     if SPLIT:
@@ -446,6 +458,7 @@ def sparse_mla_decode_triton(
             HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None, HAS_CAP=logit_cap > 0,
             Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=q_fnuz, KV_FNUZ=kv_fnuz,
             SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and q.dtype == torch.bfloat16,
+            FP8_BITS=f16 and cfg.fp8_bits and kv_cache.dtype == torch.float8_e4m3fn,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         if split:

@@ -31,6 +31,7 @@ class TritonConfig:
         combine_block_h: head block of the combine kernel.
         fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
             scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
+        fp8_bits: with ``fp8_f16`` and e4m3fn KV, decode by integer bit placement instead of ``cvt``.
         row: id of the table row that produced it (``"explicit"`` when built by hand).
     """
 
@@ -44,6 +45,7 @@ class TritonConfig:
     split_min_fill: float = 0.5
     combine_block_h: int = 16
     fp8_f16: bool = True
+    fp8_bits: bool = False
     row: str = "explicit"
 
     def block_h_for(self, num_heads: int) -> int:
@@ -54,7 +56,7 @@ class TritonConfig:
 _PARAM_NAMES = {
     "BLOCK_H": "block_h", "BLOCK_N": "block_n", "num_warps": "num_warps", "num_stages": "num_stages",
     "max_kv_splits": "max_kv_splits", "min_ids_per_split": "min_ids_per_split",
-    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h", "fp8_f16": "fp8_f16",
+    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h", "fp8_f16": "fp8_f16", "fp8_bits": "fp8_bits",
 }
 
 
