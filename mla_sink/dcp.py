@@ -215,6 +215,25 @@ def local_indices(indices: torch.Tensor, *, world_size: int, rank: int, layout: 
     return torch.where(own, local, torch.full_like(local, -1)).to(torch.int32)
 
 
+def compact_local_indices(loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move the valid (``>= 0``) local ids of each row to its front, keeping their order (no host sync).
+
+    Args:
+        loc: int32 ``[T, topk]`` local ids, ``-1`` = not owned / invalid (from :func:`local_indices`).
+
+    Returns:
+        ``(ids, length)``: int32 ``[T, topk]`` with the ``length[t]`` valid ids of row t first and
+        ``-1`` after them, and int32 ``[T]`` ``length`` (usable as ``topk_length``).
+    """
+    t, topk = loc.shape
+    owned = loc >= 0
+    # Owned ids go to their rank among the owned; the rest all write -1 into a spare column.
+    dest = torch.where(owned, torch.cumsum(owned, dim=1) - 1, torch.full_like(loc, topk, dtype=torch.int64))
+    buf = torch.full((t, topk + 1), -1, dtype=loc.dtype, device=loc.device)
+    buf.scatter_(1, dest, loc)
+    return buf[:, :topk].contiguous(), owned.sum(dim=1, dtype=torch.int32)
+
+
 def _replace(inputs: DecodeInputs, **changes) -> DecodeInputs:
     """A copy of ``inputs`` with some fields changed (NamedTuple ``_replace``; attrs ``evolve`` for an attrs record)."""
     if hasattr(inputs, "_replace"):
@@ -273,9 +292,8 @@ def exchange_states(
     lse_b = lse_r.to(torch.float32).contiguous().reshape(-1).view(torch.uint8)
     n_out, n_lse = out_b.numel(), lse_b.numel()
     n = -(-(n_out + n_lse) // _PACK_ALIGN) * _PACK_ALIGN
-    packed = torch.zeros(n, dtype=torch.uint8, device=out_r.device)
-    packed[:n_out].copy_(out_b)
-    packed[n_out : n_out + n_lse].copy_(lse_b)
+    pad = torch.zeros(n - n_out - n_lse, dtype=torch.uint8, device=out_r.device)
+    packed = torch.cat([out_b, lse_b, pad])
     gathered = torch.empty(w * n, dtype=torch.uint8, device=out_r.device)
     _all_gather_flat(gathered, packed, group)
     gathered = gathered.view(w, n)
@@ -292,6 +310,7 @@ def dcp_sparse_mla_decode(
     num_kv_rows: int,
     local_decode: LocalDecode,
     dcp_world_size: Optional[int] = None,
+    compact_ids: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode with sinks over a KV pool sharded across the ranks of ``group``.
 
@@ -323,9 +342,13 @@ def dcp_sparse_mla_decode(
         local_decode: ``DecodeInputs -> (out_r, lse_r)``: the sink-free decode of one shard;
             ``out_r`` ``[T, H, 512]`` (0 on rows without a valid id), ``lse_r`` fp32 ``[T, H]``
             natural log (``-inf`` on rows without a valid id). It receives ``sinks=None``,
-            ``topk_length=None``, ``out=None`` and local ids. ``run()`` passes the kernel path the
+            ``out=None``, local ids and ``topk_length`` = owned ids per row (see ``compact_ids``). ``run()`` passes the kernel path the
             rule table chose (a path that returns an LSE); tests pass the float64 reference.
         dcp_world_size: optional expected group size (e.g. ``CallSpec.dcp_world_size``), checked.
+        compact_ids: move this rank's owned ids to the front of each row and pass their count as
+            ``topk_length`` (:func:`compact_local_indices`), so a kernel whose loop stops at
+            ``topk_length`` does about ``topk / W`` work per rank instead of ``topk``. Off: the local
+            call gets the uncompacted local ids (``-1`` where not owned) and ``topk_length=None``.
 
     Returns:
         ``(out, lse)``: ``out`` ``[T, H, 512]`` in the output dtype (q's dtype; bf16 for fp8 q),
@@ -373,18 +396,21 @@ def dcp_sparse_mla_decode(
             f"'inputs.out' must be {out_dtype} [{t}, {h}, {D_V}] (got {inputs.out.dtype} {tuple(inputs.out.shape)})"
         )
 
-    # Global -> local ids; positions past topk_length become -1 so the local call needs no length.
+    # Global -> local ids; positions past topk_length become -1.
     loc = local_indices(idx, world_size=world, rank=rank, layout=layout, num_kv_rows=num_kv_rows)
     if inputs.topk_length is not None:
         pos = torch.arange(idx.shape[1], device=idx.device)
         loc = torch.where(pos.unsqueeze(0) < inputs.topk_length.long().unsqueeze(1), loc, torch.full_like(loc, -1))
+    local_len = None
+    if compact_ids:
+        loc, local_len = compact_local_indices(loc)
 
     if expect_rows == 0:
         # Nothing to attend to here (and kernels may reject a 0-row pool): an empty partial state.
         out_r = torch.zeros((t, h, D_V), dtype=out_dtype, device=q.device)
         lse_r = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
     else:
-        local = _replace(inputs, indices=loc, sinks=None, topk_length=None, out=None)
+        local = _replace(inputs, indices=loc, sinks=None, topk_length=local_len, out=None)
         out_r, lse_r = local_decode(local)
         if tuple(out_r.shape) != (t, h, D_V) or tuple(lse_r.shape) != (t, h):
             raise ValueError(

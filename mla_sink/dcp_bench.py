@@ -29,6 +29,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -72,22 +73,48 @@ def _local_decode_fn() -> tuple[str, Callable]:
     return "reference_fp32", reference_local
 
 
-def _time_ms(fn: Callable[[], Any], barrier: Optional[Callable[[], None]] = None) -> float:
-    """Median milliseconds of ``fn`` over :data:`REPEATS` after :data:`WARMUP`, CUDA events."""
+def _time_ms(fn: Callable[[], Any], barrier: Optional[Callable[[], None]] = None) -> tuple[float, float]:
+    """(GPU ms, CPU ms): medians over :data:`REPEATS` after :data:`WARMUP` calls.
+
+    GPU ms: CUDA events around one call (after a barrier and a device sync). CPU ms: host time to
+    issue the call (no sync): when it approaches the GPU time the eager call is launch-bound.
+    """
     for _ in range(WARMUP):
         fn()
-    times = []
+    gpu, cpu = [], []
     for _ in range(REPEATS):
         if barrier is not None:
             barrier()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         fn()
+        cpu.append((time.perf_counter() - t0) * 1e3)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        gpu.append(start.elapsed_time(end))
+    return statistics.median(gpu), statistics.median(cpu)
+
+
+def _graph_ms(fn: Callable[[], Any], barrier: Optional[Callable[[], None]] = None) -> Optional[float]:
+    """GPU ms of ``fn`` captured in a CUDA graph and replayed (how engines run decode), or ``None``."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - report, keep the eager numbers
+        print(f"CUDA graph capture failed: {type(e).__name__}: {e}", flush=True)
+        return None
+    return _time_ms(graph.replay, barrier)[0]
 
 
 def _child(rank: int, cfg: dict, store_path: str, result_path: str) -> None:
@@ -103,7 +130,7 @@ def _child(rank: int, cfg: dict, store_path: str, result_path: str) -> None:
 def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None:
     import torch.distributed as dist
 
-    from .dcp import dcp_sparse_mla_decode, exchange_states, local_indices, shard_kv_cache, shard_num_rows
+    from .dcp import compact_local_indices, dcp_sparse_mla_decode, exchange_states, local_indices, shard_kv_cache, shard_num_rows
     from .inputs import DecodeInputs
 
     w, h, t, topk, n = cfg["dcp"], cfg["heads"], cfg["tokens"], cfg["topk"], cfg["pool_rows"]
@@ -138,14 +165,20 @@ def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None
     dcp_call = lambda: dcp_sparse_mla_decode(  # noqa: E731
         inputs, group=None, layout=LAYOUT, num_kv_rows=n, local_decode=local, dcp_world_size=w
     )
-    local_inputs = DecodeInputs(q, shard, local_indices(indices, world_size=w, rank=rank, layout=LAYOUT, num_kv_rows=n), sm_scale)
+    loc, loc_len = compact_local_indices(local_indices(indices, world_size=w, rank=rank, layout=LAYOUT, num_kv_rows=n))
+    local_inputs = DecodeInputs(q, shard, loc, sm_scale, topk_length=loc_len)  # what the DCP call runs locally
     out_r, lse_r = local(local_inputs)
     comm_call = lambda: exchange_states(out_r, lse_r, group=None, wire_dtype=torch.bfloat16)  # noqa: E731
 
+    total, total_cpu = _time_ms(dcp_call, barrier)
     mine = dict(
-        dcp_total_ms=_time_ms(dcp_call, barrier),
-        dcp_comm_ms=_time_ms(comm_call, barrier),
-        dcp_local_ms=_time_ms(lambda: local(local_inputs), barrier),
+        dcp_total_ms=total,
+        dcp_total_cpu_ms=total_cpu,
+        dcp_comm_ms=_time_ms(comm_call, barrier)[0],
+        dcp_local_ms=_time_ms(lambda: local(local_inputs), barrier)[0],
+        dcp_total_graph_ms=_graph_ms(dcp_call, barrier),
+        dcp_comm_graph_ms=_graph_ms(comm_call, barrier),
+        dcp_local_graph_ms=_graph_ms(lambda: local(local_inputs), barrier),
     )
     out_dcp, lse_dcp = dcp_call()
     per_rank: list = [None] * w
@@ -153,21 +186,25 @@ def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None
 
     if rank == 0:
         full_inputs = DecodeInputs(q, full, indices, sm_scale, sinks=sinks)
-        dcp1_ms = _time_ms(lambda: local(full_inputs))
+        dcp1_ms, dcp1_cpu_ms = _time_ms(lambda: local(full_inputs))
+        dcp1_graph_ms = _graph_ms(lambda: local(full_inputs))
         out1, lse1 = local(full_inputs)
         both = torch.isfinite(lse1) & torch.isfinite(lse_dcp)
         pad = -(-t * h * (512 * 2 + 4) // 16) * 16
         comm_bytes = (w - 1) * pad
-        worst = {k: max(r[k] for r in per_rank) for k in mine}
+        worst = {k: (None if any(r[k] is None for r in per_rank) else max(r[k] for r in per_rank)) for k in mine}
+        comm_ms = worst["dcp_comm_graph_ms"] or worst["dcp_comm_ms"]
         result = dict(
             dcp=w, heads=h, tokens=t, topk=topk, pool_rows=n, layout=LAYOUT, local_path=path,
             dtype="bf16", device=torch.cuda.get_device_name(dev), torch=torch.__version__,
             warmup=WARMUP, repeats=REPEATS,
-            dcp1_ms=dcp1_ms, **worst,
+            dcp1_ms=dcp1_ms, dcp1_cpu_ms=dcp1_cpu_ms, dcp1_graph_ms=dcp1_graph_ms, **worst,
             speedup_vs_dcp1=dcp1_ms / worst["dcp_total_ms"],
-            comm_fraction=worst["dcp_comm_ms"] / worst["dcp_total_ms"],
+            speedup_vs_dcp1_graph=(
+                dcp1_graph_ms / worst["dcp_total_graph_ms"] if dcp1_graph_ms and worst["dcp_total_graph_ms"] else None
+            ),
             comm_bytes_in_per_rank=comm_bytes,
-            comm_GBps_in_per_rank=comm_bytes / (worst["dcp_comm_ms"] * 1e6),
+            comm_GBps_in_per_rank=comm_bytes / (comm_ms * 1e6),
             max_abs_out_diff_vs_dcp1=(out_dcp.float() - out1.float()).abs().max().item(),
             max_abs_lse_diff_vs_dcp1=(lse_dcp[both] - lse1[both]).abs().max().item() if both.any() else 0.0,
             per_rank=per_rank,
@@ -180,24 +217,35 @@ def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None
 
 
 def format_table(r: dict) -> str:
-    """A small text table of one :func:`run_dcp_bench` result."""
+    """A small text table of one :func:`run_dcp_bench` result (eager and CUDA-graph medians, ms)."""
+    w = r["dcp"]
+
+    def ms(x: Optional[float]) -> str:
+        return f"{x:.4f}" if x is not None else "n/a"
+
+    def vs(base: Optional[float], x: Optional[float]) -> str:
+        return f"{base / x:.2f}x" if base and x else ""
+
     rows = [
-        ("DCP 1 (whole pool, 1 GPU)", r["dcp1_ms"], 1.0),
-        (f"DCP {r['dcp']} total", r["dcp_total_ms"], r["speedup_vs_dcp1"]),
-        (f"DCP {r['dcp']} local decode", r["dcp_local_ms"], r["dcp1_ms"] / r["dcp_local_ms"]),
-        (f"DCP {r['dcp']} communication", r["dcp_comm_ms"], None),
+        ("DCP 1 (whole pool, 1 GPU)", r["dcp1_ms"], r["dcp1_graph_ms"], True),
+        (f"DCP {w} whole call", r["dcp_total_ms"], r["dcp_total_graph_ms"], True),
+        (f"DCP {w} local decode", r["dcp_local_ms"], r["dcp_local_graph_ms"], True),
+        (f"DCP {w} communication", r["dcp_comm_ms"], r["dcp_comm_graph_ms"], False),
     ]
     head = (
         f"sparse MLA decode, bf16, T={r['tokens']} H={r['heads']} topk={r['topk']} pool={r['pool_rows']} rows, "
         f"layout={r['layout']}, local={r['local_path']}, {r['device']}"
     )
-    lines = [head, f"{'what':<32}{'median ms':>12}{'vs DCP 1':>10}", "-" * 54]
-    for name, ms, sp in rows:
-        lines.append(f"{name:<32}{ms:>12.4f}{(f'{sp:.2f}x' if sp is not None else ''):>10}")
+    lines = [head, f"{'what':<30}{'eager ms':>10}{'vs DCP 1':>10}{'graph ms':>10}{'vs DCP 1':>10}", "-" * 70]
+    for name, eager, graph, cmp in rows:
+        lines.append(
+            f"{name:<30}{eager:>10.4f}{(vs(r['dcp1_ms'], eager) if cmp else ''):>10}"
+            f"{ms(graph):>10}{(vs(r['dcp1_graph_ms'], graph) if cmp else ''):>10}"
+        )
     lines.append(
-        f"communication: {r['comm_bytes_in_per_rank'] / 2**20:.2f} MiB in per rank, "
-        f"{r['comm_GBps_in_per_rank']:.1f} GB/s, {100 * r['comm_fraction']:.0f}% of the DCP call; "
-        f"max |out - DCP1| = {r['max_abs_out_diff_vs_dcp1']:.3g}"
+        f"communication: {r['comm_bytes_in_per_rank'] / 2**20:.2f} MiB in per rank, {r['comm_GBps_in_per_rank']:.1f} GB/s; "
+        f"host time to issue the eager DCP call {r['dcp_total_cpu_ms']:.3f} ms; "
+        f"max |out - DCP 1| = {r['max_abs_out_diff_vs_dcp1']:.3g}, max |lse - DCP 1| = {r['max_abs_lse_diff_vs_dcp1']:.3g}"
     )
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 
 from mla_sink.dcp import (
     LAYOUTS,
+    compact_local_indices,
     dcp_sparse_mla_decode,
     global_row_ids,
     local_indices,
@@ -135,8 +136,8 @@ def _make_case(spec: dict, w: int, seed: int) -> dict:
 
 def _local_reference(inp: DecodeInputs):
     """The local_decode of the tests: sink-free float64 reference on this rank's shard."""
-    assert inp.sinks is None and inp.topk_length is None and inp.out is None
-    return sparse_mla_decode_reference(inp.q, inp.kv_cache, inp.indices, None, inp.sm_scale)
+    assert inp.sinks is None and inp.out is None
+    return sparse_mla_decode_reference(inp.q, inp.kv_cache, inp.indices, None, inp.sm_scale, topk_length=inp.topk_length)
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,10 +202,12 @@ def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -
             inp = DecodeInputs(
                 c["q"], kv_shard, c["indices"], c["sm_scale"], sinks=c["sinks"], topk_length=c["topk_length"], out=out_buf
             )
-            out, lse = dcp_sparse_mla_decode(
-                inp, group=None, layout=c["layout"], num_kv_rows=c["n"], local_decode=_local_reference, dcp_world_size=w
-            )
-            results[name] = dict(out=out, lse=lse, is_buffer=out_buf is not None and out is out_buf)
+            for compact in (True, False):
+                out, lse = dcp_sparse_mla_decode(
+                    inp, group=None, layout=c["layout"], num_kv_rows=c["n"], local_decode=_local_reference,
+                    dcp_world_size=w, compact_ids=compact,
+                )
+                results[(name, compact)] = dict(out=out.clone(), lse=lse, is_buffer=out_buf is not None and out is out_buf)
         # Known numbers through the whole DCP path (NaN out on empty parts must not leak).
         q = torch.randn(3, 2, 576)
         n = 61
@@ -257,14 +260,15 @@ def groups(tmp_path_factory):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "uncompacted"])
 @pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
 @pytest.mark.parametrize("name", CASE_NAMES)
-def test_dcp_matches_single_process_reference(groups, w, name):
+def test_dcp_matches_single_process_reference(groups, w, name, compact):
     c = groups[w]["cases"][name]
     ref_out, ref_lse = sparse_mla_decode_reference(
         c["q"], c["kv"], c["indices"], c["sinks"], c["sm_scale"], topk_length=c["topk_length"]
     )
-    res = [g["results"][name] for g in groups[w]["ranks"]]
+    res = [g["results"][(name, compact)] for g in groups[w]["ranks"]]
     out, lse = res[0]["out"], res[0]["lse"]
     assert out.dtype == c["q"].dtype and out.shape == ref_out.shape
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
@@ -375,6 +379,14 @@ def test_local_indices_round_trip(layout, n, w):
         assert (loc[own] < shard_num_rows(n, w, r, layout)).all()
     valid = (g >= 0) & (g < n)
     assert torch.equal(owners, valid.int())  # each valid id on exactly one rank; invalid (incl. == N) on none
+
+
+def test_compact_local_indices_keeps_order_and_counts():
+    loc = torch.tensor([[-1, 4, -1, 2, 7], [-1, -1, -1, -1, -1], [0, 1, 2, 3, 4]], dtype=torch.int32)
+    ids, length = compact_local_indices(loc)
+    assert ids.dtype == torch.int32 and length.dtype == torch.int32 and ids.is_contiguous()
+    assert ids.tolist() == [[4, 2, 7, -1, -1], [-1, -1, -1, -1, -1], [0, 1, 2, 3, 4]]
+    assert length.tolist() == [3, 0, 5]
 
 
 def test_local_indices_explicit_table():
