@@ -69,8 +69,9 @@ class Failure:
 
     def __str__(self) -> str:
         if self.op == "requested":
-            what = "refusal row" if self.actual is None else f"path {self.actual}"
-            return f"{what} not requested"
+            what = "a refusal row" if self.actual is None else f"its path {self.actual}"
+            wanted = ", ".join(map(str, self.expected)) if self.expected else "?"
+            return f"{what} is not the requested path {wanted}"
         text = f"{self.field}={format_value(self.actual)}, needs {self.needs()}"
         return f"{text} ({self.because})" if self.because else text
 

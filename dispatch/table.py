@@ -157,7 +157,7 @@ class RuleTable:
         Args:
             values: A value for every declared field; extra keys are ignored.
             only_paths: When given, rows naming other paths, and refusal rows,
-                are skipped (reported as rejected with "path X not requested").
+                are skipped (reported as rejected with "its path X is not the requested path Y").
 
         Returns:
             A ``Selection``; ``refused`` is true for a refusal row or when no

@@ -68,17 +68,22 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     from .select import select
 
-    try:
-        if args.matrix:
+    if args.matrix:
+        if args.json:
+            print(json.dumps(matrix_dict(args), indent=2))
+        else:
             print(matrix_text(args))
-            return 0
-        platform = _platform_from_args(args)
-        spec = _spec_from_args(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    sel = select(spec, platform, path=args.path)
+        return 0
+    platform = _platform_from_args(args)
+    spec = _spec_from_args(args)
     key = call_key(spec, platform)
+    if args.path == "reference":  # always honoured (see mla_sink.select.plan_call)
+        if args.json:
+            print(json.dumps({"key": key, "path": "reference", "row": "forced", "refused": False}, indent=2))
+        else:
+            print(f"{key}\n  → reference   (forced: the float64 reference runs anywhere; no row consulted)")
+        return 0
+    sel = select(spec, platform, path=args.path)
     if args.json:
         doc = dispatch.selection_to_dict(sel)
         doc.update(key=key, spec=attrs.asdict(spec), platform=attrs.asdict(platform), need_lse=spec.need_lse)
@@ -101,6 +106,25 @@ MATRIX_PLATFORMS = (
 MATRIX_DTYPES = (("bf16", "bf16"), ("fp16", "fp16"), ("fp8_e4m3fnuz", "fp8_e4m3fnuz"), ("fp8_e4m3", "fp8_e4m3"),
                  ("bf16", "fp8_e4m3"))
 MATRIX_HEADS = (8, 16, 24, 32, 64, 128, 256)
+
+
+def matrix_dict(args: Optional[argparse.Namespace] = None) -> dict:
+    """The matrix as JSON: ``{platform key: {"q/kv": {"h16": path or "refused", "h16+s": ...}}}``."""
+    from .select import select
+
+    qlen = getattr(args, "qlen", 1) if args is not None else 1
+    dcp = getattr(args, "dcp", 1) if args is not None else 1
+    doc: dict = {}
+    for platform in MATRIX_PLATFORMS:
+        for q, kv in MATRIX_DTYPES:
+            row = doc.setdefault(str(platform), {}).setdefault(f"{q}/{kv}", {})
+            for h in MATRIX_HEADS:
+                for s in (False, True):
+                    spec = CallSpec(q_dtype=q, kv_dtype=kv, num_heads=h, topk=2048, sinks=s, max_seqlen_q=qlen,
+                                    dcp_world_size=dcp)
+                    sel = select(spec, platform)
+                    row[f"h{h}" + ("+s" if s else "")] = "refused" if sel.refused or sel.path is None else sel.path
+    return doc
 
 
 def matrix_text(args: Optional[argparse.Namespace] = None) -> str:
@@ -185,9 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mla-sink`` console script."""
+    from .select import NoKernelError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except NoKernelError as e:  # a refusal: the explanation, exit 2
+        print(e.explanation)
+        return 2
+    except ValueError as e:  # bad input: one line naming the argument, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0

@@ -55,7 +55,14 @@ def run_demo(args: argparse.Namespace) -> int:
     from .select import explain_call
     from .describe import describe
 
+    for flag in ("tokens", "heads", "topk", "pool"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"'--{flag}' must be >= 1 (got {getattr(args, flag)})")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type not in ("cpu", "cuda"):
+        raise ValueError(f"'--device' must be cpu or cuda (got {device!r})")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"'--device' is {device!r} but this machine has no CUDA/ROCm GPU (use --device cpu)")
     kv_dtype = args.kv_dtype or args.dtype
     x = make_inputs(args.tokens, args.heads, args.topk, args.pool, args.dtype, kv_dtype, device,
                     not args.no_sinks, args.seed)
@@ -80,7 +87,8 @@ def run_demo(args: argparse.Namespace) -> int:
     lse_err = (lse[finite].double() - ref_lse[finite].double()).abs().max().item() if finite.any() else 0.0
     empty_ok = bool((out[~finite].float() == 0).all()) and bool(torch.isneginf(lse[~finite]).all())
     nan = bool(out.isnan().any())
-    print(f"max |out - float64| = {err:.3e}   max |lse - float64| = {lse_err:.3e}   "
-          f"empty rows -> out 0, lse -inf: {empty_ok}   NaN in out: {nan}")
+    n_empty = int((~finite).any(dim=1).sum())
+    empty_txt = f"{n_empty} empty row(s) -> out 0, lse -inf: {empty_ok}" if n_empty else "no empty rows"
+    print(f"max |out - float64| = {err:.3e}   max |lse - float64| = {lse_err:.3e}   {empty_txt}   NaN in out: {nan}")
     print(f"time: {elapsed * 1e3:.2f} ms (one call after a warm-up{', Triton interpreter' if device == 'cpu' else ''})")
     return 0 if (not nan and empty_ok) else 1

@@ -15,6 +15,7 @@ from .inputs import DecodeInputs
 from .plan import LaunchPlan
 from .records import D_QK, CallSpec, Platform
 from .run import Result, prepare, run
+from .validate import check_sm_scale
 
 
 class SparseMLADecode:
@@ -50,7 +51,12 @@ class SparseMLADecode:
         self.spec = CallSpec(q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=num_heads, topk=topk,
                              max_seqlen_q=max_seqlen_q, sinks=sinks is not None,
                              dcp_world_size=dcp_world_size, return_lse=return_lse, logit_cap=logit_cap)
-        self.sm_scale = float(D_QK ** -0.5 if sm_scale is None else sm_scale)
+        if sm_scale is None:
+            sm_scale = D_QK ** -0.5
+        check_sm_scale(sm_scale)
+        self.sm_scale = float(sm_scale)
+        if dcp_world_size == 1 and (dcp_group is not None or num_kv_rows is not None):
+            raise ValueError("'dcp_group' / 'num_kv_rows' given but dcp_world_size == 1")
         if dcp_world_size > 1:
             if dcp_group is None or num_kv_rows is None:
                 raise ValueError(f"'dcp_group' and 'num_kv_rows' are required with dcp_world_size={dcp_world_size}")
@@ -65,7 +71,13 @@ class SparseMLADecode:
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,
                  topk_length: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None,
                  kv_scale: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> Result:
-        """Run the layer's decode; shapes and returns as :func:`mla_sink.run.run`."""
+        """Run the layer's decode; shapes and returns as :func:`mla_sink.run.run`.
+
+        Raises:
+            ValueError: q's head count (or any tensor) disagrees with the layer's configuration.
+        """
+        if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[1] != self.spec.num_heads:
+            raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={self.spec.num_heads}")
         x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=self.sm_scale, sinks=self.sinks,
                          topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out,
                          logit_cap=self.spec.logit_cap)

@@ -4,7 +4,9 @@ CUDA graphs: ``torch.ops.mla_sink.sparse_mla_decode`` (out-of-place, returns ``(
 
 Both select the path on the device the tensors live on (or take a forced ``path``), and both have
 fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces :func:`mla_sink.run.run`
-without a graph break. ``lse`` is ``[T, H]`` when the call needs one (sinks, or ``return_lse``),
+without a graph break. Both validate their inputs (:func:`mla_sink.validate.check_inputs`) in
+the real and in the fake implementation, so a malformed call fails with a ``ValueError`` when traced
+and when run. ``lse`` is ``[T, H]`` when the call needs one (sinks, or ``return_lse``),
 else an empty ``[T, 0]`` tensor (the Python API turns that into ``None``).
 """
 
@@ -19,6 +21,7 @@ from .dtypes import DTYPE_KEYS, out_dtype_for
 from .inputs import DecodeInputs
 from .launch import launch
 from .records import D_V
+from .validate import check_inputs
 
 
 def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
@@ -26,6 +29,8 @@ def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale
     from .describe import describe
     from .run import _cached_plan
 
+    check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale,
+                 kv_scale=kv_scale, out=out)
     spec, platform = describe(q, kv_cache, indices, sinks, max_seqlen_q=max_seqlen_q, return_lse=return_lse,
                               logit_cap=logit_cap)
     plan = _cached_plan(spec, platform, path or None)
@@ -57,6 +62,7 @@ def sparse_mla_decode_op(
 @sparse_mla_decode_op.register_fake
 def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, max_seqlen_q, return_lse,
       logit_cap, path):
+    check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale)
     out = q.new_empty((q.shape[0], q.shape[1], D_V), dtype=out_dtype_for(DTYPE_KEYS[q.dtype]))
     return out, q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)
 
@@ -78,4 +84,6 @@ def sparse_mla_decode_out_op(
 @sparse_mla_decode_out_op.register_fake
 def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, max_seqlen_q, return_lse,
       logit_cap, path):
+    check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale,
+                 out=out)
     return q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)

@@ -45,6 +45,18 @@ def _bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"'{attribute.name}' must be a bool (got {value!r})")
 
 
+def _to_float(name: str):
+    def convert(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(f"'{name}' must be a finite float (got {value!r})")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"'{name}' must be a finite float (got {value!r})") from None
+
+    return convert
+
+
 def _finite_float(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
         raise ValueError(f"'{attribute.name}' must be a finite float (got {value!r})")
@@ -85,7 +97,7 @@ class CallSpec:
     sinks: bool = attrs.field(default=False, validator=_bool)
     dcp_world_size: int = attrs.field(default=1, validator=_int_at_least(1))
     return_lse: bool = attrs.field(default=False, validator=_bool)
-    logit_cap: float = attrs.field(default=0.0, converter=float, validator=_finite_float)
+    logit_cap: float = attrs.field(default=0.0, converter=_to_float("logit_cap"), validator=_finite_float)
 
     def __attrs_post_init__(self) -> None:
         if (self.q_dtype, self.kv_dtype) not in ALLOWED_DTYPE_PAIRS:
@@ -161,6 +173,13 @@ class Platform:
     arch: str = attrs.field(validator=_arch)
     aiter_version: Optional[str] = attrs.field(default=None, validator=_version)
     triton: bool = attrs.field(default=True, validator=_bool)
+
+    def __attrs_post_init__(self) -> None:
+        if self.aiter_version is not None and not self.arch.startswith("gfx"):
+            raise ValueError(
+                f"'aiter_version' must be None on arch {self.arch!r}: AITER is importable only on ROCm "
+                f"(gfx*) machines (got {self.aiter_version!r})"
+            )
 
     @property
     def is_rocm(self) -> bool:

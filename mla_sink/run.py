@@ -53,17 +53,31 @@ def prepare(
         The cached :class:`LaunchPlan` that every later call of this shape will run.
 
     Raises:
-        ValueError: sinks or sm_scale malformed, or sinks given while ``spec.sinks`` is False (or
-            the reverse).
+        ValueError: sinks or sm_scale malformed, sinks on a device of another kind than the
+            platform's (a GPU platform needs CUDA/ROCm sinks), or sinks given while ``spec.sinks`` is False.
         NoKernelError: the rule table refuses the call on this platform.
     """
+    _check_records(spec, platform)
+    if platform is None:
+        platform = detect_platform(sinks.device if sinks is not None else None)
     if sinks is not None:
         if not spec.sinks:
             raise ValueError("'sinks' given but spec.sinks is False; build the spec with sinks=True")
-        check_sinks(sinks, spec.num_heads, sinks.device)
+        check_sinks(sinks, spec.num_heads)
+        want = "cpu" if platform.arch == "cpu" else "cuda"
+        if sinks.device.type != want:
+            raise ValueError(f"'sinks' must be on a {want} device for platform arch {platform.arch!r} (got {sinks.device})")
     if sm_scale is not None:
         check_sm_scale(sm_scale)
-    return _cached_plan(spec, platform if platform is not None else detect_platform(), path)
+    return _cached_plan(spec, platform, path)
+
+
+def _check_records(spec: Any, platform: Any) -> None:
+    if not isinstance(spec, CallSpec):
+        raise ValueError(f"'spec' must be a mla_sink.CallSpec (got {type(spec).__name__})")
+    if platform is not None and not isinstance(platform, Platform):
+        raise ValueError(f"'platform' must be a mla_sink.Platform or None (got {platform!r}); "
+                         "build one with Platform('gfx942', aiter_version='0.1.20')")
 
 
 def check_spec_matches(spec: CallSpec, inputs: DecodeInputs) -> None:
@@ -114,11 +128,12 @@ def run(
         NoKernelError: no path serves the call on this platform.
     """
     x = inputs
-    if torch.compiler.is_compiling():
-        return _run_op(spec, x, path)
     check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
                  q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out)
     check_spec_matches(spec, x)
+    if torch.compiler.is_compiling():
+        return _run_op(spec, x, path)
+    _check_records(spec, platform)
     device_arch = arch_of(x.device)
     if platform is None:
         platform = detect_platform(x.device)
@@ -141,14 +156,20 @@ def _run_op(spec: CallSpec, x: DecodeInputs, path: Optional[str]) -> Result:
     """The traced form of :func:`run`: one custom op, so ``torch.compile`` sees no graph break."""
     if spec.dcp_world_size > 1:
         raise ValueError("DCP calls run eagerly (collectives); call run() outside torch.compile")
-    args = (x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, x.topk_length, x.q_scale, x.kv_scale)
-    tail = (spec.max_seqlen_q, spec.return_lse, spec.logit_cap, path or "")
-    if x.out is not None:
-        lse = torch.ops.mla_sink.sparse_mla_decode_out(*args, x.out, *tail)
-        out = x.out
+    return _call_op(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, x.topk_length, x.q_scale, x.kv_scale,
+                    x.out, spec.max_seqlen_q, spec.return_lse, spec.logit_cap, path)
+
+
+def _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, max_seqlen_q,
+             return_lse, logit_cap, path) -> Result:
+    args = (q, kv_cache, indices, sinks, float(sm_scale), topk_length, q_scale, kv_scale)
+    tail = (max_seqlen_q, return_lse, float(logit_cap), path or "")
+    if out is not None:
+        lse = torch.ops.mla_sink.sparse_mla_decode_out(*args, out, *tail)
     else:
         out, lse = torch.ops.mla_sink.sparse_mla_decode(*args, *tail)
-    return out, (lse if spec.need_lse else None)
+    need_lse = return_lse or sinks is not None
+    return out, (lse if need_lse else None)
 
 
 def sparse_mla_decode(
@@ -198,6 +219,9 @@ def sparse_mla_decode(
         sm_scale = D_QK ** -0.5
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale,
                  kv_scale=kv_scale, out=out)
+    if torch.compiler.is_compiling():  # records are built inside the op (frozen attrs do not trace)
+        return _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
+                        max_seqlen_q, return_lse, logit_cap, path)
     spec, platform = describe(q, kv_cache, indices, sinks, max_seqlen_q=max_seqlen_q, return_lse=return_lse,
                               logit_cap=logit_cap, platform=platform)
     inputs = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=sm_scale, sinks=sinks,

@@ -112,6 +112,11 @@ def check_inputs(
     if pair not in ALLOWED_DTYPE_PAIRS:
         raise ValueError(f"(q dtype, kv_cache dtype) must be one of {sorted(ALLOWED_DTYPE_PAIRS)} (got {pair})")
     device = q.device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device (got {device})")
+    if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad):
+        raise ValueError("'q'/'kv_cache' require grad: mla-sink is a decode (inference) op with no backward; "
+                         "call it under torch.no_grad() or torch.inference_mode()")
     for name, t in (("kv_cache", kv_cache), ("indices", indices)):
         if t.device != device:
             raise ValueError(f"'{name}' must be on {device}, like q (got {t.device})")

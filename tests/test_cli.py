@@ -80,3 +80,34 @@ def test_help(argv, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 0
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["demo", "--tokens", "0"], "'--tokens' must be >= 1"),
+    (["demo", "--pool", "0"], "'--pool' must be >= 1"),
+    (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
+    (["explain", "--path", "garbage"], "'path' must be one of"),
+    (["explain", "--arch", "cpu", "--aiter", "0.1.20"], "'aiter_version' must be None"),
+])
+def test_bad_flags_give_one_line_and_exit_2(argv, text, capsys):
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and text in err and "Traceback" not in err
+
+
+def test_forced_refused_path_exits_2_with_explanation(capsys):
+    code = main(["demo", "--path", "aiter_lse", "--tokens", "1", "--topk", "8", "--pool", "16"])
+    out = capsys.readouterr().out
+    assert code == 2 and "not the requested path aiter_lse" in out
+
+
+def test_explain_forced_reference(capsys):
+    code, out = run_cli(capsys, "explain", "--path", "reference")
+    assert code == 0 and "→ reference" in out
+
+
+def test_matrix_json(capsys):
+    code, out = run_cli(capsys, "explain", "--matrix", "--json")
+    doc = json.loads(out)
+    assert doc["gfx950-aiter0.1.20-triton"]["bf16/bf16"]["h32+s"] == "aiter_lse_single_split"
+    assert doc["cpu-noaiter-notriton"]["bf16/bf16"]["h16"] == "reference"

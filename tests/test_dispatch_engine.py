@@ -201,9 +201,9 @@ def test_only_paths_skips_other_paths_and_refusals(table):
     assert sel.row.id == "slow_small" and sel.path == "slow"
     got = {r.id: [str(f) for f in fails] for r, fails in sel.rejected}
     assert got == {
-        "fast_gfx950": ["path fast not requested"],
-        "fast_any": ["path fast not requested"],
-        "no_cpu": ["refusal row not requested"],
+        "fast_gfx950": ["its path fast is not the requested path slow"],
+        "fast_any": ["its path fast is not the requested path slow"],
+        "no_cpu": ["a refusal row is not the requested path slow"],
     }
 
 

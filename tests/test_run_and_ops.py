@@ -98,3 +98,76 @@ def test_compile_fullgraph_traces_run():
     e_out, e_lse = step(q, kv, idx, s)
     torch.testing.assert_close(out, e_out)
     torch.testing.assert_close(lse, e_lse)
+
+
+def test_out_op_rejects_wrong_out_shape_before_the_kernel():
+    q, kv, idx, _ = inputs(T=2, H=5, topk=16)
+    bad = torch.zeros(2, 5, 100, dtype=torch.float16)
+    with pytest.raises(ValueError, match="'out' must be"):
+        torch.ops.mla_sink.sparse_mla_decode_out(q, kv, idx, None, 0.04, None, None, None, bad, 1, False, 0.0, "")
+
+
+def test_op_rejects_fp8_without_scale_and_bad_sm_scale():
+    q, kv, idx, _ = inputs(T=2, H=3, topk=8)
+    kv8 = kv.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="'kv_scale' is required"):
+        torch.ops.mla_sink.sparse_mla_decode(q, kv8, idx, None, 0.04, None, None, None, 1, False, 0.0, "")
+    with pytest.raises(ValueError, match="'sm_scale'"):
+        torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, None, -1.0, None, None, None, 1, False, 0.0, "")
+
+
+def test_compiled_run_still_validates():
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=8, sinks=True)  # wrong heads
+
+    def step(q, kv, idx, s):
+        return run(spec, DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=0.04, sinks=s))
+
+    with pytest.raises(Exception, match="num_heads"):
+        torch.compile(step, fullgraph=True, backend="aot_eager")(q, kv, idx, s)
+
+
+def test_compile_fullgraph_traces_sparse_mla_decode():
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    f = torch.compile(lambda q, kv, i, s: sparse_mla_decode(q, kv, i, sinks=s, path="reference"),
+                      fullgraph=True, backend="aot_eager")
+    out, lse = f(q, kv, idx, s)
+    e_out, e_lse = sparse_mla_decode(q, kv, idx, sinks=s, path="reference")
+    torch.testing.assert_close(out, e_out)
+    torch.testing.assert_close(lse, e_lse)
+
+
+def test_non_contiguous_topk_length():
+    q, kv, idx, s = inputs(T=3, H=4, topk=16)
+    tl = torch.tensor([[2, 0], [16, 0], [5, 0]], dtype=torch.int32)[:, 0]
+    out, lse = sparse_mla_decode(q, kv, idx, s, topk_length=tl, platform=Platform("cpu"))
+    r_out, r_lse = ref(q, kv, idx, s, topk_length=tl.contiguous())
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2)
+
+
+def test_bad_records_and_devices_name_the_argument():
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    with pytest.raises(ValueError, match="'platform' must be a mla_sink.Platform"):
+        sparse_mla_decode(q, kv, idx, platform="cpu")
+    with pytest.raises(ValueError, match="'logit_cap' must be a finite float"):
+        sparse_mla_decode(q, kv, idx, logit_cap="x")
+    with pytest.raises(ValueError, match="cpu or cuda"):
+        sparse_mla_decode(q.to("meta"), kv.to("meta"), idx.to("meta"))
+    with pytest.raises(ValueError, match="no backward"):
+        sparse_mla_decode(q.float().requires_grad_().half(), kv, idx)
+
+
+def test_layer_construction_rejections():
+    with pytest.raises(ValueError, match="'sinks' must be on a cpu device"):
+        SparseMLADecode(num_heads=3, q_dtype="fp16", kv_dtype="fp16", topk=8, sinks=torch.zeros(3, device="meta"),
+                        platform=Platform("cpu"))
+    with pytest.raises(ValueError, match="dcp_world_size == 1"):
+        SparseMLADecode(num_heads=3, q_dtype="fp16", kv_dtype="fp16", topk=8, dcp_group=object(),
+                        platform=Platform("cpu"))
+    with pytest.raises(ValueError, match="'sm_scale'"):
+        SparseMLADecode(num_heads=3, q_dtype="fp16", kv_dtype="fp16", topk=8, sm_scale="abc", platform=Platform("cpu"))
+    layer = SparseMLADecode(num_heads=5, q_dtype="fp16", kv_dtype="fp16", topk=8, sinks=torch.zeros(5),
+                            platform=Platform("cpu"))
+    q, kv, idx, _ = inputs(T=2, H=6, topk=8)
+    with pytest.raises(ValueError, match="'q' has 6 heads but the layer was built with num_heads=5"):
+        layer(q, kv, idx)
