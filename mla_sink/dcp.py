@@ -422,9 +422,48 @@ def dcp_sparse_mla_decode(
         outs, lses = [out_r], [lse_r.float()]
     else:
         outs, lses = exchange_states(out_r, lse_r, group=group, wire_dtype=out_dtype)
+    fused = _fused_merge(outs, lses, inputs.sinks, out_dtype, inputs.out)
+    if fused is not None:
+        return fused
     out32, lse = merge_states(outs, lses)
     out32 = apply_sink(out32, lse, inputs.sinks)
     if inputs.out is not None:
         inputs.out.copy_(out32)
         return inputs.out, lse
     return out32.to(out_dtype), lse
+
+
+def _fused_merge(outs, lses, sinks, out_dtype, out):
+    """On a GPU with Triton: merge + sink in one kernel over strided views of the gathered parts.
+
+    Returns ``None`` (use :func:`merge_states` + :func:`apply_sink`) on the CPU, without Triton, or
+    when the parts are not equally strided views of one buffer.
+    """
+    if not outs[0].is_cuda or out_dtype == torch.float32:
+        return None
+    try:
+        from .kernels.triton_decode import combine_states_triton
+    except ImportError:
+        return None
+    part_out = _stack_view(outs)
+    if part_out is None:
+        part_out = torch.stack(outs)
+    part_lse = torch.stack([x.float() for x in lses])
+    t, h = part_lse.shape[1:]
+    res = out if out is not None else torch.empty((t, h, D_V), dtype=out_dtype, device=part_out.device)
+    lse = torch.empty((t, h), dtype=torch.float32, device=part_out.device)
+    return combine_states_triton(part_out, part_lse, sinks, out=res, lse=lse)
+
+
+def _stack_view(parts):
+    """``[R, ...]`` strided view over equally spaced parts of one storage, without a copy, or None."""
+    if len(parts) == 1:
+        return parts[0].unsqueeze(0)
+    p0 = parts[0]
+    elt = p0.element_size()
+    step = parts[1].data_ptr() - p0.data_ptr()
+    if step <= 0 or step % elt or not all(p.is_contiguous() and p.shape == p0.shape and p.dtype == p0.dtype for p in parts):
+        return None
+    if any(parts[i].data_ptr() - p0.data_ptr() != i * step for i in range(len(parts))):
+        return None
+    return p0.as_strided((len(parts), *p0.shape), (step // elt, *p0.stride()))

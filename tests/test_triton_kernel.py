@@ -195,6 +195,13 @@ def test_logit_cap_and_scale():
     check(*run_both(case, sm_scale=0.2, logit_cap=3.0, **SPLIT_KW))
 
 
+@pytest.mark.parametrize("cap", [0.05, 1e6])
+def test_logit_cap_extremes(cap):
+    """Tiny caps saturate; huge caps must equal no cap (no cancellation in tanh for small s/cap)."""
+    case = make_case(3, 5, 37, seed=17)
+    check(*run_both(case, sm_scale=0.2, config=UNSPLIT, logit_cap=cap))
+
+
 def test_default_config_and_allocation():
     case = make_case(2, 5, 37, seed=8)
     o, l = sparse_mla_decode_triton(case["q"], case["kv_cache"], case["indices"], case["sinks"])

@@ -188,9 +188,16 @@ def _sparse_mla_decode_kernel(
         if ROW_SCALE:
             qk = qk * inv_row_scale[:, None]
         if HAS_CAP:
-            s = qk * qk_scale
-            e = tl.exp(2.0 * s / logit_cap)
-            s = logit_cap * (1.0 - 2.0 / (e + 1.0))
+            # cap * tanh(s / cap) without cancellation: an odd Taylor polynomial where |x| < 0.1
+            # (truncation < 1e-10 relative), exp(-2|x|) (never overflows) elsewhere.
+            x = qk * qk_scale / logit_cap
+            ax = tl.abs(x)
+            e = tl.exp(-2.0 * ax)
+            t_big = (1.0 - e) / (1.0 + e)
+            x2 = x * x
+            t_small = ax * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+            t_abs = tl.where(ax < 0.1, t_small, t_big)
+            s = logit_cap * tl.where(x < 0.0, -t_abs, t_abs)
             s = s * LOG2E_C
         else:
             s = qk * (qk_scale * LOG2E_C)
@@ -317,7 +324,7 @@ def _interpreter_stdlib():
                 saved.append((mod, name, obj))
                 setattr(mod, name, new)
     try:
-        with np.errstate(all="ignore"):  # exp overflow to inf in the soft cap is intended
+        with np.errstate(all="ignore"):  # masked lanes compute with -inf by design; silence numpy there
             yield
     finally:
         for mod, name, obj in reversed(saved):
@@ -475,4 +482,52 @@ def sparse_mla_decode_triton(
             )
     if out_k is not out:
         out.copy_(out_k)
+    return out, lse
+
+
+def combine_states_triton(
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
+    *,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge R sink-free partial states and apply the sink once, in one kernel (the split-KV combine).
+
+    Args:
+        part_out: ``[R, T, H, 512]`` partial outputs (fp32/bf16/fp16, innermost stride 1, any other
+            strides: e.g. views into an all-gather buffer); a part whose LSE is ``-inf`` is never read.
+        part_lse: fp32 ``[R, T, H]`` natural-log, sink-free partial LSEs (``-inf`` = no valid id).
+        sinks: optional fp32 ``[H]`` natural-log sink logits.
+        out: ``[T, H, 512]`` output buffer (any float dtype, innermost stride 1).
+        lse: fp32 ``[T, H]`` output buffer: ``logsumexp_r(lse_r)``, natural log, sink excluded.
+
+    Returns:
+        ``(out, lse)``, with ``out = sum_r out_r exp(lse_r - lse) * sigmoid(lse - sink)``; rows empty in
+        every part give ``out = 0``, ``lse = -inf``. Same algebra as :func:`mla_sink.lse.merge_states`
+        followed by :func:`mla_sink.lse.apply_sink`, in one pass over the parts.
+    """
+    R, T, H, d = part_out.shape
+    if d != D_V or part_out.stride(3) != 1 or tuple(part_lse.shape) != (R, T, H):
+        raise ValueError(f"'part_out' must be [R, T, H, {D_V}] with innermost stride 1 and 'part_lse' [R, T, H] "
+                         f"(got {tuple(part_out.shape)} strides {part_out.stride()} and {tuple(part_lse.shape)})")
+    if T == 0 or H == 0:
+        return out, lse
+    lse2 = (part_lse.float() * LOG2E).permute(1, 0, 2).contiguous()  # [T, R, H], base 2 as the kernel keeps it
+    interp = part_out.device.type == "cpu"
+    combine = _interpreted("combine") if interp else _combine_jit
+    cbh = max(16, triton.next_power_of_2(H)) if interp else 16  # the interpreter prefers few, large programs
+    dummy = lse2.new_empty(1)
+    with _interpreter_stdlib() if interp else contextlib.nullcontext():
+        combine[(triton.cdiv(H, cbh), T)](
+            part_out, lse2, sinks if sinks is not None else dummy, out, lse,
+            H, R,
+            part_out.stride(1), part_out.stride(0), part_out.stride(2),
+            lse2.stride(0), lse2.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            BLOCK_H=cbh, D_NOPE=D_V, BLOCK_S=triton.next_power_of_2(R),
+            HAS_SINKS=sinks is not None,
+            num_warps=4, num_stages=1,
+        )
     return out, lse

@@ -1,0 +1,54 @@
+"""The fused merge + sink kernel (used by DCP on GPUs) against merge_states + apply_sink."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mla_sink.dcp import _stack_view
+from mla_sink.kernels.triton_decode import combine_states_triton
+from mla_sink.lse import apply_sink, merge_states
+
+
+@pytest.mark.parametrize("R,T,H", [(1, 1, 1), (2, 3, 5), (4, 2, 17)])
+def test_combine_matches_merge_then_sink(R, T, H):
+    g = torch.Generator().manual_seed(R * 100 + H)
+    buf = torch.randn(R, T * H * 512 + 8, generator=g)  # parts as strided views of one buffer
+    parts = buf[:, : T * H * 512].reshape(R, T, H, 512)
+    lses = torch.randn(R, T, H, generator=g) * 3
+    lses[0, 0, :] = -math.inf
+    parts[0, 0] = float("nan")  # a part without valid ids: never read
+    lses[:, -1, 0] = -math.inf  # a row empty in every part
+    sinks = torch.linspace(-3, 3, H)
+    if H > 2:
+        sinks[1], sinks[2] = math.inf, -math.inf
+    out = torch.full((T, H, 512), float("nan"))
+    lse = torch.full((T, H), float("nan"))
+    combine_states_triton(parts, lses, sinks, out=out, lse=lse)
+    ref_out, ref_lse = merge_states(list(parts), list(lses))
+    ref_out = apply_sink(ref_out, ref_lse, sinks)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-6, rtol=1e-6)
+    assert (out[-1, 0] == 0).all() and torch.isneginf(lse[-1, 0])
+    assert not out.isnan().any()
+
+
+def test_combine_known_numbers():
+    """Normalisers 2 and 8 with outputs 0 and 10 merge to 8 (a base-2 mix-up gives about 7.23)."""
+    parts = torch.stack([torch.zeros(1, 1, 512), torch.full((1, 1, 512), 10.0)])
+    lses = torch.tensor([[[math.log(2)]], [[math.log(8)]]])
+    out, lse = torch.empty(1, 1, 512), torch.empty(1, 1)
+    combine_states_triton(parts, lses, None, out=out, lse=lse)
+    assert out[0, 0, 0].item() == pytest.approx(8.0, abs=1e-5)
+    assert lse.item() == pytest.approx(math.log(10), abs=1e-6)
+
+
+def test_stack_view_over_gather_buffer():
+    buf = torch.arange(3 * 20, dtype=torch.float32).view(3, 20)
+    parts = [buf[r, :12].view(2, 6) for r in range(3)]
+    view = _stack_view(parts)
+    assert view is not None and view.data_ptr() == buf.data_ptr()
+    torch.testing.assert_close(view, torch.stack(parts))
+    assert _stack_view([parts[0], parts[2], parts[1]]) is None
