@@ -213,7 +213,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        rc = args.func(args)
+        return rc if isinstance(rc, int) else 0  # some commands return their report
     except NoKernelError as e:  # a refusal: the explanation, exit 2
         print(e.explanation)
         return 2

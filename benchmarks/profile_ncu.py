@@ -1,0 +1,24 @@
+"""Run one Triton decode call (H=128, T=256, topk 2048, bf16, sinks; random 3.5M-row pool) for ncu.
+
+Usage: ncu --clock-control none -k regex:_sparse_mla_decode_kernel --launch-skip 1 --launch-count 1 \
+           --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+           --section MemoryWorkloadAnalysis python benchmarks/profile_ncu.py [H] [T]
+"""
+
+import sys
+
+import torch
+
+from mla_sink.kernels.triton_decode import sparse_mla_decode_triton
+
+H = int(sys.argv[1]) if len(sys.argv) > 1 else 128
+T = int(sys.argv[2]) if len(sys.argv) > 2 else 256
+torch.manual_seed(0)
+pool = torch.randn(3_500_000, 576, device="cuda", dtype=torch.bfloat16)
+q = torch.randn(T, H, 576, device="cuda", dtype=torch.bfloat16)
+idx = torch.randint(0, pool.shape[0], (T, 2048), device="cuda", dtype=torch.int32)
+sinks = torch.randn(H, device="cuda")
+for _ in range(2):  # the first launch compiles; ncu profiles the second
+    out, lse = sparse_mla_decode_triton(q, pool, idx, sinks)
+torch.cuda.synchronize()
+print("ok", out.shape, float(lse[0, 0]))
