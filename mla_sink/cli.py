@@ -43,7 +43,7 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
 def _spec_from_args(args: argparse.Namespace) -> CallSpec:
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
                     topk=args.topk, max_seqlen_q=args.qlen, sinks=args.sinks, dcp_world_size=args.dcp,
-                    return_lse=args.return_lse, logit_cap=args.logit_cap)
+                    need_lse=args.return_lse, logit_cap=args.logit_cap)
 
 
 def _add_call_flags(p: argparse.ArgumentParser) -> None:

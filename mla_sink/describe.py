@@ -47,7 +47,7 @@ def describe(
         max_seqlen_q=max_seqlen_q,
         sinks=sinks is not None,
         dcp_world_size=dcp_world_size,
-        return_lse=return_lse,
+        need_lse=return_lse,
         logit_cap=logit_cap,
     )
     return spec, platform if platform is not None else detect_platform(q.device)

@@ -50,7 +50,7 @@ class SparseMLADecode:
                  platform: Optional[Platform] = None, path: Optional[str] = None) -> None:
         self.spec = CallSpec(q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=num_heads, topk=topk,
                              max_seqlen_q=max_seqlen_q, sinks=sinks is not None,
-                             dcp_world_size=dcp_world_size, return_lse=return_lse, logit_cap=logit_cap)
+                             dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap)
         if sm_scale is None:
             sm_scale = D_QK ** -0.5
         check_sm_scale(sm_scale)

@@ -78,10 +78,10 @@ class CallSpec:
             Only AITER's kernel choice depends on it; every token row is computed independently.
         sinks: whether a per-head sink logit ``sinks [H]`` is given.
         dcp_world_size: decode-context-parallel ranks the KV pool is sharded over.
-        return_lse: whether the caller wants the LSE back.
+        need_lse: whether the chosen path must produce an LSE. Sinks (applied through it) and DCP
+            (merged by it) imply it: construction sets it True for them, so ``need_lse=False`` is a
+            request the record corrects, never an error. Pass True when the caller wants the LSE back.
         logit_cap: soft cap of the scaled logits, ``s = cap * tanh(s / cap)``; ``<= 0`` disables it.
-
-    ``need_lse`` (sinks, DCP or ``return_lse``) says whether the chosen path must produce an LSE.
 
     Raises:
         ValueError: a field is out of its domain (message names field, value and allowed values).
@@ -96,20 +96,17 @@ class CallSpec:
     max_seqlen_q: int = attrs.field(default=1, validator=_int_at_least(1))
     sinks: bool = attrs.field(default=False, validator=_bool)
     dcp_world_size: int = attrs.field(default=1, validator=_int_at_least(1))
-    return_lse: bool = attrs.field(default=False, validator=_bool)
+    need_lse: bool = attrs.field(default=False, validator=_bool)
     logit_cap: float = attrs.field(default=0.0, converter=_to_float("logit_cap"), validator=_finite_float)
 
     def __attrs_post_init__(self) -> None:
+        if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:
+            object.__setattr__(self, "need_lse", True)  # implied: the sink and the DCP merge go through the LSE
         if (self.q_dtype, self.kv_dtype) not in ALLOWED_DTYPE_PAIRS:
             raise ValueError(
                 f"('q_dtype', 'kv_dtype') must be one of {sorted(ALLOWED_DTYPE_PAIRS)} "
                 f"(got {(self.q_dtype, self.kv_dtype)!r})"
             )
-
-    @property
-    def need_lse(self) -> bool:
-        """True when the path must produce an LSE: sinks (applied through it), DCP (merged by it) or asked for."""
-        return self.sinks or self.dcp_world_size > 1 or self.return_lse
 
     @property
     def is_fp8_q(self) -> bool:
@@ -125,7 +122,7 @@ class CallSpec:
         tail = [f"h{self.num_heads}", "sinks" if self.sinks else "nosinks", f"dcp{self.dcp_world_size}"]
         if self.max_seqlen_q > 1:
             tail.append(f"qlen{self.max_seqlen_q}")
-        if self.return_lse:
+        if self.need_lse and not (self.sinks or self.dcp_world_size > 1):
             tail.append("lse")
         if self.logit_cap > 0:
             tail.append(f"cap{self.logit_cap:g}")

@@ -9,6 +9,7 @@ capture. Semantics: :mod:`mla_sink.reference`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import torch
@@ -108,8 +109,9 @@ def run(
 
     Args:
         spec: the call description (see :func:`mla_sink.describe.describe`).
-        inputs: the tensors (:class:`DecodeInputs`); with DCP, ``inputs.kv_cache`` is this rank's
-            shard and ``inputs.indices`` hold global row ids.
+        inputs: the tensors: a :class:`DecodeInputs`, or a mapping with its field names
+            (``{'q': ..., 'kv_cache': ..., 'indices': ..., 'sinks': ...}``; ``sm_scale`` defaults to
+            ``576 ** -0.5``). With DCP, ``kv_cache`` is this rank's shard and ``indices`` hold global ids.
         platform: the platform to plan for (default: detected from the tensors' device). It must
             describe the device the tensors are on.
         path: force a path instead of the table's first match.
@@ -127,7 +129,7 @@ def run(
         ValueError: malformed tensors, or tensors that disagree with ``spec`` or ``platform``.
         NoKernelError: no path serves the call on this platform.
     """
-    x = inputs
+    x = as_inputs(inputs)
     check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
                  q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out)
     check_spec_matches(spec, x)
@@ -152,12 +154,33 @@ def run(
     return out, (lse if spec.need_lse else None)
 
 
+def as_inputs(inputs: Any) -> DecodeInputs:
+    """A :class:`DecodeInputs` from itself or from a mapping of its field names.
+
+    Raises:
+        ValueError: neither, or the mapping has unknown or missing keys.
+    """
+    if isinstance(inputs, DecodeInputs):
+        return inputs
+    if isinstance(inputs, Mapping):
+        unknown = set(inputs) - set(DecodeInputs._fields)
+        missing = {"q", "kv_cache", "indices"} - set(inputs)
+        if unknown or missing:
+            raise ValueError(f"'inputs' keys must be among {DecodeInputs._fields} and include q, kv_cache, indices "
+                             f"(got unknown {sorted(unknown)}, missing {sorted(missing)})")
+        fields = dict(inputs)
+        if fields.get("sm_scale") is None:
+            fields["sm_scale"] = D_QK ** -0.5
+        return DecodeInputs(**fields)
+    raise ValueError(f"'inputs' must be a DecodeInputs or a mapping of its fields (got {type(inputs).__name__})")
+
+
 def _run_op(spec: CallSpec, x: DecodeInputs, path: Optional[str]) -> Result:
     """The traced form of :func:`run`: one custom op, so ``torch.compile`` sees no graph break."""
     if spec.dcp_world_size > 1:
         raise ValueError("DCP calls run eagerly (collectives); call run() outside torch.compile")
     return _call_op(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, x.topk_length, x.q_scale, x.kv_scale,
-                    x.out, spec.max_seqlen_q, spec.return_lse, spec.logit_cap, path)
+                    x.out, spec.max_seqlen_q, spec.need_lse, spec.logit_cap, path)
 
 
 def _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, max_seqlen_q,

@@ -17,8 +17,8 @@ def test_canonical_key_matches_design_example():
 
 def test_key_names_non_default_fields():
     s = CallSpec(q_dtype="bf16", kv_dtype="fp8_e4m3", num_heads=16, topk=64, max_seqlen_q=2,
-                 dcp_world_size=2, return_lse=True, logit_cap=30)
-    assert call_key(s, Platform("sm90")) == "bf16+kv_fp8_e4m3-h16-sm90-nosinks-dcp2-qlen2-lse-cap30"
+                 dcp_world_size=2, need_lse=True, logit_cap=30)
+    assert call_key(s, Platform("sm90")) == "bf16+kv_fp8_e4m3-h16-sm90-nosinks-dcp2-qlen2-cap30"
 
 
 def test_need_lse():
@@ -26,7 +26,10 @@ def test_need_lse():
     assert not CallSpec(**base).need_lse
     assert CallSpec(**base, sinks=True).need_lse
     assert CallSpec(**base, dcp_world_size=2).need_lse
-    assert CallSpec(**base, return_lse=True).need_lse
+    assert CallSpec(**base, need_lse=True).need_lse
+    assert CallSpec(**base, sinks=True, need_lse=False).need_lse  # implied, corrected at construction
+    assert str(CallSpec(**base, need_lse=True)) == "bf16-h16-nosinks-dcp1-lse"
+    assert str(CallSpec(**base, sinks=True, need_lse=True)) == "bf16-h16-sinks-dcp1"
 
 
 def test_records_are_frozen_and_hashable():

@@ -19,7 +19,7 @@ FNUZ, OCP = "fp8_e4m3fnuz", "fp8_e4m3"
 
 def spec(q="bf16", kv=None, h=16, sinks=False, dcp=1, qlen=1, lse=False, cap=0.0, topk=2048):
     return CallSpec(q_dtype=q, kv_dtype=kv or q, num_heads=h, topk=topk, sinks=sinks, dcp_world_size=dcp,
-                    max_seqlen_q=qlen, return_lse=lse, logit_cap=cap)
+                    max_seqlen_q=qlen, need_lse=lse, logit_cap=cap)
 
 
 # (spec, platform, expected path, expected params subset, expected row id)

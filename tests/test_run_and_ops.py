@@ -171,3 +171,15 @@ def test_layer_construction_rejections():
     q, kv, idx, _ = inputs(T=2, H=6, topk=8)
     with pytest.raises(ValueError, match="'q' has 6 heads but the layer was built with num_heads=5"):
         layer(q, kv, idx)
+
+
+def test_run_accepts_a_mapping_of_tensors():
+    q, kv, idx, s = inputs()
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=5, topk=24, sinks=True)
+    out, lse = run(spec, {"q": q, "kv_cache": kv, "indices": idx, "sinks": s}, path="reference")
+    r_out, _ = ref(q, kv, idx, s)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2)
+    with pytest.raises(ValueError, match="'inputs' keys"):
+        run(spec, {"q": q, "kv": kv, "indices": idx})
+    with pytest.raises(ValueError, match="'inputs' must be"):
+        run(spec, (q, kv, idx))

@@ -449,7 +449,7 @@ def plan_aiter(
         if spec.need_lse and not return_lse:
             raise ValueError(
                 f"path 'aiter_persistent' (row {plan.row_id}) returns no LSE, but the call needs one "
-                f"(sinks={spec.sinks}, dcp_world_size={spec.dcp_world_size}, return_lse={spec.return_lse})"
+                f"(sinks={spec.sinks}, dcp_world_size={spec.dcp_world_size}, need_lse={spec.need_lse})"
             )
         if return_lse and Version(platform.aiter_version) < AITER_LSE_MIN_VERSION:
             raise ValueError(f"'aiter_version' must be >= {AITER_LSE_MIN_VERSION} for an AITER LSE (got {platform.aiter_version})")
