@@ -20,7 +20,7 @@ from .table import Row, RuleTable
 from .yaml_lines import LineDict, LineList, load_yaml
 
 TOP_KEYS = ("table", "description", "fields", "paths", "rows")
-FIELD_KEYS = ("type", "domain", "nullable", "description")
+FIELD_KEYS = ("type", "domain", "nullable", "description", "closed")
 PATH_KEYS = ("description", "requires")
 ROW_KEYS = ("id", "when", "path", "refuse", "params", "why", "source")
 NAME_RE = re.compile(r"[a-z_][a-z0-9_]*\Z")
@@ -78,6 +78,11 @@ def _parse_field(ctx: _Ctx, name: Any, spec: Any, line: int) -> Field:
     nullable = spec.get("nullable", False)
     if not isinstance(nullable, bool):
         raise ctx.error(spec.line_of("nullable"), f"nullable must be true or false, got {format_value(nullable)}")
+    closed = spec.get("closed", False)
+    if not isinstance(closed, bool):
+        raise ctx.error(spec.line_of("closed"), f"closed must be true or false, got {format_value(closed)}")
+    if closed and ftype not in ("str", "int"):
+        raise ctx.error(spec.line_of("closed"), f"closed applies to str and int fields only (field type {ftype})")
     field = Field(name, ftype, (), nullable, _text(ctx, spec, "description", required=False))
     raw = spec.get("domain")
     if raw is None:
@@ -99,7 +104,7 @@ def _parse_field(ctx: _Ctx, name: Any, spec: Any, line: int) -> Field:
     if nullable and None not in domain:
         domain.append(None)
     ctx.where = ""
-    return Field(name, ftype, tuple(domain), nullable, field.description)
+    return Field(name, ftype, tuple(domain), nullable, field.description, closed)
 
 
 def _value(ctx: _Ctx, field: Field, op: str, value: Any, line: int) -> Any:

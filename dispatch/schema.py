@@ -105,6 +105,8 @@ class Field:
             when the field is nullable). For ``bool`` it defaults to ``(False, True)``.
         nullable: Whether ``None`` (YAML ``null``) is a legal value.
         description: Free text.
+        closed: The domain is the complete set of legal values (``str`` and ``int`` fields only):
+            a row condition or a selected value outside it is an error, not a row that never matches.
     """
 
     name: str
@@ -112,6 +114,7 @@ class Field:
     domain: tuple = ()
     nullable: bool = False
     description: str = ""
+    closed: bool = False
 
     def check_value(self, value: Any) -> str | None:
         """Say why ``value`` is not a legal value of this field.
@@ -124,7 +127,11 @@ class Field:
         """
         if value is None:
             return None if self.nullable else "null given but the field is not nullable"
-        return type_error(self.type, value)
+        problem = type_error(self.type, value)
+        if problem is None and self.closed and self.domain and value not in self.domain:
+            allowed = ", ".join(str(v) for v in self.domain if v is not None)
+            return f"not in the closed domain [{allowed}]"
+        return problem
 
     def grid(self) -> tuple:
         """Return the values the checker enumerates for this field.

@@ -337,5 +337,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--flush", choices=["read", "write"], default="read", help="how the L2 is flushed before each call")
     p.add_argument("--peer-max-tokens", type=int, default=256, help="time peers only up to this many tokens")
     p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel ranks (>1 runs mla_sink.dcp_bench)")
+    p.add_argument("--heads", type=int, default=128, help="with --dcp: query heads H (default 128)")
+    p.add_argument("--tokens", type=int, default=64, help="with --dcp: query tokens T (default 64)")
+    p.add_argument("--topk", type=int, default=2048, help="with --dcp: ids per token (default 2048)")
     p.set_defaults(func=cmd_bench)
     return p

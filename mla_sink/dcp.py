@@ -254,7 +254,7 @@ def _group_size_rank(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
         raise ValueError("'group' needs an initialised torch.distributed default process group (call init_process_group first)")
     try:
         return dist.get_world_size(group), dist.get_rank(group)
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, AttributeError, TypeError) as e:
         raise ValueError(f"'group' must be a torch.distributed ProcessGroup this rank belongs to (got {group!r}: {e})") from None
 
 
@@ -395,6 +395,10 @@ def dcp_sparse_mla_decode(
         raise ValueError(
             f"'inputs.out' must be {out_dtype} [{t}, {h}, {D_V}] (got {inputs.out.dtype} {tuple(inputs.out.shape)})"
         )
+
+    if t == 0:  # every rank has the same T, so every rank skips the collectives together
+        res = inputs.out if inputs.out is not None else q.new_empty((0, h, D_V), dtype=out_dtype)
+        return res, torch.empty((0, h), dtype=torch.float32, device=q.device)
 
     # Global -> local ids; positions past topk_length become -1.
     loc = local_indices(idx, world_size=world, rank=rank, layout=layout, num_kv_rows=num_kv_rows)

@@ -266,8 +266,8 @@ def run_dcp_bench(args: Any) -> dict:
         the max difference to the DCP 1 result, and ``per_rank`` medians.
 
     Raises:
-        ValueError: ``args.dcp`` < 2 or an int argument < 1.
-        RuntimeError: fewer than ``args.dcp`` CUDA devices, or a child failed or hung (its traceback
+        ValueError: ``args.dcp`` < 2, an int argument < 1, or fewer than ``args.dcp`` CUDA devices.
+        RuntimeError: a child failed or hung (its traceback
             is in the message).
 
     Source: NCCL environment variables (``NCCL_NVLS_ENABLE``); PyTorch symmetric memory
@@ -283,7 +283,7 @@ def run_dcp_bench(args: Any) -> dict:
     _set_no_multicast_env()
     if not torch.cuda.is_available() or torch.cuda.device_count() < cfg["dcp"]:
         n_dev = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        raise RuntimeError(f"bench --dcp {cfg['dcp']} needs {cfg['dcp']} CUDA devices (found {n_dev})")
+        raise ValueError(f"'--dcp' is {cfg['dcp']} but this machine has {n_dev} CUDA devices (needs {cfg['dcp']})")
 
     import torch.multiprocessing as mp
 

@@ -32,4 +32,4 @@ def run_dcp(plan: LaunchPlan, inputs: DecodeInputs, *, group: Any, layout: str, 
         return out, lse
 
     return dcp_sparse_mla_decode(inputs, group=group, layout=layout, num_kv_rows=num_kv_rows,
-                                 local_decode=local_decode)
+                                 local_decode=local_decode, dcp_world_size=plan.spec.dcp_world_size)

@@ -90,5 +90,9 @@ def run_demo(args: argparse.Namespace) -> int:
     n_empty = int((~finite).any(dim=1).sum())
     empty_txt = f"{n_empty} empty row(s) -> out 0, lse -inf: {empty_ok}" if n_empty else "no empty rows"
     print(f"max |out - float64| = {err:.3e}   max |lse - float64| = {lse_err:.3e}   {empty_txt}   NaN in out: {nan}")
-    print(f"time: {elapsed * 1e3:.2f} ms (one call after a warm-up{', Triton interpreter' if device == 'cpu' else ''})")
+    from .run import prepare
+
+    ran = prepare(spec, platform, path=args.path).path
+    where = ", Triton interpreter" if (device == "cpu" and ran == "triton") else ""
+    print(f"time: {elapsed * 1e3:.2f} ms (one call after a warm-up; path {ran}{where})")
     return 0 if (not nan and empty_ok) else 1

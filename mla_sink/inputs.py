@@ -18,7 +18,7 @@ class DecodeInputs(NamedTuple):
     """Tensors and scalars of one sparse MLA decode call (validated by :mod:`mla_sink.validate`).
 
     Attributes:
-        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (any strides).
+        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (any token and head strides; innermost stride 1).
         kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns.
         indices: int32 ``[T, topk]`` global row ids; ``-1`` and ids outside ``[0, N)`` = skip, anywhere.
         sm_scale: multiplies ``q.k`` before the natural-exp softmax.

@@ -14,7 +14,7 @@ import torch
 from .inputs import DecodeInputs
 from .plan import LaunchPlan
 from .records import D_QK, CallSpec, Platform
-from .run import Result, prepare, run
+from .run import Result, check_dcp_args, prepare, run
 from .validate import check_sm_scale
 
 
@@ -55,13 +55,7 @@ class SparseMLADecode:
             sm_scale = D_QK ** -0.5
         check_sm_scale(sm_scale)
         self.sm_scale = float(sm_scale)
-        if dcp_world_size == 1 and (dcp_group is not None or num_kv_rows is not None):
-            raise ValueError("'dcp_group' / 'num_kv_rows' given but dcp_world_size == 1")
-        if dcp_world_size > 1:
-            if dcp_group is None or num_kv_rows is None:
-                raise ValueError(f"'dcp_group' and 'num_kv_rows' are required with dcp_world_size={dcp_world_size}")
-            if dcp_layout not in ("interleaved", "contiguous"):
-                raise ValueError(f"'dcp_layout' must be in ('interleaved', 'contiguous') (got {dcp_layout!r})")
+        check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         self.plan: LaunchPlan = prepare(self.spec, platform, path=path, sinks=sinks, sm_scale=self.sm_scale)
         self.platform = self.plan.platform
         self.sinks = sinks

@@ -81,6 +81,38 @@ def _check_records(spec: Any, platform: Any) -> None:
                          "build one with Platform('gfx942', aiter_version='0.1.20')")
 
 
+def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_rows: Any) -> None:
+    """Check the decode-context-parallel arguments of :func:`run` / the layer, before any collective.
+
+    Raises:
+        ValueError: a layout other than ``interleaved``/``contiguous``; a group or ``num_kv_rows``
+            given with ``dcp_world_size == 1``; with DCP, a missing group, a group that is not a
+            process group of ``dcp_world_size`` ranks this rank belongs to, or ``num_kv_rows`` not an
+            int >= 1.
+    """
+    if dcp_layout not in ("interleaved", "contiguous"):
+        raise ValueError(f"'dcp_layout' must be in ('interleaved', 'contiguous') (got {dcp_layout!r})")
+    if dcp_world_size == 1:
+        if dcp_group is not None or num_kv_rows is not None:
+            raise ValueError("'dcp_group' / 'num_kv_rows' given but dcp_world_size == 1")
+        return
+    if dcp_group is None:
+        raise ValueError(f"'dcp_group' is required when dcp_world_size={dcp_world_size}")
+    if isinstance(num_kv_rows, bool) or not isinstance(num_kv_rows, int) or num_kv_rows < 1:
+        raise ValueError(f"'num_kv_rows' (the global pool size N) must be an int >= 1 with DCP (got {num_kv_rows!r})")
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("'dcp_group' needs an initialised torch.distributed default process group")
+    try:
+        size = dist.get_world_size(dcp_group)
+    except (RuntimeError, ValueError, AttributeError, TypeError) as e:
+        raise ValueError(f"'dcp_group' must be a torch.distributed ProcessGroup this rank belongs to "
+                         f"(got {dcp_group!r}: {e})") from None
+    if size != dcp_world_size:
+        raise ValueError(f"'dcp_group' has {size} ranks but dcp_world_size={dcp_world_size}")
+
+
 def check_spec_matches(spec: CallSpec, inputs: DecodeInputs) -> None:
     """Raise ``ValueError`` when the tensors disagree with the spec they are run under."""
     got = {
@@ -130,8 +162,13 @@ def run(
         NoKernelError: no path serves the call on this platform.
     """
     x = as_inputs(inputs)
+    if isinstance(spec, CallSpec) and x.logit_cap != spec.logit_cap:
+        if x.logit_cap != 0.0:
+            raise ValueError(f"'inputs.logit_cap'={x.logit_cap!r} disagrees with spec.logit_cap={spec.logit_cap!r}")
+        x = x._replace(logit_cap=spec.logit_cap)  # the spec chose the path; its cap is the call's cap
+    dcp = isinstance(spec, CallSpec) and spec.dcp_world_size > 1
     check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
-                 q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out)
+                 q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out, allow_empty_pool=dcp)
     check_spec_matches(spec, x)
     if torch.compiler.is_compiling():
         return _run_op(spec, x, path)
@@ -143,13 +180,12 @@ def run(
         raise ValueError(
             f"'platform' describes arch {platform.arch!r} but the tensors are on {x.device} (arch {device_arch!r})"
         )
+    check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
     plan = _cached_plan(spec, platform, path)
     if spec.dcp_world_size > 1:
         from .dcp_run import run_dcp
 
         return run_dcp(plan, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows)
-    if dcp_group is not None:
-        raise ValueError("'dcp_group' given but spec.dcp_world_size == 1")
     out, lse = launch(plan, x)
     return out, (lse if spec.need_lse else None)
 

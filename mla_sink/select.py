@@ -46,8 +46,15 @@ class NoKernelError(RuntimeError):
 
 @functools.lru_cache(maxsize=None)
 def mla_table() -> "dispatch.RuleTable":
-    """The shipped ``mla_decode`` rule table (loaded and schema-checked once)."""
-    return dispatch.load_table(table_path("mla_decode"))
+    """The shipped ``mla_decode`` rule table, loaded, schema-checked and proven by the table checker
+    (no gap, no shadowed row, path requirements hold) once per process.
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
+    """
+    table = dispatch.load_table(table_path("mla_decode"))
+    dispatch.assert_table_ok(table)
+    return table
 
 
 def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:

@@ -28,6 +28,17 @@ def _require_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", ())
+    if isinstance(a, fake) or isinstance(b, fake) or a.device.type == "meta":
+        return False  # traced tensors have no memory to compare
+    try:
+        pa, pb = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. under tracing)
+        return False
+    return pa != 0 and pa == pb  # fake/meta tensors report 0: nothing to compare
+
+
 def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[torch.device] = None) -> None:
     """Validate ``sinks``: fp32, 1-D ``[H]``, contiguous, on ``device``.
 
@@ -67,6 +78,7 @@ def check_inputs(
     kv_scale: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     check_scales: bool = True,
+    allow_empty_pool: bool = False,
 ) -> None:
     """Validate the tensors of one call (shapes, dtypes, layouts, devices; never values).
 
@@ -81,6 +93,7 @@ def check_inputs(
         out: optional ``[T, H, 512]`` in the out dtype (q's dtype; bf16 for fp8 q), innermost stride 1.
         check_scales: False skips the fp8 scale checks (for :func:`mla_sink.describe.describe`,
             which is given no scales).
+        allow_empty_pool: accept ``N = 0`` (a DCP rank whose shard holds no rows).
 
     Raises:
         ValueError: naming the argument, the value and what is allowed.
@@ -96,7 +109,7 @@ def check_inputs(
         raise ValueError(f"'q' must be [T, H, {D_QK}] with H >= 1 (got shape {tuple(q.shape)})")
     if q.stride(2) != 1:
         raise ValueError(f"'q' must have innermost stride 1 (got strides {tuple(q.stride())})")
-    if kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK or kv_cache.shape[0] < 1:
+    if kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK or kv_cache.shape[0] < (0 if allow_empty_pool else 1):
         hint = " (a paged cache with page size 1 can be passed as kv_cache.view(-1, 576))" if kv_cache.dim() > 2 else ""
         raise ValueError(f"'kv_cache' must be [N, {D_QK}] with N >= 1 (got shape {tuple(kv_cache.shape)}){hint}")
     if kv_cache.stride(1) != 1:
@@ -114,9 +127,10 @@ def check_inputs(
     device = q.device
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device (got {device})")
-    if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad):
-        raise ValueError("'q'/'kv_cache' require grad: mla-sink is a decode (inference) op with no backward; "
-                         "call it under torch.no_grad() or torch.inference_mode()")
+    if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad
+                                    or (sinks is not None and getattr(sinks, "requires_grad", False))):
+        raise ValueError("'q'/'kv_cache'/'sinks' require grad: mla-sink is a decode (inference) op with no "
+                         "backward; call it under torch.no_grad() or torch.inference_mode()")
     for name, t in (("kv_cache", kv_cache), ("indices", indices)):
         if t.device != device:
             raise ValueError(f"'{name}' must be on {device}, like q (got {t.device})")
@@ -155,3 +169,7 @@ def check_inputs(
             )
         if out.stride(2) != 1 or out.device != device:
             raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {tuple(out.stride())})")
+        for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
+                        ("topk_length", topk_length)):
+            if t is not None and t.numel() and out.numel() and _same_storage(out, t):
+                raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")

@@ -189,6 +189,32 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
     return msgs
 
 
+def _public_run_calls(rank: int, w: int) -> dict:
+    """DCP through the public API (``mla_sink.run`` with a process group; the rule table picks the
+    local path): pools of 1 row (every rank but one holds an empty shard) and 7 rows, both layouts,
+    sinks 0 / 50 / +inf / -inf, and T = 0."""
+    from mla_sink import CallSpec, run
+
+    g = torch.Generator().manual_seed(7)  # same tensors on every rank
+    q = torch.randn(3, 4, 576, generator=g).half()
+    sinks = torch.tensor([0.0, 50.0, math.inf, -math.inf])
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=8, sinks=True, dcp_world_size=w)
+    res = {}
+    for n in (1, 7):
+        full = torch.randn(n, 576, generator=g).half()
+        idx = torch.randint(-1, n + 1, (3, 8), generator=g, dtype=torch.int32)
+        for layout in ("interleaved", "contiguous"):
+            shard = shard_kv_cache(full, w, rank, layout, copy=True)
+            out, lse = run(spec, {"q": q, "kv_cache": shard, "indices": idx, "sinks": sinks},
+                           dcp_group=dist.group.WORLD, dcp_layout=layout, num_kv_rows=n)
+            res[f"run-n{n}-{layout}"] = dict(out=out, lse=lse, q=q, kv=full, idx=idx, sinks=sinks)
+    shard = shard_kv_cache(full, w, rank, "interleaved", copy=True)
+    out, lse = run(spec, {"q": q[:0], "kv_cache": shard, "indices": idx[:0], "sinks": sinks},
+                   dcp_group=dist.group.WORLD, num_kv_rows=7)
+    res["run-T0"] = dict(out_shape=tuple(out.shape), lse_shape=tuple(lse.shape))
+    return res
+
+
 def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -> None:
     try:
         torch.set_num_threads(1)
@@ -219,6 +245,7 @@ def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -
                 group=None, layout="interleaved", num_kv_rows=n, local_decode=_known_numbers_local(rank),
             )
             results[f"known-{label}"] = dict(out=out, lse=lse)
+        results.update(_public_run_calls(rank, w))
         errors = _validation_calls(rank, w)
         dist.barrier()  # the group is still in step: no failed call entered a collective
         torch.save(dict(results=results, errors=errors), os.path.join(out_dir, f"rank{rank}.pt"))
@@ -287,6 +314,24 @@ def test_dcp_matches_single_process_reference(groups, w, name, compact):
     if c["sinks"] is not None:  # +inf sink heads are exactly 0
         inf_heads = torch.isposinf(c["sinks"])
         assert torch.equal(out[:, inf_heads].float(), torch.zeros_like(out[:, inf_heads].float()))
+
+
+@pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
+@pytest.mark.parametrize("key", ["run-n1-interleaved", "run-n1-contiguous", "run-n7-interleaved", "run-n7-contiguous"])
+def test_public_run_with_process_group(groups, w, key):
+    """mla_sink.run(..., dcp_group=...) matches the full-pool float64 reference, empty shards included."""
+    res = [g["results"][key] for g in groups[w]["ranks"]]
+    c = res[0]
+    ref_out, ref_lse = sparse_mla_decode_reference(c["q"], c["kv"], c["idx"], c["sinks"])
+    for r in res[1:]:
+        assert torch.equal(r["out"], c["out"]) and torch.equal(r["lse"], c["lse"])
+    assert not c["out"].isnan().any()
+    torch.testing.assert_close(c["out"].double(), ref_out, atol=2e-3, rtol=1e-2)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(c["lse"]))
+    torch.testing.assert_close(c["lse"][finite].double(), ref_lse[finite].double(), atol=1e-4, rtol=1e-4)
+    t0 = groups[w]["ranks"][0]["results"]["run-T0"]
+    assert t0["out_shape"] == (0, 4, 512) and t0["lse_shape"] == (0, 4)
 
 
 @pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")

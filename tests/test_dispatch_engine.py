@@ -363,3 +363,41 @@ def test_schema_error_names_file_row_and_line(tmp_path, text, expected, line):
     # the same text loaded from a string names the given label
     with pytest.raises(TableError, match=rf"^demo\.yaml:{line}: "):
         load_table(text, name="demo.yaml")
+
+
+CLOSED_TABLE = """
+table: closed
+fields:
+  dtype: {type: str, closed: true, domain: [bf16, fp16]}
+  arch: {type: str, domain: [a, b]}
+paths:
+  p: {description: x}
+rows:
+  - id: r1
+    when: {dtype: %s, arch: zz}
+    path: p
+    why: w
+    source: s
+  - id: r2
+    path: p
+    why: w
+    source: s
+"""
+
+
+def test_closed_field_rejects_unknown_value_at_load(tmp_path):
+    f = tmp_path / "closed.yaml"
+    f.write_text(CLOSED_TABLE % "fp61")
+    with pytest.raises(TableError, match=r"closed.yaml:10: row 'r1'.*fp61.*not in the closed domain \[bf16, fp16\]"):
+        load_table(f)
+    f.write_text(CLOSED_TABLE % "fp16")  # open fields still accept values outside the grid ('zz')
+    table = load_table(f)
+    with pytest.raises(ValueError, match="dtype"):
+        table.select({"dtype": "fp8", "arch": "a"})
+
+
+def test_closed_only_on_str_and_int(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(CLOSED_TABLE.replace("arch: {type: str,", "arch: {type: float, closed: true,") % "fp16")
+    with pytest.raises(TableError, match="closed applies to str and int"):
+        load_table(f)

@@ -118,3 +118,44 @@ def test_platform_must_describe_the_tensors_device():
     s = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8)
     with pytest.raises(ValueError, match="'platform' describes arch 'gfx942'"):
         run(s, DecodeInputs(sm_scale=0.1, **x), platform=Platform("gfx942", "0.1.20"))
+
+
+def test_logit_cap_of_spec_and_inputs_must_agree():
+    from mla_sink import DecodeInputs, run
+    from mla_sink.reference import sparse_mla_decode_reference as ref
+
+    x = good(q_dtype=torch.float16, kv_dtype=torch.float16)
+    s = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=8, logit_cap=5.0)
+    out, _ = run(s, dict(x), path="reference")  # the spec's cap is used when the inputs give none
+    r_out, _ = ref(x["q"], x["kv_cache"], x["indices"], logit_cap=5.0)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2)
+    with pytest.raises(ValueError, match="disagrees with spec.logit_cap"):
+        run(s, DecodeInputs(sm_scale=0.04, logit_cap=3.0, **x))
+
+
+def test_out_sharing_memory_with_an_input_is_rejected():
+    x = good()
+    kv2 = torch.randn(64, 576).bfloat16()
+    x["kv_cache"] = kv2
+    x["indices"] = torch.randint(0, 64, (2, 8), dtype=torch.int32)
+    bad_out = kv2[:8].view(2, 4, 576)[..., :512]
+    with pytest.raises(ValueError, match="'out' must not share memory with 'kv_cache'"):
+        sparse_mla_decode(**x, out=bad_out)
+
+
+def test_sinks_requiring_grad_are_rejected():
+    x = good()
+    with pytest.raises(ValueError, match="require grad"):
+        sparse_mla_decode(**x, sinks=torch.zeros(4, requires_grad=True))
+
+
+@pytest.mark.parametrize("kwargs,text", [
+    (dict(dcp_world_size=2, num_kv_rows=32), "'dcp_group' is required"),
+    (dict(dcp_world_size=2, dcp_group="world", num_kv_rows=32), "torch.distributed"),
+    (dict(dcp_world_size=2, dcp_group=object(), num_kv_rows=-5), "'num_kv_rows'"),
+    (dict(dcp_layout="interleave"), "'dcp_layout' must be in"),
+    (dict(num_kv_rows=32), "dcp_world_size == 1"),
+])
+def test_dcp_arguments_rejected_at_layer_construction(kwargs, text):
+    with pytest.raises(ValueError, match=text):
+        SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, platform=Platform("cpu"), **kwargs)
