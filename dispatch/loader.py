@@ -161,13 +161,24 @@ def _parse_conditions(ctx: _Ctx, when: Any, fields: dict, line: int, what: str) 
         field = fields[name]
         if isinstance(spec, LineDict):
             because = spec.get("because")
-            if "because" in spec and (not isinstance(because, str) or not because.strip()):
-                raise ctx.error(spec.line_of("because"), f"{name}: because must be a non-empty string")
             ops = [k for k in spec if k != "because"]
             if not ops:
                 raise ctx.error(kline, f"{name}: a condition mapping needs at least one operator")
+            if isinstance(because, LineDict):  # one reason per operator: {present: "...", at_least: "..."}
+                for op, text in because.items():
+                    if op not in ops:
+                        raise ctx.error(because.line_of(op), f"{name}: because names operator {op!r}, "
+                                                              f"which the condition does not use ({_allowed(tuple(ops))})")
+                    if not isinstance(text, str) or not text.strip():
+                        raise ctx.error(because.line_of(op), f"{name}: because.{op} must be a non-empty string")
+                reasons = {op: because.get(op) for op in ops}
+            elif "because" in spec and (not isinstance(because, str) or not because.strip()):
+                raise ctx.error(spec.line_of("because"), f"{name}: because must be a non-empty string "
+                                                          "or a mapping operator -> string")
+            else:
+                reasons = {op: because for op in ops}
             for op in ops:
-                conditions.append(_parse_op(ctx, field, op, spec[op], spec.line_of(op), because))
+                conditions.append(_parse_op(ctx, field, op, spec[op], spec.line_of(op), reasons[op]))
         elif isinstance(spec, LineList):
             conditions.append(_parse_op(ctx, field, "in", spec, kline, None))
         else:

@@ -70,7 +70,15 @@ def prepare(
             raise ValueError(f"'sinks' must be on a {want} device for platform arch {platform.arch!r} (got {sinks.device})")
     if sm_scale is not None:
         check_sm_scale(sm_scale)
-    return _cached_plan(spec, platform, path)
+    plan = _cached_plan(spec, platform, path)
+    if plan.path.startswith("aiter"):
+        # Run the AITER planner now on a one-token shape: whatever it rejects (dtype, heads, version,
+        # LSE support) is rejected at construction, not at the first forward.
+        from .aiter import plan_aiter
+
+        plan_aiter(plan, num_tokens=1, num_kv_rows=1, topk=spec.topk, meta_param=(1, 1),
+                   sm_scale=D_QK ** -0.5 if sm_scale is None else sm_scale)
+    return plan
 
 
 def _check_records(spec: Any, platform: Any) -> None:

@@ -401,3 +401,33 @@ def test_closed_only_on_str_and_int(tmp_path):
     f.write_text(CLOSED_TABLE.replace("arch: {type: str,", "arch: {type: float, closed: true,") % "fp16")
     with pytest.raises(TableError, match="closed applies to str and int"):
         load_table(f)
+
+
+PER_OP_BECAUSE = """
+table: per_op
+fields:
+  v: {type: version, nullable: true, domain: [null, "0.1", "0.3"]}
+paths:
+  p: {description: x}
+rows:
+  - id: r1
+    when:
+      v: {present: true, at_least: "0.2", because: {present: "lib not importable", at_least: "broken before 0.2"}}
+    path: p
+    why: w
+    source: s
+  - id: r2
+    path: p
+    why: w
+    source: s
+"""
+
+
+def test_because_per_operator():
+    table = load_table(PER_OP_BECAUSE)
+    none = [str(f) for f in table.select({"v": None}).rejected[0][1]]
+    assert none[0] == "v=None, needs a value (lib not importable)"
+    old = [str(f) for f in table.select({"v": "0.1"}).rejected[0][1]]
+    assert old == ["v=0.1, needs >= 0.2 (broken before 0.2)"]
+    with pytest.raises(TableError, match="because names operator 'below'"):
+        load_table(PER_OP_BECAUSE.replace('at_least: "broken', 'below: "broken'))

@@ -25,8 +25,12 @@ def spec(q="bf16", kv=None, h=16, sinks=False, dcp=1, qlen=1, lse=False, cap=0.0
 # (spec, platform, expected path, expected params subset, expected row id)
 CASES = [
     (spec(h=32, sinks=True), G950, "aiter_lse_single_split", {"num_kv_splits": 1}, "gfx950_bf16_h32_lse_single_split"),
-    (spec(h=64, sinks=True), G950, "aiter_lse", {}, "aiter_lse_bf16"),
-    (spec(h=128, sinks=True), G942, "aiter_lse", {}, "aiter_lse_bf16"),
+    (spec(h=64, sinks=True), G950, "aiter_lse", {}, "aiter_lse_bf16_gfx950"),
+    (spec(h=128, sinks=True), G942, "aiter_lse", {}, "aiter_lse_bf16_gfx942"),
+    (spec(h=32, dcp=2), G942, "aiter_lse", {}, "aiter_lse_bf16_gfx942"),
+    (spec(h=64, sinks=True), Platform("gfx942", "0.1.20", triton=False), "reference", {}, "reference_without_triton"),
+    (spec(h=40, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_bf16_lse_persistent"),
+    (spec(h=64), Platform("gfx942", "0.1.15"), "triton", {}, "triton_portable"),
     (spec(h=5, sinks=True), G942, "aiter_lse", {}, "aiter_lse_bf16_small_heads"),
     (spec(FNUZ, h=16, sinks=True), G942, "aiter_lse_fp8_two_split", {"min_kv_splits": 2}, "gfx942_fp8_lse_two_split_h16"),
     (spec(FNUZ, h=128, sinks=True), G942, "aiter_lse_fp8_two_split", {"min_kv_splits": 2}, "gfx942_fp8_lse_two_split_h128"),
@@ -110,10 +114,12 @@ def test_no_lse_path_never_serves_sinks_or_dcp(arch):
                 assert sel.params.get("return_lse") is not False, (h, q, kw, sel.row.id)
 
 
-def test_aiter_absent_reason_is_stated():
-    sel = select(spec(h=32, sinks=True), Platform("gfx942", None))
-    text = dispatch.explain(sel)
-    assert "AITER not importable" in text
+@pytest.mark.parametrize("arch", ["gfx942", "sm90", "cpu"])
+def test_aiter_absent_reason_is_stated(arch):
+    sel = select(spec(h=32, sinks=True), Platform(arch, None))
+    for row, fails in sel.rejected:
+        if row.path and row.path.startswith("aiter"):
+            assert any("AITER not importable" in str(f) for f in fails), (row.id, fails)
 
 
 def test_old_aiter_is_not_given_lse_path():

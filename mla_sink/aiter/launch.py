@@ -6,6 +6,9 @@ AITER is imported lazily, only when a call runs without an explicit ``impl``; im
 
 from __future__ import annotations
 
+import collections
+import functools
+import inspect
 import threading
 import types
 from typing import Any, Optional, Protocol
@@ -42,8 +45,10 @@ class AiterImpl(Protocol):
     def get_mla_metadata_v1(self, *args, **kwargs) -> None: ...
 
 
+@functools.lru_cache(maxsize=1)
 def load_aiter_impl() -> AiterImpl:
-    """The real AITER entry points, imported now (lazily).
+    """The real AITER entry points, imported on first use and cached (one object per process, so the
+    workspace keyed by it is reused across calls).
 
     Raises:
         RuntimeError: AITER is not importable on this machine (the message carries the import error).
@@ -70,8 +75,11 @@ class AiterWorkspace:
     process-wide default when none is given.
     """
 
+    #: shapes kept; the least recently used is dropped beyond this (eager calls with ever new T).
+    MAX_ENTRIES = 32
+
     def __init__(self) -> None:
-        self._entries: dict[tuple, dict[str, Any]] = {}
+        self._entries: "collections.OrderedDict[tuple, dict[str, Any]]" = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -85,6 +93,10 @@ class AiterWorkspace:
             if got is None:
                 got = self._allocate(call, device, impl)
                 self._entries[key] = got
+                while len(self._entries) > self.MAX_ENTRIES:
+                    self._entries.popitem(last=False)
+            else:
+                self._entries.move_to_end(key)
             return got
 
     @staticmethod
@@ -101,6 +113,15 @@ class AiterWorkspace:
 _DEFAULT_WORKSPACE = AiterWorkspace()
 
 
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes a keyword ``name`` (AITER's metadata API grew arguments across releases)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def allocate_metadata(meta: PersistentMetadata, device: torch.device, impl: AiterImpl) -> dict[str, torch.Tensor]:
     """Allocate the six persistent metadata buffers with the sizes ``get_mla_metadata_info_v1`` reports.
 
@@ -112,10 +133,14 @@ def allocate_metadata(meta: PersistentMetadata, device: torch.device, impl: Aite
     Returns:
         ``{name: tensor}`` for :data:`METADATA_NAMES` (info order: meta, work_indptr, work_info_set, ...).
     """
+    extra = {}
+    if _accepts(impl.get_mla_metadata_info_v1, "max_split_per_batch"):
+        # newer AITER sizes reduce_partial_map from it: size with the cap the fill will use
+        extra["max_split_per_batch"] = meta.max_split_per_batch
     info = impl.get_mla_metadata_info_v1(
         meta.batch_size, meta.max_seqlen_qo, meta.num_heads, TORCH_DTYPES[meta.q_dtype],
         TORCH_DTYPES[meta.kv_dtype], meta.is_sparse, fast_mode=meta.fast_mode,
-        num_kv_splits=meta.max_split_per_batch,
+        num_kv_splits=meta.max_split_per_batch, **extra,
     )
     return {name: torch.empty(size, dtype=dt, device=device) for name, (size, dt) in zip(METADATA_NAMES, info)}
 

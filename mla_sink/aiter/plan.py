@@ -433,6 +433,10 @@ def plan_aiter(
         raise ValueError(f"path {plan.path!r} needs AITER, but platform {platform} has none (AITER not importable)")
 
     heads = padded_head_count(spec.num_heads, _int_param(plan, "pad_heads_to", AITER_MIN_HEADS))
+    if plan.path == "aiter_persistent":
+        # Persistent kernels run 16 heads natively and regroup 32..128 in steps of 16: pad up to a
+        # multiple of 16 (24 -> 32, 40 -> 48), as vLLM's AITER MLA backend does.
+        heads = -(-heads // AITER_MIN_HEADS) * AITER_MIN_HEADS
     fp8_q = spec.q_dtype in FP8_KEYS
     common = dict(
         path=plan.path, row_id=plan.row_id, num_tokens=num_tokens, num_heads=spec.num_heads,
