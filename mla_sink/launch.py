@@ -59,5 +59,13 @@ LAUNCHERS: dict[str, Callable[[LaunchPlan, DecodeInputs], Result]] = {
 
 
 def launch(plan: LaunchPlan, inputs: DecodeInputs) -> Result:
-    """Run ``plan`` on ``inputs`` (already validated against ``plan.spec``)."""
+    """Run ``plan`` on ``inputs`` (already validated against ``plan.spec``).
+
+    Returns:
+        ``(out, lse)`` as described in the module docstring.
+
+    Raises:
+        KeyError: ``plan.path`` has no launcher (cannot happen for plans from the shipped table:
+            ``tests/test_rules.py`` proves the table's paths equal :data:`LAUNCHERS`).
+    """
     return LAUNCHERS[plan.path](plan, inputs)

@@ -52,8 +52,28 @@ def sparse_mla_decode_op(
     topk_length: Optional[Tensor], q_scale: Optional[Tensor], kv_scale: Optional[Tensor],
     max_seqlen_q: int, return_lse: bool, logit_cap: float, path: str,
 ) -> tuple[Tensor, Tensor]:
-    """Out-of-place decode: ``out [T, H, 512]`` (q dtype; bf16 for fp8 q) and ``lse`` fp32 ``[T, H]``
-    (natural log, sink excluded) or ``[T, 0]`` when no LSE is needed. ``path=''`` = rule table."""
+    """Out-of-place sparse MLA decode with sinks as a PyTorch operator.
+
+    ``out = sum_j exp(s_j) v_j / (exp(lse) + exp(sink))``, ``s_j = sm_scale * q.k_j`` over the valid
+    ids of each row, ``lse = log(sum_j exp(s_j))`` (natural log, sink excluded); semantics of
+    :mod:`mla_sink.reference`.
+
+    Args:
+        q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``. indices: int32 ``[T, topk]``
+            (``-1`` / ids outside ``[0, N)`` skipped). sinks: fp32 ``[H]`` or None.
+        sm_scale: softmax scale. topk_length: int32 ``[T]`` or None. q_scale, kv_scale: fp32 ``[1]``
+            for fp8 q / KV, else None. max_seqlen_q: query tokens per sequence (AITER kernel choice).
+        return_lse: return ``lse [T, H]`` even without sinks. logit_cap: ``> 0`` soft cap.
+        path: ``''`` = the rule table's choice for the tensors' device, else a forced path.
+
+    Returns:
+        ``(out [T, H, 512]`` in q's dtype (bf16 for fp8 q), ``lse`` fp32 ``[T, H]`` or ``[T, 0]``
+        when neither sinks nor ``return_lse`` ask for it).
+
+    Raises:
+        ValueError: malformed input (see :func:`mla_sink.validate.check_inputs`), at trace and run time.
+        NoKernelError: no path serves the call on this device.
+    """
     out, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, None,
                                 max_seqlen_q, return_lse, logit_cap, path)
     return out, lse
@@ -73,7 +93,18 @@ def sparse_mla_decode_out_op(
     topk_length: Optional[Tensor], q_scale: Optional[Tensor], kv_scale: Optional[Tensor], out: Tensor,
     max_seqlen_q: int, return_lse: bool, logit_cap: float, path: str,
 ) -> Tensor:
-    """In-place decode into ``out [T, H, 512]``; returns ``lse`` as :func:`sparse_mla_decode_op`."""
+    """In-place sparse MLA decode into a caller-provided ``out``.
+
+    Args:
+        out: ``[T, H, 512]`` buffer in the out dtype (q's dtype; bf16 for fp8 q), innermost stride 1,
+            sharing no memory with an input. Other arguments as :func:`sparse_mla_decode_op`.
+
+    Returns:
+        ``lse`` fp32 ``[T, H]`` (natural log, sink excluded) or ``[T, 0]``, as :func:`sparse_mla_decode_op`.
+
+    Raises:
+        ValueError: malformed input or ``out``. NoKernelError: no path serves the call.
+    """
     res, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
                                 max_seqlen_q, return_lse, logit_cap, path)
     if res.data_ptr() != out.data_ptr():

@@ -73,6 +73,9 @@ def sparse_mla_decode_reference(
     Returns:
         ``(out, lse)``: ``out [T, H, d_v]`` in ``out_dtype`` (0 on empty rows), ``lse`` fp32 ``[T, H]``
         natural log, sink excluded (``-inf`` on empty rows).
+
+    Source: DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
+    ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
     """
     T, H, d_qk = q.shape
     N = kv_cache.shape[0]

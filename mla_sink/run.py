@@ -122,7 +122,16 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_
 
 
 def check_spec_matches(spec: CallSpec, inputs: DecodeInputs) -> None:
-    """Raise ``ValueError`` when the tensors disagree with the spec they are run under."""
+    """Check that the tensors are those the spec describes.
+
+    Args:
+        spec: the call description the plan was chosen for.
+        inputs: the call's tensors (already shape-checked by :func:`check_inputs`).
+
+    Raises:
+        ValueError: q or kv_cache dtype, head count ``H``, ``topk`` or sinks presence differ from
+            ``spec`` (message names the field, the tensors' value and the spec's).
+    """
     got = {
         "q_dtype": DTYPE_KEYS.get(inputs.q.dtype),
         "kv_dtype": DTYPE_KEYS.get(inputs.kv_cache.dtype),
