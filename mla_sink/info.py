@@ -27,7 +27,12 @@ def path_availability(platform: Platform) -> list[tuple[str, bool, str]]:
                 rows.append((path, True, f"AITER {platform.aiter_version} on {platform.arch}"))
         elif path == "triton":
             if not platform.triton:
-                rows.append((path, False, "Triton not importable"))
+                from .platform import _triton_available
+
+                why = ("Triton importable, but its CPU interpreter cannot run the kernel with this numpy "
+                       "(see mla_sink.platform.triton_interpreter_ok); CPU calls use the reference"
+                       if platform.arch == "cpu" and _triton_available() else "Triton not importable")
+                rows.append((path, False, why))
             elif platform.arch == "cpu":
                 rows.append((path, True, "Triton importable; CPU tensors run through Triton's interpreter"))
             else:

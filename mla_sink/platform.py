@@ -34,6 +34,25 @@ def _triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def triton_interpreter_ok() -> bool:
+    """Whether Triton's CPU interpreter can run mla-sink's kernel here.
+
+    Measured 2026-11-29: Triton 3.6's interpreter with numpy 2.5 fails on the kernel's loop bounds
+    (``TypeError: only 0-dimensional arrays can be converted to Python scalars``); Triton 3.9 with
+    numpy 2.4 runs it (CI). Older Triton with numpy 2.5 or newer is treated as not working.
+    """
+    if not _triton_available():
+        return False
+    from packaging.version import Version
+
+    try:
+        tv = Version(importlib.metadata.version("triton"))
+        nv = Version(importlib.metadata.version("numpy"))
+    except importlib.metadata.PackageNotFoundError:
+        return True
+    return not (tv < Version("3.9") and nv >= Version("2.5"))
+
+
 def arch_of(device: Any = None) -> str:
     """Compile target of ``device`` (default: the current CUDA/ROCm device, else ``cpu``).
 
@@ -54,8 +73,9 @@ def arch_of(device: Any = None) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _detect_cached(device_str: Optional[str]) -> Platform:
-    return Platform(arch=arch_of(device_str), aiter_version=_aiter_version() if device_str != "cpu" else None,
-                    triton=_triton_available())
+    arch = arch_of(device_str)
+    triton = triton_interpreter_ok() if arch == "cpu" else _triton_available()
+    return Platform(arch=arch, aiter_version=_aiter_version() if arch != "cpu" else None, triton=triton)
 
 
 def detect_platform(device: Any = None) -> Platform:

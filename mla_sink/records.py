@@ -159,7 +159,8 @@ class Platform:
             ``cpu``, ... (never a capability tuple).
         aiter_version: installed AITER version (e.g. ``'0.1.20'``), ``None`` when AITER is not
             importable (always ``None`` off ROCm).
-        triton: whether Triton is importable (on the CPU it runs under its interpreter).
+        triton: whether Triton can run the kernel here: importable, and on the CPU (``arch='cpu'``)
+            its interpreter works with the installed numpy (:func:`mla_sink.platform.triton_interpreter_ok`).
 
     Build one explicitly to ask about any machine from a laptop; :func:`detect` reads this one.
 
