@@ -1,4 +1,5 @@
-"""Shared test configuration: GPU-marked tests are skipped on machines without a CUDA/ROCm device."""
+"""Shared test configuration: GPU-marked tests are skipped on machines without a CUDA/ROCm device;
+interpreter-marked tests where Triton's CPU interpreter cannot run the kernel."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import torch
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a GPU (marker 'gpu'); run on the device machine")
+    from mla_sink.platform import triton_interpreter_ok
+
+    no_gpu = pytest.mark.skip(reason="needs a GPU (marker 'gpu'); run on the device machine")
+    no_interp = pytest.mark.skip(reason="Triton's interpreter cannot run the kernel here (triton_interpreter_ok)")
+    interp_ok = triton_interpreter_ok()
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
+        if "interpreter" in item.keywords and not interp_ok:
+            item.add_marker(no_interp)

@@ -11,6 +11,8 @@ from mla_sink.dcp import _stack_view
 from mla_sink.kernels.triton_decode import combine_states_triton
 from mla_sink.lse import apply_sink, merge_states
 
+pytestmark = pytest.mark.interpreter
+
 
 @pytest.mark.parametrize("R,T,H", [(1, 1, 1), (2, 3, 5), (4, 2, 17)])
 def test_combine_matches_merge_then_sink(R, T, H):

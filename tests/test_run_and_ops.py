@@ -24,7 +24,8 @@ def inputs(T=3, H=5, N=64, topk=24, dtype=torch.float16, seed=0, sinks=True):
     return q, kv, idx, s
 
 
-@pytest.mark.parametrize("platform,path", [(CPU_NO_TRITON, "reference"), (Platform("cpu"), "triton")])
+@pytest.mark.parametrize("platform,path", [(CPU_NO_TRITON, "reference"),
+                                           pytest.param(Platform("cpu"), "triton", marks=pytest.mark.interpreter)])
 def test_run_matches_float64(platform, path):
     q, kv, idx, s = inputs()
     out, lse = sparse_mla_decode(q, kv, idx, s, platform=platform)
@@ -71,13 +72,13 @@ def _op_args(q, kv, idx, s, path):
     return (q, kv, idx, s, 576 ** -0.5, None, None, None, 1, True, 0.0, path)
 
 
-@pytest.mark.parametrize("path", ["reference", "triton"])
+@pytest.mark.parametrize("path", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
 def test_opcheck_out_of_place(path):
     q, kv, idx, s = inputs(T=2, H=3, topk=8)
     torch.library.opcheck(torch.ops.mla_sink.sparse_mla_decode.default, _op_args(q, kv, idx, s, path))
 
 
-@pytest.mark.parametrize("path", ["reference", "triton"])
+@pytest.mark.parametrize("path", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
 def test_opcheck_in_place(path):
     q, kv, idx, s = inputs(T=2, H=3, topk=8)
     out = torch.empty(2, 3, 512, dtype=torch.float16)
@@ -137,6 +138,7 @@ def test_compile_fullgraph_traces_sparse_mla_decode():
     torch.testing.assert_close(lse, e_lse)
 
 
+@pytest.mark.interpreter
 def test_non_contiguous_topk_length():
     q, kv, idx, s = inputs(T=3, H=4, topk=16)
     tl = torch.tensor([[2, 0], [16, 0], [5, 0]], dtype=torch.int32)[:, 0]

@@ -19,6 +19,8 @@ from mla_sink.kernels.triton_decode import sparse_mla_decode_triton  # noqa: E40
 from mla_sink.kernels.tuning import TritonConfig, num_kv_splits_for, triton_config  # noqa: E402
 from mla_sink.reference import sparse_mla_decode_reference  # noqa: E402
 
+pytestmark = pytest.mark.interpreter
+
 D_QK, D_V = 576, 512
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, **FP8}
