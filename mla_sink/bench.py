@@ -163,6 +163,8 @@ def _flashinfer_peer():
 
 # ---------------------------------------------------------------- cases
 def default_cases() -> list[dict]:
+    """The issue's grid: H in {16, 32, 64, 128} x T in {2, 64, 256}, topk 2048, bf16 KV with and
+    without sinks, plus fp8_e4m3 KV with sinks at H in {16, 128} x T in {2, 256}."""
     cases = []
     for H in (16, 32, 64, 128):
         for T in (2, 64, 256):
@@ -175,11 +177,19 @@ def default_cases() -> list[dict]:
 
 
 def case_name(c: dict, platform: Platform) -> str:
+    """Canonical case name: ``call_key(spec, platform)`` + ``-T{T}-topk{topk}``."""
     spec = CallSpec(q_dtype="bf16", kv_dtype=c["kv"], num_heads=c["H"], topk=c["topk"], sinks=c["sinks"])
     return call_key(spec, platform) + f"-T{c['T']}-topk{c['topk']}"
 
 
 def run_bench(args: argparse.Namespace) -> dict:
+    """Time every case (and each importable peer) on the current CUDA GPU; see BENCHMARKS.md "Method".
+
+    Returns:
+        The report: device, ceilings (``matmul_tflops``, ``copy_gbs``), and per case the time (us,
+        median of CUDA-graph replays with the L2 flushed before each call), TFLOP/s, gathered GB/s and
+        both as % of the ceilings, per implementation.
+    """
     from .kernels.triton_decode import sparse_mla_decode_triton
     from .platform import detect_platform
 
@@ -263,6 +273,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 def print_table(report: dict) -> None:
+    """Print the report of :func:`run_bench` as a Markdown table."""
     impls = sorted({i for r in report["results"] for i in r["impls"]}, key=lambda x: (x != "triton", x))
     print(f"ceilings: matmul {report['ceilings']['matmul_tflops']:.0f} TFLOP/s, "
           f"copy {report['ceilings']['copy_gbs']:.0f} GB/s")
@@ -280,6 +291,7 @@ def print_table(report: dict) -> None:
 
 
 def plot(report: dict, path: str) -> None:
+    """Write a PNG bar chart (log scale) of time per case for each implementation to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,6 +320,7 @@ def plot(report: dict, path: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """``mla-sink bench``: the DCP benchmark for ``--dcp > 1``, else :func:`run_bench` (exit 2 without a GPU)."""
     if args.dcp > 1:
         from . import dcp_bench
 

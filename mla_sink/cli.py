@@ -180,6 +180,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``mla-sink`` argument parser (subcommands explain, demo, info, bench)."""
     parser = argparse.ArgumentParser(prog="mla-sink", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
