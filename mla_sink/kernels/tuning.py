@@ -71,6 +71,10 @@ def _select(values: dict) -> tuple[str, dict]:
     """(row id, params) of the first matching row of the tuning table (``dispatch`` rule engine)."""
     table = _table()
     sel = table.select({k: v for k, v in values.items() if k in table.fields})
+    if sel.row is None or sel.path is None:
+        import dispatch
+
+        raise LookupError(f"no row of the Triton tuning table serves {values}:\n{dispatch.explain(sel)}")
     return sel.row.id, dict(sel.params)
 
 
