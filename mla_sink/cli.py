@@ -129,22 +129,16 @@ def matrix_dict(args: Optional[argparse.Namespace] = None) -> dict:
 
 def matrix_text(args: Optional[argparse.Namespace] = None) -> str:
     """A platforms x dtypes by heads x sinks grid of chosen paths (abbreviated, legend below it)."""
-    from .select import select
-
     qlen = getattr(args, "qlen", 1) if args is not None else 1
     dcp = getattr(args, "dcp", 1) if args is not None else 1
-    cols = [(h, s) for h in MATRIX_HEADS for s in (False, True)]
-    header = f"{'platform':<26}{'q/kv':<24}" + "".join(f"{f'h{h}' + ('+s' if s else ''):>7}" for h, s in cols)
+    doc = matrix_dict(args)
+    cols = [f"h{h}" + ("+s" if s else "") for h in MATRIX_HEADS for s in (False, True)]
+    header = f"{'platform':<26}{'q/kv':<24}" + "".join(f"{c:>7}" for c in cols)
     lines = [f"chosen path (qlen={qlen}, dcp={dcp}; +s = with sinks)", header, "-" * len(header)]
-    for platform in MATRIX_PLATFORMS:
-        for q, kv in MATRIX_DTYPES:
-            cells = []
-            for h, s in cols:
-                spec = CallSpec(q_dtype=q, kv_dtype=kv, num_heads=h, topk=2048, sinks=s, max_seqlen_q=qlen,
-                                dcp_world_size=dcp)
-                sel = select(spec, platform)
-                cells.append("✗" if sel.refused or sel.path is None else _ABBREV[sel.path])
-            lines.append(f"{str(platform):<26}{q + '/' + kv:<24}" + "".join(f"{c:>7}" for c in cells))
+    for platform, by_dtype in doc.items():
+        for dtypes, row in by_dtype.items():
+            cells = ["✗" if row[c] == "refused" else _ABBREV[row[c]] for c in cols]
+            lines.append(f"{platform:<26}{dtypes:<24}" + "".join(f"{c:>7}" for c in cells))
     legend = ", ".join(f"{v}={k}" for k, v in _ABBREV.items())
     lines += ["", f"legend: {legend}, ✗=refused (run `mla-sink explain ...` for the reason)"]
     return "\n".join(lines)

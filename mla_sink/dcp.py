@@ -249,13 +249,19 @@ def _out_dtype(q: torch.Tensor) -> torch.dtype:
     return out_dtype_for(key) if key is not None else q.dtype
 
 
-def _group_size_rank(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
+def group_size_rank(group: Optional[dist.ProcessGroup], name: str = "group") -> tuple[int, int]:
+    """``(world size, rank)`` of ``group`` (``None`` = the default group).
+
+    Raises:
+        ValueError: naming the argument ``name``: torch.distributed is not initialised, or ``group``
+            is not a process group this rank belongs to.
+    """
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("'group' needs an initialised torch.distributed default process group (call init_process_group first)")
+        raise ValueError(f"'{name}' needs an initialised torch.distributed default process group (call init_process_group first)")
     try:
         return dist.get_world_size(group), dist.get_rank(group)
     except (RuntimeError, ValueError, AttributeError, TypeError) as e:
-        raise ValueError(f"'group' must be a torch.distributed ProcessGroup this rank belongs to (got {group!r}: {e})") from None
+        raise ValueError(f"'{name}' must be a torch.distributed ProcessGroup this rank belongs to (got {group!r}: {e})") from None
 
 
 def _all_gather_flat(out_flat: torch.Tensor, inp: torch.Tensor, group: Optional[dist.ProcessGroup]) -> None:
@@ -369,7 +375,7 @@ def dcp_sparse_mla_decode(
     _check_int("num_kv_rows", num_kv_rows, 0)
     if not callable(local_decode):
         raise ValueError(f"'local_decode' must be callable DecodeInputs -> (out, lse) (got {local_decode!r})")
-    world, rank = _group_size_rank(group)
+    world, rank = group_size_rank(group)
     if dcp_world_size is not None and dcp_world_size != world:
         raise ValueError(f"'dcp_world_size' must equal the size of 'group' ({world}) (got {dcp_world_size!r})")
     q, kv, idx = inputs.q, inputs.kv_cache, inputs.indices

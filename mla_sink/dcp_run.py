@@ -13,15 +13,13 @@ from .plan import LaunchPlan
 def run_dcp(plan: LaunchPlan, inputs: DecodeInputs, *, group: Any, layout: str, num_kv_rows: Optional[int]):
     """Run ``plan`` (which must return an LSE) on this rank's shard and merge over ``group``.
 
+    The DCP arguments were checked by :func:`mla_sink.run.check_dcp_args` before this is reached.
+
     Raises:
-        ValueError: no group or no global pool size given, or a plan whose path writes no LSE.
+        ValueError: a plan whose path writes no LSE.
     """
     from .dcp import dcp_sparse_mla_decode
 
-    if group is None:
-        raise ValueError(f"'dcp_group' is required when spec.dcp_world_size={plan.spec.dcp_world_size}")
-    if num_kv_rows is None:
-        raise ValueError("'num_kv_rows' (the global pool size N) is required with DCP")
     if plan.params.get("return_lse") is False:
         raise ValueError(f"path {plan.path!r} (row {plan.row_id}) writes no LSE and cannot serve DCP")
 

@@ -36,8 +36,7 @@ def _launch_triton(plan: LaunchPlan, x: DecodeInputs) -> Result:
 
     return sparse_mla_decode_triton(
         x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale,
-        topk_length=None if x.topk_length is None else x.topk_length.contiguous(),
-        q_scale=x.q_scale, kv_scale=x.kv_scale, logit_cap=x.logit_cap,
+        topk_length=x.topk_length, q_scale=x.q_scale, kv_scale=x.kv_scale, logit_cap=x.logit_cap,
         out=x.out, num_kv_splits=plan.params.get("num_kv_splits"),
     )
 

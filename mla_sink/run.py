@@ -108,15 +108,9 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_
         raise ValueError(f"'dcp_group' is required when dcp_world_size={dcp_world_size}")
     if isinstance(num_kv_rows, bool) or not isinstance(num_kv_rows, int) or num_kv_rows < 1:
         raise ValueError(f"'num_kv_rows' (the global pool size N) must be an int >= 1 with DCP (got {num_kv_rows!r})")
-    import torch.distributed as dist
+    from .dcp import group_size_rank
 
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("'dcp_group' needs an initialised torch.distributed default process group")
-    try:
-        size = dist.get_world_size(dcp_group)
-    except (RuntimeError, ValueError, AttributeError, TypeError) as e:
-        raise ValueError(f"'dcp_group' must be a torch.distributed ProcessGroup this rank belongs to "
-                         f"(got {dcp_group!r}: {e})") from None
+    size, _ = group_size_rank(dcp_group, "dcp_group")
     if size != dcp_world_size:
         raise ValueError(f"'dcp_group' has {size} ranks but dcp_world_size={dcp_world_size}")
 
@@ -293,8 +287,7 @@ def sparse_mla_decode(
     """
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
-    check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale,
-                 kv_scale=kv_scale, out=out)
+    # Validation: describe() and run() in eager mode; the op's real and fake implementations when traced.
     if torch.compiler.is_compiling():  # records are built inside the op (frozen attrs do not trace)
         return _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
                         max_seqlen_q, return_lse, logit_cap, path)

@@ -408,6 +408,8 @@ def sparse_mla_decode_triton(
         return out, lse
     if sm_scale is None:
         sm_scale = d_qk ** -0.5
+    if topk_length is not None:
+        topk_length = topk_length.contiguous()  # the kernel reads TOPK_LEN + t (unit stride)
 
     interp = device.type == "cpu"
     arch = _arch(device.type, device.index)
