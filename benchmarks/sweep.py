@@ -1,6 +1,6 @@
 """Variant sweep of the Triton decode kernel on one GPU (cold L2, CUDA-graph replay; see mla_sink/bench.py).
 
-Usage: PYTHONPATH=. python benchmarks/sweep.py OUT.json [budget_seconds] [fp8]
+Usage: PYTHONPATH=. python benchmarks/sweep.py OUT.json [budget_seconds] [plan: main | fp8 | even]
 Each line of the output is one (case, config, splits) timing; a config that fails to compile or
 produces a wrong result is recorded with its error.
 """
@@ -29,6 +29,21 @@ PLAN_FP8 = [
     (dict(H=128, T=256, kv="fp8"), [(64, 64, 8, 3, 1, False, False), (64, 64, 8, 3, 1, True, True)]),
     (dict(H=16, T=2, kv="fp8"), [(16, 32, 4, 3, 8, True, False), (16, 32, 4, 3, 8, True, True)]),
 ]
+# 2026-11-30: after the EVEN / unsigned-compare id check and the column-split combine.
+# Entries: (block_h, block_n, warps, stages, splits, fp8_f16, fp8_bits, combine_block_d)
+PLAN_EVEN = [
+    (dict(H=128, T=2, kv="bf16"), [(64, 64, 8, 3, s, True, False, d) for s in (8, 16, 32) for d in (128, 512)]
+                                  + [(64, 64, 8, 2, s, True, False, 128) for s in (16, 32)]),
+    (dict(H=64, T=2, kv="bf16"), [(64, 64, 8, 3, s, True, False, 128) for s in (16, 32)]),
+    (dict(H=16, T=2, kv="bf16"), [(16, 64, 8, 2, s, True, False, 128) for s in (8, 16, 32)]),
+    (dict(H=128, T=256, kv="bf16"), [(64, 64, 8, 3, 1), (64, 64, 8, 2, 1)]),
+    (dict(H=128, T=256, kv="bf16", sinks=False), [(64, 64, 8, 3, 1)]),
+    (dict(H=64, T=256, kv="bf16"), [(64, 64, 8, 3, 1), (64, 64, 8, 2, 1)]),
+    (dict(H=32, T=256, kv="bf16"), [(32, 64, 4, 2, 1), (32, 64, 4, 3, 1), (32, 32, 4, 3, 1), (32, 64, 8, 2, 1)]),
+    (dict(H=16, T=256, kv="bf16"), [(16, 64, 8, 2, 1), (16, 64, 4, 2, 1), (16, 64, 8, 3, 1)]),
+    (dict(H=16, T=256, kv="fp8"), [(16, 32, 4, 3, 1, True), (16, 64, 4, 2, 1, True), (16, 32, 8, 3, 1, True)]),
+    (dict(H=64, T=64, kv="bf16"), [(64, 64, 8, 3, s, True, False, 128) for s in (1, 2)]),
+]
 PLAN = [
     (dict(H=128, T=2, kv="bf16", flush="write"), [(64, 64, 8, 2, 8), (64, 64, 8, 3, 8)]),
     (dict(H=128, T=2, kv="bf16"), [(64, 64, 8, 2, s) for s in (4, 8, 16, 32)] + [(64, 64, 8, 3, s) for s in (8, 16)]),
@@ -52,7 +67,7 @@ PLAN = [
 def main():
     out_path = sys.argv[1]
     budget = float(sys.argv[2]) if len(sys.argv) > 2 else 300
-    plan = PLAN_FP8 if len(sys.argv) > 3 and sys.argv[3] == "fp8" else PLAN
+    plan = {"main": PLAN, "fp8": PLAN_FP8, "even": PLAN_EVEN}[sys.argv[3] if len(sys.argv) > 3 else "main"]
     t_start = time.time()
     torch.manual_seed(0)
     pool = torch.randn(POOL, D_QK, device="cuda", dtype=torch.bfloat16)
@@ -75,9 +90,11 @@ def main():
                 break
             f16 = flags[0] if flags else True
             bits = flags[1] if len(flags) > 1 else False
-            cfg = TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, fp8_f16=f16, fp8_bits=bits)
+            cbd = flags[2] if len(flags) > 2 else 512
+            cfg = TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, fp8_f16=f16, fp8_bits=bits,
+                               combine_block_d=cbd)
             rec = dict(case=case, block_h=bh, block_n=bn, num_warps=w, num_stages=st, splits=sp, fp8_f16=f16,
-                       fp8_bits=bits)
+                       fp8_bits=bits, combine_block_d=cbd)
             try:
                 fn = lambda: sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out, lse=lse,
                                                       config=cfg, num_kv_splits=sp)

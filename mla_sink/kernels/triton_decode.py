@@ -65,7 +65,7 @@ def _sparse_mla_decode_kernel(
     HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
-    FP8_BITS: tl.constexpr,
+    FP8_BITS: tl.constexpr, EVEN: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
     pid_h = tl.program_id(0)
@@ -149,9 +149,15 @@ def _sparse_mla_decode_kernel(
     idx_row = IDX + pid_t * stride_it
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
-        in_range = pos < end
-        ids = tl.load(idx_row + pos, mask=in_range, other=-1)
-        valid = in_range & (ids >= 0) & (ids < num_rows)
+        # 0 <= id < N in one unsigned compare (num_rows <= 2^31 at launch); EVEN (every block full,
+        # no topk_length) drops the range mask: ~20% fewer instructions per step on sm90.
+        if EVEN:
+            ids = tl.load(idx_row + pos)
+            valid = ids.to(tl.uint32, bitcast=True) < num_rows.to(tl.uint32)
+        else:
+            in_range = pos < end
+            ids = tl.load(idx_row + pos, mask=in_range, other=-1)
+            valid = in_range & (ids.to(tl.uint32, bitcast=True) < num_rows.to(tl.uint32))
         row = KV + ids.to(tl.int64) * stride_kv
         k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
         k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
@@ -241,17 +247,19 @@ def _sparse_mla_combine_kernel(
     num_heads, num_splits,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     stride_ot, stride_oh, stride_lt, stride_lh,
-    BLOCK_H: tl.constexpr, D_NOPE: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
-    """Stage 2: merge the fp32 partial states of the splits of one (token, head block); apply the sink once."""
+    """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
+    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block."""
     pid_h = tl.program_id(0)
     pid_t = tl.program_id(1).to(tl.int64)
+    pid_d = tl.program_id(2)
     LOG2E_C: tl.constexpr = 1.4426950408889634
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, D_NOPE)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
 
     pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
     lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
@@ -260,7 +268,7 @@ def _sparse_mla_combine_kernel(
     m_safe = tl.where(empty, 0.0, m)
     l_sum = tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
 
-    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for s in range(0, num_splits):
         ls = tl.load(PART_LSE + pid_t * stride_plt + s * stride_pls + offs_h, mask=mask_h, other=float("-inf"))
         w = tl.exp2(ls - m_safe)  # 0 for a split with no valid id
@@ -278,7 +286,8 @@ def _sparse_mla_combine_kernel(
         out = out * factor[:, None]
     o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
-    tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=mask_h)
+    if pid_d == 0:
+        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=mask_h)
 
 
 _decode_jit = triton.jit(_sparse_mla_decode_kernel)
@@ -457,7 +466,7 @@ def sparse_mla_decode_triton(
             kv_scale if kv_fp8 else dummy,
             out_k, lse, part_out, part_lse,
             float(sm_scale), float(logit_cap) if logit_cap > 0 else 1.0,
-            H, num_rows, topk, ids_per_split,
+            H, min(num_rows, 2 ** 31), topk, ids_per_split,
             q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
             out_k.stride(0), out_k.stride(1), lse.stride(0), lse.stride(1),
             part_out.stride(0) if split else 0, part_out.stride(1) if split else 0,
@@ -468,17 +477,19 @@ def sparse_mla_decode_triton(
             Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=q_fnuz, KV_FNUZ=kv_fnuz,
             SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and q.dtype == torch.bfloat16,
             FP8_BITS=f16 and cfg.fp8_bits and kv_cache.dtype == torch.float8_e4m3fn,
+            EVEN=topk_length is None and topk % cfg.block_n == 0,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         if split:
             cbh = min(cfg.combine_block_h, max(16, triton.next_power_of_2(H)))
-            combine[(triton.cdiv(H, cbh), T)](
+            cbd = min(cfg.combine_block_d, D_V)
+            combine[(triton.cdiv(H, cbh), T, D_V // cbd)](
                 part_out, part_lse, sinks_k, out_k, lse,
                 H, num_kv_splits,
                 part_out.stride(0), part_out.stride(1), part_out.stride(2),
                 part_lse.stride(0), part_lse.stride(1),
                 out_k.stride(0), out_k.stride(1), lse.stride(0), lse.stride(1),
-                BLOCK_H=cbh, D_NOPE=D_V, BLOCK_S=triton.next_power_of_2(num_kv_splits),
+                BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=triton.next_power_of_2(num_kv_splits),
                 HAS_SINKS=sinks is not None,
                 num_warps=4, num_stages=1,
             )
@@ -520,15 +531,16 @@ def combine_states_triton(
     interp = part_out.device.type == "cpu"
     combine = _interpreted("combine") if interp else _combine_jit
     cbh = max(16, triton.next_power_of_2(H)) if interp else 16  # the interpreter prefers few, large programs
+    cbd = D_V if interp else 128
     dummy = lse2.new_empty(1)
     with _interpreter_stdlib() if interp else contextlib.nullcontext():
-        combine[(triton.cdiv(H, cbh), T)](
+        combine[(triton.cdiv(H, cbh), T, D_V // cbd)](
             part_out, lse2, sinks if sinks is not None else dummy, out, lse,
             H, R,
             part_out.stride(1), part_out.stride(0), part_out.stride(2),
             lse2.stride(0), lse2.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            BLOCK_H=cbh, D_NOPE=D_V, BLOCK_S=triton.next_power_of_2(R),
+            BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=triton.next_power_of_2(R),
             HAS_SINKS=sinks is not None,
             num_warps=4, num_stages=1,
         )

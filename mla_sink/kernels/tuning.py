@@ -29,6 +29,7 @@ class TritonConfig:
         split_waves: target programs per SM when splitting.
         split_min_fill: split only when the unsplit grid has fewer than this fraction of the SMs' programs.
         combine_block_h: head block of the combine kernel.
+        combine_block_d: value columns per combine program (a power of two dividing 512).
         fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
             scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
         fp8_bits: with ``fp8_f16`` and e4m3fn KV, decode by integer bit placement instead of ``cvt``.
@@ -44,6 +45,7 @@ class TritonConfig:
     split_waves: float = 1.0
     split_min_fill: float = 0.5
     combine_block_h: int = 16
+    combine_block_d: int = 512
     fp8_f16: bool = True
     fp8_bits: bool = False
     row: str = "explicit"
@@ -56,7 +58,8 @@ class TritonConfig:
 _PARAM_NAMES = {
     "BLOCK_H": "block_h", "BLOCK_N": "block_n", "num_warps": "num_warps", "num_stages": "num_stages",
     "max_kv_splits": "max_kv_splits", "min_ids_per_split": "min_ids_per_split",
-    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h", "fp8_f16": "fp8_f16", "fp8_bits": "fp8_bits",
+    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h",
+    "combine_block_d": "combine_block_d", "fp8_f16": "fp8_f16", "fp8_bits": "fp8_bits",
 }
 
 
