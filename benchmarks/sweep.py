@@ -1,6 +1,6 @@
 """Variant sweep of the Triton decode kernel on one GPU (cold L2, CUDA-graph replay; see mla_sink/bench.py).
 
-Usage: PYTHONPATH=. python benchmarks/sweep.py OUT.json [budget_seconds] [plan: main | fp8 | even]
+Usage: PYTHONPATH=. python benchmarks/sweep.py OUT.json [budget_seconds] [plan: main | fp8 | even | small]
 Each line of the output is one (case, config, splits) timing; a config that fails to compile or
 produces a wrong result is recorded with its error.
 """
@@ -44,6 +44,14 @@ PLAN_EVEN = [
     (dict(H=16, T=256, kv="fp8"), [(16, 32, 4, 3, 1, True), (16, 64, 4, 2, 1, True), (16, 32, 8, 3, 1, True)]),
     (dict(H=64, T=64, kv="bf16"), [(64, 64, 8, 3, s, True, False, 128) for s in (1, 2)]),
 ]
+# 2026-11-30, second pass: small batches at 4 warps (the tuned H <= 32 rows) and fp8 at H <= 32.
+PLAN_SMALL = [
+    (dict(H=16, T=2, kv="bf16"), [(16, 64, 4, 2, s, True, False, 128) for s in (8, 16, 32)]),
+    (dict(H=32, T=2, kv="bf16"), [(32, 64, 4, 2, s, True, False, 128) for s in (8, 16, 32)]),
+    (dict(H=32, T=64, kv="bf16"), [(32, 64, 4, 2, s, True, False, 128) for s in (1, 2, 4)]),
+    (dict(H=16, T=64, kv="bf16"), [(16, 64, 4, 2, s, True, False, 128) for s in (1, 2, 4)]),
+    (dict(H=16, T=2, kv="fp8"), [(16, 64, 4, 2, s, True, False, 128) for s in (8, 16)]),
+]
 PLAN = [
     (dict(H=128, T=2, kv="bf16", flush="write"), [(64, 64, 8, 2, 8), (64, 64, 8, 3, 8)]),
     (dict(H=128, T=2, kv="bf16"), [(64, 64, 8, 2, s) for s in (4, 8, 16, 32)] + [(64, 64, 8, 3, s) for s in (8, 16)]),
@@ -67,7 +75,7 @@ PLAN = [
 def main():
     out_path = sys.argv[1]
     budget = float(sys.argv[2]) if len(sys.argv) > 2 else 300
-    plan = {"main": PLAN, "fp8": PLAN_FP8, "even": PLAN_EVEN}[sys.argv[3] if len(sys.argv) > 3 else "main"]
+    plan = {"main": PLAN, "fp8": PLAN_FP8, "even": PLAN_EVEN, "small": PLAN_SMALL}[sys.argv[3] if len(sys.argv) > 3 else "main"]
     t_start = time.time()
     torch.manual_seed(0)
     pool = torch.randn(POOL, D_QK, device="cuda", dtype=torch.bfloat16)

@@ -8,7 +8,7 @@ from typing import Any, Collection, Mapping
 import attrs
 
 from .conditions import Failure, failures
-from .schema import Field, PathSpec, format_value
+from .schema import format_value
 
 
 def _readonly(mapping: Mapping | None) -> Mapping:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -190,7 +189,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         median of CUDA-graph replays with the L2 flushed before each call), TFLOP/s, gathered GB/s and
         both as % of the ceilings, per implementation.
     """
-    from .kernels.triton_decode import sparse_mla_decode_triton
+    from .kernels.triton_decode import launch_plan, sparse_mla_decode_triton
     from .platform import detect_platform
 
     try:
@@ -236,7 +235,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         flops = 2 * H * T * topk * (D_QK + D_V)
         nbytes = T * topk * row_bytes + q.numel() * 2 + out.numel() * 2
         name = case_name(c, platform)
-        entry = dict(case=name, **c, flops=flops, bytes=nbytes, impls={})
+        plan = launch_plan(q, kv, idx)
+        entry = dict(case=name, **c, flops=flops, bytes=nbytes, impls={},
+                     triton_plan=dict(row=plan.config.row, kernel=plan.kernel, num_kv_splits=plan.num_kv_splits))
         for impl, fn in impls.items():
             if impl != "triton" and (T > skip_peers_over or c["kv"] != "bf16"):
                 continue

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from mla_sink.kernels.triton_decode import sparse_mla_decode_triton  # noqa: E402
-from mla_sink.kernels.tuning import TritonConfig, num_kv_splits_for, triton_config  # noqa: E402
+from mla_sink.kernels.tuning import TritonConfig, kernel_for, num_kv_splits_for, triton_config  # noqa: E402
 from mla_sink.reference import sparse_mla_decode_reference  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -255,3 +255,32 @@ def test_fp8_kv_tile_dtypes(q_mag, fp8_f16, fp8_bits):
     case["q"] = (case["q"].float() * q_mag).to(torch.bfloat16)
     cfg = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1, fp8_f16=fp8_f16, fp8_bits=fp8_bits)
     check(*run_both(case, sm_scale=1.0 / q_mag / 24.0, config=cfg))
+
+
+def _kernel(cfg, **kw):
+    args = dict(device_type="cuda", q_dtype="bf16", kv_dtype="bf16", num_heads=128, num_kv_splits=1,
+                logit_cap=0.0, gluon_ok=True)
+    args.update(kw)
+    return kernel_for(cfg, **args)
+
+
+def test_kernel_choice_for_sm90():
+    """The table sends unsplit bf16/fp16 64-head-block launches on sm90 to the warp-specialised kernel;
+    every other launch (split, soft cap, fp8, small head counts, CPU, no Gluon, other targets) to the
+    portable one."""
+    cfg = triton_config("sm90", "bf16", "bf16", 128, 256, 2048)
+    assert cfg.kernel == "gluon_ws"
+    assert _kernel(cfg) == "gluon_ws"
+    assert _kernel(cfg, q_dtype="fp16", kv_dtype="fp16", num_heads=33) == "gluon_ws"
+    assert _kernel(cfg, num_kv_splits=2) == "portable"
+    assert _kernel(cfg, logit_cap=30.0) == "portable"
+    assert _kernel(cfg, kv_dtype="fp8_e4m3") == "portable"
+    assert _kernel(cfg, q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3") == "portable"
+    assert _kernel(cfg, num_heads=32) == "portable"  # 32-head block
+    assert _kernel(cfg, device_type="cpu") == "portable"
+    assert _kernel(cfg, gluon_ok=False) == "portable"
+    for arch, kv in (("sm90", "fp8_e4m3"), ("sm80", "bf16"), ("gfx942", "bf16"), ("cpu", "bf16")):
+        assert triton_config(arch, "bf16", kv, 128, 256, 2048).kernel == "portable"
+    assert triton_config("sm90", "bf16", "bf16", 16, 256, 2048).kernel == "portable"
+    with pytest.raises(ValueError):
+        TritonConfig(kernel="cuda_graph_magic")

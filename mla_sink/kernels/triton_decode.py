@@ -36,15 +36,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from typing import Optional
 
+import attrs
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from ..dtypes import DTYPE_KEYS, out_dtype_for
-from .tuning import TritonConfig, num_kv_splits_for, triton_config
+from .tuning import TritonConfig, kernel_for, num_kv_splits_for, triton_config
 
 D_QK = 576
 D_V = 512
@@ -341,6 +343,40 @@ def _interpreter_stdlib():
 
 
 @functools.lru_cache(maxsize=None)
+def gluon_available() -> bool:
+    """Whether :mod:`mla_sink.kernels.gluon_decode` imports (Triton's Gluon dialect, sm90 primitives)."""
+    try:
+        from . import gluon_decode  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means the portable kernel serves
+        return False
+    return True
+
+
+_GLUON_FAILED: dict[tuple, str] = {}
+
+
+def _launch_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length, out, lse) -> bool:
+    """Run the warp-specialised kernel; False (after one warning) where it fails to compile here.
+
+    A Triton whose Gluon API differs from the one the kernel was written for (Triton 3.6) fails at
+    compile time, before anything is launched; the portable kernel then serves that signature.
+    """
+    from .gluon_decode import sparse_mla_decode_gluon
+
+    key = (q.device.index, q.dtype, sinks is not None, topk_length is not None)
+    if key in _GLUON_FAILED:
+        return False
+    try:
+        sparse_mla_decode_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, out=out, lse=lse)
+    except Exception as e:  # noqa: BLE001 - compile errors of an unsupported Triton/Gluon version
+        _GLUON_FAILED[key] = repr(e)[:500]
+        warnings.warn(f"mla_sink: the warp-specialised sm90 kernel failed to compile ({repr(e)[:200]}); "
+                      "the portable Triton kernel serves these calls", RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -356,6 +392,44 @@ def _num_sms(device: torch.device) -> int:
     if device.type == "cpu":
         return 1
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@attrs.frozen
+class LaunchPlan:
+    """How :func:`sparse_mla_decode_triton` runs one call (a pure function of shapes, dtypes and the device).
+
+    Attributes:
+        config: the tuning row's :class:`~mla_sink.kernels.tuning.TritonConfig` (``config.row`` names it).
+        block_h: head block of this call. num_kv_splits: KV splits per token (1 = no combine kernel).
+        ids_per_split: ids per split (a multiple of ``config.block_n``).
+        kernel: ``"portable"`` or ``"gluon_ws"`` (:func:`mla_sink.kernels.tuning.kernel_for`).
+    """
+
+    config: TritonConfig
+    block_h: int
+    num_kv_splits: int
+    ids_per_split: int
+    kernel: str
+
+
+def launch_plan(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *, logit_cap: float = 0.0,
+                num_kv_splits: Optional[int] = None, config: Optional[TritonConfig] = None) -> LaunchPlan:
+    """The :class:`LaunchPlan` of a call (tuning row, head block, split count, kernel); reads shapes only."""
+    T, H, _ = q.shape
+    topk = indices.shape[1]
+    device = q.device
+    q_key, kv_key = DTYPE_KEYS[q.dtype], DTYPE_KEYS[kv_cache.dtype]
+    cfg = config if config is not None else triton_config(_arch(device.type, device.index), q_key, kv_key, H, T, topk)
+    block_h = cfg.block_h_for(H)
+    if num_kv_splits is None:
+        num_kv_splits = num_kv_splits_for(cfg, T, triton.cdiv(H, block_h), topk, _num_sms(device))
+    num_kv_splits = max(1, min(int(num_kv_splits), triton.cdiv(max(topk, 1), cfg.block_n)))
+    ids_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_kv_splits), cfg.block_n) * cfg.block_n
+    num_kv_splits = triton.cdiv(max(topk, 1), ids_per_split)
+    kernel = kernel_for(cfg, device_type=device.type, q_dtype=q_key, kv_dtype=kv_key, num_heads=H,
+                        num_kv_splits=num_kv_splits, logit_cap=logit_cap,
+                        gluon_ok=device.type == "cuda" and gluon_available())
+    return LaunchPlan(cfg, block_h, num_kv_splits, ids_per_split, kernel)
 
 
 def sparse_mla_decode_triton(
@@ -407,10 +481,8 @@ def sparse_mla_decode_triton(
     topk = indices.shape[1]
     num_rows = kv_cache.shape[0]
     device = q.device
-    q_key = DTYPE_KEYS[q.dtype]
-    kv_key = DTYPE_KEYS[kv_cache.dtype]
     if out is None:
-        out = torch.empty((T, H, D_V), dtype=out_dtype_for(q_key), device=device)
+        out = torch.empty((T, H, D_V), dtype=out_dtype_for(DTYPE_KEYS[q.dtype]), device=device)
     if lse is None:
         lse = torch.empty((T, H), dtype=torch.float32, device=device)
     if T == 0 or H == 0:
@@ -421,15 +493,9 @@ def sparse_mla_decode_triton(
         topk_length = topk_length.contiguous()  # the kernel reads TOPK_LEN + t (unit stride)
 
     interp = device.type == "cpu"
-    arch = _arch(device.type, device.index)
-    cfg = config if config is not None else triton_config(arch, q_key, kv_key, H, T, topk)
-    block_h = cfg.block_h_for(H)
+    plan = launch_plan(q, kv_cache, indices, logit_cap=logit_cap, num_kv_splits=num_kv_splits, config=config)
+    cfg, block_h, num_kv_splits, ids_per_split = plan.config, plan.block_h, plan.num_kv_splits, plan.ids_per_split
     num_hb = triton.cdiv(H, block_h)
-    if num_kv_splits is None:
-        num_kv_splits = num_kv_splits_for(cfg, T, num_hb, topk, _num_sms(device))
-    num_kv_splits = max(1, min(int(num_kv_splits), triton.cdiv(max(topk, 1), cfg.block_n)))
-    ids_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_kv_splits), cfg.block_n) * cfg.block_n
-    num_kv_splits = triton.cdiv(max(topk, 1), ids_per_split)
 
     # Kernels assume a unit stride on the last dim of q, kv_cache and indices (copy otherwise).
     if q.stride(-1) != 1:
@@ -439,6 +505,10 @@ def sparse_mla_decode_triton(
     if indices.stride(-1) != 1:
         indices = indices.contiguous()
     out_k = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+    if plan.kernel == "gluon_ws" and _launch_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length, out_k, lse):
+        if out_k is not out:
+            out.copy_(out_k)
+        return out, lse
     q_fnuz = q.dtype == torch.float8_e4m3fnuz
     kv_fnuz = kv_cache.dtype == torch.float8_e4m3fnuz
     q_k = q.view(torch.uint8) if q_fnuz else q

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import attrs
 
@@ -33,6 +32,9 @@ class TritonConfig:
         fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
             scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
         fp8_bits: with ``fp8_f16`` and e4m3fn KV, decode by integer bit placement instead of ``cvt``.
+        kernel: ``"portable"`` (:mod:`mla_sink.kernels.triton_decode`, every target and the CPU) or
+            ``"gluon_ws"`` (:mod:`mla_sink.kernels.gluon_decode`, the warp-specialised sm90 kernel,
+            taken only where :func:`kernel_for` allows it and the portable kernel otherwise).
         row: id of the table row that produced it (``"explicit"`` when built by hand).
     """
 
@@ -48,6 +50,7 @@ class TritonConfig:
     combine_block_d: int = 512
     fp8_f16: bool = True
     fp8_bits: bool = False
+    kernel: str = attrs.field(default="portable", validator=attrs.validators.in_(("portable", "gluon_ws")))
     row: str = "explicit"
 
     def block_h_for(self, num_heads: int) -> int:
@@ -59,7 +62,7 @@ _PARAM_NAMES = {
     "BLOCK_H": "block_h", "BLOCK_N": "block_n", "num_warps": "num_warps", "num_stages": "num_stages",
     "max_kv_splits": "max_kv_splits", "min_ids_per_split": "min_ids_per_split",
     "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h",
-    "combine_block_d": "combine_block_d", "fp8_f16": "fp8_f16", "fp8_bits": "fp8_bits",
+    "combine_block_d": "combine_block_d", "fp8_f16": "fp8_f16", "fp8_bits": "fp8_bits", "kernel": "kernel",
 }
 
 
@@ -109,3 +112,19 @@ def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, 
     want = math.ceil(cfg.split_waves * num_sms / programs)
     most = max(1, math.ceil(topk / cfg.min_ids_per_split))
     return max(1, min(want, cfg.max_kv_splits, most))
+
+
+def kernel_for(cfg: TritonConfig, *, device_type: str, q_dtype: str, kv_dtype: str, num_heads: int,
+               num_kv_splits: int, logit_cap: float, gluon_ok: bool) -> str:
+    """Which kernel serves a launch: ``cfg.kernel`` where its conditions hold, else ``"portable"``.
+
+    The warp-specialised kernel (``"gluon_ws"``) covers a CUDA device, bf16 or fp16 q and KV of one
+    dtype, 64-head blocks (H > 32), no soft cap and no split-KV (the grid fills the GPU); it needs
+    Triton's Gluon dialect (``gluon_ok``). Everything else runs the portable kernel. Pure: safe to call
+    under CUDA-graph capture and testable on the CPU.
+    """
+    if cfg.kernel != "gluon_ws":
+        return "portable"
+    ok = (gluon_ok and device_type == "cuda" and q_dtype == kv_dtype and q_dtype in ("bf16", "fp16")
+          and cfg.block_h_for(num_heads) == 64 and num_kv_splits == 1 and not logit_cap > 0)
+    return "gluon_ws" if ok else "portable"
