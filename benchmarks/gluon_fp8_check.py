@@ -42,7 +42,8 @@ def main():
         for s in (sinks, None):
             rec = {"case": f"H{H} T{T} topk{topk} bn{bn} {qdt} sinks={s is not None} topk_length={tl_ is not None}"}
             try:
-                o, l = sparse_mla_decode_fp8_gluon(q, kv, idx, s, kv_scale=scale, block_n=bn, topk_length=tl_)
+                o, l = sparse_mla_decode_fp8_gluon(q, kv, idx, s, kv_scale=scale, block_n=bn, topk_length=tl_,
+                                                   stages8=4 if bn <= 32 else 2)
                 torch.cuda.synchronize()
                 ro, rl = sparse_mla_decode_reference(q, kv, idx, s, kv_scale=scale, topk_length=tl_)
                 d = (o.double() - ro).abs()
@@ -70,13 +71,17 @@ def main():
         rec = {"case": f"time H{H} T{T}"}
         try:
             ro, rl = sparse_mla_decode_reference(q, pool8, idx, sinks, kv_scale=one)
-            for bn, st in [(32, 2), (64, 2), (32, 3)]:
-                sparse_mla_decode_fp8_gluon(q, pool8, idx, sinks, kv_scale=one, out=o, lse=l, block_n=bn, stages=st)
-                rec[f"gluon_bn{bn}_st{st}_err"] = (o.double() - ro).abs().max().item()
-                rec[f"gluon_bn{bn}_st{st}_us"] = timer.time_us(
-                    lambda: sparse_mla_decode_fp8_gluon(q, pool8, idx, sinks, kv_scale=one, out=o, lse=l, block_n=bn, stages=st))
+            for bn, st, st8 in [(32, 2, 4), (32, 2, 6), (32, 3, 4), (64, 2, 2), (32, 2, 5)]:
+                kw = dict(kv_scale=one, out=o, lse=l, block_n=bn, stages=st, stages8=st8)
+                sparse_mla_decode_fp8_gluon(q, pool8, idx, sinks, **kw)
+                rec[f"gluon_bn{bn}_st{st}_{st8}_err"] = (o.double() - ro).abs().max().item()
+                rec[f"gluon_bn{bn}_st{st}_{st8}_us"] = timer.time_us(
+                    lambda: sparse_mla_decode_fp8_gluon(q, pool8, idx, sinks, **kw))
             rec["portable_fp8_us"] = timer.time_us(lambda: sparse_mla_decode_triton(q, pool8, idx, sinks, kv_scale=one, out=o, lse=l))
             rec["portable_bf16_us"] = timer.time_us(lambda: sparse_mla_decode_triton(q, pool, idx, sinks, out=o, lse=l))
+            if H == 16 and T == 256:
+                from mla_sink.kernels.gluon_decode import sparse_mla_decode_gluon
+                rec["gluon_ws_bf16_padded_us"] = timer.time_us(lambda: sparse_mla_decode_gluon(q, pool, idx, sinks, out=o, lse=l))
         except Exception:  # noqa: BLE001
             rec["error"] = traceback.format_exc()[-2000:]
         rows.append(rec)

@@ -26,7 +26,13 @@ pytestmark = [
                        reason="needs an sm90 GPU"),
 ]
 
-from test_triton_gpu import check_budget  # noqa: E402  (same budget)
+import test_triton_gpu  # noqa: E402  (same budget)
+from test_triton_gpu import check_budget  # noqa: E402
+
+# With few ids a row's output is dominated by a handful of P values, each rounded to bf16 (relative
+# 2^-9) before the P V product, and nothing averages the rounding out: 4e-3 absolute at |v| ~ 1
+# (measured: 4.4e-3 at topk 37). The budget applies at topk 2048 (every other case here).
+test_triton_gpu.BUDGET.setdefault("bf16_few_ids", (8e-3, 2 / 128, 1e-4))
 
 D_QK, D_V = 576, 512
 
@@ -63,6 +69,8 @@ def test_adversarial(H, T, topk, dtype):
     special = [float("inf"), float("-inf"), 0.0, 20.0, 100.0]
     sinks[: min(H, 5)] = torch.tensor(special[: min(H, 5)], device="cuda")
     key = "bf16" if dtype == torch.bfloat16 else "fp16"
+    if key == "bf16" and topk < 256:
+        key = "bf16_few_ids"
     for s in (sinks, None):
         o, l = gluon()(q, kv, idx, s)
         ro, rl = sparse_mla_decode_reference(q, kv, idx, s)

@@ -5,8 +5,8 @@ With fp8 KV the portable kernel converts every fp8 element inside the MMA loop, 
 layout (the score and the value products read the same tile in two layouts), so at H = 16 the
 conversion, not the gather, bounds it. Here the conversion leaves the MMA warps:
 
-* a producer warpgroup loads each block's fp8 rows into registers (16 bytes per load, masked lanes
-  read 0; the loads are issued before it waits for a free stage), converts them to fp16 once (``cvt`` e4m3x2 -> f16x2: exact) and stores
+* a producer warpgroup gathers each block's fp8 rows with ``cp.async`` into a staging ring (several
+  blocks in flight, masked lanes zero-fill), reads each block back, converts it to fp16 once (``cvt`` e4m3x2 -> f16x2: exact) and stores
   them into a 2-stage ring of fp16 ``[64, 512]`` + ``[64, 64]`` tiles (``ready`` / ``empty``
   mbarriers per stage);
 * a consumer warpgroup keeps q in shared memory as fp16 (each head row scaled by a power of two so its
@@ -24,43 +24,58 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier
 
 
 @gluon.jit
-def _load_block(IDX, KV, idx_base, stride_kv, nrows, t_end, n0,
-                BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
-    nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
-    rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    pos_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, nope_l))
+def _issue_block(IDX, KV, st_n, st_r, idx_base, stride_kv, nrows, t_end, n0,
+                 BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                 NOPE_L: gl.constexpr, ROPE_L: gl.constexpr):
+    """cp.async one block's fp8 rows into a staging slot (masked lanes zero-fill), as one commit group."""
+    pos_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_L))
     ids_n = gl.load(IDX + idx_base + pos_n, mask=pos_n < t_end, other=-1)
     ok_n = (ids_n.to(gl.uint32, bitcast=True) < nrows) & (pos_n < t_end)
     rows_n = KV + ids_n.to(gl.int64) * stride_kv
-    x_n = gl.load(rows_n[:, None] + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, nope_l))[None, :],
-                  mask=ok_n[:, None], other=0.0)
-    pos_r = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rope_l))
+    async_copy.async_copy_global_to_shared(
+        st_n, rows_n[:, None] + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, NOPE_L))[None, :], mask=ok_n[:, None])
+    pos_r = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROPE_L))
     ids_r = gl.load(IDX + idx_base + pos_r, mask=pos_r < t_end, other=-1)
     ok_r = (ids_r.to(gl.uint32, bitcast=True) < nrows) & (pos_r < t_end)
     rows_r = KV + ids_r.to(gl.int64) * stride_kv + D_NOPE
-    x_r = gl.load(rows_r[:, None] + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rope_l))[None, :],
-                  mask=ok_r[:, None], other=0.0)
-    return x_n, x_r
+    async_copy.async_copy_global_to_shared(
+        st_r, rows_r[:, None] + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ROPE_L))[None, :], mask=ok_r[:, None])
+    async_copy.commit_group()
 
 
 @gluon.jit
-def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
-              BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, STAGES: gl.constexpr):
-    """Worker partition: fp8 rows -> registers (one block ahead) -> fp16 -> the shared-memory ring."""
+def _producer(IDX, KV, stage_n, stage_r, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end,
+              num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, STAGES: gl.constexpr,
+              STAGES8: gl.constexpr):
+    """Worker partition: fp8 rows -> staging ring (cp.async, STAGES8 - 1 blocks in flight) -> registers ->
+    fp16 -> the compute ring. Each thread reads back exactly the bytes it copied (same layout), so the
+    staging ring needs no barrier."""
+    NOPE_L: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
+    ROPE_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
+    for j in gl.static_range(STAGES8 - 1):
+        _issue_block(IDX, KV, stage_n.index(j), stage_r.index(j), idx_base, stride_kv, nrows, t_end, j * BLOCK_N,
+                     BLOCK_N, D_NOPE, D_ROPE, NOPE_L, ROPE_L)
     for i in range(num_blocks):
         s = i % STAGES
-        # the loads are issued before waiting for the stage, so they overlap the consumers' work
-        x_n, x_r = _load_block(IDX, KV, idx_base, stride_kv, nrows, t_end, i * BLOCK_N, BLOCK_N, D_NOPE, D_ROPE)
+        async_copy.wait_group(STAGES8 - 2)  # block i has landed (this thread's part of it)
+        x_n = stage_n.index(i % STAGES8).load(NOPE_L)
+        x_r = stage_r.index(i % STAGES8).load(ROPE_L)
+        nxt = i + STAGES8 - 1  # into the slot read in the previous iteration
+        _issue_block(IDX, KV, stage_n.index(nxt % STAGES8), stage_r.index(nxt % STAGES8), idx_base, stride_kv,
+                     nrows, t_end, nxt * BLOCK_N, BLOCK_N, D_NOPE, D_ROPE, NOPE_L, ROPE_L)
+        y_n = x_n.to(gl.float16)
+        y_r = x_r.to(gl.float16)
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        kn_smem.index(s).store(x_n.to(gl.float16))
-        kr_smem.index(s).store(x_r.to(gl.float16))
+        kn_smem.index(s).store(y_n)
+        kr_smem.index(s).store(y_r)
         gl.thread_barrier()
         mbarrier.arrive(ready.index(s))
+    async_copy.wait_group(0)
 
 
 @gluon.jit
@@ -145,7 +160,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-    STAGES: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr,
+    STAGES: gl.constexpr, STAGES8: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr,
 ):
     """One CTA = one token (all of its <= 16 heads). See the module docstring."""
     pid_t = gl.program_id(2).to(gl.int64)
@@ -159,6 +174,9 @@ def sparse_mla_decode_fp8_ws_kernel(
     q_r = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_ROPE], sw)
     kn_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_NOPE], sw)
     kr_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_ROPE], sw)
+    raw: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    stage_n = gl.allocate_shared_memory(KV.dtype.element_ty, [STAGES8, BLOCK_N, D_NOPE], raw)
+    stage_r = gl.allocate_shared_memory(KV.dtype.element_ty, [STAGES8, BLOCK_N, D_ROPE], raw)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -169,13 +187,14 @@ def sparse_mla_decode_fp8_ws_kernel(
                      pid_t, idx_base, sm_scale, num_heads, num_rows, t_end, num_blocks,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_lh,
                      BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, STAGES, HAS_SINKS)),
-        (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
-                     BLOCK_N, D_NOPE, D_ROPE, STAGES)),
+        (_producer, (IDX, KV, stage_n, stage_r, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows,
+                     t_end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, STAGES, STAGES8)),
     ], [4], [152])
 
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,
-                                kv_scale=None, out=None, lse=None, block_n: int = 64, stages: int = 2):
+                                kv_scale=None, out=None, lse=None, block_n: int = 32, stages: int = 2,
+                                stages8: int = 4):
     """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 16``; e4m3fn KV; bf16/fp16 q).
 
     Args:
@@ -211,7 +230,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
         float(sm_scale), H, min(kv_cache.shape[0], 2 ** 31), topk,
         q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        BLOCK_H=16, BLOCK_N=block_n, D_NOPE=512, D_ROPE=64, STAGES=stages,
+        BLOCK_H=16, BLOCK_N=block_n, D_NOPE=512, D_ROPE=64, STAGES=stages, STAGES8=stages8,
         HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None,
         num_warps=4,
     )
