@@ -75,6 +75,9 @@ def test_adversarial(H, T, topk, dtype):
         o, l = gluon()(q, kv, idx, s)
         ro, rl = sparse_mla_decode_reference(q, kv, idx, s)
         assert not torch.isnan(o).any() and not torch.isnan(l).any()
+        if topk == 0:  # every row empty: exactly 0 and -inf (no cosine of a zero vector)
+            assert (o == 0).all() and torch.isneginf(l).all()
+            continue
         check_budget(o, l, ro, rl, key)
 
 
@@ -154,8 +157,9 @@ def test_compile_failure_falls_back_to_portable(monkeypatch):
     idx = torch.randint(0, N, (T, 256), device="cuda", dtype=torch.int32, generator=g)
     with pytest.warns(RuntimeWarning, match="portable"):
         o, l = sparse_mla_decode_triton(q, kv, idx, None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # warned once per signature
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         sparse_mla_decode_triton(q, kv, idx, None)
+    assert not [w for w in caught if "warp-specialised" in str(w.message)]  # warned once per signature
     ro, rl = sparse_mla_decode_reference(q, kv, idx, None)
     check_budget(o, l, ro, rl, "bf16")
