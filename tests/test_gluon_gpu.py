@@ -154,7 +154,7 @@ def test_compile_failure_falls_back_to_portable(monkeypatch):
     N, T, H = 5000, 256, 64
     kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-    idx = torch.randint(0, N, (T, 256), device="cuda", dtype=torch.int32, generator=g)
+    idx = torch.randint(0, N, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
     with pytest.warns(RuntimeWarning, match="portable"):
         o, l = sparse_mla_decode_triton(q, kv, idx, None)
     with warnings.catch_warnings(record=True) as caught:

@@ -62,6 +62,10 @@ def _ids(T, topk, N, g):
 
 def check_budget(o, l, ro, rl, key):
     atol, rtol, cos_max = BUDGET[key]
+    if not ro.abs().sum() > 0:  # every row empty or sunk (+inf sinks): exactly 0, no cosine of zero vectors
+        assert (o == 0).all(), "reference output is all zero, kernel output is not"
+        assert torch.equal(torch.isneginf(l), torch.isneginf(rl))
+        return
     o64 = o.double()
     err = (o64 - ro).abs()
     ok = (err <= atol) | (err <= rtol * ro.abs())
