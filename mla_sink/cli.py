@@ -61,6 +61,9 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--return-lse", action="store_true")
     p.add_argument("--logit-cap", type=float, default=0.0)
     p.add_argument("--path", default=None, help="consider only rows naming this path")
+    p.add_argument("--tokens", type=int, default=64, help="tokens T per call (Triton launch: tuning row, splits)")
+    p.add_argument("--sms", type=int, default=None,
+                   help="SM/CU count for the split decision (default: this machine's GPU when it is that arch)")
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -84,13 +87,65 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             print(f"{key}\n  → reference   (forced: the float64 reference runs anywhere; no row consulted)")
         return 0
     sel = select(spec, platform, path=args.path)
+    launch = _triton_launch(args, spec, platform) if sel.path == "triton" and not sel.refused else None
     if args.json:
         doc = dispatch.selection_to_dict(sel)
         doc.update(key=key, spec=attrs.asdict(spec), platform=attrs.asdict(platform), need_lse=spec.need_lse)
+        if launch is not None:
+            doc["triton_launch"] = launch
         print(json.dumps(doc, indent=2, default=str))
     else:
-        print(dispatch.explain(sel, key=key))
+        text = dispatch.explain(sel, key=key)
+        if launch is not None:
+            lines = text.split("\n")
+            cut = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("✗")), len(lines))
+            text = "\n".join(lines[:cut] + _launch_lines(launch, args.tokens) + lines[cut:])
+        print(text)
     return 2 if (sel.refused or sel.path is None) else 0
+
+
+def _local_sms(arch: str):
+    """This machine's SM count when its GPU is of ``arch`` (1 for ``cpu``: the interpreter), else None."""
+    if arch == "cpu":
+        return 1
+    try:
+        import torch
+
+        from .platform import arch_of
+
+        if torch.cuda.is_available() and arch_of(torch.device("cuda")) == arch:
+            return torch.cuda.get_device_properties(0).multi_processor_count
+    except Exception:  # noqa: BLE001 - explain never fails for want of a GPU
+        pass
+    return None
+
+
+def _triton_launch(args: argparse.Namespace, spec: CallSpec, platform: Platform):
+    """The Triton launch of the call (tuning row, split count, kernel), or None without a tuning row."""
+    try:
+        from .kernels.tuning import describe_launch
+    except ImportError:  # pragma: no cover - Triton missing: the path would not have been chosen
+        return None
+    sms = args.sms if args.sms is not None else _local_sms(platform.arch)
+    try:
+        return dict(describe_launch(platform.arch, spec.q_dtype, spec.kv_dtype, spec.num_heads, args.tokens,
+                                    spec.topk, num_sms=sms, logit_cap=spec.logit_cap), num_sms=sms,
+                    num_tokens=args.tokens)
+    except LookupError:
+        return None
+
+
+def _launch_lines(launch: dict, tokens: int) -> list:
+    params = " ".join(f"{k}={v}" for k, v in launch["params"].items())
+    lines = [f"  triton launch at T={tokens}: tuning row {launch['row']} (tables/triton_tuning.yaml): {params}",
+             f"    why: {launch['why']}"]
+    if launch["num_sms"] is None:
+        lines.append("    splits and kernel depend on the SM count: pass --sms N")
+    else:
+        lines.append(f"    on {launch['num_sms']} SMs: {launch['num_kv_splits']} KV split(s), kernel {launch['kernel']}"
+                     + (" (warp-specialised, mla_sink/kernels/gluon_decode.py)" if launch["kernel"] == "gluon_ws"
+                        else " (mla_sink/kernels/triton_decode.py)"))
+    return lines
 
 
 MATRIX_PLATFORMS = (

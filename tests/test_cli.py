@@ -111,3 +111,24 @@ def test_matrix_json(capsys):
     doc = json.loads(out)
     assert doc["gfx950-aiter0.1.20-triton"]["bf16/bf16"]["h32+s"] == "aiter_lse_single_split"
     assert doc["cpu-noaiter-notriton"]["bf16/bf16"]["h16"] == "reference"
+
+
+@pytest.mark.parametrize("tokens,splits,kernel", [("256", 1, "gluon_ws"), ("2", 16, "portable")])
+def test_explain_triton_launch(tokens, splits, kernel, capsys):
+    """On the triton path, explain names the tuning row, the split count and the kernel variant."""
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--sinks", "--tokens", tokens,
+                        "--sms", "132")
+    assert code == 0
+    assert f"triton launch at T={tokens}: tuning row sm90_default" in out
+    assert f"on 132 SMs: {splits} KV split(s), kernel {kernel}" in out
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--tokens", tokens, "--sms", "132",
+                        "--json")
+    launch = json.loads(out)["triton_launch"]
+    assert (launch["row"], launch["num_kv_splits"], launch["kernel"]) == ("sm90_default", splits, kernel)
+
+
+def test_explain_triton_launch_without_sm_count(capsys):
+    code, out = run_cli(capsys, "explain", "--arch", "sm80", "--heads", "16", "--aiter", "none")
+    assert code == 0 and "tuning row sm80_sm100_default" in out and "pass --sms N" in out
+    code, out = run_cli(capsys, "explain", "--arch", "gfx942", "--aiter", "0.1.20", "--heads", "64", "--sinks")
+    assert "tuning row rocm_default" in out  # AMD shapes without an AITER kernel run the portable kernel

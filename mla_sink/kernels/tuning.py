@@ -128,3 +128,25 @@ def kernel_for(cfg: TritonConfig, *, device_type: str, q_dtype: str, kv_dtype: s
     ok = (gluon_ok and device_type == "cuda" and q_dtype == kv_dtype and q_dtype in ("bf16", "fp16")
           and cfg.block_h_for(num_heads) == 64 and num_kv_splits == 1 and not logit_cap > 0)
     return "gluon_ws" if ok else "portable"
+
+
+def describe_launch(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, topk: int, *,
+                    num_sms: int | None = None, logit_cap: float = 0.0, gluon_ok: bool = True) -> dict:
+    """How the ``triton`` path would launch a call: tuning row, its parameters and why, split count and
+    kernel (where ``num_sms`` is known). Pure; used by ``mla-sink explain``.
+
+    Returns:
+        ``{"row", "params", "why", "source", "block_h", "num_kv_splits", "kernel"}``; the last two are
+        ``None`` when ``num_sms`` is ``None`` (they depend on the SM count).
+    """
+    cfg = triton_config(arch, q_dtype, kv_dtype, num_heads, num_tokens, topk)
+    row = next(r for r in _table().rows if r.id == cfg.row)
+    block_h = cfg.block_h_for(num_heads)
+    splits = kernel = None
+    if num_sms is not None:
+        splits = num_kv_splits_for(cfg, num_tokens, -(-num_heads // block_h), topk, num_sms)
+        kernel = kernel_for(cfg, device_type="cpu" if arch == "cpu" else "cuda", q_dtype=q_dtype,
+                            kv_dtype=kv_dtype, num_heads=num_heads, num_kv_splits=splits, logit_cap=logit_cap,
+                            gluon_ok=gluon_ok)
+    return dict(row=cfg.row, params=dict(row.params), why=row.why, source=row.source, block_h=block_h,
+                num_kv_splits=splits, kernel=kernel)
