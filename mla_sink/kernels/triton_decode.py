@@ -23,6 +23,12 @@ adjacent in launch order so their identical gathers hit L2):
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
 
+Kernel choice: :func:`launch_plan` (pure) reads the tuning row (``tables/triton_tuning.yaml``), the
+split count and :func:`mla_sink.kernels.tuning.kernel_for`; on sm90, unsplit bf16/fp16 launches with
+64-head blocks run the warp-specialised kernel of :mod:`mla_sink.kernels.gluon_decode` (same
+semantics; a Triton whose Gluon dialect cannot compile it falls back here after one warning), every
+other launch runs the kernel below.
+
 On the CPU the same Python function runs through Triton's interpreter
 (``triton.runtime.interpreter.InterpretedFunction``), without ``TRITON_INTERPRET`` being set; an
 ``UPCAST`` constexpr (true only there) casts half tiles to fp32 before any arithmetic, because the
@@ -395,7 +401,7 @@ def _num_sms(device: torch.device) -> int:
 
 
 @attrs.frozen
-class LaunchPlan:
+class TritonLaunch:
     """How :func:`sparse_mla_decode_triton` runs one call (a pure function of shapes, dtypes and the device).
 
     Attributes:
@@ -413,8 +419,8 @@ class LaunchPlan:
 
 
 def launch_plan(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *, logit_cap: float = 0.0,
-                num_kv_splits: Optional[int] = None, config: Optional[TritonConfig] = None) -> LaunchPlan:
-    """The :class:`LaunchPlan` of a call (tuning row, head block, split count, kernel); reads shapes only."""
+                num_kv_splits: Optional[int] = None, config: Optional[TritonConfig] = None) -> TritonLaunch:
+    """The :class:`TritonLaunch` of a call (tuning row, head block, split count, kernel); reads shapes only."""
     T, H, _ = q.shape
     topk = indices.shape[1]
     device = q.device
@@ -429,7 +435,7 @@ def launch_plan(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, 
     kernel = kernel_for(cfg, device_type=device.type, q_dtype=q_key, kv_dtype=kv_key, num_heads=H,
                         num_kv_splits=num_kv_splits, logit_cap=logit_cap,
                         gluon_ok=device.type == "cuda" and gluon_available())
-    return LaunchPlan(cfg, block_h, num_kv_splits, ids_per_split, kernel)
+    return TritonLaunch(cfg, block_h, num_kv_splits, ids_per_split, kernel)
 
 
 def sparse_mla_decode_triton(
