@@ -275,12 +275,21 @@ def test_kernel_choice_for_sm90():
     assert _kernel(cfg, num_kv_splits=2) == "portable"
     assert _kernel(cfg, logit_cap=30.0) == "portable"
     assert _kernel(cfg, kv_dtype="fp8_e4m3") == "portable"
+    fp8 = triton_config("sm90", "bf16", "fp8_e4m3", 16, 256, 2048)
+    assert fp8.kernel == "gluon_fp8"
+    assert _kernel(fp8, kv_dtype="fp8_e4m3", num_heads=16) == "gluon_fp8"
+    assert _kernel(fp8, q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=3) == "gluon_fp8"
+    assert _kernel(fp8, kv_dtype="fp8_e4m3fnuz", num_heads=16) == "portable"  # fnuz: decoded from bits, portable
+    assert _kernel(fp8, q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3", num_heads=16) == "portable"
+    assert _kernel(fp8, kv_dtype="fp8_e4m3", num_heads=16, num_kv_splits=4) == "portable"
+    assert _kernel(fp8, kv_dtype="fp8_e4m3", num_heads=17) == "portable"
     assert _kernel(cfg, q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3") == "portable"
     assert _kernel(cfg, num_heads=32) == "portable"  # 32-head block
     assert _kernel(cfg, device_type="cpu") == "portable"
     assert _kernel(cfg, gluon_ok=False) == "portable"
     for arch, kv in (("sm90", "fp8_e4m3"), ("sm80", "bf16"), ("gfx942", "bf16"), ("cpu", "bf16")):
         assert triton_config(arch, "bf16", kv, 128, 256, 2048).kernel == "portable"
+    assert triton_config("sm80", "bf16", "fp8_e4m3", 16, 256, 2048).kernel == "portable"
     assert triton_config("sm90", "bf16", "bf16", 16, 256, 2048).kernel == "portable"
     with pytest.raises(ValueError):
         TritonConfig(kernel="cuda_graph_magic")

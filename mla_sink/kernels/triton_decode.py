@@ -25,9 +25,10 @@ adjacent in launch order so their identical gathers hit L2):
 
 Kernel choice: :func:`launch_plan` (pure) reads the tuning row (``tables/triton_tuning.yaml``), the
 split count and :func:`mla_sink.kernels.tuning.kernel_for`; on sm90, unsplit bf16/fp16 launches with
-64-head blocks run the warp-specialised kernel of :mod:`mla_sink.kernels.gluon_decode` (same
-semantics; a Triton whose Gluon dialect cannot compile it falls back here after one warning), every
-other launch runs the kernel below.
+64-head blocks run the warp-specialised kernel of :mod:`mla_sink.kernels.gluon_decode` and unsplit
+e4m3fn-KV launches at H <= 16 that of :mod:`mla_sink.kernels.gluon_fp8_decode` (same semantics; a
+Triton whose Gluon dialect cannot compile them falls back here after one warning); every other
+launch runs the kernel below.
 
 On the CPU the same Python function runs through Triton's interpreter
 (``triton.runtime.interpreter.InterpretedFunction``), without ``TRITON_INTERPRET`` being set; an
@@ -350,9 +351,9 @@ def _interpreter_stdlib():
 
 @functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
-    """Whether :mod:`mla_sink.kernels.gluon_decode` imports (Triton's Gluon dialect, sm90 primitives)."""
+    """Whether the Gluon kernels import (Triton's Gluon dialect with its sm90 primitives)."""
     try:
-        from . import gluon_decode  # noqa: F401
+        from . import gluon_decode, gluon_fp8_decode  # noqa: F401
     except Exception:  # noqa: BLE001 - any import failure means the portable kernel serves
         return False
     return True
@@ -361,22 +362,29 @@ def gluon_available() -> bool:
 _GLUON_FAILED: dict[tuple, str] = {}
 
 
-def _launch_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length, out, lse) -> bool:
-    """Run the warp-specialised kernel; False (after one warning) where it fails to compile here.
+def _launch_gluon(kernel, q, kv_cache, indices, sinks, sm_scale, topk_length, kv_scale, out, lse) -> bool:
+    """Run a Gluon kernel (``"gluon_ws"`` or ``"gluon_fp8"``); False (after one warning) where it fails
+    to compile here.
 
-    A Triton whose Gluon API differs from the one the kernel was written for (Triton 3.6) fails at
+    A Triton whose Gluon API differs from the one the kernels were written for (Triton 3.6) fails at
     compile time, before anything is launched; the portable kernel then serves that signature.
     """
-    from .gluon_decode import sparse_mla_decode_gluon
-
-    key = (q.device.index, q.dtype, sinks is not None, topk_length is not None)
+    key = (kernel, q.device.index, q.dtype, kv_cache.dtype, sinks is not None, topk_length is not None)
     if key in _GLUON_FAILED:
         return False
     try:
-        sparse_mla_decode_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, out=out, lse=lse)
+        if kernel == "gluon_ws":
+            from .gluon_decode import sparse_mla_decode_gluon
+
+            sparse_mla_decode_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, out=out, lse=lse)
+        else:
+            from .gluon_fp8_decode import sparse_mla_decode_fp8_gluon
+
+            sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length,
+                                        kv_scale=kv_scale, out=out, lse=lse)
     except Exception as e:  # noqa: BLE001 - compile errors of an unsupported Triton/Gluon version
         _GLUON_FAILED[key] = repr(e)[:500]
-        warnings.warn(f"mla_sink: the warp-specialised sm90 kernel failed to compile ({repr(e)[:200]}); "
+        warnings.warn(f"mla_sink: the warp-specialised sm90 kernel {kernel} failed to compile ({repr(e)[:200]}); "
                       "the portable Triton kernel serves these calls", RuntimeWarning, stacklevel=3)
         return False
     return True
@@ -511,7 +519,8 @@ def sparse_mla_decode_triton(
     if indices.stride(-1) != 1:
         indices = indices.contiguous()
     out_k = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
-    if plan.kernel == "gluon_ws" and _launch_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length, out_k, lse):
+    if plan.kernel != "portable" and _launch_gluon(plan.kernel, q, kv_cache, indices, sinks, sm_scale, topk_length,
+                                                   kv_scale, out_k, lse):
         if out_k is not out:
             out.copy_(out_k)
         return out, lse

@@ -32,9 +32,11 @@ class TritonConfig:
         fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
             scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
         fp8_bits: with ``fp8_f16`` and e4m3fn KV, decode by integer bit placement instead of ``cvt``.
-        kernel: ``"portable"`` (:mod:`mla_sink.kernels.triton_decode`, every target and the CPU) or
-            ``"gluon_ws"`` (:mod:`mla_sink.kernels.gluon_decode`, the warp-specialised sm90 kernel,
-            taken only where :func:`kernel_for` allows it and the portable kernel otherwise).
+        kernel: ``"portable"`` (:mod:`mla_sink.kernels.triton_decode`, every target and the CPU),
+            ``"gluon_ws"`` (:mod:`mla_sink.kernels.gluon_decode`, the warp-specialised sm90 kernel for
+            64-head blocks) or ``"gluon_fp8"`` (:mod:`mla_sink.kernels.gluon_fp8_decode`, the sm90
+            kernel for fp8 KV at H <= 16), each taken only where :func:`kernel_for` allows it and the
+            portable kernel otherwise.
         row: id of the table row that produced it (``"explicit"`` when built by hand).
     """
 
@@ -50,7 +52,7 @@ class TritonConfig:
     combine_block_d: int = 512
     fp8_f16: bool = True
     fp8_bits: bool = False
-    kernel: str = attrs.field(default="portable", validator=attrs.validators.in_(("portable", "gluon_ws")))
+    kernel: str = attrs.field(default="portable", validator=attrs.validators.in_(("portable", "gluon_ws", "gluon_fp8")))
     row: str = "explicit"
 
     def block_h_for(self, num_heads: int) -> int:
@@ -118,16 +120,20 @@ def kernel_for(cfg: TritonConfig, *, device_type: str, q_dtype: str, kv_dtype: s
                num_kv_splits: int, logit_cap: float, gluon_ok: bool) -> str:
     """Which kernel serves a launch: ``cfg.kernel`` where its conditions hold, else ``"portable"``.
 
-    The warp-specialised kernel (``"gluon_ws"``) covers a CUDA device, bf16 or fp16 q and KV of one
-    dtype, 64-head blocks (H > 32), no soft cap and no split-KV (the grid fills the GPU); it needs
-    Triton's Gluon dialect (``gluon_ok``). Everything else runs the portable kernel. Pure: safe to call
+    Both Gluon kernels need a CUDA device, Triton's Gluon dialect (``gluon_ok``), no soft cap and no
+    split-KV (the grid fills the GPU). ``"gluon_ws"`` covers bf16 or fp16 q and KV of one dtype in
+    64-head blocks (H > 32); ``"gluon_fp8"`` covers e4m3fn KV with bf16 or fp16 q at H <= 16.
+    Everything else runs the portable kernel. Pure: safe to call
     under CUDA-graph capture and testable on the CPU.
     """
-    if cfg.kernel != "gluon_ws":
+    if cfg.kernel == "portable" or not (gluon_ok and device_type == "cuda" and num_kv_splits == 1
+                                         and not logit_cap > 0):
         return "portable"
-    ok = (gluon_ok and device_type == "cuda" and q_dtype == kv_dtype and q_dtype in ("bf16", "fp16")
-          and cfg.block_h_for(num_heads) == 64 and num_kv_splits == 1 and not logit_cap > 0)
-    return "gluon_ws" if ok else "portable"
+    if cfg.kernel == "gluon_ws":
+        ok = q_dtype == kv_dtype and q_dtype in ("bf16", "fp16") and cfg.block_h_for(num_heads) == 64
+    else:  # gluon_fp8
+        ok = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and num_heads <= 16
+    return cfg.kernel if ok else "portable"
 
 
 def describe_launch(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, topk: int, *,

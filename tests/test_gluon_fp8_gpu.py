@@ -1,0 +1,119 @@
+"""The sm90 Gluon kernel for fp8 (e4m3fn) KV at H <= 16 (mla_sink/kernels/gluon_fp8_decode.py) against
+the float64 reference (which sees the same fp8 values and scale, so quantisation is not an error).
+
+Budget of tests/test_triton_gpu.py (bf16 q: ``1e-3 or 2/128``, cosine < 1e-5; LSE ``1e-5 or 1e-5``) at
+topk 2048; with fewer ids the few-id bf16 budget of tests/test_gluon_gpu.py. Adversarial inputs: ids
+``-1`` (a leading run and scattered), ``N``, ``2^31 - 1``, negative, rows with no valid id,
+``topk_length``, topk not a multiple of 64, sinks ``±inf / 0 / 20 / 100``, fp8 NaN codes in KV rows
+nobody references, head counts below 16, fp16 q, a pool beyond 2^31 bytes, CUDA-graph replay with
+new ids and sinks through the public launcher. Needs an sm90 GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mla_sink.kernels import triton_decode
+from mla_sink.kernels.triton_decode import launch_plan, sparse_mla_decode_triton
+from mla_sink.reference import sparse_mla_decode_reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                       reason="needs an sm90 GPU"),
+]
+
+import test_gluon_gpu  # noqa: E402,F401  (registers the few-id budget)
+from test_triton_gpu import check_budget  # noqa: E402
+
+D_QK, D_V = 576, 512
+
+
+def fp8_kernel():
+    from mla_sink.kernels.gluon_fp8_decode import sparse_mla_decode_fp8_gluon
+
+    return sparse_mla_decode_fp8_gluon
+
+
+def adversarial_ids(T, topk, N, g):
+    idx = torch.randint(0, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
+    idx[idx == 3] = 4  # row 3 holds NaN codes and is never referenced
+    if topk > 40:
+        idx[0, :16] = -1
+        idx[-1, topk // 2] = -1
+        idx[-1, 3] = N
+        idx[-1, 7] = 2 ** 31 - 1
+        idx[:, 11::29] = -5
+    return idx
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16q", "fp16q"])
+@pytest.mark.parametrize("H,T,topk", [(16, 3, 2048), (16, 2, 1000), (5, 2, 37), (1, 1, 64), (12, 4, 130),
+                                      (16, 2, 0)])
+def test_adversarial(H, T, topk, q_dtype):
+    g = torch.Generator(device="cuda").manual_seed(H * 31 + T * 7 + topk)
+    N = 4099
+    kv = (torch.randn(N, D_QK, device="cuda", generator=g) * 0.7).to(torch.float8_e4m3fn)
+    kv.view(torch.uint8)[3] = 0x7F  # NaN codes
+    kv_scale = torch.tensor([0.8], device="cuda")
+    q = (torch.randn(T, H, D_QK, device="cuda", generator=g) * 3).to(q_dtype)
+    idx = adversarial_ids(T, topk, N, g)
+    sinks = torch.randn(H, device="cuda", generator=g) * 3
+    special = [float("inf"), float("-inf"), 0.0, 20.0, 100.0]
+    sinks[: min(H, 5)] = torch.tensor(special[: min(H, 5)], device="cuda")
+    key = "fp8_e4m3" if topk >= 2048 else "bf16_few_ids"
+    for s in (sinks, None):
+        o, l = fp8_kernel()(q, kv, idx, s, kv_scale=kv_scale)
+        ro, rl = sparse_mla_decode_reference(q, kv, idx, s, kv_scale=kv_scale)
+        assert not torch.isnan(o).any() and not torch.isnan(l).any()
+        check_budget(o, l, ro, rl, key)
+
+
+def test_empty_rows_topk_length_and_strided_q():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    N = 5000
+    kv = (torch.randn(N, D_QK, device="cuda", generator=g) * 0.7).to(torch.float8_e4m3fn)
+    base = torch.randn(4, 32, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    q = base[:, ::2]  # non-contiguous heads
+    idx = adversarial_ids(4, 2048, N, g)
+    idx[1] = -1
+    topk_length = torch.tensor([2048, 5, 0, 1029], device="cuda", dtype=torch.int32)
+    sinks = torch.randn(16, device="cuda", generator=g)
+    o, l = fp8_kernel()(q, kv, idx, sinks, topk_length=topk_length)
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, topk_length=topk_length)
+    assert (o[1] == 0).all() and torch.isneginf(l[1]).all() and (o[2] == 0).all()
+    check_budget(o, l, ro, rl, "fp8_e4m3")
+
+
+def test_routed_big_pool_and_cuda_graph():
+    """T=256, H=16 through the public launcher (routed here), ids in a pool beyond 2^31 bytes, then
+    CUDA-graph replays with new ids and sinks."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    rows = ((1 << 31) + (64 << 20)) // D_QK + 1
+    kv = (torch.randn(rows, D_QK, device="cuda", generator=g) * 0.5).to(torch.float8_e4m3fn)
+    kv_scale = torch.tensor([1.1], device="cuda")
+    T, H = 256, 16
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(rows - (1 << 20), rows, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
+    sinks = torch.randn(H, device="cuda", generator=g) + 8.0
+    plan = launch_plan(q, kv, idx)
+    assert plan.kernel == ("gluon_fp8" if triton_decode.gluon_available() else "portable")
+    out = torch.empty(T, H, D_V, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(T, H, device="cuda")
+    sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out, lse=lse)
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, kv_scale=kv_scale)
+    check_budget(out, lse, ro, rl, "fp8_e4m3")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out, lse=lse)
+    for seed in range(2):
+        gg = torch.Generator(device="cuda").manual_seed(100 + seed)
+        idx.copy_(torch.randint(-1, rows, idx.shape, device="cuda", dtype=torch.int32, generator=gg))
+        sinks.copy_(torch.randn(H, device="cuda", generator=gg))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, kv_scale=kv_scale)
+        check_budget(out, lse, ro, rl, "fp8_e4m3")
