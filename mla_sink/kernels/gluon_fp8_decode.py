@@ -7,10 +7,9 @@ layout) and by mma.sync's 16-row tiles re-reading q from shared memory in every 
 * roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = 16
   heads, K = 576) and ``O^T += V^T P^T`` (M = 512 value columns, N = 16, K = 64 ids); the tiles
   are read by the tensor cores straight from shared memory, q and P are the small N-side operands;
-* a producer warpgroup gathers each block's 64 fp8 rows into registers as packed 4-byte words
-  (16-byte loads, masked lanes read 0; the next block's loads are in flight while it waits for a free
-  stage), converts them to fp16 once (``cvt`` e4m3x2 -> f16x2: exact) and stores them, through an
-  int32 view, into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles;
+* a producer warpgroup gathers each block's 64 fp8 rows into registers (16-byte loads, masked lanes
+  read 0; issued before it waits for a free stage), converts them to fp16 once (``cvt`` e4m3x2 ->
+  f16x2: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles;
 * one consumer warpgroup keeps q in shared memory as fp16 (each head row scaled by a power of two so
   its largest ``|q|`` is 2^14: exact for bf16 mantissas, undone on the scores), runs the online
   softmax per head (columns of ``S^T``) in base 2, writes ``P^T`` (fp16) to shared memory for the
@@ -35,58 +34,38 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 @gluon.jit
 def _load_block(IDX, KV, idx_base, stride_kv, nrows, t_end, n0,
                 BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
-    """One block's fp8 rows as int32 words of 4 bytes (invalid ids and positions past ``t_end`` read 0)."""
-    nope_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-    rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])
-    KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
+    """One block's fp8 rows into registers (invalid ids and positions past ``t_end`` read 0)."""
+    nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     pos_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, nope_l))
     ids_n = gl.load(IDX + idx_base + pos_n, mask=pos_n < t_end, other=-1)
     ok_n = (ids_n.to(gl.uint32, bitcast=True) < nrows) & (pos_n < t_end)
-    rows_n = KVW + ids_n.to(gl.int64) * (stride_kv // 4)
-    w_n = gl.load(rows_n[:, None] + gl.arange(0, D_NOPE // 4, layout=gl.SliceLayout(0, nope_l))[None, :],
-                  mask=ok_n[:, None], other=0)
+    rows_n = KV + ids_n.to(gl.int64) * stride_kv
+    x_n = gl.load(rows_n[:, None] + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, nope_l))[None, :],
+                  mask=ok_n[:, None], other=0.0)
     pos_r = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rope_l))
     ids_r = gl.load(IDX + idx_base + pos_r, mask=pos_r < t_end, other=-1)
     ok_r = (ids_r.to(gl.uint32, bitcast=True) < nrows) & (pos_r < t_end)
-    rows_r = KVW + ids_r.to(gl.int64) * (stride_kv // 4) + D_NOPE // 4
-    w_r = gl.load(rows_r[:, None] + gl.arange(0, D_ROPE // 4, layout=gl.SliceLayout(0, rope_l))[None, :],
-                  mask=ok_r[:, None], other=0)
-    return w_n, w_r
-
-
-@gluon.jit
-def _fp8x4_to_f16x2x2(w):
-    """int32 words of 4 e4m3fn bytes -> ``[..., 2C]`` int32 words of 2 fp16 (exact; word 2c holds bytes 0-1
-    of word c, word 2c + 1 bytes 2-3), i.e. the fp16 row in memory order."""
-    lo, hi = gl.inline_asm_elementwise(
-        "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.rn.f16x2.e4m3x2 $0, a; cvt.rn.f16x2.e4m3x2 $1, b; }",
-        "=r,=r,r", [w], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    x = gl.join(lo, hi)
-    return x.reshape([x.shape[0], x.shape[1] * 2])
+    rows_r = KV + ids_r.to(gl.int64) * stride_kv + D_NOPE
+    x_r = gl.load(rows_r[:, None] + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rope_l))[None, :],
+                  mask=ok_r[:, None], other=0.0)
+    return x_n, x_r
 
 
 @gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
               BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, STAGES: gl.constexpr):
-    """Worker partition: fp8 rows -> registers (packed words, the next block in flight while this one waits
-    for its stage) -> fp16 (once) -> the shared-memory ring, stored through an int32 view of the tiles."""
-    w32n: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    """Worker partition: fp8 rows -> registers -> fp16 (once) -> the shared-memory ring."""
     nrows = num_rows.to(gl.uint32)
-    w_n, w_r = _load_block(IDX, KV, idx_base, stride_kv, nrows, t_end, 0, BLOCK_N, D_NOPE, D_ROPE)
     for i in range(num_blocks):
         s = i % STAGES
-        nw_n, nw_r = _load_block(IDX, KV, idx_base, stride_kv, nrows, t_end, (i + 1) * BLOCK_N, BLOCK_N, D_NOPE,
-                                 D_ROPE)
-        h_n = _fp8x4_to_f16x2x2(w_n)
-        h_r = _fp8x4_to_f16x2x2(w_r)
+        x_n, x_r = _load_block(IDX, KV, idx_base, stride_kv, nrows, t_end, i * BLOCK_N, BLOCK_N, D_NOPE, D_ROPE)
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        kn_smem.index(s)._reinterpret(gl.int32, [BLOCK_N, D_NOPE // 2], w32n).store(h_n)
-        kr_smem.index(s)._reinterpret(gl.int32, [BLOCK_N, D_ROPE // 2], w32n).store(h_r)
+        kn_smem.index(s).store(x_n.to(gl.float16))
+        kr_smem.index(s).store(x_r.to(gl.float16))
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         gl.thread_barrier()
         mbarrier.arrive(ready.index(s))
-        w_n = nw_n
-        w_r = nw_r
 
 
 @gluon.jit
@@ -175,7 +154,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-    STAGES: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    STAGES: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr,
 ):
     """One CTA = one token (all of its <= 16 heads). See the module docstring."""
     pid_t = gl.program_id(2).to(gl.int64)
@@ -190,9 +169,10 @@ def sparse_mla_decode_fp8_ws_kernel(
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], gl.float16))
     p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.float16))
-    ring: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    kn_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_NOPE], ring)
-    kr_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_ROPE], ring)
+    kn_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], gl.float16))
+    kr_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_ROPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], gl.float16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -205,7 +185,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                      BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, STAGES, HAS_SINKS)),
         (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
                      BLOCK_N, D_NOPE, D_ROPE, STAGES)),
-    ], [4], [PRODUCER_REGS])
+    ], [4], [152])
 
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,
@@ -249,7 +229,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
         float(sm_scale), H, min(kv_cache.shape[0], 2 ** 31), topk,
         q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        BLOCK_H=16, BLOCK_N=64, D_NOPE=512, D_ROPE=64, STAGES=stages, PRODUCER_REGS=200,
+        BLOCK_H=16, BLOCK_N=64, D_NOPE=512, D_ROPE=64, STAGES=stages,
         HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None,
         num_warps=4,
     )
