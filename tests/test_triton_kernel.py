@@ -16,7 +16,8 @@ import torch
 pytest.importorskip("triton")
 
 from mla_sink.kernels.triton_decode import sparse_mla_decode_triton  # noqa: E402
-from mla_sink.kernels.tuning import TritonConfig, kernel_for, num_kv_splits_for, triton_config  # noqa: E402
+from mla_sink.kernels.tuning import (  # noqa: E402
+    TritonConfig, describe_launch, kernel_for, num_kv_splits_for, split_plan, triton_config)
 from mla_sink.reference import sparse_mla_decode_reference  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -293,3 +294,20 @@ def test_kernel_choice_for_sm90():
     assert triton_config("sm90", "bf16", "bf16", 16, 256, 2048).kernel == "portable"
     with pytest.raises(ValueError):
         TritonConfig(kernel="cuda_graph_magic")
+
+
+def test_split_plan_rounding_and_explain_agree_with_launcher():
+    cfg = TritonConfig(block_n=64, max_kv_splits=32, min_ids_per_split=128)
+    assert split_plan(cfg, 2, 128, 2048, 132, requested=16) == (16, 128)
+    assert split_plan(cfg, 2, 128, 37, 132, requested=4) == (1, 64)  # never more splits than 64-id blocks
+    assert split_plan(cfg, 2, 128, 1000, 132, requested=3) == (3, 384)  # whole blocks per split
+    assert split_plan(cfg, 2, 128, 0, 132, requested=5) == (1, 64)
+    from mla_sink.kernels.triton_decode import launch_plan
+
+    for T, H, topk in [(1, 5, 37), (3, 64, 256), (2, 16, 1000)]:
+        q = torch.zeros(T, H, D_QK, dtype=torch.bfloat16)
+        idx = torch.zeros(T, topk, dtype=torch.int32)
+        plan = launch_plan(q, torch.zeros(8, D_QK, dtype=torch.bfloat16), idx)
+        shown = describe_launch("cpu", "bf16", "bf16", H, T, topk, num_sms=1)
+        assert (plan.config.row, plan.num_kv_splits, plan.kernel) == (shown["row"], shown["num_kv_splits"],
+                                                                       shown["kernel"])

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from ..dtypes import DTYPE_KEYS, out_dtype_for
-from .tuning import TritonConfig, kernel_for, num_kv_splits_for, triton_config
+from .tuning import TritonConfig, kernel_for, split_plan, triton_config
 
 D_QK = 576
 D_V = 512
@@ -416,7 +416,7 @@ class TritonLaunch:
         config: the tuning row's :class:`~mla_sink.kernels.tuning.TritonConfig` (``config.row`` names it).
         block_h: head block of this call. num_kv_splits: KV splits per token (1 = no combine kernel).
         ids_per_split: ids per split (a multiple of ``config.block_n``).
-        kernel: ``"portable"`` or ``"gluon_ws"`` (:func:`mla_sink.kernels.tuning.kernel_for`).
+        kernel: ``"portable"``, ``"gluon_ws"`` or ``"gluon_fp8"`` (:func:`mla_sink.kernels.tuning.kernel_for`).
     """
 
     config: TritonConfig
@@ -435,11 +435,7 @@ def launch_plan(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, 
     q_key, kv_key = DTYPE_KEYS[q.dtype], DTYPE_KEYS[kv_cache.dtype]
     cfg = config if config is not None else triton_config(_arch(device.type, device.index), q_key, kv_key, H, T, topk)
     block_h = cfg.block_h_for(H)
-    if num_kv_splits is None:
-        num_kv_splits = num_kv_splits_for(cfg, T, triton.cdiv(H, block_h), topk, _num_sms(device))
-    num_kv_splits = max(1, min(int(num_kv_splits), triton.cdiv(max(topk, 1), cfg.block_n)))
-    ids_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_kv_splits), cfg.block_n) * cfg.block_n
-    num_kv_splits = triton.cdiv(max(topk, 1), ids_per_split)
+    num_kv_splits, ids_per_split = split_plan(cfg, T, H, topk, _num_sms(device), requested=num_kv_splits)
     kernel = kernel_for(cfg, device_type=device.type, q_dtype=q_key, kv_dtype=kv_key, num_heads=H,
                         num_kv_splits=num_kv_splits, logit_cap=logit_cap,
                         gluon_ok=device.type == "cuda" and gluon_available())

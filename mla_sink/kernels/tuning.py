@@ -116,6 +116,19 @@ def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, 
     return max(1, min(want, cfg.max_kv_splits, most))
 
 
+def split_plan(cfg: TritonConfig, num_tokens: int, num_heads: int, topk: int, num_sms: int,
+               requested: int | None = None) -> tuple[int, int]:
+    """``(num_kv_splits, ids_per_split)`` of a launch: ``requested`` splits (default
+    :func:`num_kv_splits_for`), at most one per ``block_n`` ids, rounded so every split but the last
+    holds a whole number of ``block_n`` blocks. Pure."""
+    if requested is None:
+        requested = num_kv_splits_for(cfg, num_tokens, -(-num_heads // cfg.block_h_for(num_heads)), topk, num_sms)
+    ids = max(topk, 1)
+    splits = max(1, min(int(requested), -(-ids // cfg.block_n)))
+    ids_per_split = -(-(-(-ids // splits)) // cfg.block_n) * cfg.block_n
+    return -(-ids // ids_per_split), ids_per_split
+
+
 def kernel_for(cfg: TritonConfig, *, device_type: str, q_dtype: str, kv_dtype: str, num_heads: int,
                num_kv_splits: int, logit_cap: float, gluon_ok: bool) -> str:
     """Which kernel serves a launch: ``cfg.kernel`` where its conditions hold, else ``"portable"``.
@@ -123,8 +136,8 @@ def kernel_for(cfg: TritonConfig, *, device_type: str, q_dtype: str, kv_dtype: s
     Both Gluon kernels need a CUDA device, Triton's Gluon dialect (``gluon_ok``), no soft cap and no
     split-KV (the grid fills the GPU). ``"gluon_ws"`` covers bf16 or fp16 q and KV of one dtype in
     64-head blocks (H > 32); ``"gluon_fp8"`` covers e4m3fn KV with bf16 or fp16 q at H <= 16.
-    Everything else runs the portable kernel. Pure: safe to call
-    under CUDA-graph capture and testable on the CPU.
+    Everything else runs the portable kernel. Pure: safe to call under CUDA-graph capture and
+    testable on the CPU.
     """
     if cfg.kernel == "portable" or not (gluon_ok and device_type == "cuda" and num_kv_splits == 1
                                          and not logit_cap > 0):
@@ -150,7 +163,7 @@ def describe_launch(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_
     block_h = cfg.block_h_for(num_heads)
     splits = kernel = None
     if num_sms is not None:
-        splits = num_kv_splits_for(cfg, num_tokens, -(-num_heads // block_h), topk, num_sms)
+        splits, _ = split_plan(cfg, num_tokens, num_heads, topk, num_sms)
         kernel = kernel_for(cfg, device_type="cpu" if arch == "cpu" else "cuda", q_dtype=q_dtype,
                             kv_dtype=kv_dtype, num_heads=num_heads, num_kv_splits=splits, logit_cap=logit_cap,
                             gluon_ok=gluon_ok)
