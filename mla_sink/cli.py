@@ -71,6 +71,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     from .select import select
 
+    if args.tokens < 1:
+        raise ValueError(f"'--tokens' must be >= 1 (got {args.tokens})")
+    if args.sms is not None and args.sms < 1:
+        raise ValueError(f"'--sms' must be >= 1 (got {args.sms})")
+
     if args.matrix:
         if args.json:
             print(json.dumps(matrix_dict(args), indent=2))
@@ -142,7 +147,8 @@ def _launch_lines(launch: dict, tokens: int) -> list:
     if launch["num_sms"] is None:
         lines.append("    splits and kernel depend on the SM count: pass --sms N")
     else:
-        lines.append(f"    on {launch['num_sms']} SMs: {launch['num_kv_splits']} KV split(s), kernel {launch['kernel']}"
+        where = "on the CPU (interpreter)" if launch["row"] == "cpu_interpreter" else f"on {launch['num_sms']} SMs"
+        lines.append(f"    {where}: {launch['num_kv_splits']} KV split(s), kernel {launch['kernel']}"
                      + (" (warp-specialised, mla_sink/kernels/gluon_decode.py)" if launch["kernel"] == "gluon_ws"
                         else " (mla_sink/kernels/triton_decode.py)"))
     return lines
@@ -228,10 +234,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``mla-sink <command>: error: ...``, exit 2), no usage block."""
+
+    def error(self, message: str):  # noqa: D102 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``mla-sink`` argument parser (subcommands explain, demo, info, bench)."""
-    parser = argparse.ArgumentParser(prog="mla-sink", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="mla-sink", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("explain", help="which kernel path a call takes, and why")
     _add_call_flags(p)
@@ -262,18 +275,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .select import NoKernelError
 
     args = build_parser().parse_args(argv)
+    rc = 0
     try:
         rc = args.func(args)
-        return rc if isinstance(rc, int) else 0  # some commands return their report
+        rc = rc if isinstance(rc, int) else 0  # some commands return their report
     except NoKernelError as e:  # a refusal: the explanation, exit 2
+        rc = 2
         print(e.explanation)
-        return 2
     except ValueError as e:  # bad input: one line naming the argument, exit 2
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stderr.close()
-        return 0
+    except BrokenPipeError:  # output piped into `head` and the like: keep the command's status
+        pass
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    return rc
 
 
 if __name__ == "__main__":

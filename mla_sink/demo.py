@@ -68,7 +68,11 @@ def run_demo(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise ValueError(f"'--{flag}' must be >= 1 (got {getattr(args, flag)})")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type not in ("cpu", "cuda"):
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
         raise ValueError(f"'--device' must be cpu or cuda (got {device!r})")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"'--device' is {device!r} but this machine has no CUDA/ROCm GPU (use --device cpu)")

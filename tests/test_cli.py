@@ -88,6 +88,9 @@ def test_help(argv, capsys):
     (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
     (["explain", "--path", "garbage"], "'path' must be one of"),
     (["explain", "--arch", "cpu", "--aiter", "0.1.20"], "'aiter_version' must be None"),
+    (["explain", "--tokens", "0"], "'--tokens' must be >= 1"),
+    (["explain", "--arch", "sm90", "--sms", "-1"], "'--sms' must be >= 1"),
+    (["demo", "--device", "tpu"], "'--device' must be cpu or cuda"),
 ])
 def test_bad_flags_give_one_line_and_exit_2(argv, text, capsys):
     code = main(argv)
@@ -132,3 +135,13 @@ def test_explain_triton_launch_without_sm_count(capsys):
     assert code == 0 and "tuning row sm80_sm100_default" in out and "pass --sms N" in out
     code, out = run_cli(capsys, "explain", "--arch", "gfx942", "--aiter", "0.1.20", "--heads", "64", "--sinks")
     assert "tuning row rocm_default" in out  # AMD shapes without an AITER kernel run the portable kernel
+
+
+@pytest.mark.parametrize("argv", [["explain", "--q-dtype", "fp32"], ["explain", "--heads", "abc"],
+                                  ["demo", "--dtype", "fp32"]])
+def test_argparse_errors_are_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert len(err.strip().splitlines()) == 1 and "error: argument" in err and "usage:" not in err
