@@ -8,6 +8,7 @@ import time
 import torch
 
 from .dtypes import FP8_KEYS, TORCH_DTYPES
+from .records import call_key
 
 _DTYPES = ["bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz"]
 
@@ -81,10 +82,20 @@ def run_demo(args: argparse.Namespace) -> int:
                     not args.no_sinks, args.seed)
     spec, platform = describe(x["q"], x["kv_cache"], x["indices"], x.get("sinks"), return_lse=True)
     print(f"call: {spec} on {platform}; T={args.tokens} topk={args.topk} pool N={args.pool}")
-    text = explain_call(spec, platform, path=args.path).splitlines()
-    winner = [line for line in text if not line.lstrip().startswith("✗ ") or "refused" in line]
-    print("\n".join(winner))
-    print(f"  ({len(text) - len(winner)} earlier rows rejected; `mla-sink explain` lists why)")
+    if args.path == "reference":  # always honoured, no row consulted (mla_sink.select.plan_call)
+        print(f"{call_key(spec, platform)}\n  → reference   (forced: the float64 reference runs anywhere)")
+    else:
+        from .select import NoKernelError, plan_call
+
+        try:
+            plan_call(spec, platform, path=args.path)
+        except NoKernelError:  # run() below raises it with the full explanation (exit 2)
+            pass
+        else:
+            text = explain_call(spec, platform, path=args.path).splitlines()
+            winner = [line for line in text if not line.lstrip().startswith("✗ ")]
+            print("\n".join(winner))
+            print(f"  ({len(text) - len(winner)} earlier rows rejected; `mla-sink explain` lists why)")
     out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)  # warm-up / compile
     if device != "cpu":
         torch.cuda.synchronize()
