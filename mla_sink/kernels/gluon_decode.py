@@ -40,9 +40,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-PRODUCER_WARPS = 4
-PRODUCER_REGS = 56
-
 
 @gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
@@ -186,7 +183,7 @@ def sparse_mla_decode_ws_kernel(
                      BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, STAGES, HAS_SINKS)),
         (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
                      BLOCK_N, D_NOPE, D_ROPE, STAGES, 16)),
-    ], [4], [56])
+    ], [4], [56])  # producer: one warpgroup at 56 registers; the consumers get the rest (240)
 
 
 def sparse_mla_decode_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None, lse=None,

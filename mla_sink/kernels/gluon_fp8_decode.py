@@ -185,7 +185,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                      BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, STAGES, HAS_SINKS)),
         (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
                      BLOCK_N, D_NOPE, D_ROPE, STAGES)),
-    ], [4], [152])
+    ], [4], [152])  # producer: one warpgroup at 152 registers (one block of fp8 rows in flight)
 
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,
