@@ -24,7 +24,7 @@ pytestmark = [
                        reason="needs an sm90 GPU"),
 ]
 
-import test_gluon_gpu  # noqa: E402,F401  (registers the few-id budget)
+from test_gluon_gpu import adversarial_ids  # noqa: E402  (also registers the few-id budget)
 from test_triton_gpu import check_budget  # noqa: E402
 
 D_QK, D_V = 576, 512
@@ -34,18 +34,6 @@ def fp8_kernel():
     from mla_sink.kernels.gluon_fp8_decode import sparse_mla_decode_fp8_gluon
 
     return sparse_mla_decode_fp8_gluon
-
-
-def adversarial_ids(T, topk, N, g):
-    idx = torch.randint(0, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
-    idx[idx == 3] = 4  # row 3 holds NaN codes and is never referenced
-    if topk > 40:
-        idx[0, :16] = -1
-        idx[-1, topk // 2] = -1
-        idx[-1, 3] = N
-        idx[-1, 7] = 2 ** 31 - 1
-        idx[:, 11::29] = -5
-    return idx
 
 
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16q", "fp16q"])

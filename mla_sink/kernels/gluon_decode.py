@@ -186,6 +186,20 @@ def sparse_mla_decode_ws_kernel(
     ], [4], [56])  # producer: one warpgroup at 56 registers; the consumers get the rest (240)
 
 
+def launch_buffers(q, out, lse, sm_scale):
+    """``(out, lse, sm_scale)`` of a Gluon launch: ``out [T, H, 512]`` in q's dtype and fp32 ``lse [T, H]``
+    allocated where not given, ``sm_scale`` defaulting to ``576 ** -0.5`` (the Gluon launchers' shared
+    prologue)."""
+    import torch
+
+    T, H, d_qk = q.shape
+    if out is None:
+        out = torch.empty((T, H, 512), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    return out, lse, (d_qk ** -0.5 if sm_scale is None else sm_scale)
+
+
 def sparse_mla_decode_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None, lse=None,
                             block_n: int = 64, stages: int = 2):
     """Launch :func:`sparse_mla_decode_ws_kernel` (CUDA sm90 only; bf16 or fp16 q and KV of one dtype).
@@ -202,18 +216,11 @@ def sparse_mla_decode_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, 
 
     Inputs are validated by the caller; no host synchronisation (CUDA-graph safe).
     """
-    import torch
-
-    T, H, d_qk = q.shape
+    T, H, _ = q.shape
     topk = indices.shape[1]
-    if out is None:
-        out = torch.empty((T, H, 512), dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    out, lse, sm_scale = launch_buffers(q, out, lse, sm_scale)
     if T == 0 or H == 0:
         return out, lse
-    if sm_scale is None:
-        sm_scale = d_qk ** -0.5
     block_h = 64
     sparse_mla_decode_ws_kernel[(-(-H // block_h), 1, T)](
         q, kv_cache, indices, sinks if sinks is not None else lse,

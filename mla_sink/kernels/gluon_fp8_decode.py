@@ -208,18 +208,15 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
     """
     import torch
 
-    T, H, d_qk = q.shape
+    from .gluon_decode import launch_buffers
+
+    T, H, _ = q.shape
     if H > 16:
         raise ValueError(f"sparse_mla_decode_fp8_gluon serves at most 16 heads, got num_heads={H}")
     topk = indices.shape[1]
-    if out is None:
-        out = torch.empty((T, H, 512), dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    out, lse, sm_scale = launch_buffers(q, out, lse, sm_scale)
     if T == 0 or H == 0:
         return out, lse
-    if sm_scale is None:
-        sm_scale = d_qk ** -0.5
     if kv_scale is None:
         kv_scale = torch.ones(1, dtype=torch.float32, device=q.device)
     sparse_mla_decode_fp8_ws_kernel[(1, 1, T)](
