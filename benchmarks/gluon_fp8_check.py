@@ -71,7 +71,7 @@ def main():
         try:
             ro, rl = sparse_mla_decode_reference(q, pool8, idx, sinks, kv_scale=one)
             for st in (2,):
-                kw = dict(kv_scale=one, out=o, lse=l, stages=st)
+                kw = dict(kv_scale=one, out=o, lse=l)
                 sparse_mla_decode_fp8_gluon(q, pool8, idx, sinks, **kw)
                 rec[f"gluon_st{st}_err"] = (o.double() - ro).abs().max().item()
                 rec[f"gluon_st{st}_us"] = timer.time_us(lambda: sparse_mla_decode_fp8_gluon(q, pool8, idx, sinks, **kw))
