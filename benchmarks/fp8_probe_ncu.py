@@ -13,6 +13,13 @@ import fp8_pingpong_probe as pp  # noqa: E402
 from mla_sink.bench import GraphTimer  # noqa: E402
 from mla_sink.kernels.triton_decode import sparse_mla_decode_triton  # noqa: E402
 
+# the probe variants of the 2026-11-30 run (benchmarks/fp8_probe_pools_2026-11-30.json)
+VARIANTS = {
+    "producer_only_4_words": dict(consumer_regs=128, producer_regs=200, prefetch=2, probe=1),
+    "producer_only_8_ids": dict(consumer_regs=128, producer_regs=96, producer_warps=8, prefetch=1, probe=1),
+    "pp8_ids": dict(consumer_regs=128, producer_regs=96, producer_warps=8, prefetch=1),
+}
+
 
 def case(T, pool_rows, H=16):
     torch.manual_seed(0)
@@ -34,7 +41,7 @@ if sys.argv[1] == "ncu":
         if name == "portable_bf16":
             sparse_mla_decode_triton(q, pool, idx, sinks, out=o, lse=l)
         else:
-            pp.launch(q, pool8, idx, sinks, kv_scale=one, out=o, lse=l, **pp.VARIANTS[name])
+            pp.launch(q, pool8, idx, sinks, kv_scale=one, out=o, lse=l, **VARIANTS[name])
     torch.cuda.synchronize()
     print("ok")
 else:
@@ -44,7 +51,7 @@ else:
         pool, pool8, q, idx, sinks, o, l, one = case(132, rows_n)
         rec = {"pool_rows": rows_n}
         for name in ("producer_only_4_words", "producer_only_8_ids", "pp8_ids"):
-            rec[name] = timer.time_us(lambda: pp.launch(q, pool8, idx, sinks, kv_scale=one, out=o, lse=l, **pp.VARIANTS[name]))
+            rec[name] = timer.time_us(lambda: pp.launch(q, pool8, idx, sinks, kv_scale=one, out=o, lse=l, **VARIANTS[name]))
         rec["portable_bf16"] = timer.time_us(lambda: sparse_mla_decode_triton(q, pool, idx, sinks, out=o, lse=l))
         print(json.dumps(rec), flush=True)
         rows.append(rec)
