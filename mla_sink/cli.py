@@ -49,8 +49,9 @@ def _spec_from_args(args: argparse.Namespace) -> CallSpec:
 def _add_call_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine)")
     p.add_argument("--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
-    p.add_argument("--triton", dest="triton", action="store_true", default=None, help="Triton importable")
-    p.add_argument("--no-triton", dest="triton", action="store_false", help="Triton not importable")
+    tri = p.add_mutually_exclusive_group()
+    tri.add_argument("--triton", dest="triton", action="store_true", default=None, help="Triton importable")
+    tri.add_argument("--no-triton", dest="triton", action="store_false", help="Triton not importable")
     p.add_argument("--q-dtype", default="bf16", choices=_DTYPES)
     p.add_argument("--kv-dtype", default=None, choices=_DTYPES, help="default: the q dtype")
     p.add_argument("--heads", type=int, default=16, help="num_heads H")
@@ -140,6 +141,13 @@ def _triton_launch(args: argparse.Namespace, spec: CallSpec, platform: Platform)
         return None
 
 
+KERNEL_FILES = {
+    "portable": "mla_sink/kernels/triton_decode.py",
+    "gluon_ws": "warp-specialised, mla_sink/kernels/gluon_decode.py",
+    "gluon_fp8": "warp-specialised, mla_sink/kernels/gluon_fp8_decode.py",
+}
+
+
 def _launch_lines(launch: dict, tokens: int) -> list:
     params = " ".join(f"{k}={v}" for k, v in launch["params"].items())
     lines = [f"  triton launch at T={tokens}: tuning row {launch['row']} (tables/triton_tuning.yaml): {params}",
@@ -148,9 +156,8 @@ def _launch_lines(launch: dict, tokens: int) -> list:
         lines.append("    splits and kernel depend on the SM count: pass --sms N")
     else:
         where = "on the CPU (interpreter)" if launch["row"] == "cpu_interpreter" else f"on {launch['num_sms']} SMs"
-        lines.append(f"    {where}: {launch['num_kv_splits']} KV split(s), kernel {launch['kernel']}"
-                     + (" (warp-specialised, mla_sink/kernels/gluon_decode.py)" if launch["kernel"] == "gluon_ws"
-                        else " (mla_sink/kernels/triton_decode.py)"))
+        lines.append(f"    {where}: {launch['num_kv_splits']} KV split(s), kernel {launch['kernel']} "
+                     f"({KERNEL_FILES[launch['kernel']]})")
     return lines
 
 

@@ -38,6 +38,8 @@ def describe(
             out of its domain.
     """
     check_inputs(q, kv_cache, indices, sinks, check_scales=False)
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"'return_lse' must be a bool (got {return_lse!r})")
     spec = CallSpec(
         q_dtype=dtype_key(q.dtype),
         kv_dtype=dtype_key(kv_cache.dtype),

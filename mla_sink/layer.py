@@ -7,7 +7,7 @@ CUDA-graph capture.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -15,7 +15,18 @@ from .inputs import DecodeInputs
 from .plan import LaunchPlan
 from .records import D_QK, CallSpec, Platform
 from .run import Result, check_dcp_args, prepare, run
-from .validate import check_sm_scale
+from .dtypes import DTYPE_KEYS
+from .validate import call_scalars
+
+
+
+def _key(name: str, dtype: Union[str, torch.dtype]) -> Union[str, torch.dtype]:
+    """A torch dtype -> its dtype key; anything else passes through for CallSpec to check."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPE_KEYS:
+            raise ValueError(f"'{name}' must be one of {sorted(DTYPE_KEYS.values())} or their torch dtypes (got {dtype})")
+        return DTYPE_KEYS[dtype]
+    return dtype
 
 
 class SparseMLADecode:
@@ -23,7 +34,8 @@ class SparseMLADecode:
 
     Args:
         num_heads: H, query heads of this rank.
-        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
+        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``) or the
+            matching torch dtypes.
         topk: ids per token in ``indices [T, topk]``.
         sinks: optional fp32 ``[H]`` learned sink logits (natural log, not scaled by ``sm_scale``),
             checked now (dtype, shape, contiguity, device) and used by every call.
@@ -42,19 +54,18 @@ class SparseMLADecode:
         ValueError: bad configuration or sinks. NoKernelError: no path serves it on this platform.
     """
 
-    def __init__(self, *, num_heads: int, q_dtype: str, kv_dtype: str, topk: int,
+    def __init__(self, *, num_heads: int, q_dtype: Union[str, torch.dtype], kv_dtype: Union[str, torch.dtype], topk: int,
                  sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
                  max_seqlen_q: int = 1, dcp_world_size: int = 1, dcp_group: Any = None,
                  dcp_layout: str = "interleaved", num_kv_rows: Optional[int] = None,
                  return_lse: bool = False, logit_cap: float = 0.0,
                  platform: Optional[Platform] = None, path: Optional[str] = None) -> None:
-        self.spec = CallSpec(q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=num_heads, topk=topk,
-                             max_seqlen_q=max_seqlen_q, sinks=sinks is not None,
-                             dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap)
         if sm_scale is None:
             sm_scale = D_QK ** -0.5
-        check_sm_scale(sm_scale)
-        self.sm_scale = float(sm_scale)
+        self.sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
+        self.spec = CallSpec(q_dtype=_key("q_dtype", q_dtype), kv_dtype=_key("kv_dtype", kv_dtype),
+                             num_heads=num_heads, topk=topk, max_seqlen_q=max_seqlen_q, sinks=sinks is not None,
+                             dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap)
         check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         self.plan: LaunchPlan = prepare(self.spec, platform, path=path, sinks=sinks, sm_scale=self.sm_scale)
         self.platform = self.plan.platform

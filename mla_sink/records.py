@@ -47,7 +47,7 @@ def _bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 def _to_float(name: str):
     def convert(value: Any) -> float:
-        if isinstance(value, bool):
+        if isinstance(value, (bool, str, bytes)):
             raise ValueError(f"'{name}' must be a finite float (got {value!r})")
         try:
             return float(value)

@@ -23,7 +23,7 @@ from .plan import LaunchPlan
 from .platform import arch_of, detect_platform
 from .records import D_QK, CallSpec, Platform
 from .select import plan_call
-from .validate import check_inputs, check_sinks, check_sm_scale
+from .validate import call_scalars, check_inputs, check_sinks, check_sm_scale
 
 Result = tuple[torch.Tensor, Optional[torch.Tensor]]
 
@@ -287,6 +287,7 @@ def sparse_mla_decode(
     """
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
+    sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
     # Validation: describe() and run() in eager mode; the op's real and fake implementations when traced.
     if torch.compiler.is_compiling():  # records are built inside the op (frozen attrs do not trace)
         return _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,

@@ -10,6 +10,7 @@ the kernels, not rejected.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -39,6 +40,19 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return pa != 0 and pa == pb  # fake/meta tensors report 0: nothing to compare
 
 
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """True unless the strides prove every element has its own memory: the dimensions of size > 1,
+    ordered by stride, each step past the whole extent of the previous one (a stride-0 broadcast or
+    interleaved strides fail; such layouts are refused rather than written through)."""
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1)
+    span = 1
+    for stride, size in dims:
+        if stride < span:
+            return True
+        span = stride * size
+    return False
+
+
 def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[torch.device] = None) -> None:
     """Validate ``sinks``: fp32, 1-D ``[H]``, contiguous, on ``device``.
 
@@ -61,9 +75,25 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
 
 
 def check_sm_scale(sm_scale: float) -> None:
-    """Raises ValueError unless ``sm_scale`` is a finite positive number."""
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) or sm_scale <= 0:
+    """Raises ValueError unless ``sm_scale`` is a finite positive real number (Python or numpy scalar)."""
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale) or sm_scale <= 0:
         raise ValueError(f"'sm_scale' must be a finite float > 0 (got {sm_scale!r})")
+
+
+def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[float, float]:
+    """Check the scalar options of a call under the names the caller used; returns ``(sm_scale, logit_cap)``
+    as Python floats (numpy scalars accepted).
+
+    Raises:
+        ValueError: ``sm_scale`` not a finite real > 0, ``return_lse`` not a bool, ``logit_cap`` not a
+            finite real (strings are refused, not parsed).
+    """
+    check_sm_scale(sm_scale)
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"'return_lse' must be a bool (got {return_lse!r})")
+    if isinstance(logit_cap, bool) or not isinstance(logit_cap, numbers.Real) or not math.isfinite(logit_cap):
+        raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
+    return float(sm_scale), float(logit_cap)
 
 
 def check_inputs(
@@ -151,13 +181,13 @@ def check_inputs(
         is_fp8 = _dt(tensor) in FP8_KEYS
         owner = "q" if name == "q_scale" else "kv_cache"
         if is_fp8 and scale is None:
-            raise ValueError(f"'{name}' is required when {owner} is fp8 ({_dt(tensor)}): pass a float32 tensor of shape [1]")
+            raise ValueError(f"'{name}' is required when {owner} is fp8 ({_dt(tensor)}): pass a float32 tensor of shape [1] or []")
         if not is_fp8 and scale is not None:
             raise ValueError(f"'{name}' must be None when {owner} is {_dt(tensor)} (scales apply to fp8 only; got a tensor)")
         if scale is not None:
             _require_tensor(name, scale)
-            if scale.dtype != torch.float32 or scale.numel() != 1:
-                raise ValueError(f"'{name}' must be float32 with one element (got {scale.dtype} shape {tuple(scale.shape)})")
+            if scale.dtype != torch.float32 or tuple(scale.shape) not in ((1,), ()):
+                raise ValueError(f"'{name}' must be float32 of shape [1] or [] (got {scale.dtype} shape {tuple(scale.shape)})")
             if scale.device != device:
                 raise ValueError(f"'{name}' must be on {device}, like q (got {scale.device})")
     if out is not None:
@@ -169,6 +199,9 @@ def check_inputs(
             )
         if out.stride(2) != 1 or out.device != device:
             raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {tuple(out.stride())})")
+        if _overlaps_itself(out):
+            raise ValueError(f"'out' must not overlap itself: each [token, head] row needs its own memory (got strides "
+                             f"{tuple(out.stride())} for shape {tuple(out.shape)}, e.g. from expand())")
         for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
                         ("topk_length", topk_length)):
             if t is not None and t.numel() and out.numel() and _same_storage(out, t):

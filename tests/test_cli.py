@@ -130,6 +130,18 @@ def test_explain_triton_launch(tokens, splits, kernel, capsys):
     assert (launch["row"], launch["num_kv_splits"], launch["kernel"]) == ("sm90_default", splits, kernel)
 
 
+@pytest.mark.parametrize("argv,row,kernel_file", [
+    (["--heads", "128", "--tokens", "256"], "sm90_default", "kernel gluon_ws (warp-specialised, mla_sink/kernels/gluon_decode.py)"),
+    (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "256"], "sm90_fp8_h16",
+     "kernel gluon_fp8 (warp-specialised, mla_sink/kernels/gluon_fp8_decode.py)"),
+    (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "2"], "sm90_fp8_h16",
+     "kernel portable (mla_sink/kernels/triton_decode.py)"),
+])
+def test_explain_names_the_kernel_file(argv, row, kernel_file, capsys):
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", *argv, "--sms", "132")
+    assert code == 0 and f"tuning row {row}" in out and kernel_file in out
+
+
 def test_explain_triton_launch_without_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm80", "--heads", "16", "--aiter", "none")
     assert code == 0 and "tuning row sm80_sm100_default" in out and "pass --sms N" in out
@@ -138,7 +150,7 @@ def test_explain_triton_launch_without_sm_count(capsys):
 
 
 @pytest.mark.parametrize("argv", [["explain", "--q-dtype", "fp32"], ["explain", "--heads", "abc"],
-                                  ["demo", "--dtype", "fp32"]])
+                                  ["demo", "--dtype", "fp32"], ["explain", "--triton", "--no-triton"]])
 def test_argparse_errors_are_one_line(argv, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)

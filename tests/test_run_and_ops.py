@@ -175,6 +175,18 @@ def test_layer_construction_rejections():
         layer(q, kv, idx)
 
 
+def test_layer_takes_torch_dtypes_and_names_bad_options():
+    layer = SparseMLADecode(num_heads=5, q_dtype=torch.float16, kv_dtype=torch.float16, topk=24,
+                            platform=CPU_NO_TRITON)
+    assert (layer.spec.q_dtype, layer.spec.kv_dtype) == ("fp16", "fp16")
+    base = dict(num_heads=3, q_dtype="fp16", kv_dtype="fp16", topk=8, platform=Platform("cpu"))
+    for kw, message in ((dict(q_dtype=torch.float32), "'q_dtype' must be one of"),
+                        (dict(return_lse=None), "'return_lse' must be a bool"),
+                        (dict(logit_cap="3"), "'logit_cap' must be a finite float")):
+        with pytest.raises(ValueError, match=message):
+            SparseMLADecode(**{**base, **kw})
+
+
 def test_run_accepts_a_mapping_of_tensors():
     q, kv, idx, s = inputs()
     spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=5, topk=24, sinks=True)

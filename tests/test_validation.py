@@ -62,8 +62,37 @@ def test_fp8_without_scales_is_rejected():
     x = good(q_dtype=torch.float8_e4m3fn, kv_dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="'q_scale' is required"):
         sparse_mla_decode(**x, kv_scale=torch.ones(1))
-    with pytest.raises(ValueError, match="'kv_scale' must be float32 with one element"):
-        sparse_mla_decode(**x, q_scale=torch.ones(1), kv_scale=torch.ones(2))
+    for bad in (torch.ones(2), torch.ones(1, 1), torch.ones(1, dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"'kv_scale' must be float32 of shape \[1\] or \[\]"):
+            sparse_mla_decode(**x, q_scale=torch.ones(1), kv_scale=bad)
+
+
+def test_zero_dim_scales_are_accepted():
+    from mla_sink.reference import sparse_mla_decode_reference as ref
+
+    x = good(kv_dtype=torch.float8_e4m3fn)
+    got, _ = sparse_mla_decode(**x, kv_scale=torch.tensor(0.5), path="reference")
+    want, _ = ref(x["q"], x["kv_cache"], x["indices"], kv_scale=torch.tensor([0.5]))
+    torch.testing.assert_close(got.double(), want, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(return_lse=None), "'return_lse' must be a bool"),
+    (dict(logit_cap="5"), "'logit_cap' must be a finite float"),
+    (dict(logit_cap=float("nan")), "'logit_cap' must be a finite float"),
+    (dict(sm_scale="0.1"), "'sm_scale' must be a finite float > 0"),
+])
+def test_scalar_options_are_named_as_passed(kw, message):
+    with pytest.raises(ValueError, match=message):
+        sparse_mla_decode(**good(), **kw)
+
+
+def test_numpy_scalars_are_accepted():
+    np = pytest.importorskip("numpy")
+    x = good()
+    a, _ = sparse_mla_decode(**x, sm_scale=np.float32(0.05), logit_cap=np.float64(4.0), path="reference")
+    b, _ = sparse_mla_decode(**x, sm_scale=0.05, logit_cap=4.0, path="reference")
+    torch.testing.assert_close(a, b)
 
 
 def test_non_tensor_is_rejected():
@@ -141,6 +170,26 @@ def test_out_sharing_memory_with_an_input_is_rejected():
     bad_out = kv2[:8].view(2, 4, 576)[..., :512]
     with pytest.raises(ValueError, match="'out' must not share memory with 'kv_cache'"):
         sparse_mla_decode(**x, out=bad_out)
+
+
+@pytest.mark.parametrize("make", [
+    lambda T, H: torch.zeros(1, H, 512).bfloat16().expand(T, H, 512),  # every token the same row
+    lambda T, H: torch.zeros(T, 1, 512).bfloat16().expand(T, H, 512),  # every head the same row
+    lambda T, H: torch.zeros(T * H * 256 + 256).bfloat16().as_strided((T, H, 512), (H * 256, 256, 1)),
+], ids=["expand_tokens", "expand_heads", "half_overlap"])
+def test_out_overlapping_itself_is_rejected(make):
+    x = good()
+    T, H = x["q"].shape[:2]
+    with pytest.raises(ValueError, match="'out' must not overlap itself"):
+        sparse_mla_decode(**x, out=make(T, H))
+
+
+def test_out_with_permuted_dims_is_accepted():
+    x = good()
+    T, H = x["q"].shape[:2]
+    out = torch.empty(H, T, 512).bfloat16().transpose(0, 1)
+    got, _ = sparse_mla_decode(**x, out=out, path="reference")
+    assert got.data_ptr() == out.data_ptr() and torch.isfinite(got.float()).all()
 
 
 def test_sinks_requiring_grad_are_rejected():

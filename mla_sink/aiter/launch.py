@@ -263,9 +263,9 @@ def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspac
     o = ws["o"]
     kwargs = call.scalar_kwargs()
     if call.pass_q_scale:
-        kwargs["q_scale"] = inputs.q_scale
+        kwargs["q_scale"] = inputs.q_scale.reshape(1)  # [] or [1]: AITER takes [1]
     if call.pass_kv_scale:
-        kwargs["kv_scale"] = inputs.kv_scale
+        kwargs["kv_scale"] = inputs.kv_scale.reshape(1)
     if isinstance(call, AiterPersistentCall):
         md = ws["metadata"]
         fill_metadata(call.metadata, md, bufs, impl)
