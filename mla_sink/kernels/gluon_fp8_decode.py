@@ -19,7 +19,7 @@ one token, all of its <= 16 heads):
   stores ``out`` and the natural-log LSE. q sits in shared memory as fp16, each head row scaled by a
   power of two so its largest ``|q|`` is 2^14 (exact for bf16 mantissas; undone on the scores).
 
-Measured on an H200 (benchmarks/fp8_pingpong_probe_r*_2026-11-30.json, BENCHMARKS.md): one consumer was
+Measured on an H200 (BENCHMARKS.md; benchmarks/fp8_pingpong_probe_r*_2026-11-30.json): one consumer was
 bound by its serial chain (2.7 us per 64-id block); two take 1.35 us per block, and the producer (2.1-2.5
 us per block: one 36 KB block of rows in flight per SM) is now the limit: 157-159 us at H=16, T=256,
 against 176-180 with one consumer and 162-166 for bf16 KV.
