@@ -11,13 +11,12 @@ from typing import Any, Optional, Union
 
 import torch
 
+from .dtypes import DTYPE_KEYS
 from .inputs import DecodeInputs
 from .plan import LaunchPlan
 from .records import D_QK, CallSpec, Platform
 from .run import Result, check_dcp_args, prepare, run
-from .dtypes import DTYPE_KEYS
 from .validate import call_scalars
-
 
 
 def _key(name: str, dtype: Union[str, torch.dtype]) -> Union[str, torch.dtype]:
@@ -54,8 +53,8 @@ class SparseMLADecode:
         ValueError: bad configuration or sinks. NoKernelError: no path serves it on this platform.
     """
 
-    def __init__(self, *, num_heads: int, q_dtype: Union[str, torch.dtype], kv_dtype: Union[str, torch.dtype], topk: int,
-                 sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
+    def __init__(self, *, num_heads: int, q_dtype: Union[str, torch.dtype], kv_dtype: Union[str, torch.dtype],
+                 topk: int, sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
                  max_seqlen_q: int = 1, dcp_world_size: int = 1, dcp_group: Any = None,
                  dcp_layout: str = "interleaved", num_kv_rows: Optional[int] = None,
                  return_lse: bool = False, logit_cap: float = 0.0,
