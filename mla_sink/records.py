@@ -9,6 +9,7 @@ test ids and benchmark case names; :func:`call_key` joins them as
 
 from __future__ import annotations
 
+import numbers
 import re
 from typing import Any, Optional
 
@@ -22,6 +23,13 @@ D_V = 512  #: latent dims that serve as the value.
 
 _DTYPES = tuple(sorted(DTYPE_KEYS.values()))
 _ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm[0-9]{2,3}[a-z]?|cpu)$")
+
+
+def _as_int(value: Any) -> Any:
+    """numpy and other integral scalars -> int (bools and non-integers pass through to be refused)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
 
 
 def _int_at_least(lo: int):
@@ -89,13 +97,13 @@ class CallSpec:
 
     q_dtype: str = attrs.field(validator=_one_of(_DTYPES))
     kv_dtype: str = attrs.field(validator=_one_of(_DTYPES))
-    num_heads: int = attrs.field(validator=_int_at_least(1))
-    topk: int = attrs.field(validator=_int_at_least(1))
+    num_heads: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
+    topk: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
     d_qk: int = attrs.field(default=D_QK, validator=_one_of((D_QK,)))
     d_v: int = attrs.field(default=D_V, validator=_one_of((D_V,)))
-    max_seqlen_q: int = attrs.field(default=1, validator=_int_at_least(1))
+    max_seqlen_q: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
     sinks: bool = attrs.field(default=False, validator=_bool)
-    dcp_world_size: int = attrs.field(default=1, validator=_int_at_least(1))
+    dcp_world_size: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
     need_lse: bool = attrs.field(default=False, validator=_bool)
     logit_cap: float = attrs.field(default=0.0, converter=_to_float("logit_cap"), validator=_finite_float)
 

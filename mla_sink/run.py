@@ -28,8 +28,14 @@ from .validate import call_scalars, check_inputs, check_sinks, check_sm_scale
 Result = tuple[torch.Tensor, Optional[torch.Tensor]]
 
 
-@functools.lru_cache(maxsize=1024)
 def _cached_plan(spec: CallSpec, platform: Platform, path: Optional[str]) -> LaunchPlan:
+    if path is not None and not isinstance(path, str):  # before the cache, which would fail to hash it
+        raise ValueError(f"'path' must be a path name (str) or None (got {path!r})")
+    return _plan_cache(spec, platform, path)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_cache(spec: CallSpec, platform: Platform, path: Optional[str]) -> LaunchPlan:
     return plan_call(spec, platform, path=path)
 
 
@@ -173,8 +179,8 @@ def run(
         NoKernelError: no path serves the call on this platform.
     """
     x = as_inputs(inputs)
-    if isinstance(spec, CallSpec) and x.logit_cap != spec.logit_cap:
-        if x.logit_cap != 0.0:
+    if isinstance(spec, CallSpec) and max(x.logit_cap, 0.0) != max(spec.logit_cap, 0.0):  # <= 0: no cap
+        if x.logit_cap > 0.0:
             raise ValueError(f"'inputs.logit_cap'={x.logit_cap!r} disagrees with spec.logit_cap={spec.logit_cap!r}")
         x = x._replace(logit_cap=spec.logit_cap)  # the spec chose the path; its cap is the call's cap
     dcp = isinstance(spec, CallSpec) and spec.dcp_world_size > 1
@@ -182,6 +188,10 @@ def run(
                  q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out, allow_empty_pool=dcp)
     check_spec_matches(spec, x)
     if torch.compiler.is_compiling():
+        # traced: the op detects the platform itself; a CPU/GPU mismatch is still refused here (the exact
+        # GPU arch needs a device query, which is left to eager calls)
+        if platform is not None and (platform.arch == "cpu") != (x.device.type == "cpu"):
+            raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.device}")
         return _run_op(spec, x, path)
     _check_records(spec, platform)
     device_arch = arch_of(x.device)

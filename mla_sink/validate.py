@@ -29,15 +29,29 @@ def _require_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """``[first, last + 1)`` bytes the tensor's elements can touch (strides >= 0; empty tensors: empty range)."""
+    if t.numel() == 0:
+        return 0, 0
+    start = t.data_ptr()
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+    return start, start + extent * t.element_size()
+
+
+def _memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory ranges intersect (two views carved side by side from one workspace
+    do not). Traced tensors (fake, meta, or under ``torch.compile``) have no memory to compare: False;
+    the op's real implementation checks again with the real tensors."""
     fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", ())
-    if isinstance(a, fake) or isinstance(b, fake) or a.device.type == "meta":
-        return False  # traced tensors have no memory to compare
+    if (torch.compiler.is_compiling() or isinstance(a, fake) or isinstance(b, fake) or a.device.type == "meta"
+            or b.device.type == "meta" or a.device != b.device):
+        return False
     try:
-        pa, pb = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
+        a0, a1 = _byte_range(a)
+        b0, b1 = _byte_range(b)
     except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. under tracing)
         return False
-    return pa != 0 and pa == pb  # fake/meta tensors report 0: nothing to compare
+    return a0 != 0 and b0 != 0 and a0 < b1 and b0 < a1
 
 
 def _overlaps_itself(t: torch.Tensor) -> bool:
@@ -74,10 +88,15 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
         raise ValueError(f"'sinks' must be on {device}, like q (got {sinks.device})")
 
 
+FP32_TINY = 2.0 ** -126  #: smallest normal fp32: the kernels take ``sm_scale`` as fp32 and flush below it
+
+
 def check_sm_scale(sm_scale: float) -> None:
-    """Raises ValueError unless ``sm_scale`` is a finite positive real number (Python or numpy scalar)."""
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale) or sm_scale <= 0:
-        raise ValueError(f"'sm_scale' must be a finite float > 0 (got {sm_scale!r})")
+    """Raises ValueError unless ``sm_scale`` is a finite real number (Python or numpy scalar) at least the
+    smallest normal fp32, 2^-126 (~1.18e-38): a subnormal scale is flushed to 0 inside the kernels."""
+    if (isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale)
+            or sm_scale < FP32_TINY):
+        raise ValueError(f"'sm_scale' must be a finite float >= 2^-126 (the smallest normal fp32; got {sm_scale!r})")
 
 
 def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[float, float]:
@@ -202,7 +221,9 @@ def check_inputs(
         if _overlaps_itself(out):
             raise ValueError(f"'out' must not overlap itself: each [token, head] row needs its own memory (got strides "
                              f"{tuple(out.stride())} for shape {tuple(out.shape)}, e.g. from expand())")
+        if out.requires_grad:
+            raise ValueError("'out' must not require grad (the kernel writes it in place; pass a plain buffer)")
         for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
-                        ("topk_length", topk_length)):
-            if t is not None and t.numel() and out.numel() and _same_storage(out, t):
+                        ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale)):
+            if isinstance(t, torch.Tensor) and _memory_overlaps(out, t):
                 raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")

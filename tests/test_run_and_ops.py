@@ -101,6 +101,52 @@ def test_compile_fullgraph_traces_run():
     torch.testing.assert_close(lse, e_lse)
 
 
+def test_compile_fullgraph_run_and_layer_with_out():
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=3, topk=8, sinks=True)
+    layer = SparseMLADecode(num_heads=3, q_dtype="fp16", kv_dtype="fp16", topk=8, sinks=s, path="reference",
+                            platform=Platform("cpu"))
+    want, _ = run(spec, DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=576 ** -0.5, sinks=s), path="reference")
+
+    def via_run(q, kv, idx, s, out):
+        return run(spec, DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=576 ** -0.5, sinks=s, out=out),
+                   path="reference")[0]
+
+    for fn in (via_run, lambda q, kv, idx, s, out: layer(q, kv, idx, out=out)[0]):
+        out = torch.empty(2, 3, 512, dtype=torch.float16)
+        torch.compile(fn, fullgraph=True, backend="aot_eager")(q, kv, idx, s, out)
+        torch.testing.assert_close(out, want)
+
+
+def test_compiled_run_refuses_a_gpu_platform_for_cpu_tensors():
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=3, topk=8, sinks=True)
+    gpu = Platform("gfx942", "0.1.20")
+
+    def step(q, kv, idx, s):
+        return run(spec, DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=0.04, sinks=s), platform=gpu)
+
+    with pytest.raises(Exception, match="'platform' describes arch 'gfx942'"):
+        torch.compile(step, fullgraph=True, backend="aot_eager")(q, kv, idx, s)
+
+
+def test_non_positive_logit_caps_all_mean_no_cap():
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=3, topk=8, sinks=True)
+    x = dict(q=q, kv_cache=kv, indices=idx, sm_scale=0.04, sinks=s)
+    a, _ = run(spec, DecodeInputs(**x, logit_cap=-1.0), path="reference")
+    b, _ = run(spec, DecodeInputs(**x), path="reference")
+    torch.testing.assert_close(a, b)
+
+
+def test_numpy_integers_are_accepted_in_records():
+    np = pytest.importorskip("numpy")
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=np.int64(4), topk=np.int32(8), max_seqlen_q=np.int64(2))
+    assert spec == CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8, max_seqlen_q=2)
+    with pytest.raises(ValueError, match="'num_heads' must be an int >= 1"):
+        CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4.0, topk=8)
+
+
 def test_out_op_rejects_wrong_out_shape_before_the_kernel():
     q, kv, idx, _ = inputs(T=2, H=5, topk=16)
     bad = torch.zeros(2, 5, 100, dtype=torch.float16)

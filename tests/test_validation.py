@@ -80,7 +80,9 @@ def test_zero_dim_scales_are_accepted():
     (dict(return_lse=None), "'return_lse' must be a bool"),
     (dict(logit_cap="5"), "'logit_cap' must be a finite float"),
     (dict(logit_cap=float("nan")), "'logit_cap' must be a finite float"),
-    (dict(sm_scale="0.1"), "'sm_scale' must be a finite float > 0"),
+    (dict(sm_scale="0.1"), "'sm_scale' must be a finite float >= 2\\^-126"),
+    (dict(sm_scale=1e-40), "'sm_scale' must be a finite float >= 2\\^-126"),
+    (dict(path=["triton"]), "'path' must be"),
 ])
 def test_scalar_options_are_named_as_passed(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -182,6 +184,37 @@ def test_out_overlapping_itself_is_rejected(make):
     T, H = x["q"].shape[:2]
     with pytest.raises(ValueError, match="'out' must not overlap itself"):
         sparse_mla_decode(**x, out=make(T, H))
+
+
+def test_out_sharing_memory_with_a_scale_is_rejected():
+    x = good(kv_dtype=torch.float8_e4m3fn)
+    T, H = x["q"].shape[:2]
+    buf = torch.zeros(T * H * 512, dtype=torch.bfloat16)
+    kv_scale = buf[:2].view(torch.float32)
+    kv_scale.fill_(0.5)
+    with pytest.raises(ValueError, match="'out' must not share memory with 'kv_scale'"):
+        sparse_mla_decode(**x, kv_scale=kv_scale, out=buf.view(T, H, 512))
+
+
+def test_q_and_out_side_by_side_in_one_workspace_are_accepted():
+    x = good()
+    T, H = x["q"].shape[:2]
+    ws = torch.empty(T * H * 576 + T * H * 512, dtype=torch.bfloat16)
+    q = ws[: T * H * 576].view(T, H, 576)
+    q.copy_(x["q"])
+    out = ws[T * H * 576:].view(T, H, 512)
+    got, _ = sparse_mla_decode(**{**x, "q": q}, out=out, path="reference")
+    want, _ = sparse_mla_decode(**x, path="reference")
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got, want)
+
+
+def test_out_requiring_grad_is_rejected():
+    x = good()
+    T, H = x["q"].shape[:2]
+    out = torch.zeros(T, H, 512, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(ValueError, match="'out' must not require grad"):
+        sparse_mla_decode(**x, out=out)
 
 
 def test_out_with_permuted_dims_is_accepted():

@@ -34,6 +34,7 @@ from packaging.version import Version
 from ..dtypes import FP8_KEYS, out_dtype_for, DTYPE_KEYS
 from ..plan import LaunchPlan
 from ..records import D_QK, D_V
+from ..validate import check_sm_scale
 
 #: The four AITER paths of the rule table.
 AITER_PATHS: tuple[str, ...] = ("aiter_persistent", "aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split")
@@ -421,8 +422,7 @@ def plan_aiter(
     spec, platform = plan.spec, plan.platform
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not (0 < sm_scale < float("inf")):
-        raise ValueError(f"'sm_scale' must be a finite float > 0 (got {sm_scale!r})")
+    check_sm_scale(sm_scale)
     if spec.topk != topk:
         raise ValueError(f"'topk' must equal plan.spec.topk={spec.topk} (got {topk})")
     if spec.q_dtype == "fp16" or spec.kv_dtype == "fp16":

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import warnings
 from typing import Optional
 
@@ -315,6 +316,9 @@ def _interpreted(name: str):
     return InterpretedFunction(fn)
 
 
+_INTERPRETER_LOCK = threading.RLock()  # the swap below is process-wide: one interpreted launch at a time
+
+
 @contextlib.contextmanager
 def _interpreter_stdlib():
     """Make ``tl.sum``, ``tl.max``, ``tl.zeros``... callable by the interpreter for the duration of a launch.
@@ -332,21 +336,22 @@ def _interpreter_stdlib():
         import triton.experimental.gluon  # noqa: F401
     except Exception:  # pragma: no cover - absent in older Triton
         pass
-    modules = [tl, tl.standard, tl.math, tl.core]
-    replaced: dict[int, object] = {}
-    saved = []
-    for mod in modules:
-        for name, obj in list(vars(mod).items()):
-            if isinstance(obj, JITFunction):
-                new = replaced.setdefault(id(obj), InterpretedFunction(obj.fn))
-                saved.append((mod, name, obj))
-                setattr(mod, name, new)
-    try:
-        with np.errstate(all="ignore"):  # masked lanes compute with -inf by design; silence numpy there
-            yield
-    finally:
-        for mod, name, obj in reversed(saved):
-            setattr(mod, name, obj)
+    with _INTERPRETER_LOCK:  # the patched modules are global: CPU calls from several threads take turns
+        modules = [tl, tl.standard, tl.math, tl.core]
+        replaced: dict[int, object] = {}
+        saved = []
+        for mod in modules:
+            for name, obj in list(vars(mod).items()):
+                if isinstance(obj, JITFunction):
+                    new = replaced.setdefault(id(obj), InterpretedFunction(obj.fn))
+                    saved.append((mod, name, obj))
+                    setattr(mod, name, new)
+        try:
+            with np.errstate(all="ignore"):  # masked lanes compute with -inf by design; silence numpy there
+                yield
+        finally:
+            for mod, name, obj in reversed(saved):
+                setattr(mod, name, obj)
 
 
 @functools.lru_cache(maxsize=None)
