@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="which kernel path a call takes, and why")
     _add_call_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--matrix", action="store_true", help="chosen path over archs x dtypes x heads x sinks")
+    p.add_argument("--matrix", action="store_true",
+                   help="chosen path over archs x dtypes x heads x sinks (of the call flags only --qlen and --dcp apply)")
     p.set_defaults(func=_cmd_explain)
 
     p = sub.add_parser("demo", help="run sparse MLA decode with sinks on a default input; error vs float64")

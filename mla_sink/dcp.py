@@ -35,7 +35,7 @@ reduce-scatter wins by 2x at ``W = 4`` and 4x at ``W = 8`` only for a caller tha
 slice (to return full heads it needs a third collective and the gain drops to 1.3x / 2.6x).
 See docs/DCP.md.
 
-Source: DESIGN.md "Decode context parallel"; vLLM ``vllm/v1/attention/backends/mla`` and
+Source: docs/DESIGN.md "Decode context parallel"; vLLM ``vllm/v1/attention/backends/mla`` and
 ``vllm/attention/ops/common.py`` (``cp_lse_ag_out_rs``, the interleaved ``% dcp_world_size`` layout);
 the split-KV combine of lightllm/sglang decode kernels.
 """
@@ -368,7 +368,7 @@ def dcp_sparse_mla_decode(
             under ``layout``; ``inputs.indices``/``q``/``sinks``/``topk_length``/``out`` have
             inconsistent shapes; ``local_decode`` is not callable or returns wrong shapes.
 
-    Source: DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
+    Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
     lightllm/sglang; vLLM ``cp_lse_ag_out_rs`` for the exchange pattern.
     """
     _check_layout(layout)

@@ -1,6 +1,6 @@
 """Dtype keys used in records, rule tables and canonical keys.
 
-The keys are the field's short names (see STYLE.md): ``bf16``, ``fp16``, ``fp8_e4m3`` (OCP e4m3fn,
+The keys are the field's short names: ``bf16``, ``fp16``, ``fp8_e4m3`` (OCP e4m3fn,
 NVIDIA and gfx950) and ``fp8_e4m3fnuz`` (AMD MI300 / gfx942 native fp8).
 """
 

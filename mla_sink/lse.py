@@ -1,6 +1,6 @@
 """Natural-log LSE algebra shared by every path: applying a sink, merging partial states.
 
-Definitions (DESIGN.md, and :mod:`mla_sink.reference`, which defines the semantics):
+Definitions (docs/DESIGN.md, and :mod:`mla_sink.reference`, which defines the semantics):
 ``lse = log(sum_j exp(s_j))`` over a row's valid ids, natural log, sink excluded; an empty row has
 ``lse = -inf`` and ``out = 0``. A sink ``b`` scales the sink-free output by
 ``exp(lse) / (exp(lse) + exp(b)) = sigmoid(lse - b)``. Partial states over disjoint id sets merge as

@@ -65,6 +65,12 @@ def _to_float(name: str):
     return convert
 
 
+def _cap(value: Any) -> float:
+    """``logit_cap`` as a float, every finite value ``<= 0`` (no cap) as ``0.0``: one key per meaning."""
+    value = _to_float("logit_cap")(value)
+    return 0.0 if value <= 0.0 and value > float("-inf") else value
+
+
 def _finite_float(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
         raise ValueError(f"'{attribute.name}' must be a finite float (got {value!r})")
@@ -89,7 +95,7 @@ class CallSpec:
         need_lse: whether the chosen path must produce an LSE. Sinks (applied through it) and DCP
             (merged by it) imply it: construction sets it True for them, so ``need_lse=False`` is a
             request the record corrects, never an error. Pass True when the caller wants the LSE back.
-        logit_cap: soft cap of the scaled logits, ``s = cap * tanh(s / cap)``; ``<= 0`` disables it.
+        logit_cap: soft cap of the scaled logits, ``s = cap * tanh(s / cap)``; ``<= 0`` disables it (stored as 0.0).
 
     Raises:
         ValueError: a field is out of its domain (message names field, value and allowed values).
@@ -105,7 +111,7 @@ class CallSpec:
     sinks: bool = attrs.field(default=False, validator=_bool)
     dcp_world_size: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
     need_lse: bool = attrs.field(default=False, validator=_bool)
-    logit_cap: float = attrs.field(default=0.0, converter=_to_float("logit_cap"), validator=_finite_float)
+    logit_cap: float = attrs.field(default=0.0, converter=_cap, validator=_finite_float)
 
     def __attrs_post_init__(self) -> None:
         if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:

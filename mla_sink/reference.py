@@ -1,6 +1,6 @@
 """The reference path: plain PyTorch in float64. It *defines* the semantics every kernel is checked against.
 
-Semantics (DESIGN.md "The operation"):
+Semantics (docs/DESIGN.md "The operation"):
 
 * valid ids of token t: ``indices[t, j]`` with ``0 <= id < N`` and ``j < topk_length[t]`` (when given);
   ``-1``, any negative id and any id ``>= N`` are skipped wherever they sit in the row;
@@ -74,7 +74,7 @@ def sparse_mla_decode_reference(
         ``(out, lse)``: ``out [T, H, d_v]`` in ``out_dtype`` (0 on empty rows), ``lse`` fp32 ``[T, H]``
         natural log, sink excluded (``-inf`` on empty rows).
 
-    Source: DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
+    Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
     """
     T, H, d_qk = q.shape

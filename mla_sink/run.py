@@ -192,6 +192,8 @@ def run(
         # GPU arch needs a device query, which is left to eager calls)
         if platform is not None and (platform.arch == "cpu") != (x.device.type == "cpu"):
             raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.device}")
+        if spec.dcp_world_size > 1:
+            return _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
         return _run_op(spec, x, path)
     _check_records(spec, platform)
     device_arch = arch_of(x.device)
@@ -232,10 +234,15 @@ def as_inputs(inputs: Any) -> DecodeInputs:
     raise ValueError(f"'inputs' must be a DecodeInputs or a mapping of its fields (got {type(inputs).__name__})")
 
 
+@torch.compiler.disable(reason="decode context parallel runs collectives: it runs eagerly, outside the graph")
+def _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
+    """A DCP call met while tracing: run eagerly (a graph break; ``fullgraph=True`` refuses it)."""
+    return run(spec, x, platform=platform, path=path, dcp_group=dcp_group, dcp_layout=dcp_layout,
+               num_kv_rows=num_kv_rows)
+
+
 def _run_op(spec: CallSpec, x: DecodeInputs, path: Optional[str]) -> Result:
     """The traced form of :func:`run`: one custom op, so ``torch.compile`` sees no graph break."""
-    if spec.dcp_world_size > 1:
-        raise ValueError("DCP calls run eagerly (collectives); call run() outside torch.compile")
     return _call_op(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, x.topk_length, x.q_scale, x.kv_scale,
                     x.out, spec.max_seqlen_q, spec.need_lse, spec.logit_cap, path)
 

@@ -12,15 +12,15 @@ without the plan it really appears). What it models, with sources:
   kv_scale=None, ..., return_lse=False) -> (logits, final_lse)``; ``o`` written in place; the LSE is
   natural log, fp32 ``[total_q, nhead]`` (ROCm/aiter ``aiter/mla.py``).
 * ``logit_cap > 0`` fails an assert; fp16 q aborts; fp8 q without ``q_scale``/``kv_scale`` aborts;
-  fewer than 16 heads has no kernel (AITER never pads) (DESIGN.md "Facts about AITER").
+  fewer than 16 heads has no kernel (AITER never pads) (docs/DESIGN.md "Facts about AITER").
 * Non-persistent: a given ``num_kv_splits`` is honoured only together with ``num_kv_splits_indptr``,
   otherwise ``get_meta_param`` recomputes it (and its fp8 cap can bring it back to 1); token b reads
   ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (``aiter/mla.py``).
 * Non-persistent ``return_lse``: garbage before 0.1.13, aborts 0.1.13-0.1.18, works from 0.1.19,
-  except the one-split fp8 fast path, which leaves the LSE buffer unwritten (DESIGN.md; ``aiter/mla.py``
+  except the one-split fp8 fast path, which leaves the LSE buffer unwritten (docs/DESIGN.md; ``aiter/mla.py``
   returns after stage 1 when ``num_kv_splits == 1`` and q is fp8).
 * gfx950 bf16 32-head split-KV (more than one split) mishandles ragged tails: modelled as dropping
-  the ids past the last multiple of 16 of a row (DESIGN.md, aiter_lse_single_split).
+  the ids past the last multiple of 16 of a row (docs/DESIGN.md, aiter_lse_single_split).
 * Persistent (``work_meta_data`` given): reads the work plan written by ``get_mla_metadata_v1``;
   with sparse metadata token t reads ``kv_indices[t * topk : t * topk + min(count_t, topk)]``
   (``csrc/kernels/mla/metadata/v1_2_device.cuh``); the metadata must be built for the same head count
@@ -266,7 +266,7 @@ class AiterContractFake:
 
 
 def _persistent_lse_kernel(arch: str, q_dtype, kv_dtype, nhead: int, max_seqlen_q: int) -> bool:
-    """Persistent kernels that write an LSE (DESIGN.md "Facts about AITER")."""
+    """Persistent kernels that write an LSE (docs/DESIGN.md "Facts about AITER")."""
     fp8 = q_dtype in _FP8 and kv_dtype in _FP8
     if arch == "gfx950":
         return (q_dtype == torch.bfloat16 and kv_dtype == torch.bfloat16) or (fp8 and not (nhead == 16 and max_seqlen_q == 2))

@@ -1,6 +1,6 @@
 """The Triton decode kernel on the CPU (Triton's interpreter) against the float64 reference.
 
-Adversarial inputs of DESIGN.md: empty rows, ``-1`` anywhere, ids equal to N and to 2^31-1, ±inf
+Adversarial inputs of docs/DESIGN.md: empty rows, ``-1`` anywhere, ids equal to N and to 2^31-1, ±inf
 sinks, NaN in unreferenced KV rows, padded head counts, non-contiguous q, topk_length, logit cap,
 split and unsplit launches. Output and LSE buffers are poisoned with NaN before every call.
 """

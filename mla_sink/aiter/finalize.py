@@ -6,7 +6,7 @@ from the returned values, and values of empty rows are replaced with ``torch.whe
 cannot leak, unlike a multiplication by 0).
 
 Source: ROCm/aiter ``aiter/mla.py`` (``_fwd_kernel_stage2_asm``: with zero valid splits
-``acc / e_sum`` = 0/0 and ``e_max + log(e_sum)`` = -inf); DESIGN.md ("Empty rows come back as NaN
+``acc / e_sum`` = 0/0 and ``e_max + log(e_sum)`` = -inf); docs/DESIGN.md ("Empty rows come back as NaN
 output with LSE -inf (non-persistent) or LSE +inf (persistent reduce)"); :mod:`mla_sink.lse`.
 """
 

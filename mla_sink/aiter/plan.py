@@ -66,7 +66,7 @@ def padded_head_count(num_heads: int, pad_to: int = AITER_MIN_HEADS) -> int:
     Raises:
         ValueError: ``num_heads`` or ``pad_to`` is not a positive int.
 
-    Source: DESIGN.md ("AITER never pads heads below 16"); vllm-project/vllm ``vllm/_aiter_ops.py``.
+    Source: docs/DESIGN.md ("AITER never pads heads below 16"); vllm-project/vllm ``vllm/_aiter_ops.py``.
     """
     for name, v in (("num_heads", num_heads), ("pad_to", pad_to)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -412,7 +412,7 @@ def plan_aiter(
 
     Source: ROCm/aiter ``aiter/mla.py`` (``mla_decode_fwd``, ``get_meta_param``, the one-split fp8
     fast path returning ``final_lse`` without a stage-2 write); ``aiter/ops/attention.py``
-    (metadata); DESIGN.md ("Facts about AITER").
+    (metadata); docs/DESIGN.md ("Facts about AITER").
     """
     if plan.path not in AITER_PATHS:
         raise ValueError(f"'plan.path' must be one of {AITER_PATHS} (got {plan.path!r})")
@@ -495,7 +495,7 @@ def persistent_lse_supported(arch: str, q_dtype: str, padded_heads: int, max_seq
     True for gfx950 bf16 (any heads), gfx950 fp8 (except 16 heads at ``max_seqlen_q`` 2) and gfx942
     fp8 with 64 heads at ``max_seqlen_q`` 1; any other persistent+LSE call aborts.
 
-    Source: DESIGN.md ("Facts about AITER": persistent mode with LSE).
+    Source: docs/DESIGN.md ("Facts about AITER": persistent mode with LSE).
     """
     if arch == "gfx950":
         return q_dtype == "bf16" or (q_dtype in FP8_KEYS and not (padded_heads == 16 and max_seqlen_q == 2))

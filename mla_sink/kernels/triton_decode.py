@@ -33,7 +33,7 @@ launch runs the kernel below.
 On the CPU the same Python function runs through Triton's interpreter
 (``triton.runtime.interpreter.InterpretedFunction``), without ``TRITON_INTERPRET`` being set; an
 ``UPCAST`` constexpr (true only there) casts half tiles to fp32 before any arithmetic, because the
-interpreter does not do bf16 arithmetic (DESIGN.md, triton-lang/triton#11584).
+interpreter does not do bf16 arithmetic (docs/DESIGN.md, triton-lang/triton#11584).
 
 Source: the split-KV decode + combine structure of lightllm/sglang ``decode_attention`` kernels; the
 online softmax of Triton tutorial 06; the sink formula of FlashMLA ``flash_mla_interface.py``.
