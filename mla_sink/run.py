@@ -234,11 +234,17 @@ def as_inputs(inputs: Any) -> DecodeInputs:
     raise ValueError(f"'inputs' must be a DecodeInputs or a mapping of its fields (got {type(inputs).__name__})")
 
 
-@torch.compiler.disable(reason="decode context parallel runs collectives: it runs eagerly, outside the graph")
 def _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
     """A DCP call met while tracing: run eagerly (a graph break; ``fullgraph=True`` refuses it)."""
     return run(spec, x, platform=platform, path=path, dcp_group=dcp_group, dcp_layout=dcp_layout,
                num_kv_rows=num_kv_rows)
+
+
+try:  # ``reason`` (shown by fullgraph's refusal) is newer than some supported torch releases
+    _dcp_outside_the_graph = torch.compiler.disable(
+        _dcp_outside_the_graph, reason="decode context parallel runs collectives: it runs eagerly, outside the graph")
+except TypeError:  # pragma: no cover - older torch
+    _dcp_outside_the_graph = torch.compiler.disable(_dcp_outside_the_graph)
 
 
 def _run_op(spec: CallSpec, x: DecodeInputs, path: Optional[str]) -> Result:
