@@ -9,7 +9,7 @@ import torch
 from .dtypes import dtype_key
 from .platform import detect_platform
 from .records import CallSpec, Platform
-from .validate import check_inputs
+from .validate import check_inputs, check_return_lse
 
 
 def describe(
@@ -38,8 +38,7 @@ def describe(
             out of its domain.
     """
     check_inputs(q, kv_cache, indices, sinks, check_scales=False)
-    if not isinstance(return_lse, bool):
-        raise ValueError(f"'return_lse' must be a bool (got {return_lse!r})")
+    check_return_lse(return_lse)
     spec = CallSpec(
         q_dtype=dtype_key(q.dtype),
         kv_dtype=dtype_key(kv_cache.dtype),

@@ -179,7 +179,7 @@ def run(
         NoKernelError: no path serves the call on this platform.
     """
     x = as_inputs(inputs)
-    if isinstance(spec, CallSpec) and max(x.logit_cap, 0.0) != max(spec.logit_cap, 0.0):  # <= 0: no cap
+    if isinstance(spec, CallSpec) and max(x.logit_cap, 0.0) != spec.logit_cap:  # <= 0: no cap (CallSpec stores 0.0)
         if x.logit_cap > 0.0:
             raise ValueError(f"'inputs.logit_cap'={x.logit_cap!r} disagrees with spec.logit_cap={spec.logit_cap!r}")
         x = x._replace(logit_cap=spec.logit_cap)  # the spec chose the path; its cap is the call's cap

@@ -99,6 +99,12 @@ def check_sm_scale(sm_scale: float) -> None:
         raise ValueError(f"'sm_scale' must be a finite float >= 2^-126 (the smallest normal fp32; got {sm_scale!r})")
 
 
+def check_return_lse(return_lse: bool) -> None:
+    """Raises ValueError unless ``return_lse`` is a bool."""
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"'return_lse' must be a bool (got {return_lse!r})")
+
+
 def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[float, float]:
     """Check the scalar options of a call under the names the caller used; returns ``(sm_scale, logit_cap)``
     as Python floats (numpy scalars accepted).
@@ -108,8 +114,7 @@ def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[f
             finite real (strings are refused, not parsed).
     """
     check_sm_scale(sm_scale)
-    if not isinstance(return_lse, bool):
-        raise ValueError(f"'return_lse' must be a bool (got {return_lse!r})")
+    check_return_lse(return_lse)
     if isinstance(logit_cap, bool) or not isinstance(logit_cap, numbers.Real) or not math.isfinite(logit_cap):
         raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
     return float(sm_scale), float(logit_cap)
