@@ -10,10 +10,10 @@ import traceback
 
 import torch
 
-from mla_sink.bench import GraphTimer
-from mla_sink.kernels.gluon_fp8_decode import sparse_mla_decode_fp8_gluon
-from mla_sink.kernels.triton_decode import sparse_mla_decode_triton
-from mla_sink.reference import sparse_mla_decode_reference
+from mla_sink.tools.bench import GraphTimer
+from mla_sink.kernels.gluon.gluon_fp8 import sparse_mla_decode_fp8_gluon
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+from mla_sink.core.reference import sparse_mla_decode_reference
 
 
 def main():

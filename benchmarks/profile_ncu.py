@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from mla_sink.kernels.triton_decode import sparse_mla_decode_triton
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton
 
 H = int(sys.argv[1]) if len(sys.argv) > 1 else 128
 T = int(sys.argv[2]) if len(sys.argv) > 2 else 256

@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from mla_sink.bench import GraphTimer
-from mla_sink.kernels.triton_decode import launch_plan, sparse_mla_decode_triton
+from mla_sink.tools.bench import GraphTimer
+from mla_sink.paths.triton.launch import launch_plan, sparse_mla_decode_triton
 
 
 def main():

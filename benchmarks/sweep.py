@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from mla_sink.bench import GraphTimer
-from mla_sink.kernels.triton_decode import sparse_mla_decode_triton
-from mla_sink.kernels.tuning import TritonConfig
-from mla_sink.reference import sparse_mla_decode_reference
+from mla_sink.tools.bench import GraphTimer
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+from mla_sink.paths.triton.plan import TritonConfig
+from mla_sink.core.reference import sparse_mla_decode_reference
 
 D_QK = 576
 POOL = 3_500_000

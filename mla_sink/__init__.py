@@ -2,21 +2,51 @@
 
 Public API::
 
-    from mla_sink import sparse_mla_decode, run, prepare, describe, CallSpec, Platform
+    from mla_sink import sparse_mla_decode, SparseMLADecode, run, prepare, describe, CallSpec, Platform
     out, lse = sparse_mla_decode(q, kv_cache, indices, sinks=sinks)
 
-Semantics are defined by :mod:`mla_sink.reference` (float64); the kernel path of a call is chosen by
-the rule table ``tables/mla_decode.yaml`` and explained by ``mla-sink explain``.
+The pipeline (``describe -> validate -> select -> plan -> launch -> finalize``) lives in
+:mod:`mla_sink.core`; the paths' launchers in :mod:`mla_sink.paths`; the kernels in
+:mod:`mla_sink.kernels` (``triton/``, ``gluon/``); the command-line tools in :mod:`mla_sink.tools`.
+Semantics are defined by :mod:`mla_sink.core.reference` (float64); the kernel path of a call is chosen
+by the rule table ``tables/mla_decode.yaml`` and explained by ``mla-sink explain``.
 """
 
-from .describe import describe
-from .inputs import DecodeInputs
-from .layer import SparseMLADecode
-from .plan import LaunchPlan
-from .records import CallSpec, Platform, call_key
-from .reference import sparse_mla_decode_reference
-from .run import prepare, run, sparse_mla_decode
-from .select import NoKernelError, explain_call, plan_call, select
+
+def _mount_dispatch() -> None:
+    """Make the generic rule-table engine importable as ``mla_sink.dispatch``.
+
+    The engine lives in the repository's top-level ``dispatch/`` folder; a wheel installs it as the
+    subpackage ``mla_sink.dispatch`` (pyproject.toml maps the folder), never as a top-level ``dispatch``
+    (a PyPI distribution of that name exists). A source checkout run with ``PYTHONPATH=.`` loads the
+    folder beside this package under the same name.
+    """
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "mla_sink.dispatch" in sys.modules:
+        return
+    source = Path(__file__).resolve().parent.parent / "dispatch" / "__init__.py"
+    if not source.is_file():
+        return  # installed: the subpackage is found the usual way
+    spec = importlib.util.spec_from_file_location("mla_sink.dispatch", source,
+                                                  submodule_search_locations=[str(source.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mla_sink.dispatch"] = module
+    spec.loader.exec_module(module)
+
+
+_mount_dispatch()
+
+from mla_sink.api import prepare, run, sparse_mla_decode  # noqa: E402
+from mla_sink.core.describe import describe  # noqa: E402
+from mla_sink.core.inputs import DecodeInputs  # noqa: E402
+from mla_sink.core.plan import LaunchPlan  # noqa: E402
+from mla_sink.core.records import CallSpec, Platform, call_key  # noqa: E402
+from mla_sink.core.reference import sparse_mla_decode_reference  # noqa: E402
+from mla_sink.core.select import NoKernelError, explain_call, plan_call, select  # noqa: E402
+from mla_sink.layer import SparseMLADecode  # noqa: E402
 
 __version__ = "0.1.0"
 

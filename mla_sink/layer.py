@@ -11,12 +11,12 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .dtypes import DTYPE_KEYS
-from .inputs import DecodeInputs
-from .plan import LaunchPlan
-from .records import D_QK, CallSpec, Platform
-from .run import Result, check_dcp_args, prepare, run
-from .validate import call_scalars
+from mla_sink.core.dtypes import DTYPE_KEYS
+from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.records import D_QK, CallSpec, Platform
+from mla_sink.api import Result, check_dcp_args, prepare, run
+from mla_sink.core.validate import call_scalars
 
 
 def _key(name: str, dtype: Union[str, torch.dtype]) -> Union[str, torch.dtype]:
@@ -75,7 +75,7 @@ class SparseMLADecode:
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,
                  topk_length: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None,
                  kv_scale: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> Result:
-        """Run the layer's decode; shapes and returns as :func:`mla_sink.run.run`.
+        """Run the layer's decode; shapes and returns as :func:`mla_sink.api.run`.
 
         Raises:
             ValueError: q's head count (or any tensor) disagrees with the layer's configuration.

@@ -3,8 +3,8 @@ CUDA graphs: ``torch.ops.mla_sink.sparse_mla_decode`` (out-of-place, returns ``(
 ``torch.ops.mla_sink.sparse_mla_decode_out`` (writes a caller-provided ``out``, returns ``lse``).
 
 Both select the path on the device the tensors live on (or take a forced ``path``), and both have
-fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces :func:`mla_sink.run.run`
-without a graph break. Both validate their inputs (:func:`mla_sink.validate.check_inputs`) in
+fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces :func:`mla_sink.api.run`
+without a graph break. Both validate their inputs (:func:`mla_sink.core.validate.check_inputs`) in
 the real and in the fake implementation, so a malformed call fails with a ``ValueError`` when traced
 and when run. ``lse`` is ``[T, H]`` when the call needs one (sinks, or ``return_lse``),
 else an empty ``[T, 0]`` tensor (the Python API turns that into ``None``).
@@ -17,17 +17,17 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .dtypes import DTYPE_KEYS, out_dtype_for
-from .inputs import DecodeInputs
-from .launch import launch
-from .records import D_V
-from .validate import check_inputs
+from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
+from mla_sink.core.inputs import DecodeInputs
+from mla_sink.paths import launch
+from mla_sink.core.records import D_V
+from mla_sink.core.validate import check_inputs
 
 
 def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
                      max_seqlen_q, return_lse, logit_cap, path):
-    from .describe import describe
-    from .run import _cached_plan
+    from mla_sink.core.describe import describe
+    from mla_sink.api import _cached_plan
 
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale,
                  kv_scale=kv_scale, out=out)
@@ -56,7 +56,7 @@ def sparse_mla_decode_op(
 
     ``out = sum_j exp(s_j) v_j / (exp(lse) + exp(sink))``, ``s_j = sm_scale * q.k_j`` over the valid
     ids of each row, ``lse = log(sum_j exp(s_j))`` (natural log, sink excluded); semantics of
-    :mod:`mla_sink.reference`.
+    :mod:`mla_sink.core.reference`.
 
     Args:
         q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``. indices: int32 ``[T, topk]``
@@ -71,7 +71,7 @@ def sparse_mla_decode_op(
         when neither sinks nor ``return_lse`` ask for it).
 
     Raises:
-        ValueError: malformed input (see :func:`mla_sink.validate.check_inputs`), at trace and run time.
+        ValueError: malformed input (see :func:`mla_sink.core.validate.check_inputs`), at trace and run time.
         NoKernelError: no path serves the call on this device.
     """
     out, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, None,

@@ -1,7 +1,7 @@
 """A pure-PyTorch model of AITER's documented MLA decode contract, failure modes included.
 
 :class:`AiterContractFake` models the documented contract; it is not evidence that AITER runs.
-It lets the planners, buffers and finalize of :mod:`mla_sink.aiter` be exercised on a CPU, and
+It lets the planners, buffers and finalize of :mod:`mla_sink.paths.aiter` be exercised on a CPU, and
 each documented failure mode is reproduced so a test can show that the plan neutralises it (and that
 without the plan it really appears). What it models, with sources:
 

@@ -8,7 +8,7 @@ import torch
 
 
 def pytest_collection_modifyitems(config, items):
-    from mla_sink.platform import triton_interpreter_ok
+    from mla_sink.core.platform import triton_interpreter_ok
 
     no_gpu = pytest.mark.skip(reason="needs a GPU (marker 'gpu'); run on the device machine")
     no_interp = pytest.mark.skip(reason="Triton's interpreter cannot run the kernel here (triton_interpreter_ok)")

@@ -13,13 +13,13 @@ import attrs
 import pytest
 import torch
 
-from mla_sink.aiter import AiterWorkspace, allocate_buffers, fill_kv_buffers, launch_aiter, plan_aiter
-from mla_sink.aiter.launch import allocate_metadata, fill_metadata
-from mla_sink.dtypes import TORCH_DTYPES
-from mla_sink.inputs import DecodeInputs
-from mla_sink.plan import LaunchPlan
-from mla_sink.records import CallSpec, Platform
-from mla_sink.reference import sparse_mla_decode_reference
+from mla_sink.paths.aiter import AiterWorkspace, allocate_buffers, fill_kv_buffers, launch_aiter, plan_aiter
+from mla_sink.paths.aiter.launch import allocate_metadata, fill_metadata
+from mla_sink.core.dtypes import TORCH_DTYPES
+from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.records import CallSpec, Platform
+from mla_sink.core.reference import sparse_mla_decode_reference
 
 from aiter_contract import GARBAGE_LSE, AiterAbort, AiterContractFake
 

@@ -10,15 +10,15 @@ import attrs
 import pytest
 import torch
 
-from mla_sink.aiter import (
+from mla_sink.paths.aiter import (
     AiterDecodeCall,
     AiterPersistentCall,
     PersistentMetadata,
     fill_kv_buffers,
     plan_aiter,
 )
-from mla_sink.plan import LaunchPlan
-from mla_sink.records import CallSpec, Platform
+from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.records import CallSpec, Platform
 
 
 def make_plan(path: str, arch: str, q: str, heads: int, *, kv: Optional[str] = None, topk: int = 32,

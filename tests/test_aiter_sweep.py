@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from aiter_contract import AiterContractFake
-from mla_sink.aiter import AiterWorkspace, launch_aiter
-from mla_sink.records import CallSpec, Platform
-from mla_sink.run import prepare
+from mla_sink.paths.aiter import AiterWorkspace, launch_aiter
+from mla_sink.core.records import CallSpec, Platform
+from mla_sink.api import prepare
 from test_aiter_contract import TOPK, assert_matches_reference, make_inputs
 
 ARCH_DTYPES = [("gfx942", "bf16"), ("gfx942", "fp8_e4m3fnuz"), ("gfx950", "bf16"), ("gfx950", "fp8_e4m3")]
@@ -39,7 +39,7 @@ CASES = _aiter_cases()
 
 
 def test_the_sweep_covers_every_aiter_row():
-    from mla_sink.select import mla_table
+    from mla_sink.core.select import mla_table
 
     aiter_rows = {r.id for r in mla_table().rows if r.path and r.path.startswith("aiter")}
     assert {c.values[0].row_id for c in CASES} == aiter_rows

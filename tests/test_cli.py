@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mla_sink.cli import main
+from mla_sink.tools.cli import main
 
 
 def run_cli(capsys, *argv):
@@ -131,11 +131,11 @@ def test_explain_triton_launch(tokens, splits, kernel, capsys):
 
 
 @pytest.mark.parametrize("argv,row,kernel_file", [
-    (["--heads", "128", "--tokens", "256"], "sm90_default", "kernel gluon_ws (warp-specialised, mla_sink/kernels/gluon_decode.py)"),
+    (["--heads", "128", "--tokens", "256"], "sm90_default", "kernel gluon_ws (warp-specialised, mla_sink/kernels/gluon/gluon_ws.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "256"], "sm90_fp8_h16",
-     "kernel gluon_fp8 (warp-specialised, mla_sink/kernels/gluon_fp8_decode.py)"),
+     "kernel gluon_fp8 (warp-specialised, mla_sink/kernels/gluon/gluon_fp8.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "2"], "sm90_fp8_h16",
-     "kernel portable (mla_sink/kernels/triton_decode.py)"),
+     "kernel portable (mla_sink/kernels/triton/portable.py)"),
 ])
 def test_explain_names_the_kernel_file(argv, row, kernel_file, capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm90", *argv, "--sms", "132")

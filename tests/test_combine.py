@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from mla_sink.dcp import _stack_view
-from mla_sink.kernels.triton_decode import combine_states_triton
-from mla_sink.lse import apply_sink, merge_states
+from mla_sink.core.dcp import _stack_view
+from mla_sink.paths.triton.launch import combine_states_triton
+from mla_sink.core.lse import apply_sink, merge_states
 
 pytestmark = pytest.mark.interpreter
 

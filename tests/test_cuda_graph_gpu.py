@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mla_sink import NoKernelError, Platform, SparseMLADecode
-from mla_sink.reference import sparse_mla_decode_reference as ref
+from mla_sink.core.reference import sparse_mla_decode_reference as ref
 
 pytestmark = pytest.mark.gpu
 

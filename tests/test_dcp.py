@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mla_sink.dcp import (
+from mla_sink.core.dcp import (
     LAYOUTS,
     compact_local_indices,
     dcp_sparse_mla_decode,
@@ -28,9 +28,9 @@ from mla_sink.dcp import (
     shard_kv_cache,
     shard_num_rows,
 )
-from mla_sink.inputs import DecodeInputs
-from mla_sink.lse import merge_states
-from mla_sink.reference import sparse_mla_decode_reference
+from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.lse import merge_states
+from mla_sink.core.reference import sparse_mla_decode_reference
 
 INF = float("inf")
 WORLD_SIZES = (2, 4)
@@ -70,7 +70,7 @@ CASE_NAMES = [s["name"] for s in CASE_SPECS]
 
 
 def _owner(g: int, n: int, w: int, layout: str) -> int:
-    """Rank that owns global row g (written independently of mla_sink.dcp)."""
+    """Rank that owns global row g (written independently of mla_sink.core.dcp)."""
     return g % w if layout == "interleaved" else g // math.ceil(n / w)
 
 
@@ -190,7 +190,7 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
 
 
 def _public_run_calls(rank: int, w: int) -> dict:
-    """DCP through the public API (``mla_sink.run`` with a process group; the rule table picks the
+    """DCP through the public API (``mla_sink.api`` with a process group; the rule table picks the
     local path): pools of 1 row (every rank but one holds an empty shard) and 7 rows, both layouts,
     sinks 0 / 50 / +inf / -inf, and T = 0."""
     from mla_sink import CallSpec, run
@@ -333,7 +333,7 @@ def test_dcp_matches_single_process_reference(groups, w, name, compact):
 @pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
 @pytest.mark.parametrize("key", ["run-n1-interleaved", "run-n1-contiguous", "run-n7-interleaved", "run-n7-contiguous"])
 def test_public_run_with_process_group(groups, w, key):
-    """mla_sink.run(..., dcp_group=...) matches the full-pool float64 reference, empty shards included."""
+    """mla_sink.api(..., dcp_group=...) matches the full-pool float64 reference, empty shards included."""
     res = [g["results"][key] for g in groups[w]["ranks"]]
     c = res[0]
     ref_out, ref_lse = sparse_mla_decode_reference(c["q"], c["kv"], c["idx"], c["sinks"])

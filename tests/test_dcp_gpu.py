@@ -55,9 +55,9 @@ def _child(rank: int, store_path: str, out_dir: str) -> None:
     try:
         import torch.distributed as dist
 
-        from mla_sink.dcp import dcp_sparse_mla_decode, shard_kv_cache, shard_num_rows
-        from mla_sink.inputs import DecodeInputs
-        from mla_sink.reference import sparse_mla_decode_reference
+        from mla_sink.core.dcp import dcp_sparse_mla_decode, shard_kv_cache, shard_num_rows
+        from mla_sink.core.inputs import DecodeInputs
+        from mla_sink.core.reference import sparse_mla_decode_reference
 
         dev = torch.device("cuda", rank)
         torch.cuda.set_device(dev)
@@ -71,7 +71,7 @@ def _child(rank: int, store_path: str, out_dir: str) -> None:
             "reference": lambda x: sparse_mla_decode_reference(x.q, x.kv_cache, x.indices, None, x.sm_scale, out_dtype=torch.float64)
         }
         try:
-            from mla_sink.kernels.triton_decode import sparse_mla_decode_triton
+            from mla_sink.paths.triton.launch import sparse_mla_decode_triton
 
             locals_["triton"] = lambda x: sparse_mla_decode_triton(x.q, x.kv_cache, x.indices, None, x.sm_scale)
         except ImportError:

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from dispatch import TableCheckError, assert_table_ok, check_table, load_table
+from mla_sink.dispatch import TableCheckError, assert_table_ok, check_table, load_table
 
 HEAD = """\
 table: check_demo

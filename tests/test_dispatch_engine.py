@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from dispatch import TableError, explain, load_table, selection_to_dict
+from mla_sink.dispatch import TableError, explain, load_table, selection_to_dict
 
 FIELDS = """\
 table: demo

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mla_sink.kernels import triton_decode
-from mla_sink.kernels.triton_decode import launch_plan, sparse_mla_decode_triton
-from mla_sink.reference import sparse_mla_decode_reference
+from mla_sink.paths.triton import launch as triton_decode
+from mla_sink.paths.triton.launch import launch_plan, sparse_mla_decode_triton
+from mla_sink.core.reference import sparse_mla_decode_reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,7 +31,7 @@ D_QK, D_V = 576, 512
 
 
 def fp8_kernel():
-    from mla_sink.kernels.gluon_fp8_decode import sparse_mla_decode_fp8_gluon
+    from mla_sink.kernels.gluon.gluon_fp8 import sparse_mla_decode_fp8_gluon
 
     return sparse_mla_decode_fp8_gluon
 

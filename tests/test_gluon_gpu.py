@@ -15,10 +15,10 @@ import warnings
 import pytest
 import torch
 
-from mla_sink.kernels import triton_decode
-from mla_sink.kernels.triton_decode import sparse_mla_decode_triton
-from mla_sink.kernels.tuning import kernel_for, num_kv_splits_for, triton_config
-from mla_sink.reference import sparse_mla_decode_reference
+from mla_sink.paths.triton import launch as triton_decode
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+from mla_sink.paths.triton.plan import kernel_for, num_kv_splits_for, triton_config
+from mla_sink.core.reference import sparse_mla_decode_reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,7 +38,7 @@ D_QK, D_V = 576, 512
 
 
 def gluon():
-    from mla_sink.kernels.gluon_decode import sparse_mla_decode_gluon
+    from mla_sink.kernels.gluon.gluon_ws import sparse_mla_decode_gluon
 
     return sparse_mla_decode_gluon
 
@@ -143,7 +143,7 @@ def test_cuda_graph_replay_new_inputs():
 
 
 def test_compile_failure_falls_back_to_portable(monkeypatch):
-    from mla_sink.kernels import gluon_decode
+    from mla_sink.kernels.gluon import gluon_ws as gluon_decode
 
     def broken(*a, **k):
         raise RuntimeError("simulated Gluon compile failure")

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mla_sink.lse import apply_sink, merge_states
-from mla_sink.reference import sparse_mla_decode_reference as ref
+from mla_sink.core.lse import apply_sink, merge_states
+from mla_sink.core.reference import sparse_mla_decode_reference as ref
 
 
 def one_head_two_keys():

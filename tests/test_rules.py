@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-import dispatch
+from mla_sink import dispatch
 from mla_sink import CallSpec, NoKernelError, Platform, call_key, plan_call, select
-from mla_sink.select import KNOWN_PATHS, mla_table
+from mla_sink.core.select import KNOWN_PATHS, mla_table
 
 G942 = Platform("gfx942", "0.1.20")
 G950 = Platform("gfx950", "0.1.20")
@@ -100,7 +100,7 @@ def test_shipped_table_passes_checker():
 
 
 def test_table_paths_are_the_launchable_paths():
-    from mla_sink.launch import LAUNCHERS
+    from mla_sink.paths import LAUNCHERS
 
     assert set(mla_table().paths) == set(KNOWN_PATHS) == set(LAUNCHERS)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mla_sink import CallSpec, DecodeInputs, Platform, SparseMLADecode, run, sparse_mla_decode
-from mla_sink.reference import sparse_mla_decode_reference as ref
+from mla_sink.core.reference import sparse_mla_decode_reference as ref
 
 CPU_NO_TRITON = Platform("cpu", triton=False)
 

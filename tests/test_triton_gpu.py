@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mla_sink.kernels.triton_decode import sparse_mla_decode_triton
-from mla_sink.reference import sparse_mla_decode_reference
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+from mla_sink.core.reference import sparse_mla_decode_reference
 
 pytestmark = [
     pytest.mark.gpu,

@@ -15,10 +15,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from mla_sink.kernels.triton_decode import sparse_mla_decode_triton  # noqa: E402
-from mla_sink.kernels.tuning import (  # noqa: E402
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton  # noqa: E402
+from mla_sink.paths.triton.plan import (  # noqa: E402
     TritonConfig, describe_launch, kernel_for, num_kv_splits_for, split_plan, triton_config)
-from mla_sink.reference import sparse_mla_decode_reference  # noqa: E402
+from mla_sink.core.reference import sparse_mla_decode_reference  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
@@ -241,8 +241,8 @@ def test_tuning_table_and_split_heuristic():
 
 
 def test_tuning_table_passes_checker():
-    import dispatch
-    from mla_sink.table_files import table_path
+    from mla_sink import dispatch
+    from mla_sink.core.tables import table_path
 
     assert dispatch.check_table(dispatch.load_table(table_path("triton_tuning"))) == []
 
@@ -302,7 +302,7 @@ def test_split_plan_rounding_and_explain_agree_with_launcher():
     assert split_plan(cfg, 2, 128, 37, 132, requested=4) == (1, 64)  # never more splits than 64-id blocks
     assert split_plan(cfg, 2, 128, 1000, 132, requested=3) == (3, 384)  # whole blocks per split
     assert split_plan(cfg, 2, 128, 0, 132, requested=5) == (1, 64)
-    from mla_sink.kernels.triton_decode import launch_plan
+    from mla_sink.paths.triton.launch import launch_plan
 
     for T, H, topk in [(1, 5, 37), (3, 64, 256), (2, 16, 1000)]:
         q = torch.zeros(T, H, D_QK, dtype=torch.bfloat16)

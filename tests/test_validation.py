@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mla_sink import CallSpec, Platform, SparseMLADecode, prepare, sparse_mla_decode
-from mla_sink.validate import check_inputs
+from mla_sink.core.validate import check_inputs
 
 
 def good(T=2, H=4, N=32, topk=8, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16):
@@ -68,7 +68,7 @@ def test_fp8_without_scales_is_rejected():
 
 
 def test_zero_dim_scales_are_accepted():
-    from mla_sink.reference import sparse_mla_decode_reference as ref
+    from mla_sink.core.reference import sparse_mla_decode_reference as ref
 
     x = good(kv_dtype=torch.float8_e4m3fn)
     got, _ = sparse_mla_decode(**x, kv_scale=torch.tensor(0.5), path="reference")
@@ -153,7 +153,7 @@ def test_platform_must_describe_the_tensors_device():
 
 def test_logit_cap_of_spec_and_inputs_must_agree():
     from mla_sink import DecodeInputs, run
-    from mla_sink.reference import sparse_mla_decode_reference as ref
+    from mla_sink.core.reference import sparse_mla_decode_reference as ref
 
     x = good(q_dtype=torch.float16, kv_dtype=torch.float16)
     s = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=8, logit_cap=5.0)

@@ -1,0 +1,479 @@
+"""Decode context parallel (DCP): the KV pool sharded over ranks, merged through the LSE, the sink applied once.
+
+With DCP the ``N`` rows of the KV pool are split over the ``W`` ranks of a ``torch.distributed``
+process group. Every rank holds the same ``q [T, H, 576]`` and the same *global* ``indices
+[T, topk]``; it keeps only its shard of ``kv_cache`` and computes a **sink-free** partial state
+``(out_r, lse_r)`` over the ids it owns. The ranks then exchange those states, merge them in fp32
+natural log (:func:`mla_sink.core.lse.merge_states`)::
+
+    lse = logsumexp_r(lse_r)
+    out = sum_r out_r * exp(lse_r - lse)
+
+and only then apply the sink, once (:func:`mla_sink.core.lse.apply_sink`):
+``out *= sigmoid(lse - sink)``. Folding the sink into each rank's normaliser would count it ``W``
+times; merging base-2 LSEs as natural logs mixes the parts with wrong weights. Neither can happen
+here because the local call never sees the sinks and every LSE is natural log.
+
+Sharding layouts (selected by name, :data:`LAYOUTS`):
+
+* ``interleaved``: global row ``g`` lives on rank ``g % W`` at local row ``g // W`` (vLLM's DCP
+  layout: consecutive tokens of a sequence land on different ranks, so the work of a recent-window
+  indexer stays balanced).
+* ``contiguous``: rank ``r`` owns rows ``[r * S, min((r + 1) * S, N))`` with ``S = ceil(N / W)`` at
+  local row ``g - r * S``; the last shard is shorter and may be empty when ``W > ceil(N / S)``.
+
+Exchange (one packed collective): each rank packs its partial output (in the output dtype, e.g.
+bf16) and its fp32 LSE into one byte buffer and the ranks all-gather it
+(``all_gather_into_tensor``), so every rank merges all ``W`` states itself and returns the same
+full ``[T, H, 512]`` result. Per rank that receives ``(W - 1) * T * H * (512 * b + 4)`` bytes
+(``b`` = bytes of the output dtype, 2 for bf16) in one collective latency. The alternative (vLLM's
+``cp_lse_ag_out_rs``), an all-gather of the fp32 LSEs then a reduce-scatter over heads of fp32
+pre-scaled outputs, receives ``(W - 1) * T * H * 4 + (W - 1) / W * T * H * 512 * 4`` bytes in two
+collectives and leaves each rank only ``H / W`` heads (the reduction must run in fp32: NCCL's bf16
+reduction rounds at every hop). For bf16 at ``W = 2`` both move ``1028 * T * H`` bytes; the
+reduce-scatter wins by 2x at ``W = 4`` and 4x at ``W = 8`` only for a caller that wants a head
+slice (to return full heads it needs a third collective and the gain drops to 1.3x / 2.6x).
+See docs/DCP.md.
+
+Source: docs/DESIGN.md "Decode context parallel"; vLLM ``vllm/v1/attention/backends/mla`` and
+``vllm/attention/ops/common.py`` (``cp_lse_ag_out_rs``, the interleaved ``% dcp_world_size`` layout);
+the split-KV combine of lightllm/sglang decode kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
+from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.lse import apply_sink, merge_states
+from mla_sink.core.records import D_V
+
+#: Names of the supported sharding layouts.
+LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
+
+#: Signature of the per-rank sink-free decode: ``DecodeInputs -> (out_r [T, H, 512], lse_r fp32 [T, H])``.
+LocalDecode = Callable[[DecodeInputs], "tuple[torch.Tensor, torch.Tensor]"]
+
+_PACK_ALIGN = 16  # bytes; keeps every unpacked view aligned for any element size
+
+
+def _check_int(name: str, value: object, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"'{name}' must be an int >= {lo} (got {value!r})")
+    return value
+
+
+def _check_layout(layout: object) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"'layout' must be in {LAYOUTS} (got {layout!r})")
+    return layout  # type: ignore[return-value]
+
+
+def _check_rank(world_size: int, rank: object) -> int:
+    _check_int("world_size", world_size, 1)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"'rank' must be an int in [0, {world_size}) (got {rank!r})")
+    return rank
+
+
+def contiguous_shard_size(num_kv_rows: int, world_size: int) -> int:
+    """``S = ceil(N / W)``: rows per shard of the ``contiguous`` layout (the last shard may be shorter).
+
+    Args:
+        num_kv_rows: N, rows of the global pool (>= 0).
+        world_size: W, ranks (>= 1).
+
+    Raises:
+        ValueError: an argument is not an int in its domain.
+    """
+    _check_int("num_kv_rows", num_kv_rows, 0)
+    _check_int("world_size", world_size, 1)
+    return -(-num_kv_rows // world_size)
+
+
+def shard_num_rows(num_kv_rows: int, world_size: int, rank: int, layout: str) -> int:
+    """Rows of the global pool that ``rank`` keeps under ``layout``.
+
+    ``interleaved``: ``ceil((N - r) / W)`` (0 when ``r >= N``); ``contiguous``:
+    ``max(0, min(N, (r + 1) * S) - r * S)`` with ``S = ceil(N / W)``.
+
+    Args:
+        num_kv_rows: N, rows of the global pool (>= 0).
+        world_size: W, ranks in the DCP group (>= 1).
+        rank: this rank's index in the group, ``0 <= rank < W``.
+        layout: ``'interleaved'`` or ``'contiguous'``.
+
+    Raises:
+        ValueError: unknown layout, or an argument outside its domain (the message names it).
+    """
+    _check_layout(layout)
+    _check_int("num_kv_rows", num_kv_rows, 0)
+    _check_rank(world_size, rank)
+    if layout == "interleaved":
+        return max(0, -(-(num_kv_rows - rank) // world_size))
+    s = contiguous_shard_size(num_kv_rows, world_size)
+    return max(0, min(num_kv_rows, (rank + 1) * s) - rank * s)
+
+
+def global_row_ids(num_kv_rows: int, world_size: int, rank: int, layout: str, device: torch.device | str | None = None) -> torch.Tensor:
+    """Global row id of each local row of ``rank``'s shard (the inverse of :func:`local_indices`).
+
+    Args:
+        num_kv_rows: N, rows of the global pool.
+        world_size: W, ranks in the DCP group.
+        rank: this rank, ``0 <= rank < W``.
+        layout: ``'interleaved'`` or ``'contiguous'``.
+        device: device of the result.
+
+    Returns:
+        int64 ``[N_r]`` with ``N_r = shard_num_rows(...)``: local row ``i`` holds global row ``ids[i]``.
+
+    Raises:
+        ValueError: as :func:`shard_num_rows`.
+    """
+    n_r = shard_num_rows(num_kv_rows, world_size, rank, layout)
+    local = torch.arange(n_r, dtype=torch.int64, device=device)
+    if layout == "interleaved":
+        return local * world_size + rank
+    return local + rank * contiguous_shard_size(num_kv_rows, world_size)
+
+
+def shard_kv_cache(kv_cache: torch.Tensor, world_size: int, rank: int, layout: str, *, copy: bool = False) -> torch.Tensor:
+    """The rows of the global KV pool that ``rank`` keeps.
+
+    Args:
+        kv_cache: ``[N, 576]`` the global pool (any dtype; one shared KV head, page size 1).
+        world_size: W, ranks in the DCP group.
+        rank: this rank, ``0 <= rank < W``.
+        layout: ``'interleaved'`` (rows ``rank::W``) or ``'contiguous'`` (rows ``[r*S, (r+1)*S)``,
+            ``S = ceil(N / W)``).
+        copy: return a contiguous copy with its own storage (what a rank keeps in production)
+            instead of a view into ``kv_cache`` (row-strided for ``interleaved``).
+
+    Returns:
+        ``[N_r, 576]`` same dtype and device as ``kv_cache``; local row ``i`` is global row
+        ``global_row_ids(N, W, rank, layout)[i]``. ``N_r`` may be 0.
+
+    Raises:
+        ValueError: ``kv_cache`` is not 2-D, unknown layout, or ``world_size`` / ``rank`` out of range.
+    """
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 2:
+        raise ValueError(f"'kv_cache' must be a 2-D tensor [N, 576] (got {getattr(kv_cache, 'shape', type(kv_cache))})")
+    n = kv_cache.shape[0]
+    n_r = shard_num_rows(n, world_size, rank, layout)
+    if layout == "interleaved":
+        shard = kv_cache[rank::world_size]
+    else:
+        start = rank * contiguous_shard_size(n, world_size)
+        shard = kv_cache[start : start + n_r]
+    assert shard.shape[0] == n_r  # internal consistency of the two formulas
+    return shard.clone(memory_format=torch.contiguous_format) if copy else shard
+
+
+def local_indices(indices: torch.Tensor, *, world_size: int, rank: int, layout: str, num_kv_rows: int) -> torch.Tensor:
+    """Map global row ids to this rank's local row ids (pure tensor ops, no host sync).
+
+    Args:
+        indices: integer ``[T, topk]`` global row ids; ``-1``, any negative id and any id ``>= N``
+            are invalid ("skip"), wherever they sit in a row.
+        world_size: W, ranks in the DCP group.
+        rank: this rank, ``0 <= rank < W``.
+        layout: ``'interleaved'`` (``g -> g // W`` on rank ``g % W``) or ``'contiguous'``
+            (``g -> g - r * S`` on rank ``g // S``, ``S = ceil(N / W)``).
+        num_kv_rows: N, rows of the *global* pool.
+
+    Returns:
+        int32 ``[T, topk]`` (same device, same positions): the local row id where this rank owns
+        the global id, ``-1`` where it does not and where the global id is invalid.
+
+    Raises:
+        ValueError: ``indices`` is not a 2-D integer tensor, unknown layout, or an int argument
+            outside its domain.
+    """
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 2 or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+        raise ValueError(
+            f"'indices' must be an integer tensor [T, topk] (got {getattr(indices, 'dtype', type(indices))} "
+            f"{tuple(getattr(indices, 'shape', ()))})"
+        )
+    _check_layout(layout)
+    _check_int("num_kv_rows", num_kv_rows, 0)
+    _check_rank(world_size, rank)
+    g = indices.long()
+    valid = (g >= 0) & (g < num_kv_rows)
+    if layout == "interleaved":
+        own = valid & (torch.remainder(g, world_size) == rank)
+        local = torch.div(g, world_size, rounding_mode="floor")
+    else:
+        s = contiguous_shard_size(num_kv_rows, world_size)
+        lo, hi = rank * s, min(num_kv_rows, (rank + 1) * s)
+        own = valid & (g >= lo) & (g < hi)
+        local = g - lo
+    return torch.where(own, local, torch.full_like(local, -1)).to(torch.int32)
+
+
+def compact_local_indices(loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move the valid (``>= 0``) local ids of each row to its front, keeping their order (no host sync).
+
+    Args:
+        loc: int32 ``[T, topk]`` local ids, ``-1`` = not owned / invalid (from :func:`local_indices`).
+
+    Returns:
+        ``(ids, length)``: int32 ``[T, topk]`` with the ``length[t]`` valid ids of row t first and
+        ``-1`` after them, and int32 ``[T]`` ``length`` (usable as ``topk_length``).
+    """
+    t, topk = loc.shape
+    owned = loc >= 0
+    # Owned ids go to their rank among the owned; the rest all write -1 into a spare column.
+    dest = torch.where(owned, torch.cumsum(owned, dim=1) - 1, torch.full_like(loc, topk, dtype=torch.int64))
+    buf = torch.full((t, topk + 1), -1, dtype=loc.dtype, device=loc.device)
+    buf.scatter_(1, dest, loc)
+    return buf[:, :topk].contiguous(), owned.sum(dim=1, dtype=torch.int32)
+
+
+def _replace(inputs: DecodeInputs, **changes) -> DecodeInputs:
+    """A copy of ``inputs`` with some fields changed (NamedTuple ``_replace``; attrs ``evolve`` for an attrs record)."""
+    if hasattr(inputs, "_replace"):
+        return inputs._replace(**changes)
+    import attrs
+
+    return attrs.evolve(inputs, **changes)
+
+
+def _out_dtype(q: torch.Tensor) -> torch.dtype:
+    """q's dtype for bf16/fp16 (and fp32/fp64 test inputs), bf16 for fp8 q."""
+    key = DTYPE_KEYS.get(q.dtype)
+    return out_dtype_for(key) if key is not None else q.dtype
+
+
+def group_size_rank(group: Optional[dist.ProcessGroup], name: str = "group") -> tuple[int, int]:
+    """``(world size, rank)`` of ``group`` (``None`` = the default group).
+
+    Raises:
+        ValueError: naming the argument ``name``: torch.distributed is not initialised, or ``group``
+            is not a process group this rank belongs to.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"'{name}' needs an initialised torch.distributed default process group (call init_process_group first)")
+    try:
+        return dist.get_world_size(group), dist.get_rank(group)
+    except (RuntimeError, ValueError, AttributeError, TypeError) as e:
+        raise ValueError(f"'{name}' must be a torch.distributed ProcessGroup this rank belongs to (got {group!r}: {e})") from None
+
+
+def _all_gather_flat(out_flat: torch.Tensor, inp: torch.Tensor, group: Optional[dist.ProcessGroup]) -> None:
+    # torch >= 2.12 names it all_gather_single (all_gather_into_tensor is deprecated there); a flat
+    # [W * n] output is accepted by both, on gloo and NCCL.
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out_flat, inp, group=group)
+
+
+def exchange_states(
+    out_r: torch.Tensor, lse_r: torch.Tensor, *, group: Optional[dist.ProcessGroup], wire_dtype: torch.dtype
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """All-gather every rank's sink-free partial state in one packed collective.
+
+    Each rank packs ``out_r`` (cast to ``wire_dtype``) and ``lse_r`` (fp32) into one uint8 buffer
+    padded to 16 bytes and calls a single ``all_gather_into_tensor``; the result is unpacked into
+    zero-copy views.
+
+    Args:
+        out_r: ``[T, H, d_v]`` this rank's sink-free output (any float dtype).
+        lse_r: ``[T, H]`` this rank's natural-log, sink-free LSE (``-inf`` = no owned valid id).
+        group: the DCP process group (``None`` = default group).
+        wire_dtype: dtype ``out_r`` travels in (the output dtype: bf16/fp16, fp32 in tests).
+
+    Returns:
+        ``(outs, lses)``: W tensors ``[T, H, d_v]`` in ``wire_dtype`` and W fp32 ``[T, H]``, in rank
+        order, identical on every rank.
+
+    Bytes moved per rank (ring all-gather): ``(W - 1) * pad16(T * H * (d_v * b + 4))`` in and out.
+    """
+    w = dist.get_world_size(group)
+    shape = tuple(out_r.shape)
+    out_b = out_r.to(wire_dtype).contiguous().reshape(-1).view(torch.uint8)
+    lse_b = lse_r.to(torch.float32).contiguous().reshape(-1).view(torch.uint8)
+    n_out, n_lse = out_b.numel(), lse_b.numel()
+    n = -(-(n_out + n_lse) // _PACK_ALIGN) * _PACK_ALIGN
+    pad = torch.zeros(n - n_out - n_lse, dtype=torch.uint8, device=out_r.device)
+    packed = torch.cat([out_b, lse_b, pad])
+    gathered = torch.empty(w * n, dtype=torch.uint8, device=out_r.device)
+    _all_gather_flat(gathered, packed, group)
+    gathered = gathered.view(w, n)
+    outs = [gathered[r, :n_out].view(wire_dtype).view(shape) for r in range(w)]
+    lses = [gathered[r, n_out : n_out + n_lse].view(torch.float32).view(shape[:-1]) for r in range(w)]
+    return outs, lses
+
+
+def dcp_sparse_mla_decode(
+    inputs: DecodeInputs,
+    *,
+    group: Optional[dist.ProcessGroup],
+    layout: str,
+    num_kv_rows: int,
+    local_decode: LocalDecode,
+    dcp_world_size: Optional[int] = None,
+    compact_ids: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode with sinks over a KV pool sharded across the ranks of ``group``.
+
+    Every rank of ``group`` calls this with the same ``q``, ``indices``, ``sinks``, ``sm_scale``,
+    ``topk_length`` and scales, and its own shard as ``inputs.kv_cache``. Steps: map the global ids
+    to local rows (:func:`local_indices`, ``-1`` where not owned); run ``local_decode`` sink-free on
+    the shard (skipped on an empty shard, which contributes ``lse = -inf``); all-gather the packed
+    ``(out_r, lse_r)`` of all ranks in one collective (:func:`exchange_states`); merge in fp32 natural
+    log with :func:`mla_sink.core.lse.merge_states`; apply the sink once with
+    :func:`mla_sink.core.lse.apply_sink`::
+
+        lse = logsumexp_r(lse_r)                      # natural log, sink excluded
+        out = sum_r out_r * exp(lse_r - lse) * sigmoid(lse - sink)
+
+    A rank with no valid id for a row (``lse_r = -inf``) contributes exactly zero (its ``out_r`` is
+    never read, NaN included); a row empty on every rank gives ``out = 0``, ``lse = -inf``. Every
+    rank returns the same full result. No host sync.
+
+    Args:
+        inputs: the call. ``q`` ``[T, H, 576]`` (bf16/fp16/fp8; fp32 accepted for tests),
+            replicated; ``kv_cache`` ``[N_r, 576]`` **this rank's shard** (:func:`shard_kv_cache`);
+            ``indices`` int32 ``[T, topk]`` **global** ids (``-1`` / negative / ``>= N`` = skip,
+            anywhere); ``sinks`` optional fp32 ``[H]`` natural-log logits not scaled by
+            ``sm_scale``; ``topk_length`` optional int32 ``[T]`` (folded into the local ids);
+            ``out`` optional ``[T, H, 512]`` buffer in the output dtype, written in place.
+        group: the DCP process group (``None`` = the default group). Its rank is this rank's shard index.
+        layout: ``'interleaved'`` or ``'contiguous'`` (see the module docstring).
+        num_kv_rows: N, rows of the **global** pool.
+        local_decode: ``DecodeInputs -> (out_r, lse_r)``: the sink-free decode of one shard;
+            ``out_r`` ``[T, H, 512]`` (0 on rows without a valid id), ``lse_r`` fp32 ``[T, H]``
+            natural log (``-inf`` on rows without a valid id). It receives ``sinks=None``,
+            ``out=None``, local ids and ``topk_length`` = owned ids per row (see ``compact_ids``). ``run()`` passes the kernel path the
+            rule table chose (a path that returns an LSE); tests pass the float64 reference.
+        dcp_world_size: optional expected group size (e.g. ``CallSpec.dcp_world_size``), checked.
+        compact_ids: move this rank's owned ids to the front of each row and pass their count as
+            ``topk_length`` (:func:`compact_local_indices`), so a kernel whose loop stops at
+            ``topk_length`` does about ``topk / W`` work per rank instead of ``topk``. Off: the local
+            call gets the uncompacted local ids (``-1`` where not owned) and ``topk_length=None``.
+
+    Returns:
+        ``(out, lse)``: ``out`` ``[T, H, 512]`` in the output dtype (q's dtype; bf16 for fp8 q),
+        sink applied; ``lse`` fp32 ``[T, H]`` natural log, **sink excluded**, ``-inf`` on rows
+        empty everywhere. ``out`` is ``inputs.out`` when given.
+
+    Raises:
+        ValueError: before any collective, when ``layout`` is unknown; ``num_kv_rows`` is not an
+            int >= 0; ``group`` is not usable; ``dcp_world_size`` differs from the group size;
+            ``inputs.kv_cache`` has a row count other than this rank's shard of ``num_kv_rows``
+            under ``layout``; ``inputs.indices``/``q``/``sinks``/``topk_length``/``out`` have
+            inconsistent shapes; ``local_decode`` is not callable or returns wrong shapes.
+
+    Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
+    lightllm/sglang; vLLM ``cp_lse_ag_out_rs`` for the exchange pattern.
+    """
+    _check_layout(layout)
+    _check_int("num_kv_rows", num_kv_rows, 0)
+    if not callable(local_decode):
+        raise ValueError(f"'local_decode' must be callable DecodeInputs -> (out, lse) (got {local_decode!r})")
+    world, rank = group_size_rank(group)
+    if dcp_world_size is not None and dcp_world_size != world:
+        raise ValueError(f"'dcp_world_size' must equal the size of 'group' ({world}) (got {dcp_world_size!r})")
+    q, kv, idx = inputs.q, inputs.kv_cache, inputs.indices
+    if q.dim() != 3:
+        raise ValueError(f"'inputs.q' must be [T, H, 576] (got shape {tuple(q.shape)})")
+    t, h, _ = q.shape
+    if idx.dim() != 2 or idx.shape[0] != t or idx.dtype != torch.int32:
+        raise ValueError(f"'inputs.indices' must be int32 [T={t}, topk] (got {idx.dtype} {tuple(idx.shape)})")
+    if kv.dim() != 2:
+        raise ValueError(f"'inputs.kv_cache' must be this rank's shard [N_r, 576] (got shape {tuple(kv.shape)})")
+    expect_rows = shard_num_rows(num_kv_rows, world, rank, layout)
+    if kv.shape[0] != expect_rows:
+        raise ValueError(
+            f"'inputs.kv_cache' must hold this rank's shard: {expect_rows} rows for num_kv_rows={num_kv_rows}, "
+            f"layout={layout!r}, rank {rank} of {world} (got {kv.shape[0]} rows)"
+        )
+    if inputs.sinks is not None and tuple(inputs.sinks.shape) != (h,):
+        raise ValueError(f"'inputs.sinks' must be fp32 [H={h}] (got shape {tuple(inputs.sinks.shape)})")
+    if inputs.topk_length is not None and tuple(inputs.topk_length.shape) != (t,):
+        raise ValueError(f"'inputs.topk_length' must be int32 [T={t}] (got shape {tuple(inputs.topk_length.shape)})")
+    out_dtype = _out_dtype(q)
+    if inputs.out is not None and (tuple(inputs.out.shape) != (t, h, D_V) or inputs.out.dtype != out_dtype):
+        raise ValueError(
+            f"'inputs.out' must be {out_dtype} [{t}, {h}, {D_V}] (got {inputs.out.dtype} {tuple(inputs.out.shape)})"
+        )
+
+    if t == 0:  # every rank has the same T, so every rank skips the collectives together
+        res = inputs.out if inputs.out is not None else q.new_empty((0, h, D_V), dtype=out_dtype)
+        return res, torch.empty((0, h), dtype=torch.float32, device=q.device)
+
+    # Global -> local ids; positions past topk_length become -1.
+    loc = local_indices(idx, world_size=world, rank=rank, layout=layout, num_kv_rows=num_kv_rows)
+    if inputs.topk_length is not None:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        loc = torch.where(pos.unsqueeze(0) < inputs.topk_length.long().unsqueeze(1), loc, torch.full_like(loc, -1))
+    local_len = None
+    if compact_ids:
+        loc, local_len = compact_local_indices(loc)
+
+    if expect_rows == 0:
+        # Nothing to attend to here (and kernels may reject a 0-row pool): an empty partial state.
+        out_r = torch.zeros((t, h, D_V), dtype=out_dtype, device=q.device)
+        lse_r = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
+    else:
+        local = _replace(inputs, indices=loc, sinks=None, topk_length=local_len, out=None)
+        out_r, lse_r = local_decode(local)
+        if tuple(out_r.shape) != (t, h, D_V) or tuple(lse_r.shape) != (t, h):
+            raise ValueError(
+                f"'local_decode' must return out [{t}, {h}, {D_V}] and lse [{t}, {h}] "
+                f"(got {tuple(out_r.shape)} and {tuple(lse_r.shape)})"
+            )
+
+    if world == 1:
+        outs, lses = [out_r], [lse_r.float()]
+    else:
+        outs, lses = exchange_states(out_r, lse_r, group=group, wire_dtype=out_dtype)
+    fused = _fused_merge(outs, lses, inputs.sinks, out_dtype, inputs.out)
+    if fused is not None:
+        return fused
+    out32, lse = merge_states(outs, lses)
+    out32 = apply_sink(out32, lse, inputs.sinks)
+    if inputs.out is not None:
+        inputs.out.copy_(out32)
+        return inputs.out, lse
+    return out32.to(out_dtype), lse
+
+
+def _fused_merge(outs, lses, sinks, out_dtype, out):
+    """On a GPU with Triton: merge + sink in one kernel over strided views of the gathered parts.
+
+    Returns ``None`` (use :func:`merge_states` + :func:`apply_sink`) on the CPU, without Triton, or
+    when the parts are not equally strided views of one buffer.
+    """
+    if not outs[0].is_cuda or out_dtype == torch.float32:
+        return None
+    try:
+        from mla_sink.paths.triton.launch import combine_states_triton
+    except ImportError:
+        return None
+    part_out = _stack_view(outs)
+    if part_out is None:
+        part_out = torch.stack(outs)
+    part_lse = torch.stack([x.float() for x in lses])
+    t, h = part_lse.shape[1:]
+    res = out if out is not None else torch.empty((t, h, D_V), dtype=out_dtype, device=part_out.device)
+    lse = torch.empty((t, h), dtype=torch.float32, device=part_out.device)
+    return combine_states_triton(part_out, part_lse, sinks, out=res, lse=lse)
+
+
+def _stack_view(parts):
+    """``[R, ...]`` strided view over equally spaced parts of one storage, without a copy, or None."""
+    if len(parts) == 1:
+        return parts[0].unsqueeze(0)
+    p0 = parts[0]
+    elt = p0.element_size()
+    step = parts[1].data_ptr() - p0.data_ptr()
+    if step <= 0 or step % elt or not all(p.is_contiguous() and p.shape == p0.shape and p.dtype == p0.dtype for p in parts):
+        return None
+    if any(parts[i].data_ptr() - p0.data_ptr() != i * step for i in range(len(parts))):
+        return None
+    return p0.as_strided((len(parts), *p0.shape), (step // elt, *p0.stride()))

@@ -1,0 +1,54 @@
+"""describe: tensors + options -> (CallSpec, Platform)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from mla_sink.core.dtypes import dtype_key
+from mla_sink.core.platform import detect_platform
+from mla_sink.core.records import CallSpec, Platform
+from mla_sink.core.validate import check_inputs, check_return_lse
+
+
+def describe(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
+    *,
+    max_seqlen_q: int = 1,
+    dcp_world_size: int = 1,
+    return_lse: bool = False,
+    logit_cap: float = 0.0,
+    platform: Optional[Platform] = None,
+) -> tuple[CallSpec, Platform]:
+    """Derive the call's :class:`CallSpec` and :class:`Platform` from its tensors.
+
+    Args:
+        q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``. indices: int32 ``[T, topk]``.
+        sinks: optional fp32 ``[H]``. max_seqlen_q: query tokens per sequence (AITER kernel choice).
+        dcp_world_size: decode-context-parallel ranks. return_lse: the caller wants the LSE.
+        logit_cap: soft cap (``<= 0`` disables).
+        platform: explicit platform (default: detected from ``q.device``).
+
+    Raises:
+        ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`) or a field is
+            out of its domain.
+    """
+    check_inputs(q, kv_cache, indices, sinks, check_scales=False)
+    check_return_lse(return_lse)
+    spec = CallSpec(
+        q_dtype=dtype_key(q.dtype),
+        kv_dtype=dtype_key(kv_cache.dtype),
+        num_heads=q.shape[1],
+        topk=indices.shape[1],
+        d_qk=q.shape[2],
+        max_seqlen_q=max_seqlen_q,
+        sinks=sinks is not None,
+        dcp_world_size=dcp_world_size,
+        need_lse=return_lse,
+        logit_cap=logit_cap,
+    )
+    return spec, platform if platform is not None else detect_platform(q.device)

@@ -1,0 +1,54 @@
+"""The tensors of one call, bundled as an immutable record that every path's launcher takes.
+
+A ``typing.NamedTuple`` rather than an attrs class: it is immutable too, and ``torch.compile``
+traces its construction (a frozen attrs ``__init__`` goes through ``object.__setattr__``, which
+Dynamo cannot trace), so ``run()`` compiles with ``fullgraph=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from typing import NamedTuple
+
+import torch
+
+
+class DecodeInputs(NamedTuple):
+    """Tensors and scalars of one sparse MLA decode call (validated by :mod:`mla_sink.core.validate`).
+
+    Attributes:
+        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (any token and head strides; innermost stride 1).
+        kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns.
+        indices: int32 ``[T, topk]`` global row ids; ``-1`` and ids outside ``[0, N)`` = skip, anywhere.
+        sm_scale: multiplies ``q.k`` before the natural-exp softmax.
+        sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
+        topk_length: optional int32 ``[T]``; only the first ``topk_length[t]`` ids of row t are used.
+        q_scale: fp32 ``[1]`` dequantisation scale of fp8 q (value = stored * scale), else ``None``.
+        kv_scale: fp32 ``[1]`` dequantisation scale of fp8 KV, else ``None``.
+        out: optional caller-provided ``[T, H, 512]`` output buffer (q's dtype; bf16 for fp8 q).
+        logit_cap: ``> 0`` soft-caps scaled logits (``cap * tanh(s / cap)``); ``<= 0`` disables.
+    """
+
+    q: torch.Tensor
+    kv_cache: torch.Tensor
+    indices: torch.Tensor
+    sm_scale: float
+    sinks: Optional[torch.Tensor] = None
+    topk_length: Optional[torch.Tensor] = None
+    q_scale: Optional[torch.Tensor] = None
+    kv_scale: Optional[torch.Tensor] = None
+    out: Optional[torch.Tensor] = None
+    logit_cap: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def num_kv_rows(self) -> int:
+        return self.kv_cache.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device

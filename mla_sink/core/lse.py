@@ -1,0 +1,80 @@
+"""Natural-log LSE algebra shared by every path: applying a sink, merging partial states.
+
+Definitions (docs/DESIGN.md, and :mod:`mla_sink.core.reference`, which defines the semantics):
+``lse = log(sum_j exp(s_j))`` over a row's valid ids, natural log, sink excluded; an empty row has
+``lse = -inf`` and ``out = 0``. A sink ``b`` scales the sink-free output by
+``exp(lse) / (exp(lse) + exp(b)) = sigmoid(lse - b)``. Partial states over disjoint id sets merge as
+``lse = logsumexp_r(lse_r)``, ``out = sum_r out_r * exp(lse_r - lse)``.
+
+Source: FlashMLA ``flash_mla_interface.py`` (sink formula in its docstring); the split-KV combine of
+lightllm/sglang decode kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+
+def sink_factor(lse: torch.Tensor, sinks: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Per-(token, head) factor ``sigmoid(lse - sink)`` in fp32, 0 where ``lse = -inf``.
+
+    Args:
+        lse: fp32 ``[T, H]``, natural log, sink excluded; ``-inf`` for empty rows.
+        sinks: fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``), or ``None``.
+
+    Returns:
+        fp32 ``[T, H]`` or ``None`` without sinks. ``sink = -inf`` gives 1, ``sink = +inf`` gives 0,
+        an empty row gives 0 (never the NaN of ``-inf - -inf``).
+    """
+    if sinks is None:
+        return None
+    dtype = torch.promote_types(lse.dtype, torch.float32)  # float64 in the reference, else fp32
+    lse_c = lse.to(dtype)
+    factor = torch.sigmoid(lse_c - sinks.to(dtype).unsqueeze(0))
+    return torch.where(torch.isneginf(lse_c), torch.zeros_like(factor), factor)
+
+
+def apply_sink(out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tensor]) -> torch.Tensor:
+    """Return the sink-applied output ``out * sigmoid(lse - sink)`` in fp32 (float64 for float64 input).
+
+    Args:
+        out: ``[T, H, d_v]`` sink-free output (any float dtype); must be 0 on empty rows.
+        lse: fp32 ``[T, H]`` natural-log, sink-free.
+        sinks: fp32 ``[H]`` or ``None`` (then ``out`` is returned as fp32 unchanged).
+    """
+    out_c = out.to(torch.promote_types(out.dtype, torch.float32))
+    factor = sink_factor(lse, sinks)
+    return out_c if factor is None else out_c * factor.to(out_c.dtype).unsqueeze(-1)
+
+
+def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge sink-free partial attention states computed over disjoint id sets.
+
+    Args:
+        outs: R tensors ``[..., d_v]``, each normalised over its own ids (0 where its ``lse`` is -inf).
+        lses: R fp32 tensors ``[...]``, natural log, sink excluded; ``-inf`` = no valid id in that part.
+
+    Returns:
+        ``(out, lse)``: fp32 ``[..., d_v]`` and fp32 ``[...]``, with
+        ``lse = logsumexp_r(lse_r)`` and ``out = sum_r out_r * exp(lse_r - lse)``; parts with
+        ``lse_r = -inf`` contribute exactly 0 (their ``out_r`` is never read into the sum, so even a
+        NaN there does not leak); a row empty in every part gives ``out = 0``, ``lse = -inf``.
+
+    Raises:
+        ValueError: ``outs`` and ``lses`` differ in length or are empty.
+    """
+    if len(outs) != len(lses) or not outs:
+        raise ValueError(f"outs and lses must be non-empty and of equal length (got {len(outs)} and {len(lses)})")
+    lse_stack = torch.stack([x.float() for x in lses])  # [R, ...]
+    lse = torch.logsumexp(lse_stack, dim=0)
+    empty = torch.isneginf(lse)
+    weights = torch.exp(lse_stack - torch.where(empty, torch.zeros_like(lse), lse).unsqueeze(0))
+    weights = torch.where(torch.isneginf(lse_stack), torch.zeros_like(weights), weights)
+    out = torch.zeros_like(outs[0], dtype=torch.float32)
+    for w, o in zip(weights, outs):
+        o32 = o.float()
+        o32 = torch.where(w.unsqueeze(-1) > 0, o32, torch.zeros_like(o32))
+        out = out + w.unsqueeze(-1) * o32
+    return out, lse

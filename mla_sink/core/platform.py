@@ -1,0 +1,89 @@
+"""Detect the current :class:`~mla_sink.core.records.Platform` without importing AITER where it is absent."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+from typing import Any, Optional
+
+import torch
+
+from mla_sink.core.records import Platform
+
+
+def _aiter_version() -> Optional[str]:
+    """AITER's installed version from package metadata, or ``None``.
+
+    AITER is importable only on ROCm builds of PyTorch: anywhere else it is reported absent even if a
+    wheel happens to be installed. AITER itself is never imported here.
+    """
+    if not torch.version.hip:
+        return None
+    if importlib.util.find_spec("aiter") is None:
+        return None
+    for dist in ("amd-aiter", "aiter"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "0.0.0"  # importable from a source tree without metadata: treated as too old for LSE rows
+
+
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreter_ok() -> bool:
+    """Whether Triton's CPU interpreter can run mla-sink's kernel here.
+
+    Measured 2026-11-29: Triton 3.6's interpreter with numpy 2.5 fails on the kernel's loop bounds
+    (``TypeError: only 0-dimensional arrays can be converted to Python scalars``); Triton 3.9 with
+    numpy 2.4 runs it (CI). Older Triton with numpy 2.5 or newer is treated as not working.
+    """
+    if not _triton_available():
+        return False
+    from packaging.version import Version
+
+    try:
+        tv = Version(importlib.metadata.version("triton"))
+        nv = Version(importlib.metadata.version("numpy"))
+    except importlib.metadata.PackageNotFoundError:
+        return True
+    return not (tv < Version("3.9") and nv >= Version("2.5"))
+
+
+def arch_of(device: Any = None) -> str:
+    """Compile target of ``device`` (default: the current CUDA/ROCm device, else ``cpu``).
+
+    ``sm{major}{minor}`` on CUDA (``sm90`` for H100/H200), ``gcnArchName`` without feature flags on
+    ROCm (``gfx942``), ``cpu`` for CPU tensors or machines without a GPU.
+    """
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cpu":
+            return "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    if torch.version.hip:
+        return str(props.gcnArchName).split(":")[0]
+    return f"sm{props.major}{props.minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def _detect_cached(device_str: Optional[str]) -> Platform:
+    arch = arch_of(device_str)
+    triton = triton_interpreter_ok() if arch == "cpu" else _triton_available()
+    return Platform(arch=arch, aiter_version=_aiter_version() if arch != "cpu" else None, triton=triton)
+
+
+def detect_platform(device: Any = None) -> Platform:
+    """The :class:`Platform` of ``device`` (a ``torch.device``, string or ``None`` for the default).
+
+    CPU devices report ``arch='cpu'`` and no AITER. The answer is cached per device.
+    """
+    key = None if device is None else str(torch.device(device))
+    if key is not None and torch.device(key).type == "cpu":
+        key = "cpu"
+    return _detect_cached(key)

@@ -1,0 +1,219 @@
+"""Immutable call records: :class:`CallSpec` (what is asked) and :class:`Platform` (where it runs).
+
+Both are ``attrs`` frozen classes validated at construction: a bad field raises ``ValueError``
+naming the field, the value and what is allowed, e.g.
+``'num_heads' must be an int >= 1 (got 0)``. Both have a canonical ``str()`` key used in logs,
+test ids and benchmark case names; :func:`call_key` joins them as
+``bf16-h64-gfx942-sinks-dcp1``. The records are hashable and serve as cache keys.
+"""
+
+from __future__ import annotations
+
+import numbers
+import re
+from typing import Any, Optional
+
+import attrs
+from packaging.version import InvalidVersion, Version
+
+from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS, FP8_KEYS
+
+D_QK = 576  #: 512 latent + 64 RoPE dims of a DeepSeek-style MLA query/key.
+D_V = 512  #: latent dims that serve as the value.
+
+_DTYPES = tuple(sorted(DTYPE_KEYS.values()))
+_ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm[0-9]{2,3}[a-z]?|cpu)$")
+
+
+def _as_int(value: Any) -> Any:
+    """numpy and other integral scalars -> int (bools and non-integers pass through to be refused)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
+
+
+def _int_at_least(lo: int):
+    def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ValueError(f"'{attribute.name}' must be an int >= {lo} (got {value!r})")
+
+    return check
+
+
+def _one_of(allowed: tuple):
+    def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in allowed:
+            raise ValueError(f"'{attribute.name}' must be in {allowed} (got {value!r})")
+
+    return check
+
+
+def _bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"'{attribute.name}' must be a bool (got {value!r})")
+
+
+def _to_float(name: str):
+    def convert(value: Any) -> float:
+        if isinstance(value, (bool, str, bytes)):
+            raise ValueError(f"'{name}' must be a finite float (got {value!r})")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"'{name}' must be a finite float (got {value!r})") from None
+
+    return convert
+
+
+def _cap(value: Any) -> float:
+    """``logit_cap`` as a float, every finite value ``<= 0`` (no cap) as ``0.0``: one key per meaning."""
+    value = _to_float("logit_cap")(value)
+    return 0.0 if value <= 0.0 and value > float("-inf") else value
+
+
+def _finite_float(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        raise ValueError(f"'{attribute.name}' must be a finite float (got {value!r})")
+
+
+@attrs.frozen
+class CallSpec:
+    """Tensor-free description of one sparse MLA decode call.
+
+    Attributes:
+        q_dtype: dtype key of ``q`` (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
+        kv_dtype: dtype key of ``kv_cache``. Allowed pairs: equal half types, a half q with fp8 KV,
+            or fp8 q with KV of the same fp8 format.
+        num_heads: H, query heads (one shared KV head).
+        topk: ids per query token in ``indices [T, topk]``.
+        d_qk: head dim of q and k; 576 (512 latent + 64 RoPE).
+        d_v: head dim of the value (the first ``d_v`` columns of a KV row); 512.
+        max_seqlen_q: query tokens per sequence (1 for plain decode, 2-4 with speculative decode).
+            Only AITER's kernel choice depends on it; every token row is computed independently.
+        sinks: whether a per-head sink logit ``sinks [H]`` is given.
+        dcp_world_size: decode-context-parallel ranks the KV pool is sharded over.
+        need_lse: whether the chosen path must produce an LSE. Sinks (applied through it) and DCP
+            (merged by it) imply it: construction sets it True for them, so ``need_lse=False`` is a
+            request the record corrects, never an error. Pass True when the caller wants the LSE back.
+        logit_cap: soft cap of the scaled logits, ``s = cap * tanh(s / cap)``; ``<= 0`` disables it (stored as 0.0).
+
+    Raises:
+        ValueError: a field is out of its domain (message names field, value and allowed values).
+    """
+
+    q_dtype: str = attrs.field(validator=_one_of(_DTYPES))
+    kv_dtype: str = attrs.field(validator=_one_of(_DTYPES))
+    num_heads: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
+    topk: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
+    d_qk: int = attrs.field(default=D_QK, validator=_one_of((D_QK,)))
+    d_v: int = attrs.field(default=D_V, validator=_one_of((D_V,)))
+    max_seqlen_q: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
+    sinks: bool = attrs.field(default=False, validator=_bool)
+    dcp_world_size: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
+    need_lse: bool = attrs.field(default=False, validator=_bool)
+    logit_cap: float = attrs.field(default=0.0, converter=_cap, validator=_finite_float)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:
+            object.__setattr__(self, "need_lse", True)  # implied: the sink and the DCP merge go through the LSE
+        if (self.q_dtype, self.kv_dtype) not in ALLOWED_DTYPE_PAIRS:
+            raise ValueError(
+                f"('q_dtype', 'kv_dtype') must be one of {sorted(ALLOWED_DTYPE_PAIRS)} "
+                f"(got {(self.q_dtype, self.kv_dtype)!r})"
+            )
+
+    @property
+    def is_fp8_q(self) -> bool:
+        return self.q_dtype in FP8_KEYS
+
+    @property
+    def is_fp8_kv(self) -> bool:
+        return self.kv_dtype in FP8_KEYS
+
+    def key_parts(self) -> tuple[str, list[str]]:
+        """(dtype part, trailing parts) of the canonical key; :func:`call_key` puts the arch between."""
+        head = self.q_dtype if self.q_dtype == self.kv_dtype else f"{self.q_dtype}+kv_{self.kv_dtype}"
+        tail = [f"h{self.num_heads}", "sinks" if self.sinks else "nosinks", f"dcp{self.dcp_world_size}"]
+        if self.max_seqlen_q > 1:
+            tail.append(f"qlen{self.max_seqlen_q}")
+        if self.need_lse and not (self.sinks or self.dcp_world_size > 1):
+            tail.append("lse")
+        if self.logit_cap > 0:
+            tail.append(f"cap{self.logit_cap:g}")
+        return head, tail
+
+    def __str__(self) -> str:
+        head, tail = self.key_parts()
+        return "-".join([head, *tail])
+
+
+def _arch(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not _ARCH_RE.match(value):
+        raise ValueError(
+            f"'arch' must be a compile target such as 'gfx942', 'gfx950', 'sm80', 'sm90', 'sm100' "
+            f"or 'cpu' (got {value!r})"
+        )
+
+
+def _version(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is None:
+        return
+    try:
+        Version(value)
+    except (InvalidVersion, TypeError):
+        raise ValueError(f"'{attribute.name}' must be None or a PEP 440 version such as '0.1.19' (got {value!r})") from None
+
+
+@attrs.frozen
+class Platform:
+    """Where a call runs: the compile target and which kernel libraries are importable.
+
+    Attributes:
+        arch: compile target: ``gfx942`` (MI300), ``gfx950`` (MI350), ``sm80``, ``sm90``, ``sm100``,
+            ``cpu``, ... (never a capability tuple).
+        aiter_version: installed AITER version (e.g. ``'0.1.20'``), ``None`` when AITER is not
+            importable (always ``None`` off ROCm).
+        triton: whether Triton can run the kernel here: importable, and on the CPU (``arch='cpu'``)
+            its interpreter works with the installed numpy (:func:`mla_sink.core.platform.triton_interpreter_ok`).
+
+    Build one explicitly to ask about any machine from a laptop; :func:`detect` reads this one.
+
+    Raises:
+        ValueError: unknown arch string or unparsable version.
+    """
+
+    arch: str = attrs.field(validator=_arch)
+    aiter_version: Optional[str] = attrs.field(default=None, validator=_version)
+    triton: bool = attrs.field(default=True, validator=_bool)
+
+    def __attrs_post_init__(self) -> None:
+        if self.aiter_version is not None and not self.arch.startswith("gfx"):
+            raise ValueError(
+                f"'aiter_version' must be None on arch {self.arch!r}: AITER is importable only on ROCm "
+                f"(gfx*) machines (got {self.aiter_version!r})"
+            )
+
+    @property
+    def is_rocm(self) -> bool:
+        return self.arch.startswith("gfx")
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.arch != "cpu"
+
+    def __str__(self) -> str:
+        aiter = f"aiter{self.aiter_version}" if self.aiter_version else "noaiter"
+        return f"{self.arch}-{aiter}-{'triton' if self.triton else 'notriton'}"
+
+    @classmethod
+    def detect(cls, device: Any = None) -> "Platform":
+        """Read the current machine (see :func:`mla_sink.core.platform.detect_platform`)."""
+        from mla_sink.core.platform import detect_platform
+
+        return detect_platform(device)
+
+
+def call_key(spec: CallSpec, platform: Platform) -> str:
+    """Canonical key of a call on a platform, e.g. ``bf16-h64-gfx942-sinks-dcp1``."""
+    head, tail = spec.key_parts()
+    return "-".join([head, tail[0], platform.arch, *tail[1:]])

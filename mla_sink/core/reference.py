@@ -1,0 +1,116 @@
+"""The reference path: plain PyTorch in float64. It *defines* the semantics every kernel is checked against.
+
+Semantics (docs/DESIGN.md "The operation"):
+
+* valid ids of token t: ``indices[t, j]`` with ``0 <= id < N`` and ``j < topk_length[t]`` (when given);
+  ``-1``, any negative id and any id ``>= N`` are skipped wherever they sit in the row;
+* ``s_j = sm_scale * (q_t . k_j)`` over d_qk = 576 dims (q and k dequantised by their fp8 scales);
+  with ``logit_cap > 0``: ``s_j = logit_cap * tanh(s_j / logit_cap)``;
+* ``lse = log(sum_j exp(s_j))`` natural log, **sink excluded**; ``-inf`` for a row with no valid id;
+* ``out = sum_j exp(s_j - lse) v_j`` (v = first 512 columns), then with a sink
+  ``out *= sigmoid(lse - sink)`` = ``exp(lse) / (exp(lse) + exp(sink))``;
+  ``sink = -inf`` changes nothing, ``sink = +inf`` gives zeros; an empty row gives ``out = 0``;
+* KV rows no valid id references never influence the result (they are not read; NaN there is harmless).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from mla_sink.core.lse import apply_sink
+
+
+def valid_mask(indices: torch.Tensor, num_rows: int, topk_length: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Bool ``[T, topk]``: which entries of ``indices`` are valid row ids of a pool of ``num_rows`` rows.
+
+    Args:
+        indices: int32 ``[T, topk]`` global row ids; ``-1``, negatives and ids ``>= num_rows`` are invalid.
+        num_rows: N, rows in ``kv_cache``.
+        topk_length: optional int32 ``[T]``; entries at positions ``>= topk_length[t]`` are invalid.
+    """
+    idx = indices.long()
+    mask = (idx >= 0) & (idx < num_rows)
+    if topk_length is not None:
+        pos = torch.arange(indices.shape[1], device=indices.device)
+        mask &= pos.unsqueeze(0) < topk_length.long().unsqueeze(1)
+    return mask
+
+
+def sparse_mla_decode_reference(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+    *,
+    d_v: int = 512,
+    topk_length: Optional[torch.Tensor] = None,
+    q_scale: Optional[torch.Tensor] = None,
+    kv_scale: Optional[torch.Tensor] = None,
+    logit_cap: float = 0.0,
+    compute_dtype: torch.dtype = torch.float64,
+    out_dtype: Optional[torch.dtype] = None,
+    chunk_bytes: int = 1 << 28,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode with sinks, computed in ``compute_dtype`` (float64 by default).
+
+    Args:
+        q: ``[T, H, 576]`` bf16/fp16/fp8 (any strides).
+        kv_cache: ``[N, 576]`` rows, one shared KV head; value = first ``d_v`` columns.
+        indices: int32 ``[T, topk]`` global row ids; ``-1`` / out-of-range = skip, anywhere in a row.
+        sinks: optional fp32 ``[H]`` natural-log sink logits, not scaled by ``sm_scale``.
+        sm_scale: multiplies ``q.k``; default ``576 ** -0.5``.
+        d_v: value dims (512).
+        topk_length: optional int32 ``[T]``: only the first ``topk_length[t]`` ids of row t are used.
+        q_scale, kv_scale: fp32 ``[1]`` dequantisation scales of fp8 q / fp8 KV (value = stored * scale).
+        logit_cap: ``> 0`` soft-caps the scaled logits with ``cap * tanh(s / cap)``; ``<= 0`` disables.
+        compute_dtype: float64 (the reference) or float32 (the fallback path on machines without Triton).
+        out_dtype: dtype of ``out``; default ``compute_dtype``.
+        chunk_bytes: token rows are processed in chunks whose gathered KV stays under this many bytes.
+
+    Returns:
+        ``(out, lse)``: ``out [T, H, d_v]`` in ``out_dtype`` (0 on empty rows), ``lse`` fp32 ``[T, H]``
+        natural log, sink excluded (``-inf`` on empty rows).
+
+    Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
+    ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
+    """
+    T, H, d_qk = q.shape
+    N = kv_cache.shape[0]
+    if sm_scale is None:
+        sm_scale = d_qk ** -0.5
+    mask = valid_mask(indices, N, topk_length)
+    qf = q.to(compute_dtype)
+    if q_scale is not None:
+        qf = qf * q_scale.to(compute_dtype).reshape(())
+    kscale = kv_scale.to(compute_dtype).reshape(()) if kv_scale is not None else None
+    topk = indices.shape[1]
+    row_bytes = d_qk * torch.finfo(compute_dtype).bits // 8
+    chunk = max(1, chunk_bytes // max(1, topk * row_bytes))
+    outs, lses = [], []
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        m = mask[t0:t1]
+        safe = torch.where(m, indices[t0:t1].long(), torch.zeros_like(indices[t0:t1], dtype=torch.long))
+        kv = kv_cache[safe.reshape(-1)].to(compute_dtype).reshape(t1 - t0, topk, d_qk)
+        # Invalid slots gather row 0 as a placeholder; zero them so no value of any row leaks (NaN included).
+        kv = torch.where(m.unsqueeze(-1), kv, torch.zeros((), dtype=compute_dtype, device=kv.device))
+        if kscale is not None:
+            kv = kv * kscale
+        s = torch.einsum("thd,tkd->thk", qf[t0:t1], kv) * sm_scale
+        if logit_cap > 0:
+            s = logit_cap * torch.tanh(s / logit_cap)
+        s = s.masked_fill(~m.unsqueeze(1), float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)  # [t, H]; -inf for empty rows
+        empty = torch.isneginf(lse)
+        p = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse).unsqueeze(-1))
+        out = torch.einsum("thk,tkd->thd", p, kv[..., :d_v])
+        outs.append(out)
+        lses.append(lse)
+    out = torch.cat(outs) if outs else q.new_zeros((0, H, d_v), dtype=compute_dtype)
+    lse = torch.cat(lses) if lses else q.new_zeros((0, H), dtype=compute_dtype)
+    lse32 = lse.float()
+    out = apply_sink(out, lse, sinks).to(compute_dtype) if sinks is not None else out
+    return out.to(out_dtype or compute_dtype), lse32

@@ -1,0 +1,120 @@
+"""select: (CallSpec, Platform) -> the kernel path, by the rule table ``tables/mla_decode.yaml``.
+
+The table is the only place priority lives; this module only turns the records into the table's
+fields and wraps the generic engine of :mod:`dispatch`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Optional
+
+from mla_sink import dispatch
+
+from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.records import CallSpec, Platform, call_key
+from mla_sink.core.tables import table_path
+
+log = logging.getLogger("mla_sink")
+
+#: Paths the runtime can launch (the table checker proves every row names one of the table's paths;
+#: tests prove this set equals the table's).
+KNOWN_PATHS = (
+    "aiter_persistent",
+    "aiter_lse",
+    "aiter_lse_single_split",
+    "aiter_lse_fp8_two_split",
+    "triton",
+    "reference",
+)
+
+
+class NoKernelError(RuntimeError):
+    """A valid call that no rule-table row accepts, or that a row explicitly refuses.
+
+    Attributes:
+        selection: the :class:`dispatch.Selection` (winning refusal row or none, and every rejected row).
+        explanation: the full text ``mla-sink explain`` prints for the same call.
+    """
+
+    def __init__(self, explanation: str, selection: Any) -> None:
+        super().__init__(explanation)
+        self.explanation = explanation
+        self.selection = selection
+
+
+@functools.lru_cache(maxsize=None)
+def mla_table() -> "dispatch.RuleTable":
+    """The shipped ``mla_decode`` rule table, loaded, schema-checked and proven by the table checker
+    (no gap, no shadowed row, path requirements hold) once per process.
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
+    """
+    table = dispatch.load_table(table_path("mla_decode"))
+    dispatch.assert_table_ok(table)
+    return table
+
+
+def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
+    """The field values the rule table matches on, from the two records."""
+    return {
+        "arch": platform.arch,
+        "aiter_version": platform.aiter_version,
+        "triton": platform.triton,
+        "q_dtype": spec.q_dtype,
+        "kv_dtype": spec.kv_dtype,
+        "num_heads": spec.num_heads,
+        "max_seqlen_q": spec.max_seqlen_q,
+        "need_lse": spec.need_lse,
+        "logit_cap": spec.logit_cap,
+        # informative only (not matched by rows; shown by explain):
+        "sinks": spec.sinks,
+        "dcp_world_size": spec.dcp_world_size,
+        "topk": spec.topk,
+    }
+
+
+def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> "dispatch.Selection":
+    """Run the rule table for one call; never raises for a refusal (see :func:`plan_call`).
+
+    Args:
+        spec: the call. platform: where it runs.
+        path: force one path: only rows naming it are considered (for tests and engines that pin a path).
+
+    Raises:
+        ValueError: ``path`` is not a path of the table.
+    """
+    if path is not None and path not in KNOWN_PATHS:
+        raise ValueError(f"'path' must be one of {KNOWN_PATHS} (got {path!r})")
+    return mla_table().select(table_fields(spec, platform), only_paths=None if path is None else (path,))
+
+
+def explain_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> str:
+    """The text ``mla-sink explain`` prints: key, chosen path and params, its row, every earlier row's failures."""
+    return dispatch.explain(select(spec, platform, path=path), key=call_key(spec, platform))
+
+
+def plan_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> LaunchPlan:
+    """select + plan: the :class:`LaunchPlan` of a call.
+
+    ``path='reference'`` is always honoured (the reference runs anywhere; ``row_id='forced'``);
+    any other forced path must be named by a row that accepts the call.
+
+    Raises:
+        NoKernelError: the table refuses the call or no row accepts it (message = full explanation).
+    """
+    if path == "reference":
+        return LaunchPlan(path="reference", params={}, spec=spec, platform=platform, row_id="forced")
+    selection = select(spec, platform, path=path)
+    if selection.refused or selection.path is None:
+        raise NoKernelError(dispatch.explain(selection, key=call_key(spec, platform)), selection)
+    log.debug("%s -> %s (row %s)", call_key(spec, platform), selection.path, selection.row.id)
+    return LaunchPlan(
+        path=selection.path,
+        params=dict(selection.params or {}),
+        spec=spec,
+        platform=platform,
+        row_id=selection.row.id,
+    )

@@ -1,0 +1,29 @@
+"""Locate the shipped YAML rule tables, in a source checkout and in an installed wheel alike.
+
+The wheel maps the repository's ``tables/`` folder to the package ``mla_sink.tables`` (see
+pyproject.toml); a source checkout run with ``PYTHONPATH=.`` finds ``tables/`` beside ``mla_sink/``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+
+def table_path(name: str) -> Path:
+    """Path of the shipped table ``name`` (e.g. ``'mla_decode'`` -> ``.../mla_decode.yaml``).
+
+    Raises:
+        FileNotFoundError: no such table is shipped.
+    """
+    filename = f"{name}.yaml"
+    # a source checkout's tables/ first (the tables being edited), then the installed package data
+    candidates = [Path(__file__).resolve().parents[2] / "tables" / filename]
+    try:
+        candidates.append(Path(str(importlib.resources.files("mla_sink.tables") / filename)))
+    except ModuleNotFoundError:
+        pass
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"table {name!r} not found (looked in {[str(c) for c in candidates]})")

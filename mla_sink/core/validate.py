@@ -1,0 +1,234 @@
+"""Input validation: every malformed call is a ``ValueError`` raised before any kernel runs.
+
+Messages follow one shape: the argument, the value, what is allowed, e.g.
+``'sinks' must be float32 (got torch.bfloat16)``. Only metadata (shapes, dtypes, strides, devices)
+is inspected, never tensor values, so validation needs no host synchronisation and is safe to call
+before CUDA-graph capture. Value-level semantics (``-1`` ids, ids outside the pool) are handled by
+the kernels, not rejected.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+
+from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS, FP8_KEYS, out_dtype_for
+from mla_sink.core.records import D_QK, D_V
+
+
+def _dt(t: torch.Tensor) -> str:
+    return DTYPE_KEYS.get(t.dtype, str(t.dtype))
+
+
+def _require_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"'{name}' must be a torch.Tensor (got {type(value).__name__})")
+    return value
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """``[first, last + 1)`` bytes the tensor's elements can touch (strides >= 0; empty tensors: empty range)."""
+    if t.numel() == 0:
+        return 0, 0
+    start = t.data_ptr()
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+    return start, start + extent * t.element_size()
+
+
+def _memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory ranges intersect (two views carved side by side from one workspace
+    do not). Traced tensors (fake, meta, or under ``torch.compile``) have no memory to compare: False;
+    the op's real implementation checks again with the real tensors."""
+    fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", ())
+    if (torch.compiler.is_compiling() or isinstance(a, fake) or isinstance(b, fake) or a.device.type == "meta"
+            or b.device.type == "meta" or a.device != b.device):
+        return False
+    try:
+        a0, a1 = _byte_range(a)
+        b0, b1 = _byte_range(b)
+    except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. under tracing)
+        return False
+    return a0 != 0 and b0 != 0 and a0 < b1 and b0 < a1
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """True unless the strides prove every element has its own memory: the dimensions of size > 1,
+    ordered by stride, each step past the whole extent of the previous one (a stride-0 broadcast or
+    interleaved strides fail; such layouts are refused rather than written through)."""
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1)
+    span = 1
+    for stride, size in dims:
+        if stride < span:
+            return True
+        span = stride * size
+    return False
+
+
+def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[torch.device] = None) -> None:
+    """Validate ``sinks``: fp32, 1-D ``[H]``, contiguous, on ``device``.
+
+    Raises:
+        ValueError: wrong type, dtype, rank, length, layout or device.
+    """
+    if sinks is None:
+        return
+    _require_tensor("sinks", sinks)
+    if sinks.dtype != torch.float32:
+        raise ValueError(f"'sinks' must be float32 (got {sinks.dtype})")
+    if sinks.dim() != 1:
+        raise ValueError(f"'sinks' must be 1-D [num_heads] (got shape {tuple(sinks.shape)})")
+    if sinks.shape[0] != num_heads:
+        raise ValueError(f"'sinks' must have num_heads={num_heads} entries (got {sinks.shape[0]})")
+    if not sinks.is_contiguous():
+        raise ValueError(f"'sinks' must be contiguous (got stride {tuple(sinks.stride())})")
+    if device is not None and sinks.device != device:
+        raise ValueError(f"'sinks' must be on {device}, like q (got {sinks.device})")
+
+
+FP32_TINY = 2.0 ** -126  #: smallest normal fp32: the kernels take ``sm_scale`` as fp32 and flush below it
+
+
+def check_sm_scale(sm_scale: float) -> None:
+    """Raises ValueError unless ``sm_scale`` is a finite real number (Python or numpy scalar) at least the
+    smallest normal fp32, 2^-126 (~1.18e-38): a subnormal scale is flushed to 0 inside the kernels."""
+    if (isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale)
+            or sm_scale < FP32_TINY):
+        raise ValueError(f"'sm_scale' must be a finite float >= 2^-126 (the smallest normal fp32; got {sm_scale!r})")
+
+
+def check_return_lse(return_lse: bool) -> None:
+    """Raises ValueError unless ``return_lse`` is a bool."""
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"'return_lse' must be a bool (got {return_lse!r})")
+
+
+def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[float, float]:
+    """Check the scalar options of a call under the names the caller used; returns ``(sm_scale, logit_cap)``
+    as Python floats (numpy scalars accepted).
+
+    Raises:
+        ValueError: ``sm_scale`` not a finite real > 0, ``return_lse`` not a bool, ``logit_cap`` not a
+            finite real (strings are refused, not parsed).
+    """
+    check_sm_scale(sm_scale)
+    check_return_lse(return_lse)
+    if isinstance(logit_cap, bool) or not isinstance(logit_cap, numbers.Real) or not math.isfinite(logit_cap):
+        raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
+    return float(sm_scale), float(logit_cap)
+
+
+def check_inputs(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+    *,
+    topk_length: Optional[torch.Tensor] = None,
+    q_scale: Optional[torch.Tensor] = None,
+    kv_scale: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    check_scales: bool = True,
+    allow_empty_pool: bool = False,
+) -> None:
+    """Validate the tensors of one call (shapes, dtypes, layouts, devices; never values).
+
+    Args:
+        q: ``[T, H, 576]`` bf16/fp16/fp8_e4m3/fp8_e4m3fnuz; innermost stride 1.
+        kv_cache: ``[N, 576]`` (page size 1), innermost stride 1; N >= 1.
+        indices: int32 ``[T, topk]``, topk >= 1.
+        sinks: optional fp32 ``[H]`` contiguous.
+        sm_scale: optional finite positive float.
+        topk_length: optional int32 ``[T]``.
+        q_scale / kv_scale: fp32 with one element; required exactly when q / kv_cache is fp8.
+        out: optional ``[T, H, 512]`` in the out dtype (q's dtype; bf16 for fp8 q), innermost stride 1.
+        check_scales: False skips the fp8 scale checks (for :func:`mla_sink.core.describe.describe`,
+            which is given no scales).
+        allow_empty_pool: accept ``N = 0`` (a DCP rank whose shard holds no rows).
+
+    Raises:
+        ValueError: naming the argument, the value and what is allowed.
+    """
+    _require_tensor("q", q)
+    _require_tensor("kv_cache", kv_cache)
+    _require_tensor("indices", indices)
+    if q.dtype not in DTYPE_KEYS:
+        raise ValueError(f"'q' dtype must be one of {sorted(DTYPE_KEYS.values())} (got {q.dtype})")
+    if kv_cache.dtype not in DTYPE_KEYS:
+        raise ValueError(f"'kv_cache' dtype must be one of {sorted(DTYPE_KEYS.values())} (got {kv_cache.dtype})")
+    if q.dim() != 3 or q.shape[2] != D_QK or q.shape[1] < 1:
+        raise ValueError(f"'q' must be [T, H, {D_QK}] with H >= 1 (got shape {tuple(q.shape)})")
+    if q.stride(2) != 1:
+        raise ValueError(f"'q' must have innermost stride 1 (got strides {tuple(q.stride())})")
+    if kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK or kv_cache.shape[0] < (0 if allow_empty_pool else 1):
+        hint = " (a paged cache with page size 1 can be passed as kv_cache.view(-1, 576))" if kv_cache.dim() > 2 else ""
+        raise ValueError(f"'kv_cache' must be [N, {D_QK}] with N >= 1 (got shape {tuple(kv_cache.shape)}){hint}")
+    if kv_cache.stride(1) != 1:
+        raise ValueError(f"'kv_cache' must have innermost stride 1 (got strides {tuple(kv_cache.stride())})")
+    if indices.dtype != torch.int32:
+        raise ValueError(f"'indices' must be int32 (got {indices.dtype})")
+    if indices.dim() != 2 or indices.shape[1] < 1:
+        raise ValueError(f"'indices' must be 2-D [T, topk] with topk >= 1 (got shape {tuple(indices.shape)})")
+    T, H = q.shape[0], q.shape[1]
+    if indices.shape[0] != T:
+        raise ValueError(f"'indices' must have T={T} rows like q (got {indices.shape[0]})")
+    pair = (_dt(q), _dt(kv_cache))
+    if pair not in ALLOWED_DTYPE_PAIRS:
+        raise ValueError(f"(q dtype, kv_cache dtype) must be one of {sorted(ALLOWED_DTYPE_PAIRS)} (got {pair})")
+    device = q.device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device (got {device})")
+    if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad
+                                    or (sinks is not None and getattr(sinks, "requires_grad", False))):
+        raise ValueError("'q'/'kv_cache'/'sinks' require grad: mla-sink is a decode (inference) op with no "
+                         "backward; call it under torch.no_grad() or torch.inference_mode()")
+    for name, t in (("kv_cache", kv_cache), ("indices", indices)):
+        if t.device != device:
+            raise ValueError(f"'{name}' must be on {device}, like q (got {t.device})")
+    check_sinks(sinks, H, device)
+    if sm_scale is not None:
+        check_sm_scale(sm_scale)
+    if topk_length is not None:
+        _require_tensor("topk_length", topk_length)
+        if topk_length.dtype != torch.int32 or topk_length.dim() != 1 or topk_length.shape[0] != T:
+            raise ValueError(
+                f"'topk_length' must be int32 [T={T}] (got {topk_length.dtype} shape {tuple(topk_length.shape)})"
+            )
+        if topk_length.device != device:
+            raise ValueError(f"'topk_length' must be on {device}, like q (got {topk_length.device})")
+    for name, scale, tensor in (("q_scale", q_scale, q), ("kv_scale", kv_scale, kv_cache)):
+        if not check_scales:
+            break
+        is_fp8 = _dt(tensor) in FP8_KEYS
+        owner = "q" if name == "q_scale" else "kv_cache"
+        if is_fp8 and scale is None:
+            raise ValueError(f"'{name}' is required when {owner} is fp8 ({_dt(tensor)}): pass a float32 tensor of shape [1] or []")
+        if not is_fp8 and scale is not None:
+            raise ValueError(f"'{name}' must be None when {owner} is {_dt(tensor)} (scales apply to fp8 only; got a tensor)")
+        if scale is not None:
+            _require_tensor(name, scale)
+            if scale.dtype != torch.float32 or tuple(scale.shape) not in ((1,), ()):
+                raise ValueError(f"'{name}' must be float32 of shape [1] or [] (got {scale.dtype} shape {tuple(scale.shape)})")
+            if scale.device != device:
+                raise ValueError(f"'{name}' must be on {device}, like q (got {scale.device})")
+    if out is not None:
+        _require_tensor("out", out)
+        want = out_dtype_for(_dt(q))
+        if tuple(out.shape) != (T, H, D_V) or out.dtype != want:
+            raise ValueError(
+                f"'out' must be {want} [T={T}, H={H}, {D_V}] (got {out.dtype} shape {tuple(out.shape)})"
+            )
+        if out.stride(2) != 1 or out.device != device:
+            raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {tuple(out.stride())})")
+        if _overlaps_itself(out):
+            raise ValueError(f"'out' must not overlap itself: each [token, head] row needs its own memory (got strides "
+                             f"{tuple(out.stride())} for shape {tuple(out.shape)}, e.g. from expand())")
+        if out.requires_grad:
+            raise ValueError("'out' must not require grad (the kernel writes it in place; pass a plain buffer)")
+        for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
+                        ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale)):
+            if isinstance(t, torch.Tensor) and _memory_overlaps(out, t):
+                raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")

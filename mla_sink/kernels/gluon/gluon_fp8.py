@@ -1,0 +1,292 @@
+"""Warp-specialised sparse MLA decode with fp8 (e4m3fn) KV and few heads (H <= 16), sm90, in Gluon.
+
+Semantics of :mod:`mla_sink.paths.triton.launch` (float64 reference in :mod:`mla_sink.core.reference`).
+At H <= 16 the portable kernel is bound by converting fp8 tiles inside its MMA loop (once per operand
+layout) and by mma.sync's 16-row tiles re-reading q from shared memory in every warp. Here (one CTA =
+one token, all of its <= 16 heads):
+
+* roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = 16
+  heads, K = 576) and ``O^T += V^T P^T`` (M = 512 value columns, N = 16, K = 64 ids); the tiles
+  are read by the tensor cores straight from shared memory, q and P are the small N-side operands;
+* a producer warpgroup gathers each block's 64 fp8 rows into registers (16-byte loads, the ids loaded
+  one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3 -> f16: exact) and
+  stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes sit 4 to a
+  row and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the 8 distinct 16-byte
+  chunks of the 128-byte swizzle (no bank conflicts; one lane per 512-byte row conflicts 2-way);
+* two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
+  softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
+  shared memory at the end, which merges them, applies the sink and the per-tensor ``kv_scale`` and
+  stores ``out`` and the natural-log LSE. q sits in shared memory as fp16, each head row scaled by a
+  power of two so its largest ``|q|`` is 2^14 (exact for bf16 mantissas; undone on the scores).
+
+Measured on an H200 (BENCHMARKS.md; benchmarks/fp8_pingpong_probe_r*_2026-11-30.json): one consumer was
+bound by its serial chain (2.7 us per 64-id block); two take 1.35 us per block, and the producer (2.1-2.5
+us per block: one 36 KB block of rows in flight per SM) is now the limit: 157-159 us at H=16, T=256,
+against 176-180 with one consumer and 162-166 for bf16 KV.
+
+Source: the swapped ("transposed") decode GEMMs of FlashInfer/FlashMLA small-head decode kernels,
+FlashMLA's fp8 dequantisation outside the MMA warps and FlashAttention-3's two consumer warpgroups;
+Triton's Gluon tutorials for the primitives.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
+
+
+@gluon.jit
+def _gather(KV, ids, stride_kv, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
+    """fp8 rows ``ids`` x columns ``[col0, col0 + WIDTH)`` of KV (64-bit offsets); id -1 reads 0."""
+    rows = KV + ids.to(gl.int64) * stride_kv + col0
+    return gl.load(rows[:, None] + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))[None, :],
+                   mask=(ids >= 0)[:, None], other=0.0)
+
+
+@gluon.jit
+def _raw_ids(IDX, idx_base, t_end, n0, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Ids of positions ``[n0, n0 + BLOCK_N)`` as loaded (positions past ``t_end`` read -1); not yet checked."""
+    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    return gl.load(IDX + idx_base + pos, mask=pos < t_end, other=-1)
+
+
+@gluon.jit
+def _checked(raw, nrows):
+    """Raw ids with the negative ones and those ``>= nrows`` set to -1 (one unsigned compare; positions
+    past ``t_end`` were read as -1)."""
+    return gl.where(raw.to(gl.uint32, bitcast=True) < nrows, raw, -1)
+
+
+@gluon.jit
+def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
+              BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
+    """Worker partition: fp8 rows -> registers -> fp16 (once) -> the shared-memory ring. The next block's
+    ids are loaded before this block's rows and checked after its store, off the gather's critical path."""
+    nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    nrows = num_rows.to(gl.uint32)
+    ids_n = _checked(_raw_ids(IDX, idx_base, t_end, 0, BLOCK_N, nope_l), nrows)
+    ids_r = _checked(_raw_ids(IDX, idx_base, t_end, 0, BLOCK_N, rope_l), nrows)
+    for i in range(num_blocks):
+        s = i % STAGES
+        next_n = _raw_ids(IDX, idx_base, t_end, (i + 1) * BLOCK_N, BLOCK_N, nope_l)
+        next_r = _raw_ids(IDX, idx_base, t_end, (i + 1) * BLOCK_N, BLOCK_N, rope_l)
+        x_n = _gather(KV, ids_n, stride_kv, 0, D_NOPE, nope_l)
+        x_r = _gather(KV, ids_r, stride_kv, D_NOPE, D_ROPE, rope_l)
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        kn_smem.index(s).store(x_n.to(gl.float16))
+        kr_smem.index(s).store(x_r.to(gl.float16))
+        fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
+        gl.thread_barrier()
+        mbarrier.arrive(ready.index(s))
+        ids_n = _checked(next_n, nrows)
+        ids_r = _checked(next_r, nrows)
+
+
+@gluon.jit
+def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
+              scale_smem, m_smem, l_smem, acc_smem, merged,
+              pid_t, idx_base, num_heads, num_rows, t_end, num_blocks,
+              stride_ot, stride_oh, stride_lt, stride_lh,
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
+              HAS_SINKS: gl.constexpr, FIRST: gl.constexpr):
+    """One consumer warpgroup: blocks FIRST, FIRST + 2, ... (ring stage FIRST). FIRST = 0 (the default
+    partition) merges the other's state and runs the epilogue."""
+    LOG2E_C: gl.constexpr = 1.4426950408889634
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BLOCK_H, 16])
+    col_scale = scale_smem.load(gl.SliceLayout(0, acc_l))  # per head: q scaling, sm_scale, kv_scale, log2(e)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+    nrows = num_rows.to(gl.uint32)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+    acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=acc_l)  # O^T
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    for i in range(FIRST, num_blocks, STAGES):
+        s = i % STAGES
+        pos = i * BLOCK_N + offs_n
+        ids = gl.load(IDX + idx_base + pos, mask=pos < t_end, other=-1)
+        ok = (ids.to(gl.uint32, bitcast=True) < nrows) & (pos < t_end)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        kn = kn_smem.index(s)
+        kr = kr_smem.index(s)
+        st = warpgroup_mma(kn, q_n.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma(kr, q_r.permute((1, 0)), st, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+        st = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(st, axis=0))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(st - m_safe[None, :])
+        l_i = l_i * alpha + gl.sum(p, axis=0)
+        m_i = m_new
+        p_smem.store(p.to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()  # P^T complete in shared memory before the wgmma reads it
+        acc = warpgroup_mma(kn.permute((1, 0)), p_smem, acc * alpha[None, :], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        gl.thread_barrier()  # every warp of this consumer is done with stage s and with P^T
+        mbarrier.arrive(empty.index(s))
+
+    if FIRST == 1:
+        m_smem.store(m_i)
+        l_smem.store(l_i)
+        acc_smem.store(acc)
+        gl.thread_barrier()
+        mbarrier.arrive(merged)
+    else:
+        mbarrier.wait(merged, 0)
+        m_o = m_smem.load(gl.SliceLayout(0, acc_l))
+        l_o = l_smem.load(gl.SliceLayout(0, acc_l))
+        m_new = gl.maximum(m_i, m_o)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        a_self = gl.exp2(m_i - m_safe)
+        a_other = gl.exp2(m_o - m_safe)
+        l_i = l_i * a_self + l_o * a_other
+        m_i = m_new
+        acc = acc * a_self[None, :] + acc_smem.load(acc_l) * a_other[None, :]
+
+        kv_s = gl.load(KV_SCALE)
+        empty_row = l_i == 0.0
+        l_safe = gl.where(empty_row, 1.0, l_i)
+        lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(l_safe))
+        offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, acc_l))
+        scale = kv_s / l_safe
+        if HAS_SINKS:
+            sink = gl.load(SINKS + offs_h, mask=offs_h < num_heads, other=float("-inf"))
+            diff = gl.where(empty_row, 0.0, sink * LOG2E_C - lse2)
+            scale = gl.where(empty_row, 0.0, scale / (1.0 + gl.exp2(diff)))
+        gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=offs_h < num_heads)
+        out = acc * scale[None, :]
+        offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, acc_l))
+        o_ptr = OUT + pid_t * stride_ot + offs_h.to(gl.int64)[None, :] * stride_oh + offs_d[:, None]
+        gl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(offs_h < num_heads)[None, :])
+
+
+@gluon.jit
+def sparse_mla_decode_fp8_ws_kernel(
+    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE,
+    sm_scale, num_heads, num_rows, topk,
+    stride_qt, stride_qh, stride_kv, stride_it,
+    stride_ot, stride_oh, stride_lt, stride_lh,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+    HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr,
+):
+    """One CTA = one token (all of its <= 16 heads). See the module docstring."""
+    LOG2E_C: gl.constexpr = 1.4426950408889634
+    pid_t = gl.program_id(2).to(gl.int64)
+    t_end = topk
+    if HAS_TOPK_LEN:
+        t_end = gl.minimum(gl.maximum(gl.load(TOPK_LEN + pid_t), 0), topk)
+    num_blocks = gl.cdiv(t_end, BLOCK_N)
+    idx_base = pid_t * stride_it
+    q_n = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_NOPE],
+                                    gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_NOPE], gl.float16))
+    q_r = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_ROPE],
+                                    gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], gl.float16))
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.float16)
+    p0 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H], p_layout)
+    p1 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H], p_layout)
+    kn_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], gl.float16))
+    kr_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_ROPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], gl.float16))
+    vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
+    m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
+    l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
+    acc_smem = gl.allocate_shared_memory(gl.float32, [D_NOPE, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    mbarrier.init(merged, count=1)
+
+    # q -> fp16 in shared memory, each head row scaled so that its largest |q| is 2^14; the per-head
+    # factor that undoes it (with sm_scale, kv_scale and log2(e)) goes to both consumers.
+    ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_l))
+    q_rows = Q + pid_t * stride_qt + offs_hq.to(gl.int64)[:, None] * stride_qh
+    hmask = (offs_hq < num_heads)[:, None]
+    qn = gl.load(q_rows + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask, other=0.0)
+    qr = gl.load(q_rows + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask,
+                 other=0.0)
+    qn = qn.to(gl.float32)
+    qr = qr.to(gl.float32)
+    qmax = gl.maximum(gl.max(gl.abs(qn), axis=1), gl.max(gl.abs(qr), axis=1))
+    row_exp = gl.ceil(gl.log2(gl.maximum(qmax, 1e-30)))
+    q_n.store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
+    q_r.store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
+    scale_smem.store(gl.exp2(row_exp - 14.0) * (sm_scale * gl.load(KV_SCALE) * LOG2E_C))
+    fence_async_shared()
+    gl.thread_barrier()
+
+    gl.warp_specialize([
+        (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p0, kn_smem, kr_smem, ready, empty,
+                     scale_smem, m_smem, l_smem, acc_smem, merged,
+                     pid_t, idx_base, num_heads, num_rows, t_end, num_blocks,
+                     stride_ot, stride_oh, stride_lt, stride_lh,
+                     BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, 0)),
+        (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p1, kn_smem, kr_smem, ready, empty,
+                     scale_smem, m_smem, l_smem, acc_smem, merged,
+                     pid_t, idx_base, num_heads, num_rows, t_end, num_blocks,
+                     stride_ot, stride_oh, stride_lt, stride_lh,
+                     BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, 1)),
+        (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
+                     BLOCK_N, D_NOPE, D_ROPE)),
+    ], [4, 4], [136, 152])  # second consumer 136 registers, producer 152 (one block of fp8 rows in flight)
+
+
+def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,
+                                kv_scale=None, out=None, lse=None):
+    """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 16``; e4m3fn KV; bf16/fp16 q).
+
+    Args:
+        q: ``[T, H, 576]`` bf16 / fp16, innermost stride 1. kv_cache: ``[N, 576]`` float8_e4m3fn,
+            innermost stride 1. indices: int32 ``[T, topk]``, innermost stride 1 (``-1`` / negative /
+            ``>= N`` skipped). sinks: optional fp32 ``[H]``. sm_scale: default ``576 ** -0.5``.
+        topk_length: optional int32 ``[T]`` (contiguous). kv_scale: fp32 ``[1]`` (value = stored *
+            scale); ``None`` means 1. out, lse: optional ``[T, H, 512]`` (innermost stride 1) and fp32
+            ``[T, H]`` buffers.
+
+    Returns:
+        ``(out, lse)`` as :func:`mla_sink.paths.triton.launch.sparse_mla_decode_triton` returns them.
+
+    Raises:
+        ValueError: ``num_heads > 16``.
+    """
+    import torch
+
+    from mla_sink.kernels.gluon.gluon_ws import launch_buffers
+
+    T, H, _ = q.shape
+    if H > 16:
+        raise ValueError(f"sparse_mla_decode_fp8_gluon serves at most 16 heads, got num_heads={H}")
+    topk = indices.shape[1]
+    out, lse, sm_scale = launch_buffers(q, out, lse, sm_scale)
+    if T == 0 or H == 0:
+        return out, lse
+    if kv_scale is None:
+        kv_scale = torch.ones(1, dtype=torch.float32, device=q.device)
+    sparse_mla_decode_fp8_ws_kernel[(1, 1, T)](
+        q, kv_cache, indices, sinks if sinks is not None else lse,
+        topk_length if topk_length is not None else indices, kv_scale,
+        out, lse,
+        float(sm_scale), H, min(kv_cache.shape[0], 2 ** 31), topk,
+        q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        BLOCK_H=16, BLOCK_N=64, D_NOPE=512, D_ROPE=64,
+        HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None,
+        num_warps=4,
+    )
+    return out, lse

@@ -1,0 +1,62 @@
+"""The split-KV combine kernel (``combine``): merges the fp32 partial states of a token's KV splits (or
+of DCP ranks) and applies the sink once.
+
+Source: the split-KV combine of lightllm/sglang ``decode_attention`` kernels.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+def _sparse_mla_combine_kernel(
+    PART_OUT, PART_LSE, SINKS, OUT, LSE,
+    num_heads, num_splits,
+    stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+    stride_ot, stride_oh, stride_lt, stride_lh,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
+    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block."""
+    pid_h = tl.program_id(0)
+    pid_t = tl.program_id(1).to(tl.int64)
+    pid_d = tl.program_id(2)
+    LOG2E_C: tl.constexpr = 1.4426950408889634
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+
+    pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
+    lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
+    m = tl.max(lses, 0)  # [BLOCK_H]
+    empty = m == float("-inf")
+    m_safe = tl.where(empty, 0.0, m)
+    l_sum = tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
+
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for s in range(0, num_splits):
+        ls = tl.load(PART_LSE + pid_t * stride_plt + s * stride_pls + offs_h, mask=mask_h, other=float("-inf"))
+        w = tl.exp2(ls - m_safe)  # 0 for a split with no valid id
+        po = PART_OUT + pid_t * stride_pt + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        o = tl.load(po, mask=mask_h[:, None] & (w[:, None] > 0.0), other=0.0)
+        acc += w[:, None] * o
+
+    l_safe = tl.where(empty, 1.0, l_sum)
+    out = acc / l_safe[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_safe + tl.log2(l_safe))
+    if HAS_SINKS:
+        sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
+        diff = tl.where(empty, 0.0, sink * LOG2E_C - lse2)
+        factor = tl.where(empty, 0.0, 1.0 / (1.0 + tl.exp2(diff)))
+        out = out * factor[:, None]
+    o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
+    if pid_d == 0:
+        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=mask_h)
+
+
+
+
+combine_jit = triton.jit(_sparse_mla_combine_kernel)

@@ -1,0 +1,226 @@
+"""The portable Triton kernel (``portable``): sparse MLA decode with fused sinks and a natural-log,
+sink-free LSE, for every target Triton compiles for and the CPU (through the interpreter).
+
+Semantics are those of :func:`mla_sink.core.reference.sparse_mla_decode_reference` (the float64 reference):
+``s_j = sm_scale * q.k_j`` over the valid ids of a token row (``0 <= id < N``, position ``<
+topk_length[t]``), optionally soft-capped ``s = cap * tanh(s / cap)``; ``lse = log(sum_j exp(s_j))``
+(natural log, sink excluded, ``-inf`` for an empty row); ``out = sum_j exp(s_j - lse) v_j`` times
+``sigmoid(lse - sink)`` (0 on empty rows; ``sink = +inf`` gives 0, ``sink = -inf`` changes nothing).
+
+Kernel structure (one program per (head block, KV split, token); head blocks of one token are
+adjacent in launch order so their identical gathers hit L2):
+
+* the 576 dims are two dots: a 512-dim latent dot and a 64-dim RoPE dot (Triton blocks are powers of
+  two); the gathered latent tile is reused as V (no second load);
+* online softmax in base 2 (``log2 e`` folded into the scale), fp32 accumulation; the LSE written to
+  ``lse`` is converted back to natural log;
+* ids that are ``-1``, negative, ``>= N`` or past ``topk_length`` are masked in the gathered load
+  (``other=0``): their rows are never read, so NaN in unreferenced rows cannot leak; ids are cast
+  to int64 before multiplying by the row stride (pools beyond 2^31 bytes);
+* fp8 KV/q are converted to bf16 tiles (exact) and the per-tensor scales, read from device memory,
+  are folded into the scores and the output; ``fp8_e4m3fnuz`` is decoded from its bits through
+  ``e4m3fn`` (value / 2, with its own NaN and max encodings) so it runs on NVIDIA and the CPU too;
+* split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
+  with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
+  exactly once.
+
+Source: the split-KV decode + combine structure of lightllm/sglang ``decode_attention`` kernels; the
+online softmax of Triton tutorial 06; the sink formula of FlashMLA ``flash_mla_interface.py``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+def _sparse_mla_decode_kernel(
+    Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
+    OUT, LSE, PART_OUT, PART_LSE,
+    sm_scale, logit_cap,
+    num_heads, num_rows, topk, ids_per_split,
+    stride_qt, stride_qh, stride_kv, stride_it,
+    stride_ot, stride_oh, stride_lt, stride_lh,
+    stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
+    Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
+    FP8_BITS: tl.constexpr, EVEN: tl.constexpr,
+):
+    """Stage 1: one program = (head block, KV split, token). See the module docstring."""
+    pid_h = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_t = tl.program_id(2).to(tl.int64)
+
+    LOG2E_C: tl.constexpr = 1.4426950408889634
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    # ---- q tile [BLOCK_H, 512] + [BLOCK_H, 64]; padded heads load 0 ----
+    q_ptr = Q + pid_t * stride_qt + offs_h[:, None] * stride_qh
+    q_nope = tl.load(q_ptr + offs_d[None, :], mask=mask_h[:, None], other=0.0)
+    q_rope = tl.load(q_ptr + D_NOPE + offs_r[None, :], mask=mask_h[:, None], other=0.0)
+
+    # Scale of the scores in base 2: sm_scale * log2(e) * q_scale * kv_scale.
+    qk_scale = sm_scale
+    if Q_FP8:
+        qk_scale = qk_scale * tl.load(Q_SCALE)
+    if KV_FP8:
+        kv_s = tl.load(KV_SCALE)
+        if FP8_BITS:
+            kv_s = kv_s * 256.0  # the bit-shift decode below yields value / 2^8
+        qk_scale = qk_scale * kv_s
+
+    if Q_FP8:
+        if Q_FNUZ:
+            qb_n = q_nope.to(tl.uint8, bitcast=True)
+            qb_r = q_rope.to(tl.uint8, bitcast=True)
+            q_nope = qb_n.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            q_rope = qb_r.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            q_nope = tl.where((qb_n & 0x7F) == 0x7F, tl.where(qb_n >= 128, -480.0, 480.0), q_nope)
+            q_rope = tl.where((qb_r & 0x7F) == 0x7F, tl.where(qb_r >= 128, -480.0, 480.0), q_rope)
+            q_nope = tl.where(qb_n == 0x80, float("nan"), q_nope) * 0.5
+            q_rope = tl.where(qb_r == 0x80, float("nan"), q_rope) * 0.5
+        if UPCAST:
+            q_nope = q_nope.to(tl.float32)
+            q_rope = q_rope.to(tl.float32)
+        elif FP8_F16:
+            q_nope = q_nope.to(tl.float16)
+            q_rope = q_rope.to(tl.float16)
+        else:
+            q_nope = q_nope.to(tl.bfloat16)
+            q_rope = q_rope.to(tl.bfloat16)
+    elif ROW_SCALE:
+        # bf16 q with fp8 KV computed in fp16 (fp8 -> fp16 is one instruction, fp8 -> bf16 several):
+        # scale each head row by a power of two so that its largest |q| is 2^14 (fits fp16, exact
+        # for bf16 mantissas); the inverse scale is applied to the scores.
+        qn = q_nope.to(tl.float32)
+        qr = q_rope.to(tl.float32)
+        qmax = tl.maximum(tl.max(tl.abs(qn), 1), tl.max(tl.abs(qr), 1))
+        row_exp = tl.math.ceil(tl.log2(tl.maximum(qmax, 1e-30)))
+        row_scale = tl.exp2(14.0 - row_exp)
+        inv_row_scale = tl.exp2(row_exp - 14.0)
+        qn = qn * row_scale[:, None]
+        qr = qr * row_scale[:, None]
+        if UPCAST:
+            q_nope = qn
+            q_rope = qr
+        else:
+            q_nope = qn.to(tl.float16)
+            q_rope = qr.to(tl.float16)
+    elif UPCAST:
+        q_nope = q_nope.to(tl.float32)
+        q_rope = q_rope.to(tl.float32)
+
+    # ---- this split's id range ----
+    t_end = topk
+    if HAS_TOPK_LEN:
+        t_end = tl.minimum(tl.maximum(tl.load(TOPK_LEN + pid_t), 0), topk)
+    start = pid_s * ids_per_split
+    end = tl.minimum(start + ids_per_split, t_end)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)
+
+    idx_row = IDX + pid_t * stride_it
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        # 0 <= id < N in one unsigned compare (num_rows <= 2^31 at launch); EVEN (every block full,
+        # no topk_length) drops the range mask: ~20% fewer instructions per step on sm90.
+        if EVEN:
+            ids = tl.load(idx_row + pos)
+            valid = ids.to(tl.uint32, bitcast=True) < num_rows.to(tl.uint32)
+        else:
+            in_range = pos < end
+            ids = tl.load(idx_row + pos, mask=in_range, other=-1)
+            valid = in_range & (ids.to(tl.uint32, bitcast=True) < num_rows.to(tl.uint32))
+        row = KV + ids.to(tl.int64) * stride_kv
+        k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
+        if KV_FP8:
+            if KV_FNUZ:
+                kb_n = k_nope.to(tl.uint8, bitcast=True)
+                kb_r = k_rope.to(tl.uint8, bitcast=True)
+                k_nope = kb_n.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                k_rope = kb_r.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                k_nope = tl.where((kb_n & 0x7F) == 0x7F, tl.where(kb_n >= 128, -480.0, 480.0), k_nope)
+                k_rope = tl.where((kb_r & 0x7F) == 0x7F, tl.where(kb_r >= 128, -480.0, 480.0), k_rope)
+                k_nope = tl.where(kb_n == 0x80, float("nan"), k_nope) * 0.5
+                k_rope = tl.where(kb_r == 0x80, float("nan"), k_rope) * 0.5
+            if FP8_BITS:
+                # e4m3fn -> fp16 by bit placement: sign to bit 15, exponent+mantissa to bits 13..7
+                # gives value / 2^8 exactly for every finite code (normals and subnormals alike);
+                # a NaN code of a referenced row becomes a finite number (unreferenced rows load 0).
+                kh_n = k_nope.to(tl.uint8, bitcast=True).to(tl.uint16)
+                kh_r = k_rope.to(tl.uint8, bitcast=True).to(tl.uint16)
+                k_nope = (((kh_n & 0x80) << 8) | ((kh_n & 0x7F) << 7)).to(tl.float16, bitcast=True)
+                k_rope = (((kh_r & 0x80) << 8) | ((kh_r & 0x7F) << 7)).to(tl.float16, bitcast=True)
+            if UPCAST:
+                k_nope = k_nope.to(tl.float32)
+                k_rope = k_rope.to(tl.float32)
+            else:
+                k_nope = k_nope.to(q_nope.dtype)
+                k_rope = k_rope.to(q_nope.dtype)
+        elif UPCAST:
+            k_nope = k_nope.to(tl.float32)
+            k_rope = k_rope.to(tl.float32)
+
+        qk = tl.dot(q_nope, tl.trans(k_nope))
+        qk = tl.dot(q_rope, tl.trans(k_rope), qk)
+        if ROW_SCALE:
+            qk = qk * inv_row_scale[:, None]
+        if HAS_CAP:
+            # cap * tanh(s / cap) without cancellation: an odd Taylor polynomial where |x| < 0.1
+            # (truncation < 1e-10 relative), exp(-2|x|) (never overflows) elsewhere.
+            x = qk * qk_scale / logit_cap
+            ax = tl.abs(x)
+            e = tl.exp(-2.0 * ax)
+            t_big = (1.0 - e) / (1.0 + e)
+            x2 = x * x
+            t_small = ax * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+            t_abs = tl.where(ax < 0.1, t_small, t_big)
+            s = logit_cap * tl.where(x < 0.0, -t_abs, t_abs)
+            s = s * LOG2E_C
+        else:
+            s = qk * (qk_scale * LOG2E_C)
+        s = tl.where(valid[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        m_i = m_new
+
+    # ---- epilogue ----
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    if KV_FP8:
+        out = out * kv_s
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
+
+    if SPLIT:
+        po = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        tl.store(po, out, mask=mask_h[:, None])
+        tl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=mask_h)
+    else:
+        if HAS_SINKS:
+            sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
+            # sigmoid(lse - sink) = 1 / (1 + 2^((sink - lse) * log2 e)); 0 on empty rows.
+            diff = tl.where(empty, 0.0, sink * LOG2E_C - lse2)  # no -inf - -inf on empty rows
+            factor = tl.where(empty, 0.0, 1.0 / (1.0 + tl.exp2(diff)))
+            out = out * factor[:, None]
+        o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
+        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=mask_h)
+
+
+portable_jit = triton.jit(_sparse_mla_decode_kernel)

@@ -1,0 +1,43 @@
+"""The AITER paths (``aiter_persistent``, ``aiter_lse``, ``aiter_lse_single_split``,
+``aiter_lse_fp8_two_split``): pure planners, device buffers, the launcher and finalize.
+
+Importing this package never imports AITER; :func:`launch_aiter` imports it lazily when it runs
+without an explicit ``impl``.
+
+* :func:`plan_aiter` -> :class:`AiterCall` (:class:`AiterDecodeCall` | :class:`AiterPersistentCall`):
+  the exact ``aiter.mla.mla_decode_fwd`` call as data.
+* :func:`fill_kv_buffers`: ragged ``kv_indptr`` / compacted ``kv_indices`` from the valid ids, no
+  host sync.
+* :func:`launch_aiter`: plan -> buffers -> AITER -> :func:`finalize_aiter` (empty rows, sinks, heads).
+"""
+
+from mla_sink.paths.aiter.buffers import AiterBuffers, allocate_buffers, fill_kv_buffers, row_counts, valid_id_mask
+from mla_sink.paths.aiter.finalize import finalize_aiter
+from mla_sink.paths.aiter.launch import (
+    METADATA_NAMES,
+    AiterImpl,
+    AiterWorkspace,
+    aiter_meta_param,
+    launch_aiter,
+    load_aiter_impl,
+    run_call,
+)
+from mla_sink.paths.aiter.plan import (
+    AITER_LSE_MIN_VERSION,
+    AITER_MIN_HEADS,
+    AITER_PATHS,
+    AiterCall,
+    AiterDecodeCall,
+    AiterPersistentCall,
+    PersistentMetadata,
+    padded_head_count,
+    plan_aiter,
+)
+
+__all__ = [
+    "AITER_LSE_MIN_VERSION", "AITER_MIN_HEADS", "AITER_PATHS", "METADATA_NAMES",
+    "AiterBuffers", "AiterCall", "AiterDecodeCall", "AiterImpl", "AiterPersistentCall", "AiterWorkspace",
+    "PersistentMetadata", "aiter_meta_param", "allocate_buffers", "fill_kv_buffers", "finalize_aiter",
+    "launch_aiter", "load_aiter_impl", "padded_head_count", "plan_aiter", "row_counts", "run_call",
+    "valid_id_mask",
+]

@@ -1,0 +1,282 @@
+"""Run an AITER path: plan -> buffers -> ``aiter.mla.mla_decode_fwd`` -> finalize.
+
+AITER is imported lazily, only when a call runs without an explicit ``impl``; importing
+``mla_sink`` never imports AITER. Tests pass a contract fake as ``impl``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import threading
+import types
+from typing import Any, Optional, Protocol
+
+import torch
+
+from mla_sink.core.dtypes import TORCH_DTYPES, dtype_key
+from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.plan import LaunchPlan
+from mla_sink.paths.aiter.buffers import AiterBuffers, allocate_buffers, fill_kv_buffers
+from mla_sink.paths.aiter.finalize import finalize_aiter
+from mla_sink.paths.aiter.plan import AITER_PATHS, AiterCall, AiterPersistentCall, PersistentMetadata, padded_head_count, plan_aiter
+
+#: Names of the six persistent metadata buffers, in the order ``get_mla_metadata_info_v1`` returns them.
+METADATA_NAMES = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
+
+
+class AiterImpl(Protocol):
+    """What :func:`launch_aiter` needs from AITER (the real module or a test fake).
+
+    Source: ROCm/aiter ``aiter/mla.py`` (``mla_decode_fwd``, ``get_meta_param``) and
+    ``aiter/ops/attention.py`` (``get_mla_metadata_info_v1``, ``get_mla_metadata_v1``, exported as
+    ``aiter.get_mla_metadata_info_v1`` / ``aiter.get_mla_metadata_v1``).
+    """
+
+    def mla_decode_fwd(self, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
+                       max_seqlen_q, **kwargs) -> tuple[Any, Optional[torch.Tensor]]: ...
+
+    def get_meta_param(self, num_kv_splits, bs, total_kv, nhead, max_seqlen_q, dtype) -> tuple[int, Any]: ...
+
+    def get_mla_metadata_info_v1(self, batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype,
+                                 is_sparse, fast_mode=True, num_kv_splits=32) -> tuple: ...
+
+    def get_mla_metadata_v1(self, *args, **kwargs) -> None: ...
+
+
+@functools.lru_cache(maxsize=1)
+def load_aiter_impl() -> AiterImpl:
+    """The real AITER entry points, imported on first use and cached (one object per process, so the
+    workspace keyed by it is reused across calls).
+
+    Raises:
+        RuntimeError: AITER is not importable on this machine (the message carries the import error).
+    """
+    try:
+        import aiter  # noqa: F401
+        import aiter.mla as aiter_mla
+    except Exception as exc:  # ImportError, or AITER failing to load its kernels off ROCm
+        raise RuntimeError(f"AITER not importable: {type(exc).__name__}: {exc}") from exc
+    return types.SimpleNamespace(
+        mla_decode_fwd=aiter_mla.mla_decode_fwd,
+        get_meta_param=aiter_mla.get_meta_param,
+        get_mla_metadata_info_v1=aiter.get_mla_metadata_info_v1,
+        get_mla_metadata_v1=aiter.get_mla_metadata_v1,
+    )
+
+
+class AiterWorkspace:
+    """Per-shape device buffers of AITER calls, allocated once and reused (stable pointers for graphs).
+
+    Holds, per ``(call.buffer_key(), device)``: the :class:`~.buffers.AiterBuffers`, the padded-q and
+    ``o`` scratch, and for persistent calls the six metadata buffers sized by
+    ``impl.get_mla_metadata_info_v1``. A layer object holds one workspace; :func:`launch_aiter` uses a
+    process-wide default when none is given.
+    """
+
+    #: shapes kept; the least recently used is dropped beyond this (eager calls with ever new T).
+    MAX_ENTRIES = 32
+
+    def __init__(self) -> None:
+        self._entries: "collections.OrderedDict[tuple, dict[str, Any]]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entry(self, call: AiterCall, device: torch.device, impl: AiterImpl) -> dict[str, Any]:
+        """The cached buffers of ``call`` on ``device`` (allocated on first use)."""
+        key = (call.buffer_key(), str(device), id(impl))
+        with self._lock:
+            got = self._entries.get(key)
+            if got is None:
+                got = self._allocate(call, device, impl)
+                self._entries[key] = got
+                while len(self._entries) > self.MAX_ENTRIES:
+                    self._entries.popitem(last=False)
+            else:
+                self._entries.move_to_end(key)
+            return got
+
+    @staticmethod
+    def _allocate(call: AiterCall, device: torch.device, impl: AiterImpl) -> dict[str, Any]:
+        got: dict[str, Any] = {"impl": impl, "buffers": allocate_buffers(call, device)}
+        got["q_pad"] = (torch.zeros(call.q_shape, dtype=TORCH_DTYPES[call.q_dtype], device=device)
+                        if call.padded_heads > call.num_heads else None)
+        got["o"] = torch.empty(call.o_shape, dtype=TORCH_DTYPES[call.out_dtype], device=device)
+        if isinstance(call, AiterPersistentCall):
+            got["metadata"] = allocate_metadata(call.metadata, device, impl)
+        return got
+
+
+_DEFAULT_WORKSPACE = AiterWorkspace()
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes a keyword ``name`` (AITER's metadata API grew arguments across releases)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def allocate_metadata(meta: PersistentMetadata, device: torch.device, impl: AiterImpl) -> dict[str, torch.Tensor]:
+    """Allocate the six persistent metadata buffers with the sizes ``get_mla_metadata_info_v1`` reports.
+
+    Args:
+        meta: the planned metadata (padded heads, dtypes, sparse).
+        device: where the kernel runs.
+        impl: the AITER entry points.
+
+    Returns:
+        ``{name: tensor}`` for :data:`METADATA_NAMES` (info order: meta, work_indptr, work_info_set, ...).
+    """
+    extra = {}
+    if _accepts(impl.get_mla_metadata_info_v1, "max_split_per_batch"):
+        # newer AITER sizes reduce_partial_map from it: size with the cap the fill will use
+        extra["max_split_per_batch"] = meta.max_split_per_batch
+    info = impl.get_mla_metadata_info_v1(
+        meta.batch_size, meta.max_seqlen_qo, meta.num_heads, TORCH_DTYPES[meta.q_dtype],
+        TORCH_DTYPES[meta.kv_dtype], meta.is_sparse, fast_mode=meta.fast_mode,
+        num_kv_splits=meta.max_split_per_batch, **extra,
+    )
+    return {name: torch.empty(size, dtype=dt, device=device) for name, (size, dt) in zip(METADATA_NAMES, info)}
+
+
+def fill_metadata(meta: PersistentMetadata, md: dict[str, torch.Tensor], buffers: AiterBuffers, impl: AiterImpl) -> None:
+    """Refill the metadata buffers in place from the current ``kv_indptr`` (every call; no host sync).
+
+    Note the argument order of ``get_mla_metadata_v1``: ``work_info_set`` *before* ``work_indptr``,
+    the reverse of ``get_mla_metadata_info_v1``'s return order.
+
+    Source: ROCm/aiter ``aiter/ops/attention.py`` (``get_mla_metadata_v1``); vllm-project/vllm
+    ``vllm/v1/attention/backends/mla/rocm_aiter_mla.py`` (same call with ``dtype_q`` / ``dtype_kv``).
+    """
+    impl.get_mla_metadata_v1(
+        buffers.qo_indptr, buffers.kv_indptr, buffers.kv_last_page_lens,
+        meta.num_heads // meta.num_heads_k, meta.num_heads_k, meta.is_causal,
+        md["work_meta_data"], md["work_info_set"], md["work_indptr"],
+        md["reduce_indptr"], md["reduce_final_map"], md["reduce_partial_map"],
+        page_size=meta.page_size, kv_granularity=meta.kv_granularity,
+        max_seqlen_qo=meta.max_seqlen_qo, uni_seqlen_qo=meta.max_seqlen_qo, fast_mode=meta.fast_mode,
+        topk=meta.topk, max_split_per_batch=meta.max_split_per_batch,
+        dtype_q=TORCH_DTYPES[meta.q_dtype], dtype_kv=TORCH_DTYPES[meta.kv_dtype],
+    )
+
+
+def aiter_meta_param(impl: AiterImpl, *, num_tokens: int, topk: int, padded_heads: int, q_dtype: torch.dtype) -> tuple[int, int]:
+    """AITER's split heuristic for our call, as ``(num_kv_splits, batch_size)`` (the planner's ``meta_param``).
+
+    Asks ``get_meta_param(None, T, T * topk, Hp, 1, q.dtype)``: exactly what ``mla_decode_fwd`` would
+    compute itself (``bs = len(qo_indptr) - 1``, ``total_kv = kv_indices.shape[0]``); the count is a
+    host int, so no device sync.
+
+    Source: ROCm/aiter ``aiter/mla.py`` (``get_meta_param`` call inside ``mla_decode_fwd``).
+    """
+    splits, _indptr = impl.get_meta_param(None, num_tokens, num_tokens * topk, padded_heads, 1, q_dtype)
+    return int(splits), num_tokens
+
+
+def _check_inputs(call: AiterCall, x: DecodeInputs) -> None:
+    if dtype_key(x.q.dtype) != call.q_dtype:
+        raise ValueError(f"'q' dtype must be {call.q_dtype} as planned (got {x.q.dtype})")
+    if dtype_key(x.kv_cache.dtype) != call.kv_dtype:
+        raise ValueError(f"'kv_cache' dtype must be {call.kv_dtype} as planned (got {x.kv_cache.dtype})")
+    if tuple(x.q.shape) != (call.num_tokens, call.num_heads, call.q_shape[2]):
+        raise ValueError(f"'q' must have shape {(call.num_tokens, call.num_heads, call.q_shape[2])} (got {tuple(x.q.shape)})")
+    if tuple(x.kv_cache.shape) != (call.num_kv_rows, call.kv_view_shape[3]):
+        raise ValueError(f"'kv_cache' must have shape {(call.num_kv_rows, call.kv_view_shape[3])} (got {tuple(x.kv_cache.shape)})")
+    if not x.kv_cache.is_contiguous():
+        raise ValueError(f"'kv_cache' must be contiguous for AITER's [N, 1, 1, 576] view (got stride {tuple(x.kv_cache.stride())})")
+    if call.pass_q_scale and x.q_scale is None:
+        raise ValueError(f"'q_scale' (fp32 [1]) is required for {call.q_dtype} q on AITER")
+    if call.pass_kv_scale and x.kv_scale is None:
+        raise ValueError(f"'kv_scale' (fp32 [1]) is required for {call.kv_dtype} KV on AITER")
+
+
+def launch_aiter(
+    plan: LaunchPlan,
+    inputs: DecodeInputs,
+    *,
+    impl: Optional[AiterImpl] = None,
+    workspace: Optional[AiterWorkspace] = None,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Run one AITER path end to end and return the FINAL result.
+
+    Pads heads to >= 16 (zero q rows), builds ``kv_indptr`` / ``kv_indices`` from the valid ids on the
+    device, refills persistent metadata when the path is persistent, calls
+    ``mla_decode_fwd(q, kv.view(N, 1, 1, 576), o, qo_indptr, kv_indptr, kv_indices,
+    kv_last_page_lens, 1, **kwargs)`` (``o`` written in place), then :func:`.finalize.finalize_aiter`.
+
+    Args:
+        plan: a :class:`~mla_sink.core.plan.LaunchPlan` whose path is an AITER path.
+        inputs: the call's tensors (:class:`~mla_sink.core.inputs.DecodeInputs`): ``q [T, H, 576]`` bf16/fp8,
+            ``kv_cache [N, 576]`` contiguous, ``indices`` int32 ``[T, topk]`` (``-1`` / out-of-range =
+            skip anywhere), optional ``topk_length [T]``, ``sinks`` fp32 ``[H]``, fp32 ``[1]`` scales
+            for fp8, optional ``out [T, H, 512]``. With DCP, pass ``sinks=None`` (the sink is applied
+            once after the merge).
+        impl: AITER's entry points (:class:`AiterImpl`); default: the real ``aiter`` imported now.
+        workspace: buffer cache (:class:`AiterWorkspace`); default: a process-wide one.
+
+    Returns:
+        ``(out, lse)``: ``out [T, H, 512]`` in q's dtype (bf16 for fp8 q), written into ``inputs.out``
+        when given, 0 on rows with no valid id, sink applied; ``lse`` fp32 ``[T, H]``, natural log, sink
+        excluded, ``-inf`` on empty rows, or ``None`` from a persistent call without LSE.
+
+    Raises:
+        ValueError: a non-AITER path, inputs that disagree with the plan, or what :func:`plan_aiter` raises.
+        RuntimeError: AITER is not importable (only when ``impl`` is None).
+    """
+    if plan.path not in AITER_PATHS:
+        raise ValueError(f"'plan.path' must be one of {AITER_PATHS} (got {plan.path!r})")
+    if inputs.q.dim() != 3 or inputs.indices.dim() != 2:
+        raise ValueError(f"'q' must be [T, H, 576] and 'indices' [T, topk] (got {tuple(inputs.q.shape)}, {tuple(inputs.indices.shape)})")
+    if impl is None:
+        impl = load_aiter_impl()
+    workspace = _DEFAULT_WORKSPACE if workspace is None else workspace
+    T, H, _ = inputs.q.shape
+    topk = inputs.indices.shape[1]
+    meta_param = None
+    if plan.path == "aiter_lse_fp8_two_split":
+        meta_param = aiter_meta_param(impl, num_tokens=T, topk=topk,
+                                      padded_heads=padded_head_count(H, plan.params.get("pad_heads_to", 16)),
+                                      q_dtype=inputs.q.dtype)
+    call = plan_aiter(plan, num_tokens=T, num_kv_rows=inputs.num_kv_rows, topk=topk,
+                      meta_param=meta_param, sm_scale=inputs.sm_scale)
+    _check_inputs(call, inputs)
+    return run_call(call, inputs, impl=impl, workspace=workspace)
+
+
+def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspace: AiterWorkspace) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Execute an already planned :class:`AiterCall` (see :func:`launch_aiter` for the contract)."""
+    ws = workspace.entry(call, inputs.device, impl)
+    bufs: AiterBuffers = ws["buffers"]
+    fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, inputs.indices, call.num_kv_rows, inputs.topk_length,
+                    layout=call.kv_indices_layout)
+    if ws["q_pad"] is not None:
+        q = ws["q_pad"]
+        q[:, : call.num_heads].copy_(inputs.q)
+    else:
+        q = inputs.q.contiguous()
+    o = ws["o"]
+    kwargs = call.scalar_kwargs()
+    if call.pass_q_scale:
+        kwargs["q_scale"] = inputs.q_scale.reshape(1)  # [] or [1]: AITER takes [1]
+    if call.pass_kv_scale:
+        kwargs["kv_scale"] = inputs.kv_scale.reshape(1)
+    if isinstance(call, AiterPersistentCall):
+        md = ws["metadata"]
+        fill_metadata(call.metadata, md, bufs, impl)
+        kwargs.update(md)
+    elif bufs.num_kv_splits_indptr is not None:
+        kwargs["num_kv_splits_indptr"] = bufs.num_kv_splits_indptr
+    _logits, lse = impl.mla_decode_fwd(
+        q, inputs.kv_cache.view(call.kv_view_shape), o, bufs.qo_indptr, bufs.kv_indptr, bufs.kv_indices,
+        bufs.kv_last_page_lens, call.max_seqlen_q, **kwargs,
+    )
+    if not call.return_lse:
+        lse = None
+    return finalize_aiter(o, lse, bufs.kv_indptr, num_heads=call.num_heads, sinks=inputs.sinks,
+                          out_dtype=TORCH_DTYPES[call.out_dtype], out=inputs.out)

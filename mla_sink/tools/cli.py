@@ -1,0 +1,306 @@
+"""``mla-sink`` command line: ``explain``, ``demo``, ``info`` and ``bench``.
+
+``mla-sink explain`` prints which kernel path a call takes on a platform and why (every platform
+field is a flag, defaulting to this machine); ``--json`` for machines, ``--matrix`` for a grid.
+A refused call exits with status 2 and prints the explanation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+import attrs
+
+from mla_sink.core.records import CallSpec, Platform, call_key
+
+_DTYPES = ["bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz"]
+_ABBREV = {
+    "aiter_persistent": "P",
+    "aiter_lse": "L",
+    "aiter_lse_single_split": "L1",
+    "aiter_lse_fp8_two_split": "L2",
+    "triton": "T",
+    "reference": "R",
+}
+
+
+def _platform_from_args(args: argparse.Namespace) -> Platform:
+    from mla_sink.core.platform import detect_platform
+
+    here = detect_platform()
+    arch = args.arch or here.arch
+    if args.aiter is None:
+        aiter = here.aiter_version if arch == here.arch else None
+    else:
+        aiter = None if args.aiter.lower() in ("none", "no", "absent", "") else args.aiter
+    triton = here.triton if args.triton is None else args.triton
+    return Platform(arch=arch, aiter_version=aiter, triton=triton)
+
+
+def _spec_from_args(args: argparse.Namespace) -> CallSpec:
+    return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
+                    topk=args.topk, max_seqlen_q=args.qlen, sinks=args.sinks, dcp_world_size=args.dcp,
+                    need_lse=args.return_lse, logit_cap=args.logit_cap)
+
+
+def _add_call_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine)")
+    p.add_argument("--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
+    tri = p.add_mutually_exclusive_group()
+    tri.add_argument("--triton", dest="triton", action="store_true", default=None, help="Triton importable")
+    tri.add_argument("--no-triton", dest="triton", action="store_false", help="Triton not importable")
+    p.add_argument("--q-dtype", default="bf16", choices=_DTYPES)
+    p.add_argument("--kv-dtype", default=None, choices=_DTYPES, help="default: the q dtype")
+    p.add_argument("--heads", type=int, default=16, help="num_heads H")
+    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--qlen", type=int, default=1, help="max_seqlen_q")
+    p.add_argument("--sinks", action="store_true", help="the call has per-head sinks")
+    p.add_argument("--dcp", type=int, default=1, help="dcp_world_size")
+    p.add_argument("--return-lse", action="store_true")
+    p.add_argument("--logit-cap", type=float, default=0.0)
+    p.add_argument("--path", default=None, help="consider only rows naming this path")
+    p.add_argument("--tokens", type=int, default=64, help="tokens T per call (Triton launch: tuning row, splits)")
+    p.add_argument("--sms", type=int, default=None,
+                   help="SM/CU count for the split decision (default: this machine's GPU when it is that arch)")
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from mla_sink import dispatch
+
+    from mla_sink.core.select import select
+
+    if args.tokens < 1:
+        raise ValueError(f"'--tokens' must be >= 1 (got {args.tokens})")
+    if args.sms is not None and args.sms < 1:
+        raise ValueError(f"'--sms' must be >= 1 (got {args.sms})")
+
+    if args.matrix:
+        if args.json:
+            print(json.dumps(matrix_dict(args), indent=2))
+        else:
+            print(matrix_text(args))
+        return 0
+    platform = _platform_from_args(args)
+    spec = _spec_from_args(args)
+    key = call_key(spec, platform)
+    if args.path == "reference":  # always honoured (see mla_sink.core.select.plan_call)
+        if args.json:
+            print(json.dumps({"key": key, "path": "reference", "row": "forced", "refused": False}, indent=2))
+        else:
+            print(f"{key}\n  → reference   (forced: the float64 reference runs anywhere; no row consulted)")
+        return 0
+    sel = select(spec, platform, path=args.path)
+    launch = _triton_launch(args, spec, platform) if sel.path == "triton" and not sel.refused else None
+    if args.json:
+        doc = dispatch.selection_to_dict(sel)
+        doc.update(key=key, spec=attrs.asdict(spec), platform=attrs.asdict(platform), need_lse=spec.need_lse)
+        if launch is not None:
+            doc["triton_launch"] = launch
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        text = dispatch.explain(sel, key=key)
+        if launch is not None:
+            lines = text.split("\n")
+            cut = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("✗")), len(lines))
+            text = "\n".join(lines[:cut] + _launch_lines(launch, args.tokens) + lines[cut:])
+        print(text)
+    return 2 if (sel.refused or sel.path is None) else 0
+
+
+def _local_sms(arch: str):
+    """This machine's SM count when its GPU is of ``arch`` (1 for ``cpu``: the interpreter), else None."""
+    if arch == "cpu":
+        return 1
+    try:
+        import torch
+
+        from mla_sink.core.platform import arch_of
+
+        if torch.cuda.is_available() and arch_of(torch.device("cuda")) == arch:
+            return torch.cuda.get_device_properties(0).multi_processor_count
+    except Exception:  # noqa: BLE001 - explain never fails for want of a GPU
+        pass
+    return None
+
+
+def _triton_launch(args: argparse.Namespace, spec: CallSpec, platform: Platform):
+    """The Triton launch of the call (tuning row, split count, kernel), or None without a tuning row."""
+    try:
+        from mla_sink.paths.triton.plan import describe_launch
+    except ImportError:  # pragma: no cover - Triton missing: the path would not have been chosen
+        return None
+    sms = args.sms if args.sms is not None else _local_sms(platform.arch)
+    try:
+        return dict(describe_launch(platform.arch, spec.q_dtype, spec.kv_dtype, spec.num_heads, args.tokens,
+                                    spec.topk, num_sms=sms, logit_cap=spec.logit_cap), num_sms=sms,
+                    num_tokens=args.tokens)
+    except LookupError:
+        return None
+
+
+KERNEL_FILES = {
+    "portable": "mla_sink/kernels/triton/portable.py",
+    "gluon_ws": "warp-specialised, mla_sink/kernels/gluon/gluon_ws.py",
+    "gluon_fp8": "warp-specialised, mla_sink/kernels/gluon/gluon_fp8.py",
+}
+
+
+def _launch_lines(launch: dict, tokens: int) -> list:
+    params = " ".join(f"{k}={v}" for k, v in launch["params"].items())
+    lines = [f"  triton launch at T={tokens}: tuning row {launch['row']} (tables/triton_tuning.yaml): {params}",
+             f"    why: {launch['why']}"]
+    if launch["num_sms"] is None:
+        lines.append("    splits and kernel depend on the SM count: pass --sms N")
+    else:
+        where = "on the CPU (interpreter)" if launch["row"] == "cpu_interpreter" else f"on {launch['num_sms']} SMs"
+        lines.append(f"    {where}: {launch['num_kv_splits']} KV split(s), kernel {launch['kernel']} "
+                     f"({KERNEL_FILES[launch['kernel']]})")
+    return lines
+
+
+MATRIX_PLATFORMS = (
+    Platform("gfx942", "0.1.20"),
+    Platform("gfx950", "0.1.20"),
+    Platform("gfx942", "0.1.15"),
+    Platform("gfx942", None),
+    Platform("sm90"),
+    Platform("sm80"),
+    Platform("cpu"),
+    Platform("cpu", triton=False),
+)
+MATRIX_DTYPES = (("bf16", "bf16"), ("fp16", "fp16"), ("fp8_e4m3fnuz", "fp8_e4m3fnuz"), ("fp8_e4m3", "fp8_e4m3"),
+                 ("bf16", "fp8_e4m3"))
+MATRIX_HEADS = (8, 16, 24, 32, 64, 128, 256)
+
+
+def matrix_dict(args: Optional[argparse.Namespace] = None) -> dict:
+    """The matrix as JSON: ``{platform key: {"q/kv": {"h16": path or "refused", "h16+s": ...}}}``."""
+    from mla_sink.core.select import select
+
+    qlen = getattr(args, "qlen", 1) if args is not None else 1
+    dcp = getattr(args, "dcp", 1) if args is not None else 1
+    doc: dict = {}
+    for platform in MATRIX_PLATFORMS:
+        for q, kv in MATRIX_DTYPES:
+            row = doc.setdefault(str(platform), {}).setdefault(f"{q}/{kv}", {})
+            for h in MATRIX_HEADS:
+                for s in (False, True):
+                    spec = CallSpec(q_dtype=q, kv_dtype=kv, num_heads=h, topk=2048, sinks=s, max_seqlen_q=qlen,
+                                    dcp_world_size=dcp)
+                    sel = select(spec, platform)
+                    row[f"h{h}" + ("+s" if s else "")] = "refused" if sel.refused or sel.path is None else sel.path
+    return doc
+
+
+def matrix_text(args: Optional[argparse.Namespace] = None) -> str:
+    """A platforms x dtypes by heads x sinks grid of chosen paths (abbreviated, legend below it)."""
+    qlen = getattr(args, "qlen", 1) if args is not None else 1
+    dcp = getattr(args, "dcp", 1) if args is not None else 1
+    doc = matrix_dict(args)
+    cols = [f"h{h}" + ("+s" if s else "") for h in MATRIX_HEADS for s in (False, True)]
+    header = f"{'platform':<26}{'q/kv':<24}" + "".join(f"{c:>7}" for c in cols)
+    lines = [f"chosen path (qlen={qlen}, dcp={dcp}; +s = with sinks)", header, "-" * len(header)]
+    for platform, by_dtype in doc.items():
+        for dtypes, row in by_dtype.items():
+            cells = ["✗" if row[c] == "refused" else _ABBREV[row[c]] for c in cols]
+            lines.append(f"{platform:<26}{dtypes:<24}" + "".join(f"{c:>7}" for c in cells))
+    legend = ", ".join(f"{v}={k}" for k, v in _ABBREV.items())
+    lines += ["", f"legend: {legend}, ✗=refused (run `mla-sink explain ...` for the reason)"]
+    return "\n".join(lines)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import importlib.metadata
+
+    import torch
+
+    from mla_sink.tools.info import path_availability
+    from mla_sink.core.platform import detect_platform
+
+    platform = detect_platform()
+    print(f"platform: {platform}  (arch={platform.arch}, aiter={platform.aiter_version}, triton={platform.triton})")
+    for name in ("torch", "triton", "aiter", "amd-aiter"):
+        try:
+            print(f"  {name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            if name in ("torch", "triton"):
+                print(f"  {name}: not installed")
+    print(f"  torch.version.cuda={torch.version.cuda} torch.version.hip={torch.version.hip}")
+    print("paths:")
+    for path, ok, reason in path_availability(platform):
+        print(f"  {'✓' if ok else '✗'} {path:<26} {reason}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from mla_sink.tools.demo import run_demo
+
+    return run_demo(args)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``mla-sink <command>: error: ...``, exit 2), no usage block."""
+
+    def error(self, message: str):  # noqa: D102 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mla-sink`` argument parser (subcommands explain, demo, info, bench)."""
+    parser = _Parser(prog="mla-sink", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("explain", help="which kernel path a call takes, and why")
+    _add_call_flags(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--matrix", action="store_true",
+                   help="chosen path over archs x dtypes x heads x sinks (of the call flags only --qlen and --dcp apply)")
+    p.set_defaults(func=_cmd_explain)
+
+    p = sub.add_parser("demo", help="run sparse MLA decode with sinks on a default input; error vs float64")
+    from mla_sink.tools.demo import add_demo_arguments
+
+    add_demo_arguments(p)
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("info", help="detected platform, versions, and which paths are available")
+    p.set_defaults(func=_cmd_info)
+
+    try:
+        from mla_sink.tools.bench import register as register_bench
+    except ImportError:  # the benchmark needs optional extras; the rest of the CLI does not
+        register_bench = None
+    if register_bench is not None:
+        register_bench(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``mla-sink`` console script."""
+    from mla_sink.core.select import NoKernelError
+
+    args = build_parser().parse_args(argv)
+    rc = 0
+    try:
+        rc = args.func(args)
+        rc = rc if isinstance(rc, int) else 0  # some commands return their report
+    except NoKernelError as e:  # a refusal: the explanation, exit 2
+        rc = 2
+        print(e.explanation)
+    except ValueError as e:  # bad input: one line naming the argument, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into `head` and the like: keep the command's status
+        pass
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""``mla-sink demo``: run the main job on a default input and report path, error vs float64, time."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from mla_sink.core.dtypes import FP8_KEYS, TORCH_DTYPES
+from mla_sink.core.records import call_key
+
+_DTYPES = ["bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz"]
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``mla-sink demo`` options (shape, dtypes, device, forced path, seed) to ``p``."""
+    p.add_argument("--tokens", type=int, default=4, help="T, query tokens (default 4)")
+    p.add_argument("--heads", type=int, default=16, help="H, query heads (default 16)")
+    p.add_argument("--topk", type=int, default=256, help="ids per token (default 256)")
+    p.add_argument("--pool", type=int, default=4096, help="N, rows in the KV pool (default 4096)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="q dtype")
+    p.add_argument("--kv-dtype", default=None, choices=_DTYPES, help="KV dtype (default: q dtype)")
+    p.add_argument("--no-sinks", action="store_true", help="run without sinks")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--path", default=None, help="force a kernel path")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def make_inputs(tokens: int, heads: int, topk: int, pool: int, dtype: str, kv_dtype: str, device: str,
+                sinks: bool, seed: int = 0) -> dict:
+    """Random demo tensors: ~1/8 of ids are -1 (anywhere in a row), one row entirely -1."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(tokens, heads, 576, generator=g).to(TORCH_DTYPES[dtype])
+    kv32 = torch.randn(pool, 576, generator=g)
+    extra: dict = {}
+    if kv_dtype in FP8_KEYS:
+        kv_scale = kv32.abs().amax() / 224.0
+        kv = (kv32 / kv_scale).to(TORCH_DTYPES[kv_dtype])
+        extra["kv_scale"] = kv_scale.reshape(1).float().to(device)
+    else:
+        kv = kv32.to(TORCH_DTYPES[kv_dtype])
+    indices = torch.randint(0, pool, (tokens, topk), generator=g, dtype=torch.int32)
+    drop = torch.rand(tokens, topk, generator=g) < 0.125
+    indices[drop] = -1
+    if tokens > 1:
+        indices[-1] = -1  # a row with no valid id: out = 0, lse = -inf
+    out = dict(q=q.to(device), kv_cache=kv.to(device), indices=indices.to(device), **extra)
+    if sinks:
+        out["sinks"] = (torch.randn(heads, generator=g) * 2).float().to(device)
+    return out
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the main job on :func:`make_inputs`, print the chosen path, error vs float64 and time.
+
+    Returns:
+        0 when the output has no NaN and empty rows give ``out = 0``, ``lse = -inf``; else 1.
+
+    Raises:
+        ValueError: a shape option < 1 or an unusable ``--device``.
+    """
+    from mla_sink.core.reference import sparse_mla_decode_reference
+    from mla_sink.api import sparse_mla_decode
+    from mla_sink.core.select import explain_call
+    from mla_sink.core.describe import describe
+
+    for flag in ("tokens", "heads", "topk", "pool"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"'--{flag}' must be >= 1 (got {getattr(args, flag)})")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"'--device' must be cpu or cuda (got {device!r})")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"'--device' is {device!r} but this machine has no CUDA/ROCm GPU (use --device cpu)")
+    kv_dtype = args.kv_dtype or args.dtype
+    x = make_inputs(args.tokens, args.heads, args.topk, args.pool, args.dtype, kv_dtype, device,
+                    not args.no_sinks, args.seed)
+    spec, platform = describe(x["q"], x["kv_cache"], x["indices"], x.get("sinks"), return_lse=True)
+    print(f"call: {spec} on {platform}; T={args.tokens} topk={args.topk} pool N={args.pool}")
+    if args.path == "reference":  # always honoured, no row consulted (mla_sink.core.select.plan_call)
+        print(f"{call_key(spec, platform)}\n  → reference   (forced: the float64 reference runs anywhere)")
+    else:
+        from mla_sink.core.select import NoKernelError, plan_call
+
+        try:
+            plan_call(spec, platform, path=args.path)
+        except NoKernelError:  # run() below raises it with the full explanation (exit 2)
+            pass
+        else:
+            text = explain_call(spec, platform, path=args.path).splitlines()
+            winner = [line for line in text if not line.lstrip().startswith("✗ ")]
+            print("\n".join(winner))
+            print(f"  ({len(text) - len(winner)} earlier rows rejected; `mla-sink explain` lists why)")
+    out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)  # warm-up / compile
+    if device != "cpu":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    ref_out, ref_lse = sparse_mla_decode_reference(
+        x["q"], x["kv_cache"], x["indices"], x.get("sinks"), kv_scale=x.get("kv_scale"))
+    err = (out.double() - ref_out).abs().max().item()
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse[finite].double() - ref_lse[finite].double()).abs().max().item() if finite.any() else 0.0
+    empty_ok = bool((out[~finite].float() == 0).all()) and bool(torch.isneginf(lse[~finite]).all())
+    nan = bool(out.isnan().any())
+    n_empty = int((~finite).any(dim=1).sum())
+    empty_txt = f"{n_empty} empty row(s) -> out 0, lse -inf: {empty_ok}" if n_empty else "no empty rows"
+    print(f"max |out - float64| = {err:.3e}   max |lse - float64| = {lse_err:.3e}   {empty_txt}   NaN in out: {nan}")
+    from mla_sink.api import prepare
+
+    ran = prepare(spec, platform, path=args.path).path
+    where = ", Triton interpreter" if (device == "cpu" and ran == "triton") else ""
+    print(f"time: {elapsed * 1e3:.2f} ms (one call after a warm-up; path {ran}{where})")
+    return 0 if (not nan and empty_ok) else 1
