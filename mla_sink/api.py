@@ -250,13 +250,13 @@ except TypeError:  # pragma: no cover - older torch
 def _run_op(spec: CallSpec, x: DecodeInputs, path: Optional[str]) -> Result:
     """The traced form of :func:`run`: one custom op, so ``torch.compile`` sees no graph break."""
     return _call_op(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, x.topk_length, x.q_scale, x.kv_scale,
-                    x.out, spec.max_seqlen_q, spec.need_lse, spec.logit_cap, path)
+                    x.out, spec.need_lse, spec.logit_cap, path)
 
 
-def _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, max_seqlen_q,
+def _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
              return_lse, logit_cap, path) -> Result:
     args = (q, kv_cache, indices, sinks, float(sm_scale), topk_length, q_scale, kv_scale)
-    tail = (max_seqlen_q, return_lse, float(logit_cap), path or "")
+    tail = (return_lse, float(logit_cap), path or "")
     if out is not None:
         lse = torch.ops.mla_sink.sparse_mla_decode_out(*args, out, *tail)
     else:
@@ -276,7 +276,6 @@ def sparse_mla_decode(
     q_scale: Optional[torch.Tensor] = None,
     kv_scale: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
-    max_seqlen_q: int = 1,
     return_lse: bool = False,
     logit_cap: float = 0.0,
     platform: Optional[Platform] = None,
@@ -297,7 +296,6 @@ def sparse_mla_decode(
         topk_length: optional int32 ``[T]``: use only the first ``topk_length[t]`` ids of row t.
         q_scale, kv_scale: fp32 ``[1]`` dequantisation scales, required for fp8 q / fp8 KV.
         out: optional ``[T, H, 512]`` output buffer.
-        max_seqlen_q: query tokens per sequence (AITER kernel choice only).
         return_lse: guarantee the LSE is returned (it is always returned with sinks).
         logit_cap: ``> 0`` soft-caps the scaled logits.
         platform, path: see :func:`run`.
@@ -314,8 +312,8 @@ def sparse_mla_decode(
     # Validation: describe() and run() in eager mode; the op's real and fake implementations when traced.
     if torch.compiler.is_compiling():  # records are built inside the op (frozen attrs do not trace)
         return _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
-                        max_seqlen_q, return_lse, logit_cap, path)
-    spec, platform = describe(q, kv_cache, indices, sinks, max_seqlen_q=max_seqlen_q, return_lse=return_lse,
+                        return_lse, logit_cap, path)
+    spec, platform = describe(q, kv_cache, indices, sinks, return_lse=return_lse,
                               logit_cap=logit_cap, platform=platform)
     inputs = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=sm_scale, sinks=sinks,
                           topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out,

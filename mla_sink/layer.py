@@ -39,7 +39,6 @@ class SparseMLADecode:
         sinks: optional fp32 ``[H]`` learned sink logits (natural log, not scaled by ``sm_scale``),
             checked now (dtype, shape, contiguity, device) and used by every call.
         sm_scale: default ``576 ** -0.5``.
-        max_seqlen_q: query tokens per sequence (1 plain decode, 2-4 speculative).
         dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md).
         return_lse: return the LSE from every call.
         logit_cap: soft cap of the scaled logits; ``<= 0`` disables.
@@ -55,7 +54,7 @@ class SparseMLADecode:
 
     def __init__(self, *, num_heads: int, q_dtype: Union[str, torch.dtype], kv_dtype: Union[str, torch.dtype],
                  topk: int, sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
-                 max_seqlen_q: int = 1, dcp_world_size: int = 1, dcp_group: Any = None,
+                 dcp_world_size: int = 1, dcp_group: Any = None,
                  dcp_layout: str = "interleaved", num_kv_rows: Optional[int] = None,
                  return_lse: bool = False, logit_cap: float = 0.0,
                  platform: Optional[Platform] = None, path: Optional[str] = None) -> None:
@@ -63,7 +62,7 @@ class SparseMLADecode:
             sm_scale = D_QK ** -0.5
         self.sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
         self.spec = CallSpec(q_dtype=_key("q_dtype", q_dtype), kv_dtype=_key("kv_dtype", kv_dtype),
-                             num_heads=num_heads, topk=topk, max_seqlen_q=max_seqlen_q, sinks=sinks is not None,
+                             num_heads=num_heads, topk=topk, sinks=sinks is not None,
                              dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap)
         check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         self.plan: LaunchPlan = prepare(self.spec, platform, path=path, sinks=sinks, sm_scale=self.sm_scale)

@@ -25,13 +25,13 @@ from mla_sink.core.validate import check_inputs
 
 
 def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
-                     max_seqlen_q, return_lse, logit_cap, path):
+                     return_lse, logit_cap, path):
     from mla_sink.core.describe import describe
     from mla_sink.api import _cached_plan
 
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale,
                  kv_scale=kv_scale, out=out)
-    spec, platform = describe(q, kv_cache, indices, sinks, max_seqlen_q=max_seqlen_q, return_lse=return_lse,
+    spec, platform = describe(q, kv_cache, indices, sinks, return_lse=return_lse,
                               logit_cap=logit_cap)
     plan = _cached_plan(spec, platform, path or None)
     x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=sm_scale, sinks=sinks,
@@ -50,7 +50,7 @@ def _lse_shape(q: Tensor, sinks: Optional[Tensor], return_lse: bool) -> tuple[in
 def sparse_mla_decode_op(
     q: Tensor, kv_cache: Tensor, indices: Tensor, sinks: Optional[Tensor], sm_scale: float,
     topk_length: Optional[Tensor], q_scale: Optional[Tensor], kv_scale: Optional[Tensor],
-    max_seqlen_q: int, return_lse: bool, logit_cap: float, path: str,
+    return_lse: bool, logit_cap: float, path: str,
 ) -> tuple[Tensor, Tensor]:
     """Out-of-place sparse MLA decode with sinks as a PyTorch operator.
 
@@ -62,7 +62,7 @@ def sparse_mla_decode_op(
         q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``. indices: int32 ``[T, topk]``
             (``-1`` / ids outside ``[0, N)`` skipped). sinks: fp32 ``[H]`` or None.
         sm_scale: softmax scale. topk_length: int32 ``[T]`` or None. q_scale, kv_scale: fp32 ``[1]``
-            for fp8 q / KV, else None. max_seqlen_q: query tokens per sequence (AITER kernel choice).
+            for fp8 q / KV, else None.
         return_lse: return ``lse [T, H]`` even without sinks. logit_cap: ``> 0`` soft cap.
         path: ``''`` = the rule table's choice for the tensors' device, else a forced path.
 
@@ -75,12 +75,12 @@ def sparse_mla_decode_op(
         NoKernelError: no path serves the call on this device.
     """
     out, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, None,
-                                max_seqlen_q, return_lse, logit_cap, path)
+                                return_lse, logit_cap, path)
     return out, lse
 
 
 @sparse_mla_decode_op.register_fake
-def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, max_seqlen_q, return_lse,
+def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, return_lse,
       logit_cap, path):
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale)
     out = q.new_empty((q.shape[0], q.shape[1], D_V), dtype=out_dtype_for(DTYPE_KEYS[q.dtype]))
@@ -91,7 +91,7 @@ def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, max
 def sparse_mla_decode_out_op(
     q: Tensor, kv_cache: Tensor, indices: Tensor, sinks: Optional[Tensor], sm_scale: float,
     topk_length: Optional[Tensor], q_scale: Optional[Tensor], kv_scale: Optional[Tensor], out: Tensor,
-    max_seqlen_q: int, return_lse: bool, logit_cap: float, path: str,
+    return_lse: bool, logit_cap: float, path: str,
 ) -> Tensor:
     """In-place sparse MLA decode into a caller-provided ``out``.
 
@@ -106,14 +106,14 @@ def sparse_mla_decode_out_op(
         ValueError: malformed input or ``out``. NoKernelError: no path serves the call.
     """
     res, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
-                                max_seqlen_q, return_lse, logit_cap, path)
+                                return_lse, logit_cap, path)
     if res.data_ptr() != out.data_ptr():
         out.copy_(res)
     return lse
 
 
 @sparse_mla_decode_out_op.register_fake
-def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, max_seqlen_q, return_lse,
+def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, return_lse,
       logit_cap, path):
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale,
                  out=out)

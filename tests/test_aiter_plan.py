@@ -23,9 +23,8 @@ from mla_sink.core.records import CallSpec, Platform
 
 def make_plan(path: str, arch: str, q: str, heads: int, *, kv: Optional[str] = None, topk: int = 32,
               params: Optional[dict] = None, sinks: bool = True, version: Optional[str] = "0.1.20",
-              max_seqlen_q: int = 1, logit_cap: float = 0.0) -> LaunchPlan:
-    spec = CallSpec(q_dtype=q, kv_dtype=kv or q, num_heads=heads, topk=topk, sinks=sinks,
-                    max_seqlen_q=max_seqlen_q, logit_cap=logit_cap)
+              logit_cap: float = 0.0) -> LaunchPlan:
+    spec = CallSpec(q_dtype=q, kv_dtype=kv or q, num_heads=heads, topk=topk, sinks=sinks, logit_cap=logit_cap)
     return LaunchPlan(path=path, params=params or {}, spec=spec,
                       platform=Platform(arch=arch, aiter_version=version), row_id="t")
 

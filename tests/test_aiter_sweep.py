@@ -25,13 +25,12 @@ def _aiter_cases():
     cases = []
     for arch, q in ARCH_DTYPES:
         for h in HEADS:
-            for qlen in (1, 2):
-                for sinks in (False, True):
-                    spec = CallSpec(q_dtype=q, kv_dtype=q, num_heads=h, topk=TOPK, sinks=sinks, max_seqlen_q=qlen)
-                    platform = Platform(arch=arch, aiter_version="0.1.20")
-                    plan = prepare(spec, platform)
-                    if plan.path.startswith("aiter"):
-                        cases.append(pytest.param(plan, arch, h, q, sinks, id=f"{arch}-{q}-h{h}-q{qlen}-{'sinks' if sinks else 'nosinks'}-{plan.row_id}"))
+            for sinks in (False, True):
+                spec = CallSpec(q_dtype=q, kv_dtype=q, num_heads=h, topk=TOPK, sinks=sinks)
+                platform = Platform(arch=arch, aiter_version="0.1.20")
+                plan = prepare(spec, platform)
+                if plan.path.startswith("aiter"):
+                    cases.append(pytest.param(plan, arch, h, q, sinks, id=f"{arch}-{q}-h{h}-{'sinks' if sinks else 'nosinks'}-{plan.row_id}"))
     return cases
 
 

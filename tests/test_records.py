@@ -16,9 +16,8 @@ def test_canonical_key_matches_design_example():
 
 
 def test_key_names_non_default_fields():
-    s = CallSpec(q_dtype="bf16", kv_dtype="fp8_e4m3", num_heads=16, topk=64, max_seqlen_q=2,
-                 dcp_world_size=2, need_lse=True, logit_cap=30)
-    assert call_key(s, Platform("sm90")) == "bf16+kv_fp8_e4m3-h16-sm90-nosinks-dcp2-qlen2-cap30"
+    s = CallSpec(q_dtype="bf16", kv_dtype="fp8_e4m3", num_heads=16, topk=64, dcp_world_size=2, need_lse=True, logit_cap=30)
+    assert call_key(s, Platform("sm90")) == "bf16+kv_fp8_e4m3-h16-sm90-nosinks-dcp2-cap30"
 
 
 def test_need_lse():
@@ -47,9 +46,6 @@ def test_records_are_frozen_and_hashable():
         (dict(num_heads=0), "num_heads"),
         (dict(num_heads=True), "num_heads"),
         (dict(topk=0), "topk"),
-        (dict(d_qk=512), "d_qk"),
-        (dict(d_v=576), "d_v"),
-        (dict(max_seqlen_q=0), "max_seqlen_q"),
         (dict(dcp_world_size=0), "dcp_world_size"),
         (dict(sinks="yes"), "sinks"),
         (dict(logit_cap=float("nan")), "logit_cap"),

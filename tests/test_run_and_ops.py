@@ -69,7 +69,7 @@ def test_forced_path():
 
 
 def _op_args(q, kv, idx, s, path):
-    return (q, kv, idx, s, 576 ** -0.5, None, None, None, 1, True, 0.0, path)
+    return (q, kv, idx, s, 576 ** -0.5, None, None, None, True, 0.0, path)
 
 
 @pytest.mark.parametrize("path", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
@@ -141,8 +141,8 @@ def test_non_positive_logit_caps_all_mean_no_cap():
 
 def test_numpy_integers_are_accepted_in_records():
     np = pytest.importorskip("numpy")
-    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=np.int64(4), topk=np.int32(8), max_seqlen_q=np.int64(2))
-    assert spec == CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8, max_seqlen_q=2)
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=np.int64(4), topk=np.int32(8))
+    assert spec == CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8)
     with pytest.raises(ValueError, match="'num_heads' must be an int >= 1"):
         CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4.0, topk=8)
 
@@ -151,16 +151,16 @@ def test_out_op_rejects_wrong_out_shape_before_the_kernel():
     q, kv, idx, _ = inputs(T=2, H=5, topk=16)
     bad = torch.zeros(2, 5, 100, dtype=torch.float16)
     with pytest.raises(ValueError, match="'out' must be"):
-        torch.ops.mla_sink.sparse_mla_decode_out(q, kv, idx, None, 0.04, None, None, None, bad, 1, False, 0.0, "")
+        torch.ops.mla_sink.sparse_mla_decode_out(q, kv, idx, None, 0.04, None, None, None, bad, False, 0.0, "")
 
 
 def test_op_rejects_fp8_without_scale_and_bad_sm_scale():
     q, kv, idx, _ = inputs(T=2, H=3, topk=8)
     kv8 = kv.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="'kv_scale' is required"):
-        torch.ops.mla_sink.sparse_mla_decode(q, kv8, idx, None, 0.04, None, None, None, 1, False, 0.0, "")
+        torch.ops.mla_sink.sparse_mla_decode(q, kv8, idx, None, 0.04, None, None, None, False, 0.0, "")
     with pytest.raises(ValueError, match="'sm_scale'"):
-        torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, None, -1.0, None, None, None, 1, False, 0.0, "")
+        torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, None, -1.0, None, None, None, False, 0.0, "")
 
 
 def test_compiled_run_still_validates():

@@ -18,7 +18,6 @@ def describe(
     indices: torch.Tensor,
     sinks: Optional[torch.Tensor] = None,
     *,
-    max_seqlen_q: int = 1,
     dcp_world_size: int = 1,
     return_lse: bool = False,
     logit_cap: float = 0.0,
@@ -28,7 +27,7 @@ def describe(
 
     Args:
         q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``. indices: int32 ``[T, topk]``.
-        sinks: optional fp32 ``[H]``. max_seqlen_q: query tokens per sequence (AITER kernel choice).
+        sinks: optional fp32 ``[H]``.
         dcp_world_size: decode-context-parallel ranks. return_lse: the caller wants the LSE.
         logit_cap: soft cap (``<= 0`` disables).
         platform: explicit platform (default: detected from ``q.device``).
@@ -44,8 +43,6 @@ def describe(
         kv_dtype=dtype_key(kv_cache.dtype),
         num_heads=q.shape[1],
         topk=indices.shape[1],
-        d_qk=q.shape[2],
-        max_seqlen_q=max_seqlen_q,
         sinks=sinks is not None,
         dcp_world_size=dcp_world_size,
         need_lse=return_lse,

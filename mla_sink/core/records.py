@@ -16,7 +16,7 @@ from typing import Any, Optional
 import attrs
 from packaging.version import InvalidVersion, Version
 
-from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS, FP8_KEYS
+from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS
 
 D_QK = 576  #: 512 latent + 64 RoPE dims of a DeepSeek-style MLA query/key.
 D_V = 512  #: latent dims that serve as the value.
@@ -86,10 +86,6 @@ class CallSpec:
             or fp8 q with KV of the same fp8 format.
         num_heads: H, query heads (one shared KV head).
         topk: ids per query token in ``indices [T, topk]``.
-        d_qk: head dim of q and k; 576 (512 latent + 64 RoPE).
-        d_v: head dim of the value (the first ``d_v`` columns of a KV row); 512.
-        max_seqlen_q: query tokens per sequence (1 for plain decode, 2-4 with speculative decode).
-            Only AITER's kernel choice depends on it; every token row is computed independently.
         sinks: whether a per-head sink logit ``sinks [H]`` is given.
         dcp_world_size: decode-context-parallel ranks the KV pool is sharded over.
         need_lse: whether the chosen path must produce an LSE. Sinks (applied through it) and DCP
@@ -105,9 +101,6 @@ class CallSpec:
     kv_dtype: str = attrs.field(validator=_one_of(_DTYPES))
     num_heads: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
     topk: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
-    d_qk: int = attrs.field(default=D_QK, validator=_one_of((D_QK,)))
-    d_v: int = attrs.field(default=D_V, validator=_one_of((D_V,)))
-    max_seqlen_q: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
     sinks: bool = attrs.field(default=False, validator=_bool)
     dcp_world_size: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
     need_lse: bool = attrs.field(default=False, validator=_bool)
@@ -122,20 +115,10 @@ class CallSpec:
                 f"(got {(self.q_dtype, self.kv_dtype)!r})"
             )
 
-    @property
-    def is_fp8_q(self) -> bool:
-        return self.q_dtype in FP8_KEYS
-
-    @property
-    def is_fp8_kv(self) -> bool:
-        return self.kv_dtype in FP8_KEYS
-
     def key_parts(self) -> tuple[str, list[str]]:
         """(dtype part, trailing parts) of the canonical key; :func:`call_key` puts the arch between."""
         head = self.q_dtype if self.q_dtype == self.kv_dtype else f"{self.q_dtype}+kv_{self.kv_dtype}"
         tail = [f"h{self.num_heads}", "sinks" if self.sinks else "nosinks", f"dcp{self.dcp_world_size}"]
-        if self.max_seqlen_q > 1:
-            tail.append(f"qlen{self.max_seqlen_q}")
         if self.need_lse and not (self.sinks or self.dcp_world_size > 1):
             tail.append("lse")
         if self.logit_cap > 0:
@@ -175,6 +158,12 @@ class Platform:
             importable (always ``None`` off ROCm).
         triton: whether Triton can run the kernel here: importable, and on the CPU (``arch='cpu'``)
             its interpreter works with the installed numpy (:func:`mla_sink.core.platform.triton_interpreter_ok`).
+        gluon: whether Triton's Gluon dialect (the warp-specialised kernels of
+            :mod:`mla_sink.kernels.gluon`) imports here; default: as ``triton``. Which archs and calls
+            those kernels serve is the tuning table's answer (``tables/triton_tuning.yaml``).
+        num_sms: streaming multiprocessors (compute units) of the device, which the split-KV decision
+            of the ``triton`` path reads; ``None`` when unknown (then ``mla-sink explain`` leaves the
+            split count open); 1 on the CPU.
 
     Build one explicitly to ask about any machine from a laptop; :func:`detect` reads this one.
 
@@ -185,21 +174,22 @@ class Platform:
     arch: str = attrs.field(validator=_arch)
     aiter_version: Optional[str] = attrs.field(default=None, validator=_version)
     triton: bool = attrs.field(default=True, validator=_bool)
+    gluon: Optional[bool] = attrs.field(default=None)
+    num_sms: Optional[int] = attrs.field(default=None, converter=_as_int)
 
     def __attrs_post_init__(self) -> None:
+        if self.gluon is None:
+            object.__setattr__(self, "gluon", self.triton)
+        if not isinstance(self.gluon, bool):
+            raise ValueError(f"'gluon' must be a bool or None (got {self.gluon!r})")
+        if self.num_sms is not None and (isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int)
+                                         or self.num_sms < 1):
+            raise ValueError(f"'num_sms' must be None or an int >= 1 (got {self.num_sms!r})")
         if self.aiter_version is not None and not self.arch.startswith("gfx"):
             raise ValueError(
                 f"'aiter_version' must be None on arch {self.arch!r}: AITER is importable only on ROCm "
                 f"(gfx*) machines (got {self.aiter_version!r})"
             )
-
-    @property
-    def is_rocm(self) -> bool:
-        return self.arch.startswith("gfx")
-
-    @property
-    def is_gpu(self) -> bool:
-        return self.arch != "cpu"
 
     def __str__(self) -> str:
         aiter = f"aiter{self.aiter_version}" if self.aiter_version else "noaiter"

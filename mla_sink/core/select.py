@@ -66,7 +66,6 @@ def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
         "q_dtype": spec.q_dtype,
         "kv_dtype": spec.kv_dtype,
         "num_heads": spec.num_heads,
-        "max_seqlen_q": spec.max_seqlen_q,
         "need_lse": spec.need_lse,
         "logit_cap": spec.logit_cap,
         # informative only (not matched by rows; shown by explain):

@@ -42,7 +42,7 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
 
 def _spec_from_args(args: argparse.Namespace) -> CallSpec:
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
-                    topk=args.topk, max_seqlen_q=args.qlen, sinks=args.sinks, dcp_world_size=args.dcp,
+                    topk=args.topk, sinks=args.sinks, dcp_world_size=args.dcp,
                     need_lse=args.return_lse, logit_cap=args.logit_cap)
 
 
@@ -56,7 +56,6 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", default=None, choices=_DTYPES, help="default: the q dtype")
     p.add_argument("--heads", type=int, default=16, help="num_heads H")
     p.add_argument("--topk", type=int, default=2048)
-    p.add_argument("--qlen", type=int, default=1, help="max_seqlen_q")
     p.add_argument("--sinks", action="store_true", help="the call has per-head sinks")
     p.add_argument("--dcp", type=int, default=1, help="dcp_world_size")
     p.add_argument("--return-lse", action="store_true")
@@ -180,7 +179,6 @@ def matrix_dict(args: Optional[argparse.Namespace] = None) -> dict:
     """The matrix as JSON: ``{platform key: {"q/kv": {"h16": path or "refused", "h16+s": ...}}}``."""
     from mla_sink.core.select import select
 
-    qlen = getattr(args, "qlen", 1) if args is not None else 1
     dcp = getattr(args, "dcp", 1) if args is not None else 1
     doc: dict = {}
     for platform in MATRIX_PLATFORMS:
@@ -188,8 +186,7 @@ def matrix_dict(args: Optional[argparse.Namespace] = None) -> dict:
             row = doc.setdefault(str(platform), {}).setdefault(f"{q}/{kv}", {})
             for h in MATRIX_HEADS:
                 for s in (False, True):
-                    spec = CallSpec(q_dtype=q, kv_dtype=kv, num_heads=h, topk=2048, sinks=s, max_seqlen_q=qlen,
-                                    dcp_world_size=dcp)
+                    spec = CallSpec(q_dtype=q, kv_dtype=kv, num_heads=h, topk=2048, sinks=s, dcp_world_size=dcp)
                     sel = select(spec, platform)
                     row[f"h{h}" + ("+s" if s else "")] = "refused" if sel.refused or sel.path is None else sel.path
     return doc
@@ -197,12 +194,11 @@ def matrix_dict(args: Optional[argparse.Namespace] = None) -> dict:
 
 def matrix_text(args: Optional[argparse.Namespace] = None) -> str:
     """A platforms x dtypes by heads x sinks grid of chosen paths (abbreviated, legend below it)."""
-    qlen = getattr(args, "qlen", 1) if args is not None else 1
     dcp = getattr(args, "dcp", 1) if args is not None else 1
     doc = matrix_dict(args)
     cols = [f"h{h}" + ("+s" if s else "") for h in MATRIX_HEADS for s in (False, True)]
     header = f"{'platform':<26}{'q/kv':<24}" + "".join(f"{c:>7}" for c in cols)
-    lines = [f"chosen path (qlen={qlen}, dcp={dcp}; +s = with sinks)", header, "-" * len(header)]
+    lines = [f"chosen path (dcp={dcp}; +s = with sinks)", header, "-" * len(header)]
     for platform, by_dtype in doc.items():
         for dtypes, row in by_dtype.items():
             cells = ["✗" if row[c] == "refused" else _ABBREV[row[c]] for c in cols]
@@ -257,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_call_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--matrix", action="store_true",
-                   help="chosen path over archs x dtypes x heads x sinks (of the call flags only --qlen and --dcp apply)")
+                   help="chosen path over archs x dtypes x heads x sinks (of the call flags only --dcp applies)")
     p.set_defaults(func=_cmd_explain)
 
     p = sub.add_parser("demo", help="run sparse MLA decode with sinks on a default input; error vs float64")
