@@ -1,42 +1,36 @@
-"""The pipeline end to end: describe -> validate -> select -> plan -> launch -> finalize.
+"""The entry points: :func:`sparse_mla_decode`, :func:`run` and :func:`prepare`, and the one internal
+execute that serves them, the layer (:class:`mla_sink.layer.SparseMLADecode`) and the operators
+(:mod:`mla_sink.ops`).
 
-:func:`run` takes a :class:`CallSpec` and the call's tensors; :func:`sparse_mla_decode` derives the
-spec from the tensors. :func:`prepare` does everything that needs no tensors (validation and
-selection), so engines reject a configuration when they build a layer, never during CUDA-graph
-capture. Semantics: :mod:`mla_sink.core.reference`.
+One call goes ``describe -> validate -> select -> plan -> launch -> finalize`` once per call
+*signature* (the tensors' shapes, strides, dtypes and devices, the options, the platform): the first
+call validates, describes and plans it and prepares the path's runner; every later call with that
+signature only re-checks what metadata cannot show (``out`` overlapping an input, tensors that
+require grad) and launches. Semantics: :mod:`mla_sink.core.reference`.
 """
 
 from __future__ import annotations
 
-import functools
+import threading
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
-from mla_sink.core.describe import describe
-from mla_sink import ops  # noqa: F401  (registers torch.ops.mla_sink.*)
-from mla_sink.core.dtypes import DTYPE_KEYS
+from mla_sink.core.describe import spec_of
 from mla_sink.core.inputs import DecodeInputs
-from mla_sink.paths import launch
-from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
 from mla_sink.core.records import D_QK, CallSpec, Platform
-from mla_sink.core.select import plan_call
-from mla_sink.core.validate import call_scalars, check_inputs, check_sinks, check_sm_scale
+from mla_sink.core.validate import (
+    call_scalars,
+    check_inputs,
+    check_out_overlaps,
+    check_sinks,
+    check_sm_scale,
+)
 
 Result = tuple[torch.Tensor, Optional[torch.Tensor]]
-
-
-def _cached_plan(spec: CallSpec, platform: Platform, path: Optional[str]) -> LaunchPlan:
-    if path is not None and not isinstance(path, str):  # before the cache, which would fail to hash it
-        raise ValueError(f"'path' must be a path name (str) or None (got {path!r})")
-    return _plan_cache(spec, platform, path)
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan_cache(spec: CallSpec, platform: Platform, path: Optional[str]) -> LaunchPlan:
-    return plan_call(spec, platform, path=path)
 
 
 def prepare(
@@ -57,7 +51,8 @@ def prepare(
         sm_scale: checked now if given.
 
     Returns:
-        The cached :class:`LaunchPlan` that every later call of this shape will run.
+        The token-free :class:`LaunchPlan` (path and row) every call of this configuration runs;
+        the per-token-count launch is planned (and cached) at the first call with that count.
 
     Raises:
         ValueError: sinks or sm_scale malformed, sinks on a device of another kind than the
@@ -76,20 +71,18 @@ def prepare(
             raise ValueError(f"'sinks' must be on a {want} device for platform arch {platform.arch!r} (got {sinks.device})")
     if sm_scale is not None:
         check_sm_scale(sm_scale)
-    plan = _cached_plan(spec, platform, path)
+    plan = build_plan(spec, platform, path=path)
     if plan.path.startswith("aiter"):
-        # Run the AITER planner now on a one-token shape: whatever it rejects (dtype, heads, version,
-        # LSE support) is rejected at construction, not at the first forward.
-        from mla_sink.paths.aiter import plan_aiter
-
-        plan_aiter(plan, num_tokens=1, num_kv_rows=1, topk=spec.topk, meta_param=(1, 1),
-                   sm_scale=D_QK ** -0.5 if sm_scale is None else sm_scale)
+        # Plan the AITER call now on a one-token shape: whatever its planner rejects is rejected at
+        # construction, not at the first forward.
+        build_plan(spec, platform, num_tokens=1, path=path)
     return plan
 
 
-def _check_records(spec: Any, platform: Any) -> None:
-    if not isinstance(spec, CallSpec):
-        raise ValueError(f"'spec' must be a mla_sink.CallSpec (got {type(spec).__name__})")
+def _check_records(spec: Any, platform: Any, *, spec_given: bool = True) -> None:
+    if spec_given and not isinstance(spec, CallSpec):
+        raise ValueError(f"'spec' must be a mla_sink.CallSpec (got {type(spec).__name__}); build one with "
+                         "CallSpec(q_dtype='bf16', kv_dtype='bf16', num_heads=..., topk=...) or mla_sink.describe(...)")
     if platform is not None and not isinstance(platform, Platform):
         raise ValueError(f"'platform' must be a mla_sink.Platform or None (got {platform!r}); "
                          "build one with Platform('gfx942', aiter_version='0.1.20')")
@@ -121,32 +114,62 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_
         raise ValueError(f"'dcp_group' has {size} ranks but dcp_world_size={dcp_world_size}")
 
 
-def check_spec_matches(spec: CallSpec, inputs: DecodeInputs) -> None:
+def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
     """Check that the tensors are those the spec describes.
 
-    Args:
-        spec: the call description the plan was chosen for.
-        inputs: the call's tensors (already shape-checked by :func:`check_inputs`).
-
     Raises:
-        ValueError: q or kv_cache dtype, head count ``H``, ``topk`` or sinks presence differ from
-            ``spec`` (message names the field, the tensors' value and the spec's).
+        ValueError: q or kv_cache dtype, head count ``H``, ``topk``, sinks presence or ``logit_cap``
+            differ from ``spec`` (message names the field, the tensors' value and the spec's).
     """
+    from mla_sink.core.dtypes import DTYPE_KEYS
+
     got = {
-        "q_dtype": DTYPE_KEYS.get(inputs.q.dtype),
-        "kv_dtype": DTYPE_KEYS.get(inputs.kv_cache.dtype),
-        "num_heads": inputs.q.shape[1],
-        "topk": inputs.indices.shape[1],
-        "sinks": inputs.sinks is not None,
+        "q_dtype": DTYPE_KEYS.get(x.q.dtype),
+        "kv_dtype": DTYPE_KEYS.get(x.kv_cache.dtype),
+        "num_heads": x.q.shape[1],
+        "topk": x.indices.shape[1],
+        "sinks": x.sinks is not None,
+        "logit_cap": max(x.logit_cap, 0.0),
     }
     for name, value in got.items():
         if getattr(spec, name) != value:
             raise ValueError(f"the tensors give {name}={value!r} but spec.{name}={getattr(spec, name)!r}")
 
 
+def as_inputs(inputs: Any) -> DecodeInputs:
+    """A checked :class:`DecodeInputs` from itself or from a mapping of its field names.
+
+    Scalars are checked as the function checks them (``sm_scale`` a finite real in its bounds, default
+    ``576 ** -0.5``; ``logit_cap`` a finite real, ``<= 0`` = no cap); tensors are checked by the call.
+
+    Raises:
+        ValueError: neither a DecodeInputs nor a mapping, unknown or missing keys, or a bad scalar.
+    """
+    if isinstance(inputs, Mapping):
+        unknown = set(inputs) - set(DecodeInputs._fields)
+        missing = {"q", "kv_cache", "indices"} - set(inputs)
+        if unknown or missing:
+            raise ValueError(f"'inputs' keys must be among {DecodeInputs._fields} and include q, kv_cache, indices "
+                             f"(got unknown {sorted(unknown)}, missing {sorted(missing)})")
+        fields = dict(inputs)
+        if fields.get("sm_scale") is None:
+            fields["sm_scale"] = D_QK ** -0.5
+        inputs = DecodeInputs(**fields)
+    if not isinstance(inputs, DecodeInputs):
+        raise ValueError(f"'inputs' must be a DecodeInputs or a mapping of its fields (got {type(inputs).__name__})")
+    sm_scale = D_QK ** -0.5 if inputs.sm_scale is None else inputs.sm_scale
+    try:
+        sm_scale, logit_cap = call_scalars(sm_scale, False, inputs.logit_cap)
+    except ValueError as e:  # name the field as the caller wrote it
+        raise ValueError(str(e).replace("'sm_scale'", "'inputs.sm_scale'").replace("'logit_cap'", "'inputs.logit_cap'")) from None
+    if sm_scale is not inputs.sm_scale or logit_cap is not inputs.logit_cap:
+        inputs = inputs._replace(sm_scale=sm_scale, logit_cap=logit_cap)
+    return inputs
+
+
 def run(
     spec: CallSpec,
-    inputs: DecodeInputs,
+    inputs: Any,
     *,
     platform: Optional[Platform] = None,
     path: Optional[str] = None,
@@ -154,7 +177,7 @@ def run(
     dcp_layout: str = "interleaved",
     num_kv_rows: Optional[int] = None,
 ) -> Result:
-    """Run one sparse MLA decode call.
+    """Run one sparse MLA decode call described by ``spec``.
 
     Args:
         spec: the call description (see :func:`mla_sink.core.describe.describe`).
@@ -166,7 +189,7 @@ def run(
         path: force a path instead of the table's first match.
         dcp_group: ``torch.distributed`` process group of ``spec.dcp_world_size`` ranks (DCP only).
         dcp_layout: how the pool is sharded over ranks: ``interleaved`` or ``contiguous`` (docs/DCP.md).
-        num_kv_rows: global pool size N (DCP only; default: shard rows * world size is NOT assumed).
+        num_kv_rows: global pool size N (DCP only).
 
     Returns:
         ``(out, lse)``: ``out`` ``[T, H, 512]`` in q's dtype (bf16 for fp8 q), written into
@@ -175,94 +198,20 @@ def run(
         else ``None`` (so the answer never depends on which path ran).
 
     Raises:
-        ValueError: malformed tensors, or tensors that disagree with ``spec`` or ``platform``.
+        ValueError: ``spec`` not a CallSpec, malformed tensors or scalars, or tensors that disagree with
+            ``spec`` or ``platform``.
         NoKernelError: no path serves the call on this platform.
     """
-    x = as_inputs(inputs)
-    if isinstance(spec, CallSpec) and max(x.logit_cap, 0.0) != spec.logit_cap:  # <= 0: no cap (CallSpec stores 0.0)
-        if x.logit_cap > 0.0:
-            raise ValueError(f"'inputs.logit_cap'={x.logit_cap!r} disagrees with spec.logit_cap={spec.logit_cap!r}")
-        x = x._replace(logit_cap=spec.logit_cap)  # the spec chose the path; its cap is the call's cap
-    dcp = isinstance(spec, CallSpec) and spec.dcp_world_size > 1
-    check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
-                 q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out, allow_empty_pool=dcp)
-    check_spec_matches(spec, x)
-    if torch.compiler.is_compiling():
-        # traced: the op detects the platform itself; a CPU/GPU mismatch is still refused here (the exact
-        # GPU arch needs a device query, which is left to eager calls)
-        if platform is not None and (platform.arch == "cpu") != (x.device.type == "cpu"):
-            raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.device}")
-        if spec.dcp_world_size > 1:
-            return _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
-        return _run_op(spec, x, path)
     _check_records(spec, platform)
-    device_arch = arch_of(x.device)
-    if platform is None:
-        platform = detect_platform(x.device)
-    elif platform.arch != device_arch:
-        raise ValueError(
-            f"'platform' describes arch {platform.arch!r} but the tensors are on {x.device} (arch {device_arch!r})"
-        )
-    check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
-    plan = _cached_plan(spec, platform, path)
+    x = as_inputs(inputs)
+    if x.logit_cap > 0.0 and x.logit_cap != spec.logit_cap:
+        raise ValueError(f"'inputs.logit_cap'={x.logit_cap!r} disagrees with spec.logit_cap={spec.logit_cap!r}")
+    x = x._replace(logit_cap=spec.logit_cap)  # <= 0 means no cap; the spec chose the path, its cap is the call's
     if spec.dcp_world_size > 1:
-        from mla_sink.core.dcp_run import run_dcp
-
-        return run_dcp(plan, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows)
-    out, lse = launch(plan, x)
-    return out, (lse if spec.need_lse else None)
-
-
-def as_inputs(inputs: Any) -> DecodeInputs:
-    """A :class:`DecodeInputs` from itself or from a mapping of its field names.
-
-    Raises:
-        ValueError: neither, or the mapping has unknown or missing keys.
-    """
-    if isinstance(inputs, DecodeInputs):
-        return inputs
-    if isinstance(inputs, Mapping):
-        unknown = set(inputs) - set(DecodeInputs._fields)
-        missing = {"q", "kv_cache", "indices"} - set(inputs)
-        if unknown or missing:
-            raise ValueError(f"'inputs' keys must be among {DecodeInputs._fields} and include q, kv_cache, indices "
-                             f"(got unknown {sorted(unknown)}, missing {sorted(missing)})")
-        fields = dict(inputs)
-        if fields.get("sm_scale") is None:
-            fields["sm_scale"] = D_QK ** -0.5
-        return DecodeInputs(**fields)
-    raise ValueError(f"'inputs' must be a DecodeInputs or a mapping of its fields (got {type(inputs).__name__})")
-
-
-def _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
-    """A DCP call met while tracing: run eagerly (a graph break; ``fullgraph=True`` refuses it)."""
-    return run(spec, x, platform=platform, path=path, dcp_group=dcp_group, dcp_layout=dcp_layout,
-               num_kv_rows=num_kv_rows)
-
-
-try:  # ``reason`` (shown by fullgraph's refusal) is newer than some supported torch releases
-    _dcp_outside_the_graph = torch.compiler.disable(
-        _dcp_outside_the_graph, reason="decode context parallel runs collectives: it runs eagerly, outside the graph")
-except TypeError:  # pragma: no cover - older torch
-    _dcp_outside_the_graph = torch.compiler.disable(_dcp_outside_the_graph)
-
-
-def _run_op(spec: CallSpec, x: DecodeInputs, path: Optional[str]) -> Result:
-    """The traced form of :func:`run`: one custom op, so ``torch.compile`` sees no graph break."""
-    return _call_op(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, x.topk_length, x.q_scale, x.kv_scale,
-                    x.out, spec.need_lse, spec.logit_cap, path)
-
-
-def _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
-             return_lse, logit_cap, path) -> Result:
-    args = (q, kv_cache, indices, sinks, float(sm_scale), topk_length, q_scale, kv_scale)
-    tail = (return_lse, float(logit_cap), path or "")
-    if out is not None:
-        lse = torch.ops.mla_sink.sparse_mla_decode_out(*args, out, *tail)
-    else:
-        out, lse = torch.ops.mla_sink.sparse_mla_decode(*args, *tail)
-    need_lse = return_lse or sinks is not None
-    return out, (lse if need_lse else None)
+        return _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
+    if dcp_group is not None or num_kv_rows is not None or dcp_layout != "interleaved":
+        check_dcp_args(1, dcp_group, dcp_layout, num_kv_rows)
+    return execute(x, spec=spec, need_lse=spec.need_lse, platform=platform, path=path)
 
 
 def sparse_mla_decode(
@@ -281,7 +230,7 @@ def sparse_mla_decode(
     platform: Optional[Platform] = None,
     path: Optional[str] = None,
 ) -> Result:
-    """Sparse MLA decode with optional sinks: the one-call convenience over :func:`run`.
+    """Sparse MLA decode with optional sinks, in one call.
 
     ``out = sum_j exp(s_j) v_j / (exp(lse) + exp(sink))`` with ``s_j = sm_scale * q.k_j`` over the
     valid ids j of each row and ``lse = log(sum_j exp(s_j))`` (natural log, sink excluded); see
@@ -290,7 +239,8 @@ def sparse_mla_decode(
     Args:
         q: ``[T, H, 576]`` bf16 / fp16 / fp8 (innermost stride 1).
         kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns.
-        indices: int32 ``[T, topk]`` global row ids; ``-1`` or any id outside ``[0, N)`` = skip.
+        indices: int32 ``[T, topk]`` global row ids; ``-1`` or any id outside ``[0, N)`` = skip; a
+            duplicated id counts once per occurrence.
         sinks: optional fp32 ``[H]`` natural-log sink logits, not scaled by ``sm_scale``.
         sm_scale: default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]``: use only the first ``topk_length[t]`` ids of row t.
@@ -309,14 +259,165 @@ def sparse_mla_decode(
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
     sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
-    # Validation: describe() and run() in eager mode; the op's real and fake implementations when traced.
-    if torch.compiler.is_compiling():  # records are built inside the op (frozen attrs do not trace)
-        return _call_op(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
-                        return_lse, logit_cap, path)
-    spec, platform = describe(q, kv_cache, indices, sinks, return_lse=return_lse,
-                              logit_cap=logit_cap, platform=platform)
-    inputs = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=sm_scale, sinks=sinks,
-                          topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out,
-                          logit_cap=logit_cap)
-    return run(spec, inputs, platform=platform, path=path)
+    x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)
+    return execute(x, spec=None, need_lse=return_lse, platform=platform, path=path)
 
+
+# ---- the one execute -----------------------------------------------------------------------------
+
+class _Prepared(NamedTuple):
+    """What the first call of a signature settled: its plan and the path's runner."""
+
+    plan: LaunchPlan
+    run: Callable[[DecodeInputs], Result]
+    need_lse: bool
+
+
+_PREPARED: dict = {}
+#: signatures kept; the table is cleared beyond this (eager calls with ever new shapes)
+MAX_PREPARED = 4096
+_PREPARED_LOCK = threading.Lock()
+
+
+def forget_prepared_calls() -> None:
+    """Drop every prepared call (after a kernel failed to compile: later calls re-plan)."""
+    with _PREPARED_LOCK:
+        _PREPARED.clear()
+
+
+def _meta(t: Any) -> Any:
+    if t is None:
+        return None
+    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad)
+
+
+def _fake(t: Any) -> bool:
+    """Whether ``t`` has no data to compute on (meta device, or a FakeTensor outside torch.compile)."""
+    return t.device.type == "meta" or isinstance(t, torch._subclasses.fake_tensor.FakeTensor)
+
+
+def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],
+            path: Optional[str]) -> Result:
+    """The one execute behind the function, the layer and the operators (not DCP: :func:`run` does that).
+
+    Args:
+        x: the call's tensors, scalars already checked (:func:`as_inputs` / :func:`call_scalars`).
+        spec: the layer's or :func:`run`'s record, checked against the tensors; ``None`` derives it.
+        need_lse: the caller asked for the LSE (sinks imply it).
+        platform: the platform to plan for (default: the tensors' device). path: a forced path.
+
+    Returns:
+        ``(out, lse)`` as :func:`run`.
+
+    Raises:
+        ValueError: malformed tensors, or tensors that disagree with ``spec`` / ``platform``.
+        NoKernelError: no path serves the call.
+    """
+    if torch.compiler.is_compiling():
+        return _traced(x, spec, need_lse, platform, path)
+    try:
+        key = (_meta(x.q), _meta(x.kv_cache), _meta(x.indices), _meta(x.sinks), _meta(x.topk_length),
+               _meta(x.q_scale), _meta(x.kv_scale), _meta(x.out), x.logit_cap, need_lse, spec, platform, path,
+               torch.is_grad_enabled())
+        prepared = _PREPARED.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable options: the full checks say what is wrong
+        key = prepared = None
+    if prepared is None:
+        if isinstance(x.q, torch.Tensor) and _fake(x.q):
+            return _call_op(x, need_lse or (spec is not None and spec.need_lse), path)
+        prepared = _prepare_call(x, spec, need_lse, platform, path)
+        if key is not None:
+            with _PREPARED_LOCK:
+                if len(_PREPARED) >= MAX_PREPARED:
+                    _PREPARED.clear()
+                _PREPARED[key] = prepared
+    elif x.out is not None:
+        check_out_overlaps(x)  # data pointers: not part of the signature
+    out, lse = prepared.run(x)
+    return out, (lse if prepared.need_lse else None)
+
+
+def _prepare_call(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],
+                  path: Optional[str]) -> _Prepared:
+    """validate -> describe -> select -> plan -> the path's runner, for the first call of a signature."""
+    _check_records(spec, platform, spec_given=spec is not None)
+    check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
+                 kv_scale=x.kv_scale, out=x.out)
+    if spec is None:
+        spec = spec_of(x, need_lse=need_lse)
+    else:
+        check_spec_matches(spec, x)
+    device_arch = arch_of(x.q.device)
+    if platform is None:
+        platform = detect_platform(x.q.device)
+    elif platform.arch != device_arch:
+        raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device} "
+                         f"(arch {device_arch!r})")
+    elif platform.num_sms is None:
+        import attrs
+
+        platform = attrs.evolve(platform, num_sms=detect_platform(x.q.device).num_sms)
+    from mla_sink.paths import prepare_runner
+
+    plan = build_plan(spec, platform, num_tokens=x.q.shape[0], path=path)
+    return _Prepared(plan=plan, run=prepare_runner(plan, x), need_lse=spec.need_lse)
+
+
+def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
+    """DCP: validate, plan, run this rank's shard and merge over the group (collectives: eager only)."""
+    if torch.compiler.is_compiling():
+        return _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
+    check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
+                 kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
+    check_spec_matches(spec, x)
+    device_arch = arch_of(x.q.device)
+    if platform is None:
+        platform = detect_platform(x.q.device)
+    elif platform.arch != device_arch:
+        raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device} "
+                         f"(arch {device_arch!r})")
+    check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
+    plan = build_plan(spec, platform, num_tokens=x.q.shape[0], path=path)
+    from mla_sink.core.dcp_run import run_dcp
+
+    return run_dcp(plan, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows)
+
+
+def _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
+    """A DCP call met while tracing: run eagerly (a graph break; ``fullgraph=True`` refuses it)."""
+    return run(spec, x, platform=platform, path=path, dcp_group=dcp_group, dcp_layout=dcp_layout,
+               num_kv_rows=num_kv_rows)
+
+
+try:  # ``reason`` (shown by fullgraph's refusal) is newer than some supported torch releases
+    _dcp_outside_the_graph = torch.compiler.disable(
+        _dcp_outside_the_graph, reason="decode context parallel runs collectives: it runs eagerly, outside the graph")
+except TypeError:  # pragma: no cover - older torch
+    _dcp_outside_the_graph = torch.compiler.disable(_dcp_outside_the_graph)
+
+
+def _traced(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],
+            path: Optional[str]) -> Result:
+    """The traced form of a call: one custom op, so ``torch.compile`` sees no graph break. The op
+    validates in its fake and real implementations; the CPU/GPU kind of ``platform`` is checked here
+    (the exact GPU arch needs a device query, left to eager calls)."""
+    if platform is not None and (platform.arch == "cpu") != (x.q.device.type == "cpu"):
+        raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device}")
+    if spec is not None:
+        check_spec_matches(spec, x)
+        need_lse = spec.need_lse
+    return _call_op(x, need_lse, path)
+
+
+def _call_op(x: DecodeInputs, need_lse: bool, path: Optional[str]) -> Result:
+    args = (x.q, x.kv_cache, x.indices, x.sinks, float(x.sm_scale), x.topk_length, x.q_scale, x.kv_scale)
+    tail = (need_lse, float(x.logit_cap), path or "")
+    if x.out is not None:
+        lse = torch.ops.mla_sink.sparse_mla_decode_out(*args, x.out, *tail)
+        out = x.out
+    else:
+        out, lse = torch.ops.mla_sink.sparse_mla_decode(*args, *tail)
+    return out, (lse if (need_lse or x.sinks is not None) else None)
+
+
+from mla_sink import ops  # noqa: E402,F401  (registers torch.ops.mla_sink.*; ops calls execute)

@@ -15,7 +15,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import D_QK, CallSpec, Platform
-from mla_sink.api import Result, check_dcp_args, prepare, run
+from mla_sink.api import Result, check_dcp_args, execute, prepare, run
 from mla_sink.core.validate import call_scalars
 
 
@@ -69,7 +69,8 @@ class SparseMLADecode:
         self.platform = self.plan.platform
         self.sinks = sinks
         self.path = path
-        self._dcp = dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
+        self._dcp = (dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
+                     if dcp_world_size > 1 else None)
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,
                  topk_length: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None,
@@ -81,10 +82,11 @@ class SparseMLADecode:
         """
         if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[1] != self.spec.num_heads:
             raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={self.spec.num_heads}")
-        x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=self.sm_scale, sinks=self.sinks,
-                         topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out,
-                         logit_cap=self.spec.logit_cap)
-        return run(self.spec, x, platform=self.platform, path=self.path, **self._dcp)
+        x = DecodeInputs(q, kv_cache, indices, self.sm_scale, self.sinks, topk_length, q_scale, kv_scale, out,
+                         self.spec.logit_cap)
+        if self._dcp is not None:
+            return run(self.spec, x, platform=self.platform, path=self.path, **self._dcp)
+        return execute(x, spec=self.spec, need_lse=self.spec.need_lse, platform=self.platform, path=self.path)
 
     def __repr__(self) -> str:
         return f"SparseMLADecode({self.spec} on {self.platform} -> {self.plan.path}, row {self.plan.row_id})"

@@ -19,25 +19,20 @@ from torch import Tensor
 
 from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
-from mla_sink.paths import launch
 from mla_sink.core.records import D_V
 from mla_sink.core.validate import check_inputs
 
 
-def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
-                     return_lse, logit_cap, path):
-    from mla_sink.core.describe import describe
-    from mla_sink.api import _cached_plan
+def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, return_lse,
+                     logit_cap, path):
+    """The operators' real implementation: the library's one execute (validated there)."""
+    from mla_sink.api import execute
+    from mla_sink.core.validate import call_scalars
 
-    check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale,
-                 kv_scale=kv_scale, out=out)
-    spec, platform = describe(q, kv_cache, indices, sinks, return_lse=return_lse,
-                              logit_cap=logit_cap)
-    plan = _cached_plan(spec, platform, path or None)
-    x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=sm_scale, sinks=sinks,
-                     topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out, logit_cap=logit_cap)
-    res_out, lse = launch(plan, x)
-    if not spec.need_lse:
+    sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
+    x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)
+    res_out, lse = execute(x, spec=None, need_lse=return_lse, platform=None, path=path or None)
+    if lse is None:
         lse = q.new_empty((q.shape[0], 0), dtype=torch.float32)
     return res_out, lse
 

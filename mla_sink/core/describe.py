@@ -7,9 +7,16 @@ from typing import Optional
 import torch
 
 from mla_sink.core.dtypes import dtype_key
+from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.platform import detect_platform
 from mla_sink.core.records import CallSpec, Platform
 from mla_sink.core.validate import check_inputs, check_return_lse
+
+
+def spec_of(x: DecodeInputs, *, need_lse: bool) -> CallSpec:
+    """The :class:`CallSpec` of tensors already checked by :func:`mla_sink.core.validate.check_inputs`."""
+    return CallSpec(q_dtype=dtype_key(x.q.dtype), kv_dtype=dtype_key(x.kv_cache.dtype), num_heads=x.q.shape[1],
+                    topk=x.indices.shape[1], sinks=x.sinks is not None, need_lse=need_lse, logit_cap=x.logit_cap)
 
 
 def describe(

@@ -21,6 +21,10 @@ TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_KEYS.items()}
 
 FP8_KEYS: frozenset[str] = frozenset({"fp8_e4m3", "fp8_e4m3fnuz"})
 HALF_KEYS: frozenset[str] = frozenset({"bf16", "fp16"})
+#: fp8 formats stored in AMD's "fnuz" encoding (no negative zero, one NaN code, exponent bias 8).
+FNUZ_KEYS: frozenset[str] = frozenset({"fp8_e4m3fnuz"})
+#: dtypes whose every value an fp16 tile holds exactly (bf16's exponent range does not fit).
+FP16_EXACT_KEYS: frozenset[str] = frozenset({"fp16"}) | FP8_KEYS
 
 #: Allowed (q dtype, kv dtype) pairs. fp8 q needs KV of the same fp8 format.
 ALLOWED_DTYPE_PAIRS: frozenset[tuple[str, str]] = frozenset(

@@ -1,9 +1,19 @@
-"""Selection + spec -> :class:`LaunchPlan`: what ``launch`` will run. Pure; testable without a GPU."""
+"""plan: (CallSpec, Platform, token count) -> :class:`LaunchPlan`, the whole plan of a call as one record.
+
+One function, :func:`build_plan`, builds it: the rule table's path and row (:mod:`mla_sink.core.select`),
+then that path's launch: for ``triton`` the tuning table's kernel, tile sizes and split count
+(:func:`mla_sink.paths.triton.plan.plan_triton_launch`), for the ``aiter_*`` paths the exact
+``mla_decode_fwd`` call (:func:`mla_sink.paths.aiter.plan.plan_aiter`). The record is pure data, cached
+per ``(spec, platform, num_tokens, path)``; launchers only execute it, and ``mla-sink explain`` and
+``mla-sink info`` print it.
+"""
 
 from __future__ import annotations
 
+import functools
+import threading
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import attrs
 
@@ -32,20 +42,32 @@ def _record(kind: type):
     return check
 
 
+def _tokens(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"'num_tokens' must be None or an int >= 0 (got {value!r})")
+
+
 @attrs.frozen
 class LaunchPlan:
-    """The chosen path of one call and its kernel parameters.
+    """The whole plan of one call: the path, the rule-table row that chose it, and that path's launch.
 
     Attributes:
         path: a path name of the rule table (``triton``, ``reference``, ``aiter_lse``, ...).
-        params: read-only kernel parameters from the winning row (e.g. ``{'num_kv_splits': 1}``); part
-            of equality, not of the hash (a mapping is not hashable).
+        params: read-only parameters of the winning row (path defaults merged); part of equality,
+            not of the hash (a mapping is not hashable).
         spec: the call description.
         platform: where it runs.
         row_id: id of the rule-table row that chose the path (or ``'forced'``).
+        num_tokens: T, the query tokens the launch is planned for; ``None`` for the token-free plan
+            that :func:`mla_sink.api.prepare` returns (path and row only).
+        launch: what the path's launcher executes for ``num_tokens`` tokens: a
+            :class:`mla_sink.paths.triton.plan.TritonLaunch` (kernel, tiles, splits, fallback reason),
+            an :class:`mla_sink.paths.aiter.plan.AiterCall`, or ``None`` (the reference, or a
+            token-free plan).
 
     Raises:
-        ValueError: an unknown path, params that are not a mapping, spec/platform not the records.
+        ValueError: an unknown path, params that are not a mapping, spec/platform not the records,
+            a negative token count.
     """
 
     path: str = attrs.field(validator=_known_path)
@@ -53,3 +75,102 @@ class LaunchPlan:
     spec: CallSpec = attrs.field(validator=_record(CallSpec))
     platform: Platform = attrs.field(validator=_record(Platform))
     row_id: str = attrs.field(default="forced", validator=_record(str))
+    num_tokens: Optional[int] = attrs.field(default=None, validator=_tokens)
+    launch: Any = attrs.field(default=None, eq=False, hash=False)
+
+
+# Kernels that failed to compile on this machine (kernel name -> error text). Filled by the Triton
+# launcher, read while planning, so a plan says which kernel really runs and why.
+_FAILED_KERNELS: dict[str, str] = {}
+_LOCK = threading.Lock()
+
+
+def failed_kernels() -> Mapping[str, str]:
+    """Kernels that failed to compile here this process (name -> error text), as the planner sees them."""
+    return MappingProxyType(dict(_FAILED_KERNELS))
+
+
+def mark_kernel_failed(kernel: str, reason: str) -> None:
+    """Record that ``kernel`` failed to compile here (``reason``: the compiler's error) and drop every
+    cached plan, so later plans name the kernel that really runs and carry the reason."""
+    with _LOCK:
+        _FAILED_KERNELS[kernel] = reason
+        _build_plan_cached.cache_clear()
+    from mla_sink import api
+
+    api.forget_prepared_calls()
+
+
+def build_plan(spec: CallSpec, platform: Platform, *, num_tokens: Optional[int] = None,
+               path: Optional[str] = None, aiter_impl: Any = None) -> LaunchPlan:
+    """The whole plan of a call with ``num_tokens`` query tokens (cached; pure apart from the cache).
+
+    Args:
+        spec: the call description. platform: where it runs (``num_sms`` decides the Triton split count).
+        num_tokens: T; ``None`` plans the path only (``launch`` stays ``None``).
+        path: force a path (``reference`` is always honoured; another must be named by a row that
+            accepts the call).
+        aiter_impl: AITER's entry points for the one planning input AITER computes itself (its split
+            heuristic, needed by ``aiter_lse_fp8_two_split``); default: the real AITER when importable.
+
+    Returns:
+        The :class:`LaunchPlan`.
+
+    Raises:
+        ValueError: ``path`` is not a path name, or ``num_tokens`` not an int >= 0.
+        NoKernelError: the rule table refuses the call or no row accepts it.
+    """
+    if path is not None and not isinstance(path, str):
+        raise ValueError(f"'path' must be a path name (str) or None (got {path!r})")
+    if num_tokens is not None and (isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0):
+        raise ValueError(f"'num_tokens' must be None or an int >= 0 (got {num_tokens!r})")
+    if aiter_impl is not None:
+        return _build_plan(spec, platform, num_tokens, path, aiter_impl)
+    return _build_plan_cached(spec, platform, num_tokens, path)
+
+
+@functools.lru_cache(maxsize=4096)
+def _build_plan_cached(spec: CallSpec, platform: Platform, num_tokens: Optional[int], path: Optional[str]) -> LaunchPlan:
+    return _build_plan(spec, platform, num_tokens, path, None)
+
+
+def _build_plan(spec, platform, num_tokens, path, aiter_impl) -> LaunchPlan:
+    from mla_sink.core.select import plan_call
+
+    base = plan_call(spec, platform, path=path)
+    if num_tokens is None or base.path == "reference":
+        return attrs.evolve(base, num_tokens=num_tokens)
+    if base.path == "triton":
+        from mla_sink.paths.triton.plan import plan_triton_launch
+
+        launch = plan_triton_launch(
+            arch=platform.arch, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype, num_heads=spec.num_heads,
+            num_tokens=num_tokens, topk=spec.topk, logit_cap=spec.logit_cap, gluon=platform.gluon,
+            num_sms=platform.num_sms, failed=failed_kernels(),
+        )
+    else:
+        launch = _plan_aiter_call(base, num_tokens, aiter_impl) if num_tokens > 0 else None
+    return attrs.evolve(base, num_tokens=num_tokens, launch=launch)
+
+
+def _plan_aiter_call(base: LaunchPlan, num_tokens: int, aiter_impl: Any):
+    """The AITER call; AITER's own split heuristic is asked where the path needs it and AITER is here."""
+    from mla_sink.core.dtypes import TORCH_DTYPES
+    from mla_sink.paths.aiter.launch import aiter_meta_param, load_aiter_impl
+    from mla_sink.paths.aiter.plan import AITER_MIN_HEADS, padded_head_count, plan_aiter
+
+    meta_param = None
+    if base.path == "aiter_lse_fp8_two_split":  # the path forces AITER's own split count up: ask AITER for it
+        impl = aiter_impl
+        if impl is None:
+            try:
+                impl = load_aiter_impl()
+            except RuntimeError:  # not on a ROCm machine: the split count stays open (explain shows why)
+                impl = None
+        if impl is not None:
+            heads = padded_head_count(base.spec.num_heads, base.params.get("pad_heads_to", AITER_MIN_HEADS))
+            meta_param = aiter_meta_param(impl, num_tokens=num_tokens, topk=base.spec.topk, padded_heads=heads,
+                                          q_dtype=TORCH_DTYPES[base.spec.q_dtype])
+    if meta_param is None and base.path == "aiter_lse_fp8_two_split":
+        return None  # interim: the h-tables planner returns an unresolved call instead
+    return plan_aiter(base, num_tokens=num_tokens, num_kv_rows=1, topk=base.spec.topk, meta_param=meta_param)

@@ -71,17 +71,37 @@ def arch_of(device: Any = None) -> str:
     return f"sm{props.major}{props.minor}"
 
 
+def gluon_available() -> bool:
+    """Whether the warp-specialised kernels (Triton's Gluon dialect and its sm90 primitives) import here."""
+    try:
+        from mla_sink.kernels.gluon import gluon_fp8, gluon_ws  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means the Gluon kernels cannot serve here
+        return False
+    return True
+
+
+def _num_sms(device_str: Optional[str]) -> int:
+    device = torch.device(device_str) if device_str is not None else torch.device("cuda", torch.cuda.current_device())
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @functools.lru_cache(maxsize=None)
 def _detect_cached(device_str: Optional[str]) -> Platform:
     arch = arch_of(device_str)
-    triton = triton_interpreter_ok() if arch == "cpu" else _triton_available()
-    return Platform(arch=arch, aiter_version=_aiter_version() if arch != "cpu" else None, triton=triton)
+    if arch == "cpu":  # the interpreter runs one program at a time: one "SM"
+        return Platform(arch=arch, triton=triton_interpreter_ok(), gluon=False, num_sms=1)
+    triton = _triton_available()
+    return Platform(arch=arch, aiter_version=_aiter_version(), triton=triton, gluon=triton and gluon_available(),
+                    num_sms=_num_sms(device_str))
 
 
 def detect_platform(device: Any = None) -> Platform:
     """The :class:`Platform` of ``device`` (a ``torch.device``, string or ``None`` for the default).
 
-    CPU devices report ``arch='cpu'`` and no AITER. The answer is cached per device.
+    CPU devices report ``arch='cpu'``, no AITER, no Gluon and one SM (the interpreter runs one program
+    at a time). The answer is cached per device.
     """
     key = None if device is None else str(torch.device(device))
     if key is not None and torch.device(key).type == "cpu":

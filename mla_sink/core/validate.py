@@ -232,3 +232,16 @@ def check_inputs(
                         ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale)):
             if isinstance(t, torch.Tensor) and _memory_overlaps(out, t):
                 raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")
+
+
+def check_out_overlaps(x) -> None:
+    """The per-call part of the ``out`` checks (data pointers are not part of a call's signature):
+    ``x.out`` must share no memory with an input.
+
+    Raises:
+        ValueError: ``out`` shares memory with q, kv_cache, indices, sinks, topk_length or a scale.
+    """
+    for name in ("q", "kv_cache", "indices", "sinks", "topk_length", "q_scale", "kv_scale"):
+        t = getattr(x, name)
+        if isinstance(t, torch.Tensor) and _memory_overlaps(x.out, t):
+            raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")

@@ -1,8 +1,11 @@
-"""launch: run a :class:`LaunchPlan` on a call's tensors. The only impure stage of the pipeline.
+"""The paths' launchers: each turns a complete :class:`~mla_sink.core.plan.LaunchPlan` into a runner.
 
-Every launcher returns ``(out, lse)``: ``out [T, H, 512]`` final (sink applied, empty rows 0) in
-the out dtype (q's dtype; bf16 for fp8 q) and ``lse`` fp32 ``[T, H]`` natural log, sink excluded
-(``-inf`` on empty rows), or ``None`` from a path that writes no LSE.
+``PREPARERS[path](plan, x)`` returns ``run(x) -> (out, lse)`` for every call whose tensors have the
+metadata (shapes, strides, dtypes, devices) of ``x``'s; :mod:`mla_sink.api` keeps one runner per call
+signature, so the per-call work is the launch alone. Every runner returns ``out [T, H, 512]`` final
+(sink applied, empty rows 0) in the out dtype (q's dtype; bf16 for fp8 q; the dtype of ``x.out`` when
+given) and ``lse`` fp32 ``[T, H]`` natural log, sink excluded (``-inf`` on empty rows), or ``None``
+from a path that writes no LSE. Launchers only execute: every choice was made while planning.
 """
 
 from __future__ import annotations
@@ -11,60 +14,52 @@ from typing import Callable, Optional
 
 import torch
 
-from mla_sink.core.dtypes import out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
-from mla_sink.core.reference import sparse_mla_decode_reference
 
 Result = tuple[torch.Tensor, Optional[torch.Tensor]]
+Runner = Callable[[DecodeInputs], Result]
 
 
-def _launch_reference(plan: LaunchPlan, x: DecodeInputs) -> Result:
-    out, lse = sparse_mla_decode_reference(
-        x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale,
-        topk_length=x.topk_length, q_scale=x.q_scale, kv_scale=x.kv_scale, logit_cap=x.logit_cap,
-        out_dtype=out_dtype_for(plan.spec.q_dtype),
-    )
-    if x.out is not None:
-        x.out.copy_(out)
-        out = x.out
-    return out, lse
+def _prepare_reference(plan: LaunchPlan, x: DecodeInputs) -> Runner:
+    from mla_sink.paths.reference import run_reference
+
+    return lambda x: run_reference(plan, x)
 
 
-def _launch_triton(plan: LaunchPlan, x: DecodeInputs) -> Result:
-    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+def _prepare_triton(plan: LaunchPlan, x: DecodeInputs) -> Runner:
+    from mla_sink.paths.triton.launch import prepare_triton
 
-    return sparse_mla_decode_triton(
-        x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale,
-        topk_length=x.topk_length, q_scale=x.q_scale, kv_scale=x.kv_scale, logit_cap=x.logit_cap,
-        out=x.out, num_kv_splits=plan.params.get("num_kv_splits"),
-    )
+    return prepare_triton(plan, x)
 
 
-def _launch_aiter(plan: LaunchPlan, x: DecodeInputs) -> Result:
+def _prepare_aiter(plan: LaunchPlan, x: DecodeInputs) -> Runner:
     from mla_sink.paths.aiter import launch_aiter
 
-    return launch_aiter(plan, x)
+    return lambda x: launch_aiter(plan, x)
 
 
-LAUNCHERS: dict[str, Callable[[LaunchPlan, DecodeInputs], Result]] = {
-    "reference": _launch_reference,
-    "triton": _launch_triton,
-    "aiter_persistent": _launch_aiter,
-    "aiter_lse": _launch_aiter,
-    "aiter_lse_single_split": _launch_aiter,
-    "aiter_lse_fp8_two_split": _launch_aiter,
+PREPARERS: dict[str, Callable[[LaunchPlan, DecodeInputs], Runner]] = {
+    "reference": _prepare_reference,
+    "triton": _prepare_triton,
+    "aiter_persistent": _prepare_aiter,
+    "aiter_lse": _prepare_aiter,
+    "aiter_lse_single_split": _prepare_aiter,
+    "aiter_lse_fp8_two_split": _prepare_aiter,
 }
+#: the paths the runtime can launch (``tests/test_rules.py`` proves they are the rule table's paths)
+LAUNCHERS = PREPARERS
+
+
+def prepare_runner(plan: LaunchPlan, x: DecodeInputs) -> Runner:
+    """The runner of ``plan`` for calls shaped like ``x`` (see the module docstring).
+
+    Raises:
+        KeyError: ``plan.path`` has no launcher (cannot happen for plans from the shipped table).
+    """
+    return PREPARERS[plan.path](plan, x)
 
 
 def launch(plan: LaunchPlan, inputs: DecodeInputs) -> Result:
-    """Run ``plan`` on ``inputs`` (already validated against ``plan.spec``).
-
-    Returns:
-        ``(out, lse)`` as described in the module docstring.
-
-    Raises:
-        KeyError: ``plan.path`` has no launcher (cannot happen for plans from the shipped table:
-            ``tests/test_rules.py`` proves the table's paths equal :data:`LAUNCHERS`).
-    """
-    return LAUNCHERS[plan.path](plan, inputs)
+    """Run ``plan`` once on ``inputs`` (already validated against ``plan.spec``): prepare and run."""
+    return prepare_runner(plan, inputs)(inputs)

@@ -1,160 +1,337 @@
-"""Triton sparse MLA decode with fused sinks and a natural-log, sink-free LSE.
+"""Execute the ``triton`` path: a :class:`~mla_sink.core.plan.LaunchPlan` whose ``launch`` is a
+:class:`~mla_sink.paths.triton.plan.TritonLaunch` (kernel, tiles, split count: all decided while planning).
 
-Semantics are those of :func:`mla_sink.core.reference.sparse_mla_decode_reference` (the float64 reference):
-``s_j = sm_scale * q.k_j`` over the valid ids of a token row (``0 <= id < N``, position ``<
-topk_length[t]``), optionally soft-capped ``s = cap * tanh(s / cap)``; ``lse = log(sum_j exp(s_j))``
-(natural log, sink excluded, ``-inf`` for an empty row); ``out = sum_j exp(s_j - lse) v_j`` times
-``sigmoid(lse - sink)`` (0 on empty rows; ``sink = +inf`` gives 0, ``sink = -inf`` changes nothing).
+:func:`prepare_triton` turns a plan and one call's tensors into a runner for every later call with the
+same tensor metadata (shapes, strides, dtypes, devices): the scalar arguments, the grids and the
+constexprs are fixed once; each call then allocates its outputs and launches. On a GPU the compiled
+kernel is launched directly (:class:`CompiledLaunch`): Triton's launcher binds and specialises every
+argument on every call, which costs more host time than the kernel takes at small T.
 
-Kernel structure (one program per (head block, KV split, token); head blocks of one token are
-adjacent in launch order so their identical gathers hit L2):
+Kernels: ``portable`` (:mod:`mla_sink.kernels.triton.portable`) with the split-KV ``combine``
+(:mod:`mla_sink.kernels.triton.combine`), and on sm90 the warp-specialised ``gluon_ws`` and
+``gluon_fp8`` (:mod:`mla_sink.kernels.gluon`). A Gluon kernel that fails to COMPILE here (another
+Triton release) is recorded (:func:`mla_sink.core.plan.mark_kernel_failed`): the call and every later
+plan use the portable kernel, and the plan says why. Any other error propagates.
 
-* the 576 dims are two dots: a 512-dim latent dot and a 64-dim RoPE dot (Triton blocks are powers of
-  two); the gathered latent tile is reused as V (no second load);
-* online softmax in base 2 (``log2 e`` folded into the scale), fp32 accumulation; the LSE written to
-  ``lse`` is converted back to natural log;
-* ids that are ``-1``, negative, ``>= N`` or past ``topk_length`` are masked in the gathered load
-  (``other=0``): their rows are never read, so NaN in unreferenced rows cannot leak; ids are cast
-  to int64 before multiplying by the row stride (pools beyond 2^31 bytes);
-* fp8 KV/q are converted to bf16 tiles (exact) and the per-tensor scales, read from device memory,
-  are folded into the scores and the output; ``fp8_e4m3fnuz`` is decoded from its bits through
-  ``e4m3fn`` (value / 2, with its own NaN and max encodings) so it runs on NVIDIA and the CPU too;
-* split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
-  with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
-  exactly once.
-
-Kernel choice: :func:`launch_plan` (pure) reads the tuning row (``tables/triton_tuning.yaml``), the
-split count and :func:`mla_sink.paths.triton.plan.kernel_for`; on sm90, unsplit bf16/fp16 launches with
-64-head blocks run the warp-specialised kernel of :mod:`mla_sink.kernels.gluon.gluon_ws` and unsplit
-e4m3fn-KV launches at H <= 16 that of :mod:`mla_sink.kernels.gluon.gluon_fp8` (same semantics; a
-Triton whose Gluon dialect cannot compile them falls back here after one warning); every other
-launch runs the kernel below.
-
-On the CPU the same Python function runs through Triton's interpreter
-(``triton.runtime.interpreter.InterpretedFunction``), without ``TRITON_INTERPRET`` being set; an
-``UPCAST`` constexpr (true only there) casts half tiles to fp32 before any arithmetic, because the
-interpreter does not do bf16 arithmetic (docs/DESIGN.md, triton-lang/triton#11584).
-
-Source: the split-KV decode + combine structure of lightllm/sglang ``decode_attention`` kernels; the
-online softmax of Triton tutorial 06; the sink formula of FlashMLA ``flash_mla_interface.py``.
+On the CPU the kernels run through Triton's interpreter (:mod:`mla_sink.kernels.triton.interpreter`).
+The interpreter truncates fp32 -> bf16 casts toward zero; a bf16 output is therefore written in fp32
+and rounded to nearest by PyTorch, as the GPU rounds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import threading
-import warnings
-from typing import Optional
+import os
+from typing import Any, Callable, Optional
 
-import attrs
-import numpy as np
 import torch
-import triton
-import triton.language as tl
 
-from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
-from mla_sink.kernels.triton.combine import combine_jit
-from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
-from mla_sink.kernels.triton.portable import portable_jit
-from mla_sink.paths.triton.plan import TritonConfig, kernel_for, split_plan, triton_config
+from mla_sink.core.dtypes import DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, out_dtype_for
+from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.records import D_QK, D_V
 
-D_QK = 576
-D_V = 512
-D_PE = D_QK - D_V
-LOG2E = 1.4426950408889634
+Result = tuple[torch.Tensor, torch.Tensor]
 
-@functools.lru_cache(maxsize=None)
-def gluon_available() -> bool:
-    """Whether the Gluon kernels import (Triton's Gluon dialect with its sm90 primitives)."""
+D_ROPE = D_QK - D_V
+#: rows of a pool the kernels index with a 32-bit unsigned compare (ids are int32: larger pools are
+#: addressed with 64-bit offsets, but no id can exceed this)
+MAX_ROWS = 2 ** 31
+#: Triton specialises pointer arguments on this alignment (bytes); a compiled kernel is reused only
+#: for tensors with the same alignment pattern.
+POINTER_ALIGN = 16
+LOG2E = 1.4426950408889634  # TODO(merge): import the kernels' single definition
+#: ``MLA_SINK_TRITON_FAST_LAUNCH=0`` launches through Triton's ``kernel[grid](...)`` on every call.
+FAST_LAUNCH = os.environ.get("MLA_SINK_TRITON_FAST_LAUNCH", "1") != "0"
+
+
+def _compile_errors() -> tuple:
+    """The exception types Triton raises when a kernel cannot be compiled or loaded here."""
+    errors: list = []
     try:
-        from mla_sink.kernels.gluon import gluon_fp8, gluon_ws  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means the portable kernel serves
-        return False
-    return True
+        from triton.compiler.errors import CompilationError
+
+        errors.append(CompilationError)
+    except ImportError:  # pragma: no cover - very old Triton
+        pass
+    try:
+        from triton.runtime.errors import OutOfResources
+
+        errors.append(OutOfResources)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errors)
 
 
-_GLUON_FAILED: dict[tuple, str] = {}
+class CompiledLaunch:
+    """One Triton kernel on one grid with fixed constexprs, launched without per-call argument binding.
 
+    The first call (per pointer-alignment pattern) goes through ``jit_fn[grid](...)``, which compiles
+    (or loads from Triton's cache) and returns the compiled kernel; later calls hand the arguments
+    straight to the compiled kernel's launcher. Integer arguments are fixed by the caller's cache key
+    (shapes and strides), so Triton's integer specialisation cannot change between calls; pointer
+    alignment is checked on every call.
 
-def _launch_gluon(kernel, q, kv_cache, indices, sinks, sm_scale, topk_length, kv_scale, out, lse) -> bool:
-    """Run a Gluon kernel (``"gluon_ws"`` or ``"gluon_fp8"``); False (after one warning) where it fails
-    to compile here.
-
-    A Triton whose Gluon API differs from the one the kernels were written for (Triton 3.6) fails at
-    compile time, before anything is launched; the portable kernel then serves that signature.
+    Args:
+        jit_fn: the ``@triton.jit`` / ``@gluon.jit`` function.
+        grid: the launch grid (1 to 3 ints).
+        constexprs: the constexpr arguments by name.
+        options: launch options (``num_warps``, ``num_stages``).
+        dynamic: names of the arguments given per call, in the order ``__call__`` takes them.
+        static: the other non-constexpr arguments by name (ints and floats fixed for this runner).
     """
-    key = (kernel, q.device.index, q.dtype, kv_cache.dtype, sinks is not None, topk_length is not None)
-    if key in _GLUON_FAILED:
-        return False
-    try:
-        if kernel == "gluon_ws":
-            from mla_sink.kernels.gluon.gluon_ws import sparse_mla_decode_gluon
 
-            sparse_mla_decode_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, out=out, lse=lse)
+    def __init__(self, jit_fn: Any, grid: tuple, constexprs: dict, options: dict, dynamic: tuple, static: dict):
+        self.jit_fn = jit_fn
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.constexprs = constexprs
+        self.options = options
+        self.dynamic = dynamic
+        names = list(jit_fn.arg_names)
+        self._template = [constexprs.get(n, static.get(n)) for n in names]
+        self._slots = [names.index(n) for n in dynamic]
+        self._runners: dict = {}
+
+    def _bind(self, args: tuple) -> list:
+        full = list(self._template)
+        for i, a in zip(self._slots, args):
+            full[i] = a
+        return full
+
+    def __call__(self, *args: Any) -> None:
+        align = tuple(a.data_ptr() % POINTER_ALIGN == 0 for a in args if isinstance(a, torch.Tensor))
+        runner = self._runners.get(align) if FAST_LAUNCH else None
+        if runner is not None:
+            runner(*self._bind(args))
+            return
+        named = dict(zip(self.jit_fn.arg_names, self._bind(args)))
+        for name in self.constexprs:
+            named.pop(name)
+        compiled = self.jit_fn[self.grid](**named, **self.constexprs, **self.options)
+        if FAST_LAUNCH and compiled is not None and hasattr(compiled, "__getitem__"):
+            self._runners[align] = compiled[self.grid]
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(kernel: str, grid: tuple, constexprs: tuple, options: tuple, dynamic: tuple, static: tuple) -> CompiledLaunch:
+    from mla_sink.kernels.triton.combine import combine_jit
+    from mla_sink.kernels.triton.portable import portable_jit
+
+    jit_fn = {"portable": portable_jit, "combine": combine_jit}[kernel]
+    return CompiledLaunch(jit_fn, grid, dict(constexprs), dict(options), dynamic, dict(static))
+
+
+_PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE", "OUT", "LSE", "PART_OUT",
+                     "PART_LSE", "sm_scale", "logit_cap")
+_COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
+
+
+def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Result]:
+    """A runner of ``plan`` for every call whose tensors have the metadata of ``x``'s.
+
+    Args:
+        plan: a :class:`~mla_sink.core.plan.LaunchPlan` with path ``triton`` and ``launch`` planned for
+            ``x``'s token count (kernel, tiles and split count fixed).
+        x: one call's validated tensors (:class:`~mla_sink.core.inputs.DecodeInputs`).
+
+    Returns:
+        ``run(x) -> (out, lse)``: ``out [T, H, 512]`` (q's dtype; bf16 for fp8 q; written into ``x.out``
+        when given) = sink-free output times ``sigmoid(lse - sink)``, 0 on rows with no valid id;
+        ``lse`` fp32 ``[T, H]``, natural log, sink excluded, ``-inf`` on rows with no valid id.
+
+    Raises:
+        ValueError: a plan without a complete Triton launch (no split count: planned without an SM count).
+    """
+    launch = plan.launch
+    if launch is None or launch.num_kv_splits is None:
+        raise ValueError(f"plan {plan.row_id!r} has no complete Triton launch (split count unknown: plan it with "
+                         "a Platform that knows its num_sms)")
+    T, H, _ = x.q.shape
+    out_dtype = out_dtype_for(plan.spec.q_dtype)
+    device = x.q.device
+    if T == 0:
+        return lambda x, lse=None: _outputs(x, (0, H), out_dtype, device, lse)
+    if launch.kernel != "portable":
+        return _gluon_runner(plan, launch, out_dtype, device)
+    return _portable_runner(plan, launch, x, out_dtype, device)
+
+
+def _outputs(x: DecodeInputs, th: tuple, out_dtype: torch.dtype, device: torch.device, lse=None) -> Result:
+    out = x.out if x.out is not None else torch.empty((*th, D_V), dtype=out_dtype, device=device)
+    return out, lse if lse is not None else torch.empty(th, dtype=torch.float32, device=device)
+
+
+def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
+    spec = plan.spec
+    T, H, _ = x.q.shape
+    topk = x.indices.shape[1]
+    interp = device.type == "cpu"
+    splits = launch.num_kv_splits
+    split = splits > 1
+    q_fp8, kv_fp8 = spec.q_dtype in FP8_KEYS, spec.kv_dtype in FP8_KEYS
+    f16 = kv_fp8 and launch.fp8_f16
+    # the interpreter truncates fp32 -> bf16: write fp32, let PyTorch round to nearest (as the GPU does)
+    stage_fp32 = interp and out_dtype == torch.bfloat16
+    has_sinks, has_len, cap = x.sinks is not None, x.topk_length is not None, spec.logit_cap
+    constexprs = dict(
+        BLOCK_H=launch.block_h, BLOCK_N=launch.block_n, D_NOPE=D_V, D_ROPE=D_ROPE,
+        HAS_SINKS=has_sinks, HAS_TOPK_LEN=has_len, HAS_CAP=cap > 0,
+        Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=spec.q_dtype in FNUZ_KEYS, KV_FNUZ=spec.kv_dtype in FNUZ_KEYS,
+        SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and spec.q_dtype not in FP16_EXACT_KEYS,
+        EVEN=not has_len and topk % launch.block_n == 0,
+    )
+    from mla_sink.kernels.triton.portable import portable_jit
+
+    if "FP8_BITS" in portable_jit.arg_names:  # interim: the kernel of this tree still takes it
+        constexprs["FP8_BITS"] = False
+    options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
+    out_strides = (H * D_V, D_V) if (x.out is None or stage_fp32) else (x.out.stride(0), x.out.stride(1))
+    num_hb = -(-H // launch.block_h)
+    copy_q = x.q.stride(-1) != 1  # the kernel assumes unit innermost strides: such inputs are copied
+    copy_idx = x.indices.stride(-1) != 1
+    q_strides = (H * D_QK, D_QK) if copy_q else (x.q.stride(0), x.q.stride(1))
+    static = dict(
+        num_heads=H, num_rows=min(x.kv_cache.shape[0], MAX_ROWS), topk=topk, ids_per_split=launch.ids_per_split,
+        stride_qt=q_strides[0], stride_qh=q_strides[1], stride_kv=x.kv_cache.stride(0),
+        stride_it=topk if copy_idx else x.indices.stride(0), stride_ot=out_strides[0], stride_oh=out_strides[1],
+        stride_lt=H, stride_lh=1,
+        stride_pt=splits * H * D_V if split else 0, stride_ps=H * D_V if split else 0,
+        stride_ph=D_V if split else 0, stride_plt=splits * H if split else 0, stride_pls=H if split else 0,
+    )
+    cbh = min(launch.combine_block_h, max(16, 1 << max(0, (H - 1).bit_length())))
+    cbd = min(launch.combine_block_d, D_V)
+    combine_constexprs = dict(BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
+                              HAS_SINKS=has_sinks)
+    combine_static = dict(num_heads=H, num_splits=splits, stride_pt=splits * H * D_V, stride_ps=H * D_V,
+                          stride_ph=D_V, stride_plt=splits * H, stride_pls=H, stride_ot=out_strides[0],
+                          stride_oh=out_strides[1], stride_lt=H, stride_lh=1)
+    grid = (num_hb, splits, T)
+    combine_grid = (-(-H // cbh), T, D_V // cbd)
+    cap_arg = float(cap) if cap > 0 else 1.0  # unused by the kernel without HAS_CAP
+    if interp:
+        return functools.partial(_run_interpreted, constexprs=constexprs, static=static, grid=grid,
+                                 combine=(combine_constexprs, combine_static, combine_grid) if split else None,
+                                 out_dtype=out_dtype, stage_fp32=stage_fp32, splits=splits, cap_arg=cap_arg)
+    decode = _compiled("portable", grid, tuple(constexprs.items()), tuple(options.items()), _PORTABLE_DYNAMIC,
+                       tuple(static.items()))
+    combine = _compiled("combine", combine_grid, tuple(combine_constexprs.items()),
+                        (("num_warps", 4), ("num_stages", 1)), _COMBINE_DYNAMIC,
+                        tuple(combine_static.items())) if split else None
+    # fnuz is decoded from its bits inside the kernel (Triton has no fnuz type on NVIDIA or in numpy)
+    q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
+
+    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        q = x.q.contiguous() if copy_q else x.q
+        kv_cache = x.kv_cache.view(torch.uint8) if kv_bits else x.kv_cache
+        indices = x.indices.contiguous() if copy_idx else x.indices
+        topk_length = x.topk_length
+        if topk_length is not None and topk_length.stride(0) != 1:
+            topk_length = topk_length.contiguous()  # the kernel reads TOPK_LEN + t
+        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
+        if lse is None:
+            lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+        if split:
+            part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32, device=q.device)
+            part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=q.device)
         else:
-            from mla_sink.kernels.gluon.gluon_fp8 import sparse_mla_decode_fp8_gluon
+            part_out = part_lse = lse
+        sinks = x.sinks if x.sinks is not None else lse
+        decode(q.view(torch.uint8) if q_bits else q, kv_cache, indices, sinks, topk_length if topk_length is not None else lse,
+               x.q_scale if q_fp8 else lse, x.kv_scale if kv_fp8 else lse, out, lse, part_out, part_lse,
+               x.sm_scale, cap_arg)
+        if split:
+            combine(part_out, part_lse, sinks, out, lse)
+        return out, lse
 
-            sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length,
-                                        kv_scale=kv_scale, out=out, lse=lse)
-    except Exception as e:  # noqa: BLE001 - compile errors of an unsupported Triton/Gluon version
-        _GLUON_FAILED[key] = repr(e)[:500]
-        warnings.warn(f"mla_sink: the warp-specialised sm90 kernel {kernel} failed to compile ({repr(e)[:200]}); "
-                      "the portable Triton kernel serves these calls", RuntimeWarning, stacklevel=3)
-        return False
-    return True
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return run
 
 
-@functools.lru_cache(maxsize=None)
-def _arch(device_type: str, device_index: Optional[int]) -> str:
-    from mla_sink.core.platform import arch_of
+def _run_interpreted(x: DecodeInputs, lse: Optional[torch.Tensor] = None, *, constexprs, static, grid, combine,
+                     out_dtype, stage_fp32, splits, cap_arg) -> Result:
+    """The portable kernel (and the combine) on CPU tensors through Triton's interpreter."""
+    from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
 
-    return arch_of(torch.device(device_type, device_index) if device_type != "cpu" else "cpu")
+    T, H, _ = x.q.shape
+    out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype)
+    out_k = torch.empty((T, H, D_V), dtype=torch.float32) if stage_fp32 else out
+    if lse is None:
+        lse = torch.empty((T, H), dtype=torch.float32)
+    static = dict(static, stride_lt=lse.stride(0), stride_lh=lse.stride(1))
+    split = splits > 1
+    part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32) if split else lse
+    part_lse = torch.empty((T, splits, H), dtype=torch.float32) if split else lse
+    q = x.q if x.q.stride(-1) == 1 else x.q.contiguous()
+    q_k = q.view(torch.uint8) if constexprs["Q_FNUZ"] else q  # numpy has no fnuz: the kernel decodes the bits
+    kv_k = x.kv_cache.view(torch.uint8) if constexprs["KV_FNUZ"] else x.kv_cache
+    indices = x.indices if x.indices.stride(-1) == 1 else x.indices.contiguous()
+    topk_length = x.topk_length.contiguous() if x.topk_length is not None else lse
+    sinks = x.sinks if x.sinks is not None else lse
+    static = dict(static, stride_ot=out_k.stride(0), stride_oh=out_k.stride(1))
+    with interpreter_stdlib():
+        interpreted("portable")[grid](
+            q_k, kv_k, indices, sinks, topk_length,
+            x.q_scale if constexprs["Q_FP8"] else lse, x.kv_scale if constexprs["KV_FP8"] else lse,
+            out_k, lse, part_out, part_lse,
+            float(x.sm_scale), cap_arg,
+            **static, **constexprs, num_warps=4, num_stages=1,
+        )
+        if combine is not None:
+            cx, cs, cgrid = combine
+            cs = dict(cs, stride_ot=out_k.stride(0), stride_oh=out_k.stride(1))
+            interpreted("combine")[cgrid](part_out, part_lse, sinks, out_k, lse, **cs, **cx, num_warps=4, num_stages=1)
+    if out_k is not out:
+        out.copy_(out_k)
+    return out, lse
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cpu":
-        return 1
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+def _gluon_runner(plan, launch, out_dtype: torch.dtype, device: torch.device):
+    """A runner for the warp-specialised sm90 kernels; a compile failure falls back to the portable kernel."""
+    kernel = launch.kernel
+    errors = _compile_errors()
+
+    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        q = x.q
+        T, H, _ = q.shape
+        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
+        if lse is None:
+            lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+        topk_length = x.topk_length.contiguous() if x.topk_length is not None else None
+        try:
+            if kernel == "gluon_ws":
+                from mla_sink.kernels.gluon.gluon_ws import sparse_mla_decode_gluon
+
+                sparse_mla_decode_gluon(q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=topk_length,
+                                        out=out, lse=lse)
+            else:
+                from mla_sink.kernels.gluon.gluon_fp8 import sparse_mla_decode_fp8_gluon
+
+                sparse_mla_decode_fp8_gluon(q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=topk_length,
+                                            kv_scale=x.kv_scale, out=out, lse=lse)
+        except errors as e:
+            return _fall_back(plan, kernel, e, x)
+        return out, lse
+
+    return run
 
 
-@attrs.frozen
-class TritonLaunch:
-    """How :func:`sparse_mla_decode_triton` runs one call (a pure function of shapes, dtypes and the device).
+def _fall_back(plan, kernel: str, error: BaseException, x: DecodeInputs) -> Result:
+    """Record the compile failure (every later plan names the portable kernel and why) and run this
+    call on the portable kernel."""
+    import warnings
 
-    Attributes:
-        config: the tuning row's :class:`~mla_sink.paths.triton.plan.TritonConfig` (``config.row`` names it).
-        block_h: head block of this call. num_kv_splits: KV splits per token (1 = no combine kernel).
-        ids_per_split: ids per split (a multiple of ``config.block_n``).
-        kernel: ``"portable"``, ``"gluon_ws"`` or ``"gluon_fp8"`` (:func:`mla_sink.paths.triton.plan.kernel_for`).
-    """
+    import attrs
 
-    config: TritonConfig
-    block_h: int
-    num_kv_splits: int
-    ids_per_split: int
-    kernel: str
+    from mla_sink.core.plan import build_plan, mark_kernel_failed
 
-
-def launch_plan(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *, logit_cap: float = 0.0,
-                num_kv_splits: Optional[int] = None, config: Optional[TritonConfig] = None) -> TritonLaunch:
-    """The :class:`TritonLaunch` of a call (tuning row, head block, split count, kernel); reads shapes only."""
-    T, H, _ = q.shape
-    topk = indices.shape[1]
-    device = q.device
-    q_key, kv_key = DTYPE_KEYS[q.dtype], DTYPE_KEYS[kv_cache.dtype]
-    cfg = config if config is not None else triton_config(_arch(device.type, device.index), q_key, kv_key, H, T, topk)
-    block_h = cfg.block_h_for(H)
-    num_kv_splits, ids_per_split = split_plan(cfg, T, H, topk, _num_sms(device), requested=num_kv_splits)
-    kernel = kernel_for(cfg, device_type=device.type, q_dtype=q_key, kv_dtype=kv_key, num_heads=H,
-                        num_kv_splits=num_kv_splits, logit_cap=logit_cap,
-                        gluon_ok=device.type == "cuda" and gluon_available())
-    return TritonLaunch(cfg, block_h, num_kv_splits, ids_per_split, kernel)
+    reason = f"{type(error).__name__}: {str(error)[:300]}"
+    mark_kernel_failed(kernel, reason)
+    warnings.warn(f"mla_sink: kernel {kernel} failed to compile here ({reason[:200]}); the portable kernel serves "
+                  "these calls (mla-sink explain shows the reason)", RuntimeWarning, stacklevel=4)
+    replanned = build_plan(plan.spec, plan.platform, num_tokens=plan.num_tokens,
+                           path=None if plan.row_id != "forced" else plan.path)
+    if replanned.launch.kernel != "portable":  # pragma: no cover - the planner honours failed kernels
+        replanned = attrs.evolve(replanned, launch=attrs.evolve(replanned.launch, kernel="portable"))
+    return prepare_triton(replanned, x)(x)
 
 
 def sparse_mla_decode_triton(
@@ -171,127 +348,61 @@ def sparse_mla_decode_triton(
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
     num_kv_splits: Optional[int] = None,
-    config: Optional[TritonConfig] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sparse MLA decode with fused sinks (Triton; CPU tensors run through Triton's interpreter).
+    kernel: Optional[str] = None,
+    config: Any = None,
+) -> Result:
+    """The ``triton`` path on one call, planned here (tests and benchmarks; engines use
+    :func:`mla_sink.sparse_mla_decode`, which plans once per shape).
 
     Args:
-        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (e4m3fn or e4m3fnuz), any strides.
-        kv_cache: ``[N, 576]`` bf16 / fp16 / fp8 rows (one shared KV head; value = first 512 columns);
-            any row stride.
-        indices: int32 ``[T, topk]`` global row ids; ``-1``, negative and ``>= N`` ids are skipped
-            wherever they sit.
+        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (e4m3fn or e4m3fnuz), innermost stride 1.
+        kv_cache: ``[N, 576]`` rows (one shared KV head; value = first 512 columns), innermost stride 1.
+        indices: int32 ``[T, topk]``; ``-1``, negative and ``>= N`` ids are skipped wherever they sit.
         sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
         sm_scale: multiplies ``q.k``; default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]``; only the first ``topk_length[t]`` ids of row t are used.
-        q_scale, kv_scale: fp32 ``[1]`` dequantisation scales for fp8 q / fp8 KV (value = stored *
-            scale), read inside the kernel (no host synchronisation).
+        q_scale, kv_scale: fp32 ``[1]`` / ``[]`` dequantisation scales for fp8 q / fp8 KV.
         logit_cap: ``> 0`` soft-caps the scaled logits, ``s = cap * tanh(s / cap)``.
-        out: optional ``[T, H, 512]`` output buffer (q's dtype; bf16 for fp8 q), written in full.
-        lse: optional fp32 ``[T, H]`` buffer, written in full.
-        num_kv_splits: KV splits per token; ``None`` picks from the tuning table and the SM count.
-        config: a :class:`~mla_sink.paths.triton.plan.TritonConfig` overriding the tuning table.
+        out: optional ``[T, H, 512]`` output buffer (q's dtype; bf16 for fp8 q; fp32 for a DCP partial).
+        lse: optional fp32 ``[T, H]`` buffer (contiguous), written in full.
+        num_kv_splits: force the KV split count (default: the tuning table's, for this device's SMs).
+        kernel: force ``portable`` (default: the tuning table's kernel).
+        config: a :class:`~mla_sink.paths.triton.plan.TritonConfig` overriding the tuning table's tiles
+            and split policy (tile sweeps).
 
     Returns:
-        ``(out, lse)``: ``out [T, H, 512]`` = sink-free attention output times
-        ``sigmoid(lse - sink)`` (0 on rows with no valid id); ``lse`` fp32 ``[T, H]``, natural log,
-        sink excluded, ``-inf`` on rows with no valid id.
+        ``(out, lse)`` as :func:`prepare_triton` describes.
 
-    Inputs are validated by the caller (:mod:`mla_sink.core.validate`); this launcher assumes valid input.
-    No ``.item()``/``.cpu()``: the call can be captured in a CUDA graph.
-
-    Source: semantics of :func:`mla_sink.core.reference.sparse_mla_decode_reference`.
+    Inputs are not validated here (:mod:`mla_sink.core.validate` does that for the public entry points).
     """
-    T, H, d_qk = q.shape
-    topk = indices.shape[1]
-    num_rows = kv_cache.shape[0]
-    device = q.device
-    if out is None:
-        out = torch.empty((T, H, D_V), dtype=out_dtype_for(DTYPE_KEYS[q.dtype]), device=device)
-    if lse is None:
-        lse = torch.empty((T, H), dtype=torch.float32, device=device)
-    if T == 0 or H == 0:
-        return out, lse
-    if sm_scale is None:
-        sm_scale = d_qk ** -0.5
-    if topk_length is not None:
-        topk_length = topk_length.contiguous()  # the kernel reads TOPK_LEN + t (unit stride)
+    import attrs
 
-    interp = device.type == "cpu"
-    plan = launch_plan(q, kv_cache, indices, logit_cap=logit_cap, num_kv_splits=num_kv_splits, config=config)
-    cfg, block_h, num_kv_splits, ids_per_split = plan.config, plan.block_h, plan.num_kv_splits, plan.ids_per_split
-    num_hb = triton.cdiv(H, block_h)
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.platform import detect_platform
+    from mla_sink.core.records import CallSpec
+    from mla_sink.paths.triton.plan import plan_triton_launch
 
-    # Kernels assume a unit stride on the last dim of q, kv_cache and indices (copy otherwise).
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if kv_cache.stride(-1) != 1:
-        kv_cache = kv_cache.contiguous()
-    if indices.stride(-1) != 1:
-        indices = indices.contiguous()
-    out_k = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
-    if plan.kernel != "portable" and _launch_gluon(plan.kernel, q, kv_cache, indices, sinks, sm_scale, topk_length,
-                                                   kv_scale, out_k, lse):
-        if out_k is not out:
-            out.copy_(out_k)
-        return out, lse
-    q_fnuz = q.dtype == torch.float8_e4m3fnuz
-    kv_fnuz = kv_cache.dtype == torch.float8_e4m3fnuz
-    q_k = q.view(torch.uint8) if q_fnuz else q
-    kv_k = kv_cache.view(torch.uint8) if kv_fnuz else kv_cache
+    spec = CallSpec(q_dtype=DTYPE_KEYS[q.dtype], kv_dtype=DTYPE_KEYS[kv_cache.dtype], num_heads=q.shape[1],
+                    topk=indices.shape[1], sinks=sinks is not None, need_lse=True, logit_cap=logit_cap)
+    platform = detect_platform(q.device)
+    plan = build_plan(spec, platform, path="triton")
+    launch = plan_triton_launch(arch=platform.arch, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype,
+                                num_heads=spec.num_heads, num_tokens=q.shape[0], topk=spec.topk,
+                                logit_cap=spec.logit_cap, gluon=platform.gluon and kernel != "portable",
+                                num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits)
+    if config is not None:
+        from mla_sink.paths.triton.plan import split_plan
 
-    dummy = lse
-    split = num_kv_splits > 1
-    if split:
-        part_out = torch.empty((T, num_kv_splits, H, D_V), dtype=torch.float32, device=device)
-        part_lse = torch.empty((T, num_kv_splits, H), dtype=torch.float32, device=device)
-    else:
-        part_out, part_lse = dummy, dummy
-    q_fp8 = q.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-    kv_fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-
-    f16 = kv_fp8 and cfg.fp8_f16
-    decode = interpreted("portable") if interp else portable_jit
-    combine = interpreted("combine") if interp else combine_jit
-    sinks_k = sinks if sinks is not None else dummy
-    with interpreter_stdlib() if interp else contextlib.nullcontext():
-        decode[(num_hb, num_kv_splits, T)](
-            q_k, kv_k, indices, sinks_k,
-            topk_length if topk_length is not None else dummy,
-            q_scale if q_fp8 else dummy,
-            kv_scale if kv_fp8 else dummy,
-            out_k, lse, part_out, part_lse,
-            float(sm_scale), float(logit_cap) if logit_cap > 0 else 1.0,
-            H, min(num_rows, 2 ** 31), topk, ids_per_split,
-            q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
-            out_k.stride(0), out_k.stride(1), lse.stride(0), lse.stride(1),
-            part_out.stride(0) if split else 0, part_out.stride(1) if split else 0,
-            part_out.stride(2) if split else 0,
-            part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
-            BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_V, D_ROPE=D_PE,
-            HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None, HAS_CAP=logit_cap > 0,
-            Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=q_fnuz, KV_FNUZ=kv_fnuz,
-            SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and q.dtype == torch.bfloat16,
-            FP8_BITS=f16 and cfg.fp8_bits and kv_cache.dtype == torch.float8_e4m3fn,
-            EVEN=topk_length is None and topk % cfg.block_n == 0,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-        if split:
-            cbh = min(cfg.combine_block_h, max(16, triton.next_power_of_2(H)))
-            cbd = min(cfg.combine_block_d, D_V)
-            combine[(triton.cdiv(H, cbh), T, D_V // cbd)](
-                part_out, part_lse, sinks_k, out_k, lse,
-                H, num_kv_splits,
-                part_out.stride(0), part_out.stride(1), part_out.stride(2),
-                part_lse.stride(0), part_lse.stride(1),
-                out_k.stride(0), out_k.stride(1), lse.stride(0), lse.stride(1),
-                BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=triton.next_power_of_2(num_kv_splits),
-                HAS_SINKS=sinks is not None,
-                num_warps=4, num_stages=1,
-            )
-    if out_k is not out:
-        out.copy_(out_k)
-    return out, lse
+        splits, ids = split_plan(config, q.shape[0], spec.num_heads, spec.topk, platform.num_sms or 1,
+                                 requested=num_kv_splits)
+        launch = attrs.evolve(launch, block_h=config.block_h_for(spec.num_heads), block_n=config.block_n,
+                              num_warps=config.num_warps, num_stages=config.num_stages, fp8_f16=config.fp8_f16,
+                              combine_block_h=config.combine_block_h, combine_block_d=config.combine_block_d,
+                              num_kv_splits=splits, ids_per_split=ids, kernel="portable")
+    plan = attrs.evolve(plan, num_tokens=q.shape[0], launch=launch)
+    x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=D_QK ** -0.5 if sm_scale is None else float(sm_scale), sinks=sinks, topk_length=topk_length,
+                     q_scale=q_scale, kv_scale=kv_scale, out=out, logit_cap=logit_cap)
+    return prepare_triton(plan, x)(x, lse)
 
 
 def combine_states_triton(
@@ -301,8 +412,8 @@ def combine_states_triton(
     *,
     out: torch.Tensor,
     lse: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge R sink-free partial states and apply the sink once, in one kernel (the split-KV combine).
+) -> Result:
+    """Merge R sink-free partial states and apply the sink once, in one kernel (the DCP merge).
 
     Args:
         part_out: ``[R, T, H, 512]`` partial outputs (fp32/bf16/fp16, innermost stride 1, any other
@@ -316,7 +427,13 @@ def combine_states_triton(
         ``(out, lse)``, with ``out = sum_r out_r exp(lse_r - lse) * sigmoid(lse - sink)``; rows empty in
         every part give ``out = 0``, ``lse = -inf``. Same algebra as :func:`mla_sink.core.lse.merge_states`
         followed by :func:`mla_sink.core.lse.apply_sink`, in one pass over the parts.
+
+    Raises:
+        ValueError: ``part_out`` / ``part_lse`` of the wrong shape or layout.
     """
+    from mla_sink.kernels.triton.combine import combine_jit
+    from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
+
     R, T, H, d = part_out.shape
     if d != D_V or part_out.stride(3) != 1 or tuple(part_lse.shape) != (R, T, H):
         raise ValueError(f"'part_out' must be [R, T, H, {D_V}] with innermost stride 1 and 'part_lse' [R, T, H] "
@@ -326,17 +443,17 @@ def combine_states_triton(
     lse2 = (part_lse.float() * LOG2E).permute(1, 0, 2).contiguous()  # [T, R, H], base 2 as the kernel keeps it
     interp = part_out.device.type == "cpu"
     combine = interpreted("combine") if interp else combine_jit
-    cbh = max(16, triton.next_power_of_2(H)) if interp else 16  # the interpreter prefers few, large programs
+    cbh = max(16, 1 << max(0, (H - 1).bit_length())) if interp else 16  # the interpreter prefers few, large programs
     cbd = D_V if interp else 128
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():
-        combine[(triton.cdiv(H, cbh), T, D_V // cbd)](
+        combine[(-(-H // cbh), T, D_V // cbd)](
             part_out, lse2, sinks if sinks is not None else dummy, out, lse,
             H, R,
             part_out.stride(1), part_out.stride(0), part_out.stride(2),
             lse2.stride(0), lse2.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=triton.next_power_of_2(R),
+            BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (R - 1).bit_length()),
             HAS_SINKS=sinks is not None,
             num_warps=4, num_stages=1,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Optional
 
 import attrs
 
@@ -169,3 +170,48 @@ def describe_launch(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_
                             gluon_ok=gluon_ok)
     return dict(row=cfg.row, params=dict(row.params), why=row.why, source=row.source, block_h=block_h,
                 num_kv_splits=splits, kernel=kernel)
+
+
+# ---- interim (replaced by the tuning-table planner of the h-kernels branch) ----------------------
+@attrs.frozen
+class TritonLaunch:
+    """How the ``triton`` path launches one call (interim form)."""
+
+    kernel: str
+    kernel_row: str
+    kernel_why: str
+    tuning_row: str
+    why: str
+    source: str
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    combine_block_h: int
+    combine_block_d: int
+    fp8_f16: bool
+    num_kv_splits: Optional[int]
+    ids_per_split: Optional[int]
+    rejected_kernels: tuple = ()
+    fallback: Optional[str] = None
+
+
+def plan_triton_launch(*, arch, q_dtype, kv_dtype, num_heads, num_tokens, topk, logit_cap, gluon, num_sms,
+                       num_kv_splits=None, failed={}):
+    cfg = triton_config(arch, q_dtype, kv_dtype, num_heads, num_tokens, topk)
+    row = next(r for r in _table().rows if r.id == cfg.row)
+    splits = ids = None
+    kernel = "portable"
+    fallback = None
+    if num_sms is not None or num_kv_splits is not None:
+        splits, ids = split_plan(cfg, num_tokens, num_heads, topk, num_sms or 1, requested=num_kv_splits)
+        kernel = kernel_for(cfg, device_type="cpu" if arch == "cpu" else "cuda", q_dtype=q_dtype, kv_dtype=kv_dtype,
+                            num_heads=num_heads, num_kv_splits=splits, logit_cap=logit_cap, gluon_ok=gluon)
+        if kernel in failed:
+            fallback = f"{kernel} failed to compile here: {failed[kernel]}"
+            kernel = "portable"
+    return TritonLaunch(kernel=kernel, kernel_row=cfg.row, kernel_why="", tuning_row=cfg.row, why=row.why,
+                        source=row.source, block_h=cfg.block_h_for(num_heads), block_n=cfg.block_n,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, combine_block_h=cfg.combine_block_h,
+                        combine_block_d=cfg.combine_block_d, fp8_f16=cfg.fp8_f16, num_kv_splits=splits,
+                        ids_per_split=ids, fallback=fallback)
