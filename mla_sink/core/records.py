@@ -76,7 +76,7 @@ def _finite_float(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"'{attribute.name}' must be a finite float (got {value!r})")
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # a cache key on every call: hash once
 class CallSpec:
     """Tensor-free description of one sparse MLA decode call.
 
@@ -147,7 +147,7 @@ def _version(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"'{attribute.name}' must be None or a PEP 440 version such as '0.1.19' (got {value!r})") from None
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Platform:
     """Where a call runs: the compile target and which kernel libraries are importable.
 

@@ -321,7 +321,15 @@ def plot(report: dict, path: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``mla-sink bench``: the DCP benchmark for ``--dcp > 1``, else :func:`run_bench` (exit 2 without a GPU)."""
+    """``mla-sink bench``: the host-cost benchmark with ``--host``, the DCP benchmark for ``--dcp > 1``,
+    else :func:`run_bench` (exit 2 without a GPU)."""
+    if args.host:
+        from mla_sink.tools.host_bench import cmd_host_bench
+
+        if not torch.cuda.is_available():
+            print("mla-sink bench --host needs a CUDA GPU", file=sys.stderr)
+            return 2
+        return cmd_host_bench(args)
     if args.dcp > 1:
         from mla_sink.tools import dcp_bench
 
@@ -354,5 +362,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=128, help="with --dcp: query heads H (default 128)")
     p.add_argument("--tokens", type=int, default=64, help="with --dcp: query tokens T (default 64)")
     p.add_argument("--topk", type=int, default=2048, help="with --dcp: ids per token (default 2048)")
+    p.add_argument("--host", action="store_true",
+                   help="host cost of one eager call (function, layer, operator; FlashMLA when importable) at "
+                        "T in {1, 2, 8}, H in {16, 128}, beside the GPU time (mla_sink.tools.host_bench)")
+    p.add_argument("--calls", type=int, default=200, help="with --host: back-to-back calls per timing")
+    p.add_argument("--repeats", type=int, default=7, help="with --host: timings; the median is reported")
     p.set_defaults(func=cmd_bench)
     return p

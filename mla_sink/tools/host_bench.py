@@ -1,0 +1,161 @@
+"""``mla-sink bench --host``: the host cost of one eager call, beside the GPU time of the same call.
+
+Method: for each case, ``calls`` back-to-back eager calls with one ``torch.cuda.synchronize()`` at the
+end, timed with ``time.perf_counter``; the per-call host cost is the wall time divided by ``calls``,
+the median of ``repeats`` such runs (after warm-up calls that compile and plan). While the GPU work of
+a call is shorter than its host cost, the GPU waits for the host and the wall time is the host cost;
+the GPU time of the same call (CUDA-graph replay, L2 flushed, :class:`mla_sink.tools.bench.GraphTimer`)
+is printed beside it so that the reader can see which one bounds the call. Entry points timed:
+``sparse_mla_decode`` (the function), ``SparseMLADecode`` (the layer, built once), the operator
+``torch.ops.mla_sink.sparse_mla_decode``, and FlashMLA's decode call ``flash_mla_with_kvcache`` on
+the same q, ids and sinks over a 656-byte FP8 cache when ``flash_mla`` is importable (a benchmark
+peer, never a dependency: see ``../shared/peers/README.md`` for how to build it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+#: the grid of the issue: T in {1, 2, 8} and H in {16, 128}, topk 2048, sinks on
+HOST_TOKENS = (1, 2, 8)
+HOST_HEADS = (16, 128)
+HOST_TOPK = 2048
+
+
+def host_us(fn: Callable[[], Any], *, calls: int, repeats: int, warmup: int = 3) -> float:
+    """Median over ``repeats`` of the wall time of ``calls`` back-to-back calls (one synchronize at
+    the end) divided by ``calls``, in microseconds."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(runs)
+
+
+def _flash_mla_decode(q, kv_bf16, indices, sinks, sm_scale) -> Optional[Callable[[], Any]]:
+    """FlashMLA's sparse FP8 decode on the same data (its own quantiser lays out the 656-byte rows), or
+    None when ``flash_mla`` is not importable."""
+    try:
+        import flash_mla
+    except ImportError:
+        return None
+    import importlib
+    import sys
+
+    T, H, _ = q.shape
+    block = 64
+    n = kv_bf16.shape[0] // block * block
+    try:
+        sys.path.insert(0, str(__import__("pathlib").Path(flash_mla.__file__).resolve().parents[1] / "tests"))
+        quant = importlib.import_module("quant")
+    finally:
+        sys.path.pop(0)
+    cache = quant.quantize_k_cache(kv_bf16[:n].view(n // block, block, 1, 576), quant.FP8KVCacheLayout.V32_FP8Sparse)
+    q4 = q.view(T, 1, H, 576)
+    idx4 = torch.where(indices < n, indices, -1).view(T, 1, -1)
+    sched, _ = flash_mla.get_mla_metadata()
+
+    def call():
+        return flash_mla.flash_mla_with_kvcache(q4, cache, None, None, 512, sched, None, sm_scale, False, True,
+                                                indices=idx4, attn_sink=sinks)
+
+    call()
+    return call
+
+
+def run_host_bench(args: argparse.Namespace) -> dict:
+    """Time the host cost of every entry point on the grid (see the module docstring).
+
+    Returns:
+        ``{"machine", "torch", "triton", "method", "cases": [{"name", "num_heads", "num_tokens", "topk",
+        "gpu_us", "kernel", "num_kv_splits", "host_us": {impl: us}}]}``.
+
+    Raises:
+        ValueError: ``--calls`` or ``--repeats`` < 1. RuntimeError: no CUDA GPU.
+    """
+    from mla_sink import SparseMLADecode, sparse_mla_decode
+    from mla_sink.api import execute  # noqa: F401  (registers the operators)
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.platform import detect_platform
+    from mla_sink.core.records import CallSpec
+    from mla_sink.tools.bench import GraphTimer
+
+    for flag in ("calls", "repeats"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"'--{flag}' must be >= 1 (got {getattr(args, flag)})")
+    if not torch.cuda.is_available():
+        raise RuntimeError("mla-sink bench --host needs a CUDA GPU")
+    import triton
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    pool = args.pool_rows
+    kv = (torch.randn(pool, 576, device=dev, generator=gen) * 0.5).to(torch.bfloat16)
+    platform = detect_platform(dev)
+    timer = GraphTimer(reps=10, replays=5)
+    cases = []
+    for H in HOST_HEADS:
+        sinks = torch.randn(H, device=dev, generator=gen).float()
+        layer = SparseMLADecode(num_heads=H, q_dtype="bf16", kv_dtype="bf16", topk=HOST_TOPK, sinks=sinks)
+        for T in HOST_TOKENS:
+            q = torch.randn(T, H, 576, device=dev, generator=gen).to(torch.bfloat16)
+            idx = torch.randint(0, pool, (T, HOST_TOPK), device=dev, generator=gen, dtype=torch.int32)
+            scale = 576 ** -0.5
+            impls: dict[str, Callable[[], Any]] = {
+                "sparse_mla_decode": lambda: sparse_mla_decode(q, kv, idx, sinks),
+                "SparseMLADecode": lambda: layer(q, kv, idx),
+                "torch.ops.mla_sink.sparse_mla_decode": lambda: torch.ops.mla_sink.sparse_mla_decode(
+                    q, kv, idx, sinks, scale, None, None, None, False, 0.0, ""),
+            }
+            peer = _flash_mla_decode(q, kv, idx, sinks, scale)
+            if peer is not None:
+                impls["flash_mla_with_kvcache"] = peer
+            host = {name: round(host_us(fn, calls=args.calls, repeats=args.repeats), 2) for name, fn in impls.items()}
+            plan = build_plan(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=HOST_TOPK, sinks=True),
+                              platform, num_tokens=T)
+            gpu = {"sparse_mla_decode": round(timer.time_us(impls["sparse_mla_decode"]), 2)}
+            if peer is not None:
+                gpu["flash_mla_with_kvcache"] = round(timer.time_us(peer), 2)
+            cases.append(dict(name=f"bf16-h{H}-t{T}-topk{HOST_TOPK}-sinks", num_heads=H, num_tokens=T, topk=HOST_TOPK,
+                              kernel=plan.launch.kernel, num_kv_splits=plan.launch.num_kv_splits,
+                              host_us=host, gpu_us=gpu))
+    return dict(machine=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
+                platform=str(platform), calls=args.calls, repeats=args.repeats,
+                method=__doc__.split("Method: ")[1].split("\n\n")[0].replace("\n", " "), cases=cases)
+
+
+def print_host_table(report: dict) -> None:
+    """One row per case: host us per eager call of each entry point, and the GPU time of the call."""
+    impls = sorted({k for c in report["cases"] for k in c["host_us"]}, key=lambda k: (k.startswith("flash"), k))
+    short = {"sparse_mla_decode": "function", "SparseMLADecode": "layer",
+             "torch.ops.mla_sink.sparse_mla_decode": "operator", "flash_mla_with_kvcache": "FlashMLA"}
+    print(f"{'case':<34}{'kernel':>10}{'splits':>7}" + "".join(f"{short.get(i, i):>11}" for i in impls)
+          + f"{'GPU us':>9}{'FlashMLA GPU':>14}")
+    for c in report["cases"]:
+        cells = "".join(f"{c['host_us'].get(i, float('nan')):>11.1f}" for i in impls)
+        print(f"{c['name']:<34}{c['kernel']:>10}{c['num_kv_splits']:>7}{cells}{c['gpu_us']['sparse_mla_decode']:>9.1f}"
+              f"{c['gpu_us'].get('flash_mla_with_kvcache', float('nan')):>14.1f}")
+    print("host us per eager call (back-to-back, one synchronize at the end, median of repeats); "
+          "GPU us: CUDA-graph replay, L2 flushed")
+
+
+def cmd_host_bench(args: argparse.Namespace) -> int:
+    """``mla-sink bench --host``: run, print the table, write ``--json`` when given."""
+    report = run_host_bench(args)
+    print_host_table(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
