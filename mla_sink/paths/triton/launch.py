@@ -37,6 +37,8 @@ D_ROPE = D_QK - D_V
 #: rows of a pool the kernels index with a 32-bit unsigned compare (ids are int32: larger pools are
 #: addressed with 64-bit offsets, but no id can exceed this)
 MAX_ROWS = 2 ** 31
+#: smallest head block of a Triton tile (``tl.dot`` needs M >= 16; the combine uses the same floor)
+MIN_BLOCK = 16
 #: Triton specialises pointer arguments on this alignment (bytes); a compiled kernel is reused only
 #: for tensors with the same alignment pattern.
 POINTER_ALIGN = 16
@@ -98,8 +100,9 @@ class CompiledLaunch:
             full[i] = a
         return full
 
-    def __call__(self, *args: Any) -> None:
-        align = tuple(a.data_ptr() % POINTER_ALIGN == 0 for a in args if isinstance(a, torch.Tensor))
+    def __call__(self, align: Any, *args: Any) -> None:
+        """Launch on ``args`` (the ``dynamic`` arguments in order); ``align`` is the caller's key of the
+        tensors' pointer alignment (:func:`alignment_key`)."""
         runner = self._runners.get(align) if FAST_LAUNCH else None
         if runner is not None:
             runner(*self._bind(args))
@@ -112,8 +115,24 @@ class CompiledLaunch:
             self._runners[align] = compiled[self.grid]
 
 
+def alignment_key(*tensors: Optional[torch.Tensor]) -> Any:
+    """``True`` when every given tensor's data pointer is a multiple of :data:`POINTER_ALIGN` (the common
+    case: one integer test), else the per-tensor pattern. Tensors the launcher allocates itself need not
+    be passed: the caching allocator aligns every block to 512 bytes."""
+    ptrs = [t.data_ptr() for t in tensors if t is not None]
+    mask = 0
+    for p in ptrs:
+        mask |= p
+    if mask % POINTER_ALIGN == 0:
+        return True
+    return tuple(p % POINTER_ALIGN == 0 for p in ptrs)
+
+
 @functools.lru_cache(maxsize=1024)
-def _compiled(kernel: str, grid: tuple, constexprs: tuple, options: tuple, dynamic: tuple, static: tuple) -> CompiledLaunch:
+def _compiled(kernel: str, dtypes: tuple, grid: tuple, constexprs: tuple, options: tuple, dynamic: tuple,
+              static: tuple) -> CompiledLaunch:
+    """One :class:`CompiledLaunch` per kernel, tensor dtypes (Triton specialises on them), grid, constexprs,
+    options and fixed scalars."""
     from mla_sink.kernels.triton.combine import combine_jit
     from mla_sink.kernels.triton.portable import portable_jit
 
@@ -170,8 +189,9 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     split = splits > 1
     q_fp8, kv_fp8 = spec.q_dtype in FP8_KEYS, spec.kv_dtype in FP8_KEYS
     f16 = kv_fp8 and launch.fp8_f16
-    # the interpreter truncates fp32 -> bf16: write fp32, let PyTorch round to nearest (as the GPU does)
-    stage_fp32 = interp and out_dtype == torch.bfloat16
+    # the interpreter truncates fp32 -> bf16 casts: the kernel writes fp32 and PyTorch rounds to nearest, as
+    # the GPU does (harmless for the other output dtypes, whose numpy casts round)
+    stage_fp32 = interp
     has_sinks, has_len, cap = x.sinks is not None, x.topk_length is not None, spec.logit_cap
     constexprs = dict(
         BLOCK_H=launch.block_h, BLOCK_N=launch.block_n, D_NOPE=D_V, D_ROPE=D_ROPE,
@@ -198,7 +218,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         stride_pt=splits * H * D_V if split else 0, stride_ps=H * D_V if split else 0,
         stride_ph=D_V if split else 0, stride_plt=splits * H if split else 0, stride_pls=H if split else 0,
     )
-    cbh = min(launch.combine_block_h, max(16, 1 << max(0, (H - 1).bit_length())))
+    cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
     cbd = min(launch.combine_block_d, D_V)
     combine_constexprs = dict(BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
                               HAS_SINKS=has_sinks)
@@ -212,9 +232,11 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         return functools.partial(_run_interpreted, constexprs=constexprs, static=static, grid=grid,
                                  combine=(combine_constexprs, combine_static, combine_grid) if split else None,
                                  out_dtype=out_dtype, stage_fp32=stage_fp32, splits=splits, cap_arg=cap_arg)
-    decode = _compiled("portable", grid, tuple(constexprs.items()), tuple(options.items()), _PORTABLE_DYNAMIC,
+    dtypes = tuple(None if t is None else t.dtype
+                   for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.q_scale, x.kv_scale, x.out))
+    decode = _compiled("portable", dtypes, grid, tuple(constexprs.items()), tuple(options.items()), _PORTABLE_DYNAMIC,
                        tuple(static.items()))
-    combine = _compiled("combine", combine_grid, tuple(combine_constexprs.items()),
+    combine = _compiled("combine", dtypes, combine_grid, tuple(combine_constexprs.items()),
                         (("num_warps", 4), ("num_stages", 1)), _COMBINE_DYNAMIC,
                         tuple(combine_static.items())) if split else None
     # fnuz is decoded from its bits inside the kernel (Triton has no fnuz type on NVIDIA or in numpy)
@@ -236,11 +258,12 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         else:
             part_out = part_lse = lse
         sinks = x.sinks if x.sinks is not None else lse
-        decode(q.view(torch.uint8) if q_bits else q, kv_cache, indices, sinks, topk_length if topk_length is not None else lse,
+        align = alignment_key(q, x.kv_cache, indices, x.sinks, topk_length, x.q_scale, x.kv_scale, x.out)
+        decode(align, q.view(torch.uint8) if q_bits else q, kv_cache, indices, sinks, topk_length if topk_length is not None else lse,
                x.q_scale if q_fp8 else lse, x.kv_scale if kv_fp8 else lse, out, lse, part_out, part_lse,
                x.sm_scale, cap_arg)
         if split:
-            combine(part_out, part_lse, sinks, out, lse)
+            combine(align, part_out, part_lse, sinks, out, lse)
         return out, lse
 
     return run
@@ -443,7 +466,8 @@ def combine_states_triton(
     lse2 = (part_lse.float() * LOG2E).permute(1, 0, 2).contiguous()  # [T, R, H], base 2 as the kernel keeps it
     interp = part_out.device.type == "cpu"
     combine = interpreted("combine") if interp else combine_jit
-    cbh = max(16, 1 << max(0, (H - 1).bit_length())) if interp else 16  # the interpreter prefers few, large programs
+    # the interpreter prefers few, large programs; on a GPU the combine tile of the tuning rows
+    cbh = max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())) if interp else MIN_BLOCK
     cbd = D_V if interp else 128
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():

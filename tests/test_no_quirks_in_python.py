@@ -1,0 +1,129 @@
+"""Quirks live in tables/ only: no arch name, dtype rule or head-count literal in the Python code.
+
+Scanned: every module of ``mla_sink/`` and ``dispatch/`` except the float64 reference (which defines
+the semantics). Comments and docstrings may name archs, dtypes and head counts; code may not:
+
+* an arch name (``gfx942``, ``sm90``, ...) in a string constant;
+* a dtype rule: a comparison (``==``, ``!=``, ``in``, ``not in``) against a dtype key (``"bf16"``,
+  ``"fp8_e4m3"``, ...) or a half/fp8 torch dtype (``torch.bfloat16``, ``torch.float8_e4m3fn``, ...);
+* a head-count literal: a comparison of a head count (a name with "head" in it, or ``H``) with an
+  integer other than 0 and 1, or such a literal given to ``min``/``max`` beside a head count.
+
+The tables say which arch, dtype and head count takes which path and kernel; the dtype vocabulary
+(``mla_sink/core/dtypes.py``) maps torch dtypes to the keys the tables use.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = sorted(p for d in ("mla_sink", "dispatch") for p in (ROOT / d).rglob("*.py")
+                 if p.relative_to(ROOT).as_posix() != "mla_sink/core/reference.py")
+ARCH = re.compile(r"^(gfx\d{2,4}[a-z]?|sm_?\d{2,3}[a-z]?)$")
+DTYPE_KEYS = {"bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz"}
+TORCH_DTYPES = {"bfloat16", "float16", "half", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
+HEAD = re.compile(r"(^H$|head)", re.IGNORECASE)
+
+
+def _docstrings(tree: ast.AST) -> set:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = getattr(node, "body", [])
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def _names(node: ast.AST) -> set:
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+    return out
+
+
+def _constants(node: ast.AST) -> list:
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [c for e in node.elts for c in _constants(e)]
+    return [node]
+
+
+def _is_dtype_literal(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value in DTYPE_KEYS
+    return (isinstance(node, ast.Attribute) and node.attr in TORCH_DTYPES and isinstance(node.value, ast.Name)
+            and node.value.id == "torch")
+
+
+def _is_count(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Constant) and type(node.value) is int and node.value not in (0, 1)) or (
+        isinstance(node, ast.UnaryOp) and _is_count(node.operand))
+
+
+def _is_head(node: ast.AST) -> bool:
+    return any(HEAD.search(n) for n in _names(node))
+
+
+def findings(path: Path) -> list[str]:
+    """``file:line: what`` for every quirk written in the code of ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docs = _docstrings(tree)
+    rel = path.relative_to(ROOT).as_posix()
+    found = []
+    for node in ast.walk(tree):
+        where = f"{rel}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            for word in re.findall(r"[A-Za-z0-9_]+", node.value):
+                if ARCH.match(word) and node.value.strip() == word:
+                    found.append(f"{where}: arch name {word!r}")
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            consts = [c for s in sides for c in _constants(s)]
+            if any(_is_dtype_literal(c) for c in consts):
+                found.append(f"{where}: dtype rule {ast.unparse(node)!r}")
+            if any(_is_count(c) for c in consts) and any(_is_head(s) for s in sides if not _is_count(s)):
+                found.append(f"{where}: head-count literal {ast.unparse(node)!r}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+            if any(_is_count(a) for a in node.args) and any(_is_head(a) for a in node.args if not _is_count(a)):
+                found.append(f"{where}: head-count literal {ast.unparse(node)!r}")
+    return found
+
+
+def test_the_scan_sees_the_package():
+    assert len(SCANNED) > 30 and any(p.name == "plan.py" for p in SCANNED)
+
+
+def test_the_scan_catches_each_kind_of_quirk(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""gfx942 in a docstring is fine."""\n'
+                   'def f(arch, q_dtype, num_heads, q):\n'
+                   '    """sm90, bf16 and 16 heads may be named here."""\n'
+                   '    a = arch == "gfx950"\n'
+                   '    b = q_dtype in ("bf16", "fp16")\n'
+                   '    c = q.dtype == torch.float8_e4m3fnuz\n'
+                   '    d = num_heads <= 16\n'
+                   '    e = max(num_heads, 16)\n'
+                   '    return a, b, c, d, e, num_heads > 0\n')
+    import tests.test_no_quirks_in_python as me
+
+    old = me.ROOT
+    me.ROOT = tmp_path
+    try:
+        got = findings(bad)
+    finally:
+        me.ROOT = old
+    kinds = [g.split(": ", 1)[1].split(" ")[0] for g in got]
+    assert kinds.count("arch") == 1 and kinds.count("dtype") == 2 and kinds.count("head-count") == 2, got
+
+
+@pytest.mark.parametrize("path", SCANNED, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_quirk_in_python(path):
+    assert findings(path) == []
