@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from typing import Any
 
 from .schema import format_value
@@ -30,7 +32,7 @@ def default_key(selection: Selection) -> str:
     return ", ".join(f"{k}={format_value(v)}" for k, v in selection.values.items())
 
 
-def explain(selection: Selection, *, key: str | None = None) -> str:
+def explain(selection: Selection, *, key: str | None = None, details: Sequence[str] = ()) -> str:
     """Render a selection as text: the winner (or refusal), then every rejected row.
 
     Example::
@@ -45,6 +47,8 @@ def explain(selection: Selection, *, key: str | None = None) -> str:
         selection: The result of ``RuleTable.select``.
         key: Header line, e.g. a call's canonical key; defaults to
             ``field=value, ...``.
+        details: Lines the application adds about the chosen result (printed after its why and
+            source, before the rejected rows), e.g. how the chosen path will be launched.
 
     Returns:
         Multi-line text (no trailing newline).
@@ -61,6 +65,7 @@ def explain(selection: Selection, *, key: str | None = None) -> str:
     if row is not None:
         lines.append(f"    why: {row.why}")
         lines.append(f"    source: {row.source}")
+    lines.extend(details)
     for rejected, fails in selection.rejected:
         lines.append(f"  ✗ {rejected.id}: " + "; ".join(str(f) for f in fails))
     return "\n".join(lines)

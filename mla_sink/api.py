@@ -291,9 +291,14 @@ def _meta(t: Any) -> Any:
     return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad)
 
 
+_FakeTensor = torch._subclasses.fake_tensor.FakeTensor
+
+
 def _fake(t: Any) -> bool:
-    """Whether ``t`` has no data to compute on (meta device, or a FakeTensor outside torch.compile)."""
-    return t.device.type == "meta" or isinstance(t, torch._subclasses.fake_tensor.FakeTensor)
+    """Whether ``t`` has no data to compute on: a meta tensor, or a FakeTensor (``FakeTensorMode``
+    outside ``torch.compile``). Such calls go through the operator, whose fake implementation infers the
+    output shapes."""
+    return isinstance(t, torch.Tensor) and (t.is_meta or (type(t) is not torch.Tensor and isinstance(t, _FakeTensor)))
 
 
 def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],
@@ -315,6 +320,8 @@ def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platfo
     """
     if torch.compiler.is_compiling():
         return _traced(x, spec, need_lse, platform, path)
+    if _fake(x.q):
+        return _traced(x, spec, need_lse, platform, path)
     try:
         key = (_meta(x.q), _meta(x.kv_cache), _meta(x.indices), _meta(x.sinks), _meta(x.topk_length),
                _meta(x.q_scale), _meta(x.kv_scale), _meta(x.out), x.logit_cap, need_lse, spec, platform, path,
@@ -323,8 +330,6 @@ def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platfo
     except (AttributeError, TypeError):  # not tensors, or unhashable options: the full checks say what is wrong
         key = prepared = None
     if prepared is None:
-        if isinstance(x.q, torch.Tensor) and _fake(x.q):
-            return _call_op(x, need_lse or (spec is not None and spec.need_lse), path)
         prepared = _prepare_call(x, spec, need_lse, platform, path)
         if key is not None:
             with _PREPARED_LOCK:

@@ -37,7 +37,9 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
     else:
         aiter = None if args.aiter.lower() in ("none", "no", "absent", "") else args.aiter
     triton = here.triton if args.triton is None else args.triton
-    return Platform(arch=arch, aiter_version=aiter, triton=triton)
+    gluon = here.gluon if arch == here.arch and args.triton is None else None  # None: as triton
+    sms = args.sms if getattr(args, "sms", None) is not None else _local_sms(arch)
+    return Platform(arch=arch, aiter_version=aiter, triton=triton, gluon=gluon, num_sms=sms)
 
 
 def _spec_from_args(args: argparse.Namespace) -> CallSpec:
@@ -68,8 +70,9 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from mla_sink import dispatch
-
-    from mla_sink.core.select import select
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.select import NoKernelError, select
+    from mla_sink.tools.explain import launch_lines, plan_to_dict
 
     if args.tokens < 1:
         raise ValueError(f"'--tokens' must be >= 1 (got {args.tokens})")
@@ -92,72 +95,28 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             print(f"{key}\n  → reference   (forced: the float64 reference runs anywhere; no row consulted)")
         return 0
     sel = select(spec, platform, path=args.path)
-    launch = _triton_launch(args, spec, platform) if sel.path == "triton" and not sel.refused else None
+    try:
+        plan = build_plan(spec, platform, num_tokens=args.tokens, path=args.path)
+    except NoKernelError:
+        plan = None
     if args.json:
-        doc = dispatch.selection_to_dict(sel)
-        doc.update(key=key, spec=attrs.asdict(spec), platform=attrs.asdict(platform), need_lse=spec.need_lse)
-        if launch is not None:
-            doc["triton_launch"] = launch
+        if plan is None:
+            doc = dispatch.selection_to_dict(sel)
+            doc.update(key=key, spec=attrs.asdict(spec), platform=attrs.asdict(platform), need_lse=spec.need_lse)
+        else:
+            doc = plan_to_dict(plan, sel)
         print(json.dumps(doc, indent=2, default=str))
     else:
-        text = dispatch.explain(sel, key=key)
-        if launch is not None:
-            lines = text.split("\n")
-            cut = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("✗")), len(lines))
-            text = "\n".join(lines[:cut] + _launch_lines(launch, args.tokens) + lines[cut:])
-        print(text)
-    return 2 if (sel.refused or sel.path is None) else 0
+        print(dispatch.explain(sel, key=key, details=launch_lines(plan) if plan is not None else ()))
+    return 2 if plan is None else 0
 
 
 def _local_sms(arch: str):
     """This machine's SM count when its GPU is of ``arch`` (1 for ``cpu``: the interpreter), else None."""
-    if arch == "cpu":
-        return 1
-    try:
-        import torch
+    from mla_sink.core.platform import detect_platform
 
-        from mla_sink.core.platform import arch_of
-
-        if torch.cuda.is_available() and arch_of(torch.device("cuda")) == arch:
-            return torch.cuda.get_device_properties(0).multi_processor_count
-    except Exception:  # noqa: BLE001 - explain never fails for want of a GPU
-        pass
-    return None
-
-
-def _triton_launch(args: argparse.Namespace, spec: CallSpec, platform: Platform):
-    """The Triton launch of the call (tuning row, split count, kernel), or None without a tuning row."""
-    try:
-        from mla_sink.paths.triton.plan import describe_launch
-    except ImportError:  # pragma: no cover - Triton missing: the path would not have been chosen
-        return None
-    sms = args.sms if args.sms is not None else _local_sms(platform.arch)
-    try:
-        return dict(describe_launch(platform.arch, spec.q_dtype, spec.kv_dtype, spec.num_heads, args.tokens,
-                                    spec.topk, num_sms=sms, logit_cap=spec.logit_cap), num_sms=sms,
-                    num_tokens=args.tokens)
-    except LookupError:
-        return None
-
-
-KERNEL_FILES = {
-    "portable": "mla_sink/kernels/triton/portable.py",
-    "gluon_ws": "warp-specialised, mla_sink/kernels/gluon/gluon_ws.py",
-    "gluon_fp8": "warp-specialised, mla_sink/kernels/gluon/gluon_fp8.py",
-}
-
-
-def _launch_lines(launch: dict, tokens: int) -> list:
-    params = " ".join(f"{k}={v}" for k, v in launch["params"].items())
-    lines = [f"  triton launch at T={tokens}: tuning row {launch['row']} (tables/triton_tuning.yaml): {params}",
-             f"    why: {launch['why']}"]
-    if launch["num_sms"] is None:
-        lines.append("    splits and kernel depend on the SM count: pass --sms N")
-    else:
-        where = "on the CPU (interpreter)" if launch["row"] == "cpu_interpreter" else f"on {launch['num_sms']} SMs"
-        lines.append(f"    {where}: {launch['num_kv_splits']} KV split(s), kernel {launch['kernel']} "
-                     f"({KERNEL_FILES[launch['kernel']]})")
-    return lines
+    here = detect_platform()
+    return here.num_sms if here.arch == arch else None
 
 
 MATRIX_PLATFORMS = (

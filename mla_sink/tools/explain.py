@@ -1,0 +1,81 @@
+"""Print a :class:`~mla_sink.core.plan.LaunchPlan` (``mla-sink explain`` and ``mla-sink info``).
+
+The text and the JSON are made from the plan record alone: the rule table's selection (path, row,
+grouped rejections: :func:`mla_sink.dispatch.explain`) and the path's launch (the Triton kernel, tiles
+and split count with the tuning rows that chose them, or the AITER call).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import attrs
+
+#: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
+KERNEL_FILES = {
+    "portable": "mla_sink/kernels/triton/portable.py",
+    "gluon_ws": "mla_sink/kernels/gluon/gluon_ws.py",
+    "gluon_fp8": "mla_sink/kernels/gluon/gluon_fp8.py",
+}
+
+
+def launch_lines(plan: Any) -> list[str]:
+    """The lines that describe ``plan.launch`` (empty for the reference or a token-free plan)."""
+    launch = plan.launch
+    if plan.path == "triton" and launch is not None:
+        return _triton_lines(plan, launch)
+    if plan.path.startswith("aiter") and plan.num_tokens is not None:
+        if launch is None:
+            return [f"  aiter call at T={plan.num_tokens}: none (no tokens)"]
+        lines = [f"  aiter call at T={plan.num_tokens}: {launch}"]
+        if getattr(launch, "num_kv_splits", 0) is None and "min_kv_splits" in plan.params:
+            lines.append(f"    split count: max(AITER's own heuristic, {plan.params['min_kv_splits']}), asked from "
+                         "AITER when the plan is made on a machine where it is importable")
+        return lines
+    return []
+
+
+def _triton_lines(plan: Any, launch: Any) -> list[str]:
+    T = plan.num_tokens
+    sms = plan.platform.num_sms
+    where = f"on {sms} SM(s)" if sms is not None else "SM count unknown"
+    lines = [f"  triton launch at T={T} ({where}): kernel {launch.kernel} ({KERNEL_FILES.get(launch.kernel, '?')})"]
+    if launch.num_kv_splits is None:
+        lines.append("    splits and kernel depend on the SM count: pass --sms N")
+    else:
+        lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids; "
+                     f"BLOCK_H={launch.block_h} BLOCK_N={launch.block_n} num_warps={launch.num_warps} "
+                     f"num_stages={launch.num_stages}")
+    lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")
+    if launch.kernel_row != launch.tuning_row:
+        lines.append(f"    kernel: row {launch.kernel_row}: {launch.kernel_why}")
+    for row_id, reason in getattr(launch, "rejected_kernels", ()):
+        lines.append(f"    ✗ {row_id}: {reason}")
+    if launch.fallback:
+        lines.append(f"    fallback: {launch.fallback}")
+    return lines
+
+
+def _plain(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return {k: _plain(v) for k, v in attrs.asdict(value, recurse=False).items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
+    """The plan record as JSON-ready data (``launch`` included), with the rule table's selection when given."""
+    from mla_sink import dispatch
+    from mla_sink.core.records import call_key
+
+    doc = dict(key=call_key(plan.spec, plan.platform), path=plan.path, row=plan.row_id, params=_plain(plan.params),
+               num_tokens=plan.num_tokens, spec=_plain(plan.spec), platform=_plain(plan.platform),
+               need_lse=plan.spec.need_lse, launch=_plain(plan.launch), refused=False)
+    if plan.launch is not None and plan.path == "triton":
+        doc["launch"]["kernel_file"] = KERNEL_FILES.get(plan.launch.kernel)
+    if selection is not None:
+        doc["selection"] = dispatch.selection_to_dict(selection)
+    return doc

@@ -1,0 +1,147 @@
+"""The one execute: validation and planning once per call signature, the plan record, guarded run(),
+shape inference on fake and meta tensors, and the Gluon compile-failure fallback as planning data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mla_sink.api as api
+from mla_sink import CallSpec, DecodeInputs, Platform, SparseMLADecode, run, sparse_mla_decode
+from mla_sink.core import plan as plan_mod
+from mla_sink.core.plan import build_plan
+from mla_sink.core.reference import sparse_mla_decode_reference
+
+pytestmark = pytest.mark.interpreter
+
+
+def _case(T=2, H=4, N=64, topk=16, dtype=torch.float16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, 576, generator=g).to(dtype)
+    kv = torch.randn(N, 576, generator=g).to(dtype)
+    idx = torch.randint(-2, N + 3, (T, topk), generator=g, dtype=torch.int32)
+    sinks = torch.randn(H, generator=g)
+    return q, kv, idx, sinks
+
+
+def test_a_signature_is_validated_and_planned_once(monkeypatch):
+    q, kv, idx, sinks = _case(seed=1)
+    api.forget_prepared_calls()
+    calls = []
+    real = api._prepare_call
+    monkeypatch.setattr(api, "_prepare_call", lambda *a: calls.append(a) or real(*a))
+    first = sparse_mla_decode(q, kv, idx, sinks)
+    q2 = torch.randn_like(q.float()).to(q.dtype)  # same signature, new values
+    second = sparse_mla_decode(q2, kv, idx, sinks)
+    assert len(calls) == 1
+    ref = sparse_mla_decode_reference(q2, kv, idx, sinks)
+    torch.testing.assert_close(second[0].double(), ref[0], atol=2e-3, rtol=2e-3)
+    assert not torch.equal(first[0], second[0])
+    sparse_mla_decode(q[:1], kv, idx[:1], sinks)  # another T: another signature
+    assert len(calls) == 2
+
+
+def test_a_cached_signature_still_refuses_out_overlapping_an_input():
+    q, kv, idx, sinks = _case(seed=2)
+    out = torch.empty(2, 4, 512, dtype=torch.float16)
+    sparse_mla_decode(q, kv, idx, sinks, out=out)
+    ws = torch.empty(2 * 4 * 576 + 16, dtype=torch.float16)
+    q_in_ws = ws[: 2 * 4 * 576].view(2, 4, 576).copy_(q)
+    out_in_ws = ws[: 2 * 4 * 512].view(2, 4, 512)  # same shape/strides as `out`: the signature is cached
+    with pytest.raises(ValueError, match="'out' must not share memory with 'q'"):
+        sparse_mla_decode(q_in_ws, kv, idx, sinks, out=out_in_ws)
+
+
+def test_the_plan_record_is_complete_and_cached():
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=128, topk=2048, sinks=True)
+    sm90 = Platform("sm90", num_sms=132)
+    plan = build_plan(spec, sm90, num_tokens=256)
+    assert plan is build_plan(spec, sm90, num_tokens=256)
+    assert plan.path == "triton" and plan.num_tokens == 256
+    assert plan.launch.kernel == "gluon_ws" and plan.launch.num_kv_splits == 1
+    small = build_plan(spec, sm90, num_tokens=2)
+    assert small.launch.kernel == "portable" and small.launch.num_kv_splits > 1
+    open_ = build_plan(spec, Platform("sm90"), num_tokens=2)  # SM count unknown: splits left open
+    assert open_.launch.num_kv_splits is None
+
+
+def test_a_gluon_compile_failure_is_planning_data(monkeypatch):
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=128, topk=2048, sinks=True)
+    sm90 = Platform("sm90", num_sms=132)
+    monkeypatch.setattr(plan_mod, "_FAILED_KERNELS", {})
+    plan_mod._build_plan_cached.cache_clear()
+    assert build_plan(spec, sm90, num_tokens=256).launch.kernel == "gluon_ws"
+    plan_mod.mark_kernel_failed("gluon_ws", "CompilationError: no such op")
+    after = build_plan(spec, sm90, num_tokens=256)
+    assert after.launch.kernel == "portable"
+    assert "gluon_ws" in after.launch.fallback and "no such op" in after.launch.fallback
+    plan_mod._build_plan_cached.cache_clear()
+
+
+@pytest.mark.parametrize("spec, inputs, match", [
+    ({"q_dtype": "bf16"}, None, "'spec' must be a mla_sink.CallSpec"),
+    (None, {"logit_cap": "3"}, "'inputs.logit_cap' must be a finite float"),
+    (None, {"logit_cap": float("nan")}, "'inputs.logit_cap' must be a finite float"),
+    (None, {"logit_cap": True}, "'inputs.logit_cap' must be a finite float"),
+    (None, {"sm_scale": "0.1"}, "'inputs.sm_scale'"),
+])
+def test_run_is_as_guarded_as_the_function(spec, inputs, match):
+    q, kv, idx, sinks = _case(seed=3)
+    good = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=16, sinks=True)
+    x = DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=0.05, sinks=sinks)
+    if inputs:
+        x = x._replace(**inputs)
+    with pytest.raises(ValueError, match=match):
+        run(spec if spec is not None else good, x)
+
+
+def test_run_takes_a_mapping_and_the_layer_matches_the_function():
+    q, kv, idx, sinks = _case(seed=4)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=16, sinks=True)
+    out, lse = run(spec, {"q": q, "kv_cache": kv, "indices": idx, "sinks": sinks})
+    layer = SparseMLADecode(num_heads=4, q_dtype="fp16", kv_dtype="fp16", topk=16, sinks=sinks)
+    lo, ll = layer(q, kv, idx)
+    fo, fl = sparse_mla_decode(q, kv, idx, sinks)
+    assert torch.equal(out, lo) and torch.equal(out, fo) and torch.equal(lse, ll)
+
+
+def test_shape_inference_under_fake_tensor_mode_outside_compile():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(3, 5, 576, dtype=torch.bfloat16)
+        kv = torch.empty(100, 576, dtype=torch.bfloat16)
+        idx = torch.empty(3, 32, dtype=torch.int32)
+        sinks = torch.empty(5, dtype=torch.float32)
+        out, lse = sparse_mla_decode(q, kv, idx, sinks)
+        assert out.shape == (3, 5, 512) and out.dtype == torch.bfloat16 and lse.shape == (3, 5)
+        out2, none = sparse_mla_decode(q, kv, idx)
+        assert out2.shape == (3, 5, 512) and none is None
+
+
+def test_shape_inference_on_the_meta_device():
+    q = torch.empty(3, 5, 576, dtype=torch.float16, device="meta")
+    kv = torch.empty(100, 576, dtype=torch.float16, device="meta")
+    idx = torch.empty(3, 32, dtype=torch.int32, device="meta")
+    out, lse = sparse_mla_decode(q, kv, idx, return_lse=True)
+    assert out.device.type == "meta" and out.shape == (3, 5, 512) and lse.shape == (3, 5)
+
+
+def test_cpu_bf16_output_is_rounded_to_nearest_like_the_gpu():
+    # one id, one head: out = v exactly in fp32, so the bf16 result must be v rounded to nearest
+    g = torch.Generator().manual_seed(5)
+    v = torch.randn(1, 576, generator=g, dtype=torch.float64)
+    q = torch.zeros(1, 1, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(1, 16, dtype=torch.int32) - 1
+    idx[0, 0] = 0
+    kv32 = (v.float() * (1 + 2 ** -9)).to(torch.bfloat16)  # values exact in bf16
+    # fp16 kv carries more mantissa than bf16 cannot be used with bf16 q: use bf16 rows whose sum of two
+    # equal-weight rows lands between two bf16 values
+    kv = torch.stack([kv32[0], torch.nextafter(kv32[0].float(), torch.full_like(kv32[0].float(), math.inf)).to(torch.bfloat16)])
+    idx[0, 1] = 1
+    out, _ = sparse_mla_decode(q, kv, idx, path="triton")
+    exact = (kv[0].double() + kv[1].double()) / 2  # q = 0: equal weights
+    expected = exact[:512].float().to(torch.bfloat16)  # PyTorch rounds to nearest even
+    assert torch.equal(out[0, 0], expected)
