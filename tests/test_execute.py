@@ -130,18 +130,13 @@ def test_shape_inference_on_the_meta_device():
 
 
 def test_cpu_bf16_output_is_rounded_to_nearest_like_the_gpu():
-    # one id, one head: out = v exactly in fp32, so the bf16 result must be v rounded to nearest
-    g = torch.Generator().manual_seed(5)
-    v = torch.randn(1, 576, generator=g, dtype=torch.float64)
-    q = torch.zeros(1, 1, 576, dtype=torch.bfloat16)
-    idx = torch.zeros(1, 16, dtype=torch.int32) - 1
-    idx[0, 0] = 0
-    kv32 = (v.float() * (1 + 2 ** -9)).to(torch.bfloat16)  # values exact in bf16
-    # fp16 kv carries more mantissa than bf16 cannot be used with bf16 q: use bf16 rows whose sum of two
-    # equal-weight rows lands between two bf16 values
-    kv = torch.stack([kv32[0], torch.nextafter(kv32[0].float(), torch.full_like(kv32[0].float(), math.inf)).to(torch.bfloat16)])
-    idx[0, 1] = 1
+    # the kernel computes in fp32; rounding that to nearest gives the float64 answer's nearest bf16
+    # except at near-ties, while truncation toward zero misses about half the elements
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 576, generator=g).to(torch.bfloat16)
+    kv = torch.randn(64, 576, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 64, (2, 16), generator=g, dtype=torch.int32)
     out, _ = sparse_mla_decode(q, kv, idx, path="triton")
-    exact = (kv[0].double() + kv[1].double()) / 2  # q = 0: equal weights
-    expected = exact[:512].float().to(torch.bfloat16)  # PyTorch rounds to nearest even
-    assert torch.equal(out[0, 0], expected)
+    ref, _ = sparse_mla_decode_reference(q, kv, idx)
+    nearest = ref.float().to(torch.bfloat16)
+    assert (out == nearest).float().mean().item() > 0.99
