@@ -176,7 +176,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from mla_sink.core.platform import detect_platform
 
     platform = detect_platform()
-    print(f"platform: {platform}  (arch={platform.arch}, aiter={platform.aiter_version}, triton={platform.triton})")
+    print(f"platform: {platform}  (arch={platform.arch}, aiter={platform.aiter_version}, triton={platform.triton}, "
+          f"gluon={platform.gluon}, num_sms={platform.num_sms})")
     for name in ("torch", "triton", "aiter", "amd-aiter"):
         try:
             print(f"  {name} {importlib.metadata.version(name)}")
@@ -187,7 +188,30 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print("paths:")
     for path, ok, reason in path_availability(platform):
         print(f"  {'✓' if ok else '✗'} {path:<26} {reason}")
+    _print_default_plan(platform)
     return 0
+
+
+def _print_default_plan(platform: Platform) -> None:
+    """The plan record of the demo's default call on this platform (what ``mla-sink demo`` runs)."""
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.select import NoKernelError
+    from mla_sink.tools.demo import add_demo_arguments
+    from mla_sink.tools.explain import launch_lines
+
+    demo = argparse.ArgumentParser()
+    add_demo_arguments(demo)
+    d = demo.parse_args([])
+    spec = CallSpec(q_dtype=d.dtype, kv_dtype=d.kv_dtype or d.dtype, num_heads=d.heads, topk=d.topk, sinks=not d.no_sinks)
+    print(f"plan of the demo's call ({call_key(spec, platform)}, T={d.tokens}):")
+    try:
+        plan = build_plan(spec, platform, num_tokens=d.tokens)
+    except NoKernelError as e:
+        print("  refused: " + e.explanation.splitlines()[1].strip())
+        return
+    print(f"  → {plan.path}   (row {plan.row_id})")
+    for line in launch_lines(plan):
+        print(line)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
