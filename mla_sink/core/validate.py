@@ -144,10 +144,11 @@ def check_sm_scale(sm_scale: float) -> None:
 
     Why these bounds: every kernel takes ``sm_scale`` as an fp32 argument and folds ``log2(e)`` into it
     (its softmax runs in base 2): ``sm_scale * log2(e)`` must be a finite normal fp32. Above
-    ``fp32 max / log2(e)`` (about 2.36e38) it overflows to ``inf`` and the whole output is NaN; below
-    2^-126 (the smallest normal fp32) a GPU may flush it to 0. ``[2^-126, 2^126]`` is the power-of-two
+    ``fp32 max / log2(e)`` (about 2.36e38) it overflows to ``inf`` and the whole output is NaN (measured
+    with 3e38 on the ``triton`` path); below 2^-126 it is a subnormal fp32, which loses significant bits
+    and is 0 wherever a kernel is compiled to flush denormals. ``[2^-126, 2^126]`` is the power-of-two
     range where the value, its reciprocal and its product with ``log2(e)`` are all finite normal fp32
-    numbers, on every path (the float64 reference would take more, which no kernel could match).
+    numbers, so every path gives the same answer (the float64 reference alone would take more).
     """
     if (isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale)
             or not _in_scalar_range(sm_scale)):
@@ -160,8 +161,9 @@ def check_logit_cap(logit_cap: float) -> float:
 
     Why these bounds: the kernels take the cap as fp32, divide the scaled score by it and multiply
     ``cap * tanh(s / cap)`` by ``log2(e)``: a cap above the largest fp32 becomes ``inf`` there
-    (``inf * 0`` = NaN output), one above ``fp32 max / log2(e)`` overflows in the product, one below the
-    smallest normal fp32 may be flushed to 0. The range is that of :func:`check_sm_scale`.
+    (``inf * 0`` = NaN output, measured with 3.5e38 on the ``triton`` path), one above
+    ``fp32 max / log2(e)`` overflows in the product, one below the smallest normal fp32 is subnormal.
+    The range is that of :func:`check_sm_scale`.
     """
     if isinstance(logit_cap, bool) or not isinstance(logit_cap, numbers.Real) or not math.isfinite(logit_cap):
         raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
