@@ -11,14 +11,20 @@ import torch
 
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton
 
-H = int(sys.argv[1]) if len(sys.argv) > 1 else 128
-T = int(sys.argv[2]) if len(sys.argv) > 2 else 256
-torch.manual_seed(0)
-pool = torch.randn(3_500_000, 576, device="cuda", dtype=torch.bfloat16)
-q = torch.randn(T, H, 576, device="cuda", dtype=torch.bfloat16)
-idx = torch.randint(0, pool.shape[0], (T, 2048), device="cuda", dtype=torch.int32)
-sinks = torch.randn(H, device="cuda")
-for _ in range(2):  # the first launch compiles; ncu profiles the second
-    out, lse = sparse_mla_decode_triton(q, pool, idx, sinks)
-torch.cuda.synchronize()
-print("ok", out.shape, float(lse[0, 0]))
+
+def main() -> None:
+    H = int(sys.argv[1]) if len(sys.argv) > 1 else 128
+    T = int(sys.argv[2]) if len(sys.argv) > 2 else 256
+    torch.manual_seed(0)
+    pool = torch.randn(3_500_000, 576, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(T, H, 576, device="cuda", dtype=torch.bfloat16)
+    idx = torch.randint(0, pool.shape[0], (T, 2048), device="cuda", dtype=torch.int32)
+    sinks = torch.randn(H, device="cuda")
+    for _ in range(2):  # the first launch compiles; ncu profiles the second
+        out, lse = sparse_mla_decode_triton(q, pool, idx, sinks)
+    torch.cuda.synchronize()
+    print("ok", out.shape, float(lse[0, 0]))
+
+
+if __name__ == "__main__":
+    main()

@@ -157,3 +157,46 @@ def test_argparse_errors_are_one_line(argv, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert len(err.strip().splitlines()) == 1 and "error: argument" in err and "usage:" not in err
+
+
+def test_version(capsys):
+    import re
+    from pathlib import Path
+
+    import mla_sink
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mla-sink {mla_sink.__version__}"
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == mla_sink.__version__
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["bench", "--dcp", "0"], "'--dcp' must be an int >= 1 (got 0)"),
+    (["bench", "--reps", "0"], "'--reps' must be an int >= 1 (got 0)"),
+    (["bench", "--replays", "-2"], "'--replays' must be an int >= 1 (got -2)"),
+    (["bench", "--pool-rows", "0"], "'--pool-rows' must be an int >= 1 (got 0)"),
+    (["bench", "--dcp", "2", "--tokens", "0"], "'--tokens' must be an int >= 1 (got 0)"),
+    (["bench", "--peer-max-tokens", "-1"], "'--peer-max-tokens' must be an int >= 0 (got -1)"),
+])
+def test_bench_flag_values_are_checked_before_the_gpu(argv, text, capsys):
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"error: {text}" and "GPU" not in err
+
+
+def test_demo_prints_one_key_for_the_call(capsys):
+    from mla_sink.core.describe import describe
+    from mla_sink.core.records import call_key
+    from mla_sink.tools.demo import make_inputs
+
+    for extra in ([], ["--path", "reference"]):
+        code, out = run_cli(capsys, "demo", "--device", "cpu", "--tokens", "2", "--topk", "64", "--pool", "256", *extra)
+        assert code == 0
+        x = make_inputs(2, 16, 64, 256, "bf16", "bf16", "cpu", True)
+        spec, platform = describe(x["q"], x["kv_cache"], x["indices"], x["sinks"], return_lse=True)
+        key = call_key(spec, platform)
+        assert out.count(key) == 1 and out.splitlines()[0].startswith(f"call: {key} ")
+        assert str(spec) not in out  # CallSpec's own key (no arch) is not printed beside it

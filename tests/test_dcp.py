@@ -37,7 +37,7 @@ WORLD_SIZES = (2, 4)
 JOIN_TIMEOUT_S = 180  # a hung collective fails the test instead of blocking CI
 PG_TIMEOUT = timedelta(seconds=60)
 
-# (atol, rtol) per output dtype; out travels in the output dtype, merges in fp32.
+# (atol, rtol) per output dtype; partials travel and merge in fp32, the result is rounded once.
 TOL = {
     torch.float32: dict(out=(2e-5, 1e-5), lse=(1e-5, 1e-6)),
     torch.bfloat16: dict(out=(4e-3, 1.6e-2), lse=(1e-5, 1e-6)),
@@ -229,6 +229,33 @@ def _public_run_calls(rank: int, w: int) -> dict:
     return res
 
 
+CANCEL_ANSWER = 0.001953125  # (1 + 1.0078125 - 1 - 1) / 4, exact in bf16
+
+
+def _cancelling_partials_calls(rank: int, w: int) -> dict:
+    """Partials of different ranks that cancel (docs/DCP.md "The exchange"): N = 4, one token, one head,
+    q = 0 (equal scores), V rows 0 and 2 all 1.0 and 1.0078125, rows 1 and 3 all -1.0, interleaved. At
+    W = 2 rank 0's partial is 1.00390625 (not a bf16 number: bf16 rounds it to 1.0) and rank 1's -1.0;
+    the answer is 0.001953125. Through run() on the table's path and the reference path, and the layer."""
+    from mla_sink import CallSpec, SparseMLADecode, run
+
+    kv = torch.empty(4, 576, dtype=torch.bfloat16)
+    kv[0], kv[1], kv[2], kv[3] = 1.0, -1.0, 1.0078125, -1.0
+    q = torch.zeros(1, 1, 576, dtype=torch.bfloat16)
+    idx = torch.tensor([[0, 1, 2, 3]], dtype=torch.int32)
+    shard = shard_kv_cache(kv, w, rank, "interleaved", copy=True)
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=1, topk=4, dcp_world_size=w)
+    res = {}
+    for path in ("triton", "reference"):
+        out, _ = run(spec, {"q": q, "kv_cache": shard, "indices": idx}, path=path,
+                     dcp_group=dist.group.WORLD, num_kv_rows=4)
+        res[path] = out
+    layer = SparseMLADecode(num_heads=1, q_dtype="bf16", kv_dtype="bf16", topk=4, dcp_world_size=w,
+                            dcp_group=dist.group.WORLD, num_kv_rows=4)
+    res["layer"] = layer(q, shard, idx)[0]
+    return res
+
+
 def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -> None:
     try:
         torch.set_num_threads(1)
@@ -260,6 +287,7 @@ def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -
             )
             results[f"known-{label}"] = dict(out=out, lse=lse)
         results.update(_public_run_calls(rank, w))
+        results["cancel"] = _cancelling_partials_calls(rank, w)
         errors = _validation_calls(rank, w)
         dist.barrier()  # the group is still in step: no failed call entered a collective
         torch.save(dict(results=results, errors=errors), os.path.join(out_dir, f"rank{rank}.pt"))
@@ -367,6 +395,23 @@ def test_dcp_known_numbers_merge(groups, w):
         s = g["results"]["known-sink_ln10"]  # sink ln 10 applied once: 8 * 10 / (10 + 10) = 4
         torch.testing.assert_close(s["out"], torch.full_like(s["out"], 4.0), atol=1e-6, rtol=0)
         torch.testing.assert_close(s["lse"], r["lse"])  # LSE is sink-free
+
+
+@pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
+def test_cancelling_partials_are_exact(groups, w):
+    """Partials travel in fp32: the cancelling case gives 0.001953125 as one process does (bf16
+    partials gave 0.0 at W = 2)."""
+    from mla_sink import sparse_mla_decode
+
+    kv = torch.empty(4, 576, dtype=torch.bfloat16)
+    kv[0], kv[1], kv[2], kv[3] = 1.0, -1.0, 1.0078125, -1.0
+    one, _ = sparse_mla_decode(torch.zeros(1, 1, 576, dtype=torch.bfloat16), kv,
+                               torch.tensor([[0, 1, 2, 3]], dtype=torch.int32))
+    assert one.float().unique().tolist() == [CANCEL_ANSWER]
+    for g in groups[w]["ranks"]:
+        for how, out in g["results"]["cancel"].items():
+            assert out.dtype == torch.bfloat16 and out.shape == (1, 1, 512)
+            assert out.float().unique().tolist() == [CANCEL_ANSWER], (how, out.float().unique())
 
 
 VALIDATION_EXPECT = {
@@ -499,3 +544,67 @@ def test_dcp_call_errors_without_process_group():
     if not dist.is_initialized():
         with pytest.raises(ValueError, match="'group'"):
             dcp_sparse_mla_decode(inp, group=None, layout="interleaved", num_kv_rows=4, local_decode=_local_reference)
+
+
+# --------------------------------------------------------------------------------------------
+# The example of docs/DCP.md, run as written on a gloo group of 2
+# --------------------------------------------------------------------------------------------
+
+DCP_DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "DCP.md")
+
+
+def _doc_example() -> str:
+    """The first ```python block of docs/DCP.md (its runnable example)."""
+    text = open(DCP_DOC).read()
+    start = text.index("```python\n") + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+def _doc_worker(rank: int, w: int, port: int, out_dir: str) -> None:
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(w), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        ns: dict = {"__name__": "__dcp_example__"}
+        exec(compile(_doc_example(), DCP_DOC, "exec"), ns)  # noqa: S102 - the documented example, as written
+        keep = ("q", "kv_cache", "indices", "sinks", "out", "lse", "shard")
+        torch.save({k: ns[k] for k in keep}, os.path.join(out_dir, f"doc{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"doc{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+def test_dcp_doc_example_runs_as_written(tmp_path):
+    """docs/DCP.md's example, extracted from the markdown and run on 2 processes (gloo, as torchrun
+    would set the environment), returns on every rank the full result, equal to the one-process
+    float64 reference within the bf16 budget."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    w = 2
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_doc_worker, args=(r, w, port, str(tmp_path))) for r in range(w)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(JOIN_TIMEOUT_S)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    errs = [(tmp_path / f"doc{r}.err").read_text() for r in range(w) if (tmp_path / f"doc{r}.err").exists()]
+    assert not errs and all(p.exitcode == 0 for p in procs), "\n".join(errs)
+    res = [torch.load(tmp_path / f"doc{r}.pt", weights_only=False) for r in range(w)]
+    r0 = res[0]
+    assert r0["shard"].shape[0] < r0["kv_cache"].shape[0]  # each rank really held a shard
+    for other in res[1:]:
+        assert torch.equal(other["out"], r0["out"]) and torch.equal(other["lse"], r0["lse"])
+    ref_out, ref_lse = sparse_mla_decode_reference(r0["q"], r0["kv_cache"], r0["indices"], r0["sinks"])
+    assert r0["out"].dtype == torch.bfloat16 and r0["out"].shape == ref_out.shape
+    torch.testing.assert_close(r0["out"].double(), ref_out, atol=TOL[torch.bfloat16]["out"][0],
+                               rtol=TOL[torch.bfloat16]["out"][1])
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(r0["lse"]))
+    torch.testing.assert_close(r0["lse"][finite], ref_lse[finite], atol=1e-4, rtol=1e-5)

@@ -80,8 +80,10 @@ def test_zero_dim_scales_are_accepted():
     (dict(return_lse=None), "'return_lse' must be a bool"),
     (dict(logit_cap="5"), "'logit_cap' must be a finite float"),
     (dict(logit_cap=float("nan")), "'logit_cap' must be a finite float"),
-    (dict(sm_scale="0.1"), "'sm_scale' must be a finite float >= 2\\^-126"),
-    (dict(sm_scale=1e-40), "'sm_scale' must be a finite float >= 2\\^-126"),
+    (dict(sm_scale="0.1"), "'sm_scale' must be a finite float in \\[2\\^-126, 2\\^126\\]"),
+    (dict(sm_scale=1e-40), "'sm_scale' must be a finite float in \\[2\\^-126, 2\\^126\\]"),
+    (dict(sm_scale=3e38), "'sm_scale' must be a finite float in \\[2\\^-126, 2\\^126\\]"),
+    (dict(logit_cap=3.5e38), "'logit_cap' must be <= 0 \\(no cap\\) or in \\[2\\^-126, 2\\^126\\]"),
     (dict(path=["triton"]), "'path' must be"),
 ])
 def test_scalar_options_are_named_as_passed(kw, message):
@@ -241,3 +243,133 @@ def test_sinks_requiring_grad_are_rejected():
 def test_dcp_arguments_rejected_at_layer_construction(kwargs, text):
     with pytest.raises(ValueError, match=text):
         SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, platform=Platform("cpu"), **kwargs)
+
+
+# ---- out overlap: exact enough for interleaved views, never blind to a real overlap ----
+
+
+def _interleaved(T=2, H=4):
+    """q and out as disjoint column blocks of one bf16 [T, H, 1088] buffer (one row pitch, 2176 bytes)."""
+    b = torch.zeros(T, H, 1088, dtype=torch.bfloat16)
+    return b, b[..., :576], b[..., 576:]
+
+
+def test_out_interleaved_with_q_in_one_buffer_is_accepted():
+    x = good()
+    b, q, out = _interleaved()
+    q.copy_(x["q"])
+    for path in ("reference", "triton"):
+        got, _ = sparse_mla_decode(**{**x, "q": q}, out=out, path=path)
+        want, _ = sparse_mla_decode(**x, path=path)
+        assert got.data_ptr() == out.data_ptr()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(b[..., :576], x["q"])  # q was not written
+
+
+@pytest.mark.parametrize("make_out", [
+    lambda b: b[:2, :, 575:1087],  # one column into q's block
+    lambda b: b[:2, :, 64:576],  # q's own columns
+    lambda b: b.view(-1)[1088 * 3:1088 * 3 + 2 * 4 * 512].view(2, 4, 512),  # contiguous, across q's rows
+    lambda b: b.view(-1).as_strided((2, 4, 512), (4 * 1088, 1088, 1), 1088 * 5 - 100),  # rows wrap into q's block
+], ids=["one_column", "q_columns", "contiguous_across_rows", "strided_wrapping"])
+def test_out_overlapping_q_in_one_buffer_is_refused(make_out):
+    x = good()
+    b = torch.zeros(4, 4, 1088, dtype=torch.bfloat16)
+    q = b[:2, :, :576]
+    q.copy_(x["q"])
+    with pytest.raises(ValueError, match="'out' must not share memory with 'q'"):
+        sparse_mla_decode(**{**x, "q": q}, out=make_out(b))
+
+
+def test_interleaved_out_overlapping_itself_is_refused():
+    x = good()
+    b, q, _ = _interleaved()
+    q.copy_(x["q"])
+    out = b.view(-1)[576:].as_strided((2, 4, 512), (1088, 272, 1))  # rows of out overlap each other
+    with pytest.raises(ValueError, match="'out' must not overlap itself"):
+        sparse_mla_decode(**{**x, "q": q}, out=out)
+
+
+def test_overlap_check_never_misses_a_shared_byte():
+    """Against the exact answer (the byte sets of both tensors) on random strided views of one buffer:
+    every real overlap is reported; the interleaved column blocks are not."""
+    from mla_sink.core.validate import _memory_overlaps
+
+    def byte_set(t):
+        elt = t.element_size()
+        offs = torch.zeros((), dtype=torch.long)
+        for size, stride in zip(t.shape, t.stride()):
+            offs = offs.unsqueeze(-1) + torch.arange(size) * stride * elt
+        base = t.data_ptr()
+        return {base + int(o) + k for o in offs.reshape(-1) for k in range(elt)}
+
+    from mla_sink.core.validate import _byte_range
+
+    g = torch.Generator().manual_seed(0)
+    buf = torch.zeros(384, dtype=torch.bfloat16)
+    reported = separated = 0
+    for _ in range(600):
+        views = []
+        pitch = int(torch.randint(4, 24, (1,), generator=g))  # often a shared row pitch
+        for _ in range(2):
+            shape = tuple(int(v) for v in torch.randint(1, 4, (2,), generator=g)) + (int(torch.randint(1, 9, (1,), generator=g)),)
+            p = pitch if bool(torch.rand(1, generator=g) < 0.7) else int(torch.randint(shape[2], 24, (1,), generator=g))
+            p = max(p, shape[2])
+            strides = (p * shape[1] * int(torch.randint(1, 3, (1,), generator=g)), p, 1)
+            span = sum((n - 1) * st for n, st in zip(shape, strides)) + 1
+            off = int(torch.randint(0, 384 - span, (1,), generator=g))
+            views.append(buf.as_strided(shape, strides, off))
+        a, b = views
+        truth = bool(byte_set(a) & byte_set(b))
+        got = _memory_overlaps(a, b)
+        assert got or not truth, (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(), b.storage_offset())
+        reported += got
+        (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+        separated += (a0 < b1 and b0 < a1) and not got  # byte ranges meet, yet proven disjoint
+    assert reported > 100 and separated > 20  # the grid exercises both answers
+    b, q, out = _interleaved()
+    assert not _memory_overlaps(out, q) and not _memory_overlaps(q, out)
+
+
+# ---- meta tensors: shape inference through the operators ----
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype,out_dtype", [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.float8_e4m3fn, torch.float16),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16),
+])
+@pytest.mark.parametrize("with_sinks,return_lse", [(False, False), (False, True), (True, False)])
+def test_operators_infer_shapes_on_meta_tensors(q_dtype, kv_dtype, out_dtype, with_sinks, return_lse):
+    import mla_sink  # noqa: F401  (registers torch.ops.mla_sink.*)
+
+    T, H, N, topk = 3, 5, 10, 8
+    meta = dict(device="meta")
+    q = torch.empty(T, H, 576, dtype=q_dtype, **meta)
+    kv = torch.empty(N, 576, dtype=kv_dtype, **meta)
+    idx = torch.empty(T, topk, dtype=torch.int32, **meta)
+    sinks = torch.empty(H, **meta) if with_sinks else None
+    q_scale = torch.empty(1, **meta) if q_dtype.itemsize == 1 else None
+    kv_scale = torch.empty(1, **meta) if kv_dtype.itemsize == 1 else None
+    lse_heads = H if (with_sinks or return_lse) else 0
+    out, lse = torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, sinks, 0.1, None, q_scale, kv_scale, return_lse, 0.0, "")
+    assert out.device.type == "meta" and out.shape == (T, H, 512) and out.dtype == out_dtype
+    assert lse.device.type == "meta" and lse.shape == (T, lse_heads) and lse.dtype == torch.float32
+    buf = torch.empty(T, H, 512, dtype=out_dtype, **meta)
+    lse = torch.ops.mla_sink.sparse_mla_decode_out(q, kv, idx, sinks, 0.1, None, q_scale, kv_scale, buf, return_lse,
+                                                   0.0, "")
+    assert lse.device.type == "meta" and lse.shape == (T, lse_heads) and lse.dtype == torch.float32
+    with pytest.raises(ValueError, match="'indices' must be on meta"):  # still validated: one device for all
+        torch.ops.mla_sink.sparse_mla_decode(q, kv, torch.zeros(T, topk, dtype=torch.int32), sinks, 0.1, None,
+                                             q_scale, kv_scale, return_lse, 0.0, "")
+
+
+def test_meta_tensors_are_refused_where_a_kernel_would_run():
+    q = torch.empty(2, 4, 576, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(8, 576, dtype=torch.bfloat16, device="meta")
+    idx = torch.empty(2, 8, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="'q' must be on a cpu or cuda .*shape inference.*got meta"):
+        sparse_mla_decode(q, kv, idx)
+    with pytest.raises(ValueError, match="'q' must be on a cpu or cuda"):
+        check_inputs(q, kv, idx, allow_meta=False)
+    check_inputs(q, kv, idx)  # what the operators' fake implementations run

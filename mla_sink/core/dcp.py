@@ -22,18 +22,19 @@ Sharding layouts (selected by name, :data:`LAYOUTS`):
 * ``contiguous``: rank ``r`` owns rows ``[r * S, min((r + 1) * S, N))`` with ``S = ceil(N / W)`` at
   local row ``g - r * S``; the last shard is shorter and may be empty when ``W > ceil(N / S)``.
 
-Exchange (one packed collective): each rank packs its partial output (in the output dtype, e.g.
-bf16) and its fp32 LSE into one byte buffer and the ranks all-gather it
-(``all_gather_into_tensor``), so every rank merges all ``W`` states itself and returns the same
-full ``[T, H, 512]`` result. Per rank that receives ``(W - 1) * T * H * (512 * b + 4)`` bytes
-(``b`` = bytes of the output dtype, 2 for bf16) in one collective latency. The alternative (vLLM's
-``cp_lse_ag_out_rs``), an all-gather of the fp32 LSEs then a reduce-scatter over heads of fp32
-pre-scaled outputs, receives ``(W - 1) * T * H * 4 + (W - 1) / W * T * H * 512 * 4`` bytes in two
-collectives and leaves each rank only ``H / W`` heads (the reduction must run in fp32: NCCL's bf16
-reduction rounds at every hop). For bf16 at ``W = 2`` both move ``1028 * T * H`` bytes; the
-reduce-scatter wins by 2x at ``W = 4`` and 4x at ``W = 8`` only for a caller that wants a head
-slice (to return full heads it needs a third collective and the gain drops to 1.3x / 2.6x).
-See docs/DCP.md.
+Exchange (one packed collective): each rank packs its partial output **in fp32** and its fp32 LSE
+into one byte buffer and the ranks all-gather it (``all_gather_into_tensor``), so every rank merges
+all ``W`` states itself and returns the same full ``[T, H, 512]`` result, rounded to the output
+dtype once, after the merge. Per rank that receives ``(W - 1) * T * H * (512 * 4 + 4)`` bytes in one
+collective latency. Partials in the output dtype (bf16) would halve that but round every partial
+separately, which loses far more than one bf16 ulp where partials of different ranks cancel
+(W = 2, rows 0 and 2 of V at 1.0 and 1.0078125, rows 1 and 3 at -1.0, equal scores: the answer
+0.001953125 came out as 0.0). The alternative (vLLM's ``cp_lse_ag_out_rs``), an all-gather of the
+fp32 LSEs then a reduce-scatter over heads of fp32 pre-scaled outputs, receives
+``(W - 1) * T * H * 4 + (W - 1) / W * T * H * 512 * 4`` bytes in two collectives and leaves each rank
+only ``H / W`` heads; to return full heads it needs a third collective (an all-gather of the bf16
+head slices). It moves fewer bytes at every ``W`` (1540 against 2052 ``T * H`` bytes at ``W = 2``);
+see docs/DCP.md for the table and why one collective was kept.
 
 Source: docs/DESIGN.md "Decode context parallel"; vLLM ``vllm/v1/attention/backends/mla`` and
 ``vllm/attention/ops/common.py`` (``cp_lse_ag_out_rs``, the interleaved ``% dcp_world_size`` layout);
@@ -272,7 +273,8 @@ def _all_gather_flat(out_flat: torch.Tensor, inp: torch.Tensor, group: Optional[
 
 
 def exchange_states(
-    out_r: torch.Tensor, lse_r: torch.Tensor, *, group: Optional[dist.ProcessGroup], wire_dtype: torch.dtype
+    out_r: torch.Tensor, lse_r: torch.Tensor, *, group: Optional[dist.ProcessGroup],
+    wire_dtype: torch.dtype = torch.float32,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """All-gather every rank's sink-free partial state in one packed collective.
 
@@ -284,13 +286,15 @@ def exchange_states(
         out_r: ``[T, H, d_v]`` this rank's sink-free output (any float dtype).
         lse_r: ``[T, H]`` this rank's natural-log, sink-free LSE (``-inf`` = no owned valid id).
         group: the DCP process group (``None`` = default group).
-        wire_dtype: dtype ``out_r`` travels in (the output dtype: bf16/fp16, fp32 in tests).
+        wire_dtype: dtype ``out_r`` travels in: fp32 (the default, what :func:`dcp_sparse_mla_decode`
+            uses; a narrower dtype rounds each partial before the merge).
 
     Returns:
         ``(outs, lses)``: W tensors ``[T, H, d_v]`` in ``wire_dtype`` and W fp32 ``[T, H]``, in rank
         order, identical on every rank.
 
-    Bytes moved per rank (ring all-gather): ``(W - 1) * pad16(T * H * (d_v * b + 4))`` in and out.
+    Bytes moved per rank (ring all-gather): ``(W - 1) * pad16(T * H * (d_v * b + 4))`` in and out,
+    ``b`` = bytes of ``wire_dtype`` (4 for fp32).
     """
     w = dist.get_world_size(group)
     shape = tuple(out_r.shape)
@@ -324,7 +328,7 @@ def dcp_sparse_mla_decode(
     ``topk_length`` and scales, and its own shard as ``inputs.kv_cache``. Steps: map the global ids
     to local rows (:func:`local_indices`, ``-1`` where not owned); run ``local_decode`` sink-free on
     the shard (skipped on an empty shard, which contributes ``lse = -inf``); all-gather the packed
-    ``(out_r, lse_r)`` of all ranks in one collective (:func:`exchange_states`); merge in fp32 natural
+    ``(out_r, lse_r)`` of all ranks, both in fp32, in one collective (:func:`exchange_states`); merge in fp32 natural
     log with :func:`mla_sink.core.lse.merge_states`; apply the sink once with
     :func:`mla_sink.core.lse.apply_sink`::
 
@@ -346,7 +350,8 @@ def dcp_sparse_mla_decode(
         layout: ``'interleaved'`` or ``'contiguous'`` (see the module docstring).
         num_kv_rows: N, rows of the **global** pool.
         local_decode: ``DecodeInputs -> (out_r, lse_r)``: the sink-free decode of one shard;
-            ``out_r`` ``[T, H, 512]`` (0 on rows without a valid id), ``lse_r`` fp32 ``[T, H]``
+            ``out_r`` ``[T, H, 512]``, best fp32 (it travels in fp32; a partial already rounded to bf16
+            keeps that rounding; 0 on rows without a valid id), ``lse_r`` fp32 ``[T, H]``
             natural log (``-inf`` on rows without a valid id). It receives ``sinks=None``,
             ``out=None``, local ids and ``topk_length`` = owned ids per row (see ``compact_ids``). ``run()`` passes the kernel path the
             rule table chose (a path that returns an LSE); tests pass the float64 reference.
@@ -417,7 +422,7 @@ def dcp_sparse_mla_decode(
 
     if expect_rows == 0:
         # Nothing to attend to here (and kernels may reject a 0-row pool): an empty partial state.
-        out_r = torch.zeros((t, h, D_V), dtype=out_dtype, device=q.device)
+        out_r = torch.zeros((t, h, D_V), dtype=torch.float32, device=q.device)
         lse_r = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
     else:
         local = _replace(inputs, indices=loc, sinks=None, topk_length=local_len, out=None)
@@ -431,7 +436,7 @@ def dcp_sparse_mla_decode(
     if world == 1:
         outs, lses = [out_r], [lse_r.float()]
     else:
-        outs, lses = exchange_states(out_r, lse_r, group=group, wire_dtype=out_dtype)
+        outs, lses = exchange_states(out_r, lse_r, group=group, wire_dtype=torch.float32)
     fused = _fused_merge(outs, lses, inputs.sinks, out_dtype, inputs.out)
     if fused is not None:
         return fused

@@ -43,7 +43,7 @@ def describe(
         ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`) or a field is
             out of its domain.
     """
-    check_inputs(q, kv_cache, indices, sinks, check_scales=False)
+    check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False)  # describe precedes a launch
     check_return_lse(return_lse)
     spec = CallSpec(
         q_dtype=dtype_key(q.dtype),

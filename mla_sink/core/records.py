@@ -71,9 +71,10 @@ def _cap(value: Any) -> float:
     return 0.0 if value <= 0.0 and value > float("-inf") else value
 
 
-def _finite_float(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
-        raise ValueError(f"'{attribute.name}' must be a finite float (got {value!r})")
+def _logit_cap(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    from mla_sink.core.validate import check_logit_cap  # validate imports this module
+
+    check_logit_cap(value)
 
 
 @attrs.frozen(cache_hash=True)  # a cache key on every call: hash once
@@ -91,7 +92,8 @@ class CallSpec:
         need_lse: whether the chosen path must produce an LSE. Sinks (applied through it) and DCP
             (merged by it) imply it: construction sets it True for them, so ``need_lse=False`` is a
             request the record corrects, never an error. Pass True when the caller wants the LSE back.
-        logit_cap: soft cap of the scaled logits, ``s = cap * tanh(s / cap)``; ``<= 0`` disables it (stored as 0.0).
+        logit_cap: soft cap of the scaled logits, ``s = cap * tanh(s / cap)``; ``<= 0`` disables it (stored as 0.0);
+            a positive cap must lie in ``[2^-126, 2^126]`` (:func:`mla_sink.core.validate.check_logit_cap`).
 
     Raises:
         ValueError: a field is out of its domain (message names field, value and allowed values).
@@ -104,7 +106,7 @@ class CallSpec:
     sinks: bool = attrs.field(default=False, validator=_bool)
     dcp_world_size: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
     need_lse: bool = attrs.field(default=False, validator=_bool)
-    logit_cap: float = attrs.field(default=0.0, converter=_cap, validator=_finite_float)
+    logit_cap: float = attrs.field(default=0.0, converter=_cap, validator=_logit_cap)
 
     def __attrs_post_init__(self) -> None:
         if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:

@@ -10,7 +10,18 @@ Semantics (docs/DESIGN.md "The operation"):
 * ``out = sum_j exp(s_j - lse) v_j`` (v = first 512 columns), then with a sink
   ``out *= sigmoid(lse - sink)`` = ``exp(lse) / (exp(lse) + exp(sink))``;
   ``sink = -inf`` changes nothing, ``sink = +inf`` gives zeros; an empty row gives ``out = 0``;
+* a duplicated id counts once per occurrence: ids ``[2, 2, 5]`` weigh row 2 twice (``exp(s_2)`` is in
+  the sum twice), exactly as two distinct rows holding the same values would;
+* non-finite scores (an ``inf`` or ``NaN`` in ``q``, in a referenced KV row or in a scale): a score
+  ``s_j = -inf`` (after the soft cap) gives its id weight 0, and a row whose valid scores are all
+  ``-inf`` is an empty row (``out = 0``, ``lse = -inf``); a score ``s_j = +inf`` or ``NaN`` makes that
+  (token, head)'s ``out`` and ``lse`` NaN (``+inf - +inf`` has no value); the soft cap maps ``+-inf`` to
+  ``+-logit_cap``. The ``triton`` path gives the same (``tests/test_semantics_edges.py``);
 * KV rows no valid id references never influence the result (they are not read; NaN there is harmless).
+
+Computation: ``p_j = exp(s_j - max_j s_j)``, ``out = (sum_j p_j v_j) / sum_j p_j``,
+``lse = max_j s_j + log(sum_j p_j)``: the output is normalised by the sum of the weights it used, so it
+is a convex combination of the attended rows at any score scale (ids ``[2, 2]`` give exactly ``v_2``).
 """
 
 from __future__ import annotations
@@ -36,6 +47,26 @@ def valid_mask(indices: torch.Tensor, num_rows: int, topk_length: Optional[torch
         pos = torch.arange(indices.shape[1], device=indices.device)
         mask &= pos.unsqueeze(0) < topk_length.long().unsqueeze(1)
     return mask
+
+
+def _normalise(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax-weighted sum of ``v`` over the last dim of the scores ``s [t, H, topk]`` (``-inf`` = not attended).
+
+    Normalised by the sum of the weights it actually used: ``p = exp(s - max)``,
+    ``out = (p @ v) / sum(p)``, ``lse = max + log(sum(p))``. The output is therefore a convex
+    combination of the attended rows by construction (ids ``[2, 2]`` give exactly ``v[2]`` at any
+    score, where normalising by ``exp(-logsumexp)`` drifted: ``2 v`` at ``sm_scale = 1e16``).
+    A row whose scores are all ``-inf`` (no valid id) gives ``out = 0``, ``lse = -inf``; a row with a
+    ``NaN`` or ``+inf`` score gives ``out = NaN``, ``lse = NaN`` (``+inf - +inf`` is NaN).
+    """
+    if s.shape[-1] == 0:
+        return s.new_zeros((*s.shape[:-1], v.shape[-1])), s.new_full(s.shape[:-1], float("-inf"))
+    mx = s.amax(dim=-1)  # NaN propagates; -inf on rows with no attended score
+    shift = torch.where(torch.isneginf(mx), torch.zeros_like(mx), mx)
+    p = torch.exp(s - shift.unsqueeze(-1))  # 1 at the max, exactly 0 at -inf
+    denom = p.sum(dim=-1)  # >= 1 on a row with a finite max, 0 on an empty row, NaN with NaN/+inf
+    out = torch.einsum("thk,tkd->thd", p, v) / torch.where(denom == 0, torch.ones_like(denom), denom).unsqueeze(-1)
+    return out, shift + torch.log(denom)  # empty row: 0 + log(0) = -inf
 
 
 def sparse_mla_decode_reference(
@@ -103,10 +134,7 @@ def sparse_mla_decode_reference(
         if logit_cap > 0:
             s = logit_cap * torch.tanh(s / logit_cap)
         s = s.masked_fill(~m.unsqueeze(1), float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)  # [t, H]; -inf for empty rows
-        empty = torch.isneginf(lse)
-        p = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse).unsqueeze(-1))
-        out = torch.einsum("thk,tkd->thd", p, kv[..., :d_v])
+        out, lse = _normalise(s, kv[..., :d_v])
         outs.append(out)
         lses.append(lse)
     out = torch.cat(outs) if outs else q.new_zeros((0, H, d_v), dtype=compute_dtype)

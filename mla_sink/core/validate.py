@@ -38,10 +38,48 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return start, start + extent * t.element_size()
 
 
+def _residue_span(t: torch.Tensor, pitch: int) -> Optional[int]:
+    """Bytes ``E`` such that every byte of ``t`` lies at an offset from ``t.data_ptr()`` whose remainder
+    modulo ``pitch`` is in ``[0, E)``, with ``E <= pitch``; ``None`` when no such ``E`` exists.
+
+    The dimensions whose byte stride is a multiple of ``pitch`` move whole pitches (they do not change
+    the remainder); the others span at most ``E = sum((size - 1) * stride) + element size`` bytes.
+    """
+    elt = t.element_size()
+    span = elt + sum((size - 1) * stride * elt for size, stride in zip(t.shape, t.stride())
+                     if size > 1 and (stride * elt) % pitch)
+    return span if span <= pitch else None
+
+
+def _disjoint_by_pitch(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether some pitch proves that ``a`` and ``b`` touch no common byte.
+
+    For each candidate pitch ``P`` (the byte strides of both tensors' dimensions of size > 1), both
+    tensors' bytes are reduced modulo ``P`` to one interval each (:func:`_residue_span`); ``a``'s is
+    ``[0, Ea)`` relative to its first byte and ``b``'s ``[c, c + Eb)`` with ``c = (b.data_ptr() -
+    a.data_ptr()) mod P``. When the two intervals of the circle of length ``P`` do not meet
+    (``Ea <= c`` and ``c + Eb <= P``), no address can be in both tensors. Example: ``q = b[..., :576]``
+    and ``out = b[..., 576:]`` of one bf16 ``[T, H, 1088]`` buffer share the row pitch 2176 bytes and
+    occupy bytes ``[0, 1152)`` and ``[1152, 2176)`` of every row. A proof never accepts an overlap; a
+    layout no pitch separates is reported as overlapping (refused rather than risked).
+    """
+    pitches = {abs(st) * t.element_size() for t in (a, b) for st, sz in zip(t.stride(), t.shape) if sz > 1 and st}
+    for pitch in sorted(pitches):
+        ea, eb = _residue_span(a, pitch), _residue_span(b, pitch)
+        if ea is None or eb is None:
+            continue
+        c = (b.data_ptr() - a.data_ptr()) % pitch
+        if ea <= c and c + eb <= pitch:
+            return True
+    return False
+
+
 def _memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' memory ranges intersect (two views carved side by side from one workspace
-    do not). Traced tensors (fake, meta, or under ``torch.compile``) have no memory to compare: False;
-    the op's real implementation checks again with the real tensors."""
+    """Whether two tensors may touch a common byte: their byte ranges intersect and no common row pitch
+    separates them (:func:`_disjoint_by_pitch`), so two views carved side by side from one workspace,
+    or interleaved column blocks of one buffer, are not overlaps. Traced tensors (fake, meta, or under
+    ``torch.compile``) have no memory to compare: False; the op's real implementation checks again
+    with the real tensors."""
     fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", ())
     if (torch.compiler.is_compiling() or isinstance(a, fake) or isinstance(b, fake) or a.device.type == "meta"
             or b.device.type == "meta" or a.device != b.device):
@@ -51,7 +89,9 @@ def _memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
         b0, b1 = _byte_range(b)
     except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. under tracing)
         return False
-    return a0 != 0 and b0 != 0 and a0 < b1 and b0 < a1
+    if not (a0 != 0 and b0 != 0 and a0 < b1 and b0 < a1):
+        return False
+    return not _disjoint_by_pitch(a, b)
 
 
 def _overlaps_itself(t: torch.Tensor) -> bool:
@@ -88,15 +128,49 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
         raise ValueError(f"'sinks' must be on {device}, like q (got {sinks.device})")
 
 
-FP32_TINY = 2.0 ** -126  #: smallest normal fp32: the kernels take ``sm_scale`` as fp32 and flush below it
+FP32_TINY = 2.0 ** -126  #: smallest normal fp32
+FP32_SCALE_MAX = 2.0 ** 126  #: largest ``sm_scale`` / positive ``logit_cap`` the kernels represent (see below)
+
+_SCALAR_RANGE_WHY = "the kernels take it as fp32 and multiply it by log2(e)"
+
+
+def _in_scalar_range(value: float) -> bool:
+    return FP32_TINY <= value <= FP32_SCALE_MAX
 
 
 def check_sm_scale(sm_scale: float) -> None:
-    """Raises ValueError unless ``sm_scale`` is a finite real number (Python or numpy scalar) at least the
-    smallest normal fp32, 2^-126 (~1.18e-38): a subnormal scale is flushed to 0 inside the kernels."""
+    """Raises ValueError unless ``sm_scale`` is a real number (Python or numpy scalar) in
+    ``[2^-126, 2^126]`` (about ``[1.18e-38, 8.5e37]``).
+
+    Why these bounds: every kernel takes ``sm_scale`` as an fp32 argument and folds ``log2(e)`` into it
+    (its softmax runs in base 2): ``sm_scale * log2(e)`` must be a finite normal fp32. Above
+    ``fp32 max / log2(e)`` (about 2.36e38) it overflows to ``inf`` and the whole output is NaN (measured
+    with 3e38 on the ``triton`` path); below 2^-126 it is a subnormal fp32, which loses significant bits
+    and is 0 wherever a kernel is compiled to flush denormals. ``[2^-126, 2^126]`` is the power-of-two
+    range where the value, its reciprocal and its product with ``log2(e)`` are all finite normal fp32
+    numbers, so every path gives the same answer (the float64 reference alone would take more).
+    """
     if (isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale)
-            or sm_scale < FP32_TINY):
-        raise ValueError(f"'sm_scale' must be a finite float >= 2^-126 (the smallest normal fp32; got {sm_scale!r})")
+            or not _in_scalar_range(sm_scale)):
+        raise ValueError(f"'sm_scale' must be a finite float in [2^-126, 2^126] ({_SCALAR_RANGE_WHY}; got {sm_scale!r})")
+
+
+def check_logit_cap(logit_cap: float) -> float:
+    """``logit_cap`` as a Python float; raises ValueError unless it is a real number (Python or numpy
+    scalar; strings and bools refused) that is ``<= 0`` (no cap) or in ``[2^-126, 2^126]``.
+
+    Why these bounds: the kernels take the cap as fp32, divide the scaled score by it and multiply
+    ``cap * tanh(s / cap)`` by ``log2(e)``: a cap above the largest fp32 becomes ``inf`` there
+    (``inf * 0`` = NaN output, measured with 3.5e38 on the ``triton`` path), one above
+    ``fp32 max / log2(e)`` overflows in the product, one below the smallest normal fp32 is subnormal.
+    The range is that of :func:`check_sm_scale`.
+    """
+    if isinstance(logit_cap, bool) or not isinstance(logit_cap, numbers.Real) or not math.isfinite(logit_cap):
+        raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
+    if logit_cap > 0 and not _in_scalar_range(logit_cap):
+        raise ValueError(f"'logit_cap' must be <= 0 (no cap) or in [2^-126, 2^126] ({_SCALAR_RANGE_WHY}; "
+                         f"got {logit_cap!r})")
+    return float(logit_cap)
 
 
 def check_return_lse(return_lse: bool) -> None:
@@ -110,14 +184,13 @@ def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[f
     as Python floats (numpy scalars accepted).
 
     Raises:
-        ValueError: ``sm_scale`` not a finite real > 0, ``return_lse`` not a bool, ``logit_cap`` not a
-            finite real (strings are refused, not parsed).
+        ValueError: ``sm_scale`` not a real in ``[2^-126, 2^126]`` (:func:`check_sm_scale`), ``return_lse``
+            not a bool, ``logit_cap`` not a real ``<= 0`` or in ``[2^-126, 2^126]`` (:func:`check_logit_cap`;
+            strings are refused, not parsed).
     """
     check_sm_scale(sm_scale)
     check_return_lse(return_lse)
-    if isinstance(logit_cap, bool) or not isinstance(logit_cap, numbers.Real) or not math.isfinite(logit_cap):
-        raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
-    return float(sm_scale), float(logit_cap)
+    return float(sm_scale), check_logit_cap(logit_cap)
 
 
 def check_inputs(
@@ -133,6 +206,7 @@ def check_inputs(
     out: Optional[torch.Tensor] = None,
     check_scales: bool = True,
     allow_empty_pool: bool = False,
+    allow_meta: bool = True,
 ) -> None:
     """Validate the tensors of one call (shapes, dtypes, layouts, devices; never values).
 
@@ -141,13 +215,19 @@ def check_inputs(
         kv_cache: ``[N, 576]`` (page size 1), innermost stride 1; N >= 1.
         indices: int32 ``[T, topk]``, topk >= 1.
         sinks: optional fp32 ``[H]`` contiguous.
-        sm_scale: optional finite positive float.
+        sm_scale: optional float in ``[2^-126, 2^126]`` (:func:`check_sm_scale`).
         topk_length: optional int32 ``[T]``.
         q_scale / kv_scale: fp32 with one element; required exactly when q / kv_cache is fp8.
         out: optional ``[T, H, 512]`` in the out dtype (q's dtype; bf16 for fp8 q), innermost stride 1.
         check_scales: False skips the fp8 scale checks (for :func:`mla_sink.core.describe.describe`,
             which is given no scales).
         allow_empty_pool: accept ``N = 0`` (a DCP rank whose shard holds no rows).
+        allow_meta: accept tensors on the ``meta`` device (no data: shape inference, e.g. the
+            operators' fake implementations, which return meta outputs of the right shapes). Entry
+            points that would launch a kernel on the tensors pass False.
+
+    Devices: ``cpu`` and ``cuda`` (CUDA or ROCm), and ``meta`` where ``allow_meta``; every tensor on
+    q's device.
 
     Raises:
         ValueError: naming the argument, the value and what is allowed.
@@ -179,8 +259,9 @@ def check_inputs(
     if pair not in ALLOWED_DTYPE_PAIRS:
         raise ValueError(f"(q dtype, kv_cache dtype) must be one of {sorted(ALLOWED_DTYPE_PAIRS)} (got {pair})")
     device = q.device
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device (got {device})")
+    if device.type not in ("cpu", "cuda") and not (allow_meta and device.type == "meta"):
+        traced = " (meta tensors serve shape inference: torch.ops.mla_sink.sparse_mla_decode)" if device.type == "meta" else ""
+        raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device{traced} (got {device})")
     if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad
                                     or (sinks is not None and getattr(sinks, "requires_grad", False))):
         raise ValueError("'q'/'kv_cache'/'sinks' require grad: mla-sink is a decode (inference) op with no "

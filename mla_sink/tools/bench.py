@@ -320,9 +320,33 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+#: ``mla-sink bench`` flags that must be ints >= 1 (``--peer-max-tokens`` may be 0: no peers).
+POSITIVE_FLAGS = ("dcp", "reps", "replays", "pool_rows", "heads", "tokens", "topk", "calls", "repeats")
+
+
+def check_bench_args(args: argparse.Namespace) -> None:
+    """Check the values of the ``mla-sink bench`` flags, before looking for a GPU.
+
+    Raises:
+        ValueError: naming the flag, e.g. ``'--reps' must be an int >= 1 (got 0)``.
+    """
+    for name in POSITIVE_FLAGS:
+        value = getattr(args, name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"'--{name.replace('_', '-')}' must be an int >= 1 (got {value!r})")
+    value = getattr(args, "peer_max_tokens", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"'--peer-max-tokens' must be an int >= 0 (got {value!r})")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """``mla-sink bench``: the host-cost benchmark with ``--host``, the DCP benchmark for ``--dcp > 1``,
-    else :func:`run_bench` (exit 2 without a GPU)."""
+    else :func:`run_bench` (exit 2 without a GPU).
+
+    Raises:
+        ValueError: a flag value out of its domain (:func:`check_bench_args`), checked before the GPU.
+    """
+    check_bench_args(args)
     if args.host:
         from mla_sink.tools.host_bench import cmd_host_bench
 

@@ -1,4 +1,4 @@
-"""``mla-sink`` command line: ``explain``, ``demo``, ``info`` and ``bench``.
+"""``mla-sink`` command line: ``explain``, ``demo``, ``info`` and ``bench`` (``mla-sink --version``).
 
 ``mla-sink explain`` prints which kernel path a call takes on a platform and why (every platform
 field is a flag, defaulting to this machine); ``--json`` for machines, ``--matrix`` for a grid.
@@ -220,6 +220,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _version() -> str:
+    """``mla_sink.__version__``: the version of the code that runs (pyproject.toml states the same)."""
+    from mla_sink import __version__
+
+    return __version__
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (``mla-sink <command>: error: ...``, exit 2), no usage block."""
 
@@ -230,6 +237,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The ``mla-sink`` argument parser (subcommands explain, demo, info, bench)."""
     parser = _Parser(prog="mla-sink", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"mla-sink {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("explain", help="which kernel path a call takes, and why")

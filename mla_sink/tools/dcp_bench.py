@@ -8,7 +8,7 @@ the median of the repeats, each repeat started after a barrier):
 * ``dcp_total``: the whole :func:`mla_sink.core.dcp.dcp_sparse_mla_decode` call (local ids, local decode,
   the packed all-gather, the merge and the sink);
 * ``dcp_comm``: :func:`mla_sink.core.dcp.exchange_states` alone (pack, the one all-gather, unpack) on
-  the same partial state: the communication part of ``dcp_total``;
+  the same partial state, in fp32 as the DCP call sends it: the communication part of ``dcp_total``;
 * ``dcp_local``: the sink-free local decode on the shard alone;
 
 and rank 0 times ``dcp1``: the same call on the whole pool on one GPU (sinks fused). A step is as
@@ -51,23 +51,28 @@ def _set_no_multicast_env() -> None:
 
 
 def _local_decode_fn() -> tuple[str, Callable]:
-    """(path name, ``DecodeInputs -> (out, lse)`` sink-free local decode)."""
+    """(path name, ``(DecodeInputs, out_dtype) -> (out, lse)``): the decode of a DCP rank's shard (called
+    with ``out_dtype=float32``: partials are written and exchanged in fp32, as ``run()`` does) and of
+    the DCP 1 baseline (``out_dtype=None``: q's dtype)."""
     try:
         from mla_sink.paths.triton.launch import sparse_mla_decode_triton
     except Exception:  # noqa: BLE001 - any import failure falls back to the reference
         sparse_mla_decode_triton = None
     if sparse_mla_decode_triton is not None:
 
-        def triton_local(x):
-            return sparse_mla_decode_triton(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length)
+        def triton_local(x, out_dtype=None):
+            out = None if out_dtype is None else torch.empty(
+                (x.q.shape[0], x.q.shape[1], 512), dtype=out_dtype, device=x.q.device)
+            return sparse_mla_decode_triton(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
+                                            out=out)
 
         return "triton", triton_local
     from mla_sink.core.reference import sparse_mla_decode_reference
 
-    def reference_local(x):
+    def reference_local(x, out_dtype=None):
         return sparse_mla_decode_reference(
             x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
-            compute_dtype=torch.float32, out_dtype=x.q.dtype,
+            compute_dtype=torch.float32, out_dtype=out_dtype or x.q.dtype,
         )
 
     return "reference_fp32", reference_local
@@ -146,7 +151,9 @@ def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None
     indices = torch.randint(0, n, (t, topk), generator=gen, dtype=torch.int32).to(dev)
     sinks = (torch.randn(h, generator=gen) * 2).to(dev)
     sm_scale = 576**-0.5
-    path, local = _local_decode_fn()
+    path, decode = _local_decode_fn()
+    local = lambda x: decode(x, torch.float32)  # noqa: E731 - a rank's fp32 partial, as run() computes it
+    baseline = lambda x: decode(x, None)  # noqa: E731 - DCP 1: the whole call, output in q's dtype
 
     # Rank 0 holds the whole pool (for DCP 1) and sends each rank its shard.
     full = None
@@ -168,7 +175,7 @@ def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None
     loc, loc_len = compact_local_indices(local_indices(indices, world_size=w, rank=rank, layout=LAYOUT, num_kv_rows=n))
     local_inputs = DecodeInputs(q, shard, loc, sm_scale, topk_length=loc_len)  # what the DCP call runs locally
     out_r, lse_r = local(local_inputs)
-    comm_call = lambda: exchange_states(out_r, lse_r, group=None, wire_dtype=torch.bfloat16)  # noqa: E731
+    comm_call = lambda: exchange_states(out_r, lse_r, group=None, wire_dtype=torch.float32)  # noqa: E731
 
     total, total_cpu = _time_ms(dcp_call, barrier)
     mine = dict(
@@ -186,11 +193,11 @@ def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None
 
     if rank == 0:
         full_inputs = DecodeInputs(q, full, indices, sm_scale, sinks=sinks)
-        dcp1_ms, dcp1_cpu_ms = _time_ms(lambda: local(full_inputs))
-        dcp1_graph_ms = _graph_ms(lambda: local(full_inputs))
-        out1, lse1 = local(full_inputs)
+        dcp1_ms, dcp1_cpu_ms = _time_ms(lambda: baseline(full_inputs))
+        dcp1_graph_ms = _graph_ms(lambda: baseline(full_inputs))
+        out1, lse1 = baseline(full_inputs)
         both = torch.isfinite(lse1) & torch.isfinite(lse_dcp)
-        pad = -(-t * h * (512 * 2 + 4) // 16) * 16
+        pad = -(-t * h * (512 * 4 + 4) // 16) * 16  # fp32 partial output + fp32 LSE per rank
         comm_bytes = (w - 1) * pad
         worst = {k: (None if any(r[k] is None for r in per_rank) else max(r[k] for r in per_rank)) for k in mine}
         comm_ms = worst["dcp_comm_graph_ms"] or worst["dcp_comm_ms"]

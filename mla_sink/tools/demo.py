@@ -81,9 +81,10 @@ def run_demo(args: argparse.Namespace) -> int:
     x = make_inputs(args.tokens, args.heads, args.topk, args.pool, args.dtype, kv_dtype, device,
                     not args.no_sinks, args.seed)
     spec, platform = describe(x["q"], x["kv_cache"], x["indices"], x.get("sinks"), return_lse=True)
-    print(f"call: {spec} on {platform}; T={args.tokens} topk={args.topk} pool N={args.pool}")
+    # One key for the call: call_key (the explanation below repeats it; that line is dropped).
+    print(f"call: {call_key(spec, platform)} on {platform}; T={args.tokens} topk={args.topk} pool N={args.pool}")
     if args.path == "reference":  # always honoured, no row consulted (mla_sink.core.select.plan_call)
-        print(f"{call_key(spec, platform)}\n  → reference   (forced: the float64 reference runs anywhere)")
+        print("  → reference   (forced: the float64 reference runs anywhere)")
     else:
         from mla_sink.core.select import NoKernelError, plan_call
 
@@ -92,7 +93,8 @@ def run_demo(args: argparse.Namespace) -> int:
         except NoKernelError:  # run() below raises it with the full explanation (exit 2)
             pass
         else:
-            text = explain_call(spec, platform, path=args.path).splitlines()
+            key = call_key(spec, platform)  # printed above: not again
+            text = [line for line in explain_call(spec, platform, path=args.path).splitlines() if line.strip() != key]
             winner = [line for line in text if not line.lstrip().startswith("✗ ")]
             print("\n".join(winner))
             print(f"  ({len(text) - len(winner)} earlier rows rejected; `mla-sink explain` lists why)")

@@ -1,0 +1,35 @@
+"""benchmarks/ holds only what BENCHMARKS.md cites, and its Python scripts import with the package's layout."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+
+def _cited() -> set:
+    """``benchmarks/<name>`` tokens of BENCHMARKS.md (``*`` stands for a family, e.g. ``..._r*_...json``)."""
+    return set(re.findall(r"benchmarks/([\w.*\-]+)", (ROOT / "BENCHMARKS.md").read_text()))
+
+
+def test_every_file_in_benchmarks_is_cited():
+    cited = _cited()
+    uncited = [p.name for p in sorted(BENCH.iterdir()) if not any(fnmatch.fnmatch(p.name, c) for c in cited)]
+    assert not uncited, f"cite these in BENCHMARKS.md or delete them: {uncited}"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
+def test_benchmark_script_imports(script):
+    """Importing runs the script's imports (``mla_sink.paths.triton.launch``, ``mla_sink.core.reference``,
+    ...) and nothing else: every script keeps its work under ``if __name__ == "__main__"``."""
+    pytest.importorskip("triton")  # every script times or checks a Triton kernel
+    spec = importlib.util.spec_from_file_location(f"_bench_{script[:-3]}", BENCH / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(getattr(module, "main", None)), f"{script} has no main()"

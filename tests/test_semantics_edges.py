@@ -1,0 +1,274 @@
+"""Edges of the semantics, on every path that runs on the CPU: duplicated ids, huge scores, non-finite
+scores, the bounds of ``sm_scale`` and ``logit_cap``, ``T = 0``.
+
+The float64 reference defines the answer (:mod:`mla_sink.core.reference`); the ``triton`` path runs
+through Triton's interpreter; the AITER paths through the contract model of ``tests/aiter_contract.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mla_sink import CallSpec, DecodeInputs, Platform, SparseMLADecode, prepare, run, sparse_mla_decode
+from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.reference import sparse_mla_decode_reference as ref
+from mla_sink.paths.aiter import AiterWorkspace, launch_aiter
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+from aiter_contract import AiterContractFake
+
+INF, NAN = float("inf"), float("nan")
+interpreter = pytest.mark.interpreter
+
+
+# --------------------------------------------------------------------------------------------
+# Duplicated ids
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sm_scale", [1e14, 1e16, 1e30])
+def test_reference_duplicate_ids_at_huge_scores_are_exact(sm_scale):
+    """ids [2, 2] attend to row 2 alone: out is exactly v[2] at any score (normalising by exp(-logsumexp)
+    gave 2 v at 1e16 and 1.0057 v at 1e14), lse = s + log 2."""
+    q = torch.ones(1, 1, 576, dtype=torch.bfloat16)
+    kv = torch.randn(4, 576).bfloat16()
+    kv[2] = torch.linspace(0.01, 0.02, 576).bfloat16()  # q.k = 8.6: scores of 8.6e14 to 8.6e30
+    out, lse = ref(q, kv, torch.tensor([[2, 2]], dtype=torch.int32), sm_scale=sm_scale)
+    assert torch.equal(out[0, 0], kv[2, :512].double())
+    s = sm_scale * (q[0, 0].double() @ kv[2].double())
+    assert lse[0, 0].item() == pytest.approx(float(s) + math.log(2.0), rel=1e-6)
+
+
+def _duplicate_case(q_dtype=torch.bfloat16):
+    """Row 2 duplicated in the ids ``[2, 2, 5, -1]`` against a pool where the duplicate is a distinct row
+    (``[2, 6, 5, -1]`` with row 6 = row 2): both mean the same call."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, 576, generator=g).to(q_dtype)
+    kv = torch.randn(8, 576, generator=g).to(q_dtype)
+    kv[6] = kv[2]
+    dup = torch.tensor([[2, 2, 5, -1], [2, 2, 2, 2], [1, 7, 1, 7]], dtype=torch.int32)
+    distinct = torch.tensor([[2, 6, 5, -1], [2, 6, 2, 6], [1, 7, 3, 4]], dtype=torch.int32)
+    kv[3], kv[4] = kv[1], kv[7]
+    sinks = torch.tensor([0.0, 1.0, -INF, 2.0])
+    return q, kv, dup, distinct, sinks
+
+
+def test_reference_duplicate_id_counts_once_per_occurrence():
+    q, kv, dup, distinct, sinks = _duplicate_case()
+    a_out, a_lse = ref(q, kv, dup, sinks)
+    b_out, b_lse = ref(q, kv, distinct, sinks)
+    torch.testing.assert_close(a_out, b_out, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(a_lse, b_lse)
+    single_out, single_lse = ref(q, kv, torch.tensor([[2, 5, -1, -1]] * 3, dtype=torch.int32), sinks)
+    assert not torch.allclose(a_lse[0], single_lse[0])  # the duplicate really weighs twice
+
+
+@interpreter
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+def test_triton_duplicate_ids_match_the_reference(num_kv_splits):
+    q, kv, dup, _, sinks = _duplicate_case()
+    out, lse = sparse_mla_decode_triton(q, kv, dup, sinks, num_kv_splits=num_kv_splits)
+    r_out, r_lse = ref(q, kv, dup, sinks)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2)
+    torch.testing.assert_close(lse, r_lse, atol=1e-5, rtol=1e-5)
+    q1 = torch.ones(1, 1, 576, dtype=torch.bfloat16)
+    kv1 = torch.full((4, 576), 0.01, dtype=torch.bfloat16)
+    kv1[2] = torch.linspace(0.01, 0.02, 576).bfloat16()
+    out1, _ = sparse_mla_decode_triton(q1, kv1, torch.tensor([[2, 2]], dtype=torch.int32), sm_scale=1e16)
+    assert torch.equal(out1[0, 0], kv1[2, :512])  # the average of a row with itself, at a huge score
+
+
+@pytest.mark.parametrize("path,arch,params", [
+    ("aiter_lse", "gfx942", {}),
+    ("aiter_persistent", "gfx950", {"return_lse": True}),
+])
+def test_aiter_contract_duplicate_ids_match_the_reference(path, arch, params):
+    q, kv, dup, _, sinks = _duplicate_case()
+    q, kv, sinks = q[:, :4].repeat(1, 4, 1), kv, sinks.repeat(4)  # 16 heads: AITER's smallest bucket
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=dup.shape[1], sinks=True)
+    plan = LaunchPlan(path=path, params=params, spec=spec, platform=Platform(arch=arch, aiter_version="0.1.20"),
+                      row_id="contract")
+    x = DecodeInputs(q=q, kv_cache=kv, indices=dup, sm_scale=576 ** -0.5, sinks=sinks)
+    fake = AiterContractFake(arch=arch)
+    out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+    r_out, r_lse = ref(q, kv, dup, sinks)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, r_lse, atol=2e-3, rtol=1e-4)
+    assert len(fake.calls) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Non-finite scores: +inf / NaN make the row NaN, all -inf is an empty row
+# --------------------------------------------------------------------------------------------
+
+
+def _non_finite_case():
+    """Column 5 of every KV row is > 0, so q[..., 5] = -inf gives every score -inf, +inf gives +inf."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(5, 3, 576, generator=g).half()
+    kv = torch.randn(16, 576, generator=g).half()
+    kv[:, 5] = kv[:, 5].abs() + 0.1
+    idx = torch.randint(0, 16, (5, 8), generator=g, dtype=torch.int32)
+    idx[4] = -1
+    q[0, 0, 5] = INF  # every score +inf: NaN
+    q[0, 1, 5] = -INF  # every score -inf: an empty row
+    q[0, 2, 7] = NAN  # NaN scores: NaN
+    q[1, 0, 5] = -INF
+    q[1, 1, 5], q[1, 1, 6] = INF, -INF  # inf - inf inside the dot product: NaN
+    q[4, 0, 5] = NAN  # no valid id: the NaN is never used, an empty row
+    return q, kv, idx
+
+
+def test_reference_non_finite_scores():
+    q, kv, idx = _non_finite_case()
+    out, lse = ref(q, kv, idx)
+    nan_rows = {(0, 0), (0, 2), (1, 1)}
+    empty_rows = {(0, 1), (1, 0)} | {(4, h) for h in range(3)}
+    for t in range(5):
+        for h in range(3):
+            if (t, h) in nan_rows:
+                assert math.isnan(lse[t, h]) and out[t, h].isnan().all(), (t, h)
+            elif (t, h) in empty_rows:
+                assert lse[t, h] == -INF and (out[t, h] == 0).all(), (t, h)
+            else:
+                assert math.isfinite(lse[t, h]) and out[t, h].isfinite().all(), (t, h)
+
+
+@interpreter
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+@pytest.mark.parametrize("sinks", [None, "mixed"])
+@pytest.mark.parametrize("logit_cap", [0.0, 5.0])
+def test_triton_non_finite_scores_match_the_reference(num_kv_splits, sinks, logit_cap):
+    """Same NaN / -inf / finite pattern and values as the reference, with and without sinks, the soft cap
+    (which maps +-inf scores to +-cap) and split-KV (the combine kernel)."""
+    q, kv, idx = _non_finite_case()
+    s = None if sinks is None else torch.tensor([0.0, INF, -1.0])
+    out, lse = sparse_mla_decode_triton(q, kv, idx, s, logit_cap=logit_cap, num_kv_splits=num_kv_splits)
+    r_out, r_lse = ref(q, kv, idx, s, logit_cap=logit_cap)
+    assert torch.equal(lse.isnan(), r_lse.isnan()) and torch.equal(lse.isneginf(), r_lse.isneginf())
+    assert torch.equal(out.isnan(), r_out.isnan())
+    assert not lse.isposinf().any()
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2, equal_nan=True)
+    torch.testing.assert_close(lse.double(), r_lse.double(), atol=1e-4, rtol=1e-5, equal_nan=True)
+    if logit_cap == 0.0:
+        assert r_lse.isnan().any() and (r_lse == -INF).any()  # the case exercises both rules
+
+
+@interpreter
+def test_public_function_non_finite_q_same_on_both_paths():
+    q, kv, idx = _non_finite_case()
+    a_out, a_lse = sparse_mla_decode(q, kv, idx, return_lse=True, path="triton")
+    b_out, b_lse = sparse_mla_decode(q, kv, idx, return_lse=True, path="reference")
+    assert torch.equal(a_lse.isnan(), b_lse.isnan()) and torch.equal(a_lse.isneginf(), b_lse.isneginf())
+    torch.testing.assert_close(a_out, b_out, atol=2e-3, rtol=1e-2, equal_nan=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Bounds of sm_scale and logit_cap
+# --------------------------------------------------------------------------------------------
+
+TOO_BIG = [2.0 ** 126 * 1.0000001, 2.4e38, 3e38, 1e39]
+TOO_SMALL = [2.0 ** -126 * 0.9999999, 1e-40]
+
+
+def _small_call(T=2, H=4, N=16, topk=8):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(T, H, 576, generator=g).half(), torch.randn(N, 576, generator=g).half(),
+            torch.randint(0, N, (T, topk), generator=g, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("value", TOO_BIG + TOO_SMALL)
+def test_sm_scale_out_of_range_is_refused_everywhere(value):
+    q, kv, idx = _small_call()
+    with pytest.raises(ValueError, match=r"'sm_scale' must be a finite float in \[2\^-126, 2\^126\]"):
+        sparse_mla_decode(q, kv, idx, sm_scale=value)
+    with pytest.raises(ValueError, match=r"'sm_scale'.*2\^126"):
+        SparseMLADecode(num_heads=4, q_dtype="fp16", kv_dtype="fp16", topk=8, sm_scale=value, platform=Platform("cpu"))
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=8)
+    with pytest.raises(ValueError, match=r"'sm_scale'.*2\^126"):
+        run(spec, DecodeInputs(q, kv, idx, value))
+    with pytest.raises(ValueError, match=r"'sm_scale'.*2\^126"):
+        prepare(spec, Platform("cpu"), sm_scale=value)
+    with pytest.raises(ValueError, match=r"'sm_scale'.*2\^126"):
+        torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, None, value, None, None, None, False, 0.0, "")
+
+
+@pytest.mark.parametrize("value", TOO_BIG + TOO_SMALL)
+def test_positive_logit_cap_out_of_range_is_refused_everywhere(value):
+    q, kv, idx = _small_call()
+    match = r"'logit_cap' must be <= 0 \(no cap\) or in \[2\^-126, 2\^126\]"
+    with pytest.raises(ValueError, match=match):
+        sparse_mla_decode(q, kv, idx, logit_cap=value)
+    with pytest.raises(ValueError, match=match):
+        SparseMLADecode(num_heads=4, q_dtype="fp16", kv_dtype="fp16", topk=8, logit_cap=value, platform=Platform("cpu"))
+    with pytest.raises(ValueError, match=match):
+        CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=8, logit_cap=value)
+    with pytest.raises(ValueError, match=match):
+        torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, None, 0.1, None, None, None, False, value, "")
+
+
+def test_non_positive_logit_cap_means_no_cap_at_any_magnitude():
+    for value in (0.0, -1.0, -1e300):
+        assert CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=8, logit_cap=value).logit_cap == 0.0
+
+
+@interpreter
+def test_bounds_are_accepted_and_every_path_agrees_there():
+    """At sm_scale = 2^126 (scores kept moderate by tiny q and k) and logit_cap = 2^126 or 2^-126, the
+    Triton path (fp32 with log2(e) folded in) and the float64 reference give the same answer."""
+    g = torch.Generator().manual_seed(2)
+    q = (torch.randn(2, 4, 576, generator=g) * 2.0 ** -64).bfloat16()
+    kv = (torch.randn(16, 576, generator=g) * 2.0 ** -60).bfloat16()
+    idx = torch.randint(0, 16, (2, 8), generator=g, dtype=torch.int32)
+    for sm_scale in (2.0 ** 126, 2.0 ** 120):
+        a_out, a_lse = sparse_mla_decode(q, kv, idx, sm_scale=sm_scale, return_lse=True, path="triton")
+        b_out, b_lse = sparse_mla_decode(q, kv, idx, sm_scale=sm_scale, return_lse=True, path="reference")
+        assert a_lse.isfinite().all() and not a_out.isnan().any()
+        torch.testing.assert_close(a_out, b_out, atol=2e-3, rtol=1e-2)
+        torch.testing.assert_close(a_lse, b_lse, atol=1e-4, rtol=1e-5)
+    q2, kv2, idx2 = _small_call()
+    for cap in (2.0 ** 126, 2.0 ** -126, 30.0):
+        a_out, a_lse = sparse_mla_decode(q2, kv2, idx2, logit_cap=cap, return_lse=True, path="triton")
+        b_out, b_lse = sparse_mla_decode(q2, kv2, idx2, logit_cap=cap, return_lse=True, path="reference")
+        assert a_lse.isfinite().all() and not a_out.isnan().any()
+        torch.testing.assert_close(a_out, b_out, atol=2e-3, rtol=1e-2)
+        torch.testing.assert_close(a_lse, b_lse, atol=1e-4, rtol=1e-5)
+    b_out, _ = sparse_mla_decode(q, kv, idx, sm_scale=2.0 ** -126, path="reference")  # the lower bound runs
+    assert b_out.isfinite().all()
+
+
+# --------------------------------------------------------------------------------------------
+# T = 0 (topk, N, H >= 1 are required; no token is fine)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["reference", pytest.param("triton", marks=interpreter)])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_zero_tokens(path, with_sinks):
+    q = torch.empty(0, 4, 576, dtype=torch.bfloat16)
+    kv = torch.randn(8, 576).bfloat16()
+    idx = torch.empty(0, 16, dtype=torch.int32)
+    sinks = torch.zeros(4) if with_sinks else None
+    out, lse = sparse_mla_decode(q, kv, idx, sinks, return_lse=True, path=path)
+    assert out.shape == (0, 4, 512) and out.dtype == torch.bfloat16 and lse.shape == (0, 4)
+    buf = torch.empty(0, 4, 512, dtype=torch.bfloat16)
+    out, lse = sparse_mla_decode(q, kv, idx, sinks, out=buf, path=path)
+    assert out is buf and (lse is None) == (not with_sinks)
+    layer = SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=16, sinks=sinks, path=path,
+                            platform=Platform("cpu"))
+    out, lse = layer(q, kv, idx)
+    assert out.shape == (0, 4, 512) and (lse is None or lse.shape == (0, 4))
+
+
+@pytest.mark.parametrize("q_shape,kv_shape,idx_shape,arg", [
+    ((2, 0, 576), (8, 576), (2, 4), "'q'"),
+    ((2, 4, 576), (0, 576), (2, 4), "'kv_cache'"),
+    ((2, 4, 576), (8, 576), (2, 0), "'indices'"),
+])
+def test_zero_heads_rows_or_topk_are_refused(q_shape, kv_shape, idx_shape, arg):
+    with pytest.raises(ValueError, match=arg):
+        sparse_mla_decode(torch.zeros(q_shape, dtype=torch.bfloat16), torch.zeros(kv_shape, dtype=torch.bfloat16),
+                          torch.zeros(idx_shape, dtype=torch.int32))
