@@ -78,12 +78,11 @@ def prepare(
         check_sm_scale(sm_scale)
     plan = _cached_plan(spec, platform, path)
     if plan.path.startswith("aiter"):
-        # Run the AITER planner now on a one-token shape: whatever it rejects (dtype, heads, version,
-        # LSE support) is rejected at construction, not at the first forward.
+        # Run the AITER planner now on a one-token shape: whatever it rejects (malformed params, a
+        # path without LSE for a call that needs one) is rejected at construction, not at the first forward.
         from mla_sink.paths.aiter import plan_aiter
 
-        plan_aiter(plan, num_tokens=1, num_kv_rows=1, topk=spec.topk, meta_param=(1, 1),
-                   sm_scale=D_QK ** -0.5 if sm_scale is None else sm_scale)
+        plan_aiter(plan, num_tokens=1, meta_param=(1, 1))
     return plan
 
 
