@@ -1,16 +1,17 @@
 """Generic ordered rule-table engine: load, select, explain, check.
 
 A table (YAML) declares typed ``fields`` with domains, named ``paths`` and
-ordered ``rows``; the first row whose conditions hold chooses a path or
-refuses. ``explain`` says why every earlier row was rejected; ``check_table``
-proves over the product of the domains that every combination is answered and
-every row can win. Knows nothing about any particular application.
+ordered ``rows``; the first row whose conditions (and its path's ``requires``) hold chooses a path, with
+the path's default ``params`` under the row's own, or refuses. ``explain`` says
+why every earlier row was rejected, grouped by path and each mismatch once;
+``check_table`` proves over the product of the domains that every combination is
+answered and every row can win. Knows nothing about any particular application.
 """
 
 from .check import Problem, assert_table_ok, check_table
-from .conditions import OPERATORS, Condition, Failure
+from .conditions import OPERATORS, Condition, Failure, statements
 from .errors import TableCheckError, TableError
-from .explain import explain, selection_to_dict
+from .explain import ReasonsOnce, explain, rejection_groups, selection_to_dict
 from .loader import load_table
 from .schema import Field, PathSpec
 from .table import Row, RuleTable, Selection
@@ -22,6 +23,7 @@ __all__ = [
     "Field",
     "PathSpec",
     "Problem",
+    "ReasonsOnce",
     "Row",
     "RuleTable",
     "Selection",
@@ -31,5 +33,7 @@ __all__ = [
     "check_table",
     "explain",
     "load_table",
+    "rejection_groups",
     "selection_to_dict",
+    "statements",
 ]

@@ -2,22 +2,25 @@
 
 Over the product of the declared domains it reports: combinations no row
 answers (``gap``); rows that never win (``shadowed`` by named earlier rows, or
-``unsatisfiable``); rows that match combinations their path's ``requires``
-forbid (``requires``); rows naming undeclared paths (``undeclared_path``); and,
-as a warning, declared paths no row names (``unused_path``).
+``unsatisfiable``, their own conditions or their path's ``requires`` included);
+rows naming undeclared paths (``undeclared_path``); and, as warnings, declared
+paths no row names (``unused_path``), row conditions their path's ``requires``
+already imply (``redundant_condition``) and row params equal to their path's
+default (``redundant_param``). A row matches where its ``when`` and its path's
+``requires`` both hold: the requirements are declared once on the path, not
+repeated in rows.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from .conditions import failures
 from .errors import TableCheckError
 from .grid import Grid
 from .schema import format_value
 from .table import Row, RuleTable
 
-WARNING_KINDS = frozenset({"unused_path"})
+WARNING_KINDS = frozenset({"unused_path", "redundant_condition", "redundant_param"})
 
 
 @attrs.frozen
@@ -25,8 +28,9 @@ class Problem:
     """One finding of ``check_table``.
 
     Attributes:
-        kind: ``gap``, ``shadowed``, ``unsatisfiable``, ``requires``,
-            ``undeclared_path`` or ``unused_path`` (a warning).
+        kind: ``gap``, ``shadowed``, ``unsatisfiable``, ``undeclared_path``,
+            or one of the warnings ``unused_path``, ``redundant_condition``,
+            ``redundant_param``.
         row_id: The row concerned, or ``None`` (gaps, unused paths).
         message: Human text, with an example combination where one exists.
     """
@@ -37,7 +41,7 @@ class Problem:
 
     @property
     def level(self) -> str:
-        """``"warning"`` for ``unused_path``, else ``"error"``."""
+        """``"warning"`` for the kinds in ``WARNING_KINDS``, else ``"error"``."""
         return "warning" if self.kind in WARNING_KINDS else "error"
 
     def __str__(self) -> str:
@@ -67,6 +71,28 @@ def _unsatisfiable(table: RuleTable, grid: Grid, row: Row, when: int) -> Problem
     return Problem("unsatisfiable", row.id, f"{_where(table, row)}: can never match: {detail}")
 
 
+def _redundancies(table: RuleTable, grid: Grid, row: Row, spec) -> list[Problem]:
+    """Warnings for a row that repeats what its path already declares."""
+    out = []
+    required = grid.by_field(spec.requires)
+    for name, conds in grid.by_field(row.when).items():
+        if name in required:
+            needed = grid.field_mask(name, required[name])
+            if needed and needed & grid.field_mask(name, conds) == needed:
+                out.append(Problem(
+                    "redundant_condition", row.id,
+                    f"{_where(table, row)}: its condition on {name} adds nothing: path {row.path!r} "
+                    f"already requires it ({'; '.join(f'{c.op} {format_value(c.arg)}' for c in required[name])})",
+                ))
+    for key, value in row.params.items():
+        if key in spec.params and spec.params[key] == value:
+            out.append(Problem(
+                "redundant_param", row.id,
+                f"{_where(table, row)}: params {key}: {format_value(value)} repeats the default of path {row.path!r}",
+            ))
+    return out
+
+
 def check_table(table: RuleTable) -> list[Problem]:
     """Check a table over the full product of its declared field domains.
 
@@ -93,20 +119,8 @@ def check_table(table: RuleTable) -> list[Problem]:
                 )
             else:
                 req = grid.mask(spec.requires)
+                problems.extend(_redundancies(table, grid, row, spec))
         when = grid.mask(row.when)
-        bad = when & remaining & ~req
-        if bad:
-            example = grid.example(bad)
-            why = "; ".join(str(f) for f in failures(table.paths[row.path].requires, example))
-            problems.append(
-                Problem(
-                    "requires",
-                    row.id,
-                    f"{_where(table, row)}: matches {bad.bit_count()} combination(s) that path "
-                    f"{row.path!r} does not allow, e.g. {_combo(example)} ({why}); "
-                    "add the requirement to the row's when",
-                )
-            )
         match = when & req
         if not match & remaining:
             if not match:

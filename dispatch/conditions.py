@@ -142,6 +142,42 @@ class Condition:
         return Failure(self.field, self.op, actual, self.arg, self.because)
 
 
+def statements(fails: tuple) -> tuple:
+    """State a list of failures once per field: one text per field, in first-seen order.
+
+    Identical failures are stated once; several failures of one field become one
+    statement, e.g. ``aiter_version=None, needs a value and >= 0.1.19 (AITER absent
+    or too old)`` (a shared ``because`` is written once, different ones after each
+    need). Failures of a row skipped by ``only_paths`` keep their own text.
+
+    Args:
+        fails: ``Failure`` records.
+
+    Returns:
+        A tuple of strings.
+    """
+    groups: dict = {}
+    for fail in fails:
+        key = ("requested", id(fail)) if fail.op == "requested" else fail.field
+        group = groups.setdefault(key, [])
+        if fail not in group:
+            group.append(fail)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(str(group[0]))
+            continue
+        head = f"{group[0].field}={format_value(group[0].actual)}, needs "
+        reasons = {f.because for f in group}
+        if len(reasons) == 1:
+            (because,) = reasons
+            text = head + " and ".join(f.needs() for f in group)
+            out.append(f"{text} ({because})" if because else text)
+        else:
+            out.append(head + " and ".join(f"{f.needs()} ({f.because})" if f.because else f.needs() for f in group))
+    return tuple(out)
+
+
 def failures(conditions: tuple, values: Any) -> tuple:
     """Evaluate every condition and collect all failures.
 

@@ -21,7 +21,7 @@ from .yaml_lines import LineDict, LineList, load_yaml
 
 TOP_KEYS = ("table", "description", "fields", "paths", "rows")
 FIELD_KEYS = ("type", "domain", "nullable", "description", "closed")
-PATH_KEYS = ("description", "requires")
+PATH_KEYS = ("description", "requires", "params", "source")
 ROW_KEYS = ("id", "when", "path", "refuse", "params", "why", "source")
 NAME_RE = re.compile(r"[a-z_][a-z0-9_]*\Z")
 ID_RE = re.compile(r"[a-z0-9_]+\Z")
@@ -61,7 +61,7 @@ def _text(ctx: _Ctx, mapping: LineDict, key: str, *, required: bool) -> str:
         if required:
             raise ctx.error(mapping.line, f"missing {key!r} (a non-empty string)")
         return ""
-    if not isinstance(value, str) or (required and not value.strip()):
+    if not isinstance(value, str) or not value.strip():
         raise ctx.error(mapping.line_of(key), f"{key!r} must be a non-empty string, got {format_value(value)}")
     return value
 
@@ -186,6 +186,20 @@ def _parse_conditions(ctx: _Ctx, when: Any, fields: dict, line: int, what: str) 
     return tuple(conditions)
 
 
+def _parse_params(ctx: _Ctx, mapping: LineDict, owner_line: int) -> dict:
+    """The ``params`` of a row or path: a mapping with string keys (``{}`` when absent)."""
+    params = mapping.get("params")
+    if params is None:
+        if "params" in mapping:
+            raise ctx.error(mapping.line_of("params"), "params must be a mapping, got None (omit the key for none)")
+        return {}
+    params = _require_map(ctx, params, mapping.line_of("params") or owner_line, "params")
+    for key in params:
+        if not isinstance(key, str):
+            raise ctx.error(params.line_of(key), f"params key {key!r} must be a string")
+    return _plain(params)
+
+
 def _parse_path(ctx: _Ctx, name: Any, spec: Any, line: int, fields: dict) -> PathSpec:
     if not isinstance(name, str) or not ID_RE.match(name):
         raise ctx.error(line, f"path name {name!r} must match [a-z0-9_]+")
@@ -193,7 +207,14 @@ def _parse_path(ctx: _Ctx, name: Any, spec: Any, line: int, fields: dict) -> Pat
     spec = LineDict() if spec is None else _require_map(ctx, spec, line, "a path declaration")
     _check_keys(ctx, spec, PATH_KEYS, "path key")
     requires = _parse_conditions(ctx, spec.get("requires"), fields, spec.line_of("requires") or line, "requires")
-    out = PathSpec(name, _text(ctx, spec, "description", required=False), requires, line)
+    out = PathSpec(
+        name,
+        _text(ctx, spec, "description", required=False),
+        requires,
+        line,
+        params=_parse_params(ctx, spec, line),
+        source=_text(ctx, spec, "source", required=False),
+    )
     ctx.where = ""
     return out
 
@@ -221,19 +242,14 @@ def _parse_row(ctx: _Ctx, raw: Any, line: int, fields: dict, paths: dict, seen: 
         refuse = _text(ctx, raw, "refuse", required=True)
         if "params" in raw:
             raise ctx.error(raw.line_of("params"), "params are not allowed on a refusal row")
-    params = raw.get("params")
-    if params is not None:
-        params = _require_map(ctx, params, raw.line_of("params"), "params")
-        for key in params:
-            if not isinstance(key, str):
-                raise ctx.error(params.line_of(key), f"params key {key!r} must be a string")
+    params = _parse_params(ctx, raw, raw.line)
     when = _parse_conditions(ctx, raw.get("when"), fields, raw.line_of("when"), "when")
     row = Row(
         id=row_id,
         when=when,
         path=path,
         refuse=refuse,
-        params=_plain(params or {}),
+        params=params,
         why=_text(ctx, raw, "why", required=True),
         source=_text(ctx, raw, "source", required=True),
         line=raw.line,

@@ -2,12 +2,15 @@
 
 A field has a type (``str``, ``int``, ``float``, ``bool`` or ``version``), may be
 nullable, and declares the domain the checker enumerates. A path names a result a
-row may choose, and may carry ``requires`` conditions that must hold whenever it wins.
+row may choose; it may carry ``requires`` (conditions every row naming it must also
+meet, declared once instead of in each row) and default ``params`` (which a row's
+own ``params`` override).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import types
+from typing import Any, Mapping
 
 import attrs
 from packaging.version import InvalidVersion, Version
@@ -147,6 +150,11 @@ class Field:
         return ()
 
 
+def readonly(mapping: Mapping | None) -> Mapping:
+    """Return a read-only copy of ``mapping`` (``{}`` for ``None``)."""
+    return types.MappingProxyType(dict(mapping or {}))
+
+
 @attrs.frozen
 class PathSpec:
     """A result a row may choose.
@@ -154,9 +162,15 @@ class PathSpec:
     Attributes:
         name: The path name (``[a-z0-9_]+``).
         description: Free text.
-        requires: Conditions (``Condition`` records) that must hold whenever a
-            row naming this path wins; a matching row whose path requirements
-            fail is rejected with those failures.
+        requires: Conditions (``Condition`` records) that every row naming this
+            path must also meet: ``select`` evaluates them together with the
+            row's own ``when`` (a row whose path requirements fail is rejected
+            with those failures), and the checker treats them as part of each
+            such row. Declared once here, they need not be repeated in rows.
+        params: Read-only default parameters of every row naming this path; a
+            row's own ``params`` override them key by key
+            (``Selection.params`` is the merged mapping).
+        source: Where the requirements and defaults come from (free text).
         line: Line of the declaration in the YAML file, or 0.
     """
 
@@ -164,3 +178,5 @@ class PathSpec:
     description: str = ""
     requires: tuple = ()
     line: int = 0
+    params: Mapping = attrs.field(factory=dict, converter=readonly, hash=False)
+    source: str = ""

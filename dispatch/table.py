@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import types
 from typing import Any, Collection, Mapping
 
 import attrs
 
 from .conditions import Failure, failures
-from .schema import format_value
-
-
-def _readonly(mapping: Mapping | None) -> Mapping:
-    return types.MappingProxyType(dict(mapping or {}))
+from .schema import format_value, readonly as _readonly
 
 
 @attrs.frozen
@@ -24,7 +19,8 @@ class Row:
         when: ``Condition`` records, all of which must hold (empty = always).
         path: The chosen path, or ``None`` for a refusal row.
         refuse: The refusal text, or ``None`` for a path row.
-        params: Read-only mapping of parameters passed along with the path.
+        params: Read-only mapping of the row's own parameters; they override
+            the defaults of its path (``PathSpec.params``).
         why: Why the rule exists.
         source: Where the fact comes from.
         line: Line of the row in the YAML file, or 0.
@@ -54,11 +50,17 @@ class Selection:
         values: The declared fields' values used for the decision.
         row: The winning ``Row``, or ``None`` when no row matched.
         path: The chosen path, or ``None`` when refused.
-        params: Read-only parameters of the winning row.
+        params: Read-only parameters of the winner: its path's default
+            ``params`` overridden by the row's own (empty for a refusal).
         refused: True when the winner is a refusal row or no row matched.
         reason: The refusal text, ``"no row matched"``, or ``""``.
         rejected: ``(Row, tuple[Failure, ...])`` for every row before the winner
-            (every row when none matched), each with all of its failures.
+            (every row when none matched), each with all of its failures: the
+            row's own ``when`` first, then its path's ``requires``.
+        path_failures: Read-only mapping from the name of every path whose
+            ``requires`` failed for these values (among the rejected rows' paths)
+            to those failures; ``explain`` states them once per path instead of
+            once per row.
     """
 
     table: str
@@ -69,6 +71,7 @@ class Selection:
     refused: bool
     reason: str
     rejected: tuple = ()
+    path_failures: Mapping = attrs.field(factory=dict, converter=_readonly, hash=False)
 
 
 @attrs.frozen
@@ -142,12 +145,25 @@ class RuleTable:
             values: Checked values (see ``check_values``).
 
         Returns:
-            A tuple of ``Failure`` (empty when the row matches).
+            A tuple of ``Failure`` (empty when the row matches): the row's own
+            conditions first, then its path's ``requires``.
         """
         fails = failures(row.when, values)
         if row.path is not None and row.path in self.paths:
             fails += failures(self.paths[row.path].requires, values)
         return fails
+
+    def row_params(self, row: Row) -> dict:
+        """Return the parameters a winning ``row`` passes on: its path's defaults, then its own.
+
+        Args:
+            row: A row of this table.
+
+        Returns:
+            A new dict (empty for a refusal row).
+        """
+        spec = self.paths.get(row.path) if row.path is not None else None
+        return {**(spec.params if spec is not None else {}), **row.params}
 
     def select(
         self, values: Mapping[str, Any], *, only_paths: Collection[str] | None = None
@@ -161,7 +177,9 @@ class RuleTable:
 
         Returns:
             A ``Selection``; ``refused`` is true for a refusal row or when no
-            row matched, and ``rejected`` lists every earlier row with all its failures.
+            row matched, ``params`` merges the path's defaults with the row's own,
+            ``rejected`` lists every earlier row with all its failures and
+            ``path_failures`` the failed requirements of each path.
 
         Raises:
             ValueError: A declared field is missing or has a wrong-typed value.
@@ -169,12 +187,17 @@ class RuleTable:
         vals = self.check_values(values)
         wanted = None if only_paths is None else frozenset(only_paths)
         rejected = []
+        required: dict = {}  # path -> failures of its requires (each path evaluated once)
         for row in self.rows:
             if wanted is not None and (row.path is None or row.path not in wanted):
                 skip = Failure("path", "requested", row.path, tuple(sorted(wanted)), None)
                 rejected.append((row, (skip,)))
                 continue
-            fails = self.row_failures(row, vals)
+            fails = failures(row.when, vals)
+            if row.path is not None and row.path in self.paths:
+                if row.path not in required:
+                    required[row.path] = failures(self.paths[row.path].requires, vals)
+                fails += required[row.path]
             if fails:
                 rejected.append((row, fails))
                 continue
@@ -183,10 +206,11 @@ class RuleTable:
                 values=vals,
                 row=row,
                 path=row.path,
-                params=row.params,
+                params=self.row_params(row),
                 refused=row.is_refusal,
                 reason=row.refuse or "",
                 rejected=tuple(rejected),
+                path_failures={p: f for p, f in required.items() if f},
             )
         return Selection(
             table=self.name,
@@ -197,4 +221,5 @@ class RuleTable:
             refused=True,
             reason="no row matched",
             rejected=tuple(rejected),
+            path_failures={p: f for p, f in required.items() if f},
         )

@@ -73,8 +73,8 @@ def prepare(
         check_sm_scale(sm_scale)
     plan = build_plan(spec, platform, path=path)
     if plan.path.startswith("aiter"):
-        # Plan the AITER call now on a one-token shape: whatever its planner rejects is rejected at
-        # construction, not at the first forward.
+        # Plan the AITER call now on a one-token shape: whatever its planner rejects (malformed params, a
+        # path without LSE for a call that needs one) is rejected at construction, not at the first forward.
         build_plan(spec, platform, num_tokens=1, path=path)
     return plan
 

@@ -67,8 +67,12 @@ class AiterContractFake:
             ``num_kv_splits`` still goes through the fp8 cap.
 
     Attributes:
-        calls: one dict per ``mla_decode_fwd`` call (persistent, effective splits, return_lse, heads, ...).
+        calls: one dict per ``mla_decode_fwd`` call (persistent, effective splits, return_lse, heads,
+            ``max_seqlen_q`` as passed and ``qo_rows``, the most query rows of one batch in ``qo_indptr``, ...).
         metadata_fills: number of ``get_mla_metadata_v1`` calls.
+        qlen_args: every query-length argument the fake was given, as ``(function, name, value)``
+            (``max_seqlen_q`` of ``get_meta_param`` and ``mla_decode_fwd``, ``max_seqlen_qo`` of both
+            metadata functions, ``uni_seqlen_qo`` of the fill).
     """
 
     def __init__(self, *, version: str = "0.1.20", arch: str = "gfx942", cu_num: Optional[int] = None,
@@ -79,11 +83,13 @@ class AiterContractFake:
         self.heuristic_splits = heuristic_splits
         self.calls: list[dict[str, Any]] = []
         self.metadata_fills = 0
+        self.qlen_args: list[tuple[str, str, Any]] = []
         self._plans: dict[int, dict[str, Any]] = {}
 
     # ---- split heuristic ------------------------------------------------------------------------
     def get_meta_param(self, num_kv_splits, bs, total_kv, nhead, max_seqlen_q, dtype, tg_factor=1, ignore_total_kv=0):
         """Split count and ``num_kv_splits_indptr = arange(0, (bs + 1) * n, n)`` (int32)."""
+        self.qlen_args.append(("get_meta_param", "max_seqlen_q", max_seqlen_q))
         if num_kv_splits is None and self.heuristic_splits is not None:
             n = self.heuristic_splits
             return n, torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)
@@ -107,6 +113,7 @@ class AiterContractFake:
                                  fast_mode=True, num_kv_splits=32, intra_batch_mode=False):
         """``(shape, dtype)`` of work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr,
         reduce_final_map, reduce_partial_map (in that order)."""
+        self.qlen_args.append(("get_mla_metadata_info_v1", "max_seqlen_qo", max_seqlen_qo))
         assert num_head_qo % 8 == 0, f"num_head_qo={num_head_qo} must be a multiple of 8"
         batches = batch_size * max_seqlen_qo if is_sparse else batch_size
         tiles = batches * max(1, math.ceil(num_head_qo / 128))
@@ -125,6 +132,8 @@ class AiterContractFake:
                             uni_seqlen_qo=-1, fast_mode=True, topk=-1, max_split_per_batch=-1,
                             intra_batch_mode=False, dtype_q=None, dtype_kv=None, **_: Any) -> None:
         """Write a one-work-per-token plan into the buffers, in place."""
+        self.qlen_args += [("get_mla_metadata_v1", "max_seqlen_qo", max_seqlen_qo),
+                           ("get_mla_metadata_v1", "uni_seqlen_qo", uni_seqlen_qo)]
         if work_info_set.dim() != 2 or work_info_set.shape[1] != 8 or work_indptr.dim() != 1:
             raise AiterAbort(
                 "get_mla_metadata_v1: argument 8 must be work_info_set [#work, 8] and argument 9 work_indptr "
@@ -182,6 +191,8 @@ class AiterContractFake:
         if o.dtype != torch.bfloat16:
             raise AiterAbort(f"o must be bf16 (got {o.dtype})")
         bs = qo_indptr.shape[0] - 1
+        self.qlen_args.append(("mla_decode_fwd", "max_seqlen_q", max_seqlen_q))
+        qo_rows = max((b - a for a, b in zip(qo_indptr.tolist(), qo_indptr.tolist()[1:])), default=0)
         fp8_q = q.dtype in _FP8
         bf16_both = q.dtype == torch.bfloat16 and kv_buffer.dtype == torch.bfloat16
         persistent = work_meta_data is not None
@@ -189,6 +200,7 @@ class AiterContractFake:
                 and max_seqlen_q == 1 and bs >= 32):
             persistent = False  # concurrency gate: silently uses the non-persistent kernel
         record: dict[str, Any] = {"persistent": persistent, "return_lse": return_lse, "nhead": nhead,
+                                  "max_seqlen_q": max_seqlen_q, "qo_rows": qo_rows, "sm_scale": sm_scale,
                                   "q_dtype": q.dtype, "num_kv_splits_arg": num_kv_splits,
                                   "num_kv_splits_indptr_given": num_kv_splits_indptr is not None}
         self.calls.append(record)

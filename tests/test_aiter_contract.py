@@ -13,13 +13,22 @@ import attrs
 import pytest
 import torch
 
-from mla_sink.paths.aiter import AiterWorkspace, allocate_buffers, fill_kv_buffers, launch_aiter, plan_aiter
+from mla_sink.paths.aiter import (
+    AiterWorkspace,
+    allocate_buffers,
+    fill_kv_buffers,
+    launch_aiter,
+    plan_aiter,
+    run_call,
+    with_meta_param,
+)
 from mla_sink.paths.aiter.launch import allocate_metadata, fill_metadata
 from mla_sink.core.dtypes import TORCH_DTYPES
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import CallSpec, Platform
 from mla_sink.core.reference import sparse_mla_decode_reference
+from mla_sink.core.select import NoKernelError, mla_table, plan_call
 
 from aiter_contract import GARBAGE_LSE, AiterAbort, AiterContractFake
 
@@ -72,8 +81,10 @@ def make_inputs(T: int, H: int, q_key: str, *, sinks: Optional[str] = None, seed
 
 def make_plan(path: str, arch: str, q_key: str, H: int, *, params: Optional[dict] = None, sinks: bool = True,
               version: str = "0.1.20") -> LaunchPlan:
+    """A plan of ``path`` with the path's default params from tables/mla_decode.yaml under ``params``."""
     spec = CallSpec(q_dtype=q_key, kv_dtype=q_key, num_heads=H, topk=TOPK, sinks=sinks)
-    return LaunchPlan(path=path, params=params or {}, spec=spec,
+    defaults = dict(mla_table().paths[path].params) if path in mla_table().paths else {}
+    return LaunchPlan(path=path, params={**defaults, **(params or {})}, spec=spec,
                       platform=Platform(arch=arch, aiter_version=version), row_id="contract")
 
 
@@ -125,6 +136,11 @@ def test_path_matches_reference(case, sinks):
     assert_matches_reference(x, out, lse)
     assert torch.all(out[1] == 0) and (lse is None or torch.all(lse[1] == float("-inf")))
     assert len(fake.calls) == 1
+    # one query row per AITER batch: every query-length argument AITER is given is 1, and so is every
+    # batch's row count in qo_indptr (the contract the launched call relies on)
+    assert fake.calls[0]["max_seqlen_q"] == 1 and fake.calls[0]["qo_rows"] == 1
+    assert fake.qlen_args and all(value == 1 for _, _, value in fake.qlen_args), fake.qlen_args
+    assert fake.calls[0]["sm_scale"] == x.sm_scale  # read from the inputs, not from the planned call
     if path == "aiter_lse_fp8_two_split":
         assert fake.calls[0]["num_kv_splits"] == (3 if fake_kw else 2)
         assert fake.calls[0]["num_kv_splits_indptr_given"]
@@ -145,6 +161,57 @@ def test_persistent_without_lse_refuses_sinks():
     with pytest.raises(ValueError, match="returns no LSE"):
         launch_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": False}, sinks=True),
                      make_inputs(3, 16, "bf16", sinks="finite"), impl=AiterContractFake(arch="gfx950"))
+
+
+def test_planned_call_serves_every_call_of_its_shape():
+    """A call planned once for (spec, platform, T) runs inputs of any N and sm_scale (they come with the
+    tensors), through run_call and through launch_aiter given the plan's ``launch``."""
+    fake = AiterContractFake(arch="gfx950")
+    ws = AiterWorkspace()
+    plan = make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": True})
+    call = plan_aiter(plan, num_tokens=4)
+    x1 = make_inputs(4, 16, "bf16", sinks="finite", seed=1)
+    x2 = x1._replace(kv_cache=torch.cat([x1.kv_cache, x1.kv_cache]), sm_scale=0.07)  # N doubled, another scale
+    for x in (x1, x2):
+        out, lse = run_call(call, x, impl=fake, workspace=ws)
+        assert_matches_reference(x, out, lse)
+        assert fake.calls[-1]["sm_scale"] == x.sm_scale
+
+    class PlanWithLaunch:  # what a LaunchPlan carrying its planned call looks like to launch_aiter
+        path, params, spec, platform, row_id, launch = plan.path, plan.params, plan.spec, plan.platform, "x", call
+
+    out, lse = launch_aiter(PlanWithLaunch(), x2, impl=fake, workspace=ws)
+    assert_matches_reference(x2, out, lse)
+    # a plan's launch for another T is not used: the launcher plans for the inputs' T
+    PlanWithLaunch.launch = plan_aiter(plan, num_tokens=2)
+    out, lse = launch_aiter(PlanWithLaunch(), x2, impl=fake, workspace=ws)
+    assert out.shape[0] == 4
+    assert_matches_reference(x2, out, lse)
+
+
+def test_unresolved_two_split_call_is_refused_by_run_call_and_resolved_by_launch_aiter():
+    plan = make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16)
+    call = plan_aiter(plan, num_tokens=5)  # no meta_param: the split count waits for AITER's heuristic
+    assert call.num_kv_splits is None and call.min_kv_splits == 2 and call.needs_meta_param
+    assert "splits=max(auto,2)" in str(call)
+    fake = AiterContractFake(arch="gfx942")
+    x = make_inputs(5, 16, "fp8_e4m3fnuz", sinks="finite")
+    with pytest.raises(ValueError, match="unresolved split count"):
+        run_call(call, x, impl=fake, workspace=AiterWorkspace())
+    assert fake.calls == []
+    resolved = with_meta_param(call, (1, 5))
+    assert resolved.num_kv_splits == 2 and not resolved.needs_meta_param
+    assert with_meta_param(call, (3, 5)).num_kv_splits == 3
+    out, lse = run_call(resolved, x, impl=fake, workspace=AiterWorkspace())
+    assert_matches_reference(x, out, lse)
+
+    class PlanWithLaunch:
+        path, params, spec, platform, row_id, launch = plan.path, plan.params, plan.spec, plan.platform, "x", call
+
+    ws = AiterWorkspace()
+    out, lse = launch_aiter(PlanWithLaunch(), x, impl=fake, workspace=ws)
+    assert fake.calls[-1]["num_kv_splits"] == 2 and fake.calls[-1]["num_kv_splits_indptr_given"]
+    assert_matches_reference(x, out, lse)
 
 
 def test_workspace_reuses_buffers_and_refills_metadata():
@@ -168,12 +235,12 @@ def test_workspace_reuses_buffers_and_refills_metadata():
 def raw_call(fake, call, x: DecodeInputs, **override):
     """Call the fake's mla_decode_fwd with our buffers but WITHOUT finalize (and optional overrides)."""
     bufs = allocate_buffers(call, x.device)
-    fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, x.indices, call.num_kv_rows, x.topk_length,
+    fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, x.indices, x.num_kv_rows, x.topk_length,
                     layout=call.kv_indices_layout)
     q = torch.zeros(call.q_shape, dtype=x.q.dtype)
     q[:, : call.num_heads] = x.q
     o = torch.empty(call.o_shape, dtype=torch.bfloat16)
-    kw = call.scalar_kwargs()
+    kw = dict(call.scalar_kwargs(), sm_scale=x.sm_scale)
     if call.pass_q_scale:
         kw.update(q_scale=x.q_scale, kv_scale=x.kv_scale)
     if call.persistent:
@@ -196,7 +263,7 @@ def test_empty_rows_nan_and_minus_inf_neutralised():
     fake = AiterContractFake(arch="gfx942")
     plan = make_plan("aiter_lse", "gfx942", "bf16", 16)
     x = make_inputs(4, 16, "bf16", sinks="finite")
-    call = plan_aiter(plan, num_tokens=4, num_kv_rows=N_ROWS, topk=TOPK)
+    call = plan_aiter(plan, num_tokens=4)
     o, lse = raw_call(fake, call, x)
     assert torch.isnan(o[1]).all() and torch.isneginf(lse[1]).all()  # the failure mode is there
     out, lse_f = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
@@ -207,7 +274,7 @@ def test_persistent_plus_inf_lse_neutralised():
     fake = AiterContractFake(arch="gfx950")
     plan = make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": True})
     x = make_inputs(4, 16, "bf16", sinks="inf")
-    call = plan_aiter(plan, num_tokens=4, num_kv_rows=N_ROWS, topk=TOPK)
+    call = plan_aiter(plan, num_tokens=4)
     o, lse = raw_call(fake, call, x)
     assert torch.isnan(o[1]).all() and torch.isposinf(lse[1]).all()  # +inf from the persistent reduce
     out, lse_f = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
@@ -230,7 +297,7 @@ def test_fp8_one_split_lse_unwritten_without_forced_split():
     # Forcing num_kv_splits=2 WITHOUT num_kv_splits_indptr is not enough: AITER re-runs get_meta_param and
     # its fp8 cap brings the count back to 1.
     call = plan_aiter(make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16), num_tokens=5,
-                      num_kv_rows=N_ROWS, topk=TOPK, meta_param=(1, 5), sm_scale=x.sm_scale)
+                      meta_param=(1, 5))
     _, lse_half = raw_call(fake, call, x, num_kv_splits_indptr=_DROP)
     assert fake.calls[-1]["num_kv_splits"] == 1 and (lse_half == GARBAGE_LSE).all()
     # WITH the fix: two splits and the matching num_kv_splits_indptr.
@@ -260,7 +327,7 @@ def test_persistent_needs_explicit_splits_against_silent_fallback():
     x = make_inputs(T, 16, "bf16", sinks=None)
     fake = AiterContractFake(arch="gfx950")
     plan = make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": False}, sinks=False)
-    call = plan_aiter(plan, num_tokens=T, num_kv_rows=N_ROWS, topk=TOPK, sm_scale=x.sm_scale)
+    call = plan_aiter(plan, num_tokens=T)
     o_bad, _ = raw_call(fake, call, x, num_kv_splits=None)
     assert fake.calls[-1]["persistent"] is False
     ref_out, _ = reference(x)
@@ -275,8 +342,8 @@ def test_persistent_needs_explicit_splits_against_silent_fallback():
 
 def test_metadata_argument_order_is_enforced():
     fake = AiterContractFake(arch="gfx950")
-    call = plan_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 16, sinks=False), num_tokens=3,
-                      num_kv_rows=N_ROWS, topk=TOPK)
+    call = plan_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 16, sinks=False, params={"return_lse": False}),
+                      num_tokens=3)
     md = allocate_metadata(call.metadata, torch.device("cpu"), fake)
     bufs = allocate_buffers(call, torch.device("cpu"))
     with pytest.raises(AiterAbort, match="reverse"):
@@ -289,8 +356,8 @@ def test_metadata_argument_order_is_enforced():
 
 def test_metadata_head_count_must_match_padded_heads():
     fake = AiterContractFake(arch="gfx942")
-    call = plan_aiter(make_plan("aiter_persistent", "gfx942", "bf16", 8, sinks=False), num_tokens=3,
-                      num_kv_rows=N_ROWS, topk=TOPK)
+    call = plan_aiter(make_plan("aiter_persistent", "gfx942", "bf16", 8, sinks=False, params={"return_lse": False}),
+                      num_tokens=3)
     x = make_inputs(3, 8, "bf16")
     bufs = allocate_buffers(call, x.device)
     md = allocate_metadata(call.metadata, x.device, fake)
@@ -306,31 +373,31 @@ def test_metadata_head_count_must_match_padded_heads():
 def test_heads_below_16_abort_unpadded():
     fake = AiterContractFake(arch="gfx942")
     x = make_inputs(2, 4, "bf16")
-    bufs = allocate_buffers(plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 4), num_tokens=2, num_kv_rows=N_ROWS,
-                                       topk=TOPK), x.device)
+    call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 4), num_tokens=2)
+    assert call.padded_heads == 16  # the path's pad_heads_to (tables/mla_decode.yaml) is what prevents this
+    bufs = allocate_buffers(call, x.device)
     with pytest.raises(AiterAbort, match="below 16"):
         fake.mla_decode_fwd(x.q, x.kv_cache.view(N_ROWS, 1, 1, 576), torch.empty(2, 4, 512, dtype=torch.bfloat16),
                             bufs.qo_indptr, bufs.kv_indptr, bufs.kv_indices, bufs.kv_last_page_lens, 1, return_lse=True)
 
 
-def test_fp16_aborts_in_fake_and_is_refused_by_planner():
+def test_fp16_aborts_in_fake_and_is_refused_by_the_table():
     fake = AiterContractFake()
     q = torch.zeros(1, 16, 576, dtype=torch.float16)
     with pytest.raises(AiterAbort, match="fp16"):
         fake.mla_decode_fwd(q, torch.zeros(4, 1, 1, 576, dtype=torch.float16), torch.empty(1, 16, 512, dtype=torch.bfloat16),
                             torch.arange(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
                             torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 1)
-    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=16, topk=TOPK)
-    plan = LaunchPlan(path="aiter_lse", params={}, spec=spec, platform=Platform(arch="gfx942", aiter_version="0.1.20"))
-    with pytest.raises(ValueError, match="fp16"):
-        plan_aiter(plan, num_tokens=1, num_kv_rows=4, topk=TOPK)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=16, topk=TOPK, sinks=True)
+    for path in ("aiter_lse", "aiter_persistent"):  # the AITER paths' requirement, even when forced
+        with pytest.raises(NoKernelError, match=r"q_dtype=fp16, needs not fp16 \(fp16 q aborts"):
+            plan_call(spec, Platform(arch="gfx942", aiter_version="0.1.20"), path=path)
 
 
 @pytest.mark.parametrize("version,effect", [("0.1.12", "garbage"), ("0.1.15", "abort")])
 def test_old_versions_fail_in_fake_and_are_refused_by_planner(version, effect):
     x = make_inputs(3, 16, "bf16", sinks="finite")
-    call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16), num_tokens=3, num_kv_rows=N_ROWS, topk=TOPK,
-                      sm_scale=x.sm_scale)
+    call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16), num_tokens=3)
     fake = AiterContractFake(arch="gfx942", version=version)
     if effect == "abort":
         with pytest.raises(AiterAbort, match="return_lse aborts"):
@@ -339,17 +406,22 @@ def test_old_versions_fail_in_fake_and_are_refused_by_planner(version, effect):
         _, lse = raw_call(fake, call, x)
         _, ref_lse = reference(x)
         assert not torch.allclose(lse[0], ref_lse[0], atol=1e-2)
-    with pytest.raises(ValueError, match="0.1.19"):
-        launch_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16, version=version), x, impl=fake)
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=TOPK, sinks=True)
+    with pytest.raises(NoKernelError, match=rf"aiter_version={version}, needs >= 0.1.19"):
+        plan_call(spec, Platform(arch="gfx942", aiter_version=version), path="aiter_lse")
 
 
 def test_persistent_lse_on_gfx942_bf16_aborts_in_fake():
     fake = AiterContractFake(arch="gfx942")
     x = make_inputs(3, 16, "bf16")
-    call = plan_aiter(make_plan("aiter_persistent", "gfx942", "bf16", 16, sinks=False), num_tokens=3,
-                      num_kv_rows=N_ROWS, topk=TOPK)
+    call = plan_aiter(make_plan("aiter_persistent", "gfx942", "bf16", 16, sinks=False, params={"return_lse": False}),
+                      num_tokens=3)
     with pytest.raises(AiterAbort, match="persistent return_lse aborts"):
         raw_call(fake, call, x, return_lse=True)
+    # the table never sends a gfx942 bf16 call that needs an LSE to the persistent path
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=TOPK, sinks=True)
+    with pytest.raises(NoKernelError, match="need_lse=true, needs false"):
+        plan_call(spec, Platform(arch="gfx942", aiter_version="0.1.20"), path="aiter_persistent")
 
 
 def test_launch_rejects_inputs_that_disagree_with_plan():

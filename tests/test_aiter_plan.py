@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import random
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import attrs
@@ -11,45 +13,53 @@ import pytest
 import torch
 
 from mla_sink.paths.aiter import (
+    MAX_SEQLEN_Q,
+    AiterCall,
     AiterDecodeCall,
     AiterPersistentCall,
     PersistentMetadata,
     fill_kv_buffers,
     plan_aiter,
+    with_meta_param,
 )
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import CallSpec, Platform
+from mla_sink.core.select import NoKernelError, mla_table, plan_call
 
 
 def make_plan(path: str, arch: str, q: str, heads: int, *, kv: Optional[str] = None, topk: int = 32,
               params: Optional[dict] = None, sinks: bool = True, version: Optional[str] = "0.1.20",
-              logit_cap: float = 0.0) -> LaunchPlan:
+              logit_cap: float = 0.0, defaults: bool = True) -> LaunchPlan:
+    """A plan of ``path``; its params are the path's defaults in tables/mla_decode.yaml under ``params``."""
     spec = CallSpec(q_dtype=q, kv_dtype=kv or q, num_heads=heads, topk=topk, sinks=sinks, logit_cap=logit_cap)
-    return LaunchPlan(path=path, params=params or {}, spec=spec,
+    base = dict(mla_table().paths[path].params) if defaults and path in mla_table().paths else {}
+    return LaunchPlan(path=path, params={**base, **(params or {})}, spec=spec,
                       platform=Platform(arch=arch, aiter_version=version), row_id="t")
 
 
 # (case id, plan kwargs, meta_param, expected fields of the AiterCall)
 PLAN_TABLE: list[tuple[str, dict[str, Any], Optional[tuple[int, int]], dict[str, Any]]] = [
     ("lse-bf16-h16-gfx942", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=16), None,
-     dict(kind=AiterDecodeCall, padded_heads=16, num_kv_splits=None, return_lse=True, persistent=False,
-          kv_indices_layout="packed", pass_q_scale=False, pass_kv_scale=False)),
+     dict(kind=AiterDecodeCall, padded_heads=16, num_kv_splits=None, min_kv_splits=None, return_lse=True,
+          persistent=False, kv_indices_layout="packed", pass_q_scale=False, pass_kv_scale=False)),
     ("lse-bf16-h4-padded", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=4), None,
      dict(kind=AiterDecodeCall, padded_heads=16, num_heads=4, num_kv_splits=None, return_lse=True)),
     ("lse-bf16-h128", dict(path="aiter_lse", arch="gfx950", q="bf16", heads=128), None,
      dict(kind=AiterDecodeCall, padded_heads=128, num_kv_splits=None)),
-    ("single-split-gfx950-h32", dict(path="aiter_lse_single_split", arch="gfx950", q="bf16", heads=32,
-                                     params={"num_kv_splits": 1}), None,
+    ("single-split-gfx950-h32", dict(path="aiter_lse_single_split", arch="gfx950", q="bf16", heads=32), None,
      dict(kind=AiterDecodeCall, padded_heads=32, num_kv_splits=1, return_lse=True, kv_indices_layout="packed")),
     ("fp8-two-split-forces-1-to-2", dict(path="aiter_lse_fp8_two_split", arch="gfx942", q="fp8_e4m3fnuz",
-                                         heads=16, params={"min_kv_splits": 2}), (1, 5),
-     dict(kind=AiterDecodeCall, num_kv_splits=2, return_lse=True, pass_q_scale=True, pass_kv_scale=True,
-          out_dtype="bf16")),
+                                         heads=16), (1, 5),
+     dict(kind=AiterDecodeCall, num_kv_splits=2, min_kv_splits=2, return_lse=True, pass_q_scale=True,
+          pass_kv_scale=True, out_dtype="bf16")),
     ("fp8-two-split-leaves-3", dict(path="aiter_lse_fp8_two_split", arch="gfx942", q="fp8_e4m3fnuz",
-                                    heads=128, params={"min_kv_splits": 2}), (3, 5),
+                                    heads=128), (3, 5),
      dict(kind=AiterDecodeCall, num_kv_splits=3, padded_heads=128)),
+    ("fp8-two-split-unresolved", dict(path="aiter_lse_fp8_two_split", arch="gfx942", q="fp8_e4m3fnuz",
+                                      heads=16), None,
+     dict(kind=AiterDecodeCall, num_kv_splits=None, min_kv_splits=2, needs_meta_param=True)),
     ("fp8-two-split-h8-padded-gfx950", dict(path="aiter_lse_fp8_two_split", arch="gfx950", q="fp8_e4m3",
-                                            heads=8, params={"min_kv_splits": 2}), (1, 5),
+                                            heads=8), (1, 5),
      dict(kind=AiterDecodeCall, num_kv_splits=2, padded_heads=16)),
     ("persistent-bf16-nolse", dict(path="aiter_persistent", arch="gfx950", q="bf16", heads=16, sinks=False,
                                    params={"return_lse": False}), None,
@@ -58,6 +68,9 @@ PLAN_TABLE: list[tuple[str, dict[str, Any], Optional[tuple[int, int]], dict[str,
     ("persistent-bf16-h8-padded", dict(path="aiter_persistent", arch="gfx942", q="bf16", heads=8, sinks=False,
                                        params={"return_lse": False}), None,
      dict(kind=AiterPersistentCall, padded_heads=16, return_lse=False)),
+    ("persistent-bf16-h24-to-32", dict(path="aiter_persistent", arch="gfx950", q="bf16", heads=24,
+                                       params={"return_lse": True}), None,
+     dict(kind=AiterPersistentCall, padded_heads=32, return_lse=True)),
     ("persistent-fp8-h64-lse-gfx942", dict(path="aiter_persistent", arch="gfx942", q="fp8_e4m3fnuz", heads=64,
                                            params={"return_lse": True}), None,
      dict(kind=AiterPersistentCall, padded_heads=64, return_lse=True, pass_q_scale=True, pass_kv_scale=True)),
@@ -69,27 +82,50 @@ PLAN_TABLE: list[tuple[str, dict[str, Any], Optional[tuple[int, int]], dict[str,
 
 @pytest.mark.parametrize("case_id,kw,meta_param,expected", PLAN_TABLE, ids=[c[0] for c in PLAN_TABLE])
 def test_plan_table(case_id, kw, meta_param, expected):
-    call = plan_aiter(make_plan(**kw), num_tokens=5, num_kv_rows=100, topk=32, meta_param=meta_param)
+    call = plan_aiter(make_plan(**kw), num_tokens=5, meta_param=meta_param)
     expected = dict(expected)
     assert type(call) is expected.pop("kind")
     for name, want in expected.items():
         assert getattr(call, name) == want, f"{case_id}: {name}={getattr(call, name)!r}, expected {want!r}"
     # Invariants of every AITER call.
-    assert call.max_seqlen_q == 1 and call.qo_indptr == "arange" and call.kv_last_page_lens == "ones"
-    assert call.kv_view_shape == (100, 1, 1, 576) and call.kv_indices_size == 5 * 32
-    assert call.padded_heads >= 16 and call.logit_cap <= 0
-    assert call.kv_indptr_mode == "ragged_valid"
+    assert call.kv_view_shape == (-1, 1, 1, 576) and call.kv_indices_size == 5 * 32 and call.topk == 32
+    assert call.padded_heads >= max(call.num_heads, 16)
     if isinstance(call, AiterPersistentCall):
         m = call.metadata
         assert (m.batch_size, m.num_heads, m.q_dtype, m.kv_dtype, m.topk) == (5, call.padded_heads, call.q_dtype, call.kv_dtype, 32)
-        assert m.is_sparse and m.max_seqlen_qo == 1 and m.max_split_per_batch == call.num_kv_splits
+        assert m.max_split_per_batch == call.num_kv_splits and call.padded_heads % 16 == 0
     else:
         assert "metadata" not in attrs.fields_dict(type(call))
 
 
+def test_records_hold_no_single_valued_or_per_call_fields():
+    """Fields every call shares are module constants (MAX_SEQLEN_Q, PAGE_SIZE, ...); N and sm_scale come
+    with the tensors, so a planned call serves every call of its (spec, platform, T)."""
+    gone = {"max_seqlen_q", "qo_indptr", "kv_last_page_lens", "page_size", "nhead_kv", "kv_indptr_mode",
+            "num_kv_rows", "sm_scale"}
+    assert not gone & set(attrs.fields_dict(AiterPersistentCall))
+    assert not {"max_seqlen_qo", "num_heads_k", "is_sparse", "page_size", "is_causal", "fast_mode",
+                "kv_granularity"} & set(attrs.fields_dict(PersistentMetadata))
+    assert MAX_SEQLEN_Q == 1
+
+
+def test_head_padding_comes_from_the_plan_params():
+    """AITER's minimum of 16 heads and the persistent multiple of 16 are the paths' params in the table."""
+    table = mla_table()
+    assert table.paths["aiter_lse"].params["pad_heads_to"] == 16
+    assert plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 4, params={"pad_heads_to": 32}),
+                      num_tokens=2).padded_heads == 32
+    plan = make_plan("aiter_persistent", "gfx950", "bf16", 20, params={"return_lse": True, "pad_heads_multiple": 8})
+    assert plan_aiter(plan, num_tokens=2).padded_heads == 24
+    plan = make_plan("aiter_persistent", "gfx950", "bf16", 20, params={"return_lse": True})
+    assert plan_aiter(plan, num_tokens=2).padded_heads == 32
+    with pytest.raises(ValueError, match=r"plan.params\['pad_heads_to'\] is required on path 'aiter_lse'"):
+        plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 4, defaults=False), num_tokens=2)
+
+
 def test_non_persistent_call_has_no_metadata_field():
-    call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16, topk=4), num_tokens=2, num_kv_rows=10, topk=4)
-    meta = PersistentMetadata(batch_size=2, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4)
+    call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16, topk=4), num_tokens=2)
+    meta = PersistentMetadata(batch_size=2, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4, max_split_per_batch=32)
     with pytest.raises(TypeError):
         attrs.evolve(call, metadata=meta)
     with pytest.raises(ValueError, match="'path' of a non-persistent call"):
@@ -97,58 +133,120 @@ def test_non_persistent_call_has_no_metadata_field():
 
 
 def test_persistent_call_metadata_must_match():
-    call = plan_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 32, sinks=False, topk=4), num_tokens=3, num_kv_rows=10, topk=4)
-    bad = PersistentMetadata(batch_size=3, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4)
+    call = plan_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 32, sinks=False, topk=4,
+                                params={"return_lse": False}), num_tokens=3)
+    bad = PersistentMetadata(batch_size=3, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4, max_split_per_batch=32)
     with pytest.raises(ValueError, match="'metadata' must be built for"):
         attrs.evolve(call, metadata=bad)
 
 
-def test_metadata_heads_multiple_of_8():
-    with pytest.raises(ValueError, match="multiple of 8"):
-        PersistentMetadata(batch_size=3, num_heads=20, q_dtype="bf16", kv_dtype="bf16", topk=4)
+def test_scalar_kwargs():
+    call = plan_aiter(make_plan("aiter_lse_single_split", "gfx950", "bf16", 32, topk=4), num_tokens=2)
+    assert call.scalar_kwargs() == {"page_size": 1, "nhead_kv": 1, "logit_cap": 0.0, "num_kv_splits": 1,
+                                    "return_lse": True}
+    default = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16, topk=4), num_tokens=2)
+    assert "num_kv_splits" not in default.scalar_kwargs() and "sm_scale" not in default.scalar_kwargs()
 
 
-def test_sm_scale_and_scalar_kwargs():
-    call = plan_aiter(make_plan("aiter_lse_single_split", "gfx950", "bf16", 32, topk=4, params={"num_kv_splits": 1}),
-                      num_tokens=2, num_kv_rows=10, topk=4, sm_scale=0.125)
-    assert call.scalar_kwargs() == {"page_size": 1, "nhead_kv": 1, "sm_scale": 0.125, "logit_cap": 0.0,
-                                    "num_kv_splits": 1, "return_lse": True}
-    default = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16, topk=4), num_tokens=2, num_kv_rows=10, topk=4)
-    assert default.sm_scale == pytest.approx(576 ** -0.5)
-    assert "num_kv_splits" not in default.scalar_kwargs()
+def test_with_meta_param():
+    call = plan_aiter(make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16), num_tokens=5)
+    assert with_meta_param(call, (1, 5)) == plan_aiter(make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16),
+                                                       num_tokens=5, meta_param=(1, 5))
+    done = with_meta_param(call, (4, 5))
+    assert done.num_kv_splits == 4 and with_meta_param(done, (1, 5)) is done
+    with pytest.raises(ValueError, match="batch_size=7"):
+        with_meta_param(call, (1, 7))
+    with pytest.raises(ValueError, match="'num_kv_splits' must be >= min_kv_splits=2"):
+        attrs.evolve(call, num_kv_splits=1)
 
 
 ERROR_TABLE = [
     ("not-an-aiter-path", dict(path="triton", arch="gfx942", q="bf16", heads=16), {}, "plan.path"),
-    ("fp16-never", dict(path="aiter_lse", arch="gfx942", q="fp16", heads=16), {}, "fp16"),
-    ("logit-cap", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=16, logit_cap=30.0), {}, "logit_cap"),
-    ("no-aiter", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=16, version=None), {}, "AITER not importable"),
-    ("lse-before-0.1.19", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=16, version="0.1.15"), {}, "0.1.19"),
-    ("two-split-needs-meta", dict(path="aiter_lse_fp8_two_split", arch="gfx942", q="fp8_e4m3fnuz", heads=16), {}, "meta_param"),
     ("two-split-stale-meta", dict(path="aiter_lse_fp8_two_split", arch="gfx942", q="fp8_e4m3fnuz", heads=16),
      {"meta_param": (1, 7)}, "batch_size=7"),
-    ("two-split-needs-fp8", dict(path="aiter_lse_fp8_two_split", arch="gfx942", q="bf16", heads=16),
-     {"meta_param": (1, 5)}, "needs fp8 q"),
-    ("single-split-must-be-1", dict(path="aiter_lse_single_split", arch="gfx950", q="bf16", heads=32,
-                                    params={"num_kv_splits": 2}), {}, "must be 1"),
+    ("two-split-bad-meta", dict(path="aiter_lse_fp8_two_split", arch="gfx942", q="fp8_e4m3fnuz", heads=16),
+     {"meta_param": (1.5, 5)}, "'meta_param' must be a tuple"),
     ("persistent-no-lse-with-sinks", dict(path="aiter_persistent", arch="gfx950", q="bf16", heads=16, sinks=True,
                                           params={"return_lse": False}), {}, "returns no LSE"),
-    ("persistent-lse-gfx942-bf16-aborts", dict(path="aiter_persistent", arch="gfx942", q="bf16", heads=16,
-                                               params={"return_lse": True}), {}, "no kernel"),
-    ("topk-mismatch", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=16, topk=8), {}, "'topk'"),
-    ("bad-sm-scale", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=16), {"sm_scale": float("nan")}, "sm_scale"),
+    ("persistent-needs-return-lse", dict(path="aiter_persistent", arch="gfx950", q="bf16", heads=16), {},
+     r"plan.params\['return_lse'\] is required"),
+    ("persistent-return-lse-bool", dict(path="aiter_persistent", arch="gfx950", q="bf16", heads=16,
+                                        params={"return_lse": 1}), {}, "must be a bool"),
+    ("bad-pad", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=16, params={"pad_heads_to": 0}), {},
+     r"plan.params\['pad_heads_to'\] must be an int >= 1"),
+    ("bad-tokens", dict(path="aiter_lse", arch="gfx942", q="bf16", heads=16), {"num_tokens": 0}, "'num_tokens'"),
 ]
 
 
 @pytest.mark.parametrize("case_id,kw,extra,match", ERROR_TABLE, ids=[c[0] for c in ERROR_TABLE])
 def test_plan_errors(case_id, kw, extra, match):
+    extra = {"num_tokens": 5, **extra}
     with pytest.raises(ValueError, match=match):
-        plan_aiter(make_plan(**kw), num_tokens=5, num_kv_rows=100, topk=32, **extra)
+        plan_aiter(make_plan(**kw), **extra)
+
+
+@pytest.mark.parametrize("spec_kw,platform,reason", [
+    (dict(q="fp16", heads=16), Platform("gfx942", "0.1.20"), "q_dtype=fp16, needs not fp16"),
+    (dict(q="bf16", heads=16, logit_cap=30.0), Platform("gfx942", "0.1.20"), "logit_cap=30.0, needs <= 0.0"),
+    (dict(q="bf16", heads=16), Platform("gfx942", None), "AITER not importable"),
+    (dict(q="bf16", heads=16), Platform("gfx942", "0.1.15"), "aiter_version=0.1.15, needs >= 0.1.19"),
+])
+def test_quirks_are_the_tables_not_the_planners(spec_kw, platform, reason):
+    """The planner re-checks no quirk: the table refuses these calls for every AITER path (with the reason),
+    and the planner, given such a plan by hand, plans it without a second opinion."""
+    spec = CallSpec(q_dtype=spec_kw["q"], kv_dtype=spec_kw["q"], num_heads=spec_kw["heads"], topk=32, sinks=True,
+                    logit_cap=spec_kw.get("logit_cap", 0.0))
+    with pytest.raises(NoKernelError, match=reason):
+        plan_call(spec, platform, path="aiter_lse")
+    plan = LaunchPlan(path="aiter_lse", params=dict(mla_table().paths["aiter_lse"].params), spec=spec,
+                      platform=platform, row_id="by_hand")
+    assert isinstance(plan_aiter(plan, num_tokens=2), AiterCall)
 
 
 def test_planning_never_imports_aiter():
-    plan_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 16, sinks=False), num_tokens=5, num_kv_rows=100, topk=32)
+    plan_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 16, sinks=False, params={"return_lse": False}),
+               num_tokens=5)
     assert "aiter" not in sys.modules
+
+
+# ---- no quirk literal in the Python of the AITER paths, the table engine and their tools --------------
+
+OWNED = ["mla_sink/paths/aiter", "mla_sink/tools/info.py", "mla_sink/core/select.py", "dispatch"]
+
+
+def _code_constants(path: Path):
+    """(constant, assigned name or None) for every literal in the code of ``path`` (docstrings excluded)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    targets = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            targets[id(node.value)] = ",".join(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and id(node) not in docstrings:
+            yield node.value, targets.get(id(node))
+
+
+def test_no_arch_dtype_or_head_literal_in_the_python():
+    """Quirks live in tables/: the archs, dtypes and head counts the rule table names never appear as a
+    literal in this Python (comments and docstrings may name them; error messages are f-strings of values)."""
+    root = Path(__file__).resolve().parents[1]
+    table = mla_table()
+    names = {v for f in ("arch", "q_dtype", "kv_dtype") for v in table.fields[f].domain if v is not None}
+    names.discard("cpu")  # also torch's name of the host device (arch_of("cpu")), not a hardware quirk
+    heads = {8, 16, 24, 32, 48, 64, 128}
+    allowed_ints = {"KV_GRANULARITY", "MAX_ENTRIES"}  # not head counts: a metadata granularity, a cache size
+    found = []
+    for base in OWNED:
+        for path in sorted((root / base).rglob("*.py")) if (root / base).is_dir() else [root / base]:
+            for value, target in _code_constants(path):
+                if isinstance(value, str) and (value in names or any(f" {n} " in f" {value} " for n in names)):
+                    found.append((path.name, value))
+                if type(value) is int and value in heads and target not in allowed_ints:
+                    found.append((path.name, value))
+    assert found == []
 
 
 # ---- ragged buffers ---------------------------------------------------------------------------------

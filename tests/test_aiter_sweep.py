@@ -47,5 +47,9 @@ def test_the_sweep_covers_every_aiter_row():
 @pytest.mark.parametrize("plan,arch,h,q,sinks", CASES)
 def test_table_plan_and_contract_agree(plan, arch, h, q, sinks):
     x = make_inputs(3, h, q, sinks="finite" if sinks else None)
-    out, lse = launch_aiter(plan, x, impl=AiterContractFake(arch=arch), workspace=AiterWorkspace())
+    fake = AiterContractFake(arch=arch)
+    out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
     assert_matches_reference(x, out, lse)
+    # every call is launched with one query row per batch: max_seqlen_q (and the metadata's qo lengths) = 1
+    assert [c["max_seqlen_q"] for c in fake.calls] == [1] and fake.calls[0]["qo_rows"] == 1
+    assert all(value == 1 for _, _, value in fake.qlen_args), fake.qlen_args

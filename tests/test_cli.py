@@ -19,8 +19,30 @@ def test_explain_names_key_path_row_and_rejections(capsys):
                         "--heads", "64", "--sinks")
     assert code == 0
     assert out.splitlines()[0] == "bf16-h64-gfx942-sinks-dcp1"
-    assert "→ triton" in out and "gfx942_bf16_h64_lse_to_triton" in out and "64-head bucket" in out
-    assert "✗ aiter_not_importable" in out
+    assert "→ triton   (row triton_portable)" in out
+    line = next(x for x in out.splitlines() if x.startswith("  ✗ aiter_lse_bf16_gfx942: "))
+    assert "num_heads=64, needs one of [32, 128]" in line and "64-head bucket" in line
+    assert "AITER not importable" not in out  # AITER is there: its path requirements hold, no path-level line
+    assert not any(x.startswith("  ✗ path") for x in out.splitlines())
+
+
+def test_explain_states_each_mismatch_once(capsys):
+    """Without AITER, the thirteen AITER rows are one line naming their four paths; nothing is said twice."""
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128")
+    assert code == 0
+    rejected = [x for x in out.splitlines() if x.lstrip().startswith("✗")]
+    assert len(rejected) == 2, out
+    paths_line, refusal_line = rejected
+    assert paths_line.startswith("  ✗ paths aiter_persistent (rows aiter_persistent_bf16, ")
+    for name in ("aiter_lse (rows", "aiter_lse_single_split (row gfx950_bf16_h32_lse_single_split)",
+                 "aiter_lse_fp8_two_split (rows"):
+        assert name in paths_line
+    assert "arch=sm90, needs one of [gfx942, gfx950]" in paths_line
+    assert "aiter_version=None, needs a value (AITER not importable) and >= 0.1.19 (" in paths_line
+    assert refusal_line.startswith("  ✗ fp8_needs_sm89: ")
+    said = [part for x in rejected for part in x.split(": ", 1)[1].split("; ")]
+    assert len(said) == len(set(said)), said
+    assert out.count("AITER not importable") == 1 and out.count("aiter_version=None") == 1
 
 
 def test_explain_dcp_shows_persistent_rejected_for_lse(capsys):
@@ -34,9 +56,23 @@ def test_explain_json(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "gfx950", "--aiter", "0.1.20", "--heads", "32", "--sinks", "--json")
     doc = json.loads(out)
     assert code == 0
-    assert doc["path"] == "aiter_lse_single_split" and doc["params"] == {"num_kv_splits": 1}
+    assert doc["path"] == "aiter_lse_single_split" and doc["params"] == {"num_kv_splits": 1, "pad_heads_to": 16}
+    assert doc["row"]["params"] == {}  # the params are the path's defaults (tables/mla_decode.yaml)
     assert doc["key"] == "bf16-h32-gfx950-sinks-dcp1"
     assert any(r["row"] == "aiter_persistent_bf16" for r in doc["rejected"])
+    assert doc["rejected_paths"] == []
+
+
+def test_explain_json_groups_rejections_by_path(capsys):
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json")
+    doc = json.loads(out)
+    assert code == 0
+    groups = {g["path"]: g for g in doc["rejected_paths"]}
+    assert set(groups) == {"aiter_persistent", "aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split"}
+    assert groups["aiter_lse_single_split"]["rows"] == ["gfx950_bf16_h32_lse_single_split"]
+    assert [(f["field"], f["op"]) for f in groups["aiter_lse"]["failures"]] == [
+        ("arch", "in"), ("aiter_version", "present"), ("aiter_version", "at_least")]
+    assert [r["row"] for r in doc["rejected"]] == ["fp8_needs_sm89"]
 
 
 def test_explain_refusal_exits_2(capsys):

@@ -33,7 +33,7 @@ def kinds(problems):
 
 GOOD = """\
 - id: fast_gfx950
-  when: {arch: gfx950, need_lse: false, version: {at_least: "0.1.19"}}
+  when: {arch: gfx950, version: {at_least: "0.1.19"}}
   path: fast
   why: w
   source: s
@@ -165,9 +165,10 @@ def test_unsatisfiable_row():
     assert "no declared value of num_heads" in problems[1].message
 
 
-def test_requires_violation():
-    table = make(
-        """\
+def test_path_requires_narrow_their_rows_and_the_rest_falls_through():
+    """A path's requires are part of every row naming it: combinations they exclude fall through to later
+    rows (no problem as long as one answers them), and are a gap when none does."""
+    rows = """\
         - id: fast_everywhere
           when: {arch: gfx950}
           path: fast
@@ -178,13 +179,14 @@ def test_requires_violation():
           why: w
           source: s
         """
-    )
-    problems = check_table(table)
-    assert kinds(problems) == [("requires", "fast_everywhere"), ("unused_path", None)]
-    message = problems[0].message
-    assert "path 'fast' does not allow" in message
-    assert "need_lse=true, needs false (writes no LSE)" in message
-    assert "arch=gfx950, num_heads=16, need_lse=true" in message
+    table = make(rows)
+    assert kinds(check_table(table)) == [("unused_path", None)]
+    assert table.select({"arch": "gfx950", "num_heads": 16, "need_lse": True, "version": None}).row.id == "fallback"
+    assert table.select({"arch": "gfx950", "num_heads": 16, "need_lse": False, "version": None}).row.id == "fast_everywhere"
+    gap = make(rows.split("        - id: fallback")[0])
+    problems = check_table(gap)
+    assert [p.kind for p in problems if p.level == "error"] == ["gap"]
+    assert "45 of 54 combination(s) match no row" in problems[0].message  # 9 = gfx950 x need_lse false x 3 x 3
 
 
 def test_requires_never_satisfiable_is_unsatisfiable():
@@ -201,11 +203,45 @@ def test_requires_never_satisfiable_is_unsatisfiable():
           source: s
         """
     )
-    assert kinds(check_table(table)) == [
-        ("requires", "fast_lse"),
-        ("unsatisfiable", "fast_lse"),
-        ("unused_path", None),
-    ]
+    problems = check_table(table)
+    assert kinds(problems) == [("unsatisfiable", "fast_lse"), ("unused_path", None)]
+    assert "path 'fast' requires conditions that never hold together with the row's" in problems[0].message
+
+
+def test_row_repeating_its_path_is_a_warning():
+    """Rows say only what is particular to them: a condition the path's requires already imply, or a param
+    equal to the path's default, is reported (as a warning)."""
+    head = HEAD.replace("fast: {description: no LSE, requires: {need_lse: {eq: false, because: writes no LSE}}}",
+                        "fast: {description: no LSE, requires: {need_lse: {eq: false}, num_heads: {le: 32}}, "
+                        "params: {splits: 2, block: 64}}")
+    rows = """\
+        - id: fast_repeats
+          when: {arch: gfx950, need_lse: false, num_heads: {le: 64}}
+          path: fast
+          params: {splits: 2, block: 32}
+          why: w
+          source: s
+        - id: fast_narrower
+          when: {num_heads: 16}
+          path: fast
+          why: w
+          source: s
+        - id: fallback
+          path: slow
+          why: w
+          source: s
+        """
+    table = load_table(head + textwrap.indent(textwrap.dedent(rows), "  "), name="check_demo.yaml")
+    problems = check_table(table)
+    assert kinds(problems) == [("redundant_condition", "fast_repeats"), ("redundant_condition", "fast_repeats"),
+                               ("redundant_param", "fast_repeats"), ("unused_path", None)]
+    assert {p.level for p in problems} == {"warning"}
+    assert "its condition on need_lse adds nothing: path 'fast' already requires it (eq false)" in problems[0].message
+    assert "its condition on num_heads adds nothing" in problems[1].message
+    assert "params splits: 2 repeats the default of path 'fast'" in problems[2].message
+    assert_table_ok(table)
+    with pytest.raises(TableCheckError, match="redundant_condition"):
+        assert_table_ok(table, strict=True)
 
 
 def test_unused_path_is_a_warning():
@@ -256,10 +292,9 @@ def test_large_grid_completes():
     for r in range(19):
         field = r % 14
         path = "a" if r % 2 else "b"
-        extra = ", f14: 0" if path == "a" else ""
         lines += [
             f"  - id: r{r}",
-            f"    when: {{f{field}: {{ge: {1 + r // 14}}}, f{(field + 1) % 14}: {r % 2}{extra}}}",
+            f"    when: {{f{field}: {{ge: {1 + r // 14}}}, f{(field + 1) % 14}: {r % 2}}}",
             f"    path: {path}",
             "    why: w",
             "    source: s",

@@ -237,8 +237,9 @@ def test_explain_rejections_and_refusal(table):
     text = explain(sel)
     assert text.splitlines()[0].startswith("arch=cpu, num_heads=64, sinks=true")
     assert "  ✗ refused: cpu is not supported (row no_cpu)" in text
-    assert "  ✗ fast_gfx950: arch=cpu, needs gfx950; num_heads=64, needs one of [16, 32]; " in text
-    assert "  ✗ fast_any: need_lse=true, needs false (writes no LSE)" in text
+    # path fast's requirement fails: one line for both of its rows, their own conditions not repeated
+    assert "  ✗ path fast (rows fast_gfx950, fast_any): need_lse=true, needs false (writes no LSE)" in text
+    assert "✗ fast_gfx950" not in text and "✗ fast_any" not in text and "arch=cpu, needs gfx950" not in text
 
 
 def test_explain_no_row_matched(table):
@@ -252,18 +253,22 @@ def test_selection_to_dict_is_json(table):
     data = json.loads(json.dumps(selection_to_dict(sel)))
     assert data["refused"] is True and data["reason"] == "no row matched" and data["row"] is None
     assert data["values"]["aiter_version"] is None and data["values"]["need_lse"] is True
-    fails = {r["row"]: r["failures"] for r in data["rejected"]}
-    lse = fails["fast_any"][0]
+    (group,) = data["rejected_paths"]
+    assert group["path"] == "fast" and group["rows"] == ["fast_gfx950", "fast_any"]
+    (lse,) = group["failures"]
     assert (lse["field"], lse["op"], lse["actual"], lse["expected"], lse["because"]) == (
         "need_lse", "eq", True, False, "writes no LSE"
     )
-    assert lse["text"] == "need_lse=true, needs false (writes no LSE)"
-    heads = fails["fast_gfx950"][1]
-    assert (heads["actual"], heads["expected"]) == (64, [16, 32])
+    assert lse["text"] == group["text"] == "need_lse=true, needs false (writes no LSE)"
+    fails = {r["row"]: r["failures"] for r in data["rejected"]}
+    assert list(fails) == ["no_cpu", "slow_small"]
+    heads = fails["slow_small"][0]
+    assert (heads["actual"], heads["expected"], heads["op"]) == (64, 32, "le")
 
     win = selection_to_dict(table.select({**BASE, "arch": "gfx950", "num_heads": 16, "aiter_version": "0.1.19"}))
     assert win["path"] == "fast" and win["params"] == {"num_kv_splits": 1, "BLOCK_H": 64}
-    assert win["row"]["id"] == "fast_gfx950" and win["row"]["line"] > 0
+    assert win["row"]["id"] == "fast_gfx950" and win["row"]["line"] > 0 and win["row"]["params"] == win["params"]
+    assert win["rejected_paths"] == [] and win["rejected"] == []
 
 
 def test_records_keep_lines_and_metadata(table):
@@ -431,3 +436,171 @@ def test_because_per_operator():
     assert old == ["v=0.1, needs >= 0.2 (broken before 0.2)"]
     with pytest.raises(TableError, match="because names operator 'below'"):
         load_table(PER_OP_BECAUSE.replace('at_least: "broken', 'below: "broken'))
+
+
+# ---- path default params ---------------------------------------------------------------------------
+
+PATH_PARAMS = """
+table: path_params
+fields:
+  heads: {type: int, domain: [8, 16, 64]}
+  lse: {type: bool}
+paths:
+  fast:
+    description: x
+    params: {pad_to: 16, splits: 32, layout: [a, b]}
+    source: where the defaults come from
+  slow: {description: y}
+rows:
+  - id: fast_override
+    when: {heads: 64}
+    path: fast
+    params: {splits: 4, extra: true}
+    why: w
+    source: s
+  - id: fast_plain
+    when: {lse: false}
+    path: fast
+    why: w
+    source: s
+  - id: refuse_small
+    when: {heads: 8}
+    refuse: too few heads
+    why: w
+    source: s
+  - id: slow_rest
+    path: slow
+    params: {tile: 2}
+    why: w
+    source: s
+"""
+
+
+def test_path_params_are_defaults_under_the_row_params():
+    table = load_table(PATH_PARAMS)
+    assert dict(table.paths["fast"].params) == {"pad_to": 16, "splits": 32, "layout": ["a", "b"]}
+    assert table.paths["fast"].source == "where the defaults come from"
+    with pytest.raises(TypeError):
+        table.paths["fast"].params["splits"] = 1
+    over = table.select({"heads": 64, "lse": True})
+    assert over.row.id == "fast_override"
+    assert dict(over.params) == {"pad_to": 16, "splits": 4, "layout": ["a", "b"], "extra": True}
+    assert dict(over.row.params) == {"splits": 4, "extra": True}  # the row keeps only its own
+    plain = table.select({"heads": 16, "lse": False})
+    assert plain.row.id == "fast_plain" and dict(plain.params) == {"pad_to": 16, "splits": 32, "layout": ["a", "b"]}
+    refused = table.select({"heads": 8, "lse": True})
+    assert refused.refused and dict(refused.params) == {}
+    assert dict(table.select({"heads": 16, "lse": True}).params) == {"tile": 2}  # a path without defaults
+    assert table.row_params(table.row("fast_override")) == dict(over.params)
+    assert "  → fast  {pad_to: 16, splits: 4, layout: [a, b], extra: true}   (row fast_override)" in explain(over)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ("params: [1, 2]", "params must be a mapping"),
+    ("params: 3", "params must be a mapping"),
+    ("params:", "params must be a mapping, got None"),
+    ("params: {1: x}", "params key 1 must be a string"),
+    ("colour: red", "unknown path key 'colour' (allowed: description, requires, params, source)"),
+])
+def test_path_params_are_validated(tmp_path, bad, message):
+    text = PATH_PARAMS.replace("    params: {pad_to: 16, splits: 32, layout: [a, b]}", "    " + bad)
+    f = tmp_path / "pp.yaml"
+    f.write_text(text)
+    with pytest.raises(TableError) as info:
+        load_table(f)
+    assert str(info.value).startswith(f"{f}:9: path 'fast': "), str(info.value)
+    assert message in str(info.value)
+
+
+def test_path_source_must_be_text(tmp_path):
+    f = tmp_path / "pp.yaml"
+    f.write_text(PATH_PARAMS.replace("    source: where the defaults come from", "    source: ''"))
+    with pytest.raises(TableError, match=r":10: path 'fast': 'source' must be a non-empty string"):
+        load_table(f)
+
+
+# ---- explanations: grouped by path, each mismatch once ------------------------------------------------
+
+GROUPED = """
+table: grouped
+fields:
+  arch: {type: str, domain: [gfx942, sm90]}
+  lib: {type: version, nullable: true, domain: [null, "0.1", "0.3"]}
+  heads: {type: int, domain: [16, 64, 128]}
+paths:
+  a: {requires: &lib {arch: {eq: gfx942, because: kernels exist there only}, lib: {present: true, at_least: "0.2", because: {present: lib absent, at_least: broken before 0.2}}}}
+  b: {requires: *lib}
+  c: {requires: {heads: {le: 64, because: at most 64 heads}}}
+  d: {}
+rows:
+  - {id: a1, when: {heads: 16}, path: a, why: w, source: s}
+  - {id: b1, when: {heads: 64}, path: b, why: w, source: s}
+  - {id: a2, when: {heads: 128}, path: a, why: w, source: s}
+  - {id: c1, when: {heads: 16}, path: c, why: w, source: s}
+  - {id: c2, path: c, why: w, source: s}
+  - {id: d1, when: {heads: 16, lib: {present: true, at_least: "0.2", because: needs the lib}}, path: d, why: w, source: s}
+  - {id: d2, when: {heads: 64, arch: gfx942}, refuse: not this one, why: w, source: s}
+  - {id: d3, path: d, why: w, source: s}
+"""
+
+
+def test_path_failures_are_computed_once_per_path():
+    sel = load_table(GROUPED).select({"arch": "sm90", "lib": None, "heads": 128})
+    assert sel.row.id == "d3"
+    assert set(sel.path_failures) == {"a", "b", "c"}
+    assert [str(f) for f in sel.path_failures["c"]] == ["heads=128, needs <= 64 (at most 64 heads)"]
+    # rejected keeps every failure of every row (its own conditions, then its path's)
+    got = {r.id: [str(f) for f in fails] for r, fails in sel.rejected}
+    assert got["a1"][0] == "heads=128, needs 16" and "arch=sm90, needs gfx942 (kernels exist there only)" in got["a1"]
+
+
+def test_explain_groups_paths_and_states_each_mismatch_once():
+    sel = load_table(GROUPED).select({"arch": "sm90", "lib": None, "heads": 128})
+    lines = explain(sel, key="k").splitlines()
+    assert lines[:4] == ["k", "  → d   (row d3)", "    why: w", "    source: s"]
+    assert lines[4:] == [
+        # paths a and b fail the same requirements: one line naming both, with their rows
+        "  ✗ paths a (rows a1, a2), b (row b1): arch=sm90, needs gfx942 (kernels exist there only); "
+        "lib=None, needs a value (lib absent) and >= 0.2 (broken before 0.2)",
+        "  ✗ path c (rows c1, c2): heads=128, needs <= 64 (at most 64 heads)",
+        # a row's own conditions: several failures of one field are one statement, one shared reason
+        "  ✗ d1: heads=128, needs 16; lib=None, needs a value and >= 0.2 (needs the lib)",
+        "  ✗ d2: heads=128, needs 64; arch=sm90, needs gfx942",
+    ]
+
+
+def test_explain_gives_each_reason_once():
+    table = load_table(GROUPED.replace("  - {id: c2, path: c, why: w, source: s}\n", "")
+                       .replace("c: {requires: {heads: {le: 64, because: at most 64 heads}}}",
+                                "c: {requires: {heads: {le: 64, because: at most 64 heads}, arch: {eq: gfx942, because: kernels exist there only}}}"))
+    text = explain(table.select({"arch": "sm90", "lib": "0.3", "heads": 128}))
+    assert text.count("(kernels exist there only)") == 1
+    assert "  ✗ path c (row c1): heads=128, needs <= 64 (at most 64 heads); arch=sm90, needs gfx942" in text
+
+
+def test_explain_only_paths_groups_skipped_rows_by_path():
+    table = load_table(GROUPED)
+    sel = table.select({"arch": "gfx942", "lib": "0.3", "heads": 64}, only_paths=["d"])
+    assert sel.row.id == "d3"
+    text = explain(sel)
+    assert "  ✗ path a (rows a1, a2): not the requested path d" in text
+    assert "  ✗ path b (row b1): not the requested path d" in text
+    assert "  ✗ path c (rows c1, c2): not the requested path d" in text
+    assert "  ✗ d1: heads=64, needs 16" in text
+    assert "  ✗ d2: a refusal row is not the requested path d" in text
+    doc = selection_to_dict(sel)
+    assert doc["rejected_paths"] == []
+    assert [r["row"] for r in doc["rejected"]] == ["a1", "a2", "b1", "c1", "c2", "d1", "d2"]
+    assert doc["rejected"][0]["text"] == "its path a is not the requested path d"
+
+
+def test_statements_merge_one_field_and_drop_duplicates():
+    from mla_sink.dispatch import Failure, statements
+
+    f1 = Failure("v", "present", None, True, "absent")
+    f2 = Failure("v", "at_least", None, "0.2", "too old")
+    f3 = Failure("h", "le", 128, 64, None)
+    assert statements((f1, f2, f3, f1)) == ("v=None, needs a value (absent) and >= 0.2 (too old)", "h=128, needs <= 64")
+    same = Failure("v", "at_least", None, "0.2", "absent")
+    assert statements((f1, same)) == ("v=None, needs a value and >= 0.2 (absent)",)
+    assert statements((f3,)) == (str(f3),)

@@ -24,34 +24,37 @@ def spec(q="bf16", kv=None, h=16, sinks=False, dcp=1, lse=False, cap=0.0, topk=2
 
 # (spec, platform, expected path, expected params subset, expected row id)
 CASES = [
-    (spec(h=32, sinks=True), G950, "aiter_lse_single_split", {"num_kv_splits": 1}, "gfx950_bf16_h32_lse_single_split"),
+    (spec(h=32, sinks=True), G950, "aiter_lse_single_split", {"num_kv_splits": 1, "pad_heads_to": 16},
+     "gfx950_bf16_h32_lse_single_split"),
     (spec(h=64, sinks=True), G950, "aiter_lse", {}, "aiter_lse_bf16_gfx950"),
     (spec(h=128, sinks=True), G942, "aiter_lse", {}, "aiter_lse_bf16_gfx942"),
     (spec(h=32, dcp=2), G942, "aiter_lse", {}, "aiter_lse_bf16_gfx942"),
     (spec(h=64, sinks=True), Platform("gfx942", "0.1.20", triton=False), "reference", {}, "reference_without_triton"),
     (spec(h=40, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_bf16_lse_persistent"),
     (spec(h=64), Platform("gfx942", "0.1.15"), "triton", {}, "triton_portable"),
-    (spec(h=5, sinks=True), G942, "aiter_lse", {}, "aiter_lse_bf16_small_heads"),
-    (spec(FNUZ, h=16, sinks=True), G942, "aiter_lse_fp8_two_split", {"min_kv_splits": 2}, "gfx942_fp8_lse_two_split_h16"),
+    (spec(h=5, sinks=True), G942, "aiter_lse", {"pad_heads_to": 16}, "aiter_lse_bf16_small_heads"),
+    (spec(FNUZ, h=16, sinks=True), G942, "aiter_lse_fp8_two_split", {"min_kv_splits": 2, "pad_heads_to": 16},
+     "gfx942_fp8_lse_two_split_h16"),
     (spec(FNUZ, h=128, sinks=True), G942, "aiter_lse_fp8_two_split", {"min_kv_splits": 2}, "gfx942_fp8_lse_two_split_h128"),
     (spec(FNUZ, h=64, sinks=True), G942, "aiter_persistent", {"return_lse": True}, "gfx942_fp8_h64_q1_persistent_lse"),
     (spec(FNUZ, h=32, sinks=True), G942, "triton", {}, "triton_portable"),
     (spec(OCP, h=64, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_fp8_persistent_lse"),
     (spec(h=24, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_bf16_lse_persistent"),
-    (spec(h=64, sinks=True), G942, "triton", {}, "gfx942_bf16_h64_lse_to_triton"),
-    (spec(h=48, dcp=2), G942, "triton", {}, "gfx942_bf16_h64_lse_to_triton"),
-    (spec("fp16", h=16, sinks=True), G942, "triton", {}, "fp16_never_to_aiter"),
-    (spec("fp16", h=16), G950, "triton", {}, "fp16_never_to_aiter"),
-    (spec(h=64), G942, "aiter_persistent", {"return_lse": False}, "aiter_persistent_bf16"),
+    (spec(h=64, sinks=True), G942, "triton", {}, "triton_portable"),  # MI300: no bf16 LSE kernel for 64 heads
+    (spec(h=48, dcp=2), G942, "triton", {}, "triton_portable"),
+    (spec("fp16", h=16, sinks=True), G942, "triton", {}, "triton_portable"),  # AITER paths require q_dtype != fp16
+    (spec("fp16", h=16), G950, "triton", {}, "triton_portable"),
+    (spec(h=64), G942, "aiter_persistent",
+     {"return_lse": False, "pad_heads_to": 16, "pad_heads_multiple": 16, "max_split_per_batch": 32}, "aiter_persistent_bf16"),
     (spec(h=16), G950, "aiter_persistent", {"return_lse": False}, "aiter_persistent_bf16"),
     (spec(FNUZ, h=32), G942, "aiter_persistent", {"return_lse": False}, "aiter_persistent_fp8_gfx942"),
     (spec(OCP, h=32), G950, "aiter_persistent", {"return_lse": False}, "aiter_persistent_fp8_gfx950"),
-    (spec(h=256), G942, "triton", {}, "aiter_over_128_heads"),
-    (spec(h=16, cap=30.0), G942, "triton", {}, "aiter_positive_logit_cap"),
+    (spec(h=256), G942, "triton", {}, "triton_portable"),  # AITER paths require num_heads <= 128
+    (spec(h=16, cap=30.0), G942, "triton", {}, "triton_portable"),  # AITER paths require logit_cap <= 0
     (spec(h=32, sinks=True), Platform("gfx942", "0.1.15"), "triton", {}, "triton_portable"),
     (spec(h=32, sinks=True), Platform("gfx950", "0.1.18"), "triton", {}, "triton_portable"),
-    (spec(h=32, sinks=True), Platform("gfx942", None), "triton", {}, "aiter_not_importable"),
-    (spec(h=64), Platform("gfx950", None), "triton", {}, "aiter_not_importable"),
+    (spec(h=32, sinks=True), Platform("gfx942", None), "triton", {}, "triton_portable"),  # AITER absent
+    (spec(h=64), Platform("gfx950", None), "triton", {}, "triton_portable"),
     (spec(h=128, sinks=True), Platform("sm90"), "triton", {}, "triton_portable"),
     (spec(OCP, h=16), Platform("sm90"), "triton", {}, "triton_portable"),
     (spec(FNUZ, h=16, sinks=True), Platform("sm90"), "triton", {}, "triton_portable"),
@@ -90,6 +93,42 @@ def test_rule_table_refusal(s, p, row, text):
 def test_every_row_is_exercised():
     exercised = {c[4] for c in CASES} | {r[2] for r in REFUSALS}
     assert {r.id for r in mla_table().rows} == exercised
+
+
+def test_every_aiter_path_requires_the_aiter_facts_once():
+    """The facts every AITER call needs are the AITER paths' requirements, not rows: no row restates them
+    (the checker reports a row condition its path already implies), and all four paths share them."""
+    table = mla_table()
+    aiter = [p for p in table.paths if p.startswith("aiter")]
+    wanted = {("arch", "in"), ("aiter_version", "present"), ("aiter_version", "at_least"), ("q_dtype", "ne"),
+              ("logit_cap", "le"), ("num_heads", "le")}
+    for name in aiter:
+        assert {(c.field, c.op) for c in table.paths[name].requires} == wanted, name
+        assert table.paths[name].requires == table.paths[aiter[0]].requires
+        assert table.paths[name].params["pad_heads_to"] == 16  # AITER never pads heads below 16
+    assert table.paths["aiter_persistent"].params["pad_heads_multiple"] == 16
+    assert not [p for p in dispatch.check_table(table) if p.kind.startswith("redundant")]
+    for row in table.rows:
+        if row.path and row.path.startswith("aiter"):
+            assert not {c.field for c in row.when} & {"aiter_version", "logit_cap"}, row.id
+
+
+@pytest.mark.parametrize("s,p,text", [
+    (spec("fp16", h=16, sinks=True), G942, "q_dtype=fp16, needs not fp16 (fp16 q aborts"),
+    (spec(h=16, cap=30.0), G942, "logit_cap=30.0, needs <= 0.0"),
+    (spec(h=256), G950, "num_heads=256, needs <= 128"),
+    (spec(h=32, sinks=True), Platform("gfx942", None), "aiter_version=None, needs a value (AITER not importable)"),
+    (spec(h=32, sinks=True), Platform("gfx942", "0.1.15"), "aiter_version=0.1.15, needs >= 0.1.19"),
+])
+def test_aiter_path_requirement_is_the_stated_reason(s, p, text):
+    """The negative rows are gone: the AITER paths' requirements say why Triton serves the call, once."""
+    sel = select(s, p)
+    assert sel.path == "triton"
+    said = {name: "; ".join(dispatch.statements(f)) for name, f in sel.path_failures.items()}
+    assert set(said) == {"aiter_persistent", "aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split"}
+    assert all(text in t for t in said.values()), said
+    lines = [ln for ln in dispatch.explain(sel).splitlines() if text in ln]
+    assert len(lines) == 1 and lines[0].startswith("  ✗ paths aiter_persistent (rows "), lines
 
 
 def test_shipped_table_passes_checker():
@@ -143,3 +182,37 @@ def test_forced_path_that_cannot_serve_is_refused_with_reason():
 def test_forced_unknown_path_is_value_error():
     with pytest.raises(ValueError, match="'path' must be one of"):
         select(spec(), Platform("cpu"), path="cuda_magic")
+
+
+SWEEP_PLATFORMS = [G942, G950, Platform("gfx942", "0.1.15"), Platform("gfx950", None), Platform("sm90"),
+                   Platform("sm80"), Platform("cpu"), Platform("cpu", triton=False)]
+SWEEP_DTYPES = [("bf16", "bf16"), ("fp16", "fp16"), (FNUZ, FNUZ), (OCP, OCP), ("bf16", OCP)]
+
+
+@pytest.mark.parametrize("p", SWEEP_PLATFORMS, ids=str)
+def test_explain_states_each_mismatch_and_reason_once(p):
+    """Over heads, dtypes, sinks and caps: every rejection line states each field once, every `because` is
+    written once in the whole explanation, and a path whose requirements fail is one line, not one per row."""
+    for q, kv in SWEEP_DTYPES:
+        for h in (8, 16, 32, 64, 128, 256):
+            for kw in ({}, {"sinks": True}, {"cap": 30.0}):
+                sel = select(spec(q, kv, h=h, **kw), p)
+                text = dispatch.explain(sel)
+                rejected = [ln for ln in text.splitlines() if ln.lstrip().startswith("✗") and ": " in ln]
+                for ln in rejected:
+                    said = ln.split(": ", 1)[1].split("; ")
+                    fields = [part.split("=", 1)[0] for part in said if "=" in part.split(",")[0]]
+                    assert len(fields) == len(set(fields)), ln
+                for row in mla_table().rows:
+                    for cond in row.when:
+                        if cond.because:
+                            assert text.count(cond.because) <= 1, (cond.because, text)
+                for spec_ in mla_table().paths.values():
+                    for cond in spec_.requires:
+                        assert text.count(f"({cond.because})") <= 1, (cond.because, text)
+                path_lines = [ln for ln in rejected if ln.startswith("  ✗ path")]
+                assert len(path_lines) <= 1, text  # the four AITER paths fail alike, so they share a line
+                grouped = {rid for r, _ in sel.rejected if r.path in sel.path_failures for rid in [r.id]}
+                for rid in grouped:
+                    assert not any(ln.startswith(f"  ✗ {rid}:") for ln in rejected), (rid, text)
+                    assert rid in path_lines[0]

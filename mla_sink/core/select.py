@@ -57,12 +57,39 @@ def mla_table() -> "dispatch.RuleTable":
     return table
 
 
-def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
-    """The field values the rule table matches on, from the two records."""
+def platform_fields(platform: Platform) -> dict[str, Any]:
+    """The field values of the rule table that describe the machine (not the call), from the record."""
     return {
         "arch": platform.arch,
         "aiter_version": platform.aiter_version,
         "triton": platform.triton,
+    }
+
+
+def path_platform_failures(path: str, platform: Platform) -> tuple:
+    """The requirements of ``path`` (its ``requires`` in the table) that fail on ``platform`` for every call.
+
+    Only the conditions on the machine's fields (:func:`platform_fields`) are evaluated; whether a
+    given call shape is served is :func:`select`'s answer.
+
+    Args:
+        path: a path of the table. platform: the machine.
+
+    Returns:
+        The ``dispatch.Failure`` records (empty when the machine meets every such requirement).
+
+    Raises:
+        KeyError: ``path`` is not a path of the table.
+    """
+    values = platform_fields(platform)
+    fails = (cond.failure(values[cond.field]) for cond in mla_table().paths[path].requires if cond.field in values)
+    return tuple(f for f in fails if f is not None)
+
+
+def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
+    """The field values the rule table matches on, from the two records."""
+    return {
+        **platform_fields(platform),
         "q_dtype": spec.q_dtype,
         "kv_dtype": spec.kv_dtype,
         "num_heads": spec.num_heads,
@@ -91,7 +118,8 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
 
 
 def explain_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> str:
-    """The text ``mla-sink explain`` prints: key, chosen path and params, its row, every earlier row's failures."""
+    """The text ``mla-sink explain`` prints: key, chosen path and params, its row, and the rejected rows grouped by
+    path, each mismatch stated once (:func:`dispatch.explain`)."""
     return dispatch.explain(select(spec, platform, path=path), key=call_key(spec, platform))
 
 

@@ -5,10 +5,13 @@ Importing this package never imports AITER; :func:`launch_aiter` imports it lazi
 without an explicit ``impl``.
 
 * :func:`plan_aiter` -> :class:`AiterCall` (:class:`AiterDecodeCall` | :class:`AiterPersistentCall`):
-  the exact ``aiter.mla.mla_decode_fwd`` call as data.
+  the exact ``aiter.mla.mla_decode_fwd`` call of a plan for T tokens, as data (head padding, splits
+  and ``return_lse`` from the plan's params, i.e. ``tables/mla_decode.yaml``);
+  :func:`with_meta_param` resolves a split count that waits for AITER's heuristic.
 * :func:`fill_kv_buffers`: ragged ``kv_indptr`` / compacted ``kv_indices`` from the valid ids, no
   host sync.
-* :func:`launch_aiter`: plan -> buffers -> AITER -> :func:`finalize_aiter` (empty rows, sinks, heads).
+* :func:`launch_aiter`: plan (or the plan's cached ``launch`` call) -> :func:`run_call`: buffers ->
+  AITER -> :func:`finalize_aiter` (empty rows, sinks, heads).
 """
 
 from mla_sink.paths.aiter.buffers import AiterBuffers, allocate_buffers, fill_kv_buffers, row_counts, valid_id_mask
@@ -23,21 +26,20 @@ from mla_sink.paths.aiter.launch import (
     run_call,
 )
 from mla_sink.paths.aiter.plan import (
-    AITER_LSE_MIN_VERSION,
-    AITER_MIN_HEADS,
     AITER_PATHS,
+    MAX_SEQLEN_Q,
     AiterCall,
     AiterDecodeCall,
     AiterPersistentCall,
     PersistentMetadata,
-    padded_head_count,
     plan_aiter,
+    with_meta_param,
 )
 
 __all__ = [
-    "AITER_LSE_MIN_VERSION", "AITER_MIN_HEADS", "AITER_PATHS", "METADATA_NAMES",
+    "AITER_PATHS", "MAX_SEQLEN_Q", "METADATA_NAMES",
     "AiterBuffers", "AiterCall", "AiterDecodeCall", "AiterImpl", "AiterPersistentCall", "AiterWorkspace",
     "PersistentMetadata", "aiter_meta_param", "allocate_buffers", "fill_kv_buffers", "finalize_aiter",
-    "launch_aiter", "load_aiter_impl", "padded_head_count", "plan_aiter", "row_counts", "run_call",
-    "valid_id_mask",
+    "launch_aiter", "load_aiter_impl", "plan_aiter", "row_counts", "run_call", "valid_id_mask",
+    "with_meta_param",
 ]

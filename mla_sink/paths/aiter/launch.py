@@ -20,7 +20,21 @@ from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.paths.aiter.buffers import AiterBuffers, allocate_buffers, fill_kv_buffers
 from mla_sink.paths.aiter.finalize import finalize_aiter
-from mla_sink.paths.aiter.plan import AITER_PATHS, AiterCall, AiterPersistentCall, PersistentMetadata, padded_head_count, plan_aiter
+from mla_sink.paths.aiter.plan import (
+    AITER_PATHS,
+    FAST_MODE,
+    IS_CAUSAL,
+    IS_SPARSE,
+    KV_GRANULARITY,
+    MAX_SEQLEN_Q,
+    NUM_KV_HEADS,
+    PAGE_SIZE,
+    AiterCall,
+    AiterPersistentCall,
+    PersistentMetadata,
+    plan_aiter,
+    with_meta_param,
+)
 
 #: Names of the six persistent metadata buffers, in the order ``get_mla_metadata_info_v1`` returns them.
 METADATA_NAMES = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
@@ -40,7 +54,7 @@ class AiterImpl(Protocol):
     def get_meta_param(self, num_kv_splits, bs, total_kv, nhead, max_seqlen_q, dtype) -> tuple[int, Any]: ...
 
     def get_mla_metadata_info_v1(self, batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype,
-                                 is_sparse, fast_mode=True, num_kv_splits=32) -> tuple: ...
+                                 is_sparse, **kwargs) -> tuple: ...
 
     def get_mla_metadata_v1(self, *args, **kwargs) -> None: ...
 
@@ -71,8 +85,9 @@ class AiterWorkspace:
 
     Holds, per ``(call.buffer_key(), device)``: the :class:`~.buffers.AiterBuffers`, the padded-q and
     ``o`` scratch, and for persistent calls the six metadata buffers sized by
-    ``impl.get_mla_metadata_info_v1``. A layer object holds one workspace; :func:`launch_aiter` uses a
-    process-wide default when none is given.
+    ``impl.get_mla_metadata_info_v1``; and, per unresolved call (:attr:`AiterCall.needs_meta_param`),
+    device and ``impl``, the call resolved with AITER's split heuristic. A layer object holds one
+    workspace; :func:`launch_aiter` uses a process-wide default when none is given.
     """
 
     #: shapes kept; the least recently used is dropped beyond this (eager calls with ever new T).
@@ -80,6 +95,7 @@ class AiterWorkspace:
 
     def __init__(self) -> None:
         self._entries: "collections.OrderedDict[tuple, dict[str, Any]]" = collections.OrderedDict()
+        self._resolved: dict[tuple, AiterCall] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -98,6 +114,22 @@ class AiterWorkspace:
             else:
                 self._entries.move_to_end(key)
             return got
+
+    def resolve(self, call: AiterCall, device: torch.device, impl: AiterImpl) -> AiterCall:
+        """``call`` with its split count resolved by AITER's heuristic (cached; see :func:`with_meta_param`)."""
+        if not call.needs_meta_param:
+            return call
+        key = (call, str(device), id(impl))
+        got = self._resolved.get(key)
+        if got is None:
+            meta_param = aiter_meta_param(impl, num_tokens=call.num_tokens, topk=call.topk,
+                                          padded_heads=call.padded_heads, q_dtype=TORCH_DTYPES[call.q_dtype])
+            got = with_meta_param(call, meta_param)
+            with self._lock:
+                if len(self._resolved) >= self.MAX_ENTRIES:
+                    self._resolved.clear()
+                self._resolved[key] = got
+        return got
 
     @staticmethod
     def _allocate(call: AiterCall, device: torch.device, impl: AiterImpl) -> dict[str, Any]:
@@ -138,8 +170,8 @@ def allocate_metadata(meta: PersistentMetadata, device: torch.device, impl: Aite
         # newer AITER sizes reduce_partial_map from it: size with the cap the fill will use
         extra["max_split_per_batch"] = meta.max_split_per_batch
     info = impl.get_mla_metadata_info_v1(
-        meta.batch_size, meta.max_seqlen_qo, meta.num_heads, TORCH_DTYPES[meta.q_dtype],
-        TORCH_DTYPES[meta.kv_dtype], meta.is_sparse, fast_mode=meta.fast_mode,
+        meta.batch_size, MAX_SEQLEN_Q, meta.num_heads, TORCH_DTYPES[meta.q_dtype],
+        TORCH_DTYPES[meta.kv_dtype], IS_SPARSE, fast_mode=FAST_MODE,
         num_kv_splits=meta.max_split_per_batch, **extra,
     )
     return {name: torch.empty(size, dtype=dt, device=device) for name, (size, dt) in zip(METADATA_NAMES, info)}
@@ -156,11 +188,11 @@ def fill_metadata(meta: PersistentMetadata, md: dict[str, torch.Tensor], buffers
     """
     impl.get_mla_metadata_v1(
         buffers.qo_indptr, buffers.kv_indptr, buffers.kv_last_page_lens,
-        meta.num_heads // meta.num_heads_k, meta.num_heads_k, meta.is_causal,
+        meta.num_heads // NUM_KV_HEADS, NUM_KV_HEADS, IS_CAUSAL,
         md["work_meta_data"], md["work_info_set"], md["work_indptr"],
         md["reduce_indptr"], md["reduce_final_map"], md["reduce_partial_map"],
-        page_size=meta.page_size, kv_granularity=meta.kv_granularity,
-        max_seqlen_qo=meta.max_seqlen_qo, uni_seqlen_qo=meta.max_seqlen_qo, fast_mode=meta.fast_mode,
+        page_size=PAGE_SIZE, kv_granularity=KV_GRANULARITY,
+        max_seqlen_qo=MAX_SEQLEN_Q, uni_seqlen_qo=MAX_SEQLEN_Q, fast_mode=FAST_MODE,
         topk=meta.topk, max_split_per_batch=meta.max_split_per_batch,
         dtype_q=TORCH_DTYPES[meta.q_dtype], dtype_kv=TORCH_DTYPES[meta.kv_dtype],
     )
@@ -169,13 +201,20 @@ def fill_metadata(meta: PersistentMetadata, md: dict[str, torch.Tensor], buffers
 def aiter_meta_param(impl: AiterImpl, *, num_tokens: int, topk: int, padded_heads: int, q_dtype: torch.dtype) -> tuple[int, int]:
     """AITER's split heuristic for our call, as ``(num_kv_splits, batch_size)`` (the planner's ``meta_param``).
 
-    Asks ``get_meta_param(None, T, T * topk, Hp, 1, q.dtype)``: exactly what ``mla_decode_fwd`` would
-    compute itself (``bs = len(qo_indptr) - 1``, ``total_kv = kv_indices.shape[0]``); the count is a
-    host int, so no device sync.
+    Asks ``get_meta_param(None, T, T * topk, Hp, 1, q.dtype)`` (1 = :data:`~.plan.MAX_SEQLEN_Q`):
+    exactly what ``mla_decode_fwd`` would compute itself (``bs = len(qo_indptr) - 1``, ``total_kv =
+    kv_indices.shape[0]``); the count is a host int, so no device sync.
+
+    Args:
+        impl: AITER's entry points (:class:`AiterImpl`).
+        num_tokens: T. topk: ids per token. padded_heads: Hp given to AITER. q_dtype: q's torch dtype.
+
+    Returns:
+        ``(num_kv_splits, num_tokens)``.
 
     Source: ROCm/aiter ``aiter/mla.py`` (``get_meta_param`` call inside ``mla_decode_fwd``).
     """
-    splits, _indptr = impl.get_meta_param(None, num_tokens, num_tokens * topk, padded_heads, 1, q_dtype)
+    splits, _indptr = impl.get_meta_param(None, num_tokens, num_tokens * topk, padded_heads, MAX_SEQLEN_Q, q_dtype)
     return int(splits), num_tokens
 
 
@@ -184,10 +223,13 @@ def _check_inputs(call: AiterCall, x: DecodeInputs) -> None:
         raise ValueError(f"'q' dtype must be {call.q_dtype} as planned (got {x.q.dtype})")
     if dtype_key(x.kv_cache.dtype) != call.kv_dtype:
         raise ValueError(f"'kv_cache' dtype must be {call.kv_dtype} as planned (got {x.kv_cache.dtype})")
-    if tuple(x.q.shape) != (call.num_tokens, call.num_heads, call.q_shape[2]):
-        raise ValueError(f"'q' must have shape {(call.num_tokens, call.num_heads, call.q_shape[2])} (got {tuple(x.q.shape)})")
-    if tuple(x.kv_cache.shape) != (call.num_kv_rows, call.kv_view_shape[3]):
-        raise ValueError(f"'kv_cache' must have shape {(call.num_kv_rows, call.kv_view_shape[3])} (got {tuple(x.kv_cache.shape)})")
+    want_q = (call.num_tokens, call.num_heads, call.q_shape[2])
+    if tuple(x.q.shape) != want_q:
+        raise ValueError(f"'q' must have shape {want_q} as planned (got {tuple(x.q.shape)})")
+    if tuple(x.indices.shape) != (call.num_tokens, call.topk):
+        raise ValueError(f"'indices' must have shape {(call.num_tokens, call.topk)} as planned (got {tuple(x.indices.shape)})")
+    if x.kv_cache.dim() != 2 or x.kv_cache.shape[1] != call.q_shape[2]:
+        raise ValueError(f"'kv_cache' must have shape [N, {call.q_shape[2]}] (got {tuple(x.kv_cache.shape)})")
     if not x.kv_cache.is_contiguous():
         raise ValueError(f"'kv_cache' must be contiguous for AITER's [N, 1, 1, 576] view (got stride {tuple(x.kv_cache.stride())})")
     if call.pass_q_scale and x.q_scale is None:
@@ -205,18 +247,24 @@ def launch_aiter(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run one AITER path end to end and return the FINAL result.
 
-    Pads heads to >= 16 (zero q rows), builds ``kv_indptr`` / ``kv_indices`` from the valid ids on the
-    device, refills persistent metadata when the path is persistent, calls
-    ``mla_decode_fwd(q, kv.view(N, 1, 1, 576), o, qo_indptr, kv_indptr, kv_indices,
-    kv_last_page_lens, 1, **kwargs)`` (``o`` written in place), then :func:`.finalize.finalize_aiter`.
+    Takes the planned call ``plan.launch`` when it is an :class:`AiterCall` of this path planned for
+    this T (a plan cached per ``(spec, platform, T)``), else plans it now (:func:`plan_aiter`); an
+    unresolved split count (:attr:`AiterCall.needs_meta_param`) is resolved with AITER's heuristic
+    (:func:`aiter_meta_param`, cached in the workspace). Then :func:`run_call`: pads heads (zero q
+    rows), builds ``kv_indptr`` / ``kv_indices`` from the valid ids on the device, refills persistent
+    metadata when the path is persistent, calls ``mla_decode_fwd(q, kv.view(-1, 1, 1, 576), o,
+    qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, 1, sm_scale=inputs.sm_scale, **kwargs)``
+    (``o`` written in place; ``max_seqlen_q = 1``: one query row per batch), then
+    :func:`.finalize.finalize_aiter`.
 
     Args:
-        plan: a :class:`~mla_sink.core.plan.LaunchPlan` whose path is an AITER path.
+        plan: a :class:`~mla_sink.core.plan.LaunchPlan` whose path is an AITER path (optionally with a
+            ``launch`` attribute holding the planned :class:`AiterCall`).
         inputs: the call's tensors (:class:`~mla_sink.core.inputs.DecodeInputs`): ``q [T, H, 576]`` bf16/fp8,
             ``kv_cache [N, 576]`` contiguous, ``indices`` int32 ``[T, topk]`` (``-1`` / out-of-range =
             skip anywhere), optional ``topk_length [T]``, ``sinks`` fp32 ``[H]``, fp32 ``[1]`` scales
-            for fp8, optional ``out [T, H, 512]``. With DCP, pass ``sinks=None`` (the sink is applied
-            once after the merge).
+            for fp8, optional ``out [T, H, 512]``, ``sm_scale``. With DCP, pass ``sinks=None`` (the sink
+            is applied once after the merge).
         impl: AITER's entry points (:class:`AiterImpl`); default: the real ``aiter`` imported now.
         workspace: buffer cache (:class:`AiterWorkspace`); default: a process-wide one.
 
@@ -231,29 +279,41 @@ def launch_aiter(
     """
     if plan.path not in AITER_PATHS:
         raise ValueError(f"'plan.path' must be one of {AITER_PATHS} (got {plan.path!r})")
-    if inputs.q.dim() != 3 or inputs.indices.dim() != 2:
-        raise ValueError(f"'q' must be [T, H, 576] and 'indices' [T, topk] (got {tuple(inputs.q.shape)}, {tuple(inputs.indices.shape)})")
+    if inputs.q.dim() != 3:
+        raise ValueError(f"'q' must be [T, H, 576] (got {tuple(inputs.q.shape)})")
+    num_tokens = inputs.q.shape[0]
+    call = getattr(plan, "launch", None)
+    if not (isinstance(call, AiterCall) and call.path == plan.path and call.num_tokens == num_tokens):
+        call = plan_aiter(plan, num_tokens=num_tokens)
     if impl is None:
         impl = load_aiter_impl()
     workspace = _DEFAULT_WORKSPACE if workspace is None else workspace
-    T, H, _ = inputs.q.shape
-    topk = inputs.indices.shape[1]
-    meta_param = None
-    if plan.path == "aiter_lse_fp8_two_split":
-        meta_param = aiter_meta_param(impl, num_tokens=T, topk=topk,
-                                      padded_heads=padded_head_count(H, plan.params.get("pad_heads_to", 16)),
-                                      q_dtype=inputs.q.dtype)
-    call = plan_aiter(plan, num_tokens=T, num_kv_rows=inputs.num_kv_rows, topk=topk,
-                      meta_param=meta_param, sm_scale=inputs.sm_scale)
-    _check_inputs(call, inputs)
+    call = workspace.resolve(call, inputs.device, impl)
     return run_call(call, inputs, impl=impl, workspace=workspace)
 
 
 def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspace: AiterWorkspace) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Execute an already planned :class:`AiterCall` (see :func:`launch_aiter` for the contract)."""
+    """Execute an already planned :class:`AiterCall` on the inputs (see :func:`launch_aiter` for the contract).
+
+    ``N`` and ``sm_scale`` come with the inputs (the KV cache is viewed as ``(-1, 1, 1, 576)``), so one
+    call serves every call of its shape.
+
+    Raises:
+        ValueError: the call's split count is unresolved (:attr:`AiterCall.needs_meta_param`: plan it
+            with ``meta_param``, resolve it with :func:`~.plan.with_meta_param`, or run it through
+            :func:`launch_aiter`), or the inputs disagree with the call (dtypes, shapes, a KV cache that
+            is not contiguous, missing fp8 scales).
+    """
+    if call.needs_meta_param:
+        raise ValueError(
+            f"'call' has an unresolved split count (num_kv_splits=None with min_kv_splits={call.min_kv_splits}): "
+            "plan it with meta_param=aiter_meta_param(...), resolve it with with_meta_param(), or run it "
+            "through launch_aiter"
+        )
+    _check_inputs(call, inputs)
     ws = workspace.entry(call, inputs.device, impl)
     bufs: AiterBuffers = ws["buffers"]
-    fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, inputs.indices, call.num_kv_rows, inputs.topk_length,
+    fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, inputs.indices, inputs.num_kv_rows, inputs.topk_length,
                     layout=call.kv_indices_layout)
     if ws["q_pad"] is not None:
         q = ws["q_pad"]
@@ -262,6 +322,7 @@ def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspac
         q = inputs.q.contiguous()
     o = ws["o"]
     kwargs = call.scalar_kwargs()
+    kwargs["sm_scale"] = inputs.sm_scale
     if call.pass_q_scale:
         kwargs["q_scale"] = inputs.q_scale.reshape(1)  # [] or [1]: AITER takes [1]
     if call.pass_kv_scale:
@@ -274,7 +335,7 @@ def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspac
         kwargs["num_kv_splits_indptr"] = bufs.num_kv_splits_indptr
     _logits, lse = impl.mla_decode_fwd(
         q, inputs.kv_cache.view(call.kv_view_shape), o, bufs.qo_indptr, bufs.kv_indptr, bufs.kv_indices,
-        bufs.kv_last_page_lens, call.max_seqlen_q, **kwargs,
+        bufs.kv_last_page_lens, MAX_SEQLEN_Q, **kwargs,
     )
     if not call.return_lse:
         lse = None
