@@ -13,7 +13,7 @@ import sys
 import torch
 
 from mla_sink.tools.bench import GraphTimer
-from mla_sink.paths.triton.launch import launch_plan, sparse_mla_decode_triton
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton, triton_plan_for
 
 
 def main():
@@ -38,8 +38,8 @@ def main():
             t["fp8_nosinks"].append(timer.time_us(
                 lambda: sparse_mla_decode_triton(q, pool8, idx, None, kv_scale=one, out=out, lse=lse)))
         med = {k: statistics.median(v) for k, v in t.items()}
-        rec = dict(H=H, T=T, kernel_bf16=launch_plan(q, pool, idx).kernel,
-                   kernel_fp8=launch_plan(q, pool8, idx).kernel,
+        rec = dict(H=H, T=T, kernel_bf16=triton_plan_for(q, pool, idx).launch.kernel,
+                   kernel_fp8=triton_plan_for(q, pool8, idx).launch.kernel,
                    bf16_us=med["bf16"], fp8_us=med["fp8"], fp8_nosinks_us=med["fp8_nosinks"],
                    fp8_vs_bf16_pct=100 * (med["fp8"] / med["bf16"] - 1),
                    fp8_sink_overhead_pct=100 * (med["fp8"] / med["fp8_nosinks"] - 1), samples=t)

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from mla_sink.tools.bench import GraphTimer
-from mla_sink.paths.triton.launch import launch_plan, sparse_mla_decode_triton
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton, triton_plan_for
 
 
 def main():
@@ -33,7 +33,7 @@ def main():
                 t["sinks"].append(timer.time_us(lambda: sparse_mla_decode_triton(q, pool, idx, sinks, out=out, lse=lse)))
                 t["nosinks"].append(timer.time_us(lambda: sparse_mla_decode_triton(q, pool, idx, None, out=out, lse=lse)))
             s, n = statistics.median(t["sinks"]), statistics.median(t["nosinks"])
-            plan = launch_plan(q, pool, idx)
+            plan = triton_plan_for(q, pool, idx).launch
             rec = dict(H=H, T=T, kernel=plan.kernel, splits=plan.num_kv_splits, sinks_us=s, nosinks_us=n,
                        overhead_pct=100 * (s / n - 1), samples=t)
             rows.append(rec)

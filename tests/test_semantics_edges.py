@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mla_sink import CallSpec, DecodeInputs, Platform, SparseMLADecode, prepare, run, sparse_mla_decode
-from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.reference import sparse_mla_decode_reference as ref
 from mla_sink.paths.aiter import AiterWorkspace, launch_aiter
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton
@@ -81,18 +81,16 @@ def test_triton_duplicate_ids_match_the_reference(num_kv_splits):
     assert torch.equal(out1[0, 0], kv1[2, :512])  # the average of a row with itself, at a huge score
 
 
-@pytest.mark.parametrize("path,arch,params", [
-    ("aiter_lse", "gfx942", {}),
-    ("aiter_persistent", "gfx950", {"return_lse": True}),
-])
-def test_aiter_contract_duplicate_ids_match_the_reference(path, arch, params):
+@pytest.mark.parametrize("path,arch", [("aiter_lse", "gfx942"), ("aiter_persistent", "gfx950")])
+def test_aiter_contract_duplicate_ids_match_the_reference(path, arch):
     q, kv, dup, _, sinks = _duplicate_case()
     q, kv, sinks = q[:, :4].repeat(1, 4, 1), kv, sinks.repeat(4)  # 16 heads: AITER's smallest bucket
     spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=dup.shape[1], sinks=True)
-    plan = LaunchPlan(path=path, params=params, spec=spec, platform=Platform(arch=arch, aiter_version="0.1.20"),
-                      row_id="contract")
-    x = DecodeInputs(q=q, kv_cache=kv, indices=dup, sm_scale=576 ** -0.5, sinks=sinks)
     fake = AiterContractFake(arch=arch)
+    plan = build_plan(spec, Platform(arch=arch, aiter_version="0.1.20"), num_tokens=q.shape[0], path=path,
+                      aiter_impl=fake)  # the table's row for the forced path, its params and the AITER call
+    assert plan.path == path and plan.launch is not None
+    x = DecodeInputs(q=q, kv_cache=kv, indices=dup, sm_scale=576 ** -0.5, sinks=sinks)
     out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
     r_out, r_lse = ref(q, kv, dup, sinks)
     torch.testing.assert_close(out.double(), r_out, atol=2e-2, rtol=2e-2)
@@ -185,14 +183,14 @@ def test_sm_scale_out_of_range_is_refused_everywhere(value):
     q, kv, idx = _small_call()
     with pytest.raises(ValueError, match=r"'sm_scale' must be a finite float in \[2\^-126, 2\^126\]"):
         sparse_mla_decode(q, kv, idx, sm_scale=value)
-    with pytest.raises(ValueError, match=r"'sm_scale'.*2\^126"):
+    with pytest.raises(ValueError, match=r"sm_scale'.*2\^126"):
         SparseMLADecode(num_heads=4, q_dtype="fp16", kv_dtype="fp16", topk=8, sm_scale=value, platform=Platform("cpu"))
     spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=8)
-    with pytest.raises(ValueError, match=r"'sm_scale'.*2\^126"):
+    with pytest.raises(ValueError, match=r"sm_scale'.*2\^126"):
         run(spec, DecodeInputs(q, kv, idx, value))
-    with pytest.raises(ValueError, match=r"'sm_scale'.*2\^126"):
+    with pytest.raises(ValueError, match=r"sm_scale'.*2\^126"):
         prepare(spec, Platform("cpu"), sm_scale=value)
-    with pytest.raises(ValueError, match=r"'sm_scale'.*2\^126"):
+    with pytest.raises(ValueError, match=r"sm_scale'.*2\^126"):
         torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, None, value, None, None, None, False, 0.0, "")
 
 

@@ -154,23 +154,21 @@ def _build_plan(spec, platform, num_tokens, path, aiter_impl) -> LaunchPlan:
 
 
 def _plan_aiter_call(base: LaunchPlan, num_tokens: int, aiter_impl: Any):
-    """The AITER call; AITER's own split heuristic is asked where the path needs it and AITER is here."""
+    """The AITER call; where the path needs AITER's own split heuristic, it is asked when AITER is here
+    (elsewhere the call stays unresolved: explain prints it, and the launcher resolves or refuses it)."""
     from mla_sink.core.dtypes import TORCH_DTYPES
     from mla_sink.paths.aiter.launch import aiter_meta_param, load_aiter_impl
-    from mla_sink.paths.aiter.plan import AITER_MIN_HEADS, padded_head_count, plan_aiter
+    from mla_sink.paths.aiter.plan import plan_aiter, with_meta_param
 
-    meta_param = None
-    if base.path == "aiter_lse_fp8_two_split":  # the path forces AITER's own split count up: ask AITER for it
-        impl = aiter_impl
-        if impl is None:
-            try:
-                impl = load_aiter_impl()
-            except RuntimeError:  # not on a ROCm machine: the split count stays open (explain shows why)
-                impl = None
-        if impl is not None:
-            heads = padded_head_count(base.spec.num_heads, base.params.get("pad_heads_to", AITER_MIN_HEADS))
-            meta_param = aiter_meta_param(impl, num_tokens=num_tokens, topk=base.spec.topk, padded_heads=heads,
-                                          q_dtype=TORCH_DTYPES[base.spec.q_dtype])
-    if meta_param is None and base.path == "aiter_lse_fp8_two_split":
-        return None  # interim: the h-tables planner returns an unresolved call instead
-    return plan_aiter(base, num_tokens=num_tokens, num_kv_rows=1, topk=base.spec.topk, meta_param=meta_param)
+    call = plan_aiter(base, num_tokens=num_tokens)
+    if not getattr(call, "needs_meta_param", False):
+        return call
+    impl = aiter_impl
+    if impl is None:
+        try:
+            impl = load_aiter_impl()
+        except RuntimeError:  # not on a ROCm machine
+            return call
+    meta_param = aiter_meta_param(impl, num_tokens=num_tokens, topk=call.topk, padded_heads=call.padded_heads,
+                                  q_dtype=TORCH_DTYPES[call.q_dtype])
+    return with_meta_param(call, meta_param)

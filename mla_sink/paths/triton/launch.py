@@ -357,6 +357,30 @@ def _fall_back(plan, kernel: str, error: BaseException, x: DecodeInputs) -> Resu
     return prepare_triton(replanned, x)(x)
 
 
+def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,
+                    sinks: Optional[torch.Tensor] = None, logit_cap: float = 0.0,
+                    num_kv_splits: Optional[int] = None, kernel: Optional[str] = None) -> Any:
+    """The ``triton`` :class:`~mla_sink.core.plan.LaunchPlan` of a call on the tensors' device (tests,
+    benchmarks): ``plan.launch`` names the kernel, tiles and split count. ``num_kv_splits`` forces the split
+    count; ``kernel='portable'`` keeps the Gluon kernels out."""
+    import attrs
+
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.platform import detect_platform
+    from mla_sink.core.records import CallSpec
+    from mla_sink.paths.triton.plan import plan_triton_launch
+
+    spec = CallSpec(q_dtype=DTYPE_KEYS[q.dtype], kv_dtype=DTYPE_KEYS[kv_cache.dtype], num_heads=q.shape[1],
+                    topk=indices.shape[1], sinks=sinks is not None, need_lse=True, logit_cap=logit_cap)
+    platform = detect_platform(q.device)
+    plan = build_plan(spec, platform, path="triton")
+    launch = plan_triton_launch(arch=platform.arch, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype,
+                                num_heads=spec.num_heads, num_tokens=q.shape[0], topk=spec.topk,
+                                logit_cap=spec.logit_cap, gluon=platform.gluon and kernel != "portable",
+                                num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits)
+    return attrs.evolve(plan, num_tokens=q.shape[0], launch=launch)
+
+
 def sparse_mla_decode_triton(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -400,19 +424,9 @@ def sparse_mla_decode_triton(
     """
     import attrs
 
-    from mla_sink.core.plan import build_plan
-    from mla_sink.core.platform import detect_platform
-    from mla_sink.core.records import CallSpec
-    from mla_sink.paths.triton.plan import plan_triton_launch
-
-    spec = CallSpec(q_dtype=DTYPE_KEYS[q.dtype], kv_dtype=DTYPE_KEYS[kv_cache.dtype], num_heads=q.shape[1],
-                    topk=indices.shape[1], sinks=sinks is not None, need_lse=True, logit_cap=logit_cap)
-    platform = detect_platform(q.device)
-    plan = build_plan(spec, platform, path="triton")
-    launch = plan_triton_launch(arch=platform.arch, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype,
-                                num_heads=spec.num_heads, num_tokens=q.shape[0], topk=spec.topk,
-                                logit_cap=spec.logit_cap, gluon=platform.gluon and kernel != "portable",
-                                num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits)
+    plan = triton_plan_for(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap, num_kv_splits=num_kv_splits,
+                           kernel=kernel)
+    launch, spec, platform = plan.launch, plan.spec, plan.platform
     if config is not None:
         from mla_sink.paths.triton.plan import split_plan
 
