@@ -158,31 +158,31 @@ def test_explain_triton_launch(tokens, splits, kernel, capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--sinks", "--tokens", tokens,
                         "--sms", "132")
     assert code == 0
-    assert f"triton launch at T={tokens}: tuning row sm90_default" in out
-    assert f"on 132 SMs: {splits} KV split(s), kernel {kernel}" in out
+    assert f"triton launch at T={tokens} (on 132 SM(s)): kernel {kernel}" in out
+    assert f"{splits} KV split(s) of" in out and "row sm90_default (tables/triton_tuning.yaml)" in out
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--tokens", tokens, "--sms", "132",
                         "--json")
-    launch = json.loads(out)["triton_launch"]
-    assert (launch["row"], launch["num_kv_splits"], launch["kernel"]) == ("sm90_default", splits, kernel)
+    launch = json.loads(out)["launch"]
+    assert (launch["tuning_row"], launch["num_kv_splits"], launch["kernel"]) == ("sm90_default", splits, kernel)
 
 
 @pytest.mark.parametrize("argv,row,kernel_file", [
-    (["--heads", "128", "--tokens", "256"], "sm90_default", "kernel gluon_ws (warp-specialised, mla_sink/kernels/gluon/gluon_ws.py)"),
+    (["--heads", "128", "--tokens", "256"], "sm90_default", "kernel gluon_ws (mla_sink/kernels/gluon/gluon_ws.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "256"], "sm90_fp8_h16",
-     "kernel gluon_fp8 (warp-specialised, mla_sink/kernels/gluon/gluon_fp8.py)"),
+     "kernel gluon_fp8 (mla_sink/kernels/gluon/gluon_fp8.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "2"], "sm90_fp8_h16",
      "kernel portable (mla_sink/kernels/triton/portable.py)"),
 ])
 def test_explain_names_the_kernel_file(argv, row, kernel_file, capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm90", *argv, "--sms", "132")
-    assert code == 0 and f"tuning row {row}" in out and kernel_file in out
+    assert code == 0 and f"row {row} (tables/triton_tuning.yaml)" in out and kernel_file in out
 
 
 def test_explain_triton_launch_without_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm80", "--heads", "16", "--aiter", "none")
-    assert code == 0 and "tuning row sm80_sm100_default" in out and "pass --sms N" in out
+    assert code == 0 and "row sm80_sm100_default (tables/triton_tuning.yaml)" in out and "pass --sms N" in out
     code, out = run_cli(capsys, "explain", "--arch", "gfx942", "--aiter", "0.1.20", "--heads", "64", "--sinks")
-    assert "tuning row rocm_default" in out  # AMD shapes without an AITER kernel run the portable kernel
+    assert "row rocm_default (tables/triton_tuning.yaml)" in out  # AMD shapes without an AITER kernel run the portable kernel
 
 
 @pytest.mark.parametrize("argv", [["explain", "--q-dtype", "fp32"], ["explain", "--heads", "abc"],

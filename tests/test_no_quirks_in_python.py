@@ -72,11 +72,11 @@ def _is_head(node: ast.AST) -> bool:
     return any(HEAD.search(n) for n in _names(node))
 
 
-def findings(path: Path) -> list[str]:
-    """``file:line: what`` for every quirk written in the code of ``path``."""
+def findings(path: Path, root: Path = ROOT) -> list[str]:
+    """``file:line: what`` for every quirk written in the code of ``path`` (named relative to ``root``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     docs = _docstrings(tree)
-    rel = path.relative_to(ROOT).as_posix()
+    rel = path.relative_to(root).as_posix()
     found = []
     for node in ast.walk(tree):
         where = f"{rel}:{getattr(node, 'lineno', 0)}"
@@ -112,14 +112,7 @@ def test_the_scan_catches_each_kind_of_quirk(tmp_path):
                    '    d = num_heads <= 16\n'
                    '    e = max(num_heads, 16)\n'
                    '    return a, b, c, d, e, num_heads > 0\n')
-    import tests.test_no_quirks_in_python as me
-
-    old = me.ROOT
-    me.ROOT = tmp_path
-    try:
-        got = findings(bad)
-    finally:
-        me.ROOT = old
+    got = findings(bad, tmp_path)
     kinds = [g.split(": ", 1)[1].split(" ")[0] for g in got]
     assert kinds.count("arch") == 1 and kinds.count("dtype") == 2 and kinds.count("head-count") == 2, got
 

@@ -161,6 +161,11 @@ def _flashinfer_peer():
 
 
 # ---------------------------------------------------------------- cases
+#: the KV dtype of the pool every case starts from (other KV dtypes are cast from it); the peers
+#: (PyTorch, FlashMLA's bf16 sparse kernel) take it
+BASE_KV = "bf16"
+
+
 def default_cases() -> list[dict]:
     """The issue's grid: H in {16, 32, 64, 128} x T in {2, 64, 256}, topk 2048, bf16 KV with and
     without sinks, plus fp8_e4m3 KV with sinks at H in {16, 128} x T in {2, 256}."""
@@ -168,7 +173,7 @@ def default_cases() -> list[dict]:
     for H in (16, 32, 64, 128):
         for T in (2, 64, 256):
             for sinks in (True, False):
-                cases.append(dict(H=H, T=T, topk=2048, kv="bf16", sinks=sinks))
+                cases.append(dict(H=H, T=T, topk=2048, kv=BASE_KV, sinks=sinks))
     for H in (16, 128):
         for T in (2, 256):
             cases.append(dict(H=H, T=T, topk=2048, kv="fp8_e4m3", sinks=True))
@@ -189,7 +194,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         median of CUDA-graph replays with the L2 flushed before each call), TFLOP/s, gathered GB/s and
         both as % of the ceilings, per implementation.
     """
-    from mla_sink.paths.triton.launch import launch_plan, sparse_mla_decode_triton
+    from mla_sink.core.dtypes import TORCH_DTYPES
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton, triton_plan_for
     from mla_sink.core.platform import detect_platform
 
     try:
@@ -217,29 +223,29 @@ def run_bench(args: argparse.Namespace) -> dict:
     sm_scale = D_QK ** -0.5
     for c in tqdm(cases, desc="bench", file=sys.stderr):
         if c["kv"] not in pools:
-            base = pools.get("bf16")
+            base = pools.get(BASE_KV)
             if base is None:
-                base = torch.randn(args.pool_rows, D_QK, device="cuda", dtype=torch.bfloat16)
-                pools["bf16"] = base
-            if c["kv"] != "bf16":
+                base = torch.randn(args.pool_rows, D_QK, device="cuda", dtype=TORCH_DTYPES[BASE_KV])
+                pools[BASE_KV] = base
+            if c["kv"] != BASE_KV:
                 pools[c["kv"]] = base.to(torch.float8_e4m3fn)
         kv = pools[c["kv"]]
         T, H, topk = c["T"], c["H"], c["topk"]
         q = torch.randn(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
         idx = torch.randint(0, args.pool_rows, (T, topk), device="cuda", dtype=torch.int32)
         sinks = torch.randn(H, device="cuda") if c["sinks"] else None
-        kv_scale = torch.tensor([1.0], device="cuda") if c["kv"] != "bf16" else None
+        kv_scale = torch.tensor([1.0], device="cuda") if c["kv"] != BASE_KV else None
         out = torch.empty(T, H, D_V, device="cuda", dtype=torch.bfloat16)
         lse = torch.empty(T, H, device="cuda")
         row_bytes = D_QK * kv.element_size()
         flops = 2 * H * T * topk * (D_QK + D_V)
         nbytes = T * topk * row_bytes + q.numel() * 2 + out.numel() * 2
         name = case_name(c, platform)
-        plan = launch_plan(q, kv, idx)
+        plan = triton_plan_for(q, kv, idx, sinks=sinks).launch
         entry = dict(case=name, **c, flops=flops, bytes=nbytes, impls={},
-                     triton_plan=dict(row=plan.config.row, kernel=plan.kernel, num_kv_splits=plan.num_kv_splits))
+                     triton_plan=dict(row=plan.tuning_row, kernel=plan.kernel, num_kv_splits=plan.num_kv_splits))
         for impl, fn in impls.items():
-            if impl != "triton" and (T > skip_peers_over or c["kv"] != "bf16"):
+            if impl != "triton" and (T > skip_peers_over or c["kv"] != BASE_KV):
                 continue
             if impl == "triton":
                 def call():

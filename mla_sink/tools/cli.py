@@ -119,16 +119,34 @@ def _local_sms(arch: str):
     return here.num_sms if here.arch == arch else None
 
 
-MATRIX_PLATFORMS = (
-    Platform("gfx942", "0.1.20"),
-    Platform("gfx950", "0.1.20"),
-    Platform("gfx942", "0.1.15"),
-    Platform("gfx942", None),
-    Platform("sm90"),
-    Platform("sm80"),
-    Platform("cpu"),
-    Platform("cpu", triton=False),
-)
+def matrix_platforms() -> tuple:
+    """The platforms of ``explain --matrix``, from the rule table's field domains: every arch it declares,
+    with the newest AITER version it declares where the AITER paths accept that arch; the first such arch
+    also with the oldest version and with none; the CPU also without Triton."""
+    from packaging.version import Version
+
+    from mla_sink.core.select import mla_table, path_platform_failures
+
+    table = mla_table()
+    versions = sorted((v for v in table.fields["aiter_version"].domain if v is not None), key=Version)
+    aiter_paths = [p for p in table.paths if p.startswith("aiter")]
+    out, first_aiter = [], None
+    for arch in table.fields["arch"].domain:
+        try:
+            newest = Platform(arch, versions[-1])
+        except ValueError:  # AITER cannot be present on this arch (the record says where it can)
+            newest = None
+        if newest is not None and not all(path_platform_failures(p, newest) for p in aiter_paths):
+            out.append(newest)
+            first_aiter = first_aiter or arch
+        else:
+            out.append(Platform(arch))
+    if first_aiter is not None:
+        out += [Platform(first_aiter, versions[0]), Platform(first_aiter, None)]
+    out += [attrs.evolve(p, triton=False) for p in out if p.arch == "cpu"]
+    return tuple(out)
+
+
 MATRIX_DTYPES = (("bf16", "bf16"), ("fp16", "fp16"), ("fp8_e4m3fnuz", "fp8_e4m3fnuz"), ("fp8_e4m3", "fp8_e4m3"),
                  ("bf16", "fp8_e4m3"))
 MATRIX_HEADS = (8, 16, 24, 32, 64, 128, 256)
@@ -140,7 +158,7 @@ def matrix_dict(args: Optional[argparse.Namespace] = None) -> dict:
 
     dcp = getattr(args, "dcp", 1) if args is not None else 1
     doc: dict = {}
-    for platform in MATRIX_PLATFORMS:
+    for platform in matrix_platforms():
         for q, kv in MATRIX_DTYPES:
             row = doc.setdefault(str(platform), {}).setdefault(f"{q}/{kv}", {})
             for h in MATRIX_HEADS:

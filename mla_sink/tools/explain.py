@@ -67,15 +67,16 @@ def _plain(value: Any) -> Any:
 
 
 def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
-    """The plan record as JSON-ready data (``launch`` included), with the rule table's selection when given."""
+    """The plan record as JSON-ready data: the rule table's selection (when given: path, row, params,
+    rejections grouped by path) and the plan's ``key``, ``spec``, ``platform``, ``num_tokens`` and
+    ``launch`` (kernel file included on the triton path)."""
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
-    doc = dict(key=call_key(plan.spec, plan.platform), path=plan.path, row=plan.row_id, params=_plain(plan.params),
-               num_tokens=plan.num_tokens, spec=_plain(plan.spec), platform=_plain(plan.platform),
-               need_lse=plan.spec.need_lse, launch=_plain(plan.launch), refused=False)
+    doc = dispatch.selection_to_dict(selection) if selection is not None else dict(
+        path=plan.path, row=plan.row_id, params=_plain(plan.params), refused=False)
+    doc.update(key=call_key(plan.spec, plan.platform), spec=_plain(plan.spec), platform=_plain(plan.platform),
+               need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens, launch=_plain(plan.launch))
     if plan.launch is not None and plan.path == "triton":
         doc["launch"]["kernel_file"] = KERNEL_FILES.get(plan.launch.kernel)
-    if selection is not None:
-        doc["selection"] = dispatch.selection_to_dict(selection)
     return doc
