@@ -17,7 +17,7 @@ import torch
 
 from mla_sink.paths.triton import launch as triton_decode
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton
-from mla_sink.paths.triton.plan import kernel_for, num_kv_splits_for, triton_config
+from mla_sink.paths.triton.plan import plan_triton_launch
 from mla_sink.core.reference import sparse_mla_decode_reference
 
 pytestmark = [
@@ -103,10 +103,10 @@ def test_sink_changes_result_and_big_pool():
     rows = ((1 << 31) + (64 << 20)) // (D_QK * 2) + 1
     kv = torch.randn(rows, D_QK, device="cuda", dtype=torch.bfloat16, generator=g)
     T, H = 256, 128
-    cfg = triton_config("sm90", "bf16", "bf16", H, T, 2048)
-    splits = num_kv_splits_for(cfg, T, 2, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
-    assert kernel_for(cfg, device_type="cuda", q_dtype="bf16", kv_dtype="bf16", num_heads=H, num_kv_splits=splits,
-                      logit_cap=0.0, gluon_ok=triton_decode.gluon_available()) == "gluon_ws"
+    launch = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype="bf16", num_heads=H, num_tokens=T, topk=2048,
+                                logit_cap=0.0, gluon=triton_decode.gluon_available(),
+                                num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert launch.kernel == "gluon_ws"
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(rows - (1 << 20), rows, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
     sinks = torch.randn(H, device="cuda", generator=g) + 8.0

@@ -237,7 +237,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         name = case_name(c, platform)
         plan = launch_plan(q, kv, idx)
         entry = dict(case=name, **c, flops=flops, bytes=nbytes, impls={},
-                     triton_plan=dict(row=plan.config.row, kernel=plan.kernel, num_kv_splits=plan.num_kv_splits))
+                     triton_plan=dict(row=plan.tuning_row, kernel=plan.kernel, num_kv_splits=plan.num_kv_splits))
         for impl, fn in impls.items():
             if impl != "triton" and (T > skip_peers_over or c["kv"] != "bf16"):
                 continue

@@ -23,12 +23,13 @@ adjacent in launch order so their identical gathers hit L2):
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
 
-Kernel choice: :func:`launch_plan` (pure) reads the tuning row (``tables/triton_tuning.yaml``), the
-split count and :func:`mla_sink.paths.triton.plan.kernel_for`; on sm90, unsplit bf16/fp16 launches with
-64-head blocks run the warp-specialised kernel of :mod:`mla_sink.kernels.gluon.gluon_ws` and unsplit
-e4m3fn-KV launches at H <= 16 that of :mod:`mla_sink.kernels.gluon.gluon_fp8` (same semantics; a
-Triton whose Gluon dialect cannot compile them falls back here after one warning); every other
-launch runs the kernel below.
+Kernel choice: :func:`launch_plan` reads the call's shapes and device and returns
+:func:`mla_sink.paths.triton.plan.plan_triton_launch`'s record (tuning row, split count, kernel: the
+paths of ``tables/triton_tuning.yaml``); on sm90, unsplit bf16/fp16 launches with 64-head blocks run
+the warp-specialised kernel of :mod:`mla_sink.kernels.gluon.gluon_ws` and unsplit e4m3fn-KV launches
+at H <= 16 that of :mod:`mla_sink.kernels.gluon.gluon_fp8` (same semantics; a Gluon kernel that fails
+to compile here falls back to the portable one after one warning, and later plans name the fallback);
+every other launch runs the kernel below.
 
 On the CPU the same Python function runs through Triton's interpreter
 (``triton.runtime.interpreter.InterpretedFunction``), without ``TRITON_INTERPRET`` being set; an
@@ -47,7 +48,6 @@ import threading
 import warnings
 from typing import Optional
 
-import attrs
 import numpy as np
 import torch
 import triton
@@ -57,12 +57,13 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.kernels.triton.combine import combine_jit
 from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
 from mla_sink.kernels.triton.portable import portable_jit
-from mla_sink.paths.triton.plan import TritonConfig, kernel_for, split_plan, triton_config
+from mla_sink.kernels.triton.math import LOG2E as _LOG2E
+from mla_sink.paths.triton.plan import TritonConfig, TritonLaunch, plan_triton_launch, portable_launch
 
 D_QK = 576
 D_V = 512
 D_PE = D_QK - D_V
-LOG2E = 1.4426950408889634
+LOG2E = _LOG2E.value
 
 @functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
@@ -74,7 +75,9 @@ def gluon_available() -> bool:
     return True
 
 
-_GLUON_FAILED: dict[tuple, str] = {}
+#: kernel name -> compile error text of the Gluon kernels that failed to compile in this process
+#: (``plan_triton_launch``'s ``failed``).
+_GLUON_FAILED: dict[str, str] = {}
 
 
 def _launch_gluon(kernel, q, kv_cache, indices, sinks, sm_scale, topk_length, kv_scale, out, lse) -> bool:
@@ -84,8 +87,7 @@ def _launch_gluon(kernel, q, kv_cache, indices, sinks, sm_scale, topk_length, kv
     A Triton whose Gluon API differs from the one the kernels were written for (Triton 3.6) fails at
     compile time, before anything is launched; the portable kernel then serves that signature.
     """
-    key = (kernel, q.device.index, q.dtype, kv_cache.dtype, sinks is not None, topk_length is not None)
-    if key in _GLUON_FAILED:
+    if kernel in _GLUON_FAILED:
         return False
     try:
         if kernel == "gluon_ws":
@@ -98,7 +100,7 @@ def _launch_gluon(kernel, q, kv_cache, indices, sinks, sm_scale, topk_length, kv
             sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length,
                                         kv_scale=kv_scale, out=out, lse=lse)
     except Exception as e:  # noqa: BLE001 - compile errors of an unsupported Triton/Gluon version
-        _GLUON_FAILED[key] = repr(e)[:500]
+        _GLUON_FAILED[kernel] = repr(e)[:500]
         warnings.warn(f"mla_sink: the warp-specialised sm90 kernel {kernel} failed to compile ({repr(e)[:200]}); "
                       "the portable Triton kernel serves these calls", RuntimeWarning, stacklevel=3)
         return False
@@ -123,38 +125,21 @@ def _num_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@attrs.frozen
-class TritonLaunch:
-    """How :func:`sparse_mla_decode_triton` runs one call (a pure function of shapes, dtypes and the device).
-
-    Attributes:
-        config: the tuning row's :class:`~mla_sink.paths.triton.plan.TritonConfig` (``config.row`` names it).
-        block_h: head block of this call. num_kv_splits: KV splits per token (1 = no combine kernel).
-        ids_per_split: ids per split (a multiple of ``config.block_n``).
-        kernel: ``"portable"``, ``"gluon_ws"`` or ``"gluon_fp8"`` (:func:`mla_sink.paths.triton.plan.kernel_for`).
-    """
-
-    config: TritonConfig
-    block_h: int
-    num_kv_splits: int
-    ids_per_split: int
-    kernel: str
-
-
 def launch_plan(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *, logit_cap: float = 0.0,
                 num_kv_splits: Optional[int] = None, config: Optional[TritonConfig] = None) -> TritonLaunch:
-    """The :class:`TritonLaunch` of a call (tuning row, head block, split count, kernel); reads shapes only."""
+    """The :class:`~mla_sink.paths.triton.plan.TritonLaunch` of a call (reads shapes, dtypes and the device):
+    :func:`~mla_sink.paths.triton.plan.plan_triton_launch`, or the portable kernel with ``config``'s tiles
+    (:func:`~mla_sink.paths.triton.plan.portable_launch`) when a config is given."""
     T, H, _ = q.shape
     topk = indices.shape[1]
     device = q.device
-    q_key, kv_key = DTYPE_KEYS[q.dtype], DTYPE_KEYS[kv_cache.dtype]
-    cfg = config if config is not None else triton_config(_arch(device.type, device.index), q_key, kv_key, H, T, topk)
-    block_h = cfg.block_h_for(H)
-    num_kv_splits, ids_per_split = split_plan(cfg, T, H, topk, _num_sms(device), requested=num_kv_splits)
-    kernel = kernel_for(cfg, device_type=device.type, q_dtype=q_key, kv_dtype=kv_key, num_heads=H,
-                        num_kv_splits=num_kv_splits, logit_cap=logit_cap,
-                        gluon_ok=device.type == "cuda" and gluon_available())
-    return TritonLaunch(cfg, block_h, num_kv_splits, ids_per_split, kernel)
+    if config is not None:
+        return portable_launch(config, num_heads=H, num_tokens=T, topk=topk, num_sms=_num_sms(device),
+                               num_kv_splits=num_kv_splits)
+    return plan_triton_launch(arch=_arch(device.type, device.index), q_dtype=DTYPE_KEYS[q.dtype],
+                              kv_dtype=DTYPE_KEYS[kv_cache.dtype], num_heads=H, num_tokens=T, topk=topk,
+                              logit_cap=logit_cap, gluon=device.type == "cuda" and gluon_available(),
+                              num_sms=_num_sms(device), num_kv_splits=num_kv_splits, failed=_GLUON_FAILED)
 
 
 def sparse_mla_decode_triton(
@@ -219,7 +204,7 @@ def sparse_mla_decode_triton(
 
     interp = device.type == "cpu"
     plan = launch_plan(q, kv_cache, indices, logit_cap=logit_cap, num_kv_splits=num_kv_splits, config=config)
-    cfg, block_h, num_kv_splits, ids_per_split = plan.config, plan.block_h, plan.num_kv_splits, plan.ids_per_split
+    block_h, num_kv_splits, ids_per_split = plan.block_h, plan.num_kv_splits, plan.ids_per_split
     num_hb = triton.cdiv(H, block_h)
 
     # Kernels assume a unit stride on the last dim of q, kv_cache and indices (copy otherwise).
@@ -250,7 +235,7 @@ def sparse_mla_decode_triton(
     q_fp8 = q.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
     kv_fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
-    f16 = kv_fp8 and cfg.fp8_f16
+    f16 = kv_fp8 and plan.fp8_f16
     decode = interpreted("portable") if interp else portable_jit
     combine = interpreted("combine") if interp else combine_jit
     sinks_k = sinks if sinks is not None else dummy
@@ -268,17 +253,15 @@ def sparse_mla_decode_triton(
             part_out.stride(0) if split else 0, part_out.stride(1) if split else 0,
             part_out.stride(2) if split else 0,
             part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
-            BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_V, D_ROPE=D_PE,
+            BLOCK_H=block_h, BLOCK_N=plan.block_n, D_NOPE=D_V, D_ROPE=D_PE,
             HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None, HAS_CAP=logit_cap > 0,
             Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=q_fnuz, KV_FNUZ=kv_fnuz,
             SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and q.dtype == torch.bfloat16,
-            FP8_BITS=f16 and cfg.fp8_bits and kv_cache.dtype == torch.float8_e4m3fn,
-            EVEN=topk_length is None and topk % cfg.block_n == 0,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            EVEN=topk_length is None and topk % plan.block_n == 0,
+            num_warps=plan.num_warps, num_stages=plan.num_stages,
         )
         if split:
-            cbh = min(cfg.combine_block_h, max(16, triton.next_power_of_2(H)))
-            cbd = min(cfg.combine_block_d, D_V)
+            cbh, cbd = plan.combine_block_h, plan.combine_block_d
             combine[(triton.cdiv(H, cbh), T, D_V // cbd)](
                 part_out, part_lse, sinks_k, out_k, lse,
                 H, num_kv_splits,
