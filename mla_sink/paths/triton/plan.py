@@ -328,9 +328,10 @@ def describe_launch(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_
     """:func:`plan_triton_launch` as the dict ``mla-sink explain`` prints today (pure).
 
     Returns:
-        ``{"row", "params", "why", "source", "block_h", "num_kv_splits", "kernel", "launch"}``: the tuning
-        row, its params, the head block, the split count and kernel (``None`` when ``num_sms`` is
-        ``None``: they depend on the SM count) and the whole :class:`TritonLaunch`.
+        ``{"row", "params", "why", "source", "block_h", "num_kv_splits", "kernel", "kernel_row",
+        "rejected_kernels"}``: the tuning row, its params, the head block, the split count and kernel
+        (``None`` when ``num_sms`` is ``None``: they depend on the SM count), the row that named the
+        kernel and the Gluon rows rejected, as ``[row id, reason]`` lists.
     """
     launch = plan_triton_launch(arch=arch, q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=num_heads,
                                 num_tokens=num_tokens, topk=topk, logit_cap=logit_cap, gluon=gluon_ok,
@@ -338,4 +339,5 @@ def describe_launch(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_
     open_ = launch.num_kv_splits is None
     return dict(row=launch.tuning_row, params=dict(tuning_table().row(launch.tuning_row).params), why=launch.why,
                 source=launch.source, block_h=launch.block_h, num_kv_splits=launch.num_kv_splits,
-                kernel=None if open_ else launch.kernel, launch=launch)
+                kernel=None if open_ else launch.kernel, kernel_row=launch.kernel_row,
+                rejected_kernels=[list(r) for r in launch.rejected_kernels])
