@@ -14,8 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mla_sink.paths.triton import launch as triton_decode
-from mla_sink.paths.triton.launch import launch_plan, sparse_mla_decode_triton
+from mla_sink.core.platform import gluon_available
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+from mla_sink.paths.triton.plan import plan_triton_launch
 from mla_sink.core.reference import sparse_mla_decode_reference
 
 pytestmark = [
@@ -85,8 +86,10 @@ def test_routed_big_pool_and_cuda_graph():
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(rows - (1 << 20), rows, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
     sinks = torch.randn(H, device="cuda", generator=g) + 8.0
-    plan = launch_plan(q, kv, idx)
-    assert plan.kernel == ("gluon_fp8" if triton_decode.gluon_available() else "portable")
+    plan = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype="fp8_e4m3", num_heads=H, num_tokens=T, topk=2048,
+                              logit_cap=0.0, gluon=gluon_available(),
+                              num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert plan.kernel == ("gluon_fp8" if gluon_available() else "portable")
     out = torch.empty(T, H, D_V, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(T, H, device="cuda")
     sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out, lse=lse)

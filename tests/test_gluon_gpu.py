@@ -15,9 +15,9 @@ import warnings
 import pytest
 import torch
 
-from mla_sink.paths.triton import launch as triton_decode
+from mla_sink.core.platform import gluon_available
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton
-from mla_sink.paths.triton.plan import kernel_for, num_kv_splits_for, triton_config
+from mla_sink.paths.triton.plan import plan_triton_launch
 from mla_sink.core.reference import sparse_mla_decode_reference
 
 pytestmark = [
@@ -103,10 +103,10 @@ def test_sink_changes_result_and_big_pool():
     rows = ((1 << 31) + (64 << 20)) // (D_QK * 2) + 1
     kv = torch.randn(rows, D_QK, device="cuda", dtype=torch.bfloat16, generator=g)
     T, H = 256, 128
-    cfg = triton_config("sm90", "bf16", "bf16", H, T, 2048)
-    splits = num_kv_splits_for(cfg, T, 2, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
-    assert kernel_for(cfg, device_type="cuda", q_dtype="bf16", kv_dtype="bf16", num_heads=H, num_kv_splits=splits,
-                      logit_cap=0.0, gluon_ok=triton_decode.gluon_available()) == "gluon_ws"
+    launch = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype="bf16", num_heads=H, num_tokens=T, topk=2048,
+                                logit_cap=0.0, gluon=gluon_available(),
+                                num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert launch.kernel == "gluon_ws"
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(rows - (1 << 20), rows, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
     sinks = torch.randn(H, device="cuda", generator=g) + 8.0
@@ -142,24 +142,49 @@ def test_cuda_graph_replay_new_inputs():
         check_budget(out, lse, ro, rl, "bf16")
 
 
-def test_compile_failure_falls_back_to_portable(monkeypatch):
+@pytest.fixture
+def fresh_plans(monkeypatch):
+    """Plans and prepared calls made without any recorded compile failure, and none left behind."""
+    import mla_sink.api as api
+    from mla_sink.core import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "_FAILED_KERNELS", {})
+    plan_mod._build_plan_cached.cache_clear()
+    api.forget_prepared_calls()
+    yield
+    plan_mod._build_plan_cached.cache_clear()
+    api.forget_prepared_calls()
+
+
+def test_compile_failure_falls_back_to_portable(monkeypatch, fresh_plans):
+    from triton.runtime.errors import OutOfResources
+
+    from mla_sink import sparse_mla_decode
     from mla_sink.kernels.gluon import gluon_ws as gluon_decode
 
     def broken(*a, **k):
-        raise RuntimeError("simulated Gluon compile failure")
+        raise OutOfResources(300000, 232448, "shared memory")  # what a Triton without room for it raises
 
     monkeypatch.setattr(gluon_decode, "sparse_mla_decode_gluon", broken)
-    monkeypatch.setattr(triton_decode, "_GLUON_FAILED", {})
     g = torch.Generator(device="cuda").manual_seed(13)
     N, T, H = 5000, 256, 64
     kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(0, N, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
-    with pytest.warns(RuntimeWarning, match="portable"):
-        o, l = sparse_mla_decode_triton(q, kv, idx, None)
+    with pytest.warns(RuntimeWarning, match="portable kernel serves"):
+        o, l = sparse_mla_decode(q, kv, idx, return_lse=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        sparse_mla_decode_triton(q, kv, idx, None)
-    assert not [w for w in caught if "warp-specialised" in str(w.message)]  # warned once per signature
+        o2, _ = sparse_mla_decode(q, kv, idx, return_lse=True)
+    assert not [w for w in caught if "failed to compile" in str(w.message)]  # warned once: the plan says it now
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.platform import detect_platform
+    from mla_sink.core.records import CallSpec
+
+    plan = build_plan(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=2048, need_lse=True),
+                      detect_platform(q.device), num_tokens=T)
+    assert plan.launch.kernel == "portable" and "gluon_ws" in plan.launch.fallback
+    assert "shared memory" in plan.launch.fallback
     ro, rl = sparse_mla_decode_reference(q, kv, idx, None)
     check_budget(o, l, ro, rl, "bf16")
+    assert torch.equal(o, o2)

@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton  # noqa: E402
 from mla_sink.paths.triton.plan import (  # noqa: E402
-    TritonConfig, describe_launch, kernel_for, num_kv_splits_for, split_plan, triton_config)
+    TritonConfig, num_kv_splits_for, split_plan, triton_config)
 from mla_sink.core.reference import sparse_mla_decode_reference  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -32,8 +32,18 @@ NAN_BITS = {"fp8_e4m3": 0x7F, "fp8_e4m3fnuz": 0x80}
 OUT_TOL = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 8e-3)}
 LSE_TOL = (2e-5, 1e-5)  # fp32 online softmax over <= 256 ids
 
-UNSPLIT = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1)
-SPLIT_KW = dict(config=TritonConfig(block_h=64, block_n=16, num_warps=4, num_stages=1), num_kv_splits=3)
+
+
+def config(**kw):
+    """A hand-built :class:`TritonConfig`: ``kw`` over a base (the split policy only matters when
+    ``num_kv_splits`` is not forced)."""
+    base = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, max_kv_splits=32, min_ids_per_split=64,
+                split_waves=1.0, split_min_fill=0.5, combine_block_h=16, combine_block_d=D_V, fp8_f16=True)
+    return TritonConfig(**{**base, **kw})
+
+
+UNSPLIT = config(block_h=16, block_n=32, num_warps=4, num_stages=1)
+SPLIT_KW = dict(config=config(block_h=64, block_n=16, num_warps=4, num_stages=1), num_kv_splits=3)
 
 
 def make_case(T, H, topk, q_dtype="bf16", kv_dtype="bf16", N=160, seed=0, sinks="mixed"):
@@ -123,10 +133,9 @@ def test_dtypes(q_dtype, kv_dtype, split):
     check(*run_both(case, **kw))
 
 
-@pytest.mark.parametrize("fp8_bits", [False, True], ids=["cvt", "bit_decode"])
-def test_fp8_max_values_decode_exactly(fp8_bits):
+def test_fp8_max_values_decode_exactly():
     """Every finite fp8 bit pattern (including fnuz's +-240 at 0x7F/0xFF) dequantises like torch does."""
-    cfg = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1, fp8_bits=fp8_bits)
+    cfg = config(block_h=16, block_n=32, num_warps=4, num_stages=1)
     for key, dt in FP8.items():
         bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
         vals = bits.view(dt).float()
@@ -171,7 +180,7 @@ def test_split_counts_and_empty_splits():
     case = make_case(4, 16, 256, seed=4)
     case["indices"][0, 64:] = -1  # the later splits of row 0 hold no valid id
     for splits in (2, 5, 16):
-        cfg = TritonConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
+        cfg = config(block_h=16, block_n=16, num_warps=4, num_stages=1)
         check(*run_both(case, config=cfg, num_kv_splits=splits))
 
 
@@ -228,11 +237,11 @@ def test_all_rows_empty():
 
 
 def test_tuning_table_and_split_heuristic():
-    cfg = triton_config("sm90", "bf16", "bf16", 128, 256, 2048)
+    cfg = triton_config("sm90", "bf16", "bf16", 128, 256)
     assert cfg.row.startswith("sm90")
     assert cfg.block_h_for(5) == 16 and cfg.block_h_for(128) == cfg.block_h
     for arch in ("sm80", "sm100", "gfx942", "gfx950", "cpu"):
-        assert triton_config(arch, "bf16", "bf16", 16, 2, 2048).block_n >= 16
+        assert triton_config(arch, "bf16", "bf16", 16, 2).block_n >= 16
     # Few tokens split, many do not; never more splits than ids allow.
     assert num_kv_splits_for(cfg, 256, 2, 2048, 132) == 1
     assert num_kv_splits_for(cfg, 2, 2, 2048, 132) > 1
@@ -248,69 +257,33 @@ def test_tuning_table_passes_checker():
 
 
 @pytest.mark.parametrize("q_mag", [1e-6, 1.0, 3e5], ids=["tiny_q", "unit_q", "huge_q"])
-@pytest.mark.parametrize("fp8_f16,fp8_bits", [(True, False), (True, True), (False, False)],
-                         ids=["fp16_tiles", "fp16_bit_decode", "bf16_tiles"])
-def test_fp8_kv_tile_dtypes(q_mag, fp8_f16, fp8_bits):
+@pytest.mark.parametrize("fp8_f16", [True, False], ids=["fp16_tiles", "bf16_tiles"])
+def test_fp8_kv_tile_dtypes(q_mag, fp8_f16):
     """bf16 q with fp8 KV: fp16 tiles (q scaled per row by a power of two) and bf16 tiles agree with float64."""
     case = make_case(3, 16, 37, "bf16", "fp8_e4m3", seed=10)
     case["q"] = (case["q"].float() * q_mag).to(torch.bfloat16)
-    cfg = TritonConfig(block_h=16, block_n=32, num_warps=4, num_stages=1, fp8_f16=fp8_f16, fp8_bits=fp8_bits)
+    cfg = config(block_h=16, block_n=32, num_warps=4, num_stages=1, fp8_f16=fp8_f16)
     check(*run_both(case, sm_scale=1.0 / q_mag / 24.0, config=cfg))
 
 
-def _kernel(cfg, **kw):
-    args = dict(device_type="cuda", q_dtype="bf16", kv_dtype="bf16", num_heads=128, num_kv_splits=1,
-                logit_cap=0.0, gluon_ok=True)
-    args.update(kw)
-    return kernel_for(cfg, **args)
-
-
-def test_kernel_choice_for_sm90():
-    """The table sends unsplit bf16/fp16 64-head-block launches on sm90 to the warp-specialised kernel;
-    every other launch (split, soft cap, fp8, small head counts, CPU, no Gluon, other targets) to the
-    portable one."""
-    cfg = triton_config("sm90", "bf16", "bf16", 128, 256, 2048)
-    assert cfg.kernel == "gluon_ws"
-    assert _kernel(cfg) == "gluon_ws"
-    assert _kernel(cfg, q_dtype="fp16", kv_dtype="fp16", num_heads=33) == "gluon_ws"
-    assert _kernel(cfg, num_kv_splits=2) == "portable"
-    assert _kernel(cfg, logit_cap=30.0) == "portable"
-    assert _kernel(cfg, kv_dtype="fp8_e4m3") == "portable"
-    fp8 = triton_config("sm90", "bf16", "fp8_e4m3", 16, 256, 2048)
-    assert fp8.kernel == "gluon_fp8"
-    assert _kernel(fp8, kv_dtype="fp8_e4m3", num_heads=16) == "gluon_fp8"
-    assert _kernel(fp8, q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=3) == "gluon_fp8"
-    assert _kernel(fp8, kv_dtype="fp8_e4m3fnuz", num_heads=16) == "portable"  # fnuz: decoded from bits, portable
-    assert _kernel(fp8, q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3", num_heads=16) == "portable"
-    assert _kernel(fp8, kv_dtype="fp8_e4m3", num_heads=16, num_kv_splits=4) == "portable"
-    assert _kernel(fp8, kv_dtype="fp8_e4m3", num_heads=17) == "portable"
-    assert _kernel(cfg, q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3") == "portable"
-    assert _kernel(cfg, num_heads=32) == "portable"  # 32-head block
-    assert _kernel(cfg, device_type="cpu") == "portable"
-    assert _kernel(cfg, gluon_ok=False) == "portable"
-    for arch, kv in (("sm90", "fp8_e4m3"), ("sm80", "bf16"), ("gfx942", "bf16"), ("cpu", "bf16")):
-        assert triton_config(arch, "bf16", kv, 128, 256, 2048).kernel == "portable"
-    assert triton_config("sm80", "bf16", "fp8_e4m3", 16, 256, 2048).kernel == "portable"
-    assert triton_config("sm90", "bf16", "bf16", 16, 256, 2048).kernel == "portable"
-    with pytest.raises(ValueError):
-        TritonConfig(kernel="cuda_graph_magic")
-
-
 def test_split_plan_rounding_and_explain_agree_with_launcher():
-    cfg = TritonConfig(block_n=64, max_kv_splits=32, min_ids_per_split=128)
+    cfg = config(block_n=64, max_kv_splits=32, min_ids_per_split=128)
     assert split_plan(cfg, 2, 128, 2048, 132, requested=16) == (16, 128)
     assert split_plan(cfg, 2, 128, 37, 132, requested=4) == (1, 64)  # never more splits than 64-id blocks
     assert split_plan(cfg, 2, 128, 1000, 132, requested=3) == (3, 384)  # whole blocks per split
     assert split_plan(cfg, 2, 128, 0, 132, requested=5) == (1, 64)
-    from mla_sink.paths.triton.launch import launch_plan
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.platform import detect_platform
+    from mla_sink.core.records import CallSpec
+    from mla_sink.paths.triton.launch import triton_plan_for
 
     for T, H, topk in [(1, 5, 37), (3, 64, 256), (2, 16, 1000)]:
         q = torch.zeros(T, H, D_QK, dtype=torch.bfloat16)
         idx = torch.zeros(T, topk, dtype=torch.int32)
-        plan = launch_plan(q, torch.zeros(8, D_QK, dtype=torch.bfloat16), idx)
-        shown = describe_launch("cpu", "bf16", "bf16", H, T, topk, num_sms=1)
-        assert (plan.config.row, plan.num_kv_splits, plan.kernel) == (shown["row"], shown["num_kv_splits"],
-                                                                       shown["kernel"])
+        launched = triton_plan_for(q, torch.zeros(8, D_QK, dtype=torch.bfloat16), idx).launch
+        spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=topk, need_lse=True)
+        shown = build_plan(spec, detect_platform("cpu"), num_tokens=T, path="triton").launch  # what explain prints
+        assert launched == shown
 
 
 def test_cpu_calls_from_several_threads():

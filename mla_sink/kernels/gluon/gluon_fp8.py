@@ -40,7 +40,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mla_sink.kernels.gluon.math import LOG2E, sink_scale
+
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
+#: Heads of one CTA (every head of a token): the wgmma N dimension of both swapped GEMMs.
+HEADS_PER_CTA = 16
 
 
 @gluon.jit
@@ -100,7 +104,6 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p_smem, kn_smem, kr_smem
               HAS_SINKS: gl.constexpr, FIRST: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... (ring stage FIRST). FIRST = 0 (the default
     partition) merges the other's state and runs the epilogue."""
-    LOG2E_C: gl.constexpr = 1.4426950408889634
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
     col_scale = scale_smem.load(gl.SliceLayout(0, acc_l))  # per head: q scaling, sm_scale, kv_scale, log2(e)
@@ -162,9 +165,8 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p_smem, kn_smem, kr_smem
         scale = kv_s / l_safe
         if HAS_SINKS:
             sink = gl.load(SINKS + offs_h, mask=offs_h < num_heads, other=float("-inf"))
-            diff = gl.where(empty_row, 0.0, sink * LOG2E_C - lse2)
-            scale = gl.where(empty_row, 0.0, scale / (1.0 + gl.exp2(diff)))
-        gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=offs_h < num_heads)
+            scale = sink_scale(scale, sink, lse2, empty_row)
+        gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=offs_h < num_heads)
         out = acc * scale[None, :]
         offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, acc_l))
         o_ptr = OUT + pid_t * stride_ot + offs_h.to(gl.int64)[None, :] * stride_oh + offs_d[:, None]
@@ -181,7 +183,6 @@ def sparse_mla_decode_fp8_ws_kernel(
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr,
 ):
     """One CTA = one token (all of its <= 16 heads). See the module docstring."""
-    LOG2E_C: gl.constexpr = 1.4426950408889634
     pid_t = gl.program_id(2).to(gl.int64)
     t_end = topk
     if HAS_TOPK_LEN:
@@ -227,7 +228,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     row_exp = gl.ceil(gl.log2(gl.maximum(qmax, 1e-30)))
     q_n.store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
     q_r.store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
-    scale_smem.store(gl.exp2(row_exp - 14.0) * (sm_scale * gl.load(KV_SCALE) * LOG2E_C))
+    scale_smem.store(gl.exp2(row_exp - 14.0) * (sm_scale * gl.load(KV_SCALE) * LOG2E))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -270,8 +271,8 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
     from mla_sink.kernels.gluon.gluon_ws import launch_buffers
 
     T, H, _ = q.shape
-    if H > 16:
-        raise ValueError(f"sparse_mla_decode_fp8_gluon serves at most 16 heads, got num_heads={H}")
+    if H > HEADS_PER_CTA:
+        raise ValueError(f"sparse_mla_decode_fp8_gluon serves at most {HEADS_PER_CTA} heads, got num_heads={H}")
     topk = indices.shape[1]
     out, lse, sm_scale = launch_buffers(q, out, lse, sm_scale)
     if T == 0 or H == 0:
@@ -285,7 +286,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
         float(sm_scale), H, min(kv_cache.shape[0], 2 ** 31), topk,
         q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        BLOCK_H=16, BLOCK_N=64, D_NOPE=512, D_ROPE=64,
+        BLOCK_H=HEADS_PER_CTA, BLOCK_N=64, D_NOPE=512, D_ROPE=64,
         HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None,
         num_warps=4,
     )

@@ -40,6 +40,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mla_sink.kernels.gluon.math import LOG2E, sink_scale
+
+#: Heads of one CTA: the wgmma M of the score and output tiles (4 warps x 16 rows).
+HEAD_BLOCK = 64
+
 
 @gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
@@ -79,7 +84,6 @@ def _consumer(Q, IDX, SINKS, OUT, LSE, q_n, q_r, kn_smem, kr_smem, ready, empty,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               STAGES: gl.constexpr, HAS_SINKS: gl.constexpr):
     """Default partition (two warpgroups): scores, online softmax, P V, epilogue with the sink."""
-    LOG2E_C: gl.constexpr = 1.4426950408889634
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
@@ -97,7 +101,7 @@ def _consumer(Q, IDX, SINKS, OUT, LSE, q_n, q_r, kn_smem, kr_smem, ready, empty,
     fence_async_shared()
     gl.thread_barrier()
 
-    qk_scale = sm_scale * LOG2E_C
+    qk_scale = sm_scale * LOG2E
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
     nrows = num_rows.to(gl.uint32)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
@@ -137,9 +141,8 @@ def _consumer(Q, IDX, SINKS, OUT, LSE, q_n, q_r, kn_smem, kr_smem, ready, empty,
     scale = 1.0 / l_safe
     if HAS_SINKS:
         sink = gl.load(SINKS + offs_hs, mask=offs_hs < num_heads, other=float("-inf"))
-        diff = gl.where(empty_row, 0.0, sink * LOG2E_C - lse2)
-        scale = gl.where(empty_row, 0.0, scale / (1.0 + gl.exp2(diff)))
-    gl.store(LSE + pid_t * stride_lt + offs_hs * stride_lh, lse2 / LOG2E_C, mask=offs_hs < num_heads)
+        scale = sink_scale(scale, sink, lse2, empty_row)
+    gl.store(LSE + pid_t * stride_lt + offs_hs * stride_lh, lse2 / LOG2E, mask=offs_hs < num_heads)
     out = acc_t * gl.convert_layout(scale, gl.SliceLayout(1, o_l))[:, None]
     offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
     offs_do = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, o_l))
@@ -221,7 +224,7 @@ def sparse_mla_decode_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, 
     out, lse, sm_scale = launch_buffers(q, out, lse, sm_scale)
     if T == 0 or H == 0:
         return out, lse
-    block_h = 64
+    block_h = HEAD_BLOCK
     sparse_mla_decode_ws_kernel[(-(-H // block_h), 1, T)](
         q, kv_cache, indices, sinks if sinks is not None else lse,
         topk_length if topk_length is not None else indices,

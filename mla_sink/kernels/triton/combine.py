@@ -9,6 +9,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from mla_sink.kernels.triton import math as kmath
+
+
 def _sparse_mla_combine_kernel(
     PART_OUT, PART_LSE, SINKS, OUT, LSE,
     num_heads, num_splits,
@@ -22,7 +25,6 @@ def _sparse_mla_combine_kernel(
     pid_h = tl.program_id(0)
     pid_t = tl.program_id(1).to(tl.int64)
     pid_d = tl.program_id(2)
-    LOG2E_C: tl.constexpr = 1.4426950408889634
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
     offs_s = tl.arange(0, BLOCK_S)
@@ -48,15 +50,11 @@ def _sparse_mla_combine_kernel(
     lse2 = tl.where(empty, float("-inf"), m_safe + tl.log2(l_safe))
     if HAS_SINKS:
         sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
-        diff = tl.where(empty, 0.0, sink * LOG2E_C - lse2)
-        factor = tl.where(empty, 0.0, 1.0 / (1.0 + tl.exp2(diff)))
-        out = out * factor[:, None]
+        out = out * kmath.sink_scale(1.0, sink, lse2, empty)[:, None]
     o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
     if pid_d == 0:
-        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=mask_h)
-
-
+        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
 
 
 combine_jit = triton.jit(_sparse_mla_combine_kernel)

@@ -33,7 +33,9 @@ _INTERPRETER_LOCK = threading.RLock()  # the swap below is process-wide: one int
 
 @contextlib.contextmanager
 def interpreter_stdlib():
-    """Make ``tl.sum``, ``tl.max``, ``tl.zeros``... callable by the interpreter for the duration of a launch.
+    """Make ``tl.sum``, ``tl.max``, ``tl.zeros``... and the kernels' shared helpers
+    (:mod:`mla_sink.kernels.triton.math`, called through their module) callable by the interpreter for
+    the duration of a launch.
 
     Without ``TRITON_INTERPRET=1`` at import, Triton's standard library functions are ``JITFunction``s,
     which refuse to be called outside a compiled kernel. The interpreter build of them is what
@@ -48,8 +50,10 @@ def interpreter_stdlib():
         import triton.experimental.gluon  # noqa: F401
     except Exception:  # pragma: no cover - absent in older Triton
         pass
+    from mla_sink.kernels.triton import math as kmath
+
     with _INTERPRETER_LOCK:  # the patched modules are global: CPU calls from several threads take turns
-        modules = [tl, tl.standard, tl.math, tl.core]
+        modules = [tl, tl.standard, tl.math, tl.core, kmath]  # kmath: the kernels' shared helpers
         replaced: dict[int, object] = {}
         saved = []
         for mod in modules:

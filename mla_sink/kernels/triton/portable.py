@@ -17,12 +17,17 @@ adjacent in launch order so their identical gathers hit L2):
 * ids that are ``-1``, negative, ``>= N`` or past ``topk_length`` are masked in the gathered load
   (``other=0``): their rows are never read, so NaN in unreferenced rows cannot leak; ids are cast
   to int64 before multiplying by the row stride (pools beyond 2^31 bytes);
-* fp8 KV/q are converted to bf16 tiles (exact) and the per-tensor scales, read from device memory,
-  are folded into the scores and the output; ``fp8_e4m3fnuz`` is decoded from its bits through
-  ``e4m3fn`` (value / 2, with its own NaN and max encodings) so it runs on NVIDIA and the CPU too;
+* fp8 KV/q are converted to bf16 tiles (exact; fp16 tiles with ``FP8_F16``) and the per-tensor scales,
+  read from device memory, are folded into the scores and the output; ``fp8_e4m3fnuz`` is decoded from
+  its bits through ``e4m3fn`` (value / 2, with its own NaN and max encodings) so it runs on NVIDIA and
+  the CPU too;
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
+
+``LOG2E``, the id check, the fnuz decode, the online-softmax step and the sink epilogue are written
+once, as jit helpers, in :mod:`mla_sink.kernels.triton.math` (``kmath``; the combine kernel uses the
+same ``LOG2E`` and sink epilogue).
 
 Source: the split-KV decode + combine structure of lightllm/sglang ``decode_attention`` kernels; the
 online softmax of Triton tutorial 06; the sink formula of FlashMLA ``flash_mla_interface.py``.
@@ -32,6 +37,9 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from mla_sink.kernels.triton import math as kmath
+
 
 def _sparse_mla_decode_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
@@ -46,14 +54,13 @@ def _sparse_mla_decode_kernel(
     HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
-    FP8_BITS: tl.constexpr, EVEN: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_t = tl.program_id(2).to(tl.int64)
 
-    LOG2E_C: tl.constexpr = 1.4426950408889634
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
     offs_d = tl.arange(0, D_NOPE)
@@ -71,20 +78,12 @@ def _sparse_mla_decode_kernel(
         qk_scale = qk_scale * tl.load(Q_SCALE)
     if KV_FP8:
         kv_s = tl.load(KV_SCALE)
-        if FP8_BITS:
-            kv_s = kv_s * 256.0  # the bit-shift decode below yields value / 2^8
         qk_scale = qk_scale * kv_s
 
     if Q_FP8:
         if Q_FNUZ:
-            qb_n = q_nope.to(tl.uint8, bitcast=True)
-            qb_r = q_rope.to(tl.uint8, bitcast=True)
-            q_nope = qb_n.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            q_rope = qb_r.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            q_nope = tl.where((qb_n & 0x7F) == 0x7F, tl.where(qb_n >= 128, -480.0, 480.0), q_nope)
-            q_rope = tl.where((qb_r & 0x7F) == 0x7F, tl.where(qb_r >= 128, -480.0, 480.0), q_rope)
-            q_nope = tl.where(qb_n == 0x80, float("nan"), q_nope) * 0.5
-            q_rope = tl.where(qb_r == 0x80, float("nan"), q_rope) * 0.5
+            q_nope = kmath.fnuz_to_f32(q_nope)
+            q_rope = kmath.fnuz_to_f32(q_rope)
         if UPCAST:
             q_nope = q_nope.to(tl.float32)
             q_rope = q_rope.to(tl.float32)
@@ -134,32 +133,18 @@ def _sparse_mla_decode_kernel(
         # no topk_length) drops the range mask: ~20% fewer instructions per step on sm90.
         if EVEN:
             ids = tl.load(idx_row + pos)
-            valid = ids.to(tl.uint32, bitcast=True) < num_rows.to(tl.uint32)
+            valid = kmath.id_valid(ids, num_rows)
         else:
             in_range = pos < end
             ids = tl.load(idx_row + pos, mask=in_range, other=-1)
-            valid = in_range & (ids.to(tl.uint32, bitcast=True) < num_rows.to(tl.uint32))
+            valid = in_range & kmath.id_valid(ids, num_rows)
         row = KV + ids.to(tl.int64) * stride_kv
         k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
         k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
         if KV_FP8:
             if KV_FNUZ:
-                kb_n = k_nope.to(tl.uint8, bitcast=True)
-                kb_r = k_rope.to(tl.uint8, bitcast=True)
-                k_nope = kb_n.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                k_rope = kb_r.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                k_nope = tl.where((kb_n & 0x7F) == 0x7F, tl.where(kb_n >= 128, -480.0, 480.0), k_nope)
-                k_rope = tl.where((kb_r & 0x7F) == 0x7F, tl.where(kb_r >= 128, -480.0, 480.0), k_rope)
-                k_nope = tl.where(kb_n == 0x80, float("nan"), k_nope) * 0.5
-                k_rope = tl.where(kb_r == 0x80, float("nan"), k_rope) * 0.5
-            if FP8_BITS:
-                # e4m3fn -> fp16 by bit placement: sign to bit 15, exponent+mantissa to bits 13..7
-                # gives value / 2^8 exactly for every finite code (normals and subnormals alike);
-                # a NaN code of a referenced row becomes a finite number (unreferenced rows load 0).
-                kh_n = k_nope.to(tl.uint8, bitcast=True).to(tl.uint16)
-                kh_r = k_rope.to(tl.uint8, bitcast=True).to(tl.uint16)
-                k_nope = (((kh_n & 0x80) << 8) | ((kh_n & 0x7F) << 7)).to(tl.float16, bitcast=True)
-                k_rope = (((kh_r & 0x80) << 8) | ((kh_r & 0x7F) << 7)).to(tl.float16, bitcast=True)
+                k_nope = kmath.fnuz_to_f32(k_nope)
+                k_rope = kmath.fnuz_to_f32(k_rope)
             if UPCAST:
                 k_nope = k_nope.to(tl.float32)
                 k_rope = k_rope.to(tl.float32)
@@ -185,19 +170,14 @@ def _sparse_mla_decode_kernel(
             t_small = ax * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
             t_abs = tl.where(ax < 0.1, t_small, t_big)
             s = logit_cap * tl.where(x < 0.0, -t_abs, t_abs)
-            s = s * LOG2E_C
+            s = s * kmath.LOG2E
         else:
-            s = qk * (qk_scale * LOG2E_C)
+            s = qk * (qk_scale * kmath.LOG2E)
         s = tl.where(valid[None, :], s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i, l_i, p, alpha = kmath.online_softmax_step(m_i, l_i, s)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
-        m_i = m_new
 
     # ---- epilogue ----
     empty = l_i == 0.0
@@ -215,12 +195,10 @@ def _sparse_mla_decode_kernel(
         if HAS_SINKS:
             sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
             # sigmoid(lse - sink) = 1 / (1 + 2^((sink - lse) * log2 e)); 0 on empty rows.
-            diff = tl.where(empty, 0.0, sink * LOG2E_C - lse2)  # no -inf - -inf on empty rows
-            factor = tl.where(empty, 0.0, 1.0 / (1.0 + tl.exp2(diff)))
-            out = out * factor[:, None]
+            out = out * kmath.sink_scale(1.0, sink, lse2, empty)[:, None]
         o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
-        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E_C, mask=mask_h)
+        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
 
 
 portable_jit = triton.jit(_sparse_mla_decode_kernel)

@@ -30,6 +30,7 @@ import torch
 from mla_sink.core.dtypes import DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_QK, D_V
+from mla_sink.kernels.triton.math import LOG2E as _LOG2E
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -42,7 +43,7 @@ MIN_BLOCK = 16
 #: Triton specialises pointer arguments on this alignment (bytes); a compiled kernel is reused only
 #: for tensors with the same alignment pattern.
 POINTER_ALIGN = 16
-LOG2E = 1.4426950408889634  # TODO(merge): import the kernels' single definition
+LOG2E = _LOG2E.value  # the kernels' one definition (mla_sink.kernels.triton.math)
 #: ``MLA_SINK_TRITON_FAST_LAUNCH=0`` launches through Triton's ``kernel[grid](...)`` on every call.
 FAST_LAUNCH = os.environ.get("MLA_SINK_TRITON_FAST_LAUNCH", "1") != "0"
 
@@ -200,10 +201,6 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and spec.q_dtype not in FP16_EXACT_KEYS,
         EVEN=not has_len and topk % launch.block_n == 0,
     )
-    from mla_sink.kernels.triton.portable import portable_jit
-
-    if "FP8_BITS" in portable_jit.arg_names:  # interim: the kernel of this tree still takes it
-        constexprs["FP8_BITS"] = False
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
     out_strides = (H * D_V, D_V) if (x.out is None or stage_fp32) else (x.out.stride(0), x.out.stride(1))
     num_hb = -(-H // launch.block_h)
@@ -427,15 +424,11 @@ def sparse_mla_decode_triton(
     plan = triton_plan_for(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap, num_kv_splits=num_kv_splits,
                            kernel=kernel)
     launch, spec, platform = plan.launch, plan.spec, plan.platform
-    if config is not None:
-        from mla_sink.paths.triton.plan import split_plan
+    if config is not None:  # hand-built tiles (tests, sweeps): the portable kernel with them
+        from mla_sink.paths.triton.plan import portable_launch
 
-        splits, ids = split_plan(config, q.shape[0], spec.num_heads, spec.topk, platform.num_sms or 1,
-                                 requested=num_kv_splits)
-        launch = attrs.evolve(launch, block_h=config.block_h_for(spec.num_heads), block_n=config.block_n,
-                              num_warps=config.num_warps, num_stages=config.num_stages, fp8_f16=config.fp8_f16,
-                              combine_block_h=config.combine_block_h, combine_block_d=config.combine_block_d,
-                              num_kv_splits=splits, ids_per_split=ids, kernel="portable")
+        launch = portable_launch(config, num_heads=spec.num_heads, num_tokens=q.shape[0], topk=spec.topk,
+                                 num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits)
     plan = attrs.evolve(plan, num_tokens=q.shape[0], launch=launch)
     x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=D_QK ** -0.5 if sm_scale is None else float(sm_scale), sinks=sinks, topk_length=topk_length,
                      q_scale=q_scale, kv_scale=kv_scale, out=out, logit_cap=logit_cap)

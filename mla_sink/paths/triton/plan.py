@@ -1,24 +1,60 @@
-"""Launch parameters of the Triton decode kernel, looked up in ``tables/triton_tuning.yaml``.
+"""The launch plan of the ``triton`` path: which kernel runs a call, with which tiles and KV splits.
 
-The table is a rule table in the project's generic format (ordered rows, first match wins, single
-path ``triton``); :func:`triton_config` is the only lookup, through
-``dispatch.load_table`` (:func:`_select`). No arch-specific branches live in code.
+Everything that depends on the hardware or the dtypes is a row of ``tables/triton_tuning.yaml``, whose
+paths are the kernels (``portable``, ``gluon_ws``, ``gluon_fp8``). :func:`plan_triton_launch` is the one
+pure function that builds a call's :class:`TritonLaunch`, by two lookups of that table:
+
+1. with ``num_kv_splits = None``: no Gluon row can match (each needs ``num_kv_splits: 1``), so the first
+   ``portable`` row that does gives the tiles and the split policy (:func:`triton_config`);
+2. the split count is computed from the shapes and the SM count (:func:`split_plan`, pure);
+3. with that count: a Gluon row placed before the portable row it overrides names the kernel where its
+   conditions (arch, Gluon dialect, dtypes, head count, unsplit, no soft cap) hold; otherwise the same
+   portable row wins again (portable rows never test ``num_kv_splits``).
+
+:func:`tuning_table` checks, every time the table loads, that the rule-table checker finds no gap and no
+shadowed row, and the structure this two-step lookup relies on.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+import types
+from typing import Mapping, Optional
 
 import attrs
 
 from mla_sink.core.tables import table_path
 
+#: The kernel of every ``portable`` row: the one the first lookup always yields and the one a Gluon
+#: kernel that failed to compile falls back to.
+PORTABLE = "portable"
+#: The tuning table's paths: every kernel the Triton launcher can run.
+KERNELS = (PORTABLE, "gluon_ws", "gluon_fp8")
+
+#: Smallest head block: ``tl.dot`` needs at least 16 rows (M), so fewer heads are padded to 16 (the
+#: combine kernel's head block takes the same floor).
+MIN_BLOCK_H = 16
+#: Value columns of a KV row (the latent part); the combine's column block is at most this.
+D_V = 512
+
+#: Params of a portable row (every one required) -> :class:`TritonConfig` attribute.
+_PARAM_NAMES = {
+    "BLOCK_H": "block_h", "BLOCK_N": "block_n", "num_warps": "num_warps", "num_stages": "num_stages",
+    "max_kv_splits": "max_kv_splits", "min_ids_per_split": "min_ids_per_split",
+    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h",
+    "combine_block_d": "combine_block_d", "fp8_f16": "fp8_f16",
+}
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
 
 @attrs.frozen
 class TritonConfig:
-    """Launch parameters of :func:`mla_sink.paths.triton.launch.sparse_mla_decode_triton`.
+    """Tiles and split policy of the portable kernel: the params of a ``portable`` row of the tuning
+    table (:func:`triton_config`), or built by hand (tests, sweeps), every one given.
 
     Attributes:
         block_h: head block (a power of two >= 16); clamped per call by :meth:`block_h_for`.
@@ -32,152 +68,54 @@ class TritonConfig:
         combine_block_d: value columns per combine program (a power of two dividing 512).
         fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
             scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
-        fp8_bits: with ``fp8_f16`` and e4m3fn KV, decode by integer bit placement instead of ``cvt``.
-        kernel: ``"portable"`` (:mod:`mla_sink.paths.triton.launch`, every target and the CPU),
-            ``"gluon_ws"`` (:mod:`mla_sink.kernels.gluon.gluon_ws`, the warp-specialised sm90 kernel for
-            64-head blocks) or ``"gluon_fp8"`` (:mod:`mla_sink.kernels.gluon.gluon_fp8`, the sm90
-            kernel for fp8 KV at H <= 16), each taken only where :func:`kernel_for` allows it and the
-            portable kernel otherwise.
-        row: id of the table row that produced it (``"explicit"`` when built by hand).
+        row, why, source: the table row that produced it (``"explicit"`` and empty when built by hand).
     """
 
-    block_h: int = 64
-    block_n: int = 64
-    num_warps: int = 8
-    num_stages: int = 2
-    max_kv_splits: int = 32
-    min_ids_per_split: int = 64
-    split_waves: float = 1.0
-    split_min_fill: float = 0.5
-    combine_block_h: int = 16
-    combine_block_d: int = 512
-    fp8_f16: bool = True
-    fp8_bits: bool = False
-    kernel: str = attrs.field(default="portable", validator=attrs.validators.in_(("portable", "gluon_ws", "gluon_fp8")))
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    max_kv_splits: int
+    min_ids_per_split: int
+    split_waves: float
+    split_min_fill: float
+    combine_block_h: int
+    combine_block_d: int
+    fp8_f16: bool
     row: str = "explicit"
+    why: str = ""
+    source: str = ""
 
     def block_h_for(self, num_heads: int) -> int:
-        """Head block for ``num_heads`` heads: ``min(block_h, max(16, next_pow2(num_heads)))``."""
-        return min(self.block_h, max(16, 1 << max(0, (num_heads - 1).bit_length())))
+        """Head block for ``num_heads`` heads: ``min(block_h, max(MIN_BLOCK_H, next_pow2(num_heads)))``."""
+        return min(self.block_h, max(MIN_BLOCK_H, _next_pow2(num_heads)))
 
 
-_PARAM_NAMES = {
-    "BLOCK_H": "block_h", "BLOCK_N": "block_n", "num_warps": "num_warps", "num_stages": "num_stages",
-    "max_kv_splits": "max_kv_splits", "min_ids_per_split": "min_ids_per_split",
-    "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h",
-    "combine_block_d": "combine_block_d", "fp8_f16": "fp8_f16", "fp8_bits": "fp8_bits", "kernel": "kernel",
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _table():
-    from mla_sink import dispatch
-
-    return dispatch.load_table(table_path("triton_tuning"))
-
-
-def _select(values: dict) -> tuple[str, dict]:
-    """(row id, params) of the first matching row of the tuning table (``dispatch`` rule engine)."""
-    table = _table()
-    sel = table.select({k: v for k, v in values.items() if k in table.fields})
-    if sel.row is None or sel.path is None:
-        from mla_sink import dispatch
-
-        raise LookupError(f"no row of the Triton tuning table serves {values}:\n{dispatch.explain(sel)}")
-    return sel.row.id, dict(sel.params)
-
-
-@functools.lru_cache(maxsize=None)
-def triton_config(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, topk: int) -> TritonConfig:
-    """Launch parameters for one call shape, from ``tables/triton_tuning.yaml``.
-
-    Args:
-        arch: compile target (``sm90``, ``gfx942``, ``cpu``, ...).
-        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
-        num_heads: H. num_tokens: T. topk: ids per token.
-
-    Raises:
-        LookupError: no row matches (the table's last row should catch every GPU).
-    """
-    row_id, params = _select({"arch": arch, "q_dtype": q_dtype, "kv_dtype": kv_dtype,
-                              "num_heads": num_heads, "num_tokens": num_tokens, "topk": topk})
-    return TritonConfig(row=row_id, **{_PARAM_NAMES[k]: v for k, v in params.items()})
-
-
-def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, topk: int, num_sms: int) -> int:
-    """KV splits per token: 1 when ``T * head blocks`` fills the GPU, else enough to reach ``split_waves``.
-
-    A pure function of shapes and the SM count (no device data), so it is safe under CUDA-graph capture.
-    """
-    programs = max(1, num_tokens * num_head_blocks)
-    if programs >= cfg.split_min_fill * num_sms:
-        return 1
-    want = math.ceil(cfg.split_waves * num_sms / programs)
-    most = max(1, math.ceil(topk / cfg.min_ids_per_split))
-    return max(1, min(want, cfg.max_kv_splits, most))
-
-
-def split_plan(cfg: TritonConfig, num_tokens: int, num_heads: int, topk: int, num_sms: int,
-               requested: int | None = None) -> tuple[int, int]:
-    """``(num_kv_splits, ids_per_split)`` of a launch: ``requested`` splits (default
-    :func:`num_kv_splits_for`), at most one per ``block_n`` ids, rounded so every split but the last
-    holds a whole number of ``block_n`` blocks. Pure."""
-    if requested is None:
-        requested = num_kv_splits_for(cfg, num_tokens, -(-num_heads // cfg.block_h_for(num_heads)), topk, num_sms)
-    ids = max(topk, 1)
-    splits = max(1, min(int(requested), -(-ids // cfg.block_n)))
-    ids_per_split = -(-(-(-ids // splits)) // cfg.block_n) * cfg.block_n
-    return -(-ids // ids_per_split), ids_per_split
-
-
-def kernel_for(cfg: TritonConfig, *, device_type: str, q_dtype: str, kv_dtype: str, num_heads: int,
-               num_kv_splits: int, logit_cap: float, gluon_ok: bool) -> str:
-    """Which kernel serves a launch: ``cfg.kernel`` where its conditions hold, else ``"portable"``.
-
-    Both Gluon kernels need a CUDA device, Triton's Gluon dialect (``gluon_ok``), no soft cap and no
-    split-KV (the grid fills the GPU). ``"gluon_ws"`` covers bf16 or fp16 q and KV of one dtype in
-    64-head blocks (H > 32); ``"gluon_fp8"`` covers e4m3fn KV with bf16 or fp16 q at H <= 16.
-    Everything else runs the portable kernel. Pure: safe to call under CUDA-graph capture and
-    testable on the CPU.
-    """
-    if cfg.kernel == "portable" or not (gluon_ok and device_type == "cuda" and num_kv_splits == 1
-                                         and not logit_cap > 0):
-        return "portable"
-    if cfg.kernel == "gluon_ws":
-        ok = q_dtype == kv_dtype and q_dtype in ("bf16", "fp16") and cfg.block_h_for(num_heads) == 64
-    else:  # gluon_fp8
-        ok = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and num_heads <= 16
-    return cfg.kernel if ok else "portable"
-
-
-def describe_launch(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, topk: int, *,
-                    num_sms: int | None = None, logit_cap: float = 0.0, gluon_ok: bool = True) -> dict:
-    """How the ``triton`` path would launch a call: tuning row, its parameters and why, split count and
-    kernel (where ``num_sms`` is known). Pure; used by ``mla-sink explain``.
-
-    Returns:
-        ``{"row", "params", "why", "source", "block_h", "num_kv_splits", "kernel"}``; the last two are
-        ``None`` when ``num_sms`` is ``None`` (they depend on the SM count).
-    """
-    cfg = triton_config(arch, q_dtype, kv_dtype, num_heads, num_tokens, topk)
-    row = next(r for r in _table().rows if r.id == cfg.row)
-    block_h = cfg.block_h_for(num_heads)
-    splits = kernel = None
-    if num_sms is not None:
-        splits, _ = split_plan(cfg, num_tokens, num_heads, topk, num_sms)
-        kernel = kernel_for(cfg, device_type="cpu" if arch == "cpu" else "cuda", q_dtype=q_dtype,
-                            kv_dtype=kv_dtype, num_heads=num_heads, num_kv_splits=splits, logit_cap=logit_cap,
-                            gluon_ok=gluon_ok)
-    return dict(row=cfg.row, params=dict(row.params), why=row.why, source=row.source, block_h=block_h,
-                num_kv_splits=splits, kernel=kernel)
-
-
-# ---- interim (replaced by the tuning-table planner of the h-kernels branch) ----------------------
 @attrs.frozen
 class TritonLaunch:
-    """How the ``triton`` path launches one call (interim form)."""
+    """How the Triton launcher runs one call; built by :func:`plan_triton_launch` (or :func:`portable_launch`
+    for a hand-built :class:`TritonConfig`). Pure data: printable by ``mla-sink explain``.
 
-    kernel: str
+    Attributes:
+        kernel: the tuning table's path: ``"portable"`` (:mod:`mla_sink.kernels.triton.portable`, plus
+            :mod:`mla_sink.kernels.triton.combine` when split), ``"gluon_ws"``
+            (:mod:`mla_sink.kernels.gluon.gluon_ws`) or ``"gluon_fp8"`` (:mod:`mla_sink.kernels.gluon.gluon_fp8`).
+        kernel_row, kernel_why: the row that named the kernel (the second lookup's winner; the tuning row
+            when the split count is open or a Gluon kernel fell back).
+        tuning_row, why, source: the portable row that gave the tiles and the split policy.
+        block_h, block_n, num_warps, num_stages: the portable kernel's head block (already clamped to the
+            call's head count), ids per step and Triton launch options.
+        combine_block_h, combine_block_d: the combine kernel's tile (heads clamped like ``block_h``).
+        fp8_f16: with fp8 KV, fp16 tiles instead of bf16 (the row's param; unused without fp8 KV).
+        num_kv_splits, ids_per_split: KV splits per token (1 = no combine) and ids per split (a multiple
+            of ``block_n``); ``None`` when the SM count is unknown and no count was forced.
+        rejected_kernels: ``(row id, reason)`` of each Gluon row the deciding lookup rejected (the
+            second; the first when the split count is open), the reason listing every failed condition.
+        fallback: why the kernel is ``portable`` although a Gluon row matched (it failed to compile here);
+            ``None`` otherwise.
+    """
+
+    kernel: str = attrs.field(validator=attrs.validators.in_(KERNELS))
     kernel_row: str
     kernel_why: str
     tuning_row: str
@@ -196,22 +134,195 @@ class TritonLaunch:
     fallback: Optional[str] = None
 
 
-def plan_triton_launch(*, arch, q_dtype, kv_dtype, num_heads, num_tokens, topk, logit_cap, gluon, num_sms,
-                       num_kv_splits=None, failed={}):
-    cfg = triton_config(arch, q_dtype, kv_dtype, num_heads, num_tokens, topk)
-    row = next(r for r in _table().rows if r.id == cfg.row)
-    splits = ids = None
-    kernel = "portable"
-    fallback = None
+def _check_structure(table) -> None:
+    """What the two-lookup plan relies on, beyond the generic checker (see the module docstring).
+
+    Raises:
+        dispatch.TableError: the table's paths are not :data:`KERNELS`; a portable row tests
+            ``num_kv_splits`` or lacks a param (or has an unknown one); a Gluon row has params or can
+            match ``num_kv_splits = None``.
+    """
+    from mla_sink import dispatch
+
+    where = table.source_file or table.name
+    if tuple(table.paths) != KERNELS:
+        raise dispatch.TableError(f"{where}: the paths must be the kernels {KERNELS} (got {tuple(table.paths)})")
+    for row in table.rows:
+        tests_splits = [c for c in row.when if c.field == "num_kv_splits"]
+        if row.path == PORTABLE:
+            if tests_splits:
+                raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a portable row must not test "
+                                          "num_kv_splits (the second lookup must find the first one's row again)")
+            if set(row.params) != set(_PARAM_NAMES):
+                raise dispatch.TableError(
+                    f"{where}:{row.line}: row {row.id!r}: a portable row gives exactly the params "
+                    f"{sorted(_PARAM_NAMES)} (missing {sorted(set(_PARAM_NAMES) - set(row.params))}, "
+                    f"unknown {sorted(set(row.params) - set(_PARAM_NAMES))})")
+        else:
+            if row.params:
+                raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a Gluon row takes no params "
+                                          "(the tiles come from the portable row)")
+            if all(c.holds(None) for c in tests_splits):
+                raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a Gluon row must need a split "
+                                          "count (num_kv_splits: 1), or the first lookup could pick it")
+
+
+@functools.lru_cache(maxsize=None)
+def tuning_table():
+    """``tables/triton_tuning.yaml``, loaded, proven by the rule-table checker (every combination of the
+    declared domains gets a row, no row is shadowed) and checked for the two-lookup structure, once
+    per process.
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
+    """
+    from mla_sink import dispatch
+
+    table = dispatch.load_table(table_path("triton_tuning"))
+    dispatch.assert_table_ok(table)
+    _check_structure(table)
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _lookup(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, logit_cap: float,
+            gluon: bool, num_kv_splits: Optional[int]):
+    """The tuning table's :class:`dispatch.Selection` for one set of field values.
+
+    Raises:
+        LookupError: no row matches.
+    """
+    sel = tuning_table().select(dict(arch=arch, q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=num_heads,
+                                     num_tokens=num_tokens, logit_cap=float(logit_cap), gluon=gluon,
+                                     num_kv_splits=num_kv_splits))
+    if sel.row is None or sel.path is None:
+        from mla_sink import dispatch
+
+        raise LookupError(f"no row of the Triton tuning table serves this call:\n{dispatch.explain(sel)}")
+    return sel
+
+
+@functools.lru_cache(maxsize=None)
+def triton_config(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, *,
+                  logit_cap: float = 0.0, gluon: bool = False) -> TritonConfig:
+    """Tiles and split policy for one call shape: the first lookup of ``tables/triton_tuning.yaml``
+    (``num_kv_splits = None``, so its winner is a ``portable`` row). Cached.
+
+    Args:
+        arch: compile target (``sm90``, ``gfx942``, ``cpu``, ...).
+        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
+        num_heads: H. num_tokens: T. logit_cap: ``<= 0`` for none. gluon: Triton's Gluon dialect imports.
+
+    Raises:
+        LookupError: no row matches (the table's last row catches every GPU), or the winner is not a
+            portable row (impossible for a table :func:`tuning_table` accepted).
+        ValueError: a dtype key outside the table's closed domain.
+    """
+    sel = _lookup(arch, q_dtype, kv_dtype, num_heads, num_tokens, float(logit_cap), bool(gluon), None)
+    if sel.path != PORTABLE:
+        raise LookupError(f"the tuning table's first lookup chose {sel.path!r} (row {sel.row.id}), not {PORTABLE!r}")
+    return TritonConfig(row=sel.row.id, why=sel.row.why, source=sel.row.source,
+                        **{_PARAM_NAMES[k]: v for k, v in sel.params.items()})
+
+
+def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, topk: int, num_sms: int) -> int:
+    """KV splits per token: 1 when ``T * head blocks`` fills the GPU, else enough to reach ``split_waves``.
+
+    A pure function of shapes and the SM count (no device data), so it is safe under CUDA-graph capture.
+    """
+    programs = max(1, num_tokens * num_head_blocks)
+    if programs >= cfg.split_min_fill * num_sms:
+        return 1
+    want = math.ceil(cfg.split_waves * num_sms / programs)
+    most = max(1, math.ceil(topk / cfg.min_ids_per_split))
+    return max(1, min(want, cfg.max_kv_splits, most))
+
+
+def split_plan(cfg: TritonConfig, num_tokens: int, num_heads: int, topk: int, num_sms: Optional[int],
+               requested: Optional[int] = None) -> tuple[int, int]:
+    """``(num_kv_splits, ids_per_split)`` of a launch: ``requested`` splits (default
+    :func:`num_kv_splits_for`, which needs ``num_sms``), at most one per ``block_n`` ids, rounded so
+    every split but the last holds a whole number of ``block_n`` blocks. Pure."""
+    if requested is None:
+        requested = num_kv_splits_for(cfg, num_tokens, -(-num_heads // cfg.block_h_for(num_heads)), topk, num_sms)
+    ids = max(topk, 1)
+    splits = max(1, min(int(requested), -(-ids // cfg.block_n)))
+    ids_per_split = -(-(-(-ids // splits)) // cfg.block_n) * cfg.block_n
+    return -(-ids // ids_per_split), ids_per_split
+
+
+def portable_launch(config: TritonConfig, *, num_heads: int, num_tokens: int, topk: int, num_sms: Optional[int],
+                    num_kv_splits: Optional[int] = None) -> TritonLaunch:
+    """The portable kernel's :class:`TritonLaunch` with ``config``'s tiles (a tuning row's, or hand-built
+    for tests and sweeps). Pure.
+
+    Args:
+        num_heads: H. num_tokens: T. topk: ids per token.
+        num_sms: SMs of the device (1 for the CPU interpreter), or ``None`` when unknown.
+        num_kv_splits: force a split count (capped at one per ``block_n`` ids); ``None`` lets
+            :func:`num_kv_splits_for` pick it, which needs ``num_sms``: without either, the split count
+            stays ``None`` (open).
+    """
+    splits = ids_per_split = None
     if num_sms is not None or num_kv_splits is not None:
-        splits, ids = split_plan(cfg, num_tokens, num_heads, topk, num_sms or 1, requested=num_kv_splits)
-        kernel = kernel_for(cfg, device_type="cpu" if arch == "cpu" else "cuda", q_dtype=q_dtype, kv_dtype=kv_dtype,
-                            num_heads=num_heads, num_kv_splits=splits, logit_cap=logit_cap, gluon_ok=gluon)
-        if kernel in failed:
-            fallback = f"{kernel} failed to compile here: {failed[kernel]}"
-            kernel = "portable"
-    return TritonLaunch(kernel=kernel, kernel_row=cfg.row, kernel_why="", tuning_row=cfg.row, why=row.why,
-                        source=row.source, block_h=cfg.block_h_for(num_heads), block_n=cfg.block_n,
-                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, combine_block_h=cfg.combine_block_h,
-                        combine_block_d=cfg.combine_block_d, fp8_f16=cfg.fp8_f16, num_kv_splits=splits,
-                        ids_per_split=ids, fallback=fallback)
+        splits, ids_per_split = split_plan(config, num_tokens, num_heads, topk, num_sms, requested=num_kv_splits)
+    return TritonLaunch(
+        kernel=PORTABLE, kernel_row=config.row, kernel_why=config.why,
+        tuning_row=config.row, why=config.why, source=config.source,
+        block_h=config.block_h_for(num_heads), block_n=config.block_n,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        combine_block_h=min(config.combine_block_h, max(MIN_BLOCK_H, _next_pow2(num_heads))),
+        combine_block_d=min(config.combine_block_d, D_V), fp8_f16=config.fp8_f16,
+        num_kv_splits=splits, ids_per_split=ids_per_split,
+    )
+
+
+def _rejected_kernels(sel) -> tuple:
+    """``(row id, its failed conditions on one line)`` of the non-portable rows a lookup rejected: one
+    statement per field, each reason given once over all the rows (as ``mla-sink explain`` says them)."""
+    from mla_sink import dispatch
+
+    reasons = dispatch.ReasonsOnce()
+    return tuple((row.id, "; ".join(dispatch.statements(reasons(fails))))
+                 for row, fails in sel.rejected if row.path != PORTABLE)
+
+
+_NO_FAILURES: Mapping[str, str] = types.MappingProxyType({})
+
+
+def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, topk: int,
+                       logit_cap: float, gluon: bool, num_sms: Optional[int], num_kv_splits: Optional[int] = None,
+                       failed: Mapping[str, str] = _NO_FAILURES) -> TritonLaunch:
+    """The :class:`TritonLaunch` of one call: kernel, tiles and KV splits, from two lookups of
+    ``tables/triton_tuning.yaml`` (module docstring). Pure: no device query, safe under CUDA-graph capture
+    and testable on the CPU.
+
+    Args:
+        arch: compile target (``Platform.arch``: ``sm90``, ``gfx942``, ``cpu``, ...).
+        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
+        num_heads: H. num_tokens: T. topk: ids per token (index columns).
+        logit_cap: the call's soft cap (``<= 0``: none).
+        gluon: whether Triton's Gluon dialect imports here (``Platform.gluon``).
+        num_sms: SMs of the device (1 for the CPU interpreter); ``None`` leaves the split count, and so
+            the kernel, open (``num_kv_splits``/``ids_per_split`` ``None``, kernel ``portable``, the
+            Gluon rows' rejections from the first lookup): ``mla-sink explain`` then says they depend on it.
+        num_kv_splits: force a split count (tests, benches); needs no ``num_sms``.
+        failed: kernel name -> compile error text of the kernels that failed to compile here: a Gluon
+            kernel in it is replaced by the portable one, with ``fallback`` saying why.
+
+    Raises:
+        LookupError: no tuning row serves the call.
+        ValueError: a dtype key outside the table's domain.
+    """
+    cfg = triton_config(arch, q_dtype, kv_dtype, num_heads, num_tokens, logit_cap=logit_cap, gluon=gluon)
+    launch = portable_launch(cfg, num_heads=num_heads, num_tokens=num_tokens, topk=topk, num_sms=num_sms,
+                             num_kv_splits=num_kv_splits)
+    sel = _lookup(arch, q_dtype, kv_dtype, num_heads, num_tokens, float(logit_cap), bool(gluon), launch.num_kv_splits)
+    rejected = _rejected_kernels(sel)
+    if sel.path == PORTABLE:  # the first lookup's row again (portable rows never test num_kv_splits)
+        return attrs.evolve(launch, rejected_kernels=rejected)
+    if sel.path in failed:
+        return attrs.evolve(launch, rejected_kernels=rejected,
+                            fallback=f"{sel.path} (row {sel.row.id}) failed to compile here: {failed[sel.path]}")
+    return attrs.evolve(launch, kernel=sel.path, kernel_row=sel.row.id, kernel_why=sel.row.why,
+                        rejected_kernels=rejected)

@@ -1,0 +1,92 @@
+"""The math the Triton kernels (:mod:`~mla_sink.kernels.triton.portable`, :mod:`~mla_sink.kernels.triton.combine`)
+share, written once as ``@triton.jit`` helpers. Triton inlines them, so the compiled kernels are the ones
+the code written out in place would give.
+
+The kernels keep scores and LSEs in base 2 (``log2 e`` folded into the score scale, so each exponential
+is one ``exp2``); natural-log values (the ``lse`` output, the sink logits) cross over through
+:data:`LOG2E`. Kernels call these helpers through the module (``kmath.sink_scale(...)``), so that
+:func:`mla_sink.kernels.triton.interpreter.interpreter_stdlib` can swap in their interpreter builds for a
+CPU launch.
+
+Source: the online softmax of Triton tutorial 06 (fused attention); the sink formula of FlashMLA
+``flash_mla_interface.py``; the e4m3fnuz encoding of the OCP 8-bit floating point specification and
+AMD's fnuz variant (as in ``torch.float8_e4m3fnuz``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: log2(e): a natural-log value times LOG2E is the same value in base 2.
+LOG2E = tl.constexpr(1.4426950408889634)
+
+#: fp8 e4m3 codes: the sign bit; the low seven bits all ones (e4m3fn: NaN; e4m3fnuz: the largest finite
+#: magnitude, 240); e4m3fnuz's only NaN, the sign bit alone (e4m3fn's -0).
+FP8_SIGN = tl.constexpr(0x80)
+FP8_LOW7 = tl.constexpr(0x7F)
+FNUZ_NAN = tl.constexpr(0x80)
+#: e4m3fnuz's largest finite value (240) in e4m3fn units (every fnuz code is worth half its fn value).
+FNUZ_MAX_AS_FN = tl.constexpr(480.0)
+
+
+@triton.jit
+def id_valid(ids, num_rows):
+    """``0 <= id < num_rows`` in one unsigned compare: a negative id reinterpreted as uint32 is at least
+    2^31, and the launcher passes ``num_rows <= 2^31``. ``ids`` int32 (any shape), ``num_rows`` int32."""
+    return ids.to(tl.uint32, bitcast=True) < num_rows.to(tl.uint32)
+
+
+@triton.jit
+def fnuz_to_f32(x):
+    """float8_e4m3fnuz codes (a uint8 tile: the launcher passes fnuz tensors as uint8 views) -> fp32 values.
+
+    Decoded through e4m3fn's conversion, which runs on NVIDIA and the CPU too: e4m3fnuz has exponent bias
+    8 where e4m3fn has 7, so every code is worth half its e4m3fn value; the codes e4m3fn reads as NaN
+    (low seven bits all ones) are fnuz's +-240, and fnuz's only NaN is 0x80 (e4m3fn's -0).
+    """
+    bits = x.to(tl.uint8, bitcast=True)
+    v = bits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    v = tl.where((bits & FP8_LOW7) == FP8_LOW7, tl.where(bits >= FP8_SIGN, -FNUZ_MAX_AS_FN, FNUZ_MAX_AS_FN), v)
+    return tl.where(bits == FNUZ_NAN, float("nan"), v) * 0.5
+
+
+@triton.jit
+def online_softmax_step(m_i, l_i, s):
+    """One block of the online softmax, base 2 (rows = heads, columns = ids of the block).
+
+    Args:
+        m_i: fp32 ``[BLOCK_H]`` running max of the scores (``-inf`` while a row has no valid id).
+        l_i: fp32 ``[BLOCK_H]`` running sum of ``2^(s - m_i)``.
+        s: fp32 ``[BLOCK_H, BLOCK_N]`` base-2 scores of the block, ``-inf`` where the id is invalid.
+
+    Returns:
+        ``(m_new, l_new, p, alpha)``: the updated max and sum, ``p = 2^(s - m_new)`` (the block's weights)
+        and ``alpha = 2^(m_i - m_new)``, by which the caller rescales what it accumulated so far. A row
+        still without a valid id keeps ``m = -inf``: its max is taken as 0 (no ``-inf - -inf``), so its
+        ``p`` and ``alpha`` are 0 and ``l`` stays 0.
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_new, p, alpha
+
+
+@triton.jit
+def sink_scale(scale, sink, lse2, empty):
+    """The sink epilogue: ``scale * sigmoid(lse - sink)`` per head row, 0 on empty rows.
+
+    ``sigmoid(lse - sink) = exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + 2^((sink - lse) log2 e))``, the
+    share of the softmax denominator that the sink leaves to the ids: ``sink = -inf`` gives ``scale``,
+    ``sink = +inf`` gives 0.
+
+    Args:
+        scale: what the factor multiplies (1.0, or the row's ``1 / l``).
+        sink: fp32 ``[BLOCK_H]`` natural-log sink logits (``-inf`` for padded heads).
+        lse2: fp32 ``[BLOCK_H]`` base-2 sink-free LSE (``-inf`` on empty rows).
+        empty: ``[BLOCK_H]`` rows with no valid id.
+    """
+    diff = tl.where(empty, 0.0, sink * LOG2E - lse2)  # no -inf - -inf on empty rows
+    return tl.where(empty, 0.0, scale / (1.0 + tl.exp2(diff)))

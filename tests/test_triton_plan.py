@@ -1,0 +1,243 @@
+"""The Triton launch plan (mla_sink/paths/triton/plan.py) and its table (tables/triton_tuning.yaml), on the CPU.
+
+The kernel choice and the split counts are compared, on a grid of shapes, with a frozen copy of the
+rules the code had before the Gluon kernels became rows of the table (``kernel_for`` and the tuning
+rows' ``kernel`` param, commit 3f27c12); tests may spell those rules out, the package may not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import attrs
+import pytest
+
+from mla_sink import dispatch
+from mla_sink.core.tables import table_path
+from mla_sink.paths.triton import plan as P
+
+DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz")
+ARCHS = ("sm90", "sm80", "gfx942", "cpu")
+HEADS = (1, 16, 17, 32, 33, 65, 128)
+TOKENS = (1, 2, 64, 256)
+TOPKS = (37, 2048)
+SMS = (1, 132)
+
+
+def plan(**kw):
+    args = dict(arch="sm90", q_dtype="bf16", kv_dtype="bf16", num_heads=128, num_tokens=256, topk=2048,
+                logit_cap=0.0, gluon=True, num_sms=132)
+    args.update(kw)
+    return P.plan_triton_launch(**args)
+
+
+# ---- frozen copy of the rules before this change (commit 3f27c12) ------------------------------------
+
+def _old_splits(cfg, T, H, topk, sms, requested=None):
+    """num_kv_splits_for + split_plan as they were."""
+    block_h = min(cfg.block_h, max(16, 1 << max(0, (H - 1).bit_length())))
+    if requested is None:
+        programs = max(1, T * -(-H // block_h))
+        if programs >= cfg.split_min_fill * sms:
+            requested = 1
+        else:
+            want = math.ceil(cfg.split_waves * sms / programs)
+            most = max(1, math.ceil(topk / cfg.min_ids_per_split))
+            requested = max(1, min(want, cfg.max_kv_splits, most))
+    ids = max(topk, 1)
+    splits = max(1, min(int(requested), -(-ids // cfg.block_n)))
+    ids_per_split = -(-(-(-ids // splits)) // cfg.block_n) * cfg.block_n
+    return -(-ids // ids_per_split), ids_per_split
+
+
+def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, gluon, block_h):
+    """The tuning row's ``kernel`` param, then kernel_for, as they were."""
+    kernel = {"sm90_default": "gluon_ws", "sm90_fp8_h16": "gluon_fp8"}.get(row, "portable")
+    if kernel == "portable" or not (gluon and arch != "cpu" and splits == 1 and not logit_cap > 0):
+        return "portable"
+    if kernel == "gluon_ws":
+        ok = q_dtype == kv_dtype and q_dtype in ("bf16", "fp16") and block_h == 64
+    else:
+        ok = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and num_heads <= 16
+    return kernel if ok else "portable"
+
+
+def test_kernels_and_splits_as_before_on_a_grid():
+    seen = set()
+    for arch, q, kv, H, T, topk, sms, cap, gluon in itertools.product(
+            ARCHS, DTYPES, DTYPES, HEADS, TOKENS, TOPKS, SMS, (0.0, 30.0), (True, False)):
+        got = plan(arch=arch, q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, topk=topk, num_sms=sms,
+                   logit_cap=cap, gluon=gluon)
+        cfg = P.triton_config(arch, q, kv, H, T)
+        assert got.tuning_row == cfg.row
+        splits = _old_splits(cfg, T, H, topk, sms)
+        assert (got.num_kv_splits, got.ids_per_split) == splits
+        want = _old_kernel(cfg.row, arch=arch, q_dtype=q, kv_dtype=kv, num_heads=H, splits=splits[0],
+                           logit_cap=cap, gluon=gluon, block_h=cfg.block_h_for(H))
+        assert got.kernel == want, (arch, q, kv, H, T, topk, sms, cap, gluon, got)
+        seen.add(got.kernel)
+    assert seen == set(P.KERNELS)  # the grid reaches every kernel
+
+
+def test_forced_split_counts_as_before():
+    for arch, H, T, topk, req in itertools.product(("sm90", "cpu", "gfx942"), (5, 16, 128), (1, 256),
+                                                   (1, 37, 2048), (1, 2, 3, 16, 64)):
+        got = plan(arch=arch, num_heads=H, num_tokens=T, topk=topk, num_kv_splits=req)
+        assert (got.num_kv_splits, got.ids_per_split) == _old_splits(P.triton_config(arch, "bf16", "bf16", H, T),
+                                                                     T, H, topk, 132, requested=req)
+
+
+@pytest.mark.parametrize("field,value", [("arch", "cpu"), ("logit_cap", 30.0), ("gluon", False),
+                                         ("kv_dtype", "fp8_e4m3fnuz"), ("q_dtype", "fp8_e4m3fnuz")])
+def test_gluon_never_on_cpu_capped_without_gluon_or_fnuz(field, value):
+    for q, kv, H, T in itertools.product(DTYPES, DTYPES, HEADS, (64, 256, 1024)):
+        kw = dict(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T)
+        kw[field] = value
+        assert plan(**kw).kernel == "portable", kw
+
+
+def test_gluon_never_split():
+    for q, kv, H, T, sms in itertools.product(DTYPES, DTYPES, HEADS, TOKENS, SMS):
+        got = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms)
+        if got.num_kv_splits > 1:
+            assert got.kernel == "portable"
+        forced = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms, num_kv_splits=2)
+        assert forced.kernel == "portable" or forced.num_kv_splits == 1  # topk < 2 blocks: one split anyway
+
+
+def test_where_the_gluon_kernels_serve():
+    ws = plan()
+    assert (ws.kernel, ws.kernel_row, ws.tuning_row, ws.num_kv_splits) == ("gluon_ws", "sm90_bf16_gluon_ws",
+                                                                           "sm90_default", 1)
+    assert "496 us" in ws.kernel_why and ws.block_h == 64 and ws.fallback is None
+    assert plan(q_dtype="fp16", kv_dtype="fp16", num_heads=33).kernel == "gluon_ws"
+    assert plan(num_heads=32).kernel == "portable"  # 32-head block: the portable row's
+    assert plan(q_dtype="bf16", kv_dtype="fp16").kernel == "portable"  # q and KV of one dtype
+    f8 = plan(kv_dtype="fp8_e4m3", num_heads=16)
+    assert (f8.kernel, f8.kernel_row, f8.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon", "sm90_fp8_h16")
+    assert plan(q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=3).kernel == "gluon_fp8"
+    assert plan(kv_dtype="fp8_e4m3", num_heads=17).kernel == "portable"
+    assert plan(q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3", num_heads=16).kernel == "portable"
+    for arch in ("sm80", "sm100", "gfx942", "gfx950", "sm120"):
+        assert plan(arch=arch).kernel == "portable"
+
+
+def test_rejected_kernels_say_why():
+    split = plan(num_tokens=2)  # 2 programs on 132 SMs: split
+    assert split.kernel == "portable" and split.num_kv_splits > 1
+    reasons = dict(split.rejected_kernels)
+    assert set(reasons) == {"sm90_fp8_gluon", "sm90_bf16_gluon_ws", "sm90_fp16_gluon_ws"}
+    # each reason is given once, at its first row (sm90_fp8_gluon fails the same split condition first)
+    split_reason = ("num_kv_splits=16, needs 1 (no split-KV stage - a grid that does not fill the GPU is split and "
+                    "runs the portable kernel and the combine)").replace("16", str(split.num_kv_splits), 1)
+    assert split_reason in reasons["sm90_fp8_gluon"]
+    assert reasons["sm90_bf16_gluon_ws"] == f"num_kv_splits={split.num_kv_splits}, needs 1"
+    assert "kv_dtype=bf16, needs fp8_e4m3" in reasons["sm90_fp8_gluon"]
+    assert plan(kv_dtype="fp8_e4m3", num_heads=16).rejected_kernels == ()  # the first row is the winner
+    cpu = plan(arch="cpu", num_sms=1)
+    assert cpu.kernel == "portable" and dict(cpu.rejected_kernels) == {}  # cpu_interpreter comes first
+
+
+def test_failed_kernel_falls_back_to_portable():
+    got = plan(failed={"gluon_ws": "RuntimeError('no warp_specialize here')"})
+    assert got.kernel == "portable" and got.kernel_row == got.tuning_row == "sm90_default"
+    assert got.fallback == ("gluon_ws (row sm90_bf16_gluon_ws) failed to compile here: "
+                            "RuntimeError('no warp_specialize here')")
+    assert attrs.evolve(got, fallback=None) == attrs.evolve(plan(), kernel="portable", kernel_row="sm90_default",
+                                                            kernel_why=got.why)
+    other = plan(failed={"gluon_fp8": "boom"})  # another kernel's failure changes nothing here
+    assert other.kernel == "gluon_ws" and other.fallback is None
+    assert plan(num_tokens=2, failed={"gluon_ws": "boom"}).fallback is None  # portable anyway (split)
+
+
+def test_unknown_sm_count_leaves_splits_and_kernel_open():
+    got = plan(num_sms=None)
+    assert (got.num_kv_splits, got.ids_per_split, got.kernel) == (None, None, "portable")
+    assert got.tuning_row == "sm90_default" and got.kernel_row == "sm90_default" and got.block_h == 64
+    assert dict(got.rejected_kernels)["sm90_bf16_gluon_ws"].startswith("num_kv_splits=None, needs 1")
+    forced = plan(num_sms=None, num_kv_splits=1)  # a forced count needs no SM count
+    assert (forced.num_kv_splits, forced.kernel) == (1, "gluon_ws")
+
+
+def test_launch_record_fields():
+    got = plan(num_heads=5, num_tokens=256)
+    assert got.block_h == 16 and got.combine_block_h == 16 and got.combine_block_d == 128
+    assert (got.block_n, got.num_warps, got.num_stages, got.fp8_f16) == (64, 4, 2, True)
+    assert plan(arch="cpu", num_sms=1, num_heads=5).combine_block_d == 512
+    assert plan(kv_dtype="fp8_e4m3", num_heads=128).fp8_f16 is False  # the sm90_fp8 row
+    hand_config = P.TritonConfig(block_h=64, block_n=16, num_warps=4, num_stages=1, max_kv_splits=32,
+                                 min_ids_per_split=64, split_waves=1.0, split_min_fill=0.5, combine_block_h=64,
+                                 combine_block_d=512, fp8_f16=True)
+    hand = P.portable_launch(hand_config, num_heads=5, num_tokens=3, topk=37, num_sms=None, num_kv_splits=3)
+    assert (hand.tuning_row, hand.block_h, hand.combine_block_h, hand.num_kv_splits, hand.ids_per_split) == (
+        "explicit", 16, 16, 3, 16)
+    with pytest.raises(ValueError):
+        attrs.evolve(got, kernel="cuda_graph_magic")
+    with pytest.raises(ValueError, match="q_dtype"):
+        plan(q_dtype="fp32")
+
+
+# ---- the table -----------------------------------------------------------------------------------------
+
+def _shipped_text():
+    return table_path("triton_tuning").read_text()
+
+
+def test_tuning_table_is_proven_at_load():
+    P.tuning_table.cache_clear()
+    table = P.tuning_table()
+    assert dispatch.check_table(table) == []
+    assert tuple(table.paths) == P.KERNELS
+    # the checker walks the product of the domains: small enough to run at every load
+    assert dispatch.grid.Grid(table.fields).size <= 100_000
+
+
+def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tmp_path):
+    text = _shipped_text()
+    start = text.index("  - id: sm90_bf16_gluon_ws")
+    end = text.index("  - id: sm90_fp16_gluon_ws")
+    path = tmp_path / "triton_tuning.yaml"
+    monkeypatch.setattr(P, "table_path", lambda name: path)
+    try:
+        path.write_text(text[:start] + text[end:] + text[start:end])  # after the row it overrides: never wins
+        P.tuning_table.cache_clear()
+        with pytest.raises(dispatch.TableCheckError, match="sm90_bf16_gluon_ws.*shadowed"):
+            P.tuning_table()
+        path.write_text(text[:text.index("  - id: any_gpu_fallback")])  # unknown GPUs get no row
+        P.tuning_table.cache_clear()
+        with pytest.raises(dispatch.TableCheckError, match="gap"):
+            P.tuning_table()
+    finally:
+        P.tuning_table.cache_clear()
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("    when: {arch: sm90, num_heads: {le: 16}}\n",
+      "    when: {arch: sm90, num_heads: {le: 16}, num_kv_splits: 1}\n"), "must not test num_kv_splits"),
+    (("      num_kv_splits: {eq: 1, because: \"no split-KV stage - a grid that does not fill the GPU is split and "
+      "runs the portable kernel and the combine\"}\n      logit_cap: {le: 0, because: \"no soft cap in the Gluon "
+      "kernels\"}\n    path: gluon_fp8\n", "      logit_cap: {le: 0, because: \"no soft cap in the Gluon kernels\"}\n"
+      "    path: gluon_fp8\n"), "must need a split count"),
+    (("combine_block_d: 512, fp8_f16: true}", "combine_block_d: 512}"), "missing \\['fp8_f16'\\]"),
+    (("    path: gluon_fp8\n", "    path: gluon_fp8\n    params: {BLOCK_H: 16}\n"), "takes no params"),
+])
+def test_structure_check_refuses(edit, message):
+    text = _shipped_text()
+    assert text.count(edit[0]) == 1
+    table = dispatch.load_table(text.replace(*edit), name="edited.yaml")
+    with pytest.raises(dispatch.TableError, match=message):
+        P._check_structure(table)
+
+
+def test_first_lookup_is_always_portable_and_second_finds_it_again():
+    """Over the whole grid: no Gluon row matches with the split count open, and portable rows never test it."""
+    table = P.tuning_table()
+    grid = dispatch.grid.Grid(table.fields)
+    splits_open = grid.field_mask("num_kv_splits", [dispatch.Condition("num_kv_splits", "present", False, "int")])
+    assert splits_open
+    for row in table.rows:
+        if row.path != P.PORTABLE:
+            assert not grid.mask(row.when) & splits_open, row.id
+        else:
+            assert all(c.field != "num_kv_splits" for c in row.when), row.id
