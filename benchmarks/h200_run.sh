@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One H200 session's run (BENCHMARKS.md): build the FlashMLA peer, the GPU suite, the host-cost bench.
+# Usage (repo root, .peers/ laid out as ../shared/peers/README.md says): bash benchmarks/h200_run.sh OUTDIR
+set -u
+OUT=${1:?output dir}
+MAX_JOBS=16 python3 .peers/setup_flashmla.py build_ext --inplace > "$OUT/fmla_build.log" 2>&1 || true
+export PYTHONPATH=.peers/FlashMLA:.
+python3 -c "import flash_mla; print('flash_mla importable')" 2>&1 | tail -1
+timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$OUT/gpu_suite.log" 2>&1
+tail -25 "$OUT/gpu_suite.log"
+timeout 150 python3 -m mla_sink bench --host --pool-rows 1000000 --json "$OUT/host.json" 2>&1 | tail -12
