@@ -8,4 +8,4 @@ export PYTHONPATH=.peers/FlashMLA:.
 python3 -c "import flash_mla; print('flash_mla importable')" 2>&1 | tail -1
 timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$OUT/gpu_suite.log" 2>&1
 tail -25 "$OUT/gpu_suite.log"
-timeout 150 python3 -m mla_sink bench --host --pool-rows 1000000 --json "$OUT/host.json" 2>&1 | tail -12
+timeout 240 python3 -u -m mla_sink bench --host --pool-rows 1000000 --json "$OUT/host.json" 2>&1 | tail -12
