@@ -395,7 +395,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", action="store_true",
                    help="host cost of one eager call (function, layer, operator; FlashMLA when importable) at "
                         "T in {1, 2, 8}, H in {16, 128}, beside the GPU time (mla_sink.tools.host_bench)")
-    p.add_argument("--calls", type=int, default=200, help="with --host: back-to-back calls per timing")
-    p.add_argument("--repeats", type=int, default=7, help="with --host: timings; the median is reported")
+    p.add_argument("--calls", type=int, default=300, help="with --host: back-to-back calls per timing")
+    p.add_argument("--repeats", type=int, default=11, help="with --host: timings; the median is reported")
     p.set_defaults(func=cmd_bench)
     return p

@@ -2,7 +2,8 @@
 
 Method: for each case, ``calls`` back-to-back eager calls with one ``torch.cuda.synchronize()`` at the
 end, timed with ``time.perf_counter``; the per-call host cost is the wall time divided by ``calls``,
-the median of ``repeats`` such runs (after warm-up calls that compile and plan). While the GPU work of
+the median of ``repeats`` such runs (the entry points take turns within each repeat; warm-up calls
+compile and plan first). While the GPU work of
 a call is shorter than its host cost, the GPU waits for the host and the wall time is the host cost;
 the GPU time of the same call (CUDA-graph replay, L2 flushed, :class:`mla_sink.tools.bench.GraphTimer`)
 is printed beside it so that the reader can see which one bounds the call. Entry points timed:
@@ -31,20 +32,23 @@ HOST_TOPK = 2048
 FLASH_MLA_HEADS = (64, 128)
 
 
-def host_us(fn: Callable[[], Any], *, calls: int, repeats: int, warmup: int = 3) -> float:
-    """Median over ``repeats`` of the wall time of ``calls`` back-to-back calls (one synchronize at
-    the end) divided by ``calls``, in microseconds."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def host_us(fns: dict, *, calls: int, repeats: int, warmup: int = 3) -> dict:
+    """Per entry point, the median over ``repeats`` of the wall time of ``calls`` back-to-back calls (one
+    synchronize at the end) divided by ``calls``, in microseconds. The entry points take turns within each
+    repeat, so that a drift of the machine (clocks, other load) reaches them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
             fn()
-        torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(runs)
+    torch.cuda.synchronize()
+    runs: dict = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            runs[name].append((time.perf_counter() - t0) / calls * 1e6)
+    return {name: round(statistics.median(r), 2) for name, r in runs.items()}
 
 
 _FP8_CACHES: dict = {}
@@ -132,7 +136,7 @@ def run_host_bench(args: argparse.Namespace) -> dict:
             peer = _flash_mla_decode(q, kv, idx, sinks, scale) if H in FLASH_MLA_HEADS else None
             if peer is not None:
                 impls["flash_mla_with_kvcache"] = peer
-            host = {name: round(host_us(fn, calls=args.calls, repeats=args.repeats), 2) for name, fn in impls.items()}
+            host = host_us(impls, calls=args.calls, repeats=args.repeats)
             plan = build_plan(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=HOST_TOPK, sinks=True),
                               platform, num_tokens=T)
             gpu = {"sparse_mla_decode": round(timer.time_us(impls["sparse_mla_decode"]), 2)}
