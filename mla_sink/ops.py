@@ -20,7 +20,7 @@ from torch import Tensor
 from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_V
-from mla_sink.core.validate import check_inputs
+from mla_sink.core.validate import check_inputs, check_logit_cap
 
 
 def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, return_lse,
@@ -77,6 +77,7 @@ def sparse_mla_decode_op(
 @sparse_mla_decode_op.register_fake
 def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, return_lse,
       logit_cap, path):
+    check_logit_cap(logit_cap)
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale)
     out = q.new_empty((q.shape[0], q.shape[1], D_V), dtype=out_dtype_for(DTYPE_KEYS[q.dtype]))
     return out, q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)
@@ -110,6 +111,7 @@ def sparse_mla_decode_out_op(
 @sparse_mla_decode_out_op.register_fake
 def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, return_lse,
       logit_cap, path):
+    check_logit_cap(logit_cap)
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale,
                  out=out)
     return q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)

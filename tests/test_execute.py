@@ -140,3 +140,11 @@ def test_cpu_bf16_output_is_rounded_to_nearest_like_the_gpu():
     ref, _ = sparse_mla_decode_reference(q, kv, idx)
     nearest = ref.float().to(torch.bfloat16)
     assert (out == nearest).float().mean().item() > 0.99
+
+
+def test_the_operators_fake_implementation_checks_logit_cap():
+    q = torch.empty(2, 4, 576, dtype=torch.float16, device="meta")
+    kv = torch.empty(8, 576, dtype=torch.float16, device="meta")
+    idx = torch.empty(2, 8, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="logit_cap"):
+        torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, None, 0.05, None, None, None, False, float("inf"), "")

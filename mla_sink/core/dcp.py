@@ -235,15 +235,6 @@ def compact_local_indices(loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return buf[:, :topk].contiguous(), owned.sum(dim=1, dtype=torch.int32)
 
 
-def _replace(inputs: DecodeInputs, **changes) -> DecodeInputs:
-    """A copy of ``inputs`` with some fields changed (NamedTuple ``_replace``; attrs ``evolve`` for an attrs record)."""
-    if hasattr(inputs, "_replace"):
-        return inputs._replace(**changes)
-    import attrs
-
-    return attrs.evolve(inputs, **changes)
-
-
 def _out_dtype(q: torch.Tensor) -> torch.dtype:
     """q's dtype for bf16/fp16 (and fp32/fp64 test inputs), bf16 for fp8 q."""
     key = DTYPE_KEYS.get(q.dtype)
@@ -425,7 +416,7 @@ def dcp_sparse_mla_decode(
         out_r = torch.zeros((t, h, D_V), dtype=torch.float32, device=q.device)
         lse_r = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
     else:
-        local = _replace(inputs, indices=loc, sinks=None, topk_length=local_len, out=None)
+        local = inputs._replace(indices=loc, sinks=None, topk_length=local_len, out=None)
         out_r, lse_r = local_decode(local)
         if tuple(out_r.shape) != (t, h, D_V) or tuple(lse_r.shape) != (t, h):
             raise ValueError(

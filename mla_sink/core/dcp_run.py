@@ -20,22 +20,14 @@ def local_decode_fp32(plan: LaunchPlan) -> LocalDecode:
     to the output dtype once, after the merge).
 
     Returns:
-        ``DecodeInputs -> (out_r fp32 [T, H, 512], lse_r fp32 [T, H])``; the launcher writes into an fp32
-        ``out`` buffer (the ``triton`` and AITER launchers write the buffer's dtype; AITER's own output
-        is bf16, so its partials carry bf16 precision). The ``reference`` path is called directly with
-        ``out_dtype=float32`` (its launcher rounds to q's dtype before copying into ``out``).
+        ``DecodeInputs -> (out_r fp32 [T, H, 512], lse_r fp32 [T, H])``; every launcher writes the dtype of
+        the ``out`` buffer it is given (AITER's own output is bf16, so its partials carry bf16 precision).
 
     Raises:
         ValueError: the path returned no LSE.
     """
 
     def local_decode(x: DecodeInputs):
-        if plan.path == "reference":
-            from mla_sink.core.reference import sparse_mla_decode_reference
-
-            return sparse_mla_decode_reference(
-                x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
-                kv_scale=x.kv_scale, logit_cap=x.logit_cap, out_dtype=torch.float32)
         buf = torch.empty((x.q.shape[0], x.q.shape[1], D_V), dtype=torch.float32, device=x.q.device)
         out, lse = launch(plan, x._replace(out=buf))
         if lse is None:
