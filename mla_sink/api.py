@@ -352,20 +352,27 @@ def _prepare_call(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pla
         spec = spec_of(x, need_lse=need_lse)
     else:
         check_spec_matches(spec, x)
-    device_arch = arch_of(x.q.device)
-    if platform is None:
-        platform = detect_platform(x.q.device)
-    elif platform.arch != device_arch:
-        raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device} "
-                         f"(arch {device_arch!r})")
-    elif platform.num_sms is None:
-        import attrs
-
-        platform = attrs.evolve(platform, num_sms=detect_platform(x.q.device).num_sms)
+    platform = _platform_of(x, platform)
     from mla_sink.paths import prepare_runner
 
     plan = build_plan(spec, platform, num_tokens=x.q.shape[0], path=path)
     return _Prepared(plan=plan, run=prepare_runner(plan, x), need_lse=spec.need_lse)
+
+
+def _platform_of(x: DecodeInputs, platform: Optional[Platform]) -> Platform:
+    """The platform a call plans for: the tensors' device's (detected), or the given one, which must
+    describe that device (its SM count is read from the device when the record leaves it open)."""
+    device_arch = arch_of(x.q.device)
+    if platform is None:
+        return detect_platform(x.q.device)
+    if platform.arch != device_arch:
+        raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device} "
+                         f"(arch {device_arch!r})")
+    if platform.num_sms is None:
+        import attrs
+
+        platform = attrs.evolve(platform, num_sms=detect_platform(x.q.device).num_sms)
+    return platform
 
 
 def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
@@ -375,12 +382,7 @@ def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Res
     check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
                  kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
     check_spec_matches(spec, x)
-    device_arch = arch_of(x.q.device)
-    if platform is None:
-        platform = detect_platform(x.q.device)
-    elif platform.arch != device_arch:
-        raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device} "
-                         f"(arch {device_arch!r})")
+    platform = _platform_of(x, platform)
     check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
     plan = build_plan(spec, platform, num_tokens=x.q.shape[0], path=path)
     from mla_sink.core.dcp_run import run_dcp
