@@ -126,14 +126,13 @@ def test_where_the_gluon_kernels_serve():
 def test_rejected_kernels_say_why():
     split = plan(num_tokens=2)  # 2 programs on 132 SMs: split
     assert split.kernel == "portable" and split.num_kv_splits > 1
-    reasons = dict(split.rejected_kernels)
-    assert set(reasons) == {"sm90_fp8_gluon", "sm90_bf16_gluon_ws", "sm90_fp16_gluon_ws"}
-    # each reason is given once, at its first row (sm90_fp8_gluon fails the same split condition first)
-    split_reason = ("num_kv_splits=16, needs 1 (no split-KV stage - a grid that does not fill the GPU is split and "
-                    "runs the portable kernel and the combine)").replace("16", str(split.num_kv_splits), 1)
-    assert split_reason in reasons["sm90_fp8_gluon"]
-    assert reasons["sm90_bf16_gluon_ws"] == f"num_kv_splits={split.num_kv_splits}, needs 1"
-    assert "kv_dtype=bf16, needs fp8_e4m3" in reasons["sm90_fp8_gluon"]
+    # the Gluon paths' shared requirement fails: one entry names both paths and their rows, said once
+    (label, why), = split.rejected_kernels
+    assert label == "gluon_fp8 (row sm90_fp8_gluon), gluon_ws (rows sm90_bf16_gluon_ws, sm90_fp16_gluon_ws)"
+    assert why == (f"num_kv_splits={split.num_kv_splits}, needs 1 (no split-KV stage - a grid that does not fill "
+                   "the GPU is split and runs the portable kernel and the combine)")
+    unsplit = dict(plan(num_tokens=256).rejected_kernels)  # requirements hold: each row says its own mismatch
+    assert set(unsplit) == {"sm90_fp8_gluon"} and "kv_dtype=bf16, needs fp8_e4m3" in unsplit["sm90_fp8_gluon"]
     assert plan(kv_dtype="fp8_e4m3", num_heads=16).rejected_kernels == ()  # the first row is the winner
     cpu = plan(arch="cpu", num_sms=1)
     assert cpu.kernel == "portable" and dict(cpu.rejected_kernels) == {}  # cpu_interpreter comes first
@@ -155,7 +154,8 @@ def test_unknown_sm_count_leaves_splits_and_kernel_open():
     got = plan(num_sms=None)
     assert (got.num_kv_splits, got.ids_per_split, got.kernel) == (None, None, "portable")
     assert got.tuning_row == "sm90_default" and got.kernel_row == "sm90_default" and got.block_h == 64
-    assert dict(got.rejected_kernels)["sm90_bf16_gluon_ws"].startswith("num_kv_splits=None, needs 1")
+    assert any(label.startswith("gluon_fp8") and why.startswith("num_kv_splits=None, needs 1")
+               for label, why in got.rejected_kernels)
     forced = plan(num_sms=None, num_kv_splits=1)  # a forced count needs no SM count
     assert (forced.num_kv_splits, forced.kernel) == (1, "gluon_ws")
 
@@ -215,10 +215,7 @@ def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tm
 @pytest.mark.parametrize("edit,message", [
     (("    when: {arch: sm90, num_heads: {le: 16}}\n",
       "    when: {arch: sm90, num_heads: {le: 16}, num_kv_splits: 1}\n"), "must not test num_kv_splits"),
-    (("      num_kv_splits: {eq: 1, because: \"no split-KV stage - a grid that does not fill the GPU is split and "
-      "runs the portable kernel and the combine\"}\n      logit_cap: {le: 0, because: \"no soft cap in the Gluon "
-      "kernels\"}\n    path: gluon_fp8\n", "      logit_cap: {le: 0, because: \"no soft cap in the Gluon kernels\"}\n"
-      "    path: gluon_fp8\n"), "must need a split count"),
+    (("    requires: *gluon\n", "    requires: {arch: sm90}\n"), "must need a split count"),
     (("combine_block_d: 512, fp8_f16: true}", "combine_block_d: 512}"), "missing \\['fp8_f16'\\]"),
     (("    path: gluon_fp8\n", "    path: gluon_fp8\n    params: {BLOCK_H: 16}\n"), "takes no params"),
 ])
@@ -237,7 +234,7 @@ def test_first_lookup_is_always_portable_and_second_finds_it_again():
     splits_open = grid.field_mask("num_kv_splits", [dispatch.Condition("num_kv_splits", "present", False, "int")])
     assert splits_open
     for row in table.rows:
-        if row.path != P.PORTABLE:
-            assert not grid.mask(row.when) & splits_open, row.id
+        if row.path != P.PORTABLE:  # a row's conditions and its path's requirements both hold when it wins
+            assert not grid.mask((*row.when, *table.paths[row.path].requires)) & splits_open, row.id
         else:
             assert all(c.field != "num_kv_splits" for c in row.when), row.id

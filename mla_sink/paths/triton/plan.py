@@ -149,6 +149,8 @@ def _check_structure(table) -> None:
         raise dispatch.TableError(f"{where}: the paths must be the kernels {KERNELS} (got {tuple(table.paths)})")
     for row in table.rows:
         tests_splits = [c for c in row.when if c.field == "num_kv_splits"]
+        if row.path != PORTABLE:  # a Gluon row also needs what its path requires
+            tests_splits += [c for c in table.paths[row.path].requires if c.field == "num_kv_splits"]
         if row.path == PORTABLE:
             if tests_splits:
                 raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a portable row must not test "
@@ -278,13 +280,29 @@ def portable_launch(config: TritonConfig, *, num_heads: int, num_tokens: int, to
 
 
 def _rejected_kernels(sel) -> tuple:
-    """``(row id, its failed conditions on one line)`` of the non-portable rows a lookup rejected: one
-    statement per field, each reason given once over all the rows (as ``mla-sink explain`` says them)."""
+    """``(what, why)`` for the kernel rows a lookup rejected, as ``mla-sink explain`` says them: Gluon paths
+    whose ``requires`` fail share one entry naming their rows; every other rejected Gluon row has its own;
+    one statement per field, each reason given once."""
     from mla_sink import dispatch
 
+    def rows(ids):
+        return f"{'row' if len(ids) == 1 else 'rows'} {', '.join(ids)}"
+
     reasons = dispatch.ReasonsOnce()
-    return tuple((row.id, "; ".join(dispatch.statements(reasons(fails))))
-                 for row, fails in sel.rejected if row.path != PORTABLE)
+    out: list = []
+    shared: dict = {}  # the statements of failed requirements -> index in out
+    for kind, name, ids, fails in dispatch.rejection_groups(sel):
+        if kind == "path" and name != PORTABLE:
+            said = tuple(dispatch.statements(fails))
+            if said in shared:
+                label, text = out[shared[said]]
+                out[shared[said]] = (f"{label}, {name} ({rows(ids)})", text)
+            else:
+                shared[said] = len(out)
+                out.append((f"{name} ({rows(ids)})", "; ".join(dispatch.statements(reasons(fails)))))
+        elif kind == "row" and ids not in (None, PORTABLE):  # ("row", row id, its path, failures)
+            out.append((name, "; ".join(dispatch.statements(reasons(fails)))))
+    return tuple(out)
 
 
 _NO_FAILURES: Mapping[str, str] = types.MappingProxyType({})
