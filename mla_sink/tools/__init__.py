@@ -1,0 +1,1 @@
+"""The command-line tools (``mla-sink``: explain, info, demo, bench) apart from the library."""

@@ -1,0 +1,1 @@
+"""The ``triton`` path: ``plan`` (the tuning table -> a :class:`TritonLaunch`) and ``launch`` (execute it)."""
