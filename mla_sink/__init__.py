@@ -27,9 +27,13 @@ def _mount_dispatch() -> None:
 
     if "mla_sink.dispatch" in sys.modules:
         return
-    source = Path(__file__).resolve().parent.parent / "dispatch" / "__init__.py"
-    if not source.is_file():
-        return  # installed: the subpackage is found the usual way
+    here = Path(__file__).resolve().parent
+    if (here / "dispatch" / "__init__.py").is_file():
+        return  # installed: the wheel holds the engine as the subpackage mla_sink/dispatch
+    root = here.parent
+    source = root / "dispatch" / "__init__.py"
+    if not (source.is_file() and (root / "pyproject.toml").is_file() and (root / "tables").is_dir()):
+        return  # not our source checkout (a foreign top-level "dispatch" beside an installed copy is never used)
     spec = importlib.util.spec_from_file_location("mla_sink.dispatch", source,
                                                   submodule_search_locations=[str(source.parent)])
     module = importlib.util.module_from_spec(spec)

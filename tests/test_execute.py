@@ -148,3 +148,51 @@ def test_the_operators_fake_implementation_checks_logit_cap():
     idx = torch.empty(2, 8, dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match="logit_cap"):
         torch.ops.mla_sink.sparse_mla_decode(q, kv, idx, None, 0.05, None, None, None, False, float("inf"), "")
+
+
+@pytest.mark.parametrize("where", ["kv", "q"])
+def test_e4m3fn_nan_codes_in_referenced_data_give_nan_on_the_cpu_too(where):
+    g = torch.Generator().manual_seed(7)
+    kv = (torch.randn(50, 576, generator=g) * 0.5).to(torch.float8_e4m3fn)
+    q = (torch.randn(2, 3, 576, generator=g) * 0.5).to(torch.float8_e4m3fn if where == "q" else torch.bfloat16)
+    if where == "kv":
+        kv.view(torch.uint8)[3, 0] = 0x7F  # a NaN code in a row token 0 references
+    else:
+        q.view(torch.uint8)[0, 1, 7] = 0xFF  # a NaN code in token 0, head 1
+    idx = torch.full((2, 16), -1, dtype=torch.int32)
+    idx[0, 0], idx[1, 0] = 3, 4
+    one = torch.ones(1)
+    kw = dict(kv_scale=one, q_scale=one if where == "q" else None, return_lse=True)
+    out, lse = sparse_mla_decode(q, kv, idx, path="triton", **kw)
+    ref_out, ref_lse = sparse_mla_decode_reference(q, kv, idx, kv_scale=one, q_scale=kw["q_scale"])
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse)) and torch.isnan(lse).any()
+    assert torch.equal(torch.isnan(out).all(-1), torch.isnan(ref_out).all(-1))
+    assert not torch.isnan(out[1]).any()  # the other token is untouched
+
+
+@pytest.mark.parametrize("kw", [dict(sm_scale=10 ** 400), dict(logit_cap=10 ** 400)])
+def test_scalars_beyond_every_float_are_value_errors(kw):
+    q, kv, idx, sinks = _case(seed=8)
+    with pytest.raises(ValueError, match="sm_scale|logit_cap"):
+        sparse_mla_decode(q, kv, idx, sinks, **kw)
+    with pytest.raises(ValueError, match="logit_cap"):
+        CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=16, logit_cap=10 ** 400)
+
+
+def test_a_numpy_half_scale_is_checked_without_a_numpy_overflow_warning():
+    import warnings
+
+    import numpy as np
+
+    q, kv, idx, sinks = _case(seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sparse_mla_decode(q, kv, idx, sinks, sm_scale=np.float16(0.1))
+
+
+def test_compile_with_dynamic_shapes_and_default_scalars():
+    q, kv, idx, sinks = _case(seed=9)
+    f = torch.compile(lambda q, kv, idx, s: sparse_mla_decode(q, kv, idx, s), fullgraph=True, dynamic=True)
+    out, lse = f(q, kv, idx, sinks)
+    ref, _ = sparse_mla_decode(q, kv, idx, sinks)
+    torch.testing.assert_close(out, ref)

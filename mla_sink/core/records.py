@@ -59,7 +59,7 @@ def _to_float(name: str):
             raise ValueError(f"'{name}' must be a finite float (got {value!r})")
         try:
             return float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond every float
             raise ValueError(f"'{name}' must be a finite float (got {value!r})") from None
 
     return convert

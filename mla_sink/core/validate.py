@@ -138,6 +138,26 @@ def _in_scalar_range(value: float) -> bool:
     return FP32_TINY <= value <= FP32_SCALE_MAX
 
 
+def _as_real(value: object) -> Optional[float]:
+    """``value`` as a Python float when it is a finite real number (Python or numpy scalar; not a bool or
+    a string), else None: huge ints (no fp32 nor fp64 value) and numpy half floats compare as Python floats."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    if torch.compiler.is_compiling():
+        return value  # possibly symbolic (dynamic=True): its value is checked where the operator runs
+    try:
+        f = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _symbolic(value: object) -> bool:
+    """A scalar torch.compile traces symbolically (``dynamic=True``): checked where the call runs, by the
+    operator's real implementation."""
+    return isinstance(value, (torch.SymFloat, torch.SymInt))
+
+
 def check_sm_scale(sm_scale: float) -> None:
     """Raises ValueError unless ``sm_scale`` is a real number (Python or numpy scalar) in
     ``[2^-126, 2^126]`` (about ``[1.18e-38, 8.5e37]``).
@@ -148,10 +168,13 @@ def check_sm_scale(sm_scale: float) -> None:
     with 3e38 on the ``triton`` path); below 2^-126 it is a subnormal fp32, which loses significant bits
     and is 0 wherever a kernel is compiled to flush denormals. ``[2^-126, 2^126]`` is the power-of-two
     range where the value, its reciprocal and its product with ``log2(e)`` are all finite normal fp32
-    numbers, so every path gives the same answer (the float64 reference alone would take more).
+    numbers. (Scores themselves can still overflow fp32 when ``|sm_scale * q.k|`` exceeds 3.4e38: the
+    kernels then give NaN where the float64 reference gives ``lse = +inf``; values are not inspected.)
     """
-    if (isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale)
-            or not _in_scalar_range(sm_scale)):
+    if _symbolic(sm_scale):
+        return
+    value = _as_real(sm_scale)
+    if value is None or (not torch.compiler.is_compiling() and not _in_scalar_range(value)):
         raise ValueError(f"'sm_scale' must be a finite float in [2^-126, 2^126] ({_SCALAR_RANGE_WHY}; got {sm_scale!r})")
 
 
@@ -165,8 +188,14 @@ def check_logit_cap(logit_cap: float) -> float:
     ``fp32 max / log2(e)`` overflows in the product, one below the smallest normal fp32 is subnormal.
     The range is that of :func:`check_sm_scale`.
     """
-    if isinstance(logit_cap, bool) or not isinstance(logit_cap, numbers.Real) or not math.isfinite(logit_cap):
+    if _symbolic(logit_cap):
+        return logit_cap
+    value = _as_real(logit_cap)
+    if value is None:
         raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
+    if torch.compiler.is_compiling():
+        return value
+    logit_cap = value
     if logit_cap > 0 and not _in_scalar_range(logit_cap):
         raise ValueError(f"'logit_cap' must be <= 0 (no cap) or in [2^-126, 2^126] ({_SCALAR_RANGE_WHY}; "
                          f"got {logit_cap!r})")
@@ -190,7 +219,8 @@ def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[f
     """
     check_sm_scale(sm_scale)
     check_return_lse(return_lse)
-    return float(sm_scale), check_logit_cap(logit_cap)
+    keep = _symbolic(sm_scale) or torch.compiler.is_compiling()
+    return (sm_scale if keep else float(sm_scale)), check_logit_cap(logit_cap)
 
 
 def check_inputs(

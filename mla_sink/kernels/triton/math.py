@@ -52,6 +52,15 @@ def fnuz_to_f32(x):
 
 
 @triton.jit
+def e4m3fn_to_f32_interpreted(x):
+    """float8_e4m3fn tile -> fp32 values on Triton's CPU interpreter, whose conversion reads the NaN codes
+    (low seven bits all ones) as +-480; the GPU's conversion already gives NaN for them. Used only under
+    the kernels' ``UPCAST`` (interpreter) switch, so compiled kernels are unchanged."""
+    bits = x.to(tl.uint8, bitcast=True)
+    return tl.where((bits & FP8_LOW7) == FP8_LOW7, float("nan"), x.to(tl.float32))
+
+
+@triton.jit
 def online_softmax_step(m_i, l_i, s):
     """One block of the online softmax, base 2 (rows = heads, columns = ids of the block).
 

@@ -84,6 +84,9 @@ def _sparse_mla_decode_kernel(
         if Q_FNUZ:
             q_nope = kmath.fnuz_to_f32(q_nope)
             q_rope = kmath.fnuz_to_f32(q_rope)
+        elif UPCAST:  # the interpreter reads e4m3fn NaN codes as +-480
+            q_nope = kmath.e4m3fn_to_f32_interpreted(q_nope)
+            q_rope = kmath.e4m3fn_to_f32_interpreted(q_rope)
         if UPCAST:
             q_nope = q_nope.to(tl.float32)
             q_rope = q_rope.to(tl.float32)
@@ -145,6 +148,9 @@ def _sparse_mla_decode_kernel(
             if KV_FNUZ:
                 k_nope = kmath.fnuz_to_f32(k_nope)
                 k_rope = kmath.fnuz_to_f32(k_rope)
+            elif UPCAST:  # the interpreter reads e4m3fn NaN codes as +-480
+                k_nope = kmath.e4m3fn_to_f32_interpreted(k_nope)
+                k_rope = kmath.e4m3fn_to_f32_interpreted(k_rope)
             if UPCAST:
                 k_nope = k_nope.to(tl.float32)
                 k_rope = k_rope.to(tl.float32)
