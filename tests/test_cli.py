@@ -236,3 +236,12 @@ def test_demo_prints_one_key_for_the_call(capsys):
         key = call_key(spec, platform)
         assert out.count(key) == 1 and out.splitlines()[0].startswith(f"call: {key} ")
         assert str(spec) not in out  # CallSpec's own key (no arch) is not printed beside it
+
+
+def test_explain_json_leaves_the_kernel_open_without_an_sm_count(capsys):
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json")
+    launch = json.loads(out)["launch"]
+    assert code == 0 and launch["num_kv_splits"] is None and launch["kernel"] is None
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json", "--sms", "132", "--tokens", "256")
+    launch = json.loads(out)["launch"]
+    assert (launch["kernel"], launch["kernel_file"]) == ("gluon_ws", "mla_sink/kernels/gluon/gluon_ws.py")

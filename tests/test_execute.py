@@ -196,3 +196,39 @@ def test_compile_with_dynamic_shapes_and_default_scalars():
     out, lse = f(q, kv, idx, sinks)
     ref, _ = sparse_mla_decode(q, kv, idx, sinks)
     torch.testing.assert_close(out, ref)
+
+
+def test_layouts_views_and_records_that_cannot_be_computed_on_are_value_errors():
+    from mla_sink import call_key, explain_call, plan_call, select
+
+    q, kv, idx, sinks = _case(seed=10)
+    with pytest.raises(ValueError, match="'kv_cache' must be a dense strided tensor"):
+        sparse_mla_decode(q, kv.to_sparse(), idx, sinks)
+    with pytest.raises(ValueError, match="'q' must not be a lazily negated"):
+        sparse_mla_decode(torch._neg_view(q), kv, idx, sinks)
+    scale = torch.ones(1, requires_grad=True)
+    kv8 = kv.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="require grad"):
+        sparse_mla_decode(q, kv8, idx, sinks, kv_scale=scale)
+    with torch.no_grad():
+        sparse_mla_decode(q, kv8, idx, sinks, kv_scale=scale)  # under no_grad it is just a value
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=16)
+    for fn in (select, plan_call, explain_call, call_key):
+        with pytest.raises(ValueError, match="'spec' must be a mla_sink.CallSpec"):
+            fn({"q_dtype": "fp16"}, Platform("cpu"))
+        with pytest.raises(ValueError, match="'platform' must be a mla_sink.Platform"):
+            fn(spec, "cpu")
+    for bad in ("xyz", 5, "meta"):
+        with pytest.raises(ValueError, match="'device'"):
+            Platform.detect(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="not on this machine"):
+            Platform.detect("cuda")
+
+
+def test_decode_inputs_default_to_the_default_scale():
+    q, kv, idx, sinks = _case(seed=11)
+    spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=16, sinks=True)
+    out, lse = run(spec, DecodeInputs(q, kv, idx, sinks=sinks))
+    ref_out, ref_lse = sparse_mla_decode(q, kv, idx, sinks, sm_scale=576 ** -0.5)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)

@@ -21,7 +21,8 @@ class DecodeInputs(NamedTuple):
         q: ``[T, H, 576]`` bf16 / fp16 / fp8 (any token and head strides; innermost stride 1).
         kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns.
         indices: int32 ``[T, topk]`` global row ids; ``-1`` and ids outside ``[0, N)`` = skip, anywhere.
-        sm_scale: multiplies ``q.k`` before the natural-exp softmax.
+        sm_scale: multiplies ``q.k`` before the natural-exp softmax; ``None`` (the default) means
+            ``576 ** -0.5`` (:func:`mla_sink.run` fills it in).
         sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
         topk_length: optional int32 ``[T]``; only the first ``topk_length[t]`` ids of row t are used.
         q_scale: fp32 ``[1]`` dequantisation scale of fp8 q (value = stored * scale), else ``None``.
@@ -33,7 +34,7 @@ class DecodeInputs(NamedTuple):
     q: torch.Tensor
     kv_cache: torch.Tensor
     indices: torch.Tensor
-    sm_scale: float
+    sm_scale: Optional[float] = None
     sinks: Optional[torch.Tensor] = None
     topk_length: Optional[torch.Tensor] = None
     q_scale: Optional[torch.Tensor] = None

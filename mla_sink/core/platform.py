@@ -102,8 +102,23 @@ def detect_platform(device: Any = None) -> Platform:
 
     CPU devices report ``arch='cpu'``, no AITER, no Gluon and one SM (the interpreter runs one program
     at a time). The answer is cached per device.
+
+    Raises:
+        ValueError: ``device`` is not a device (or its name), or names a CUDA/ROCm device this machine
+            does not have.
     """
-    key = None if device is None else str(torch.device(device))
-    if key is not None and torch.device(key).type == "cpu":
-        key = "cpu"
-    return _detect_cached(key)
+    if device is None:
+        return _detect_cached(None)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"'device' must be a torch.device or a device name such as 'cpu' or 'cuda:0' "
+                         f"(got {device!r})") from None
+    if dev.type == "cpu":
+        return _detect_cached("cpu")
+    if dev.type != "cuda":
+        raise ValueError(f"'device' must be a cpu or cuda (CUDA/ROCm) device (got {dev})")
+    if not torch.cuda.is_available() or (dev.index is not None and dev.index >= torch.cuda.device_count()):
+        raise ValueError(f"'device' {dev} is not on this machine (CUDA/ROCm devices: "
+                         f"{torch.cuda.device_count() if torch.cuda.is_available() else 0})")
+    return _detect_cached(str(dev))

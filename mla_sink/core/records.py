@@ -205,7 +205,23 @@ class Platform:
         return detect_platform(device)
 
 
+def check_records(spec: Any, platform: Any) -> None:
+    """Raises ValueError unless ``spec`` is a :class:`CallSpec` and ``platform`` a :class:`Platform` (the
+    message says how to build one)."""
+    if not isinstance(spec, CallSpec):
+        raise ValueError(f"'spec' must be a mla_sink.CallSpec (got {type(spec).__name__}); build one with "
+                         "CallSpec(q_dtype='bf16', kv_dtype='bf16', num_heads=..., topk=...) or mla_sink.describe(...)")
+    if not isinstance(platform, Platform):
+        raise ValueError(f"'platform' must be a mla_sink.Platform (got {platform!r}); build one with "
+                         "Platform('gfx942', aiter_version='0.1.20') or Platform.detect()")
+
+
 def call_key(spec: CallSpec, platform: Platform) -> str:
-    """Canonical key of a call on a platform, e.g. ``bf16-h64-gfx942-sinks-dcp1``."""
+    """Canonical key of a call on a platform, e.g. ``bf16-h64-gfx942-sinks-dcp1``.
+
+    Raises:
+        ValueError: ``spec`` or ``platform`` is not the record.
+    """
+    check_records(spec, platform)
     head, tail = spec.key_parts()
     return "-".join([head, tail[0], platform.arch, *tail[1:]])

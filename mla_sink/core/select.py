@@ -13,7 +13,7 @@ from typing import Any, Optional
 from mla_sink import dispatch
 
 from mla_sink.core.plan import LaunchPlan
-from mla_sink.core.records import CallSpec, Platform, call_key
+from mla_sink.core.records import call_key, CallSpec, check_records, Platform
 from mla_sink.core.tables import table_path
 
 log = logging.getLogger("mla_sink")
@@ -110,8 +110,9 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
         path: force one path: only rows naming it are considered (for tests and engines that pin a path).
 
     Raises:
-        ValueError: ``path`` is not a path of the table.
+        ValueError: ``spec`` / ``platform`` not the records, or ``path`` not a path of the table.
     """
+    check_records(spec, platform)
     if path is not None and path not in KNOWN_PATHS:
         raise ValueError(f"'path' must be one of {KNOWN_PATHS} (got {path!r})")
     return mla_table().select(table_fields(spec, platform), only_paths=None if path is None else (path,))
@@ -132,6 +133,7 @@ def plan_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = None)
     Raises:
         NoKernelError: the table refuses the call or no row accepts it (message = full explanation).
     """
+    check_records(spec, platform)
     if path == "reference":
         return LaunchPlan(path="reference", params={}, spec=spec, platform=platform, row_id="forced")
     selection = select(spec, platform, path=path)

@@ -26,6 +26,12 @@ def _dt(t: torch.Tensor) -> str:
 def _require_tensor(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"'{name}' must be a torch.Tensor (got {type(value).__name__})")
+    if value.layout != torch.strided or value.is_nested:
+        raise ValueError(f"'{name}' must be a dense strided tensor (got layout {value.layout}"
+                         f"{', nested' if value.is_nested else ''})")
+    if value.is_neg() or value.is_conj():
+        raise ValueError(f"'{name}' must not be a lazily negated or conjugated view (resolve it first: "
+                         "t.resolve_neg() / t.resolve_conj())")
     return value
 
 
@@ -292,9 +298,9 @@ def check_inputs(
     if device.type not in ("cpu", "cuda") and not (allow_meta and device.type == "meta"):
         traced = " (meta tensors serve shape inference: torch.ops.mla_sink.sparse_mla_decode)" if device.type == "meta" else ""
         raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device{traced} (got {device})")
-    if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad
-                                    or (sinks is not None and getattr(sinks, "requires_grad", False))):
-        raise ValueError("'q'/'kv_cache'/'sinks' require grad: mla-sink is a decode (inference) op with no "
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
+                                       for t in (q, kv_cache, sinks, q_scale, kv_scale)):
+        raise ValueError("'q'/'kv_cache'/'sinks'/'q_scale'/'kv_scale' require grad: mla-sink is a decode (inference) op with no "
                          "backward; call it under torch.no_grad() or torch.inference_mode()")
     for name, t in (("kv_cache", kv_cache), ("indices", indices)):
         if t.device != device:

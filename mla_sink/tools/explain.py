@@ -78,5 +78,8 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     doc.update(key=call_key(plan.spec, plan.platform), spec=_plain(plan.spec), platform=_plain(plan.platform),
                need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens, launch=_plain(plan.launch))
     if plan.launch is not None and plan.path == "triton":
-        doc["launch"]["kernel_file"] = KERNEL_FILES.get(plan.launch.kernel)
+        if plan.launch.num_kv_splits is None:  # the SM count decides splits and kernel: both stay open
+            doc["launch"].update(kernel=None, kernel_row=None, kernel_why=None)
+        else:
+            doc["launch"]["kernel_file"] = KERNEL_FILES.get(plan.launch.kernel)
     return doc
