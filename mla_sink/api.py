@@ -288,7 +288,7 @@ def forget_prepared_calls() -> None:
 def _meta(t: Any) -> Any:
     if t is None:
         return None
-    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad)
+    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg())
 
 
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
@@ -327,7 +327,8 @@ def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platfo
                _meta(x.q_scale), _meta(x.kv_scale), _meta(x.out), x.logit_cap, need_lse, spec, platform, path,
                torch.is_grad_enabled())
         prepared = _PREPARED.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable options: the full checks say what is wrong
+    except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full
+        # checks say what is wrong
         key = prepared = None
     if prepared is None:
         prepared = _prepare_call(x, spec, need_lse, platform, path)
