@@ -7,5 +7,6 @@ MAX_JOBS=16 python3 .peers/setup_flashmla.py build_ext --inplace > "$OUT/fmla_bu
 export PYTHONPATH=.peers/FlashMLA:.
 python3 -c "import flash_mla; print('flash_mla importable')" 2>&1 | tail -1
 timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$OUT/gpu_suite.log" 2>&1
-tail -25 "$OUT/gpu_suite.log"
-timeout 240 python3 -u -m mla_sink bench --host --pool-rows 1000000 --json "$OUT/host.json" 2>&1 | tail -12
+tail -4 "$OUT/gpu_suite.log"
+timeout 240 python3 -u -m mla_sink bench --host --pool-rows 1000000 --json "$OUT/host.json" > "$OUT/host.log" 2>&1
+tail -9 "$OUT/host.log"
