@@ -11,6 +11,7 @@ require grad) and launches. Semantics: :mod:`mla_sink.core.reference`.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple, Optional
@@ -23,6 +24,8 @@ from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
 from mla_sink.core.records import D_QK, CallSpec, Platform
 from mla_sink.core.validate import (
+    FP32_SCALE_MAX,
+    FP32_TINY,
     call_scalars,
     check_inputs,
     check_out_overlaps,
@@ -258,7 +261,10 @@ def sparse_mla_decode(
     """
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
-    sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
+    if not (type(sm_scale) is float and type(logit_cap) is float and type(return_lse) is bool  # the common case,
+            and FP32_TINY <= sm_scale <= FP32_SCALE_MAX  # checked inline (the hot path)
+            and (-math.inf < logit_cap <= 0.0 or FP32_TINY <= logit_cap <= FP32_SCALE_MAX)):
+        sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
     x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)
     return execute(x, spec=None, need_lse=return_lse, platform=platform, path=path)
 
@@ -298,7 +304,9 @@ def _fake(t: Any) -> bool:
     """Whether ``t`` has no data to compute on: a meta tensor, or a FakeTensor (``FakeTensorMode``
     outside ``torch.compile``). Such calls go through the operator, whose fake implementation infers the
     output shapes."""
-    return isinstance(t, torch.Tensor) and (t.is_meta or (type(t) is not torch.Tensor and isinstance(t, _FakeTensor)))
+    if type(t) is torch.Tensor:  # the common case: one type test
+        return t.is_meta
+    return isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, _FakeTensor))
 
 
 def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],

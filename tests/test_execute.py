@@ -232,3 +232,55 @@ def test_decode_inputs_default_to_the_default_scale():
     out, lse = run(spec, DecodeInputs(q, kv, idx, sinks=sinks))
     ref_out, ref_lse = sparse_mla_decode(q, kv, idx, sinks, sm_scale=576 ** -0.5)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def test_a_compiled_launch_hands_the_arguments_in_signature_order(monkeypatch):
+    """The GPU fast path, with a stand-in for Triton's JITFunction and CompiledKernel: the first call goes
+    through ``jit_fn[grid](...)``; later calls reach the compiled kernel's launcher with every argument
+    (per-call ones, then the fixed ones and the constexprs) in signature order, on the current stream."""
+    from mla_sink.paths.triton import launch as L
+
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            calls.append(("run", a))
+
+        def __getitem__(self, grid):
+            return lambda *a: calls.append(("runner", a))
+
+    class Jit:
+        arg_names = ["X", "Y", "n", "s", "BLOCK"]
+
+        def __getitem__(self, grid):
+            def first(**kw):
+                calls.append(("first", grid, kw))
+                return Compiled()
+            return first
+
+    monkeypatch.setattr(L, "_current_stream", lambda index: 1234 + index)
+    k = L.CompiledLaunch(Jit(), (2, 3), {"BLOCK": 64}, {"num_warps": 4}, ("X", "Y"), {"n": 7, "s": 0.5},
+                         device_index=1)
+    k(True, "x0", "y0")
+    assert calls[0] == ("first", (2, 3, 1), {"X": "x0", "Y": "y0", "n": 7, "s": 0.5, "BLOCK": 64, "num_warps": 4})
+    k(True, "x1", "y1")
+    assert calls[1] == ("run", (2, 3, 1, 1235, "fn", "meta", None, None, None, "x1", "y1", 7, 0.5, 64))
+    k(False, "x2", "y2")  # another alignment pattern: compiled (or looked up) by Triton again
+    assert calls[2][0] == "first"
+
+
+def test_a_registered_launch_hook_takes_tritons_runner(monkeypatch):
+    from triton import knobs
+
+    from mla_sink.paths.triton import launch as L
+
+    assert L._no_launch_hooks()
+    hook = lambda *a: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert not L._no_launch_hooks()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert L._no_launch_hooks()

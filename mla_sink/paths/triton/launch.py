@@ -84,36 +84,71 @@ class CompiledLaunch:
         static: the other non-constexpr arguments by name (ints and floats fixed for this runner).
     """
 
-    def __init__(self, jit_fn: Any, grid: tuple, constexprs: dict, options: dict, dynamic: tuple, static: dict):
+    def __init__(self, jit_fn: Any, grid: tuple, constexprs: dict, options: dict, dynamic: tuple, static: dict,
+                 device_index: int = 0):
         self.jit_fn = jit_fn
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.constexprs = constexprs
         self.options = options
         self.dynamic = dynamic
+        self.device_index = device_index
         names = list(jit_fn.arg_names)
         self._template = [constexprs.get(n, static.get(n)) for n in names]
         self._slots = [names.index(n) for n in dynamic]
-        self._runners: dict = {}
+        # the per-call arguments lead every kernel's signature here: the rest is one fixed tail
+        self._tail = tuple(self._template[len(dynamic):]) if self._slots == list(range(len(dynamic))) else None
+        self._launchers: dict = {}
 
-    def _bind(self, args: tuple) -> list:
+    def _bind(self, args: tuple) -> tuple:
+        if self._tail is not None:
+            return args + self._tail
         full = list(self._template)
         for i, a in zip(self._slots, args):
             full[i] = a
-        return full
+        return tuple(full)
 
     def __call__(self, align: Any, *args: Any) -> None:
         """Launch on ``args`` (the ``dynamic`` arguments in order); ``align`` is the caller's key of the
         tensors' pointer alignment (:func:`alignment_key`)."""
-        runner = self._runners.get(align) if FAST_LAUNCH else None
-        if runner is not None:
-            runner(*self._bind(args))
+        launcher = self._launchers.get(align) if FAST_LAUNCH else None
+        if launcher is not None:
+            run, function, metadata, runner = launcher
+            if _no_launch_hooks():
+                # what Triton's own launcher does when no launch hook is set (triton/compiler/compiler.py,
+                # CompiledKernel.__getitem__), on the current stream of the tensors' device
+                g = self.grid
+                run(g[0], g[1], g[2], _current_stream(self.device_index), function, metadata, None, None, None,
+                    *self._bind(args))
+            else:  # a profiler's launch hooks: Triton's runner calls them
+                runner(*self._bind(args))
             return
         named = dict(zip(self.jit_fn.arg_names, self._bind(args)))
         for name in self.constexprs:
             named.pop(name)
         compiled = self.jit_fn[self.grid](**named, **self.constexprs, **self.options)
         if FAST_LAUNCH and compiled is not None and hasattr(compiled, "__getitem__"):
-            self._runners[align] = compiled[self.grid]
+            runner = compiled[self.grid]  # also loads the module (function handle) on this device
+            self._launchers[align] = (compiled.run, compiled.function, compiled.packed_metadata, runner)
+
+
+def _current_stream(device_index: int) -> int:
+    """The raw handle of the current CUDA stream of a device (what Triton's launcher reads)."""
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+try:  # Triton's runtime settings (launch hooks); older releases keep them elsewhere: then always the runner
+    from triton import knobs as _KNOBS
+except ImportError:  # pragma: no cover
+    _KNOBS = None
+
+
+def _no_launch_hooks() -> bool:
+    """Whether no launch hook (a profiler's) is registered with Triton: its hook chains are empty (Triton
+    3.6 and 3.9 keep ``HookChain`` objects there), so a launch may skip them and their metadata."""
+    if _KNOBS is None:
+        return False
+    rt = _KNOBS.runtime
+    return all(h is None or not getattr(h, "calls", True) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
 
 
 def alignment_key(*tensors: Optional[torch.Tensor]) -> Any:
@@ -130,15 +165,15 @@ def alignment_key(*tensors: Optional[torch.Tensor]) -> Any:
 
 
 @functools.lru_cache(maxsize=1024)
-def _compiled(kernel: str, dtypes: tuple, grid: tuple, constexprs: tuple, options: tuple, dynamic: tuple,
-              static: tuple) -> CompiledLaunch:
-    """One :class:`CompiledLaunch` per kernel, tensor dtypes (Triton specialises on them), grid, constexprs,
-    options and fixed scalars."""
+def _compiled(kernel: str, device_index: int, dtypes: tuple, grid: tuple, constexprs: tuple, options: tuple,
+              dynamic: tuple, static: tuple) -> CompiledLaunch:
+    """One :class:`CompiledLaunch` per kernel, device (its loaded module), tensor dtypes (Triton specialises
+    on them), grid, constexprs, options and fixed scalars."""
     from mla_sink.kernels.triton.combine import combine_jit
     from mla_sink.kernels.triton.portable import portable_jit
 
     jit_fn = {"portable": portable_jit, "combine": combine_jit}[kernel]
-    return CompiledLaunch(jit_fn, grid, dict(constexprs), dict(options), dynamic, dict(static))
+    return CompiledLaunch(jit_fn, grid, dict(constexprs), dict(options), dynamic, dict(static), device_index)
 
 
 _PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE", "OUT", "LSE", "PART_OUT",
@@ -231,9 +266,10 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
                                  out_dtype=out_dtype, stage_fp32=stage_fp32, splits=splits, cap_arg=cap_arg)
     dtypes = tuple(None if t is None else t.dtype
                    for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.q_scale, x.kv_scale, x.out))
-    decode = _compiled("portable", dtypes, grid, tuple(constexprs.items()), tuple(options.items()), _PORTABLE_DYNAMIC,
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    decode = _compiled("portable", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()), _PORTABLE_DYNAMIC,
                        tuple(static.items()))
-    combine = _compiled("combine", dtypes, combine_grid, tuple(combine_constexprs.items()),
+    combine = _compiled("combine", index, dtypes, combine_grid, tuple(combine_constexprs.items()),
                         (("num_warps", 4), ("num_stages", 1)), _COMBINE_DYNAMIC,
                         tuple(combine_static.items())) if split else None
     # fnuz is decoded from its bits inside the kernel (Triton has no fnuz type on NVIDIA or in numpy)
