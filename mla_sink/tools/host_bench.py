@@ -1,12 +1,12 @@
 """``mla-sink bench --host``: the host cost of one eager call, beside the GPU time of the same call.
 
 Method: for each case, ``calls`` back-to-back eager calls with one ``torch.cuda.synchronize()`` at the
-end, timed with ``time.perf_counter``; the per-call host cost is the wall time divided by ``calls``,
-the median of ``repeats`` such runs (the entry points take turns within each repeat; warm-up calls
-compile and plan first). While the GPU work of
-a call is shorter than its host cost, the GPU waits for the host and the wall time is the host cost;
-the GPU time of the same call (CUDA-graph replay, L2 flushed, :class:`mla_sink.tools.bench.GraphTimer`)
-is printed beside it so that the reader can see which one bounds the call. Entry points timed:
+end, timed with ``time.perf_counter``; the median of ``repeats`` such runs (the entry points take turns
+within each repeat; warm-up calls compile and plan first), per call: ``host_us``, the time until the
+last call returns (the CPU's cost of a call; 300 calls of two launches stay within the launch queue),
+and ``wall_us``, until the synchronize returns (the host cost or the GPU time, whichever bounds the
+calls, so it also moves with the GPU's clocks). The GPU time of the same call (CUDA-graph replay, L2
+flushed, :class:`mla_sink.tools.bench.GraphTimer`) is printed beside them. Entry points timed:
 ``sparse_mla_decode`` (the function), ``SparseMLADecode`` (the layer, built once), the operator
 ``torch.ops.mla_sink.sparse_mla_decode``, and FlashMLA's decode call ``flash_mla_with_kvcache`` on
 the same q, ids and sinks over a 656-byte FP8 cache when ``flash_mla`` is importable (a benchmark
@@ -32,23 +32,30 @@ HOST_TOPK = 2048
 FLASH_MLA_HEADS = (64, 128)
 
 
-def host_us(fns: dict, *, calls: int, repeats: int, warmup: int = 3) -> dict:
-    """Per entry point, the median over ``repeats`` of the wall time of ``calls`` back-to-back calls (one
-    synchronize at the end) divided by ``calls``, in microseconds. The entry points take turns within each
+def host_us(fns: dict, *, calls: int, repeats: int, warmup: int = 3) -> tuple[dict, dict]:
+    """Per entry point, two medians over ``repeats`` of ``calls`` back-to-back calls, in microseconds per
+    call: ``issue`` (the CPU time until the last call returns, before the synchronize: the host cost
+    proper, as long as the launch queue does not fill) and ``wall`` (until the synchronize returns: the
+    host cost or the GPU time, whichever bounds the calls). The entry points take turns within each
     repeat, so that a drift of the machine (clocks, other load) reaches them alike."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
-    runs: dict = {name: [] for name in fns}
+    issue: dict = {name: [] for name in fns}
+    wall: dict = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
+            t1 = time.perf_counter()
             torch.cuda.synchronize()
-            runs[name].append((time.perf_counter() - t0) / calls * 1e6)
-    return {name: round(statistics.median(r), 2) for name, r in runs.items()}
+            t2 = time.perf_counter()
+            issue[name].append((t1 - t0) / calls * 1e6)
+            wall[name].append((t2 - t0) / calls * 1e6)
+    med = lambda runs: {name: round(statistics.median(r), 2) for name, r in runs.items()}  # noqa: E731
+    return med(issue), med(wall)
 
 
 _FP8_CACHES: dict = {}
@@ -136,16 +143,16 @@ def run_host_bench(args: argparse.Namespace) -> dict:
             peer = _flash_mla_decode(q, kv, idx, sinks, scale) if H in FLASH_MLA_HEADS else None
             if peer is not None:
                 impls["flash_mla_with_kvcache"] = peer
-            host = host_us(impls, calls=args.calls, repeats=args.repeats)
+            host, wall = host_us(impls, calls=args.calls, repeats=args.repeats)
             plan = build_plan(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=HOST_TOPK, sinks=True),
                               platform, num_tokens=T)
             gpu = {"sparse_mla_decode": round(timer.time_us(impls["sparse_mla_decode"]), 2)}
             if peer is not None:
                 gpu["flash_mla_with_kvcache"] = round(timer.time_us(peer), 2)
-            print(f"h{H} t{T}: host {host} gpu {gpu}", file=sys.stderr, flush=True)
+            print(f"h{H} t{T}: host {host} wall {wall} gpu {gpu}", file=sys.stderr, flush=True)
             cases.append(dict(name=f"bf16-h{H}-t{T}-topk{HOST_TOPK}-sinks", num_heads=H, num_tokens=T, topk=HOST_TOPK,
                               kernel=plan.launch.kernel, num_kv_splits=plan.launch.num_kv_splits,
-                              host_us=host, gpu_us=gpu))
+                              host_us=host, wall_us=wall, gpu_us=gpu))
     return dict(machine=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
                 platform=str(platform), calls=args.calls, repeats=args.repeats,
                 method=__doc__.split("Method: ")[1].split("\n\n")[0].replace("\n", " "), cases=cases)
@@ -159,11 +166,12 @@ def print_host_table(report: dict) -> None:
     print(f"{'case':<34}{'kernel':>10}{'splits':>7}" + "".join(f"{short.get(i, i):>11}" for i in impls)
           + f"{'GPU us':>9}{'FlashMLA GPU':>14}")
     for c in report["cases"]:
-        cells = "".join(f"{c['host_us'].get(i, float('nan')):>11.1f}" for i in impls)
+        cells = "".join(f"{c['host_us'].get(i, float('nan')):>5.1f}/{c['wall_us'].get(i, float('nan')):<5.1f}"
+                        for i in impls)
         print(f"{c['name']:<34}{c['kernel']:>10}{c['num_kv_splits']:>7}{cells}{c['gpu_us']['sparse_mla_decode']:>9.1f}"
               f"{c['gpu_us'].get('flash_mla_with_kvcache', float('nan')):>14.1f}")
-    print("host us per eager call (back-to-back, one synchronize at the end, median of repeats); "
-          "GPU us: CUDA-graph replay, L2 flushed")
+    print("host/wall us per eager call (back-to-back calls, one synchronize at the end, median of repeats: host "
+          "until the last call returns, wall until the synchronize); GPU us: CUDA-graph replay, L2 flushed")
 
 
 def cmd_host_bench(args: argparse.Namespace) -> int:
