@@ -13,10 +13,11 @@ from mla_sink.core.records import CallSpec, Platform
 from mla_sink.core.validate import check_inputs, check_return_lse
 
 
-def spec_of(x: DecodeInputs, *, need_lse: bool) -> CallSpec:
+def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> CallSpec:
     """The :class:`CallSpec` of tensors already checked by :func:`mla_sink.core.validate.check_inputs`."""
     return CallSpec(q_dtype=dtype_key(x.q.dtype), kv_dtype=dtype_key(x.kv_cache.dtype), num_heads=x.q.shape[1],
-                    topk=x.indices.shape[1], sinks=x.sinks is not None, need_lse=need_lse, logit_cap=x.logit_cap)
+                    topk=x.indices.shape[1], sinks=x.sinks is not None, dcp_world_size=dcp_world_size,
+                    need_lse=need_lse, logit_cap=x.logit_cap)
 
 
 def describe(
@@ -45,14 +46,6 @@ def describe(
     """
     check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False)  # describe precedes a launch
     check_return_lse(return_lse)
-    spec = CallSpec(
-        q_dtype=dtype_key(q.dtype),
-        kv_dtype=dtype_key(kv_cache.dtype),
-        num_heads=q.shape[1],
-        topk=indices.shape[1],
-        sinks=sinks is not None,
-        dcp_world_size=dcp_world_size,
-        need_lse=return_lse,
-        logit_cap=logit_cap,
-    )
+    spec = spec_of(DecodeInputs(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap), need_lse=return_lse,
+                   dcp_world_size=dcp_world_size)
     return spec, platform if platform is not None else detect_platform(q.device)

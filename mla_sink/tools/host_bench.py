@@ -107,7 +107,6 @@ def run_host_bench(args: argparse.Namespace) -> dict:
         ValueError: ``--calls`` or ``--repeats`` < 1. RuntimeError: no CUDA GPU.
     """
     from mla_sink import SparseMLADecode, sparse_mla_decode
-    from mla_sink.api import execute  # noqa: F401  (registers the operators)
     from mla_sink.core.plan import build_plan
     from mla_sink.core.platform import detect_platform
     from mla_sink.core.records import CallSpec

@@ -261,17 +261,18 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     combine_grid = (-(-H // cbh), T, D_V // cbd)
     cap_arg = float(cap) if cap > 0 else 1.0  # unused by the kernel without HAS_CAP
     if interp:
-        return functools.partial(_run_interpreted, constexprs=constexprs, static=static, grid=grid,
-                                 combine=(combine_constexprs, combine_static, combine_grid) if split else None,
-                                 out_dtype=out_dtype, stage_fp32=stage_fp32, splits=splits, cap_arg=cap_arg)
-    dtypes = tuple(None if t is None else t.dtype
-                   for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.q_scale, x.kv_scale, x.out))
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    decode = _compiled("portable", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()), _PORTABLE_DYNAMIC,
-                       tuple(static.items()))
-    combine = _compiled("combine", index, dtypes, combine_grid, tuple(combine_constexprs.items()),
-                        (("num_warps", 4), ("num_stages", 1)), _COMBINE_DYNAMIC,
-                        tuple(combine_static.items())) if split else None
+        decode = InterpretedLaunch("portable", grid, constexprs, _PORTABLE_DYNAMIC, static)
+        combine = InterpretedLaunch("combine", combine_grid, combine_constexprs, _COMBINE_DYNAMIC,
+                                    combine_static) if split else None
+    else:
+        dtypes = tuple(None if t is None else t.dtype
+                       for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.q_scale, x.kv_scale, x.out))
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        decode = _compiled("portable", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
+                           _PORTABLE_DYNAMIC, tuple(static.items()))
+        combine = _compiled("combine", index, dtypes, combine_grid, tuple(combine_constexprs.items()),
+                            (("num_warps", 4), ("num_stages", 1)), _COMBINE_DYNAMIC,
+                            tuple(combine_static.items())) if split else None
     # fnuz is decoded from its bits inside the kernel (Triton has no fnuz type on NVIDIA or in numpy)
     q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
 
@@ -283,6 +284,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         if topk_length is not None and topk_length.stride(0) != 1:
             topk_length = topk_length.contiguous()  # the kernel reads TOPK_LEN + t
         out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
+        out_k = torch.empty((T, H, D_V), dtype=torch.float32, device=q.device) if stage_fp32 else out
         if lse is None:
             lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
         if split:
@@ -292,52 +294,30 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
             part_out = part_lse = lse
         sinks = x.sinks if x.sinks is not None else lse
         align = alignment_key(q, x.kv_cache, indices, x.sinks, topk_length, x.q_scale, x.kv_scale, x.out)
-        decode(align, q.view(torch.uint8) if q_bits else q, kv_cache, indices, sinks, topk_length if topk_length is not None else lse,
-               x.q_scale if q_fp8 else lse, x.kv_scale if kv_fp8 else lse, out, lse, part_out, part_lse,
-               x.sm_scale, cap_arg)
+        decode(align, q.view(torch.uint8) if q_bits else q, kv_cache, indices, sinks,
+               topk_length if topk_length is not None else lse, x.q_scale if q_fp8 else lse,
+               x.kv_scale if kv_fp8 else lse, out_k, lse, part_out, part_lse, x.sm_scale, cap_arg)
         if split:
-            combine(align, part_out, part_lse, sinks, out, lse)
+            combine(align, part_out, part_lse, sinks, out_k, lse)
+        if out_k is not out:
+            out.copy_(out_k)
         return out, lse
 
     return run
 
 
-def _run_interpreted(x: DecodeInputs, lse: Optional[torch.Tensor] = None, *, constexprs, static, grid, combine,
-                     out_dtype, stage_fp32, splits, cap_arg) -> Result:
-    """The portable kernel (and the combine) on CPU tensors through Triton's interpreter."""
-    from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
+class InterpretedLaunch:
+    """One kernel on one grid through Triton's CPU interpreter, called like :class:`CompiledLaunch`
+    (``align`` is ignored: the interpreter does not specialise)."""
 
-    T, H, _ = x.q.shape
-    out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype)
-    out_k = torch.empty((T, H, D_V), dtype=torch.float32) if stage_fp32 else out
-    if lse is None:
-        lse = torch.empty((T, H), dtype=torch.float32)
-    static = dict(static, stride_lt=lse.stride(0), stride_lh=lse.stride(1))
-    split = splits > 1
-    part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32) if split else lse
-    part_lse = torch.empty((T, splits, H), dtype=torch.float32) if split else lse
-    q = x.q if x.q.stride(-1) == 1 else x.q.contiguous()
-    q_k = q.view(torch.uint8) if constexprs["Q_FNUZ"] else q  # numpy has no fnuz: the kernel decodes the bits
-    kv_k = x.kv_cache.view(torch.uint8) if constexprs["KV_FNUZ"] else x.kv_cache
-    indices = x.indices if x.indices.stride(-1) == 1 else x.indices.contiguous()
-    topk_length = x.topk_length.contiguous() if x.topk_length is not None else lse
-    sinks = x.sinks if x.sinks is not None else lse
-    static = dict(static, stride_ot=out_k.stride(0), stride_oh=out_k.stride(1))
-    with interpreter_stdlib():
-        interpreted("portable")[grid](
-            q_k, kv_k, indices, sinks, topk_length,
-            x.q_scale if constexprs["Q_FP8"] else lse, x.kv_scale if constexprs["KV_FP8"] else lse,
-            out_k, lse, part_out, part_lse,
-            float(x.sm_scale), cap_arg,
-            **static, **constexprs, num_warps=4, num_stages=1,
-        )
-        if combine is not None:
-            cx, cs, cgrid = combine
-            cs = dict(cs, stride_ot=out_k.stride(0), stride_oh=out_k.stride(1))
-            interpreted("combine")[cgrid](part_out, part_lse, sinks, out_k, lse, **cs, **cx, num_warps=4, num_stages=1)
-    if out_k is not out:
-        out.copy_(out_k)
-    return out, lse
+    def __init__(self, name: str, grid: tuple, constexprs: dict, dynamic: tuple, static: dict):
+        self.name, self.grid, self.constexprs, self.dynamic, self.static = name, grid, constexprs, dynamic, static
+
+    def __call__(self, align: Any, *args: Any) -> None:
+        from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
+
+        with interpreter_stdlib():
+            interpreted(self.name)[self.grid](**dict(zip(self.dynamic, args)), **self.static, **self.constexprs)
 
 
 def _gluon_runner(plan, launch, out_dtype: torch.dtype, device: torch.device):
