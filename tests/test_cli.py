@@ -152,7 +152,7 @@ def test_matrix_json(capsys):
     assert doc["cpu-noaiter-notriton"]["bf16/bf16"]["h16"] == "reference"
 
 
-@pytest.mark.parametrize("tokens,splits,kernel", [("256", 1, "gluon_ws"), ("2", 16, "portable")])
+@pytest.mark.parametrize("tokens,splits,kernel", [("256", 1, "gluon_seesaw"), ("2", 16, "gluon_seesaw")])
 def test_explain_triton_launch(tokens, splits, kernel, capsys):
     """On the triton path, explain names the tuning row, the split count and the kernel variant."""
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--sinks", "--tokens", tokens,
@@ -167,7 +167,7 @@ def test_explain_triton_launch(tokens, splits, kernel, capsys):
 
 
 @pytest.mark.parametrize("argv,row,kernel_file", [
-    (["--heads", "128", "--tokens", "256"], "sm90_default", "kernel gluon_ws (mla_sink/kernels/gluon/gluon_ws.py)"),
+    (["--heads", "128", "--tokens", "256"], "sm90_default", "kernel gluon_seesaw (mla_sink/kernels/gluon/gluon_seesaw.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "256"], "sm90_fp8_h16",
      "kernel gluon_fp8 (mla_sink/kernels/gluon/gluon_fp8.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "2"], "sm90_fp8_h16",
@@ -244,4 +244,4 @@ def test_explain_json_leaves_the_kernel_open_without_an_sm_count(capsys):
     assert code == 0 and launch["num_kv_splits"] is None and launch["kernel"] is None
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json", "--sms", "132", "--tokens", "256")
     launch = json.loads(out)["launch"]
-    assert (launch["kernel"], launch["kernel_file"]) == ("gluon_ws", "mla_sink/kernels/gluon/gluon_ws.py")
+    assert (launch["kernel"], launch["kernel_file"]) == ("gluon_seesaw", "mla_sink/kernels/gluon/gluon_seesaw.py")

@@ -60,9 +60,9 @@ def test_the_plan_record_is_complete_and_cached():
     plan = build_plan(spec, sm90, num_tokens=256)
     assert plan is build_plan(spec, sm90, num_tokens=256)
     assert plan.path == "triton" and plan.num_tokens == 256
-    assert plan.launch.kernel == "gluon_ws" and plan.launch.num_kv_splits == 1
+    assert plan.launch.kernel == "gluon_seesaw" and plan.launch.num_kv_splits == 1
     small = build_plan(spec, sm90, num_tokens=2)
-    assert small.launch.kernel == "portable" and small.launch.num_kv_splits > 1
+    assert small.launch.kernel == "gluon_seesaw" and small.launch.num_kv_splits > 1
     open_ = build_plan(spec, Platform("sm90"), num_tokens=2)  # SM count unknown: splits left open
     assert open_.launch.num_kv_splits is None
 
@@ -72,11 +72,11 @@ def test_a_gluon_compile_failure_is_planning_data(monkeypatch):
     sm90 = Platform("sm90", num_sms=132)
     monkeypatch.setattr(plan_mod, "_FAILED_KERNELS", {})
     plan_mod._build_plan_cached.cache_clear()
-    assert build_plan(spec, sm90, num_tokens=256).launch.kernel == "gluon_ws"
-    plan_mod.mark_kernel_failed("gluon_ws", "CompilationError: no such op")
+    assert build_plan(spec, sm90, num_tokens=256).launch.kernel == "gluon_seesaw"
+    plan_mod.mark_kernel_failed("gluon_seesaw", "CompilationError: no such op")
     after = build_plan(spec, sm90, num_tokens=256)
     assert after.launch.kernel == "portable"
-    assert "gluon_ws" in after.launch.fallback and "no such op" in after.launch.fallback
+    assert "gluon_seesaw" in after.launch.fallback and "no such op" in after.launch.fallback
     plan_mod._build_plan_cached.cache_clear()
 
 

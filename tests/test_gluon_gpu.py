@@ -1,4 +1,5 @@
-"""The warp-specialised sm90 kernel (mla_sink/kernels/gluon_decode.py) against the float64 reference.
+"""The seesaw sm90 kernel (mla_sink/kernels/gluon/gluon_seesaw.py), unsplit and split with the combine,
+against the float64 reference.
 
 Same precision budget as tests/test_triton_gpu.py (bf16: elementwise ``1e-3 or 2/128``, cosine
 difference < 1e-5; fp16 ``5e-4 or 2/1024``, < 1e-6; LSE ``1e-5 or 1e-5``). Adversarial inputs: ids
@@ -37,10 +38,16 @@ test_triton_gpu.BUDGET.setdefault("bf16_few_ids", (8e-3, 2 / 128, 1e-4))
 D_QK, D_V = 576, 512
 
 
-def gluon():
-    from mla_sink.kernels.gluon.gluon_ws import sparse_mla_decode_gluon
+SPLITS = [1, 2, 16]  # unsplit; two ranges; more ranges than some rows have blocks (empty ranges)
 
-    return sparse_mla_decode_gluon
+
+def gluon(num_kv_splits=1):
+    from mla_sink.kernels.gluon.gluon_seesaw import sparse_mla_decode_seesaw
+
+    def run(*args, **kwargs):
+        return sparse_mla_decode_seesaw(*args, num_kv_splits=num_kv_splits, **kwargs)
+
+    return run
 
 
 def adversarial_ids(T, topk, N, g):
@@ -55,10 +62,11 @@ def adversarial_ids(T, topk, N, g):
     return idx
 
 
+@pytest.mark.parametrize("splits", SPLITS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("H,T,topk", [(128, 3, 2048), (64, 2, 1000), (100, 2, 37), (1, 1, 64), (128, 2, 0),
-                                      (65, 4, 130)])
-def test_adversarial(H, T, topk, dtype):
+                                      (65, 4, 130), (64, 2, 192)])
+def test_adversarial(H, T, topk, dtype, splits):
     g = torch.Generator(device="cuda").manual_seed(H * 31 + T * 7 + topk)
     N = 4099
     kv = torch.randn(N, D_QK, device="cuda", generator=g).to(dtype)
@@ -72,7 +80,7 @@ def test_adversarial(H, T, topk, dtype):
     if key == "bf16" and topk < 256:
         key = "bf16_few_ids"
     for s in (sinks, None):
-        o, l = gluon()(q, kv, idx, s)
+        o, l = gluon(splits)(q, kv, idx, s)
         ro, rl = sparse_mla_decode_reference(q, kv, idx, s)
         assert not torch.isnan(o).any() and not torch.isnan(l).any()
         if topk == 0:  # every row empty: exactly 0 and -inf (no cosine of a zero vector)
@@ -81,7 +89,8 @@ def test_adversarial(H, T, topk, dtype):
         check_budget(o, l, ro, rl, key)
 
 
-def test_empty_rows_topk_length_and_strided_q():
+@pytest.mark.parametrize("splits", SPLITS)
+def test_empty_rows_topk_length_and_strided_q(splits):
     g = torch.Generator(device="cuda").manual_seed(5)
     N = 5000
     kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
@@ -91,7 +100,7 @@ def test_empty_rows_topk_length_and_strided_q():
     idx[1] = -1  # no valid id
     topk_length = torch.tensor([300, 5, 0, 129], device="cuda", dtype=torch.int32)
     sinks = torch.randn(128, device="cuda", generator=g)
-    o, l = gluon()(q, kv, idx, sinks, topk_length=topk_length)
+    o, l = gluon(splits)(q, kv, idx, sinks, topk_length=topk_length)
     ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, topk_length=topk_length)
     assert (o[1] == 0).all() and torch.isneginf(l[1]).all() and (o[2] == 0).all()
     check_budget(o, l, ro, rl, "bf16")
@@ -106,7 +115,7 @@ def test_sink_changes_result_and_big_pool():
     launch = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype="bf16", num_heads=H, num_tokens=T, topk=2048,
                                 logit_cap=0.0, gluon=gluon_available(),
                                 num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
-    assert launch.kernel == "gluon_ws"
+    assert launch.kernel == "gluon_seesaw"
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(rows - (1 << 20), rows, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
     sinks = torch.randn(H, device="cuda", generator=g) + 8.0
@@ -117,9 +126,10 @@ def test_sink_changes_result_and_big_pool():
     check_budget(o, l, ro, rl, "bf16")
 
 
-def test_cuda_graph_replay_new_inputs():
+@pytest.mark.parametrize("T", [192, 2])  # unsplit; split with the combine
+def test_cuda_graph_replay_new_inputs(T):
     g = torch.Generator(device="cuda").manual_seed(11)
-    N, T, H = 20000, 192, 128
+    N, H = 20000, 128
     kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(0, N, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
@@ -142,6 +152,41 @@ def test_cuda_graph_replay_new_inputs():
         check_budget(out, lse, ro, rl, "bf16")
 
 
+def test_public_call_small_batch_splits():
+    """T=2 at 128 heads through the public function: the seesaw kernel split over the SMs, then the combine."""
+    from mla_sink import sparse_mla_decode
+    from mla_sink.paths.triton.launch import triton_plan_for
+
+    g = torch.Generator(device="cuda").manual_seed(17)
+    N, T, H = 30000, 2, 128
+    kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = adversarial_ids(T, 2048, N, g)
+    sinks = torch.randn(H, device="cuda", generator=g)
+    launch = triton_plan_for(q, kv, idx, sinks=sinks).launch
+    assert launch.kernel == "gluon_seesaw" and launch.num_kv_splits > 1
+    o, l = sparse_mla_decode(q, kv, idx, sinks, return_lse=True)
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks)
+    check_budget(o, l, ro, rl, "bf16")
+
+
+def test_unaligned_rows_run_the_portable_kernel():
+    """A KV row stride that is not a multiple of 16 elements cannot feed 16-byte cp.async: the call runs the
+    portable kernel (correctly), and no compile failure is recorded."""
+    from mla_sink.core.plan import failed_kernels
+    from mla_sink import sparse_mla_decode
+
+    g = torch.Generator(device="cuda").manual_seed(19)
+    N, T, H = 3000, 64, 64
+    kv = torch.randn(N, D_QK + 4, device="cuda", generator=g).to(torch.bfloat16)[:, :D_QK]
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = adversarial_ids(T, 512, N, g)
+    o, l = sparse_mla_decode(q, kv, idx, return_lse=True)
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, None)
+    check_budget(o, l, ro, rl, "bf16")
+    assert "gluon_seesaw" not in failed_kernels()
+
+
 @pytest.fixture
 def fresh_plans(monkeypatch):
     """Plans and prepared calls made without any recorded compile failure, and none left behind."""
@@ -160,12 +205,14 @@ def test_compile_failure_falls_back_to_portable(monkeypatch, fresh_plans):
     from triton.runtime.errors import OutOfResources
 
     from mla_sink import sparse_mla_decode
-    from mla_sink.kernels.gluon import gluon_ws as gluon_decode
+    from mla_sink.paths.triton import launch as launch_mod
 
     def broken(*a, **k):
         raise OutOfResources(300000, 232448, "shared memory")  # what a Triton without room for it raises
 
-    monkeypatch.setattr(gluon_decode, "sparse_mla_decode_gluon", broken)
+    compiled = launch_mod._compiled
+    monkeypatch.setattr(launch_mod, "_compiled",
+                        lambda kernel, *a: broken if kernel == "gluon_seesaw" else compiled(kernel, *a))
     g = torch.Generator(device="cuda").manual_seed(13)
     N, T, H = 5000, 256, 64
     kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
@@ -183,7 +230,7 @@ def test_compile_failure_falls_back_to_portable(monkeypatch, fresh_plans):
 
     plan = build_plan(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=2048, need_lse=True),
                       detect_platform(q.device), num_tokens=T)
-    assert plan.launch.kernel == "portable" and "gluon_ws" in plan.launch.fallback
+    assert plan.launch.kernel == "portable" and "gluon_seesaw" in plan.launch.fallback
     assert "shared memory" in plan.launch.fallback
     ro, rl = sparse_mla_decode_reference(q, kv, idx, None)
     check_budget(o, l, ro, rl, "bf16")

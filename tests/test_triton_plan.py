@@ -53,10 +53,12 @@ def _old_splits(cfg, T, H, topk, sms, requested=None):
 
 def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, gluon, block_h):
     """The tuning row's ``kernel`` param, then kernel_for, as they were."""
-    kernel = {"sm90_default": "gluon_ws", "sm90_fp8_h16": "gluon_fp8"}.get(row, "portable")
-    if kernel == "portable" or not (gluon and arch != "cpu" and splits == 1 and not logit_cap > 0):
+    kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8"}.get(row, "portable")
+    if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
-    if kernel == "gluon_ws":
+    if kernel == "gluon_fp8" and splits != 1:  # gluon_fp8 has no split-KV stage; gluon_seesaw has
+        return "portable"
+    if kernel == "gluon_seesaw":
         ok = q_dtype == kv_dtype and q_dtype in ("bf16", "fp16") and block_h == 64
     else:
         ok = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and num_heads <= 16
@@ -97,21 +99,24 @@ def test_gluon_never_on_cpu_capped_without_gluon_or_fnuz(field, value):
         assert plan(**kw).kernel == "portable", kw
 
 
-def test_gluon_never_split():
+def test_only_the_seesaw_kernel_splits():
     for q, kv, H, T, sms in itertools.product(DTYPES, DTYPES, HEADS, TOKENS, SMS):
         got = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms)
         if got.num_kv_splits > 1:
-            assert got.kernel == "portable"
+            assert got.kernel in ("portable", "gluon_seesaw")
         forced = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms, num_kv_splits=2)
-        assert forced.kernel == "portable" or forced.num_kv_splits == 1  # topk < 2 blocks: one split anyway
+        # topk < 2 blocks: one split anyway
+        assert forced.kernel in ("portable", "gluon_seesaw") or forced.num_kv_splits == 1
 
 
 def test_where_the_gluon_kernels_serve():
     ws = plan()
-    assert (ws.kernel, ws.kernel_row, ws.tuning_row, ws.num_kv_splits) == ("gluon_ws", "sm90_bf16_gluon_ws",
+    assert (ws.kernel, ws.kernel_row, ws.tuning_row, ws.num_kv_splits) == ("gluon_seesaw", "sm90_bf16_gluon_seesaw",
                                                                            "sm90_default", 1)
-    assert "496 us" in ws.kernel_why and ws.block_h == 64 and ws.fallback is None
-    assert plan(q_dtype="fp16", kv_dtype="fp16", num_heads=33).kernel == "gluon_ws"
+    assert "seesaw" in ws.kernel_why and ws.block_h == 64 and ws.fallback is None
+    assert plan(q_dtype="fp16", kv_dtype="fp16", num_heads=33).kernel == "gluon_seesaw"
+    small = plan(num_tokens=2)  # split: the seesaw kernel and the combine
+    assert small.kernel == "gluon_seesaw" and small.num_kv_splits > 1
     assert plan(num_heads=32).kernel == "portable"  # 32-head block: the portable row's
     assert plan(q_dtype="bf16", kv_dtype="fp16").kernel == "portable"  # q and KV of one dtype
     f8 = plan(kv_dtype="fp8_e4m3", num_heads=16)
@@ -124,13 +129,14 @@ def test_where_the_gluon_kernels_serve():
 
 
 def test_rejected_kernels_say_why():
-    split = plan(num_tokens=2)  # 2 programs on 132 SMs: split
+    split = plan(num_tokens=2, q_dtype="bf16", kv_dtype="fp16")  # 2 programs on 132 SMs: split
     assert split.kernel == "portable" and split.num_kv_splits > 1
-    # the Gluon paths' shared requirement fails: one entry names both paths and their rows, said once
-    (label, why), = split.rejected_kernels
-    assert label == "gluon_fp8 (row sm90_fp8_gluon), gluon_ws (rows sm90_bf16_gluon_ws, sm90_fp16_gluon_ws)"
-    assert why == (f"num_kv_splits={split.num_kv_splits}, needs 1 (no split-KV stage - a grid that does not fill "
-                   "the GPU is split and runs the portable kernel and the combine)")
+    # the unsplit Gluon paths' shared requirement fails: one entry names that path and its row, said once
+    rejected = dict(split.rejected_kernels)
+    assert rejected["gluon_fp8 (row sm90_fp8_gluon)"] == (
+        f"num_kv_splits={split.num_kv_splits}, needs 1 (no split-KV stage - a grid that does not fill "
+        "the GPU is split and runs the portable kernel and the combine)")
+    assert "q_dtype=bf16, needs fp16" in rejected["sm90_fp16_gluon_seesaw"]
     unsplit = dict(plan(num_tokens=256).rejected_kernels)  # requirements hold: each row says its own mismatch
     assert set(unsplit) == {"sm90_fp8_gluon"} and "kv_dtype=bf16, needs fp8_e4m3" in unsplit["sm90_fp8_gluon"]
     assert plan(kv_dtype="fp8_e4m3", num_heads=16).rejected_kernels == ()  # the first row is the winner
@@ -139,15 +145,16 @@ def test_rejected_kernels_say_why():
 
 
 def test_failed_kernel_falls_back_to_portable():
-    got = plan(failed={"gluon_ws": "RuntimeError('no warp_specialize here')"})
+    got = plan(failed={"gluon_seesaw": "RuntimeError('no warp_specialize here')"})
     assert got.kernel == "portable" and got.kernel_row == got.tuning_row == "sm90_default"
-    assert got.fallback == ("gluon_ws (row sm90_bf16_gluon_ws) failed to compile here: "
+    assert got.fallback == ("gluon_seesaw (row sm90_bf16_gluon_seesaw) failed to compile here: "
                             "RuntimeError('no warp_specialize here')")
     assert attrs.evolve(got, fallback=None) == attrs.evolve(plan(), kernel="portable", kernel_row="sm90_default",
                                                             kernel_why=got.why)
     other = plan(failed={"gluon_fp8": "boom"})  # another kernel's failure changes nothing here
-    assert other.kernel == "gluon_ws" and other.fallback is None
-    assert plan(num_tokens=2, failed={"gluon_ws": "boom"}).fallback is None  # portable anyway (split)
+    assert other.kernel == "gluon_seesaw" and other.fallback is None
+    assert plan(num_tokens=2, kv_dtype="fp8_e4m3", num_heads=16,
+                failed={"gluon_fp8": "boom"}).fallback is None  # portable anyway (split)
 
 
 def test_unknown_sm_count_leaves_splits_and_kernel_open():
@@ -157,7 +164,7 @@ def test_unknown_sm_count_leaves_splits_and_kernel_open():
     assert any(label.startswith("gluon_fp8") and why.startswith("num_kv_splits=None, needs 1")
                for label, why in got.rejected_kernels)
     forced = plan(num_sms=None, num_kv_splits=1)  # a forced count needs no SM count
-    assert (forced.num_kv_splits, forced.kernel) == (1, "gluon_ws")
+    assert (forced.num_kv_splits, forced.kernel) == (1, "gluon_seesaw")
 
 
 def test_launch_record_fields():
@@ -195,14 +202,14 @@ def test_tuning_table_is_proven_at_load():
 
 def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tmp_path):
     text = _shipped_text()
-    start = text.index("  - id: sm90_bf16_gluon_ws")
-    end = text.index("  - id: sm90_fp16_gluon_ws")
+    start = text.index("  - id: sm90_bf16_gluon_seesaw")
+    end = text.index("  - id: sm90_fp16_gluon_seesaw")
     path = tmp_path / "triton_tuning.yaml"
     monkeypatch.setattr(P, "table_path", lambda name: path)
     try:
         path.write_text(text[:start] + text[end:] + text[start:end])  # after the row it overrides: never wins
         P.tuning_table.cache_clear()
-        with pytest.raises(dispatch.TableCheckError, match="sm90_bf16_gluon_ws.*shadowed"):
+        with pytest.raises(dispatch.TableCheckError, match="sm90_bf16_gluon_seesaw.*shadowed"):
             P.tuning_table()
         path.write_text(text[:text.index("  - id: any_gpu_fallback")])  # unknown GPUs get no row
         P.tuning_table.cache_clear()
@@ -215,7 +222,7 @@ def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tm
 @pytest.mark.parametrize("edit,message", [
     (("    when: {arch: sm90, num_heads: {le: 16}}\n",
       "    when: {arch: sm90, num_heads: {le: 16}, num_kv_splits: 1}\n"), "must not test num_kv_splits"),
-    (("    requires: *gluon\n", "    requires: {arch: sm90}\n"), "must need a split count"),
+    (("      num_kv_splits: {eq: 1, because", "      num_heads: {ge: 1, because"), "must need a split count"),
     (("combine_block_d: 512, fp8_f16: true}", "combine_block_d: 512}"), "missing \\['fp8_f16'\\]"),
     (("    path: gluon_fp8\n", "    path: gluon_fp8\n    params: {BLOCK_H: 16}\n"), "takes no params"),
 ])

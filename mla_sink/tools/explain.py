@@ -14,6 +14,7 @@ import attrs
 #: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
 KERNEL_FILES = {
     "portable": "mla_sink/kernels/triton/portable.py",
+    "gluon_seesaw": "mla_sink/kernels/gluon/gluon_seesaw.py",
     "gluon_ws": "mla_sink/kernels/gluon/gluon_ws.py",
     "gluon_fp8": "mla_sink/kernels/gluon/gluon_fp8.py",
 }

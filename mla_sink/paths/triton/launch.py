@@ -8,8 +8,10 @@ kernel is launched directly (:class:`CompiledLaunch`): Triton's launcher binds a
 argument on every call, which costs more host time than the kernel takes at small T.
 
 Kernels: ``portable`` (:mod:`mla_sink.kernels.triton.portable`) with the split-KV ``combine``
-(:mod:`mla_sink.kernels.triton.combine`), and on sm90 the warp-specialised ``gluon_ws`` and
-``gluon_fp8`` (:mod:`mla_sink.kernels.gluon`). A Gluon kernel that fails to COMPILE here (another
+(:mod:`mla_sink.kernels.triton.combine`), and on sm90 the warp-specialised ``gluon_seesaw`` (with the
+same combine when split), ``gluon_ws`` and ``gluon_fp8`` (:mod:`mla_sink.kernels.gluon`). The Gluon
+kernels gather with 16-byte ``cp.async``: a call whose q / KV / ids are not 16-byte aligned (pointers,
+row strides) runs the portable kernel instead. A Gluon kernel that fails to COMPILE here (another
 Triton release) is recorded (:func:`mla_sink.core.plan.mark_kernel_failed`): the call and every later
 plan use the portable kernel, and the plan says why. Any other error propagates.
 
@@ -25,6 +27,7 @@ import functools
 import os
 from typing import Any, Callable, Optional
 
+import attrs
 import torch
 
 from mla_sink.core.dtypes import DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, out_dtype_for
@@ -172,13 +175,20 @@ def _compiled(kernel: str, device_index: int, dtypes: tuple, grid: tuple, conste
     from mla_sink.kernels.triton.combine import combine_jit
     from mla_sink.kernels.triton.portable import portable_jit
 
-    jit_fn = {"portable": portable_jit, "combine": combine_jit}[kernel]
+    if kernel == "gluon_seesaw":
+        from mla_sink.kernels.gluon.gluon_seesaw import sparse_mla_decode_seesaw_kernel as jit_fn
+    else:
+        jit_fn = {"portable": portable_jit, "combine": combine_jit}[kernel]
     return CompiledLaunch(jit_fn, grid, dict(constexprs), dict(options), dynamic, dict(static), device_index)
 
 
 _PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE", "OUT", "LSE", "PART_OUT",
                      "PART_LSE", "sm_scale", "logit_cap")
 _COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
+_SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "sm_scale")
+#: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
+#: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements.
+_STRIDE_ALIGN = 16
 
 
 def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Result]:
@@ -206,6 +216,8 @@ def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Resul
     device = x.q.device
     if T == 0:
         return lambda x, lse=None: _outputs(x, (0, H), out_dtype, device, lse)
+    if launch.kernel == "gluon_seesaw":
+        return _seesaw_runner(plan, launch, x, out_dtype, device)
     if launch.kernel != "portable":
         return _gluon_runner(plan, launch, out_dtype, device)
     return _portable_runner(plan, launch, x, out_dtype, device)
@@ -250,29 +262,18 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         stride_pt=splits * H * D_V if split else 0, stride_ps=H * D_V if split else 0,
         stride_ph=D_V if split else 0, stride_plt=splits * H if split else 0, stride_pls=H if split else 0,
     )
-    cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
-    cbd = min(launch.combine_block_d, D_V)
-    combine_constexprs = dict(BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
-                              HAS_SINKS=has_sinks)
-    combine_static = dict(num_heads=H, num_splits=splits, stride_pt=splits * H * D_V, stride_ps=H * D_V,
-                          stride_ph=D_V, stride_plt=splits * H, stride_pls=H, stride_ot=out_strides[0],
-                          stride_oh=out_strides[1], stride_lt=H, stride_lh=1)
     grid = (num_hb, splits, T)
-    combine_grid = (-(-H // cbh), T, D_V // cbd)
     cap_arg = float(cap) if cap > 0 else 1.0  # unused by the kernel without HAS_CAP
     if interp:
         decode = InterpretedLaunch("portable", grid, constexprs, _PORTABLE_DYNAMIC, static)
-        combine = InterpretedLaunch("combine", combine_grid, combine_constexprs, _COMBINE_DYNAMIC,
-                                    combine_static) if split else None
+        combine = _interpreted_combine(launch, x, splits, out_strides) if split else None
     else:
         dtypes = tuple(None if t is None else t.dtype
                        for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.q_scale, x.kv_scale, x.out))
         index = device.index if device.index is not None else torch.cuda.current_device()
         decode = _compiled("portable", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
                            _PORTABLE_DYNAMIC, tuple(static.items()))
-        combine = _compiled("combine", index, dtypes, combine_grid, tuple(combine_constexprs.items()),
-                            (("num_warps", 4), ("num_stages", 1)), _COMBINE_DYNAMIC,
-                            tuple(combine_static.items())) if split else None
+        combine = _combine_launch(launch, x, index, dtypes, splits, out_strides) if split else None
     # fnuz is decoded from its bits inside the kernel (Triton has no fnuz type on NVIDIA or in numpy)
     q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
 
@@ -318,6 +319,101 @@ class InterpretedLaunch:
 
         with interpreter_stdlib():
             interpreted(self.name)[self.grid](**dict(zip(self.dynamic, args)), **self.static, **self.constexprs)
+
+
+def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple) -> tuple:
+    """``(grid, constexprs, static)`` of the split-KV combine of a launch (fp32 partials
+    ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``)."""
+    T, H, _ = x.q.shape
+    cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
+    cbd = min(launch.combine_block_d, D_V)
+    constexprs = dict(BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
+                      HAS_SINKS=x.sinks is not None)
+    static = dict(num_heads=H, num_splits=splits, stride_pt=splits * H * D_V, stride_ps=H * D_V, stride_ph=D_V,
+                  stride_plt=splits * H, stride_pls=H, stride_ot=out_strides[0], stride_oh=out_strides[1],
+                  stride_lt=H, stride_lh=1)
+    return (-(-H // cbh), T, D_V // cbd), constexprs, static
+
+
+def _combine_launch(launch, x: DecodeInputs, index: int, dtypes: tuple, splits: int, out_strides: tuple):
+    """The compiled split-KV combine of a launch on device ``index``."""
+    grid, constexprs, static = _combine_args(launch, x, splits, out_strides)
+    return _compiled("combine", index, dtypes, grid, tuple(constexprs.items()), (("num_warps", 4), ("num_stages", 1)),
+                     _COMBINE_DYNAMIC, tuple(static.items()))
+
+
+def _interpreted_combine(launch, x: DecodeInputs, splits: int, out_strides: tuple):
+    """The split-KV combine of a launch through the CPU interpreter."""
+    grid, constexprs, static = _combine_args(launch, x, splits, out_strides)
+    return InterpretedLaunch("combine", grid, constexprs, _COMBINE_DYNAMIC, static)
+
+
+def _gather_aligned(x: DecodeInputs) -> bool:
+    """Whether the strides the Gluon kernels gather with are multiples of 16 elements (see
+    :data:`_STRIDE_ALIGN`) and every innermost stride is 1; pointer alignment is checked per call."""
+    strides = (x.q.stride(0), x.q.stride(1), x.kv_cache.stride(0), x.indices.stride(0))
+    inner = (x.q.stride(-1), x.kv_cache.stride(-1), x.indices.stride(-1))
+    return all(s % _STRIDE_ALIGN == 0 for s in strides) and all(s == 1 for s in inner)
+
+
+def _portable_instead(plan, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
+    """The portable kernel's runner for a call the planned Gluon kernel cannot gather (its split count:
+    the tuning row's, which the portable kernel shares)."""
+    return _portable_runner(plan, attrs.evolve(plan.launch, kernel="portable"), x, out_dtype, device)
+
+
+def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
+    """A runner for the seesaw kernel (:mod:`mla_sink.kernels.gluon.gluon_seesaw`), with the split-KV
+    combine when split; a compile failure falls back to the portable kernel, as does a call whose
+    tensors are not 16-byte aligned."""
+    if not _gather_aligned(x):
+        return _portable_instead(plan, x, out_dtype, device)
+    from mla_sink.kernels.gluon.gluon_seesaw import seesaw_launch_args
+
+    T, H, _ = x.q.shape
+    splits = launch.num_kv_splits
+    split = splits > 1
+    out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
+    grid, static, constexprs, options = seesaw_launch_args(x.q, x.kv_cache, x.indices, num_kv_splits=splits,
+                                                           ids_per_split=launch.ids_per_split,
+                                                           out_strides=out_strides)
+    constexprs.update(HAS_SINKS=x.sinks is not None, HAS_TOPK_LEN=x.topk_length is not None)
+    dtypes = tuple(None if t is None else t.dtype for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.out))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    decode = _compiled("gluon_seesaw", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
+                       _SEESAW_DYNAMIC, tuple(static.items()))
+    combine = _combine_launch(launch, x, index, dtypes, splits, out_strides) if split else None
+    errors = _compile_errors()
+    unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
+
+    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        topk_length = x.topk_length
+        if topk_length is not None and topk_length.stride(0) != 1:
+            topk_length = topk_length.contiguous()
+        align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out)
+        if align is not True:
+            if not unaligned:
+                unaligned.append(_portable_instead(plan, x, out_dtype, device))
+            return unaligned[0](x, lse)
+        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=x.q.device)
+        if lse is None:
+            lse = torch.empty((T, H), dtype=torch.float32, device=x.q.device)
+        if split:
+            part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32, device=x.q.device)
+            part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=x.q.device)
+        else:
+            part_out = part_lse = lse
+        sinks = x.sinks if x.sinks is not None else lse
+        try:
+            decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
+                   out, lse, part_out, part_lse, x.sm_scale)
+        except errors as e:
+            return _fall_back(plan, "gluon_seesaw", e, x)
+        if split:
+            combine(align, part_out, part_lse, sinks, out, lse)
+        return out, lse
+
+    return run
 
 
 def _gluon_runner(plan, launch, out_dtype: torch.dtype, device: torch.device):

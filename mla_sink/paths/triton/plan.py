@@ -1,14 +1,14 @@
 """The launch plan of the ``triton`` path: which kernel runs a call, with which tiles and KV splits.
 
 Everything that depends on the hardware or the dtypes is a row of ``tables/triton_tuning.yaml``, whose
-paths are the kernels (``portable``, ``gluon_ws``, ``gluon_fp8``). :func:`plan_triton_launch` is the one
+paths are the kernels (``portable``, ``gluon_seesaw``, ``gluon_fp8``). :func:`plan_triton_launch` is the one
 pure function that builds a call's :class:`TritonLaunch`, by two lookups of that table:
 
-1. with ``num_kv_splits = None``: no Gluon row can match (each needs ``num_kv_splits: 1``), so the first
+1. with ``num_kv_splits = None``: no Gluon row can match (each needs a split count), so the first
    ``portable`` row that does gives the tiles and the split policy (:func:`triton_config`);
 2. the split count is computed from the shapes and the SM count (:func:`split_plan`, pure);
 3. with that count: a Gluon row placed before the portable row it overrides names the kernel where its
-   conditions (arch, Gluon dialect, dtypes, head count, unsplit, no soft cap) hold; otherwise the same
+   conditions (arch, Gluon dialect, dtypes, head count, split count, no soft cap) hold; otherwise the same
    portable row wins again (portable rows never test ``num_kv_splits``).
 
 :func:`tuning_table` checks, every time the table loads, that the rule-table checker finds no gap and no
@@ -30,7 +30,7 @@ from mla_sink.core.tables import table_path
 #: kernel that failed to compile falls back to.
 PORTABLE = "portable"
 #: The tuning table's paths: every kernel the Triton launcher can run.
-KERNELS = (PORTABLE, "gluon_ws", "gluon_fp8")
+KERNELS = (PORTABLE, "gluon_seesaw", "gluon_fp8")
 
 #: Smallest head block: ``tl.dot`` needs at least 16 rows (M), so fewer heads are padded to 16 (the
 #: combine kernel's head block takes the same floor).
@@ -98,8 +98,8 @@ class TritonLaunch:
 
     Attributes:
         kernel: the tuning table's path: ``"portable"`` (:mod:`mla_sink.kernels.triton.portable`, plus
-            :mod:`mla_sink.kernels.triton.combine` when split), ``"gluon_ws"``
-            (:mod:`mla_sink.kernels.gluon.gluon_ws`) or ``"gluon_fp8"`` (:mod:`mla_sink.kernels.gluon.gluon_fp8`).
+            :mod:`mla_sink.kernels.triton.combine` when split), ``"gluon_seesaw"`` (:mod:`mla_sink.kernels.gluon.gluon_seesaw`,
+            plus the combine when split) or ``"gluon_fp8"`` (:mod:`mla_sink.kernels.gluon.gluon_fp8`).
         kernel_row, kernel_why: the row that named the kernel (the second lookup's winner; the tuning row
             when the split count is open or a Gluon kernel fell back).
         tuning_row, why, source: the portable row that gave the tiles and the split policy.
@@ -166,7 +166,7 @@ def _check_structure(table) -> None:
                                           "(the tiles come from the portable row)")
             if all(c.holds(None) for c in tests_splits):
                 raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a Gluon row must need a split "
-                                          "count (num_kv_splits: 1), or the first lookup could pick it")
+                                          "count (e.g. num_kv_splits: 1), or the first lookup could pick it")
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,513 @@
+"""Sparse MLA decode for sm90 (Hopper) in Triton's Gluon dialect, on the "seesaw" schedule: two consumer
+warpgroups take alternate blocks of ids, each computes the full 576-wide scores of its own block, and each
+owns one half of the output, to which both warpgroups' weights contribute.
+
+Same semantics as :mod:`mla_sink.kernels.triton.portable` (float64 reference in
+:mod:`mla_sink.core.reference`): sink fused in the epilogue, natural-log sink-free LSE, ``-1`` / negative /
+``>= N`` ids and ids past ``topk_length`` skipped wherever they sit, empty rows give ``out = 0`` and
+``lse = -inf``, unreferenced KV rows never read, 64-bit row offsets. With ``SPLIT`` a program covers one
+range of ids and writes an fp32 partial state (``out`` normalised by its own sum, base-2 LSE) that the
+combine kernel (:mod:`mla_sink.kernels.triton.combine`) merges, applying the sink once. bf16 or fp16 q and
+KV of one dtype, no soft cap (``tables/triton_tuning.yaml`` sends everything else elsewhere).
+
+One CTA = one token x 64 heads x one range of ids, three warpgroups:
+
+* the producer (a worker partition with few registers) gathers the token's KV rows with ``cp.async`` into
+  two slots, slot 0 for the even blocks of 64 ids and slot 1 for the odd ones. Each slot is two halves with
+  their own ``ready`` / ``free`` mbarriers: ``lo`` (value columns 0-255) and ``hi`` (columns 256-511 and
+  the 64 RoPE columns), so a half is refilled as soon as its last reader is done with it. q is gathered
+  once, first;
+* consumer 0 (the default partition) computes ``S0 = q K0^T`` (64 heads x 64 ids, 576 deep) of the even
+  block, consumer 1 (a worker partition) ``S1`` of the odd block, at the same time;
+* the running max is shared: consumer 0 publishes ``m0 = max(m, rowmax S0)``, consumer 1 takes
+  ``m1 = max(m0, rowmax S1)`` and publishes it back (two small shared-memory buffers, one mbarrier each
+  way); consumer 0 rescales its weights ``P0 = 2^(S0 - m0)`` by ``2^(m0 - m1)`` once ``m1`` is known;
+* consumer 0 owns ``O[:, 0:256]``, consumer 1 ``O[:, 256:512]``: each applies its own ``P`` from registers
+  (``wgmma`` with A in registers) and the other's ``P`` from shared memory. ``P0`` is written over the
+  RoPE columns of slot 0 (which ``S0`` no longer needs), ``P1`` into a buffer of its own;
+* the row sums are kept per consumer (each of its own ``P``, both relative to the shared max) and added
+  once at the end; each consumer writes its half of ``out``, consumer 1 the LSE.
+
+Scores are kept in base 2 (``log2 e`` folded into the scale); a row still without a valid id keeps its
+max at ``-inf``, and every exponent is taken against a finite max (0 for such rows), so no ``inf - inf``
+arises. Masked ``cp.async`` lanes zero-fill, so a skipped id contributes a zero row whose score is then
+set to ``-inf`` (weight exactly 0).
+
+Source: the seesaw schedule of FlashMLA's sm90 sparse prefill kernel (``csrc/sm90/prefill/sparse/
+phase1.cuh``, deepseek-ai/FlashMLA 9241ae3) and TileLang's reproduction (tile-ai/tilelang
+``examples/deepseek_v32``, PR #1636), read, not copied; the Gluon primitives of Triton's Gluon tutorials
+(``python/tutorials/gluon``: async copies, mbarriers, wgmma, ``warp_specialize``).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from mla_sink.kernels.gluon.math import LOG2E, sink_scale
+
+#: Heads of one CTA: the wgmma M of the score and output tiles (one warpgroup: 4 warps x 16 rows).
+HEAD_BLOCK = 64
+#: Ids of one block: the N of a score tile and the K of the P V product.
+BLOCK_N = 64
+#: Value columns each consumer owns (512 / 2).
+HALF_V = 256
+#: Rows the producer gathers per cp.async batch (bounds its address registers).
+GATHER_ROWS = 16
+#: Registers per thread of the two worker partitions: consumer 1 (as many as consumer 0 gets) and the
+#: producer (addresses and masks only). 12 warps share 64K registers.
+CONSUMER_REGS = 232
+PRODUCER_REGS = 40
+#: Slots of the ring: one per consumer.
+SLOT_EVEN = 0
+SLOT_ODD = 1
+
+
+@gluon.jit
+def _ids_ok(IDX, idx_base, pos, end, nrows):
+    """(ids, valid) of the positions ``pos`` of one token row: ``pos < end`` and ``0 <= id < N`` (one
+    unsigned compare; ``nrows`` is uint32 and at most 2^31)."""
+    in_range = pos < end
+    ids = gl.load(IDX + idx_base + pos, mask=in_range, other=-1)
+    return ids, in_range & (ids.to(gl.uint32, bitcast=True) < nrows)
+
+
+@gluon.jit
+def _gather_cols(IDX, KV, dst, idx_base, n0, end, nrows, stride_kv, col0,
+                 NROWS: gl.constexpr, NCOLS: gl.constexpr, ROWS: gl.constexpr, layout: gl.constexpr):
+    """cp.async ``NROWS`` gathered KV rows (ids at positions ``n0 ..``), columns ``col0 .. col0 + NCOLS``,
+    into ``dst [NROWS, NCOLS]``, ``ROWS`` rows per batch; invalid ids zero-fill and read nothing."""
+    offs_c = gl.arange(0, NCOLS, layout=gl.SliceLayout(0, layout))
+    offs_r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    for r in gl.static_range(NROWS // ROWS):
+        ids, ok = _ids_ok(IDX, idx_base, n0 + r * ROWS + offs_r, end, nrows)
+        rows = KV + ids.to(gl.int64) * stride_kv + col0
+        async_copy.async_copy_global_to_shared(dst.slice(r * ROWS, ROWS), rows[:, None] + offs_c[None, :],
+                                               mask=ok[:, None])
+
+
+@gluon.jit
+def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+              pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv,
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
+              ROWS: gl.constexpr):
+    """Worker partition (one warpgroup): q once, then each pair of blocks half by half, in the order the
+    consumers free the halves (even lo, odd hi, even hi, odd lo)."""
+    half_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # 16-byte copies, a row per warp
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    nrows = num_rows.to(gl.uint32)
+
+    # q [64 heads, 576]: padded heads zero-fill
+    offs_h = pid_h * BLOCK_H + gl.arange(0, ROWS, layout=gl.SliceLayout(1, half_l))
+    offs_c = gl.arange(0, HALF_V, layout=gl.SliceLayout(0, half_l))
+    offs_hr = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rope_l))
+    offs_cr = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rope_l))
+    q_row0 = Q + pid_t * stride_qt
+    for r in gl.static_range(BLOCK_H // ROWS):
+        h = offs_h + r * ROWS
+        rows = q_row0 + h.to(gl.int64) * stride_qh
+        hm = (h < num_heads)[:, None]
+        async_copy.async_copy_global_to_shared(q_lo.index(0).slice(r * ROWS, ROWS), rows[:, None] + offs_c[None, :], mask=hm)
+        async_copy.async_copy_global_to_shared(q_hi.index(0).slice(r * ROWS, ROWS), rows[:, None] + HALF_V + offs_c[None, :],
+                                               mask=hm)
+    rows = q_row0 + offs_hr.to(gl.int64) * stride_qh
+    async_copy.async_copy_global_to_shared(q_rope.index(0), rows[:, None] + 2 * HALF_V + offs_cr[None, :],
+                                           mask=(offs_hr < num_heads)[:, None])
+    async_copy.mbarrier_arrive(q_ready, increment_count=False)
+
+    for j in range(num_pairs):
+        phase = (j & 1) ^ 1  # the first wait on a fresh 'free' barrier passes
+        n_even = start + 2 * j * BLOCK_N
+        n_odd = n_even + BLOCK_N
+        mbarrier.wait(free_lo.index(0), phase)
+        _gather_cols(IDX, KV, k_lo.index(0), idx_base, n_even, end, nrows, stride_kv, 0,
+                     BLOCK_N, HALF_V, ROWS, half_l)
+        async_copy.mbarrier_arrive(ready_lo.index(0), increment_count=False)
+        mbarrier.wait(free_hi.index(1), phase)
+        _gather_cols(IDX, KV, k_hi.index(1), idx_base, n_odd, end, nrows, stride_kv, HALF_V,
+                     BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(IDX, KV, k_rope.index(1), idx_base, n_odd, end, nrows, stride_kv, 2 * HALF_V,
+                     BLOCK_N, D_ROPE, BLOCK_N, rope_l)
+        async_copy.mbarrier_arrive(ready_hi.index(1), increment_count=False)
+        mbarrier.wait(free_hi.index(0), phase)
+        _gather_cols(IDX, KV, k_hi.index(0), idx_base, n_even, end, nrows, stride_kv, HALF_V,
+                     BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(IDX, KV, k_rope.index(0), idx_base, n_even, end, nrows, stride_kv, 2 * HALF_V,
+                     BLOCK_N, D_ROPE, BLOCK_N, rope_l)
+        async_copy.mbarrier_arrive(ready_hi.index(0), increment_count=False)
+        mbarrier.wait(free_lo.index(1), phase)
+        _gather_cols(IDX, KV, k_lo.index(1), idx_base, n_odd, end, nrows, stride_kv, 0,
+                     BLOCK_N, HALF_V, ROWS, half_l)
+        async_copy.mbarrier_arrive(ready_lo.index(1), increment_count=False)
+
+
+@gluon.jit
+def _opaque_zero(j):
+    """0, computed from the loop counter ``j`` in a way the compiler cannot see through. The consumers
+    index their slots with it: with constant slot indices every wgmma descriptor of the loop (one per
+    16-deep step, about a hundred) is loop-invariant, gets hoisted out of the loop and spills; computed
+    per iteration they stay in uniform registers, as in a ring indexed by the iteration."""
+    return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _signal(bar):
+    """Every thread of this warpgroup is past this point (its shared-memory writes visible): one arrive."""
+    gl.thread_barrier()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _masked_scores(sc, ok, qk_scale):
+    """Base-2 scores of a block, ``-inf`` where the id is invalid."""
+    return gl.where(ok[None, :], sc * qk_scale, float("-inf"))
+
+
+@gluon.jit
+def _safe(m):
+    """A running max to take exponents against: 0 while the row has no valid id (``-inf``)."""
+    return gl.where(m == float("-inf"), 0.0, m)
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+              pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
+              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+              COL0: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_H: gl.constexpr, HALF_V: gl.constexpr,
+              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr):
+    """Add the other consumer's row sums, then write this consumer's half of ``out`` (or of the partial
+    output) and, with ``WRITE_LSE``, the LSE."""
+    row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+    l_mine.store(l_own)
+    _signal(l_done_mine)
+    mbarrier.wait(l_done_theirs, 0)
+    l_i = l_own + l_theirs.load(row_l)
+    empty_row = l_i == 0.0
+    l_safe = gl.where(empty_row, 1.0, l_i)
+    lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(l_safe))
+    offs_hs = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
+    hmask = offs_hs < num_heads
+    scale = 1.0 / l_safe
+    if HAS_SINKS and not SPLIT:
+        sink = gl.load(SINKS + offs_hs, mask=hmask, other=float("-inf"))
+        scale = sink_scale(scale, sink, lse2, empty_row)
+    out = acc * gl.convert_layout(scale, gl.SliceLayout(1, o_l))[:, None]
+    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
+    offs_do = COL0 + gl.arange(0, HALF_V, layout=gl.SliceLayout(0, o_l))
+    omask = (offs_ho < num_heads)[:, None]
+    if SPLIT:
+        po = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_ho.to(gl.int64)[:, None] * stride_ph
+        gl.store(po + offs_do[None, :], out, mask=omask)
+        if WRITE_LSE:
+            gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_hs, lse2, mask=hmask)
+    else:
+        o_ptr = OUT + pid_t * stride_ot + offs_ho.to(gl.int64)[:, None] * stride_oh + offs_do[None, :]
+        gl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=omask)
+        if WRITE_LSE:
+            gl.store(LSE + pid_t * stride_lt + offs_hs * stride_lh, lse2 / LOG2E, mask=hmask)
+
+
+@gluon.jit
+def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
+                   m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                   bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                   pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                   stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
+                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr):
+    """Default partition, consumer 0: the even blocks' scores and the value columns 0-255."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+    dtype: gl.constexpr = q_lo.dtype
+
+    qk_scale = sm_scale * LOG2E
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+    nrows = num_rows.to(gl.uint32)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_l)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_l)
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=o_l))
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+    mbarrier.wait(q_ready, 0)
+    for j in range(num_pairs):
+        phase = j & 1
+        even = _opaque_zero(j)
+        odd = even + 1
+        _, ok = _ids_ok(IDX, idx_base, start + 2 * j * BLOCK_N + offs_n, end, nrows)
+        mbarrier.wait(ready_lo.index(0), phase)
+        sc = warpgroup_mma(q_lo.index(even), k_lo.index(even).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if j > 0:  # the previous pair's odd-block P V (columns 0-255) is done: hand back its slot half and P
+            warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            _signal(free_lo.index(1))
+            mbarrier.arrive(bar_p_odd_free)
+        mbarrier.wait(ready_hi.index(0), phase)
+        sc = warpgroup_mma(q_hi.index(even), k_hi.index(even).permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma(q_rope.index(even), k_rope.index(even).permute((1, 0)), sc, is_async=True)
+        sc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
+        s = _masked_scores(sc, ok, qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_use = _safe(m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_even.store(m_new)
+        _signal(bar_m_even)
+        acc_t = acc_t * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), k_lo.index(even), acc_t, is_async=True)
+        # the shared max after the odd block: rescale this block's weights to it and hand them over
+        mbarrier.wait(bar_m_odd, phase)
+        m_odd_new = m_odd.load(row_l)
+        c = gl.exp2(m_new - _safe(m_odd_new))  # 0 when this block had no valid id (p is 0 then)
+        k_rope.index(even).store((p * c[:, None]).to(dtype))  # over the RoPE columns S0 no longer needs
+        fence_async_shared()
+        _signal(bar_p_even)
+        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _signal(free_lo.index(0))
+        acc_t = acc_t * gl.convert_layout(c, gl.SliceLayout(1, o_l))[:, None]
+        l_i = l_i * c
+        m_i = m_odd_new
+        mbarrier.wait(bar_p_odd, phase)
+        acc = warpgroup_mma(p_odd, k_lo.index(odd), acc_t, is_async=True)
+    acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    _epilogue(acc_t, m_i, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+              pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
+              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+              0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, s_l, o_l)
+
+
+@gluon.jit
+def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
+                  m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                  bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                  pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                  stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
+                  HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr):
+    """Worker partition, consumer 1: the odd blocks' scores and the value columns 256-511; writes the LSE."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+    dtype: gl.constexpr = q_lo.dtype
+
+    qk_scale = sm_scale * LOG2E
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+    nrows = num_rows.to(gl.uint32)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_l)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_l)
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=o_l))
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+    mbarrier.wait(q_ready, 0)
+    for j in range(num_pairs):
+        phase = j & 1
+        even = _opaque_zero(j)
+        odd = even + 1
+        _, ok = _ids_ok(IDX, idx_base, start + (2 * j + 1) * BLOCK_N + offs_n, end, nrows)
+        mbarrier.wait(ready_hi.index(1), phase)  # the producer fills the odd slot's hi half first
+        sc = warpgroup_mma(q_hi.index(even), k_hi.index(odd).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma(q_rope.index(even), k_rope.index(odd).permute((1, 0)), sc, is_async=True)
+        mbarrier.wait(ready_lo.index(1), phase)
+        sc = warpgroup_mma(q_lo.index(even), k_lo.index(odd).permute((1, 0)), sc, is_async=True)
+        sc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
+        s = _masked_scores(sc, ok, qk_scale)
+        mbarrier.wait(bar_m_even, phase)
+        m_new = gl.maximum(m_even.load(row_l), gl.max(s, axis=1))  # >= this consumer's previous max
+        m_use = _safe(m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_odd.store(m_new)
+        _signal(bar_m_odd)
+        m_i = m_new
+        acc_t = acc_t * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        p_h = p.to(dtype)
+        acc = warpgroup_mma(gl.convert_layout(p_h, p_l), k_hi.index(odd), acc_t, is_async=True)
+        mbarrier.wait(bar_p_odd_free, phase ^ 1)  # consumer 0 has read the previous pair's P1
+        p_odd.store(p_h)
+        fence_async_shared()
+        _signal(bar_p_odd)
+        mbarrier.wait(bar_p_even, phase)
+        acc = warpgroup_mma(k_rope.index(even), k_hi.index(even), acc, is_async=True)  # P0, rescaled to m1
+        warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _signal(free_hi.index(1))
+        mbarrier.arrive(free_hi.index(0))
+    acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    _epilogue(acc_t, m_i, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+              pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
+              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+              HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, s_l, o_l)
+
+
+@gluon.jit
+def sparse_mla_decode_seesaw_kernel(
+    Q, KV, IDX, SINKS, TOPK_LEN, OUT, LSE, PART_OUT, PART_LSE,
+    sm_scale, num_heads, num_rows, topk, ids_per_split,
+    stride_qt, stride_qh, stride_kv, stride_it,
+    stride_ot, stride_oh, stride_lt, stride_lh,
+    stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
+    HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr,
+    ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    """One CTA = (head block, id range, token). See the module docstring."""
+    pid_h = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    pid_t = gl.program_id(2).to(gl.int64)
+    t_end = topk
+    if HAS_TOPK_LEN:
+        t_end = gl.minimum(gl.maximum(gl.load(TOPK_LEN + pid_t), 0), topk)
+    start = pid_s * ids_per_split
+    end = gl.minimum(start + ids_per_split, t_end)
+    num_pairs = gl.cdiv(gl.maximum(end - start, 0), 2 * BLOCK_N)
+    idx_base = pid_t * stride_it
+    dtype: gl.constexpr = Q.dtype.element_ty
+    half_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF_V], dtype)
+    rope_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
+    q_lo = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HALF_V], half_sl)  # [1, ..]: indexed like the slots
+    q_hi = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HALF_V], half_sl)
+    q_rope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_ROPE], rope_sl)
+    k_lo = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF_V], half_sl)
+    k_hi = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF_V], half_sl)
+    k_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], rope_sl)  # slot 0's also holds P0
+    p_odd = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], rope_sl)
+    vec_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    m_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
+    m_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
+    l_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
+    l_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    ready_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    free_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    free_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    bar_m_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    bar_m_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    bar_p_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    bar_p_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    bar_p_odd_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    bar_l_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    bar_l_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    mbarrier.init(q_ready, count=32 * 4)  # every producer thread arrives once its copies land
+    for s in gl.static_range(2):
+        mbarrier.init(ready_lo.index(s), count=32 * 4)
+        mbarrier.init(ready_hi.index(s), count=32 * 4)
+        mbarrier.init(free_lo.index(s), count=1)  # one arrive from the consumer that reads the half last
+        mbarrier.init(free_hi.index(s), count=1)
+    mbarrier.init(bar_m_even, count=1)
+    mbarrier.init(bar_m_odd, count=1)
+    mbarrier.init(bar_p_even, count=1)
+    mbarrier.init(bar_p_odd, count=1)
+    mbarrier.init(bar_p_odd_free, count=1)
+    mbarrier.init(bar_l_even, count=1)
+    mbarrier.init(bar_l_odd, count=1)
+    gl.warp_specialize([
+        (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
+                          m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                          bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                          pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                          stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT)),
+        (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
+                         m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                         bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                         pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                         stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT)),
+        (_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, q_ready, ready_lo, ready_hi, free_lo,
+                     free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt,
+                     stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)),
+    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple):
+    """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_seesaw_kernel` launch on these
+    tensors' metadata (the launchers' shared part: :func:`sparse_mla_decode_seesaw` and the prepared runner
+    of :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name (fixed per call
+    signature); ``out_strides`` the ``(token, head)`` strides of ``out``."""
+    T, H, d_qk = q.shape
+    topk = indices.shape[1]
+    splits = num_kv_splits
+    d_v = 2 * HALF_V
+    scalars = dict(
+        num_heads=H, num_rows=min(kv_cache.shape[0], 2 ** 31), topk=topk, ids_per_split=ids_per_split,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=kv_cache.stride(0), stride_it=indices.stride(0),
+        stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
+        stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
+    )
+    constexprs = dict(BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
+                      HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
+                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
+    grid = (-(-H // HEAD_BLOCK), splits, T)
+    return grid, scalars, constexprs, dict(num_warps=4)
+
+
+def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None,
+                             lse=None, num_kv_splits: int = 1, ids_per_split=None):
+    """Launch :func:`sparse_mla_decode_seesaw_kernel` (CUDA sm90 only; bf16 or fp16 q and KV of one dtype),
+    with the split-KV combine (:mod:`mla_sink.kernels.triton.combine`, which applies the sink once) when
+    ``num_kv_splits > 1``. Tests and benchmarks; the library launches through
+    :mod:`mla_sink.paths.triton.launch`.
+
+    Args:
+        q: ``[T, H, 576]`` CUDA tensor, innermost stride 1, head stride a multiple of 8 elements.
+        kv_cache: ``[N, 576]``, innermost stride 1, row stride a multiple of 8 elements.
+        indices: int32 ``[T, topk]``, innermost stride 1 (``-1`` / negative / ``>= N`` skipped).
+        sinks: optional fp32 ``[H]`` natural-log sink logits. sm_scale: default ``576 ** -0.5``.
+        topk_length: optional int32 ``[T]`` (contiguous). out: optional ``[T, H, 512]`` buffer
+            (innermost stride 1); lse: optional fp32 ``[T, H]`` contiguous buffer.
+        num_kv_splits: programs per (token, head block), each over ``ids_per_split`` ids (default: topk
+            split evenly, rounded up to a multiple of 128, the ids of one block pair).
+
+    Returns:
+        ``(out, lse)``: ``out [T, H, 512]`` (q's dtype) = sink-free output times ``sigmoid(lse - sink)``,
+        0 on rows with no valid id; ``lse`` fp32 ``[T, H]``, natural log, sink excluded, ``-inf`` on rows
+        with no valid id.
+
+    Inputs are validated by the caller; no host synchronisation (CUDA-graph safe).
+    """
+    import torch
+
+    from mla_sink.kernels.gluon.gluon_ws import launch_buffers
+    from mla_sink.kernels.triton.combine import combine_jit
+
+    T, H, _ = q.shape
+    topk = indices.shape[1]
+    out, lse, sm_scale = launch_buffers(q, out, lse, sm_scale)
+    if T == 0 or H == 0:
+        return out, lse
+    pair = 2 * BLOCK_N
+    if ids_per_split is None:
+        ids_per_split = -(-(-(-max(topk, 1) // num_kv_splits)) // pair) * pair
+    splits = num_kv_splits
+    grid, scalars, constexprs, options = seesaw_launch_args(q, kv_cache, indices, num_kv_splits=splits,
+                                                            ids_per_split=ids_per_split,
+                                                            out_strides=(out.stride(0), out.stride(1)))
+    constexprs.update(HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None)
+    if splits > 1:
+        part_out = torch.empty((T, splits, H, 2 * HALF_V), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = lse
+    sparse_mla_decode_seesaw_kernel[grid](
+        q, kv_cache, indices, sinks if sinks is not None else lse,
+        topk_length if topk_length is not None else indices, out, lse, part_out, part_lse,
+        float(sm_scale), **scalars, **constexprs, **options)
+    if splits > 1:
+        cbh = 16
+        combine_jit[(-(-H // cbh), T, 4)](
+            part_out, part_lse, sinks if sinks is not None else lse, out, lse, H, splits,
+            scalars["stride_pt"], scalars["stride_ps"], scalars["stride_ph"], scalars["stride_plt"],
+            scalars["stride_pls"], out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            BLOCK_H=cbh, BLOCK_D=128, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
+            HAS_SINKS=sinks is not None, num_warps=4, num_stages=1)
+    return out, lse
