@@ -245,3 +245,28 @@ def test_explain_json_leaves_the_kernel_open_without_an_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json", "--sms", "132", "--tokens", "256")
     launch = json.loads(out)["launch"]
     assert (launch["kernel"], launch["kernel_file"]) == ("gluon_seesaw", "mla_sink/kernels/gluon/gluon_seesaw.py")
+
+
+def test_bench_peers_flag_needs_flash_mla(monkeypatch, capsys):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "flash_mla", None)  # import flash_mla raises ImportError
+    code = main(["bench", "--peers"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: '--peers' needs FlashMLA importable (flash_mla not importable: ")
+    assert "GPU" not in err
+    monkeypatch.setitem(sys.modules, "flash_mla", types.ModuleType("flash_mla"))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # never start the bench itself
+    code = main(["bench", "--peers"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--peers" not in err and "mla-sink bench needs a CUDA GPU" in err
+    code = main(["bench", "--no-peers", "--reps", "0"])  # --no-peers never imports; other flags still checked
+    assert code == 2 and "'--reps' must be an int >= 1" in capsys.readouterr().err
+
+
+def test_bench_peers_and_no_peers_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--peers", "--no-peers"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "not allowed with argument" in err and len(err.strip().splitlines()) == 1

@@ -8,7 +8,15 @@ without paying for the write-back of someone else's dirty lines (a write flush a
 number is the median over ``replays`` replays. Ceilings are measured in the same run: a bf16 8192^3 matmul (TFLOP/s) and a
 device-to-device copy (GB/s, read + write bytes).
 
-FLOPs of a call: ``2 * H * T * topk * (576 + 512)``; bytes: ``T * topk * row_bytes + q bytes + out bytes``.
+FLOPs of a call: ``2 * H * T * topk * (576 + 512)``; bytes: ``T * topk * row_bytes + q bytes + out bytes``
+(``row_bytes`` of the cache the implementation reads: 1152 bf16, 576 fp8 e4m3, 656 for the V3.2 layout).
+
+Peers, timed the same way in the same run on the same q, ids, sinks and ``sm_scale``: plain PyTorch
+(``torch``, bf16 cases) and, when ``flash_mla`` is importable (``../shared/peers/README.md``; never a
+dependency), FlashMLA's ``flash_mla_sparse_fwd`` on the bf16 cases and its fp8 decode
+``flash_mla_with_kvcache`` (``flash_mla_decode``) on the fp8 cases, on the 656-byte cache of the same pool,
+at the head counts they serve (64, 128); adapters and their correctness check:
+:mod:`mla_sink.tools.peers`. Each case records ``ours_over_peer`` (our us ÷ the peer's).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from mla_sink.core.records import CallSpec, Platform, call_key
+from mla_sink.tools import peers
 
 D_QK, D_V = 576, 512
 FLUSH_BYTES = 256 << 20
@@ -140,18 +149,6 @@ def torch_peer(q, kv_cache, indices, sinks, sm_scale):
     return out.to(q.dtype), lse
 
 
-def _flash_mla_peer():
-    try:
-        import flash_mla  # type: ignore
-    except Exception:
-        return None
-
-    def run(q, kv_cache, indices, sinks, sm_scale):
-        return flash_mla.flash_mla_sparse_fwd(q, kv_cache.unsqueeze(1), indices.unsqueeze(1), sm_scale, D_V)
-
-    return run
-
-
 def _flashinfer_peer():
     try:
         import flashinfer  # type: ignore  # noqa: F401
@@ -160,42 +157,239 @@ def _flashinfer_peer():
     return None  # importable, but no sparse-MLA-with-sinks entry point is wired here
 
 
+def _ours_call(q, kv_cache, indices, sinks, sm_scale, kv_scale, out, lse) -> None:
+    """Our timed call: the ``triton`` path straight (``sparse_mla_decode_triton``, planned per call)."""
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+    sparse_mla_decode_triton(q, kv_cache, indices, sinks, sm_scale, kv_scale=kv_scale, out=out, lse=lse)
+
+
+def _ours_refuses(q, kv_cache, indices, sinks, sm_scale) -> Optional[str]:
+    """Why this version of mla-sink does not take ``kv_cache`` (one call of the public
+    ``sparse_mla_decode``, which validates it: a ``ValueError`` or ``NoKernelError``), or None."""
+    from mla_sink import NoKernelError, sparse_mla_decode
+
+    try:
+        sparse_mla_decode(q, kv_cache, indices, sinks, sm_scale)
+    except (ValueError, NoKernelError) as e:
+        return f"mla-sink refuses a {kv_cache.dtype} {list(kv_cache.shape)} kv_cache: {e}"[:300]
+    return None
+
+
 # ---------------------------------------------------------------- cases
-#: the KV dtype of the pool every case starts from (other KV dtypes are cast from it); the peers
-#: (PyTorch, FlashMLA's bf16 sparse kernel) take it
+#: the KV dtype of the pool every case starts from (other KV caches are cast or quantised from it); the
+#: peers PyTorch and FlashMLA's bf16 sparse kernel take it
 BASE_KV = "bf16"
+#: the 656-byte V3.2 FP8 layout (issue #12): a uint8 [N, 656] cache, quantised from the base pool
+DS_MLA_KV = peers.DS_MLA_KV
+#: the grid: heads and tokens of the bf16 cases (with and without sinks), ids per token
+GRID_HEADS = (16, 32, 64, 128)
+GRID_TOKENS = (2, 64, 128, 256)
+GRID_TOPK = 2048
+#: the fp8 cases (sinks on): both fp8 caches at every grid head count and these token counts
+FP8_KVS = ("fp8_e4m3", DS_MLA_KV)
+FP8_TOKENS = (2, 64, 256)
 
 
 def default_cases() -> list[dict]:
-    """The issue's grid: H in {16, 32, 64, 128} x T in {2, 64, 256}, topk 2048, bf16 KV with and
-    without sinks, plus fp8_e4m3 KV with sinks at H in {16, 128} x T in {2, 256}."""
+    """The grid (issues #11, #12): bf16 KV with and without sinks at H in {16, 32, 64, 128} x T in
+    {2, 64, 128, 256}; both fp8 caches (per-tensor ``fp8_e4m3`` and the 656-byte ``fp8_ds_mla``) with
+    sinks at H in {16, 32, 64, 128} x T in {2, 64, 256}; topk 2048, q bf16."""
     cases = []
-    for H in (16, 32, 64, 128):
-        for T in (2, 64, 256):
+    for H in GRID_HEADS:
+        for T in GRID_TOKENS:
             for sinks in (True, False):
-                cases.append(dict(H=H, T=T, topk=2048, kv=BASE_KV, sinks=sinks))
-    for H in (16, 128):
-        for T in (2, 256):
-            cases.append(dict(H=H, T=T, topk=2048, kv="fp8_e4m3", sinks=True))
+                cases.append(dict(H=H, T=T, topk=GRID_TOPK, kv=BASE_KV, sinks=sinks))
+    for H in GRID_HEADS:
+        for T in FP8_TOKENS:
+            for kv in FP8_KVS:
+                cases.append(dict(H=H, T=T, topk=GRID_TOPK, kv=kv, sinks=True))
     return cases
 
 
 def case_name(c: dict, platform: Platform) -> str:
-    """Canonical case name: ``call_key(spec, platform)`` + ``-T{T}-topk{topk}``."""
-    spec = CallSpec(q_dtype="bf16", kv_dtype=c["kv"], num_heads=c["H"], topk=c["topk"], sinks=c["sinks"])
-    return call_key(spec, platform) + f"-T{c['T']}-topk{c['topk']}"
+    """Canonical case name: ``call_key(spec, platform)`` + ``-T{T}-topk{topk}``.
+
+    A KV layout the call records of this version do not name yet (``fp8_ds_mla`` before issue #12 lands)
+    is named as they would name it: the key of the same call with ``fp8_e4m3`` KV, its KV part replaced.
+    """
+    fields = dict(q_dtype="bf16", num_heads=c["H"], topk=c["topk"], sinks=c["sinks"])
+    try:
+        key = call_key(CallSpec(kv_dtype=c["kv"], **fields), platform)
+    except ValueError:
+        stand_in = FP8_KVS[0]
+        key = call_key(CallSpec(kv_dtype=stand_in, **fields), platform).replace(f"kv_{stand_in}", f"kv_{c['kv']}", 1)
+    return key + f"-T{c['T']}-topk{c['topk']}"
 
 
-def run_bench(args: argparse.Namespace) -> dict:
-    """Time every case (and each importable peer) on the current CUDA GPU; see BENCHMARKS.md "Method".
+def flash_peers_of(c: dict, peer_max_tokens: int) -> dict[str, Optional[str]]:
+    """The FlashMLA peers a case gets, each with why it is skipped (None: timed).
+
+    bf16 KV cases get ``flash_mla_sparse_fwd``, fp8 cases (both caches) FlashMLA's fp8 decode
+    ``flash_mla_decode`` (on the 656-byte cache of the same pool); either only at the head counts it serves
+    (:func:`mla_sink.tools.peers.skip_reason`; the decode is never called at others) and up to
+    ``peer_max_tokens`` tokens.
+    """
+    if c["kv"] == BASE_KV:
+        peer = peers.SPARSE_FWD
+    elif c["kv"] in FP8_KVS:
+        peer = peers.DECODE
+    else:
+        return {}
+    reason = peers.skip_reason(peer, c["H"])
+    if reason is None and c["T"] > peer_max_tokens:
+        reason = f"T={c['T']} > --peer-max-tokens {peer_max_tokens}"
+    return {peer: reason}
+
+
+def ratios(entry: dict) -> dict[str, float]:
+    """``{peer: ours us / peer us}`` for each FlashMLA peer timed beside ours in a case (< 1: ours faster)."""
+    ours = entry["impls"].get("triton", {})
+    out = {}
+    for peer in (peers.SPARSE_FWD, peers.DECODE):
+        theirs = entry["impls"].get(peer, {})
+        if "us" in ours and "us" in theirs and theirs["us"] > 0:
+            out[peer] = ours["us"] / theirs["us"]
+    return out
+
+
+class _Pools:
+    """The KV pools of a run, built once on first use: the random bf16 pool (``rows`` rows), its fp8 casts,
+    and the 656-byte cache of its first :func:`~mla_sink.tools.peers.ds_mla_rows` rows (a failure to build
+    that one is kept and raised again on each use)."""
+
+    def __init__(self, rows: int, device: Any, flash_mla: Any):
+        self.rows, self.device, self.flash_mla = rows, device, flash_mla
+        self.pools: dict[str, Any] = {}
+        self.ds_source = ""
+
+    def get(self, kv: str) -> torch.Tensor:
+        if kv not in self.pools:
+            from mla_sink.core.dtypes import TORCH_DTYPES
+
+            if kv == BASE_KV:
+                self.pools[kv] = torch.randn(self.rows, D_QK, device=self.device, dtype=TORCH_DTYPES[kv])
+            elif kv == DS_MLA_KV:
+                try:
+                    self.pools[kv], self.ds_source = peers.ds_mla_cache(self.get(BASE_KV), self.flash_mla)
+                except Exception as e:
+                    self.pools[kv] = e
+            else:
+                self.pools[kv] = self.get(BASE_KV).to(TORCH_DTYPES[kv])
+        pool = self.pools[kv]
+        if isinstance(pool, Exception):
+            raise RuntimeError(f"the {DS_MLA_KV} cache could not be built: {pool!r}"[:300]) from pool
+        return pool
+
+
+def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens: int, timer: Any,
+              ceilings: dict, platform: Platform, flash_mla: Any = None,
+              progress: Callable[[Any], Any] = lambda x: x) -> tuple[list[dict], str]:
+    """Time every case on ``device`` with ``timer`` (anything with ``time_us(fn) -> float``).
+
+    Each case draws its own q, ids (in ``[0, ds_mla_rows(pool_rows))``, so that the 656-byte cache holds
+    every id) and sinks; every implementation of the case runs on those same tensors. Implementations:
+    ``triton`` (ours; on the 656-byte case only when mla-sink takes that cache, else
+    ``{"unavailable": why}``), ``torch`` (bf16 cases up to ``peer_max_tokens``), and with ``flash_mla``
+    the peers of :func:`flash_peers_of` (``{"skipped": why}`` where a peer does not apply).
 
     Returns:
-        The report: device, ceilings (``matmul_tflops``, ``copy_gbs``), and per case the time (us,
-        median of CUDA-graph replays with the L2 flushed before each call), TFLOP/s, gathered GB/s and
-        both as % of the ceilings, per implementation.
+        ``(results, ds_mla_source)``: one entry per case (``case``, the case fields, ``flops``, ``bytes``
+        (ours), ``impls``: ``{name: {us, tflops, gbs, bytes, pct_matmul, pct_copy} | {error} | {skipped} |
+        {unavailable}}``, ``ours_over_peer``: :func:`ratios`, ``triton_plan``) and which quantiser wrote the
+        656-byte cache ("" when none was built).
     """
-    from mla_sink.core.dtypes import TORCH_DTYPES
-    from mla_sink.paths.triton.launch import sparse_mla_decode_triton, triton_plan_for
+    pools = _Pools(pool_rows, device, flash_mla)
+    pools.get(BASE_KV)  # drawn first, as before the peers came (same random pool for the same seed)
+    id_rows = peers.ds_mla_rows(pool_rows) or pool_rows
+    sm_scale = D_QK ** -0.5
+    results = []
+    for c in progress(cases):
+        T, H, topk = c["T"], c["H"], c["topk"]
+        q = torch.randn(T, H, D_QK, device=device, dtype=torch.bfloat16)
+        idx = torch.randint(0, id_rows, (T, topk), device=device, dtype=torch.int32)
+        sinks = torch.randn(H, device=device) if c["sinks"] else None
+        out = torch.empty(T, H, D_V, device=device, dtype=torch.bfloat16)
+        lse = torch.empty(T, H, device=device)
+        flops = 2 * H * T * topk * (D_QK + D_V)
+
+        def nbytes(kv: torch.Tensor) -> int:  # gathered rows + q + out
+            return T * topk * kv.shape[1] * kv.element_size() + q.numel() * 2 + out.numel() * 2
+
+        entry: dict = dict(case=case_name(c, platform), **c, flops=flops, bytes=None, impls={})
+        calls: dict[str, tuple[Callable[[], Any], int]] = {}
+        try:  # ours
+            kv = pools.get(c["kv"])
+            entry["bytes"] = nbytes(kv)
+            why = _ours_refuses(q, kv, idx, sinks, sm_scale) if c["kv"] == DS_MLA_KV else None
+        except Exception as e:
+            entry["impls"]["triton"] = {"error": repr(e)[:300]}
+        else:
+            if why is not None:
+                entry["impls"]["triton"] = {"unavailable": why}
+            else:
+                kv_scale = None if c["kv"] in (BASE_KV, DS_MLA_KV) else torch.ones(1, device=device)
+                calls["triton"] = (lambda kv=kv, kv_scale=kv_scale: _ours_call(q, kv, idx, sinks, sm_scale, kv_scale,
+                                                                               out, lse), entry["bytes"])
+            try:
+                from mla_sink.paths.triton.launch import triton_plan_for
+
+                plan = triton_plan_for(q, kv, idx, sinks=sinks).launch
+                entry["triton_plan"] = dict(row=plan.tuning_row, kernel=plan.kernel, num_kv_splits=plan.num_kv_splits)
+            except Exception as e:  # a layout the tuning lookup does not know yet
+                entry["triton_plan"] = {"error": repr(e)[:300]}
+        if c["kv"] == BASE_KV and T <= peer_max_tokens:
+            base = pools.get(BASE_KV)
+            calls["torch"] = (lambda: torch_peer(q, base, idx, sinks, sm_scale), nbytes(base))
+        for peer, reason in (flash_peers_of(c, peer_max_tokens).items() if flash_mla is not None else ()):
+            if reason is not None:
+                entry["impls"][peer] = {"skipped": reason}
+                continue
+            try:
+                kv = pools.get(BASE_KV if peer == peers.SPARSE_FWD else DS_MLA_KV)
+                make = peers.sparse_fwd_call if peer == peers.SPARSE_FWD else peers.decode_call
+                calls[peer] = (make(flash_mla, q, kv, idx, sinks, sm_scale).run, nbytes(kv))
+            except Exception as e:  # a peer that fails is reported, not fatal
+                entry["impls"][peer] = {"error": repr(e)[:300]}
+        for impl, (fn, impl_bytes) in calls.items():
+            try:
+                us = timer.time_us(fn)
+            except Exception as e:  # a peer that fails is reported, not fatal
+                entry["impls"][impl] = {"error": repr(e)[:300]}
+                continue
+            tflops = flops / (us * 1e-6) / 1e12 if us > 0 else float("inf")
+            gbs = impl_bytes / (us * 1e-6) / 1e9 if us > 0 else float("inf")
+            entry["impls"][impl] = dict(
+                us=us, tflops=tflops, gbs=gbs, bytes=impl_bytes,
+                pct_matmul=100 * tflops / ceilings["matmul_tflops"], pct_copy=100 * gbs / ceilings["copy_gbs"],
+            )
+        entry["impls"] = {k: entry["impls"][k] for k in sorted(entry["impls"], key=_impl_order)}
+        entry["ours_over_peer"] = ratios(entry)
+        results.append(entry)
+        del q, idx, out, lse, calls
+    return results, pools.ds_source
+
+
+#: the order of implementations in the report and the table
+IMPL_ORDER = ("triton", "torch", peers.SPARSE_FWD, peers.DECODE)
+
+
+def _impl_order(name: str) -> tuple:
+    return (IMPL_ORDER.index(name) if name in IMPL_ORDER else len(IMPL_ORDER), name)
+
+
+def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
+    """Time every case (and each importable peer) on the current CUDA GPU; see BENCHMARKS.md "Method".
+    (``device`` is for tests, which replace the timer and the ceilings.)
+
+    Returns:
+        The report: device, ceilings (``matmul_tflops``, ``copy_gbs``), ``peers`` (FlashMLA: timed, off or
+        not importable, and the quantiser of the 656-byte cache), ``peer_checks``
+        (:func:`mla_sink.tools.peers.peer_checks`, when FlashMLA is timed) and ``results``
+        (:func:`run_cases`: per case and implementation the time in us, median of CUDA-graph replays with
+        the L2 flushed before each call, TFLOP/s, gathered GB/s and both as % of the ceilings; per case
+        ``ours_over_peer``).
+    """
     from mla_sink.core.platform import detect_platform
 
     try:
@@ -205,92 +399,71 @@ def run_bench(args: argparse.Namespace) -> dict:
             return x
 
     torch.manual_seed(0)
-    platform = detect_platform("cuda")
+    platform = detect_platform(device)
+    flash_mla, why = (None, "off (--no-peers)") if getattr(args, "peers", None) is False \
+        else peers.import_flash_mla()
+    peer_doc: dict = {"flash_mla": {"status": "timed", "file": getattr(flash_mla, "__file__", None)}
+                      if flash_mla is not None else {"status": why}}
+    checks = None
+    if flash_mla is not None:
+        checks = peers.peer_checks(flash_mla, device)
+        print(f"peer checks against the float64 reference: {json.dumps(checks)}", file=sys.stderr, flush=True)
     timer = GraphTimer(reps=args.reps, replays=args.replays, flush=args.flush)
     ceilings = measure_ceilings(timer)
     cases = default_cases()
     if args.cases:
         wanted = args.cases.split(",")
         cases = [c for c in cases if any(w in case_name(c, platform) for w in wanted)]
-    impls = {"triton": None, "torch": torch_peer}
-    for name, maker in (("flash_mla", _flash_mla_peer), ("flashinfer", _flashinfer_peer)):
-        fn = maker()
-        if fn is not None:
-            impls[name] = fn
-    skip_peers_over = args.peer_max_tokens
-    pools: dict[str, torch.Tensor] = {}
-    results = []
-    sm_scale = D_QK ** -0.5
-    for c in tqdm(cases, desc="bench", file=sys.stderr):
-        if c["kv"] not in pools:
-            base = pools.get(BASE_KV)
-            if base is None:
-                base = torch.randn(args.pool_rows, D_QK, device="cuda", dtype=TORCH_DTYPES[BASE_KV])
-                pools[BASE_KV] = base
-            if c["kv"] != BASE_KV:
-                pools[c["kv"]] = base.to(torch.float8_e4m3fn)
-        kv = pools[c["kv"]]
-        T, H, topk = c["T"], c["H"], c["topk"]
-        q = torch.randn(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
-        idx = torch.randint(0, args.pool_rows, (T, topk), device="cuda", dtype=torch.int32)
-        sinks = torch.randn(H, device="cuda") if c["sinks"] else None
-        kv_scale = torch.tensor([1.0], device="cuda") if c["kv"] != BASE_KV else None
-        out = torch.empty(T, H, D_V, device="cuda", dtype=torch.bfloat16)
-        lse = torch.empty(T, H, device="cuda")
-        row_bytes = D_QK * kv.element_size()
-        flops = 2 * H * T * topk * (D_QK + D_V)
-        nbytes = T * topk * row_bytes + q.numel() * 2 + out.numel() * 2
-        name = case_name(c, platform)
-        plan = triton_plan_for(q, kv, idx, sinks=sinks).launch
-        entry = dict(case=name, **c, flops=flops, bytes=nbytes, impls={},
-                     triton_plan=dict(row=plan.tuning_row, kernel=plan.kernel, num_kv_splits=plan.num_kv_splits))
-        for impl, fn in impls.items():
-            if impl != "triton" and (T > skip_peers_over or c["kv"] != BASE_KV):
-                continue
-            if impl == "triton":
-                def call():
-                    sparse_mla_decode_triton(q, kv, idx, sinks, sm_scale, kv_scale=kv_scale, out=out, lse=lse)
-            else:
-                def call(fn=fn):
-                    fn(q, kv, idx, sinks, sm_scale)
-            try:
-                us = timer.time_us(call)
-            except Exception as e:  # a peer that fails is reported, not fatal
-                entry["impls"][impl] = {"error": repr(e)[:300]}
-                continue
-            tflops = flops / (us * 1e-6) / 1e12
-            gbs = nbytes / (us * 1e-6) / 1e9
-            entry["impls"][impl] = dict(
-                us=us, tflops=tflops, gbs=gbs,
-                pct_matmul=100 * tflops / ceilings["matmul_tflops"], pct_copy=100 * gbs / ceilings["copy_gbs"],
-            )
-        results.append(entry)
-        del q, idx, out, lse
-    props = torch.cuda.get_device_properties(0)
+    results, ds_source = run_cases(
+        cases, device=device, pool_rows=args.pool_rows, peer_max_tokens=args.peer_max_tokens, timer=timer,
+        ceilings=ceilings, platform=platform, flash_mla=flash_mla,
+        progress=lambda x: tqdm(x, desc="bench", file=sys.stderr))
+    if ds_source:
+        peer_doc[DS_MLA_KV + "_cache"] = ds_source
+    props = torch.cuda.get_device_properties(device)
     import triton
 
     report = dict(
         device=props.name, sms=props.multi_processor_count, platform=str(platform),
         torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
         pool_rows=args.pool_rows, flush=args.flush, flush_us=timer.flush_ms() * 1e3, method=__doc__.split("Method (see BENCHMARKS.md): ")[1].split("\n\n")[0],
-        ceilings=ceilings, results=results,
-        peers_missing=[n for n in ("flash_mla", "flashinfer") if n not in impls],
+        ceilings=ceilings, peers=peer_doc, results=results,
+        peers_missing=[n for n, ok in (("flash_mla", flash_mla is not None), ("flashinfer", _flashinfer_peer() is not None))
+                       if not ok],
     )
+    if checks is not None:
+        report["peer_checks"] = checks
     return report
 
 
+def _cell(v: Optional[dict]) -> str:
+    if v is None:
+        return "-"
+    if "us" in v:
+        return f"{v['us']:.1f}"
+    return next(k for k in ("error", "unavailable", "skipped") if k in v) if v else "-"
+
+
 def print_table(report: dict) -> None:
-    """Print the report of :func:`run_bench` as a Markdown table."""
-    impls = sorted({i for r in report["results"] for i in r["impls"]}, key=lambda x: (x != "triton", x))
+    """Print the report of :func:`run_bench` as a Markdown table: per case each implementation's us
+    (``skipped``: a peer that does not serve the case; ``unavailable``: a KV layout mla-sink does not take;
+    ``error``: a call that failed; the JSON says why), ours ÷ each FlashMLA peer, our TFLOP/s and GB/s."""
+    res = report["results"]
+    impls = sorted({i for r in res for i in r["impls"]}, key=_impl_order)
+    peers_timed = [p for p in (peers.SPARSE_FWD, peers.DECODE) if any(p in r.get("ours_over_peer", {}) for r in res)]
     print(f"ceilings: matmul {report['ceilings']['matmul_tflops']:.0f} TFLOP/s, "
           f"copy {report['ceilings']['copy_gbs']:.0f} GB/s")
-    print("| case | " + " | ".join(f"{i} us" for i in impls) + " | triton TFLOP/s (% mm) | triton GB/s (% copy) |")
-    print("|---" * (len(impls) + 3) + "|")
-    for r in report["results"]:
-        cells = []
-        for i in impls:
-            v = r["impls"].get(i)
-            cells.append("-" if v is None else ("error" if "error" in v else f"{v['us']:.1f}"))
+    print(f"peers: {json.dumps(report.get('peers', {}))}")
+    for peer, doc in report.get("peer_checks", {}).items():
+        if peer in (peers.SPARSE_FWD, peers.DECODE):
+            print(f"peer check {peer} (float64 reference, {report['peer_checks']['shape']}): "
+                  + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in doc.items()))
+    print("| case | " + " | ".join(f"{i} us" for i in impls)
+          + "".join(f" | ours ÷ {p}" for p in peers_timed) + " | triton TFLOP/s (% mm) | triton GB/s (% copy) |")
+    print("|---" * (len(impls) + len(peers_timed) + 3) + "|")
+    for r in res:
+        cells = [_cell(r["impls"].get(i)) for i in impls]
+        cells += [f"{r['ours_over_peer'][p]:.2f}" if p in r.get("ours_over_peer", {}) else "-" for p in peers_timed]
         t = r["impls"].get("triton", {})
         extra = (f"{t['tflops']:.0f} ({t['pct_matmul']:.0f}%) | {t['gbs']:.0f} ({t['pct_copy']:.0f}%)"
                  if "us" in t else "- | -")
@@ -305,7 +478,7 @@ def plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     res = report["results"]
-    impls = sorted({i for r in res for i in r["impls"]}, key=lambda x: (x != "triton", x))
+    impls = sorted({i for r in res for i in r["impls"]}, key=_impl_order)
     fig, ax = plt.subplots(figsize=(max(10, 0.45 * len(res)), 6))
     width = 0.8 / max(1, len(impls))
     for k, impl in enumerate(impls):
@@ -334,7 +507,8 @@ def check_bench_args(args: argparse.Namespace) -> None:
     """Check the values of the ``mla-sink bench`` flags, before looking for a GPU.
 
     Raises:
-        ValueError: naming the flag, e.g. ``'--reps' must be an int >= 1 (got 0)``.
+        ValueError: naming the flag, e.g. ``'--reps' must be an int >= 1 (got 0)``; ``--peers`` given while
+            ``flash_mla`` is not importable.
     """
     for name in POSITIVE_FLAGS:
         value = getattr(args, name, 1)
@@ -343,6 +517,11 @@ def check_bench_args(args: argparse.Namespace) -> None:
     value = getattr(args, "peer_max_tokens", 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"'--peer-max-tokens' must be an int >= 0 (got {value!r})")
+    if getattr(args, "peers", None) is True:
+        flash_mla, why = peers.import_flash_mla()
+        if flash_mla is None:
+            raise ValueError(f"'--peers' needs FlashMLA importable ({why}); see ../shared/peers/README.md, "
+                             f"or leave the flag out (peers are timed when importable)")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -380,7 +559,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to an argparse subparsers object (dispatched via ``args.func``)."""
     p = subparsers.add_parser("bench", help="time the Triton kernel and its peers on this GPU (cold L2, CUDA graphs)")
-    p.add_argument("--cases", default="", help="comma-separated substrings of case names to keep (default: all)")
+    p.add_argument("--cases", default="",
+                   help="comma-separated substrings of case names to keep (default: all), e.g. 'bf16-h' (the bf16 "
+                        "cases), 'kv_fp8' (the fp8 cases), '-h128-'")
     p.add_argument("--json", default="", help="write the report as JSON here")
     p.add_argument("--png", default="", help="write a bar chart of time per case here")
     p.add_argument("--pool-rows", type=int, default=3_500_000, help="rows of the random KV pool (default 3.5M, ~4 GB bf16)")
@@ -388,6 +569,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--replays", type=int, default=7, help="graph replays; the median is reported")
     p.add_argument("--flush", choices=["read", "write"], default="read", help="how the L2 is flushed before each call")
     p.add_argument("--peer-max-tokens", type=int, default=256, help="time peers only up to this many tokens")
+    peer = p.add_mutually_exclusive_group()
+    peer.add_argument("--peers", dest="peers", action="store_true", default=None,
+                      help="time FlashMLA beside ours (the default when flash_mla is importable; an error when not)")
+    peer.add_argument("--no-peers", dest="peers", action="store_false", help="do not time FlashMLA")
     p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel ranks (>1 runs mla_sink.tools.dcp_bench)")
     p.add_argument("--heads", type=int, default=128, help="with --dcp: query heads H (default 128)")
     p.add_argument("--tokens", type=int, default=64, help="with --dcp: query tokens T (default 64)")

@@ -10,7 +10,8 @@ flushed, :class:`mla_sink.tools.bench.GraphTimer`) is printed beside them. Entry
 ``sparse_mla_decode`` (the function), ``SparseMLADecode`` (the layer, built once), the operator
 ``torch.ops.mla_sink.sparse_mla_decode``, and FlashMLA's decode call ``flash_mla_with_kvcache`` on
 the same q, ids and sinks over a 656-byte FP8 cache when ``flash_mla`` is importable (a benchmark
-peer, never a dependency: see ``../shared/peers/README.md`` for how to build it).
+peer, never a dependency: see ``../shared/peers/README.md`` for how to build it; the adapter is
+:func:`mla_sink.tools.peers.decode_call`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -28,8 +29,6 @@ import torch
 HOST_TOKENS = (1, 2, 8)
 HOST_HEADS = (16, 128)
 HOST_TOPK = 2048
-#: head counts FlashMLA's sparse FP8 decode serves (it crashes on others: ../shared/peers/README.md)
-FLASH_MLA_HEADS = (64, 128)
 
 
 def host_us(fns: dict, *, calls: int, repeats: int, warmup: int = 3) -> tuple[dict, dict]:
@@ -58,44 +57,6 @@ def host_us(fns: dict, *, calls: int, repeats: int, warmup: int = 3) -> tuple[di
     return med(issue), med(wall)
 
 
-_FP8_CACHES: dict = {}
-
-
-def _flash_mla_decode(q, kv_bf16, indices, sinks, sm_scale) -> Optional[Callable[[], Any]]:
-    """FlashMLA's sparse FP8 decode on the same data (its own quantiser lays out the 656-byte rows, once
-    per pool), or None when ``flash_mla`` is not importable."""
-    try:
-        import flash_mla
-    except ImportError:
-        return None
-    import importlib
-    import sys
-
-    T, H, _ = q.shape
-    block = 64
-    n = kv_bf16.shape[0] // block * block
-    cache = _FP8_CACHES.get(kv_bf16.data_ptr())
-    if cache is None:
-        try:
-            sys.path.insert(0, str(__import__("pathlib").Path(flash_mla.__file__).resolve().parents[1] / "tests"))
-            quant = importlib.import_module("quant")
-        finally:
-            sys.path.pop(0)
-        cache = quant.quantize_k_cache(kv_bf16[:n].view(n // block, block, 1, 576),
-                                       quant.FP8KVCacheLayout.V32_FP8Sparse)
-        _FP8_CACHES[kv_bf16.data_ptr()] = cache
-    q4 = q.view(T, 1, H, 576)
-    idx4 = torch.where(indices < n, indices, -1).view(T, 1, -1)
-    sched, _ = flash_mla.get_mla_metadata()
-
-    def call():
-        return flash_mla.flash_mla_with_kvcache(q4, cache, None, None, 512, sched, None, sm_scale, False, True,
-                                                indices=idx4, attn_sink=sinks)
-
-    call()
-    return call
-
-
 def run_host_bench(args: argparse.Namespace) -> dict:
     """Time the host cost of every entry point on the grid (see the module docstring).
 
@@ -110,6 +71,7 @@ def run_host_bench(args: argparse.Namespace) -> dict:
     from mla_sink.core.plan import build_plan
     from mla_sink.core.platform import detect_platform
     from mla_sink.core.records import CallSpec
+    from mla_sink.tools import peers
     from mla_sink.tools.bench import GraphTimer
 
     for flag in ("calls", "repeats"):
@@ -125,6 +87,8 @@ def run_host_bench(args: argparse.Namespace) -> dict:
     kv = (torch.randn(pool, 576, device=dev, generator=gen) * 0.5).to(torch.bfloat16)
     platform = detect_platform(dev)
     timer = GraphTimer(reps=10, replays=5)
+    flash_mla, _ = peers.import_flash_mla()
+    fp8_cache = None  # the 656-byte cache of the pool, built at the first FlashMLA case
     cases = []
     for H in HOST_HEADS:
         sinks = torch.randn(H, device=dev, generator=gen).float()
@@ -139,7 +103,11 @@ def run_host_bench(args: argparse.Namespace) -> dict:
                 "torch.ops.mla_sink.sparse_mla_decode": lambda: torch.ops.mla_sink.sparse_mla_decode(
                     q, kv, idx, sinks, scale, None, None, None, False, 0.0, ""),
             }
-            peer = _flash_mla_decode(q, kv, idx, sinks, scale) if H in FLASH_MLA_HEADS else None
+            peer = None
+            if flash_mla is not None and peers.skip_reason(peers.DECODE, H) is None:
+                if fp8_cache is None:
+                    fp8_cache, _ = peers.ds_mla_cache(kv, flash_mla)
+                peer = peers.decode_call(flash_mla, q, fp8_cache, idx, sinks, scale).run
             if peer is not None:
                 impls["flash_mla_with_kvcache"] = peer
             host, wall = host_us(impls, calls=args.calls, repeats=args.repeats)

@@ -1,0 +1,329 @@
+"""Benchmark peers: FlashMLA's sparse kernels called on mla-sink's data (``mla-sink bench``, ``--host``).
+
+FlashMLA (deepseek-ai/FlashMLA, MIT) is a benchmark peer only: never a dependency, never vendored.
+``../shared/peers/README.md`` says how to build it; ``import flash_mla`` must work for these adapters
+to run. Its API at the commit the README names (``flash_mla/flash_mla_interface.py``):
+
+* ``flash_mla_sparse_fwd(q [T, H, 576] bf16, kv [N, 1, 576] bf16, indices [T, 1, topk] int32, sm_scale,
+  512, attn_sink [H] fp32 | None)`` -> ``(out [T, H, 512] bf16, max_logits [T, H], lse [T, H])``: its sm90
+  sparse prefill kernel, which engines call for decode with tokens = batch * s_q. Ids ``-1`` or ``>= N``
+  are skipped. Head counts: 64 and 128 only (``csrc/api/sparse_fwd.h``: "Unsupported h_q").
+* ``flash_mla_with_kvcache(q [T, 1, H, 576] bf16, k_cache [blocks, 64, 1, 656] uint8, None, None, 512,
+  sched, None, sm_scale, False, True, indices=[T, 1, topk] int32, attn_sink=[H] fp32)`` with
+  ``sched, _ = get_mla_metadata()`` -> ``(out [T, 1, H, 512] bf16, lse [T, H, 1])``: its sparse FP8
+  decode on the 656-byte V3.2 rows (512 e4m3 values, 4 fp32 scales, 64 bf16 RoPE values); ids are global
+  rows ``block * 64 + offset``, ``-1`` skipped. Head counts: 64 and 128 only (``csrc/api/sparse_decode.h``);
+  it crashes at 16 heads, so it is never called at other head counts.
+
+LSE convention (read from the sources at that commit, and checked against our float64 reference by
+:func:`peer_checks`): both kernels return the **natural-log** LSE (the kernels work in log2 and divide
+by ``log2(e)`` on the way out: ``csrc/sm90/prefill/sparse/phase1.cuh`` writes ``log(L) + M * ln 2``,
+``csrc/smxx/decode/combine/combine.cu`` writes ``global_lse / M_LOG2E``) **without the sink** (the sink
+only rescales ``out``; the combine kernel adds it after writing the LSE), the same as ours; a row with no
+valid id gets ``+inf`` where ours gets ``-inf`` (``tests/ref.py``: "lonely q"), which
+:func:`lse_to_ours` maps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional
+
+import torch
+
+D_QK, D_V = 576, 512
+#: head counts FlashMLA's sparse kernels serve (``csrc/api/sparse_fwd.h``, ``csrc/api/sparse_decode.h``)
+FLASH_MLA_HEADS = (64, 128)
+#: rows of one page block of FlashMLA's decode cache (its tests and vLLM use 64)
+FLASH_MLA_BLOCK = 64
+#: the KV key of the 656-byte V3.2 FP8 layout (vLLM's name; issue #12)
+DS_MLA_KV = "fp8_ds_mla"
+#: bytes of one row of that layout: 512 e4m3 values, 4 fp32 scales, 64 bf16 RoPE values
+DS_MLA_ROW_BYTES = 656
+DS_MLA_NOPE, DS_MLA_TILE = 512, 128
+#: the names peers are recorded under in a case's ``impls``
+SPARSE_FWD, DECODE = "flash_mla_sparse_fwd", "flash_mla_decode"
+LSE_CONVENTION = ("FlashMLA's returned lse is natural-log and sink-free, as ours (the kernels divide their "
+                  "log2 value by log2(e); the sink only rescales out); a row with no valid id gives +inf where "
+                  "ours gives -inf, mapped before comparing")
+
+
+class PeerCall(NamedTuple):
+    """One peer call prepared on fixed tensors.
+
+    ``run()`` is the peer's call alone (what the bench times; no conversion inside); ``result(run())``
+    converts its return value to ours: ``(out [T, H, 512] bf16, lse [T, H] fp32)``, natural log, sink
+    excluded, ``-inf`` on rows with no valid id.
+    """
+
+    run: Callable[[], Any]
+    result: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
+
+
+def import_flash_mla() -> tuple[Optional[Any], str]:
+    """``(flash_mla module, "")`` when ``import flash_mla`` works, else ``(None, why)``."""
+    try:
+        import flash_mla  # type: ignore
+    except Exception as e:  # ImportError, or a broken build (missing CUDA library): no peer
+        return None, f"flash_mla not importable: {type(e).__name__}: {e}"[:300]
+    return flash_mla, ""
+
+
+def skip_reason(peer: str, num_heads: int) -> Optional[str]:
+    """Why ``peer`` (:data:`SPARSE_FWD` or :data:`DECODE`) is not called at ``num_heads``, or None."""
+    if num_heads in FLASH_MLA_HEADS:
+        return None
+    if peer == DECODE:
+        return (f"FlashMLA's sparse fp8 decode serves num_heads in {FLASH_MLA_HEADS} and crashes at other "
+                f"head counts (csrc/api/sparse_decode.h); not called at {num_heads}")
+    return (f"FlashMLA's sparse_fwd serves num_heads in {FLASH_MLA_HEADS} (csrc/api/sparse_fwd.h: "
+            f"'Unsupported h_q'); not called at {num_heads}")
+
+
+def lse_to_ours(lse: torch.Tensor) -> torch.Tensor:
+    """FlashMLA's LSE (natural log, sink excluded, ``+inf`` on rows with no valid id) as ours: fp32,
+    ``-inf`` on those rows. A finite or NaN value passes unchanged."""
+    lse = lse.float()
+    return torch.where(torch.isposinf(lse), torch.full_like(lse, float("-inf")), lse)
+
+
+def _peer_ids(indices: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """int32 ``[T, topk]``: our ids with every invalid one (negative or ``>= num_rows``) as ``-1``, the
+    skip marker both kernels take (out-of-range ids would be read by the decode kernel)."""
+    valid = (indices >= 0) & (indices < num_rows)
+    return torch.where(valid, indices, torch.full_like(indices, -1)).to(torch.int32).contiguous()
+
+
+def sparse_fwd_call(flash_mla: Any, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+                    sinks: Optional[torch.Tensor], sm_scale: float) -> PeerCall:
+    """``flash_mla_sparse_fwd`` on our call's tensors (tokens = T, the batch of a decode step).
+
+    Args:
+        flash_mla: the imported module (:func:`import_flash_mla`).
+        q: bf16 ``[T, H, 576]``, innermost stride 1; H in :data:`FLASH_MLA_HEADS`.
+        kv_cache: bf16 ``[N, 576]``, innermost stride 1 (passed as the view ``[N, 1, 576]``).
+        indices: int32 ``[T, topk]``; invalid ids are given as ``-1``.
+        sinks: optional fp32 ``[H]`` (passed as ``attn_sink``: the same work as ours), or None.
+        sm_scale: multiplies ``q.k``.
+
+    Raises:
+        ValueError: ``q`` is not ``[T, H, 576]`` with H in :data:`FLASH_MLA_HEADS` or ``kv_cache`` not
+            ``[N, 576]``.
+    """
+    T, H = _check_q(q)
+    if kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK:
+        raise ValueError(f"'kv_cache' must be [N, {D_QK}] for {SPARSE_FWD} (got {tuple(kv_cache.shape)})")
+    kv3 = kv_cache.unsqueeze(1)
+    idx3 = _peer_ids(indices, kv_cache.shape[0]).unsqueeze(1)
+    sink = None if sinks is None else sinks.float().contiguous()
+
+    def run():
+        return flash_mla.flash_mla_sparse_fwd(q, kv3, idx3, sm_scale, D_V, sink)
+
+    def result(ret):
+        out, _max_logits, lse = ret
+        return out.reshape(T, H, D_V), lse_to_ours(lse.reshape(T, H))
+
+    return PeerCall(run, result)
+
+
+def decode_call(flash_mla: Any, q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor,
+                sinks: Optional[torch.Tensor], sm_scale: float) -> PeerCall:
+    """``flash_mla_with_kvcache`` (sparse, ``is_fp8_kvcache=True``) on a 656-byte V3.2 cache.
+
+    The scheduler metadata (``get_mla_metadata``) is filled by one call made here, outside any CUDA-graph
+    capture, and reused by every later call (the shapes stay the same).
+
+    Args:
+        flash_mla: the imported module (:func:`import_flash_mla`).
+        q: bf16 ``[T, H, 576]``, innermost stride 1; H in :data:`FLASH_MLA_HEADS` (never called at others).
+        cache: uint8 ``[n, 656]`` contiguous, n a multiple of :data:`FLASH_MLA_BLOCK` (:func:`ds_mla_cache`);
+            passed as the view ``[n / 64, 64, 1, 656]``, so ids are our row numbers.
+        indices: int32 ``[T, topk]``; invalid ids (negative, ``>= n``) are given as ``-1``.
+        sinks: optional fp32 ``[H]`` (``attn_sink``).
+        sm_scale: multiplies ``q.k``.
+
+    Raises:
+        ValueError: a shape, dtype or head count above is not met (checked before FlashMLA is called).
+    """
+    T, H = _check_q(q)
+    if skip_reason(DECODE, H) is not None:
+        raise ValueError(f"'q' has {H} heads: {skip_reason(DECODE, H)}")
+    n = _check_cache(cache)
+    cache4 = cache.view(n // FLASH_MLA_BLOCK, FLASH_MLA_BLOCK, 1, DS_MLA_ROW_BYTES)
+    q4 = q.unsqueeze(1)
+    idx3 = _peer_ids(indices, n).unsqueeze(1)
+    sink = None if sinks is None else sinks.float().contiguous()
+    sched, _ = flash_mla.get_mla_metadata()
+
+    def run():
+        return flash_mla.flash_mla_with_kvcache(q4, cache4, None, None, D_V, sched, None, sm_scale, False, True,
+                                                indices=idx3, attn_sink=sink)
+
+    def result(ret):
+        out, lse = ret
+        return out.reshape(T, H, D_V), lse_to_ours(lse.reshape(T, H))
+
+    run()
+    return PeerCall(run, result)
+
+
+def _check_q(q: torch.Tensor) -> tuple[int, int]:
+    if q.dim() != 3 or q.shape[2] != D_QK or q.stride(2) != 1:  # the dtype (bf16) FlashMLA checks itself
+        raise ValueError(f"'q' must be [T, H, {D_QK}] with innermost stride 1 for FlashMLA (got {tuple(q.shape)})")
+    return q.shape[0], q.shape[1]
+
+
+def _check_cache(cache: torch.Tensor) -> int:
+    n = cache.shape[0] if cache.dim() == 2 else -1
+    if (cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != DS_MLA_ROW_BYTES
+            or not cache.is_contiguous() or n <= 0 or n % FLASH_MLA_BLOCK):
+        raise ValueError(f"'cache' must be a contiguous uint8 [n, {DS_MLA_ROW_BYTES}] with n a positive multiple "
+                         f"of {FLASH_MLA_BLOCK} (got {cache.dtype} {tuple(cache.shape)})")
+    return n
+
+
+def ds_mla_rows(num_rows: int) -> int:
+    """Rows of the 656-byte cache built from a pool of ``num_rows``: whole blocks of
+    :data:`FLASH_MLA_BLOCK` (0 when the pool is smaller than one block)."""
+    return num_rows // FLASH_MLA_BLOCK * FLASH_MLA_BLOCK
+
+
+def ds_mla_cache(kv: torch.Tensor, flash_mla: Any = None) -> tuple[torch.Tensor, str]:
+    """The 656-byte V3.2 FP8 cache of the first :func:`ds_mla_rows` rows of a bf16 pool, power-of-two scales.
+
+    Written by ``mla_sink.quantize_kv_cache(kv, layout="fp8_ds_mla", scale="pow2")`` when this version of
+    mla-sink has it, else by FlashMLA's own quantiser (``tests/quant.py`` of its checkout, beside the
+    ``flash_mla`` package: ``quantize_k_cache(..., FP8KVCacheLayout.V32_FP8Sparse)``), whose rows are
+    copied into one contiguous tensor (it pads each block by a row).
+
+    Args:
+        kv: bf16 ``[N, 576]`` contiguous, N >= 64.
+        flash_mla: the imported module (needed only for the fallback).
+
+    Returns:
+        ``(cache, source)``: uint8 ``[n, 656]`` contiguous (n = :func:`ds_mla_rows` of N) and which
+        quantiser wrote it.
+
+    Raises:
+        ValueError: the pool has fewer than 64 rows, or a quantiser returned another shape or dtype.
+        RuntimeError: neither quantiser is available.
+    """
+    n = ds_mla_rows(kv.shape[0])
+    if n == 0:
+        raise ValueError(f"'kv' has {kv.shape[0]} rows; the {DS_MLA_ROW_BYTES}-byte cache needs at least "
+                         f"{FLASH_MLA_BLOCK} (one page block)")
+    import mla_sink
+
+    quantize = getattr(mla_sink, "quantize_kv_cache", None)
+    if quantize is not None:
+        cache = quantize(kv[:n], layout=DS_MLA_KV, scale="pow2")
+        source = f"mla_sink.quantize_kv_cache(layout={DS_MLA_KV!r}, scale='pow2')"
+    else:
+        quant = _flash_mla_quant(flash_mla)
+        blocked = quant.quantize_k_cache(kv[:n].reshape(n // FLASH_MLA_BLOCK, FLASH_MLA_BLOCK, 1, D_QK),
+                                         quant.FP8KVCacheLayout.V32_FP8Sparse)
+        cache = blocked.view(torch.uint8).reshape(n, DS_MLA_ROW_BYTES).contiguous()
+        source = "FlashMLA tests/quant.py quantize_k_cache(V32_FP8Sparse)"
+    if cache.dtype != torch.uint8 or tuple(cache.shape) != (n, DS_MLA_ROW_BYTES):
+        raise ValueError(f"{source} returned {cache.dtype} {tuple(cache.shape)}, "
+                         f"expected uint8 {(n, DS_MLA_ROW_BYTES)}")
+    return cache.contiguous(), source
+
+
+def _flash_mla_quant(flash_mla: Any) -> Any:
+    """FlashMLA's ``tests/quant.py``, loaded from the checkout that holds the ``flash_mla`` package."""
+    if flash_mla is None or not getattr(flash_mla, "__file__", None):
+        raise RuntimeError("no quantiser for the 656-byte cache: mla_sink.quantize_kv_cache is missing and "
+                           "flash_mla is not importable")
+    path = Path(flash_mla.__file__).resolve().parents[1] / "tests" / "quant.py"
+    if not path.is_file():
+        raise RuntimeError(f"no quantiser for the 656-byte cache: mla_sink.quantize_kv_cache is missing and "
+                           f"{path} does not exist")
+    spec = importlib.util.spec_from_file_location("_flash_mla_tests_quant", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dequantize_ds_mla(cache: torch.Tensor) -> torch.Tensor:
+    """float64 ``[n, 576]``: the values a 656-byte V3.2 cache holds, exactly.
+
+    Columns 0-511: e4m3 value × its tile's fp32 scale (tile i = values 128 i .. 128 i + 127, scale i at bytes
+    512 + 4 i), read as the float32 each scale is (not rounded); columns 512-575: the bf16 RoPE values at
+    bytes 528-655. Layout: issue #12, FlashMLA ``flash_mla_interface.py`` (its docstring of the V3.2 format).
+
+    Raises:
+        ValueError: ``cache`` is not uint8 ``[n, 656]``.
+    """
+    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != DS_MLA_ROW_BYTES:
+        raise ValueError(f"'cache' must be uint8 [n, {DS_MLA_ROW_BYTES}] (got {cache.dtype} {tuple(cache.shape)})")
+    n = cache.shape[0]
+    tiles = DS_MLA_NOPE // DS_MLA_TILE
+    nope = cache[:, :DS_MLA_NOPE].contiguous().view(torch.float8_e4m3fn).to(torch.float64)
+    scales = cache[:, DS_MLA_NOPE:DS_MLA_NOPE + 4 * tiles].contiguous().view(torch.float32).to(torch.float64)
+    rope = cache[:, DS_MLA_NOPE + 4 * tiles:].contiguous().view(torch.bfloat16).to(torch.float64)
+    nope = (nope.view(n, tiles, DS_MLA_TILE) * scales.unsqueeze(-1)).view(n, DS_MLA_NOPE)
+    return torch.cat([nope, rope], dim=1)
+
+
+# ---------------------------------------------------------------- correctness on one small case
+#: the small case the peers are checked on against the float64 reference (tokens, heads, topk, pool rows)
+CHECK_SHAPE = dict(T=2, H=FLASH_MLA_HEADS[0], topk=256, pool_rows=4 * FLASH_MLA_BLOCK * FLASH_MLA_BLOCK)
+
+
+def errors(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> dict:
+    """Max abs and max relative error of ``out`` and ``lse`` against the reference.
+
+    ``max_abs_err_*`` = ``max |a - b|`` (equal infinities count 0, a NaN gives NaN);
+    ``max_rel_err_*`` = ``max_abs_err / max |b|`` over the finite reference values (relative to the
+    largest reference magnitude, so values near 0 do not blow it up).
+    """
+    doc = {}
+    for name, a, b in (("out", out, ref_out), ("lse", lse, ref_lse)):
+        a, b = a.to(torch.float64).cpu(), b.to(torch.float64).cpu()
+        diff = torch.where(a == b, torch.zeros_like(a), (a - b).abs())
+        finite = b[torch.isfinite(b)]
+        abs_err = float(diff.max()) if diff.numel() else 0.0
+        scale = float(finite.abs().max()) if finite.numel() else 0.0
+        doc[f"max_abs_err_{name}"] = abs_err
+        doc[f"max_rel_err_{name}"] = abs_err / scale if scale > 0 else abs_err
+    return doc
+
+
+def peer_checks(flash_mla: Any, device: Any, *, seed: int = 1) -> dict:
+    """Each FlashMLA kernel against our float64 reference on one small case with sinks (:data:`CHECK_SHAPE`,
+    a few ``-1`` ids): ``flash_mla_sparse_fwd`` on the bf16 pool, the fp8 decode on the 656-byte cache of
+    that pool (the reference sees its exact dequantised values, :func:`dequantize_ds_mla`).
+
+    Returns:
+        ``{"shape": CHECK_SHAPE, "lse_convention": str, "flash_mla_sparse_fwd": {errors...},
+        "flash_mla_decode": {errors..., "cache": quantiser}}``; a peer that fails gets ``{"error": str}``.
+        Error fields: :func:`errors`.
+    """
+    from mla_sink.core.reference import sparse_mla_decode_reference
+
+    T, H, topk, rows = CHECK_SHAPE["T"], CHECK_SHAPE["H"], CHECK_SHAPE["topk"], CHECK_SHAPE["pool_rows"]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    kv = torch.randn(rows, D_QK, device=device, generator=gen).to(torch.bfloat16)
+    q = torch.randn(T, H, D_QK, device=device, generator=gen).to(torch.bfloat16)
+    idx = torch.randint(0, rows, (T, topk), device=device, generator=gen, dtype=torch.int32)
+    idx[:, ::17] = -1  # skipped ids, anywhere in a row
+    sinks = torch.randn(H, device=device, generator=gen).float()
+    sm_scale = D_QK ** -0.5
+    doc: dict = {"shape": dict(CHECK_SHAPE), "sinks": True, "sm_scale": sm_scale, "lse_convention": LSE_CONVENTION}
+    try:
+        ref_out, ref_lse = sparse_mla_decode_reference(q, kv, idx, sinks, sm_scale)
+        call = sparse_fwd_call(flash_mla, q, kv, idx, sinks, sm_scale)
+        doc[SPARSE_FWD] = errors(*call.result(call.run()), ref_out, ref_lse)
+    except Exception as e:  # a peer that fails is reported, not fatal
+        doc[SPARSE_FWD] = {"error": repr(e)[:300]}
+    try:
+        cache, source = ds_mla_cache(kv, flash_mla)
+        ref_out, ref_lse = sparse_mla_decode_reference(q, dequantize_ds_mla(cache), idx, sinks, sm_scale)
+        call = decode_call(flash_mla, q, cache, idx, sinks, sm_scale)
+        doc[DECODE] = dict(errors(*call.result(call.run()), ref_out, ref_lse), cache=source)
+    except Exception as e:
+        doc[DECODE] = {"error": repr(e)[:300]}
+    return doc
