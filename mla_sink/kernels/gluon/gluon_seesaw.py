@@ -64,8 +64,8 @@ HALF_V = 256
 GATHER_ROWS = 16
 #: Registers per thread of the two worker partitions: consumer 1 (as many as consumer 0 gets) and the
 #: producer (addresses and masks only). 12 warps share 64K registers.
-CONSUMER_REGS = 232
-PRODUCER_REGS = 40
+CONSUMER_REGS = 216
+PRODUCER_REGS = 72
 #: Slots of the ring: one per consumer.
 SLOT_EVEN = 0
 SLOT_ODD = 1
@@ -81,21 +81,30 @@ def _ids_ok(IDX, idx_base, pos, end, nrows):
 
 
 @gluon.jit
-def _gather_cols(IDX, KV, dst, idx_base, n0, end, nrows, stride_kv, col0,
+def _gather_cols(KV, dst, ids_smem, id0, stride_kv, col0,
                  NROWS: gl.constexpr, NCOLS: gl.constexpr, ROWS: gl.constexpr, layout: gl.constexpr):
-    """cp.async ``NROWS`` gathered KV rows (ids at positions ``n0 ..``), columns ``col0 .. col0 + NCOLS``,
-    into ``dst [NROWS, NCOLS]``, ``ROWS`` rows per batch; invalid ids zero-fill and read nothing."""
+    """cp.async ``NROWS`` gathered KV rows (their ids at ``ids_smem[id0 ..]``, ``-1`` for a skipped id),
+    columns ``col0 .. col0 + NCOLS``, into ``dst [NROWS, NCOLS]``, ``ROWS`` rows per batch; a skipped id
+    zero-fills and reads nothing."""
     offs_c = gl.arange(0, NCOLS, layout=gl.SliceLayout(0, layout))
-    offs_r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     for r in gl.static_range(NROWS // ROWS):
-        ids, ok = _ids_ok(IDX, idx_base, n0 + r * ROWS + offs_r, end, nrows)
+        ids = ids_smem.slice(id0 + r * ROWS, ROWS).load(gl.SliceLayout(1, layout))
         rows = KV + ids.to(gl.int64) * stride_kv + col0
         async_copy.async_copy_global_to_shared(dst.slice(r * ROWS, ROWS), rows[:, None] + offs_c[None, :],
-                                               mask=ok[:, None])
+                                               mask=(ids >= 0)[:, None])
 
 
 @gluon.jit
-def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+def _pair_ids(IDX, idx_base, n0, end, nrows, PAIR: gl.constexpr, layout: gl.constexpr):
+    """The ids of a pair of blocks (positions ``n0 .. n0 + PAIR``), ``-1`` where the id is skipped (past
+    ``end``, negative or ``>= N``)."""
+    pos = n0 + gl.arange(0, PAIR, layout=layout)
+    ids, ok = _ids_ok(IDX, idx_base, pos, end, nrows)
+    return gl.where(ok, ids, -1)
+
+
+@gluon.jit
+def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi, free_lo, free_hi,
               pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
               ROWS: gl.constexpr):
@@ -123,29 +132,29 @@ def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, q_ready, ready
                                            mask=(offs_hr < num_heads)[:, None])
     async_copy.mbarrier_arrive(q_ready, increment_count=False)
 
+    # the ids of the next pair are loaded while this one is gathered, and staged in shared memory for the
+    # gathers (whose layouts spread rows differently)
+    ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    ids_next = _pair_ids(IDX, idx_base, start, end, nrows, 2 * BLOCK_N, ids_l)
     for j in range(num_pairs):
         phase = (j & 1) ^ 1  # the first wait on a fresh 'free' barrier passes
-        n_even = start + 2 * j * BLOCK_N
-        n_odd = n_even + BLOCK_N
+        gl.thread_barrier()  # every thread is done reading the previous pair's ids
+        ids_smem.store(ids_next)
+        gl.thread_barrier()
+        ids_next = _pair_ids(IDX, idx_base, start + 2 * (j + 1) * BLOCK_N, end, nrows, 2 * BLOCK_N, ids_l)
         mbarrier.wait(free_lo.index(0), phase)
-        _gather_cols(IDX, KV, k_lo.index(0), idx_base, n_even, end, nrows, stride_kv, 0,
-                     BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(KV, k_lo.index(0), ids_smem, 0, stride_kv, 0, BLOCK_N, HALF_V, ROWS, half_l)
         async_copy.mbarrier_arrive(ready_lo.index(0), increment_count=False)
         mbarrier.wait(free_hi.index(1), phase)
-        _gather_cols(IDX, KV, k_hi.index(1), idx_base, n_odd, end, nrows, stride_kv, HALF_V,
-                     BLOCK_N, HALF_V, ROWS, half_l)
-        _gather_cols(IDX, KV, k_rope.index(1), idx_base, n_odd, end, nrows, stride_kv, 2 * HALF_V,
-                     BLOCK_N, D_ROPE, BLOCK_N, rope_l)
+        _gather_cols(KV, k_hi.index(1), ids_smem, BLOCK_N, stride_kv, HALF_V, BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(KV, k_rope.index(1), ids_smem, BLOCK_N, stride_kv, 2 * HALF_V, BLOCK_N, D_ROPE, BLOCK_N, rope_l)
         async_copy.mbarrier_arrive(ready_hi.index(1), increment_count=False)
         mbarrier.wait(free_hi.index(0), phase)
-        _gather_cols(IDX, KV, k_hi.index(0), idx_base, n_even, end, nrows, stride_kv, HALF_V,
-                     BLOCK_N, HALF_V, ROWS, half_l)
-        _gather_cols(IDX, KV, k_rope.index(0), idx_base, n_even, end, nrows, stride_kv, 2 * HALF_V,
-                     BLOCK_N, D_ROPE, BLOCK_N, rope_l)
+        _gather_cols(KV, k_hi.index(0), ids_smem, 0, stride_kv, HALF_V, BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(KV, k_rope.index(0), ids_smem, 0, stride_kv, 2 * HALF_V, BLOCK_N, D_ROPE, BLOCK_N, rope_l)
         async_copy.mbarrier_arrive(ready_hi.index(0), increment_count=False)
         mbarrier.wait(free_lo.index(1), phase)
-        _gather_cols(IDX, KV, k_lo.index(1), idx_base, n_odd, end, nrows, stride_kv, 0,
-                     BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(KV, k_lo.index(1), ids_smem, BLOCK_N, stride_kv, 0, BLOCK_N, HALF_V, ROWS, half_l)
         async_copy.mbarrier_arrive(ready_lo.index(1), increment_count=False)
 
 
@@ -263,6 +272,8 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope,
         _signal(bar_m_even)
         acc_t = acc_t * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), k_lo.index(even), acc_t, is_async=True)
+        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _signal(free_lo.index(0))  # the producer refills this half while the odd block's max is awaited
         # the shared max after the odd block: rescale this block's weights to it and hand them over
         mbarrier.wait(bar_m_odd, phase)
         m_odd_new = m_odd.load(row_l)
@@ -270,8 +281,6 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope,
         k_rope.index(even).store((p * c[:, None]).to(dtype))  # over the RoPE columns S0 no longer needs
         fence_async_shared()
         _signal(bar_p_even)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _signal(free_lo.index(0))
         acc_t = acc_t * gl.convert_layout(c, gl.SliceLayout(1, o_l))[:, None]
         l_i = l_i * c
         m_i = m_odd_new
@@ -384,6 +393,7 @@ def sparse_mla_decode_seesaw_kernel(
     m_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
     l_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
     l_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
+    ids_smem = gl.allocate_shared_memory(gl.int32, [2 * BLOCK_N], vec_sl)  # the producer's ids of a pair
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
@@ -423,7 +433,7 @@ def sparse_mla_decode_seesaw_kernel(
                          pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT)),
-        (_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, q_ready, ready_lo, ready_hi, free_lo,
+        (_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi, free_lo,
                      free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt,
                      stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
