@@ -18,7 +18,8 @@ from mla_sink.tools import peers
 from mla_sink.tools.bench import GraphTimer
 
 D_QK, D_V, TOPK, N = 576, 512, 2048, 1 << 20
-VARIANTS = {"rows16_216_72": (16, 216, 72), "rows32_216_72": (32, 216, 72), "rows16_232_40": (16, 232, 40)}
+VARIANTS = {"rows16": (16, 216, 72), "rows32": (32, 216, 72), "rows64": (64, 216, 72)}
+T2_SPLITS = (8, 16, 32)
 
 
 def main(path: str) -> None:
@@ -27,7 +28,7 @@ def main(path: str) -> None:
     fm, _ = peers.import_flash_mla()
     kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
     rows = []
-    for H, T in ((128, 256), (64, 256), (128, 64), (64, 64), (128, 2)):
+    for H, T in ((128, 256), (64, 256), (128, 64), (64, 64), (128, 2), (64, 2)):
         q = torch.randn(T, H, D_QK, device="cuda").to(torch.bfloat16)
         idx = torch.randint(0, N - 64, (T, TOPK), device="cuda", dtype=torch.int32)
         sinks = torch.randn(H, device="cuda")
@@ -42,10 +43,20 @@ def main(path: str) -> None:
                     q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=splits)), 2)
             except Exception as e:  # noqa: BLE001 - recorded
                 row["us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
-        gs.GATHER_ROWS, gs.CONSUMER_REGS, gs.PRODUCER_REGS = VARIANTS["rows16_216_72"]
+        gs.GATHER_ROWS, gs.CONSUMER_REGS, gs.PRODUCER_REGS = VARIANTS["rows16"]
+        for s in T2_SPLITS if T <= 2 else ():
+            row["us"][f"rows16_s{s}"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
+                q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=s)), 2)
         if splits == 1:
             row["us"]["gluon_ws"] = round(timer.time_us(lambda: sparse_mla_decode_gluon(q, kv, idx, sinks, out=out,
                                                                                         lse=lse)), 2)
+        if fm is not None and T <= 2:
+            cache = peers.ds_mla_cache(kv[: 1 << 16], fm)[0]
+            idx_small = idx % (1 << 16)
+            row["us"]["flash_mla_decode_64k_pool"] = round(timer.time_us(
+                peers.decode_call(fm, q, cache, idx_small, sinks, D_QK ** -0.5).run), 2)
+            row["us"]["rows16_64k_pool"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
+                q, kv, idx_small, sinks, out=out, lse=lse, num_kv_splits=splits)), 2)
         if fm is not None:
             row["us"]["flash_mla_sparse_fwd"] = round(timer.time_us(
                 peers.sparse_fwd_call(fm, q, kv, idx, sinks, D_QK ** -0.5).run), 2)

@@ -346,9 +346,10 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, 
         _signal(bar_p_odd)
         mbarrier.wait(bar_p_even, phase)
         acc = warpgroup_mma(k_rope.index(even), k_hi.index(even), acc, is_async=True)  # P0, rescaled to m1
+        warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        _signal(free_hi.index(1))  # this block's own P V is done: its slot half is refilled first
         warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _signal(free_hi.index(1))
-        mbarrier.arrive(free_hi.index(0))
+        _signal(free_hi.index(0))
     acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     _epilogue(acc_t, m_i, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
