@@ -10,7 +10,8 @@ import traceback
 import torch
 
 from mla_sink.tools.bench import GraphTimer
-from mla_sink.kernels.gluon.gluon_ws import sparse_mla_decode_gluon
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parent))
+from baselines.gluon_ws import sparse_mla_decode_gluon  # noqa: E402  (the replaced kernel, for A/B)
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton
 from mla_sink.core.reference import sparse_mla_decode_reference
 

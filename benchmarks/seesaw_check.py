@@ -19,7 +19,8 @@ import torch
 
 from mla_sink.core.reference import sparse_mla_decode_reference
 from mla_sink.kernels.gluon.gluon_seesaw import sparse_mla_decode_seesaw
-from mla_sink.kernels.gluon.gluon_ws import sparse_mla_decode_gluon
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parent))
+from baselines.gluon_ws import sparse_mla_decode_gluon  # noqa: E402  (the replaced kernel, for A/B)
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton, triton_plan_for
 from mla_sink.tools import peers
 from mla_sink.tools.bench import GraphTimer

@@ -12,7 +12,8 @@ import sys
 import torch
 
 from mla_sink.kernels.gluon import gluon_seesaw as gs
-from mla_sink.kernels.gluon.gluon_ws import sparse_mla_decode_gluon
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parent))
+from baselines.gluon_ws import sparse_mla_decode_gluon  # noqa: E402  (the replaced kernel, for A/B)
 from mla_sink.paths.triton.launch import triton_plan_for
 from mla_sink.tools import peers
 from mla_sink.tools.bench import GraphTimer

@@ -74,7 +74,7 @@ def arch_of(device: Any = None) -> str:
 def gluon_available() -> bool:
     """Whether the warp-specialised kernels (Triton's Gluon dialect and its sm90 primitives) import here."""
     try:
-        from mla_sink.kernels.gluon import gluon_fp8, gluon_ws  # noqa: F401
+        from mla_sink.kernels.gluon import gluon_fp8, gluon_seesaw  # noqa: F401
     except Exception:  # noqa: BLE001 - any import failure means the Gluon kernels cannot serve here
         return False
     return True

@@ -15,7 +15,6 @@ import attrs
 KERNEL_FILES = {
     "portable": "mla_sink/kernels/triton/portable.py",
     "gluon_seesaw": "mla_sink/kernels/gluon/gluon_seesaw.py",
-    "gluon_ws": "mla_sink/kernels/gluon/gluon_ws.py",
     "gluon_fp8": "mla_sink/kernels/gluon/gluon_fp8.py",
 }
 

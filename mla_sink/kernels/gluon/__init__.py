@@ -1,2 +1,16 @@
-"""sm90 kernels in Triton's Gluon dialect: ``gluon_ws`` (bf16/fp16, 64-head blocks) and ``gluon_fp8``
-(e4m3fn KV, few heads); ``math`` holds their shared jit helpers. GPU only."""
+"""sm90 kernels in Triton's Gluon dialect: ``gluon_seesaw`` (bf16/fp16, 64-head blocks, split-KV) and
+``gluon_fp8`` (e4m3fn KV, few heads); ``math`` holds their shared jit helpers. GPU only."""
+
+
+def launch_buffers(q, out, lse, sm_scale):
+    """``(out, lse, sm_scale)`` of a Gluon launch: ``out [T, H, 512]`` in q's dtype and fp32 ``lse [T, H]``
+    allocated where not given, ``sm_scale`` defaulting to ``576 ** -0.5`` (the Gluon launchers' shared
+    prologue)."""
+    import torch
+
+    T, H, d_qk = q.shape
+    if out is None:
+        out = torch.empty((T, H, 512), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    return out, lse, (d_qk ** -0.5 if sm_scale is None else sm_scale)

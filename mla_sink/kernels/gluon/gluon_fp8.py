@@ -268,7 +268,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
     """
     import torch
 
-    from mla_sink.kernels.gluon.gluon_ws import launch_buffers
+    from mla_sink.kernels.gluon import launch_buffers
 
     T, H, _ = q.shape
     if H > HEADS_PER_CTA:

@@ -1,4 +1,4 @@
-"""The math the Gluon kernels (:mod:`~mla_sink.kernels.gluon.gluon_ws`, :mod:`~mla_sink.kernels.gluon.gluon_fp8`)
+"""The math the Gluon kernels (:mod:`~mla_sink.kernels.gluon.gluon_seesaw`, :mod:`~mla_sink.kernels.gluon.gluon_fp8`)
 share, as ``@gluon.jit`` helpers (a Gluon kernel calls Gluon functions only; Triton inlines them).
 
 :data:`LOG2E` is the Triton kernels' constant (:mod:`mla_sink.kernels.triton.math`), one value for every

@@ -9,7 +9,7 @@ argument on every call, which costs more host time than the kernel takes at smal
 
 Kernels: ``portable`` (:mod:`mla_sink.kernels.triton.portable`) with the split-KV ``combine``
 (:mod:`mla_sink.kernels.triton.combine`), and on sm90 the warp-specialised ``gluon_seesaw`` (with the
-same combine when split), ``gluon_ws`` and ``gluon_fp8`` (:mod:`mla_sink.kernels.gluon`). The Gluon
+same combine when split) and ``gluon_fp8`` (:mod:`mla_sink.kernels.gluon`). The Gluon
 kernels gather with 16-byte ``cp.async``: a call whose q / KV / ids are not 16-byte aligned (pointers,
 row strides) runs the portable kernel instead. A Gluon kernel that fails to COMPILE here (another
 Triton release) is recorded (:func:`mla_sink.core.plan.mark_kernel_failed`): the call and every later
@@ -218,8 +218,8 @@ def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Resul
         return lambda x, lse=None: _outputs(x, (0, H), out_dtype, device, lse)
     if launch.kernel == "gluon_seesaw":
         return _seesaw_runner(plan, launch, x, out_dtype, device)
-    if launch.kernel != "portable":
-        return _gluon_runner(plan, launch, out_dtype, device)
+    if launch.kernel == "gluon_fp8":
+        return _gluon_fp8_runner(plan, launch, out_dtype, device)
     return _portable_runner(plan, launch, x, out_dtype, device)
 
 
@@ -416,12 +416,14 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     return run
 
 
-def _gluon_runner(plan, launch, out_dtype: torch.dtype, device: torch.device):
-    """A runner for the warp-specialised sm90 kernels; a compile failure falls back to the portable kernel."""
-    kernel = launch.kernel
+def _gluon_fp8_runner(plan, launch, out_dtype: torch.dtype, device: torch.device):
+    """A runner for the sm90 fp8 kernel (:mod:`mla_sink.kernels.gluon.gluon_fp8`); a compile failure falls
+    back to the portable kernel."""
     errors = _compile_errors()
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        from mla_sink.kernels.gluon.gluon_fp8 import sparse_mla_decode_fp8_gluon
+
         q = x.q
         T, H, _ = q.shape
         out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
@@ -429,18 +431,10 @@ def _gluon_runner(plan, launch, out_dtype: torch.dtype, device: torch.device):
             lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
         topk_length = x.topk_length.contiguous() if x.topk_length is not None else None
         try:
-            if kernel == "gluon_ws":
-                from mla_sink.kernels.gluon.gluon_ws import sparse_mla_decode_gluon
-
-                sparse_mla_decode_gluon(q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=topk_length,
-                                        out=out, lse=lse)
-            else:
-                from mla_sink.kernels.gluon.gluon_fp8 import sparse_mla_decode_fp8_gluon
-
-                sparse_mla_decode_fp8_gluon(q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=topk_length,
-                                            kv_scale=x.kv_scale, out=out, lse=lse)
+            sparse_mla_decode_fp8_gluon(q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=topk_length,
+                                        kv_scale=x.kv_scale, out=out, lse=lse)
         except errors as e:
-            return _fall_back(plan, kernel, e, x)
+            return _fall_back(plan, launch.kernel, e, x)
         return out, lse
 
     return run

@@ -1,4 +1,8 @@
-"""Warp-specialised sparse MLA decode for sm90 (Hopper), written in Triton's Gluon dialect.
+"""BASELINE, not part of the library: the warp-specialised kernel ``gluon_ws`` that served bf16/fp16 at H > 32
+on sm90 until 2026-12-01, kept here (outside the package) so the benchmark scripts can measure the
+seesaw kernel (:mod:`mla_sink.kernels.gluon.gluon_seesaw`) that replaced it against it on the same data.
+
+Warp-specialised sparse MLA decode for sm90 (Hopper), written in Triton's Gluon dialect.
 
 Same semantics as :mod:`mla_sink.paths.triton.launch` (float64 reference in :mod:`mla_sink.core.reference`):
 sink fused in the epilogue, natural-log sink-free LSE, ``-1`` / negative / ``>= N`` ids skipped wherever
@@ -189,20 +193,6 @@ def sparse_mla_decode_ws_kernel(
     ], [4], [56])  # producer: one warpgroup at 56 registers; the consumers get the rest (240)
 
 
-def launch_buffers(q, out, lse, sm_scale):
-    """``(out, lse, sm_scale)`` of a Gluon launch: ``out [T, H, 512]`` in q's dtype and fp32 ``lse [T, H]``
-    allocated where not given, ``sm_scale`` defaulting to ``576 ** -0.5`` (the Gluon launchers' shared
-    prologue)."""
-    import torch
-
-    T, H, d_qk = q.shape
-    if out is None:
-        out = torch.empty((T, H, 512), dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
-    return out, lse, (d_qk ** -0.5 if sm_scale is None else sm_scale)
-
-
 def sparse_mla_decode_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None, lse=None,
                             block_n: int = 64, stages: int = 2):
     """Launch :func:`sparse_mla_decode_ws_kernel` (CUDA sm90 only; bf16 or fp16 q and KV of one dtype).
@@ -221,6 +211,8 @@ def sparse_mla_decode_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, 
     """
     T, H, _ = q.shape
     topk = indices.shape[1]
+    from mla_sink.kernels.gluon import launch_buffers
+
     out, lse, sm_scale = launch_buffers(q, out, lse, sm_scale)
     if T == 0 or H == 0:
         return out, lse
