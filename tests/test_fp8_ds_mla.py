@@ -392,8 +392,8 @@ def test_kernel_on_a_cache_written_byte_by_byte():
 @interp
 def test_scale_is_read_as_float32_exactly():
     """Each tile scale is read as the float32 it is (FlashMLA's sm90 kernel rounds it to bf16): a scale
-    of 1 + 2^-20 (no bf16 value) with q picking one column gives the score 448 * (1 + 2^-20), not 448.
-    (The interpreter's tiles are fp32; a GPU tile rounds the product once, to q's dtype.)"""
+    of 1 + 2^-20 (no bf16 value) with q picking one column gives the score 448 * (1 + 2^-20), not 448: the
+    kernel multiplies each tile's exact e4m3 products by the scale in fp32 (the GPU as the interpreter)."""
     s = 1.0 + 2.0 ** -20
     row = write_row([0x7E] * 512, [s, s, s, s], [0.0] * 64)  # 0x7E = 448
     cache = torch.frombuffer(bytearray(row * 2), dtype=torch.uint8).reshape(2, ROW).clone()
