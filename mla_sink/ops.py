@@ -54,7 +54,8 @@ def sparse_mla_decode_op(
     :mod:`mla_sink.core.reference`.
 
     Args:
-        q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``. indices: int32 ``[T, topk]``
+        q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``, or uint8 ``[N, 656]`` /
+            ``[num_blocks, block_size, 656]`` (the ``fp8_ds_mla`` layout). indices: int32 ``[T, topk]``
             (``-1`` / ids outside ``[0, N)`` skipped). sinks: fp32 ``[H]`` or None.
         sm_scale: softmax scale. topk_length: int32 ``[T]`` or None. q_scale, kv_scale: fp32 ``[1]``
             for fp8 q / KV, else None.

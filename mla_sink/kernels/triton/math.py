@@ -61,6 +61,57 @@ def e4m3fn_to_f32_interpreted(x):
 
 
 @triton.jit
+def e4m3_codes(ptr, offs, valid, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """A ``[BLOCK_N, TILE]`` tile of float8 e4m3fn codes read from byte pointers ``ptr[:, None] + offs[None, :]``
+    (``ptr`` ``[BLOCK_N]``, uint8; rows where ``valid`` is False are not read and give 0), converted exactly to
+    ``dtype`` (every e4m3 value is a bf16 and an fp16 value); fp32 under ``UPCAST`` (the interpreter), with the
+    NaN codes decoded as NaN."""
+    k8 = tl.load(ptr[:, None] + offs[None, :], mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True)
+    if UPCAST:
+        k = e4m3fn_to_f32_interpreted(k8)
+    else:
+        k = k8.to(dtype)
+    return k
+
+
+@triton.jit
+def ds_mla_pv(acc, p, scale, k):
+    """``acc + (p * scale[None, :]) @ k``: the P.V product of one 128-column tile of ``fp8_ds_mla`` rows, whose
+    values are the e4m3 tile ``k [BLOCK_N, TILE]`` times a float32 scale per row (``scale [BLOCK_N]``).
+
+    ``p [BLOCK_H, BLOCK_N]`` (fp32 weights in ``[0, 1]``) is multiplied by ``scale / max|scale|`` of the block
+    (in ``[-1, 1]``: no overflow in fp16 or bf16, whatever the scales' magnitude), rounded once to ``k``'s dtype
+    (as P is for every other KV dtype), and the fp32 product is multiplied back by that maximum. A block whose
+    scales are all 0 (no valid row) uses 1 (its ``p`` is 0). ``acc`` fp32 ``[BLOCK_H, TILE]``.
+    """
+    smax = tl.max(tl.abs(scale), 0)
+    smax = tl.where(smax > 0.0, smax, 1.0)
+    w = p * (scale / smax)[None, :]
+    return acc + tl.dot(w.to(k.dtype), k) * smax
+
+
+@triton.jit
+def scores_base2(qk, qk_scale, logit_cap, HAS_CAP: tl.constexpr):
+    """Base-2 scores from the raw products ``qk`` (fp32 ``[BLOCK_H, BLOCK_N]``): ``qk * qk_scale * log2 e``, or
+    with ``HAS_CAP`` the soft cap ``cap * tanh(qk * qk_scale / cap) * log2 e``, computed without cancellation: an
+    odd Taylor polynomial where ``|x| < 0.1`` (truncation < 1e-10 relative), ``exp(-2|x|)`` (never overflows)
+    elsewhere."""
+    if HAS_CAP:
+        x = qk * qk_scale / logit_cap
+        ax = tl.abs(x)
+        e = tl.exp(-2.0 * ax)
+        t_big = (1.0 - e) / (1.0 + e)
+        x2 = x * x
+        t_small = ax * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+        t_abs = tl.where(ax < 0.1, t_small, t_big)
+        s = logit_cap * tl.where(x < 0.0, -t_abs, t_abs)
+        s = s * LOG2E
+    else:
+        s = qk * (qk_scale * LOG2E)
+    return s
+
+
+@triton.jit
 def online_softmax_step(m_i, l_i, s):
     """One block of the online softmax, base 2 (rows = heads, columns = ids of the block).
 

@@ -21,6 +21,12 @@ adjacent in launch order so their identical gathers hit L2):
   read from device memory, are folded into the scores and the output; ``fp8_e4m3fnuz`` is decoded from
   its bits through ``e4m3fn`` (value / 2, with its own NaN and max encodings) so it runs on NVIDIA and
   the CPU too;
+* the 656-byte V3.2 rows (``KV_DS_MLA``, :mod:`mla_sink.core.kv_layout`): ``KV`` is the uint8 pool and
+  row ``id`` starts at byte ``(id // kv_block_size) * stride_kv + (id % kv_block_size) * 656`` (64-bit;
+  a flat ``[N, 656]`` pool is ``kv_block_size = 1`` with its row stride, a paged one its block size and
+  block stride); each row's 512 e4m3 codes are converted to fp32 and multiplied by their 128-column
+  tile's float32 scale (read from the row's bytes 512..527, exactly) before the one rounding to q's
+  dtype, and its 64 bf16 RoPE values (bytes 528..655) are converted to q's dtype; no per-tensor scale;
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
@@ -45,7 +51,7 @@ def _sparse_mla_decode_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
     OUT, LSE, PART_OUT, PART_LSE,
     sm_scale, logit_cap,
-    num_heads, num_rows, topk, ids_per_split,
+    num_heads, num_rows, kv_block_size, topk, ids_per_split,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -54,7 +60,7 @@ def _sparse_mla_decode_kernel(
     HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
-    EVEN: tl.constexpr,
+    EVEN: tl.constexpr, KV_DS_MLA: tl.constexpr, DS_TILE: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
     pid_h = tl.program_id(0)
@@ -127,84 +133,150 @@ def _sparse_mla_decode_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)
 
     idx_row = IDX + pid_t * stride_it
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        # 0 <= id < N in one unsigned compare (num_rows <= 2^31 at launch); EVEN (every block full,
-        # no topk_length) drops the range mask: ~20% fewer instructions per step on sm90.
-        if EVEN:
-            ids = tl.load(idx_row + pos)
-            valid = kmath.id_valid(ids, num_rows)
+    if KV_DS_MLA:
+        # ---- the 656-byte V3.2 rows: four 128-column tiles, each with its own float32 scale per row ----
+        # Scores: q.k = sum_i scale_i * (q_i . e4m3_i) + q_rope . k_rope, each tile product exact (e4m3 values are
+        # bf16 and fp16 values), the scale applied in fp32. P.V per tile: (p * scale_i) @ e4m3_i (kmath.ds_mla_pv).
+        tl.static_assert(D_NOPE == 4 * DS_TILE)
+        offs_c = tl.arange(0, DS_TILE)
+        q_tile = q_ptr + offs_c[None, :]
+        q0 = tl.load(q_tile, mask=mask_h[:, None], other=0.0)
+        q1 = tl.load(q_tile + DS_TILE, mask=mask_h[:, None], other=0.0)
+        q2 = tl.load(q_tile + 2 * DS_TILE, mask=mask_h[:, None], other=0.0)
+        q3 = tl.load(q_tile + 3 * DS_TILE, mask=mask_h[:, None], other=0.0)
+        if UPCAST:
+            q0 = q0.to(tl.float32)
+            q1 = q1.to(tl.float32)
+            q2 = q2.to(tl.float32)
+            q3 = q3.to(tl.float32)
+        acc0 = tl.zeros([BLOCK_H, DS_TILE], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_H, DS_TILE], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_H, DS_TILE], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_H, DS_TILE], dtype=tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + offs_n
+            if EVEN:
+                ids = tl.load(idx_row + pos)
+                valid = kmath.id_valid(ids, num_rows)
+            else:
+                in_range = pos < end
+                ids = tl.load(idx_row + pos, mask=in_range, other=-1)
+                valid = in_range & kmath.id_valid(ids, num_rows)
+            # byte offset of row id (64-bit): (id // kv_block_size) * stride_kv + (id % kv_block_size) * 656
+            ids64 = ids.to(tl.int64)
+            row = KV + (ids64 // kv_block_size) * stride_kv + (ids64 % kv_block_size) * (D_NOPE + 4 * (D_NOPE // DS_TILE) + 2 * D_ROPE)
+            scale_ptr = (row + D_NOPE).to(tl.pointer_type(tl.float32))  # bytes 512..527
+            s0 = tl.load(scale_ptr, mask=valid, other=0.0)
+            s1 = tl.load(scale_ptr + 1, mask=valid, other=0.0)
+            s2 = tl.load(scale_ptr + 2, mask=valid, other=0.0)
+            s3 = tl.load(scale_ptr + 3, mask=valid, other=0.0)
+            k0 = kmath.e4m3_codes(row, offs_c, valid, q0.dtype, UPCAST)
+            k1 = kmath.e4m3_codes(row + DS_TILE, offs_c, valid, q0.dtype, UPCAST)
+            k2 = kmath.e4m3_codes(row + 2 * DS_TILE, offs_c, valid, q0.dtype, UPCAST)
+            k3 = kmath.e4m3_codes(row + 3 * DS_TILE, offs_c, valid, q0.dtype, UPCAST)
+            rope_ptr = (row + D_NOPE + 4 * (D_NOPE // DS_TILE)).to(tl.pointer_type(tl.bfloat16))  # bytes 528..655
+            k_rope = tl.load(rope_ptr[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0).to(q_rope.dtype)
+
+            qk = tl.dot(q_rope, tl.trans(k_rope))
+            qk += tl.dot(q0, tl.trans(k0)) * s0[None, :]
+            qk += tl.dot(q1, tl.trans(k1)) * s1[None, :]
+            qk += tl.dot(q2, tl.trans(k2)) * s2[None, :]
+            qk += tl.dot(q3, tl.trans(k3)) * s3[None, :]
+            s = kmath.scores_base2(qk, qk_scale, logit_cap, HAS_CAP)
+            s = tl.where(valid[None, :], s, float("-inf"))
+
+            m_i, l_i, p, alpha = kmath.online_softmax_step(m_i, l_i, s)
+            acc0 = kmath.ds_mla_pv(acc0 * alpha[:, None], p, s0, k0)
+            acc1 = kmath.ds_mla_pv(acc1 * alpha[:, None], p, s1, k1)
+            acc2 = kmath.ds_mla_pv(acc2 * alpha[:, None], p, s2, k2)
+            acc3 = kmath.ds_mla_pv(acc3 * alpha[:, None], p, s3, k3)
+
+        # ---- epilogue: the four tiles side by side ----
+        empty = l_i == 0.0
+        l_safe = tl.where(empty, 1.0, l_i)
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
+        if SPLIT:
+            row_scale = 1.0 / l_safe
+            dst = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_c[None, :]
+            tl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=mask_h)
         else:
-            in_range = pos < end
-            ids = tl.load(idx_row + pos, mask=in_range, other=-1)
-            valid = in_range & kmath.id_valid(ids, num_rows)
-        row = KV + ids.to(tl.int64) * stride_kv
-        k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-        k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
-        if KV_FP8:
-            if KV_FNUZ:
-                k_nope = kmath.fnuz_to_f32(k_nope)
-                k_rope = kmath.fnuz_to_f32(k_rope)
-            elif UPCAST:  # the interpreter reads e4m3fn NaN codes as +-480
-                k_nope = kmath.e4m3fn_to_f32_interpreted(k_nope)
-                k_rope = kmath.e4m3fn_to_f32_interpreted(k_rope)
-            if UPCAST:
+            row_scale = 1.0 / l_safe
+            if HAS_SINKS:
+                sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
+                row_scale = kmath.sink_scale(row_scale, sink, lse2, empty)
+            dst = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+            tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
+        out_ty = dst.dtype.element_ty
+        tl.store(dst, (acc0 * row_scale[:, None]).to(out_ty), mask=mask_h[:, None])
+        tl.store(dst + DS_TILE, (acc1 * row_scale[:, None]).to(out_ty), mask=mask_h[:, None])
+        tl.store(dst + 2 * DS_TILE, (acc2 * row_scale[:, None]).to(out_ty), mask=mask_h[:, None])
+        tl.store(dst + 3 * DS_TILE, (acc3 * row_scale[:, None]).to(out_ty), mask=mask_h[:, None])
+    else:
+        acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + offs_n
+            # 0 <= id < N in one unsigned compare (num_rows <= 2^31 at launch); EVEN (every block full,
+            # no topk_length) drops the range mask: ~20% fewer instructions per step on sm90.
+            if EVEN:
+                ids = tl.load(idx_row + pos)
+                valid = kmath.id_valid(ids, num_rows)
+            else:
+                in_range = pos < end
+                ids = tl.load(idx_row + pos, mask=in_range, other=-1)
+                valid = in_range & kmath.id_valid(ids, num_rows)
+            row = KV + ids.to(tl.int64) * stride_kv
+            k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+            k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
+            if KV_FP8:
+                if KV_FNUZ:
+                    k_nope = kmath.fnuz_to_f32(k_nope)
+                    k_rope = kmath.fnuz_to_f32(k_rope)
+                elif UPCAST:  # the interpreter reads e4m3fn NaN codes as +-480
+                    k_nope = kmath.e4m3fn_to_f32_interpreted(k_nope)
+                    k_rope = kmath.e4m3fn_to_f32_interpreted(k_rope)
+                if UPCAST:
+                    k_nope = k_nope.to(tl.float32)
+                    k_rope = k_rope.to(tl.float32)
+                else:
+                    k_nope = k_nope.to(q_nope.dtype)
+                    k_rope = k_rope.to(q_nope.dtype)
+            elif UPCAST:
                 k_nope = k_nope.to(tl.float32)
                 k_rope = k_rope.to(tl.float32)
-            else:
-                k_nope = k_nope.to(q_nope.dtype)
-                k_rope = k_rope.to(q_nope.dtype)
-        elif UPCAST:
-            k_nope = k_nope.to(tl.float32)
-            k_rope = k_rope.to(tl.float32)
 
-        qk = tl.dot(q_nope, tl.trans(k_nope))
-        qk = tl.dot(q_rope, tl.trans(k_rope), qk)
-        if ROW_SCALE:
-            qk = qk * inv_row_scale[:, None]
-        if HAS_CAP:
-            # cap * tanh(s / cap) without cancellation: an odd Taylor polynomial where |x| < 0.1
-            # (truncation < 1e-10 relative), exp(-2|x|) (never overflows) elsewhere.
-            x = qk * qk_scale / logit_cap
-            ax = tl.abs(x)
-            e = tl.exp(-2.0 * ax)
-            t_big = (1.0 - e) / (1.0 + e)
-            x2 = x * x
-            t_small = ax * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
-            t_abs = tl.where(ax < 0.1, t_small, t_big)
-            s = logit_cap * tl.where(x < 0.0, -t_abs, t_abs)
-            s = s * kmath.LOG2E
+            qk = tl.dot(q_nope, tl.trans(k_nope))
+            qk = tl.dot(q_rope, tl.trans(k_rope), qk)
+            if ROW_SCALE:
+                qk = qk * inv_row_scale[:, None]
+            s = kmath.scores_base2(qk, qk_scale, logit_cap, HAS_CAP)
+            s = tl.where(valid[None, :], s, float("-inf"))
+
+            m_i, l_i, p, alpha = kmath.online_softmax_step(m_i, l_i, s)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+
+        # ---- epilogue ----
+        empty = l_i == 0.0
+        l_safe = tl.where(empty, 1.0, l_i)
+        out = acc / l_safe[:, None]
+        if KV_FP8:
+            out = out * kv_s
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
+
+        if SPLIT:
+            po = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+            tl.store(po, out, mask=mask_h[:, None])
+            tl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=mask_h)
         else:
-            s = qk * (qk_scale * kmath.LOG2E)
-        s = tl.where(valid[None, :], s, float("-inf"))
-
-        m_i, l_i, p, alpha = kmath.online_softmax_step(m_i, l_i, s)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
-
-    # ---- epilogue ----
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    if KV_FP8:
-        out = out * kv_s
-    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
-
-    if SPLIT:
-        po = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
-        tl.store(po, out, mask=mask_h[:, None])
-        tl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=mask_h)
-    else:
-        if HAS_SINKS:
-            sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
-            # sigmoid(lse - sink) = 1 / (1 + 2^((sink - lse) * log2 e)); 0 on empty rows.
-            out = out * kmath.sink_scale(1.0, sink, lse2, empty)[:, None]
-        o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
-        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
+            if HAS_SINKS:
+                sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
+                # sigmoid(lse - sink) = 1 / (1 + 2^((sink - lse) * log2 e)); 0 on empty rows.
+                out = out * kmath.sink_scale(1.0, sink, lse2, empty)[:, None]
+            o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+            tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
+            tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
 
 
 portable_jit = triton.jit(_sparse_mla_decode_kernel)

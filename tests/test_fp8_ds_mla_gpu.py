@@ -1,0 +1,224 @@
+"""The 656-byte FP8 V3.2 KV layout (``fp8_ds_mla``) on a CUDA GPU: the portable Triton kernel against the
+float64 reference (computed on the GPU) at real shapes.
+
+FlashMLA's method (tests/test_flash_mla_sparse_decoding.py): every row no valid id references is NaN (the
+pool is filled with 0xFF bytes: NaN e4m3 codes, NaN float32 scales, NaN bf16 RoPE) and only the rows the
+ids may reference are written; ``-1``, negative, ``>= N`` and ``2^31 - 1`` ids sit among the valid ones;
+``sm_scale = 576 ** -0.55``; sinks with ``+inf`` and ``-inf`` heads. The main pool is larger than 2^31
+bytes (``N * 656 > 2^31``) and half of every row's ids point into its last 2^20 rows (64-bit byte offsets).
+
+Precision budget (elementwise on ``out``: ``abs <= ATOL or rel <= RTOL``, plus ``1 - cos(out, ref)`` over
+the whole output; LSE: ``abs <= 1e-5 or rel <= 1e-5``), the budgets of tests/test_triton_gpu.py:
+
+* bf16 q: ``1e-3 or 2/128``, cosine < 1e-5; fp16 q: ``5e-4 or 2/1024``, cosine < 1e-6.
+* Error sources: the scores are sums of exact products (e4m3 values are bf16 and fp16 values) accumulated in
+  fp32, each 128-column tile's sum multiplied by its float32 scale in fp32 (never rounded to bf16); for
+  P.V, P times each row's scale over the block's largest scale is rounded once to q's dtype (as P is for
+  every KV dtype), the product rescaled in fp32; out rounded to its dtype. A float32 emulation of these
+  steps at H = 16 and 128, T = 2, topk 2048 on unit-variance data stayed within half of each budget
+  (max abs error 4.9e-4 bf16 and 5.9e-5 fp16, cosine 2.1e-6 and 3.2e-8, LSE 5e-7).
+
+The reference sees exactly the decoded values (:func:`mla_sink.dequantize_kv_cache`, float64), so
+quantisation itself is not an error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mla_sink import SparseMLADecode, quantize_kv_cache, sparse_mla_decode
+from mla_sink.core.reference import sparse_mla_decode_reference
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton, triton_plan_for
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+D_QK, D_V, ROW = 576, 512, 656
+SM_SCALE = 576 ** -0.55
+BUDGET = {torch.bfloat16: (1e-3, 2 / 128, 1e-5), torch.float16: (5e-4, 2 / 1024, 1e-6)}
+LSE_BUDGET = (1e-5, 1e-5)
+POOL_BYTES = (1 << 31) + (64 << 20)
+N_BIG = POOL_BYTES // ROW + 1  # rows of the main pool: N_BIG * 656 > 2^31 + 64 MiB
+HIGH = 1 << 20  # the last HIGH rows start beyond byte 2^31
+TOUCHED = 1 << 16  # rows written (the rest stay NaN): the first half among the last HIGH rows
+SCALES = ("pow2", "amax")
+
+
+@pytest.fixture(scope="module")
+def big_pools():
+    """Two pools of N_BIG rows (> 2^31 bytes), one per scale convention, NaN except TOUCHED written rows."""
+    assert N_BIG * ROW > (1 << 31) and (N_BIG - HIGH) * ROW > (1 << 31)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    high = torch.randperm(HIGH, generator=g, device="cuda")[: TOUCHED // 2] + (N_BIG - HIGH)
+    low = torch.randperm(N_BIG - HIGH, generator=g, device="cuda")[: TOUCHED // 2]
+    rows = torch.cat([high, low])  # rows[:TOUCHED // 2] beyond 2^31 bytes
+    kv = torch.randn(TOUCHED, D_QK, device="cuda", generator=g)
+    pools = {}
+    for scale in SCALES:
+        pool = torch.full((N_BIG, ROW), 0xFF, dtype=torch.uint8, device="cuda")
+        pool[rows] = quantize_kv_cache(kv, scale=scale)
+        pools[scale] = pool
+    yield dict(pools=pools, rows=rows)
+    del pools
+    torch.cuda.empty_cache()
+
+
+def _ids(T, topk, rows, g, num_rows):
+    """Ids into the written rows: the first half of each row's ids among the rows beyond 2^31 bytes, then
+    -1, -3, num_rows and 2^31 - 1 sprinkled over every row."""
+    n = rows.shape[0]
+    pick = torch.cat([torch.randint(0, n // 2, (T, topk // 2), device="cuda", generator=g),
+                      torch.randint(0, n, (T, topk - topk // 2), device="cuda", generator=g)], 1)
+    idx = rows[pick].to(torch.int32)
+    idx[:, 5::97] = -1
+    idx[:, 11::151] = -3
+    idx[:, 7::131] = num_rows
+    idx[:, 13::173] = 2 ** 31 - 1
+    return idx
+
+
+def _sinks(H, g):
+    s = torch.randn(H, device="cuda", generator=g) + 8.0
+    s[0] = float("inf")  # that head's output is exactly 0
+    if H > 1:
+        s[1] = float("-inf")  # no sink
+    return s
+
+
+def check_budget(o, l, ro, rl):
+    atol, rtol, cos_max = BUDGET[o.dtype]
+    assert not torch.isnan(o).any(), "out has NaN (a NaN row leaked or an element was not written)"
+    assert torch.equal(torch.isneginf(l), torch.isneginf(rl)), "empty rows differ"
+    if not ro.abs().sum() > 0:  # every row empty or sunk: exactly 0, no cosine of zero vectors
+        assert (o == 0).all(), "reference output is all zero, kernel output is not"
+        return
+    o64 = o.double()
+    err = (o64 - ro).abs()
+    ok = (err <= atol) | (err <= rtol * ro.abs())
+    assert ok.all(), f"{(~ok).sum().item()} elements over budget; max abs err {err.max().item():.3g}"
+    cos = torch.nn.functional.cosine_similarity(o64.flatten(), ro.flatten(), dim=0).item()
+    assert 1 - cos < cos_max, f"cosine difference {1 - cos:.3g}"
+    fin = torch.isfinite(rl)
+    le = (l.double() - rl.double()).abs()[fin]
+    lok = (le <= LSE_BUDGET[0]) | (le <= LSE_BUDGET[1] * rl[fin].abs().double())
+    assert lok.all(), f"LSE max abs err {le.max().item():.3g}"
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("T", [2, 64])
+@pytest.mark.parametrize("H", [16, 64, 128])
+def test_against_float64(big_pools, H, T, scale, q_dtype):
+    pool, rows = big_pools["pools"][scale], big_pools["rows"]
+    g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(q_dtype)
+    idx = _ids(T, 2048, rows, g, N_BIG)
+    sinks = _sinks(H, g)
+    plan = triton_plan_for(q, pool, idx, sinks=sinks)
+    assert plan.launch.kernel == "portable" and plan.launch.tuning_row.startswith("sm90_ds_mla"), plan.launch
+    o, l = sparse_mla_decode_triton(q, pool, idx, sinks, SM_SCALE)
+    ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE)
+    check_budget(o, l, ro, rl)
+    assert (o[:, 0] == 0).all()  # the +inf sink head
+
+
+@pytest.mark.parametrize("splits", [1, 4, 32])
+def test_forced_splits_and_sinks(big_pools, splits):
+    pool, rows = big_pools["pools"]["amax"], big_pools["rows"]
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(2, 128, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = _ids(2, 2048, rows, g, N_BIG)
+    idx[1, 1000:] = -1
+    sinks = torch.randn(128, device="cuda", generator=g) + 8.0
+    o0, l0 = sparse_mla_decode_triton(q, pool, idx, None, SM_SCALE, num_kv_splits=splits)
+    o, l = sparse_mla_decode_triton(q, pool, idx, sinks, SM_SCALE, num_kv_splits=splits)
+    assert not torch.allclose(o.float(), o0.float(), atol=1e-3, rtol=1e-2)  # the sinks changed the output
+    torch.testing.assert_close(l, l0)  # the LSE is sink-free
+    ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE)
+    check_budget(o, l, ro, rl)
+
+
+def test_topk_length_and_empty_rows(big_pools):
+    pool, rows = big_pools["pools"]["pow2"], big_pools["rows"]
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(4, 64, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = _ids(4, 2048, rows, g, N_BIG)
+    idx[2] = -1  # no valid id: out 0, lse -inf
+    topk_length = torch.tensor([2048, 700, 2048, 0], dtype=torch.int32, device="cuda")
+    sinks = _sinks(64, g)
+    for splits in (1, 8):
+        o, l = sparse_mla_decode_triton(q, pool, idx, sinks, SM_SCALE, topk_length=topk_length, num_kv_splits=splits)
+        ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE, topk_length=topk_length)
+        check_budget(o, l, ro, rl)
+        assert (o[2:] == 0).all() and torch.isneginf(l[2:]).all()
+
+
+@pytest.fixture(scope="module")
+def padded_paged_pool():
+    """[4096, 64, 656] carved from blocks of 65 rows (FlashMLA's tests: block stride 65 * 656 bytes); every
+    row written, the 65th row of each block NaN."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    blocks, block_size = 4096, 64
+    storage = torch.full((blocks, block_size + 1, ROW), 0xFF, dtype=torch.uint8, device="cuda")
+    paged = storage[:, :block_size]
+    kv = torch.randn(blocks * block_size, D_QK, device="cuda", generator=g)
+    paged.copy_(quantize_kv_cache(kv, scale="amax").view(blocks, block_size, ROW))
+    assert paged.stride() == ((block_size + 1) * ROW, ROW, 1)
+    yield paged
+    del storage
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("T", [2, 64])
+@pytest.mark.parametrize("H", [64, 128])
+def test_paged_pool_with_padded_blocks(padded_paged_pool, H, T):
+    paged = padded_paged_pool
+    n = paged.shape[0] * paged.shape[1]
+    g = torch.Generator(device="cuda").manual_seed(H + T)
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, n, (T, 2048), device="cuda", generator=g, dtype=torch.int32)
+    idx[:, 5::97] = -1
+    idx[:, 7::131] = n  # = the first pad row's id if the pool were read as flat 65-row blocks
+    sinks = _sinks(H, g)
+    o, l = sparse_mla_decode(q, paged, idx, sinks, sm_scale=SM_SCALE)
+    ro, rl = sparse_mla_decode_reference(q, paged, idx, sinks, SM_SCALE)
+    check_budget(o, l, ro, rl)
+    flat = paged.reshape(n, ROW)  # a contiguous copy of the same rows: the same kernel, kv_block_size 1
+    fo, fl = sparse_mla_decode(q, flat, idx, sinks, sm_scale=SM_SCALE)
+    check_budget(fo, fl, ro, rl)
+    torch.testing.assert_close(fo, o)  # the same arithmetic on the same bytes (bitwise equal on the CPU)
+    torch.testing.assert_close(fl, l)
+
+
+def test_layer_and_cuda_graph_capture(big_pools):
+    pool, rows = big_pools["pools"]["amax"], big_pools["rows"]
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(2, 64, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = _ids(2, 2048, rows, g, N_BIG)
+    sinks = _sinks(64, g)
+    layer = SparseMLADecode(num_heads=64, q_dtype="bf16", kv_dtype="fp8_ds_mla", topk=2048, sinks=sinks,
+                            sm_scale=SM_SCALE)
+    assert layer.plan.path == "triton", layer
+    out = torch.empty(2, 64, D_V, device="cuda", dtype=torch.bfloat16)
+    layer(q, pool, idx, out=out)  # warm-up: compiles and prepares the call
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = layer(q, pool, idx, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE)
+    check_budget(out, lse, ro, rl)
+
+
+def test_misaligned_pool_is_refused_before_the_kernel(big_pools):
+    pool = big_pools["pools"]["pow2"]
+    shifted = pool.view(-1)[2: 2 + 1024 * ROW].view(1024, ROW)
+    q = torch.zeros(1, 16, D_QK, device="cuda", dtype=torch.bfloat16)
+    idx = torch.zeros(1, 64, device="cuda", dtype=torch.int32)
+    with pytest.raises(ValueError, match="must start at a multiple of 4 bytes"):
+        sparse_mla_decode(q, shifted, idx)
