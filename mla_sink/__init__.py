@@ -4,6 +4,7 @@ Public API::
 
     from mla_sink import sparse_mla_decode, SparseMLADecode, run, prepare, describe, CallSpec, Platform
     out, lse = sparse_mla_decode(q, kv_cache, indices, sinks=sinks)
+    kv_cache = mla_sink.quantize_kv_cache(kv, layout="fp8_ds_mla")   # the 656-byte V3.2 FP8 rows
 
 The pipeline (``describe -> validate -> select -> plan -> launch -> finalize``) lives in
 :mod:`mla_sink.core`; the paths' launchers in :mod:`mla_sink.paths`; the kernels in
@@ -46,6 +47,7 @@ _mount_dispatch()
 from mla_sink.api import prepare, run, sparse_mla_decode  # noqa: E402
 from mla_sink.core.describe import describe  # noqa: E402
 from mla_sink.core.inputs import DecodeInputs  # noqa: E402
+from mla_sink.core.kv_layout import dequantize_kv_cache, quantize_kv_cache  # noqa: E402
 from mla_sink.core.plan import LaunchPlan  # noqa: E402
 from mla_sink.core.records import CallSpec, Platform, call_key  # noqa: E402
 from mla_sink.core.reference import sparse_mla_decode_reference  # noqa: E402
@@ -56,6 +58,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CallSpec", "DecodeInputs", "LaunchPlan", "NoKernelError", "Platform", "SparseMLADecode", "call_key",
-    "describe", "explain_call", "plan_call", "prepare", "run", "select", "sparse_mla_decode",
+    "dequantize_kv_cache", "describe", "explain_call", "plan_call", "prepare", "quantize_kv_cache", "run", "select", "sparse_mla_decode",
     "sparse_mla_decode_reference",
 ]

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCANNED = sorted(p for d in ("mla_sink", "dispatch") for p in (ROOT / d).rglob("*.py")
                  if p.relative_to(ROOT).as_posix() != "mla_sink/core/reference.py")
 ARCH = re.compile(r"^(gfx\d{2,4}[a-z]?|sm_?\d{2,3}[a-z]?)$")
-DTYPE_KEYS = {"bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz"}
+DTYPE_KEYS = {"bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz", "fp8_ds_mla"}
 TORCH_DTYPES = {"bfloat16", "float16", "half", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
 HEAD = re.compile(r"(^H$|head)", re.IGNORECASE)
 

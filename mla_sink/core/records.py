@@ -16,12 +16,13 @@ from typing import Any, Optional
 import attrs
 from packaging.version import InvalidVersion, Version
 
-from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS
+from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS, KV_DTYPE_KEYS, pair_error
 
 D_QK = 576  #: 512 latent + 64 RoPE dims of a DeepSeek-style MLA query/key.
 D_V = 512  #: latent dims that serve as the value.
 
 _DTYPES = tuple(sorted(DTYPE_KEYS.values()))
+_KV_DTYPES = KV_DTYPE_KEYS
 _ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm[0-9]{2,3}[a-z]?|cpu)$")
 
 
@@ -83,8 +84,9 @@ class CallSpec:
 
     Attributes:
         q_dtype: dtype key of ``q`` (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
-        kv_dtype: dtype key of ``kv_cache``. Allowed pairs: equal half types, a half q with fp8 KV,
-            or fp8 q with KV of the same fp8 format.
+        kv_dtype: dtype key of ``kv_cache``: those of q, or ``fp8_ds_mla`` (the 656-byte V3.2 rows,
+            :mod:`mla_sink.core.kv_layout`). Allowed pairs: equal half types, a half q with fp8 KV,
+            fp8 q with KV of the same fp8 format, or a half q with ``fp8_ds_mla``.
         num_heads: H, query heads (one shared KV head).
         topk: ids per query token in ``indices [T, topk]``.
         sinks: whether a per-head sink logit ``sinks [H]`` is given.
@@ -100,7 +102,7 @@ class CallSpec:
     """
 
     q_dtype: str = attrs.field(validator=_one_of(_DTYPES))
-    kv_dtype: str = attrs.field(validator=_one_of(_DTYPES))
+    kv_dtype: str = attrs.field(validator=_one_of(_KV_DTYPES))
     num_heads: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
     topk: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
     sinks: bool = attrs.field(default=False, validator=_bool)
@@ -112,10 +114,7 @@ class CallSpec:
         if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:
             object.__setattr__(self, "need_lse", True)  # implied: the sink and the DCP merge go through the LSE
         if (self.q_dtype, self.kv_dtype) not in ALLOWED_DTYPE_PAIRS:
-            raise ValueError(
-                f"('q_dtype', 'kv_dtype') must be one of {sorted(ALLOWED_DTYPE_PAIRS)} "
-                f"(got {(self.q_dtype, self.kv_dtype)!r})"
-            )
+            raise ValueError(pair_error(self.q_dtype, self.kv_dtype, "('q_dtype', 'kv_dtype')"))
 
     def key_parts(self) -> tuple[str, list[str]]:
         """(dtype part, trailing parts) of the canonical key; :func:`call_key` puts the arch between."""

@@ -1,0 +1,185 @@
+"""The 656-byte FP8 KV layout of DeepSeek-V3.2 (``fp8_ds_mla``): its constants, a quantiser and an
+exact float64 dequantiser.
+
+One token row of the KV pool is 656 bytes::
+
+    bytes   0 .. 511   the 512 latent ("NoPE") values, float8 e4m3 (fn: OCP e4m3, max 448, NaN 0x7F/0xFF)
+    bytes 512 .. 527   four float32 scales, little-endian; scale i belongs to values 128*i .. 128*i+127
+    bytes 528 .. 655   the 64 RoPE values, bf16, unscaled
+
+Value of latent column ``c``: ``e4m3[c] * scale[c // 128]``, the scale read exactly as the float32 it
+is (never rounded to bf16). The value columns of attention are the 512 latent ones; the key is all
+576 (latent then RoPE). A pool is a ``torch.uint8`` tensor ``[N, 656]`` or, paged,
+``[num_blocks, block_size, 656]`` whose row ids are ``block * block_size + offset``.
+
+Writers disagree on the scales (:func:`quantize_kv_cache` writes both conventions):
+
+* ``pow2``: each tile's scale is a power of two, ``2^ceil(log2(amax / 448))``, the smallest one with
+  ``amax / scale <= 448`` (FlashMLA ``tests/quant.py``, ``quantize_k_cache`` for ``V32_FP8Sparse``;
+  FlashMLA clamps ``amax / 448`` to at least ``1e-4`` first, so its smallest scale is ``2^-13``, also
+  for an all-zero tile);
+* ``amax``: ``scale = amax / 448`` as is (vLLM ``csrc/cache_kernels.cu``,
+  ``concat_and_cache_ds_mla_kernel``, the ``fp8_ds_mla`` KV cache dtype; vLLM #54563; vLLM floors the
+  scale at ``FLT_MIN``, so its all-zero tile gets ``FLT_MIN``).
+
+SGLang stores the same numbers as 528 + 128 bytes (not this layout). Reading every scale as float32
+makes every writer's cache decode to the numbers that writer meant.
+
+Sources: FlashMLA ``flash_mla/flash_mla_interface.py`` (the layout, "In FP8+sparse mode, each token's
+KV cache is 656 Bytes"), FlashMLA ``tests/quant.py`` (its quantiser and dequantiser), vLLM
+``fp8_ds_mla`` (its writer); docs/DESIGN.md "The fp8_ds_mla KV layout".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+#: The layout's key (the kv dtype key of :class:`mla_sink.core.records.CallSpec`).
+LAYOUT = "fp8_ds_mla"
+D_NOPE = 512  #: latent (value) columns, stored as e4m3
+D_ROPE = 64  #: RoPE columns, stored as bf16
+TILE = 128  #: latent columns per scale
+NUM_TILES = D_NOPE // TILE  #: scales per row (4)
+SCALE_OFFSET = D_NOPE  #: byte offset of the four float32 scales (512)
+ROPE_OFFSET = SCALE_OFFSET + 4 * NUM_TILES  #: byte offset of the bf16 RoPE values (528)
+ROW_BYTES = ROPE_OFFSET + 2 * D_ROPE  #: bytes per token row (656)
+FP8_MAX = 448.0  #: largest finite float8 e4m3fn magnitude
+#: smallest scale :func:`quantize_kv_cache` writes for a non-zero tile (the smallest normal float32)
+MIN_SCALE = 2.0 ** -126
+#: the scale of an all-zero tile (any scale decodes it to zeros; 1.0 is the neutral choice)
+ZERO_TILE_SCALE = 1.0
+SCALE_CONVENTIONS = ("pow2", "amax")
+_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_layout(layout: Any) -> None:
+    if layout != LAYOUT:
+        raise ValueError(f"'layout' must be {LAYOUT!r} (got {layout!r})")
+
+
+def _scales(amax: torch.Tensor, scale: str) -> torch.Tensor:
+    """float32 scales of tiles whose largest magnitude is ``amax`` (float64, finite, >= 0)."""
+    if scale == "pow2":
+        k = torch.ceil(torch.log2(torch.clamp(amax, min=1e-300) / FP8_MAX))
+        # log2 in float64 may land one off at exact powers of two: settle k so that
+        # 448 * 2^(k-1) < amax <= 448 * 2^k (every product exact in float64)
+        k = k + (amax > FP8_MAX * torch.exp2(k)).to(k.dtype)
+        k = k - (amax <= FP8_MAX * torch.exp2(k - 1)).to(k.dtype)
+        s = torch.exp2(torch.clamp(k, min=math.log2(MIN_SCALE)))
+    else:
+        s = torch.clamp((amax.float() / FP8_MAX).double(), min=MIN_SCALE)  # vLLM: amax / 448.f in float32
+    return torch.where(amax == 0, torch.full_like(s, ZERO_TILE_SCALE), s).float()
+
+
+def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2") -> torch.Tensor:
+    """Quantise KV rows into the 656-byte ``fp8_ds_mla`` layout (module docstring).
+
+    Args:
+        kv: ``[N, 576]`` (or paged ``[num_blocks, block_size, 576]``) bf16 / fp16 / float32 KV rows:
+            512 latent columns then 64 RoPE columns. Every value must be finite.
+        layout: ``"fp8_ds_mla"`` (the only layout).
+        scale: the scale convention of each 128-column latent tile (``amax`` = its largest magnitude):
+            ``"pow2"``: the smallest power of two with ``amax / scale <= 448`` (FlashMLA's), at least
+            ``2^-126``; ``"amax"``: ``amax / 448`` computed in float32 (vLLM's), at least ``2^-126``
+            (vLLM's floor, ``FLT_MIN``). An all-zero tile gets scale ``1.0`` under both (FlashMLA
+            writes ``2^-13`` there, vLLM ``FLT_MIN``; every scale decodes a zero tile to zeros).
+
+    Returns:
+        uint8 ``[N, 656]`` (paged input: ``[num_blocks, block_size, 656]``), contiguous, on ``kv``'s
+        device: latent codes ``e4m3fn(clamp(x / scale, -448, 448))`` (``x`` in float32, rounded to the
+        nearest e4m3 value), the four float32 scales little-endian, the RoPE columns rounded to bf16
+        (exact for bf16 input).
+
+    Raises:
+        ValueError: ``kv`` not a tensor of shape ``[N, 576]`` / ``[B, S, 576]`` in bf16/fp16/float32, a
+            non-finite value in ``kv``, an unknown ``layout`` or ``scale``.
+    """
+    _check_layout(layout)
+    if scale not in SCALE_CONVENTIONS:
+        raise ValueError(f"'scale' must be one of {SCALE_CONVENTIONS} (got {scale!r})")
+    if not isinstance(kv, torch.Tensor):
+        raise ValueError(f"'kv' must be a torch.Tensor (got {type(kv).__name__})")
+    if kv.dtype not in _KV_DTYPES:
+        raise ValueError(f"'kv' must be bfloat16, float16 or float32 (got {kv.dtype})")
+    if kv.dim() not in (2, 3) or kv.shape[-1] != D_NOPE + D_ROPE:
+        raise ValueError(f"'kv' must be [N, {D_NOPE + D_ROPE}] or [num_blocks, block_size, {D_NOPE + D_ROPE}] "
+                         f"(got shape {tuple(kv.shape)})")
+    lead = tuple(kv.shape[:-1])
+    x = kv.reshape(-1, D_NOPE + D_ROPE).float()
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("'kv' must hold finite values only (got inf or NaN)")
+    n = x.shape[0]
+    nope = x[:, :D_NOPE].reshape(n, NUM_TILES, TILE)
+    s = _scales(nope.abs().amax(dim=-1).double(), scale)  # float32 [N, 4]
+    codes = torch.clamp(nope / s.unsqueeze(-1), -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    out = torch.empty((n, ROW_BYTES), dtype=torch.uint8, device=kv.device)
+    out[:, :D_NOPE] = codes.reshape(n, D_NOPE).view(torch.uint8)
+    bits = s.view(torch.int32).long() & 0xFFFFFFFF  # little-endian bytes of each float32 scale
+    sb = torch.stack([(bits >> (8 * i)) & 0xFF for i in range(4)], dim=-1)
+    out[:, SCALE_OFFSET:ROPE_OFFSET] = sb.reshape(n, 4 * NUM_TILES).to(torch.uint8)
+    rb = x[:, D_NOPE:].to(torch.bfloat16).view(torch.int16).long() & 0xFFFF
+    out[:, ROPE_OFFSET:] = torch.stack([rb & 0xFF, rb >> 8], dim=-1).reshape(n, 2 * D_ROPE).to(torch.uint8)
+    return out.reshape(*lead, ROW_BYTES)
+
+
+def _check_cache(kv_cache: Any) -> None:
+    if not isinstance(kv_cache, torch.Tensor):
+        raise ValueError(f"'kv_cache' must be a torch.Tensor (got {type(kv_cache).__name__})")
+    if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != ROW_BYTES:
+        raise ValueError(f"'kv_cache' must be uint8 [N, {ROW_BYTES}] or [num_blocks, block_size, {ROW_BYTES}] "
+                         f"(got {kv_cache.dtype} shape {tuple(kv_cache.shape)})")
+
+
+def cache_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The ``[N, 656]`` rows of an ``fp8_ds_mla`` pool (a view where the strides allow, else a copy);
+    row ``block * block_size + offset`` of a paged ``[num_blocks, block_size, 656]`` pool."""
+    return kv_cache.reshape(-1, ROW_BYTES)
+
+
+def num_rows(kv_cache: torch.Tensor) -> int:
+    """N, the token rows of an ``fp8_ds_mla`` pool: ``shape[0]`` of ``[N, 656]``,
+    ``num_blocks * block_size`` of ``[num_blocks, block_size, 656]``."""
+    return kv_cache.shape[0] if kv_cache.dim() == 2 else kv_cache.shape[0] * kv_cache.shape[1]
+
+
+def gather_rows(kv_cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[len(ids), 656]``: the rows ``ids`` (int64, each in ``[0, N)``) of a flat or paged pool,
+    without copying the pool (a paged pool with padded blocks is not one ``[N, 656]`` view)."""
+    if kv_cache.dim() == 2:
+        return kv_cache[ids]
+    block_size = kv_cache.shape[1]
+    return kv_cache[torch.div(ids, block_size, rounding_mode="floor"), torch.remainder(ids, block_size)]
+
+
+def dequantize_kv_cache(kv_cache: torch.Tensor, layout: str = LAYOUT) -> torch.Tensor:
+    """Decode ``fp8_ds_mla`` rows exactly, in float64 (what the reference attends to).
+
+    Args:
+        kv_cache: uint8 ``[N, 656]`` or paged ``[num_blocks, block_size, 656]`` (any strides).
+        layout: ``"fp8_ds_mla"`` (the only layout).
+
+    Returns:
+        float64 ``[N, 576]`` (paged: ``N = num_blocks * block_size``, row ``block * block_size +
+        offset``): columns ``0..511`` = ``e4m3 * scale`` of their 128-column tile (the e4m3 value
+        decoded exactly, the scale the float32 its four little-endian bytes hold, the product exact in
+        float64), columns ``512..575`` = the bf16 RoPE values. NaN codes (``0x7F``/``0xFF``) decode to
+        NaN; NaN or inf scales propagate (``0 * inf`` is NaN).
+
+    Raises:
+        ValueError: ``kv_cache`` not a uint8 ``[N, 656]`` / ``[B, S, 656]`` tensor, or an unknown ``layout``.
+    """
+    _check_layout(layout)
+    _check_cache(kv_cache)
+    rows = cache_rows(kv_cache)
+    n = rows.shape[0]
+    vals = rows[:, :D_NOPE].contiguous().view(torch.float8_e4m3fn).double().reshape(n, NUM_TILES, TILE)
+    sb = rows[:, SCALE_OFFSET:ROPE_OFFSET].long().reshape(n, NUM_TILES, 4)
+    bits = sb[..., 0] | (sb[..., 1] << 8) | (sb[..., 2] << 16) | (sb[..., 3] << 24)
+    scales = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).view(torch.float32).double()
+    rb = rows[:, ROPE_OFFSET:].long().reshape(n, D_ROPE, 2)
+    rbits = rb[..., 0] | (rb[..., 1] << 8)
+    rope = torch.where(rbits >= 1 << 15, rbits - (1 << 16), rbits).to(torch.int16).view(torch.bfloat16).double()
+    return torch.cat([(vals * scales.unsqueeze(-1)).reshape(n, D_NOPE), rope], dim=1)
