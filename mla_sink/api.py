@@ -124,11 +124,11 @@ def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
         ValueError: q or kv_cache dtype, head count ``H``, ``topk``, sinks presence or ``logit_cap``
             differ from ``spec`` (message names the field, the tensors' value and the spec's).
     """
-    from mla_sink.core.dtypes import DTYPE_KEYS
+    from mla_sink.core.dtypes import DTYPE_KEYS, kv_dtype_key
 
     got = {
         "q_dtype": DTYPE_KEYS.get(x.q.dtype),
-        "kv_dtype": DTYPE_KEYS.get(x.kv_cache.dtype),
+        "kv_dtype": kv_dtype_key(x.kv_cache),
         "num_heads": x.q.shape[1],
         "topk": x.indices.shape[1],
         "sinks": x.sinks is not None,
@@ -241,13 +241,17 @@ def sparse_mla_decode(
 
     Args:
         q: ``[T, H, 576]`` bf16 / fp16 / fp8 (innermost stride 1).
-        kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns.
+        kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns. Or the
+            656-byte V3.2 FP8 layout (``fp8_ds_mla``, :mod:`mla_sink.core.kv_layout`): uint8 ``[N, 656]`` or
+            paged ``[num_blocks, block_size, 656]`` (ids ``block * block_size + offset``), with bf16/fp16 q
+            and no ``kv_scale`` (:func:`mla_sink.quantize_kv_cache` writes one).
         indices: int32 ``[T, topk]`` global row ids; ``-1`` or any id outside ``[0, N)`` = skip; a
             duplicated id counts once per occurrence.
         sinks: optional fp32 ``[H]`` natural-log sink logits, not scaled by ``sm_scale``.
         sm_scale: default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]``: use only the first ``topk_length[t]`` ids of row t.
-        q_scale, kv_scale: fp32 ``[1]`` dequantisation scales, required for fp8 q / fp8 KV.
+        q_scale, kv_scale: fp32 ``[1]`` dequantisation scales, required for fp8 q / fp8 KV (``kv_scale``
+            None for ``fp8_ds_mla``, whose scales are in its rows).
         out: optional ``[T, H, 512]`` output buffer.
         return_lse: guarantee the LSE is returned (it is always returned with sinks).
         logit_cap: ``> 0`` soft-caps the scaled logits.

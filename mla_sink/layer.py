@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from mla_sink.core.dtypes import DTYPE_KEYS
+from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import D_QK, CallSpec, Platform
@@ -23,7 +23,9 @@ def _key(name: str, dtype: Union[str, torch.dtype]) -> Union[str, torch.dtype]:
     """A torch dtype -> its dtype key; anything else passes through for CallSpec to check."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPE_KEYS:
-            raise ValueError(f"'{name}' must be one of {sorted(DTYPE_KEYS.values())} or their torch dtypes (got {dtype})")
+            keys = KV_DTYPE_KEYS if name == "kv_dtype" else sorted(DTYPE_KEYS.values())
+            raise ValueError(f"'{name}' must be one of {list(keys)} or the torch dtypes of "
+                             f"{sorted(DTYPE_KEYS.values())} (got {dtype}; a uint8 layout is named by its key)")
         return DTYPE_KEYS[dtype]
     return dtype
 
@@ -33,8 +35,8 @@ class SparseMLADecode:
 
     Args:
         num_heads: H, query heads of this rank.
-        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``) or the
-            matching torch dtypes.
+        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``; for
+            ``kv_dtype`` also ``fp8_ds_mla``, the 656-byte V3.2 rows) or the matching torch dtypes.
         topk: ids per token in ``indices [T, topk]``.
         sinks: optional fp32 ``[H]`` learned sink logits (natural log, not scaled by ``sm_scale``),
             checked now (dtype, shape, contiguity, device) and used by every call.

@@ -15,6 +15,7 @@ from mla_sink.core.select import KNOWN_PATHS, mla_table
 G942 = Platform("gfx942", "0.1.20")
 G950 = Platform("gfx950", "0.1.20")
 FNUZ, OCP = "fp8_e4m3fnuz", "fp8_e4m3"
+DS = "fp8_ds_mla"  # the 656-byte V3.2 rows
 
 
 def spec(q="bf16", kv=None, h=16, sinks=False, dcp=1, lse=False, cap=0.0, topk=2048):
@@ -64,11 +65,19 @@ CASES = [
     (spec(h=16, sinks=True), Platform("cpu", triton=False), "reference", {}, "reference_without_triton"),
     (spec(h=128, sinks=True), Platform("gfx942", None, triton=False), "reference", {}, "reference_without_triton"),
     (spec(h=16, sinks=True), Platform("gfx90a", "0.1.20"), "triton", {}, "triton_portable"),
+    # the 656-byte V3.2 layout: the portable kernel everywhere (no AITER path takes it yet)
+    (spec("bf16", DS, h=128, sinks=True), Platform("sm90"), "triton", {}, "triton_portable"),
+    (spec("fp16", DS, h=16), Platform("sm100"), "triton", {}, "triton_portable"),
+    (spec("bf16", DS, h=64, sinks=True), G950, "triton", {}, "triton_portable"),
+    (spec("bf16", DS, h=16), G942, "triton", {}, "triton_portable"),
+    (spec("bf16", DS, h=16, sinks=True), Platform("cpu"), "triton", {}, "triton_portable"),
+    (spec("bf16", DS, h=16), Platform("cpu", triton=False), "reference", {}, "reference_without_triton"),
 ]
 
 REFUSALS = [
     (spec(FNUZ, h=16), Platform("sm80"), "fp8_needs_sm89", "sm89"),
     (spec("bf16", OCP, h=16), Platform("sm80"), "fp8_needs_sm89", "sm89"),
+    (spec("bf16", DS, h=16), Platform("sm80"), "fp8_needs_sm89", "sm89"),
 ]
 
 
@@ -101,7 +110,7 @@ def test_every_aiter_path_requires_the_aiter_facts_once():
     table = mla_table()
     aiter = [p for p in table.paths if p.startswith("aiter")]
     wanted = {("arch", "in"), ("aiter_version", "present"), ("aiter_version", "at_least"), ("q_dtype", "ne"),
-              ("logit_cap", "le"), ("num_heads", "le")}
+              ("kv_dtype", "ne"), ("logit_cap", "le"), ("num_heads", "le")}
     for name in aiter:
         assert {(c.field, c.op) for c in table.paths[name].requires} == wanted, name
         assert table.paths[name].requires == table.paths[aiter[0]].requires
@@ -119,6 +128,7 @@ def test_every_aiter_path_requires_the_aiter_facts_once():
     (spec(h=256), G950, "num_heads=256, needs <= 128"),
     (spec(h=32, sinks=True), Platform("gfx942", None), "aiter_version=None, needs a value (AITER not importable)"),
     (spec(h=32, sinks=True), Platform("gfx942", "0.1.15"), "aiter_version=0.1.15, needs >= 0.1.19"),
+    (spec("bf16", "fp8_ds_mla", h=128, sinks=True), G950, "kv_dtype=fp8_ds_mla, needs not fp8_ds_mla (mla_decode_fwd reads"),
 ])
 def test_aiter_path_requirement_is_the_stated_reason(s, p, text):
     """The negative rows are gone: the AITER paths' requirements say why Triton serves the call, once."""

@@ -147,7 +147,8 @@ def shard_kv_cache(kv_cache: torch.Tensor, world_size: int, rank: int, layout: s
     """The rows of the global KV pool that ``rank`` keeps.
 
     Args:
-        kv_cache: ``[N, 576]`` the global pool (any dtype; one shared KV head, page size 1).
+        kv_cache: ``[N, 576]`` the global pool (any dtype; one shared KV head, page size 1), or the
+            ``fp8_ds_mla`` pool as uint8 ``[N, 656]`` (rows are sharded whole: each rank keeps ``[N_r, 656]``).
         world_size: W, ranks in the DCP group.
         rank: this rank, ``0 <= rank < W``.
         layout: ``'interleaved'`` (rows ``rank::W``) or ``'contiguous'`` (rows ``[r*S, (r+1)*S)``,
@@ -156,7 +157,7 @@ def shard_kv_cache(kv_cache: torch.Tensor, world_size: int, rank: int, layout: s
             instead of a view into ``kv_cache`` (row-strided for ``interleaved``).
 
     Returns:
-        ``[N_r, 576]`` same dtype and device as ``kv_cache``; local row ``i`` is global row
+        ``[N_r, 576]`` (``[N_r, 656]``) same dtype and device as ``kv_cache``; local row ``i`` is global row
         ``global_row_ids(N, W, rank, layout)[i]``. ``N_r`` may be 0.
 
     Raises:
@@ -332,7 +333,9 @@ def dcp_sparse_mla_decode(
 
     Args:
         inputs: the call. ``q`` ``[T, H, 576]`` (bf16/fp16/fp8; fp32 accepted for tests),
-            replicated; ``kv_cache`` ``[N_r, 576]`` **this rank's shard** (:func:`shard_kv_cache`);
+            replicated; ``kv_cache`` ``[N_r, 576]`` **this rank's shard** (:func:`shard_kv_cache`; for the
+            656-byte ``fp8_ds_mla`` layout uint8 ``[N_r, 656]``, or paged ``[blocks, block_size, 656]``
+            with ``blocks * block_size = N_r``);
             ``indices`` int32 ``[T, topk]`` **global** ids (``-1`` / negative / ``>= N`` = skip,
             anywhere); ``sinks`` optional fp32 ``[H]`` natural-log logits not scaled by
             ``sm_scale``; ``topk_length`` optional int32 ``[T]`` (folded into the local ids);
@@ -380,13 +383,15 @@ def dcp_sparse_mla_decode(
     t, h, _ = q.shape
     if idx.dim() != 2 or idx.shape[0] != t or idx.dtype != torch.int32:
         raise ValueError(f"'inputs.indices' must be int32 [T={t}, topk] (got {idx.dtype} {tuple(idx.shape)})")
-    if kv.dim() != 2:
-        raise ValueError(f"'inputs.kv_cache' must be this rank's shard [N_r, 576] (got shape {tuple(kv.shape)})")
+    paged = kv.dim() == 3 and kv.dtype == torch.uint8  # an fp8_ds_mla shard [num_blocks, block_size, 656]
+    if kv.dim() != 2 and not paged:
+        raise ValueError(f"'inputs.kv_cache' must be this rank's shard [N_r, 576] (or uint8 [N_r, 656]) "
+                         f"(got shape {tuple(kv.shape)})")
     expect_rows = shard_num_rows(num_kv_rows, world, rank, layout)
-    if kv.shape[0] != expect_rows:
+    if inputs.num_kv_rows != expect_rows:
         raise ValueError(
             f"'inputs.kv_cache' must hold this rank's shard: {expect_rows} rows for num_kv_rows={num_kv_rows}, "
-            f"layout={layout!r}, rank {rank} of {world} (got {kv.shape[0]} rows)"
+            f"layout={layout!r}, rank {rank} of {world} (got {inputs.num_kv_rows} rows)"
         )
     if inputs.sinks is not None and tuple(inputs.sinks.shape) != (h,):
         raise ValueError(f"'inputs.sinks' must be fp32 [H={h}] (got shape {tuple(inputs.sinks.shape)})")

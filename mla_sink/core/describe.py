@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from mla_sink.core.dtypes import dtype_key
+from mla_sink.core.dtypes import dtype_key, kv_dtype_key
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.platform import detect_platform
 from mla_sink.core.records import CallSpec, Platform
@@ -15,7 +15,7 @@ from mla_sink.core.validate import check_inputs, check_return_lse
 
 def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> CallSpec:
     """The :class:`CallSpec` of tensors already checked by :func:`mla_sink.core.validate.check_inputs`."""
-    return CallSpec(q_dtype=dtype_key(x.q.dtype), kv_dtype=dtype_key(x.kv_cache.dtype), num_heads=x.q.shape[1],
+    return CallSpec(q_dtype=dtype_key(x.q.dtype), kv_dtype=kv_dtype_key(x.kv_cache), num_heads=x.q.shape[1],
                     topk=x.indices.shape[1], sinks=x.sinks is not None, dcp_world_size=dcp_world_size,
                     need_lse=need_lse, logit_cap=x.logit_cap)
 
@@ -34,7 +34,8 @@ def describe(
     """Derive the call's :class:`CallSpec` and :class:`Platform` from its tensors.
 
     Args:
-        q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``. indices: int32 ``[T, topk]``.
+        q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``, or uint8 ``[N, 656]`` /
+            ``[num_blocks, block_size, 656]`` (the ``fp8_ds_mla`` layout). indices: int32 ``[T, topk]``.
         sinks: optional fp32 ``[H]``.
         dcp_world_size: decode-context-parallel ranks. return_lse: the caller wants the LSE.
         logit_cap: soft cap (``<= 0`` disables).

@@ -19,14 +19,16 @@ class DecodeInputs(NamedTuple):
 
     Attributes:
         q: ``[T, H, 576]`` bf16 / fp16 / fp8 (any token and head strides; innermost stride 1).
-        kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns.
+        kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns; or the
+            656-byte ``fp8_ds_mla`` rows, uint8 ``[N, 656]`` or ``[num_blocks, block_size, 656]``
+            (:mod:`mla_sink.core.kv_layout`).
         indices: int32 ``[T, topk]`` global row ids; ``-1`` and ids outside ``[0, N)`` = skip, anywhere.
         sm_scale: multiplies ``q.k`` before the natural-exp softmax; ``None`` (the default) means
             ``576 ** -0.5`` (:func:`mla_sink.run` fills it in).
         sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
         topk_length: optional int32 ``[T]``; only the first ``topk_length[t]`` ids of row t are used.
         q_scale: fp32 ``[1]`` dequantisation scale of fp8 q (value = stored * scale), else ``None``.
-        kv_scale: fp32 ``[1]`` dequantisation scale of fp8 KV, else ``None``.
+        kv_scale: fp32 ``[1]`` dequantisation scale of fp8 KV, else ``None`` (``None`` for ``fp8_ds_mla``).
         out: optional caller-provided ``[T, H, 512]`` output buffer (q's dtype; bf16 for fp8 q).
         logit_cap: ``> 0`` soft-caps scaled logits (``cap * tanh(s / cap)``); ``<= 0`` disables.
     """
@@ -48,7 +50,9 @@ class DecodeInputs(NamedTuple):
 
     @property
     def num_kv_rows(self) -> int:
-        return self.kv_cache.shape[0]
+        """N: ``kv_cache.shape[0]``, or ``num_blocks * block_size`` of a paged ``[num_blocks, block_size, 656]``."""
+        kv = self.kv_cache
+        return kv.shape[0] * kv.shape[1] if kv.dim() == 3 else kv.shape[0]
 
     @property
     def device(self) -> torch.device:

@@ -30,6 +30,7 @@ from typing import Optional
 
 import torch
 
+from mla_sink.core import kv_layout
 from mla_sink.core.lse import apply_sink
 
 
@@ -89,7 +90,10 @@ def sparse_mla_decode_reference(
 
     Args:
         q: ``[T, H, 576]`` bf16/fp16/fp8 (any strides).
-        kv_cache: ``[N, 576]`` rows, one shared KV head; value = first ``d_v`` columns.
+        kv_cache: ``[N, 576]`` rows, one shared KV head; value = first ``d_v`` columns. A uint8 cache is
+            the 656-byte ``fp8_ds_mla`` layout, ``[N, 656]`` or ``[num_blocks, block_size, 656]`` (ids
+            ``block * block_size + offset``): the referenced rows are decoded exactly by
+            :func:`mla_sink.core.kv_layout.dequantize_kv_cache` (e4m3 times its tile's float32 scale).
         indices: int32 ``[T, topk]`` global row ids; ``-1`` / out-of-range = skip, anywhere in a row.
         sinks: optional fp32 ``[H]`` natural-log sink logits, not scaled by ``sm_scale``.
         sm_scale: multiplies ``q.k``; default ``576 ** -0.5``.
@@ -109,7 +113,8 @@ def sparse_mla_decode_reference(
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
     """
     T, H, d_qk = q.shape
-    N = kv_cache.shape[0]
+    byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout (validated by the callers)
+    N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
     if sm_scale is None:
         sm_scale = d_qk ** -0.5
     mask = valid_mask(indices, N, topk_length)
@@ -125,7 +130,11 @@ def sparse_mla_decode_reference(
         t1 = min(T, t0 + chunk)
         m = mask[t0:t1]
         safe = torch.where(m, indices[t0:t1].long(), torch.zeros_like(indices[t0:t1], dtype=torch.long))
-        kv = kv_cache[safe.reshape(-1)].to(compute_dtype).reshape(t1 - t0, topk, d_qk)
+        if byte_rows:  # decode only the gathered rows (a pool beyond 2^31 bytes is never decoded whole)
+            rows = kv_layout.gather_rows(kv_cache, safe.reshape(-1))
+            kv = kv_layout.dequantize_kv_cache(rows).to(compute_dtype).reshape(t1 - t0, topk, d_qk)
+        else:
+            kv = kv_cache[safe.reshape(-1)].to(compute_dtype).reshape(t1 - t0, topk, d_qk)
         # Invalid slots gather row 0 as a placeholder; zero them so no value of any row leaks (NaN included).
         kv = torch.where(m.unsqueeze(-1), kv, torch.zeros((), dtype=compute_dtype, device=kv.device))
         if kscale is not None:

@@ -15,12 +15,75 @@ from typing import Optional
 
 import torch
 
-from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS, FP8_KEYS, out_dtype_for
+from mla_sink.core import kv_layout
+from mla_sink.core.dtypes import (
+    ALLOWED_DTYPE_PAIRS,
+    DS_MLA_KEYS,
+    DTYPE_KEYS,
+    FP8_KEYS,
+    kv_dtype_key,
+    out_dtype_for,
+    pair_error,
+)
 from mla_sink.core.records import D_QK, D_V
 
 
 def _dt(t: torch.Tensor) -> str:
     return DTYPE_KEYS.get(t.dtype, str(t.dtype))
+
+
+#: byte alignment of an ``fp8_ds_mla`` row (its float32 scales and bf16 RoPE values are read in place)
+DS_MLA_ALIGN = 4
+
+
+def _has_memory(t: torch.Tensor) -> bool:
+    """Whether ``t`` has a real data pointer (not meta, fake or traced)."""
+    fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", ())
+    return not (t.device.type == "meta" or isinstance(t, fake) or torch.compiler.is_compiling())
+
+
+def check_ds_mla_pointer(kv_cache: torch.Tensor) -> None:
+    """Raises ValueError unless an ``fp8_ds_mla`` ``kv_cache``'s data pointer is a multiple of 4 bytes
+    (each row's float32 scales are loaded in place; a GPU faults on a misaligned load). Per call: a data
+    pointer is not part of a call's signature."""
+    if kv_cache.data_ptr() % DS_MLA_ALIGN:
+        raise ValueError(f"'kv_cache' (fp8_ds_mla) must start at a multiple of {DS_MLA_ALIGN} bytes: its rows' float32 "
+                         f"scales are read in place (got a data pointer {kv_cache.data_ptr() % DS_MLA_ALIGN} bytes past "
+                         "one, e.g. a view at an odd byte offset)")
+
+
+def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False) -> None:
+    """Validate an ``fp8_ds_mla`` ``kv_cache`` (the 656-byte V3.2 rows, :mod:`mla_sink.core.kv_layout`).
+
+    Allowed: uint8 ``[N, 656]`` with the 656 bytes of a row contiguous (``stride(1) == 1``) and any row
+    stride that is a multiple of 4 bytes; or paged ``[num_blocks, block_size, 656]`` with the rows of a
+    block contiguous (``stride(2) == 1``, ``stride(1) == 656``) and any block stride that is a multiple of 4
+    bytes (FlashMLA's tests allocate ``block_size + 1`` rows per block and slice: stride ``65 * 656``);
+    ``N`` (``num_blocks * block_size``) >= 1 unless ``allow_empty_pool``; a data pointer that is a multiple
+    of 4 bytes (real tensors).
+
+    Raises:
+        ValueError: naming ``kv_cache``, the value and what is allowed.
+    """
+    row = kv_layout.ROW_BYTES
+    if kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != row:
+        raise ValueError(f"'kv_cache' (fp8_ds_mla) must be uint8 [N, {row}] or [num_blocks, block_size, {row}] "
+                         f"(got shape {tuple(kv_cache.shape)})")
+    if kv_layout.num_rows(kv_cache) < (0 if allow_empty_pool else 1):
+        raise ValueError(f"'kv_cache' (fp8_ds_mla) must hold N >= 1 rows (got shape {tuple(kv_cache.shape)})")
+    strides = tuple(kv_cache.stride())
+    if kv_cache.shape[-1] > 1 and strides[-1] != 1:
+        raise ValueError(f"'kv_cache' (fp8_ds_mla) must have the {row} bytes of a row contiguous (stride(-1) == 1; "
+                         f"got strides {strides})")
+    if kv_cache.dim() == 3 and kv_cache.shape[1] > 1 and strides[1] != row:
+        raise ValueError(f"'kv_cache' (fp8_ds_mla) [num_blocks, block_size, {row}] must have the rows of a block "
+                         f"contiguous (stride(1) == {row}; got strides {strides})")
+    if kv_cache.shape[0] > 1 and strides[0] % DS_MLA_ALIGN:
+        what = "block" if kv_cache.dim() == 3 else "row"
+        raise ValueError(f"'kv_cache' (fp8_ds_mla) must have a {what} stride that is a multiple of {DS_MLA_ALIGN} "
+                         f"bytes (its float32 scales are read in place; got strides {strides})")
+    if _has_memory(kv_cache) and kv_cache.numel():
+        check_ds_mla_pointer(kv_cache)
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
@@ -248,12 +311,15 @@ def check_inputs(
 
     Args:
         q: ``[T, H, 576]`` bf16/fp16/fp8_e4m3/fp8_e4m3fnuz; innermost stride 1.
-        kv_cache: ``[N, 576]`` (page size 1), innermost stride 1; N >= 1.
+        kv_cache: ``[N, 576]`` (page size 1), innermost stride 1; N >= 1. Or the 656-byte V3.2 layout
+            (``fp8_ds_mla``): uint8 ``[N, 656]`` or ``[num_blocks, block_size, 656]``
+            (:func:`check_ds_mla_cache`), with ``kv_scale`` None and q bf16/fp16.
         indices: int32 ``[T, topk]``, topk >= 1.
         sinks: optional fp32 ``[H]`` contiguous.
         sm_scale: optional float in ``[2^-126, 2^126]`` (:func:`check_sm_scale`).
         topk_length: optional int32 ``[T]``.
-        q_scale / kv_scale: fp32 with one element; required exactly when q / kv_cache is fp8.
+        q_scale / kv_scale: fp32 with one element; required exactly when q / kv_cache is fp8 (a per-tensor
+            format; ``fp8_ds_mla`` carries its scales in the rows and takes no ``kv_scale``).
         out: optional ``[T, H, 512]`` in the out dtype (q's dtype; bf16 for fp8 q), innermost stride 1.
         check_scales: False skips the fp8 scale checks (for :func:`mla_sink.core.describe.describe`,
             which is given no scales).
@@ -273,16 +339,17 @@ def check_inputs(
     _require_tensor("indices", indices)
     if q.dtype not in DTYPE_KEYS:
         raise ValueError(f"'q' dtype must be one of {sorted(DTYPE_KEYS.values())} (got {q.dtype})")
-    if kv_cache.dtype not in DTYPE_KEYS:
-        raise ValueError(f"'kv_cache' dtype must be one of {sorted(DTYPE_KEYS.values())} (got {kv_cache.dtype})")
+    kv_key = kv_dtype_key(kv_cache)  # ValueError for other dtypes and uint8 rows of unknown size
     if q.dim() != 3 or q.shape[2] != D_QK or q.shape[1] < 1:
         raise ValueError(f"'q' must be [T, H, {D_QK}] with H >= 1 (got shape {tuple(q.shape)})")
     if q.stride(2) != 1:
         raise ValueError(f"'q' must have innermost stride 1 (got strides {tuple(q.stride())})")
-    if kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK or kv_cache.shape[0] < (0 if allow_empty_pool else 1):
+    if kv_key in DS_MLA_KEYS:
+        check_ds_mla_cache(kv_cache, allow_empty_pool=allow_empty_pool)
+    elif kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK or kv_cache.shape[0] < (0 if allow_empty_pool else 1):
         hint = " (a paged cache with page size 1 can be passed as kv_cache.view(-1, 576))" if kv_cache.dim() > 2 else ""
         raise ValueError(f"'kv_cache' must be [N, {D_QK}] with N >= 1 (got shape {tuple(kv_cache.shape)}){hint}")
-    if kv_cache.stride(1) != 1:
+    elif kv_cache.stride(1) != 1:
         raise ValueError(f"'kv_cache' must have innermost stride 1 (got strides {tuple(kv_cache.stride())})")
     if indices.dtype != torch.int32:
         raise ValueError(f"'indices' must be int32 (got {indices.dtype})")
@@ -291,9 +358,9 @@ def check_inputs(
     T, H = q.shape[0], q.shape[1]
     if indices.shape[0] != T:
         raise ValueError(f"'indices' must have T={T} rows like q (got {indices.shape[0]})")
-    pair = (_dt(q), _dt(kv_cache))
+    pair = (_dt(q), kv_key)
     if pair not in ALLOWED_DTYPE_PAIRS:
-        raise ValueError(f"(q dtype, kv_cache dtype) must be one of {sorted(ALLOWED_DTYPE_PAIRS)} (got {pair})")
+        raise ValueError(pair_error(*pair, "(q dtype, kv_cache dtype)"))
     device = q.device
     if device.type not in ("cpu", "cuda") and not (allow_meta and device.type == "meta"):
         traced = " (meta tensors serve shape inference: torch.ops.mla_sink.sparse_mla_decode)" if device.type == "meta" else ""
@@ -316,6 +383,9 @@ def check_inputs(
             )
         if topk_length.device != device:
             raise ValueError(f"'topk_length' must be on {device}, like q (got {topk_length.device})")
+    if check_scales and kv_key in DS_MLA_KEYS and kv_scale is not None:
+        raise ValueError(f"'kv_scale' must be None with a {kv_key} kv_cache: its scales are in the rows (four float32 "
+                         "per row, one per 128 latent columns; got a tensor)")
     for name, scale, tensor in (("q_scale", q_scale, q), ("kv_scale", kv_scale, kv_cache)):
         if not check_scales:
             break

@@ -14,9 +14,11 @@ from typing import Optional, Sequence
 
 import attrs
 
+from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
 from mla_sink.core.records import CallSpec, Platform, call_key
 
-_DTYPES = ["bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz"]
+_DTYPES = sorted(DTYPE_KEYS.values())  # q (and 576-column KV) dtypes
+_KV_DTYPES = list(KV_DTYPE_KEYS)  # ... and the 656-byte V3.2 rows, fp8_ds_mla
 _ABBREV = {
     "aiter_persistent": "P",
     "aiter_lse": "L",
@@ -55,7 +57,8 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     tri.add_argument("--triton", dest="triton", action="store_true", default=None, help="Triton importable")
     tri.add_argument("--no-triton", dest="triton", action="store_false", help="Triton not importable")
     p.add_argument("--q-dtype", default="bf16", choices=_DTYPES)
-    p.add_argument("--kv-dtype", default=None, choices=_DTYPES, help="default: the q dtype")
+    p.add_argument("--kv-dtype", default=None, choices=_KV_DTYPES,
+                   help="default: the q dtype; fp8_ds_mla = the 656-byte V3.2 FP8 rows (bf16/fp16 q)")
     p.add_argument("--heads", type=int, default=16, help="num_heads H")
     p.add_argument("--topk", type=int, default=2048)
     p.add_argument("--sinks", action="store_true", help="the call has per-head sinks")
@@ -148,7 +151,7 @@ def matrix_platforms() -> tuple:
 
 
 MATRIX_DTYPES = (("bf16", "bf16"), ("fp16", "fp16"), ("fp8_e4m3fnuz", "fp8_e4m3fnuz"), ("fp8_e4m3", "fp8_e4m3"),
-                 ("bf16", "fp8_e4m3"))
+                 ("bf16", "fp8_e4m3"), ("bf16", "fp8_ds_mla"))
 MATRIX_HEADS = (8, 16, 24, 32, 64, 128, 256)
 
 
@@ -230,6 +233,25 @@ def _print_default_plan(platform: Platform) -> None:
     print(f"  → {plan.path}   (row {plan.row_id})")
     for line in launch_lines(plan):
         print(line)
+    print("kv dtypes (the demo's call with each KV dtype q can pair with):")
+    for kv in KV_DTYPE_KEYS:
+        if kv == spec.kv_dtype:
+            continue
+        other = attrs.evolve(spec, kv_dtype=kv) if (spec.q_dtype, kv) in _pairs() else None
+        if other is None:
+            continue
+        try:
+            p = build_plan(other, platform, num_tokens=d.tokens)
+            launch = f", kernel {p.launch.kernel}" if p.launch is not None and hasattr(p.launch, "kernel") else ""
+            print(f"  {kv:<14} → {p.path}   (row {p.row_id}{launch})")
+        except NoKernelError as e:
+            print(f"  {kv:<14} refused: " + e.explanation.splitlines()[1].strip())
+
+
+def _pairs():
+    from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS
+
+    return ALLOWED_DTYPE_PAIRS
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

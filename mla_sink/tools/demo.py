@@ -7,10 +7,10 @@ import time
 
 import torch
 
-from mla_sink.core.dtypes import FP8_KEYS, TORCH_DTYPES
+from mla_sink.core.dtypes import DS_MLA_KEYS, FP8_KEYS, KV_DTYPE_KEYS, TORCH_DTYPES
 from mla_sink.core.records import call_key
 
-_DTYPES = ["bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz"]
+_DTYPES = list(KV_DTYPE_KEYS)
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +20,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=256, help="ids per token (default 256)")
     p.add_argument("--pool", type=int, default=4096, help="N, rows in the KV pool (default 4096)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="q dtype")
-    p.add_argument("--kv-dtype", default=None, choices=_DTYPES, help="KV dtype (default: q dtype)")
+    p.add_argument("--kv-dtype", default=None, choices=_DTYPES,
+                   help="KV dtype (default: q dtype; fp8_ds_mla: the 656-byte V3.2 FP8 rows, pow2 scales)")
     p.add_argument("--no-sinks", action="store_true", help="run without sinks")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--path", default=None, help="force a kernel path")
@@ -34,7 +35,11 @@ def make_inputs(tokens: int, heads: int, topk: int, pool: int, dtype: str, kv_dt
     q = torch.randn(tokens, heads, 576, generator=g).to(TORCH_DTYPES[dtype])
     kv32 = torch.randn(pool, 576, generator=g)
     extra: dict = {}
-    if kv_dtype in FP8_KEYS:
+    if kv_dtype in DS_MLA_KEYS:
+        from mla_sink.core.kv_layout import quantize_kv_cache
+
+        kv = quantize_kv_cache(kv32, layout=kv_dtype)
+    elif kv_dtype in FP8_KEYS:
         kv_scale = kv32.abs().amax() / 224.0
         kv = (kv32 / kv_scale).to(TORCH_DTYPES[kv_dtype])
         extra["kv_scale"] = kv_scale.reshape(1).float().to(device)

@@ -21,6 +21,12 @@ adjacent in launch order so their identical gathers hit L2):
   read from device memory, are folded into the scores and the output; ``fp8_e4m3fnuz`` is decoded from
   its bits through ``e4m3fn`` (value / 2, with its own NaN and max encodings) so it runs on NVIDIA and
   the CPU too;
+* the 656-byte V3.2 rows (``KV_DS_MLA``, :mod:`mla_sink.core.kv_layout`): ``KV`` is the uint8 pool and
+  row ``id`` starts at byte ``(id // kv_block_size) * stride_kv + (id % kv_block_size) * 656`` (64-bit;
+  a flat ``[N, 656]`` pool is ``kv_block_size = 1`` with its row stride, a paged one its block size and
+  block stride); each row's 512 e4m3 codes are converted to fp32 and multiplied by their 128-column
+  tile's float32 scale (read from the row's bytes 512..527, exactly) before the one rounding to q's
+  dtype, and its 64 bf16 RoPE values (bytes 528..655) are converted to q's dtype; no per-tensor scale;
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
@@ -45,7 +51,7 @@ def _sparse_mla_decode_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
     OUT, LSE, PART_OUT, PART_LSE,
     sm_scale, logit_cap,
-    num_heads, num_rows, topk, ids_per_split,
+    num_heads, num_rows, kv_block_size, topk, ids_per_split,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -54,7 +60,7 @@ def _sparse_mla_decode_kernel(
     HAS_SINKS: tl.constexpr, HAS_TOPK_LEN: tl.constexpr, HAS_CAP: tl.constexpr,
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
-    EVEN: tl.constexpr,
+    EVEN: tl.constexpr, KV_DS_MLA: tl.constexpr, DS_TILE: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
     pid_h = tl.program_id(0)
@@ -141,9 +147,33 @@ def _sparse_mla_decode_kernel(
             in_range = pos < end
             ids = tl.load(idx_row + pos, mask=in_range, other=-1)
             valid = in_range & kmath.id_valid(ids, num_rows)
-        row = KV + ids.to(tl.int64) * stride_kv
-        k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-        k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
+        if KV_DS_MLA:
+            # 656-byte rows: 512 e4m3 codes, 4 float32 tile scales, 64 bf16 RoPE values (module docstring)
+            ids64 = ids.to(tl.int64)
+            row = KV + (ids64 // kv_block_size) * stride_kv + (ids64 % kv_block_size) * (D_NOPE + 4 * (D_NOPE // DS_TILE) + 2 * D_ROPE)
+            codes = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0)
+            k8 = codes.to(tl.float8e4nv, bitcast=True)
+            if UPCAST:  # the interpreter reads e4m3fn NaN codes as +-480
+                k_f32 = kmath.e4m3fn_to_f32_interpreted(k8)
+            else:
+                k_f32 = k8.to(tl.float32)
+            scale_ptr = (row + D_NOPE).to(tl.pointer_type(tl.float32))
+            tile_scale = tl.broadcast_to(tl.load(scale_ptr, mask=valid, other=0.0)[:, None], (BLOCK_N, D_NOPE))
+            for tile in tl.static_range(1, D_NOPE // DS_TILE):
+                s_t = tl.load(scale_ptr + tile, mask=valid, other=0.0)
+                tile_scale = tl.where(offs_d[None, :] >= tile * DS_TILE, s_t[:, None], tile_scale)
+            k_nope = k_f32 * tile_scale  # exact scale, fp32 product: the only rounding is to q's dtype below
+            rope_ptr = (row + D_NOPE + 4 * (D_NOPE // DS_TILE)).to(tl.pointer_type(tl.bfloat16))
+            k_rope = tl.load(rope_ptr[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
+            if UPCAST:
+                k_rope = k_rope.to(tl.float32)
+            else:
+                k_nope = k_nope.to(q_nope.dtype)
+                k_rope = k_rope.to(q_nope.dtype)
+        else:
+            row = KV + ids.to(tl.int64) * stride_kv
+            k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+            k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
         if KV_FP8:
             if KV_FNUZ:
                 k_nope = kmath.fnuz_to_f32(k_nope)

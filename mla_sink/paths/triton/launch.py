@@ -27,9 +27,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mla_sink.core.dtypes import DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, out_dtype_for
+from mla_sink.core import kv_layout
+from mla_sink.core.dtypes import DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, kv_dtype_key, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_QK, D_V
+from mla_sink.core.validate import check_ds_mla_pointer
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
 
 Result = tuple[torch.Tensor, torch.Tensor]
@@ -224,6 +226,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     splits = launch.num_kv_splits
     split = splits > 1
     q_fp8, kv_fp8 = spec.q_dtype in FP8_KEYS, spec.kv_dtype in FP8_KEYS
+    ds = spec.kv_dtype in DS_MLA_KEYS  # the 656-byte V3.2 rows: tile scales inside the rows, no kv_scale
     f16 = kv_fp8 and launch.fp8_f16
     # the interpreter truncates fp32 -> bf16 casts: the kernel writes fp32 and PyTorch rounds to nearest, as
     # the GPU does (harmless for the other output dtypes, whose numpy casts round)
@@ -234,7 +237,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         HAS_SINKS=has_sinks, HAS_TOPK_LEN=has_len, HAS_CAP=cap > 0,
         Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=spec.q_dtype in FNUZ_KEYS, KV_FNUZ=spec.kv_dtype in FNUZ_KEYS,
         SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and spec.q_dtype not in FP16_EXACT_KEYS,
-        EVEN=not has_len and topk % launch.block_n == 0,
+        EVEN=not has_len and topk % launch.block_n == 0, KV_DS_MLA=ds, DS_TILE=kv_layout.TILE,
     )
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
     out_strides = (H * D_V, D_V) if (x.out is None or stage_fp32) else (x.out.stride(0), x.out.stride(1))
@@ -243,7 +246,11 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     copy_idx = x.indices.stride(-1) != 1
     q_strides = (H * D_QK, D_QK) if copy_q else (x.q.stride(0), x.q.stride(1))
     static = dict(
-        num_heads=H, num_rows=min(x.kv_cache.shape[0], MAX_ROWS), topk=topk, ids_per_split=launch.ids_per_split,
+        # an fp8_ds_mla pool is addressed in bytes: row id at (id // kv_block_size) * stride_kv + (id % kv_block_size)
+        # * 656, kv_block_size = 1 (stride_kv = its row stride) for [N, 656], block_size for [blocks, block_size, 656]
+        num_heads=H, num_rows=min(x.num_kv_rows, MAX_ROWS),
+        kv_block_size=x.kv_cache.shape[1] if (ds and x.kv_cache.dim() == 3) else 1,
+        topk=topk, ids_per_split=launch.ids_per_split,
         stride_qt=q_strides[0], stride_qh=q_strides[1], stride_kv=x.kv_cache.stride(0),
         stride_it=topk if copy_idx else x.indices.stride(0), stride_ot=out_strides[0], stride_oh=out_strides[1],
         stride_lt=H, stride_lh=1,
@@ -277,6 +284,8 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        if ds:
+            check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         q = x.q.contiguous() if copy_q else x.q
         kv_cache = x.kv_cache.view(torch.uint8) if kv_bits else x.kv_cache
         indices = x.indices.contiguous() if copy_idx else x.indices
@@ -383,7 +392,7 @@ def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tens
     from mla_sink.core.records import CallSpec
     from mla_sink.paths.triton.plan import plan_triton_launch
 
-    spec = CallSpec(q_dtype=DTYPE_KEYS[q.dtype], kv_dtype=DTYPE_KEYS[kv_cache.dtype], num_heads=q.shape[1],
+    spec = CallSpec(q_dtype=DTYPE_KEYS[q.dtype], kv_dtype=kv_dtype_key(kv_cache), num_heads=q.shape[1],
                     topk=indices.shape[1], sinks=sinks is not None, need_lse=True, logit_cap=logit_cap)
     platform = detect_platform(q.device)
     plan = build_plan(spec, platform, path="triton")
@@ -416,7 +425,9 @@ def sparse_mla_decode_triton(
 
     Args:
         q: ``[T, H, 576]`` bf16 / fp16 / fp8 (e4m3fn or e4m3fnuz), innermost stride 1.
-        kv_cache: ``[N, 576]`` rows (one shared KV head; value = first 512 columns), innermost stride 1.
+        kv_cache: ``[N, 576]`` rows (one shared KV head; value = first 512 columns), innermost stride 1; or
+            the 656-byte ``fp8_ds_mla`` rows, uint8 ``[N, 656]`` / ``[num_blocks, block_size, 656]``
+            (:func:`mla_sink.core.validate.check_ds_mla_cache`), with bf16/fp16 q and no ``kv_scale``.
         indices: int32 ``[T, topk]``; ``-1``, negative and ``>= N`` ids are skipped wherever they sit.
         sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
         sm_scale: multiplies ``q.k``; default ``576 ** -0.5``.
