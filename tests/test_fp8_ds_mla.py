@@ -193,3 +193,539 @@ def test_quantiser_paged_and_errors():
 def test_public_api_exports():
     assert mla_sink.quantize_kv_cache is quantize_kv_cache
     assert mla_sink.dequantize_kv_cache is dequantize_kv_cache
+
+
+# ---- the kernel (Triton's interpreter) against the float64 reference -----------------------------
+#
+# FlashMLA's method (tests/test_flash_mla_sparse_decoding.py): the reference sees exactly the decoded
+# values; every row no valid id references is NaN (NaN e4m3 codes 0x7F/0xFF, NaN or inf scales, NaN
+# RoPE); -1, negative and >= N ids anywhere; sm_scale = 576 ** -0.55; sinks with +-inf; empty rows.
+
+SM_SCALE = 576 ** -0.55
+#: (atol, rtol) of ``out`` by out dtype: under the interpreter the tiles are fp32 (exact products), so the
+#: error is the final rounding to the out dtype plus fp32 sums (tests/test_triton_kernel.py's budget)
+OUT_TOL = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 8e-3)}
+LSE_TOL = (2e-5, 1e-5)
+BAD_IDS = (-1, -5, "N", 2 ** 31 - 1)
+NAN_BF16 = 0x7FC0
+
+
+def poison_unreferenced(cache: torch.Tensor, used: torch.Tensor) -> None:
+    """Fill every row of a flat uint8 ``[N, 656]`` view that ``used`` (bool ``[N]``) marks False with NaN:
+    latent codes 0x7F / 0xFF, scales NaN or +inf (alternating rows), RoPE NaN."""
+    rows = torch.nonzero(~used).flatten()
+    for k, r in enumerate(rows.tolist()):
+        cache[r, :512] = 0x7F if k % 2 else 0xFF
+        cache[r, 512:528] = torch.tensor([float("nan") if k % 2 else float("inf")] * 4).view(torch.uint8)
+        cache[r, 528:] = torch.tensor([NAN_BF16] * 64, dtype=torch.int16).view(torch.uint8)
+
+
+def make_case(T=4, H=5, topk=37, N=96, seed=0, scale="pow2", q_dtype=torch.bfloat16, sinks="mixed",
+              block_size=None):
+    """Inputs in the fp8_ds_mla layout. Token rows: 0 = valid ids with -1, -5, N and 2^31-1 mixed in;
+    1 = its first 16 ids -1; 2 = every id -1 (empty); the rest random. Rows N-8.. are never referenced.
+    ``block_size``: a paged pool ``[N / block_size, block_size, 656]`` carved from blocks of
+    ``block_size + 1`` rows (FlashMLA's tests: block stride ``(block_size + 1) * 656``), pad rows NaN."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(T, H, D_QK, generator=g) * 1.5).to(q_dtype)
+    mag = torch.logspace(-2, 2, N).unsqueeze(1)[torch.randperm(N, generator=g)]
+    kv = torch.randn(N, D_QK, generator=g) * mag
+    kv[:, D_V:] = torch.randn(N, D_QK - D_V, generator=g)  # RoPE at unit scale
+    idx = torch.randint(0, N - 8, (T, topk), generator=g, dtype=torch.int32)
+    if T > 0:
+        pos = torch.arange(0, topk, 3)
+        bad = torch.tensor([N if b == "N" else b for b in BAD_IDS], dtype=torch.int32)
+        idx[0, pos] = bad[torch.arange(len(pos)) % len(bad)]
+    if T > 1:
+        idx[1, : min(16, topk - 1)] = -1
+    if T > 2:
+        idx[2] = -1
+    flat = quantize_kv_cache(kv, scale=scale)
+    used = torch.zeros(N, dtype=torch.bool)
+    ok = (idx >= 0) & (idx < N)
+    used[idx[ok].long()] = True
+    poison_unreferenced(flat, used)
+    cache = flat
+    if block_size is not None:
+        assert N % block_size == 0
+        pool = torch.empty(N // block_size, block_size + 1, ROW, dtype=torch.uint8)
+        poison_unreferenced(pool.view(-1, ROW), torch.zeros(pool.shape[0] * pool.shape[1], dtype=torch.bool))
+        cache = pool[:, :block_size]
+        cache.copy_(flat.view(-1, block_size, ROW))
+        assert cache.stride() == ((block_size + 1) * ROW, ROW, 1)
+    if sinks == "mixed":
+        vals = [float("-inf"), 0.5, float("inf"), 0.0, 20.0, 100.0, -1.0, 2.0]
+        s = torch.tensor([vals[h % len(vals)] for h in range(H)], dtype=torch.float32)
+    else:
+        s = None if sinks is None else torch.full((H,), float(sinks))
+    return dict(q=q, kv_cache=cache, indices=idx, sinks=s)
+
+
+def run_kernel(case, sm_scale=SM_SCALE, **kw):
+    """(kernel out, kernel lse, reference out, reference lse); output buffers poisoned with NaN."""
+    from mla_sink.core.reference import sparse_mla_decode_reference
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+    q = case["q"]
+    T, H, _ = q.shape
+    out = torch.full((T, H, D_V), float("nan"), dtype=q.dtype)
+    lse = torch.full((T, H), float("nan"))
+    extra = {k: kw.pop(k) for k in ("topk_length",) if k in kw}
+    o, l = sparse_mla_decode_triton(q, case["kv_cache"], case["indices"], case["sinks"], sm_scale, out=out, lse=lse,
+                                    **extra, **kw)
+    assert o.data_ptr() == out.data_ptr() and l.data_ptr() == lse.data_ptr()
+    assert not torch.isnan(o).any(), "out has NaN (unwritten element or a leaked NaN row)"
+    assert not torch.isnan(l).any(), "lse has NaN (unwritten element or a leaked NaN row)"
+    ro, rl = sparse_mla_decode_reference(q, case["kv_cache"], case["indices"], case["sinks"], sm_scale, **extra)
+    assert not torch.isnan(ro).any()
+    return o, l, ro, rl
+
+
+def check(o, l, ro, rl):
+    atol, rtol = OUT_TOL[o.dtype]
+    torch.testing.assert_close(o.double(), ro, atol=atol, rtol=rtol)
+    torch.testing.assert_close(l, rl, atol=LSE_TOL[0], rtol=LSE_TOL[1])
+
+
+def _cfg(**kw):
+    from mla_sink.paths.triton.plan import TritonConfig
+
+    base = dict(block_h=16, block_n=32, num_warps=4, num_stages=1, max_kv_splits=32, min_ids_per_split=32,
+                split_waves=1.0, split_min_fill=0.5, combine_block_h=16, combine_block_d=D_V, fp8_f16=False)
+    return TritonConfig(**{**base, **kw})
+
+
+UNSPLIT = dict(config=_cfg(), num_kv_splits=1)
+SPLIT = dict(config=_cfg(block_h=64, block_n=16), num_kv_splits=3)
+interp = pytest.mark.interpreter
+
+
+@interp
+@pytest.mark.parametrize("scale", ["pow2", "amax"])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_kernel_against_float64(scale, q_dtype, split):
+    case = make_case(scale=scale, q_dtype=q_dtype, seed=1)
+    check(*run_kernel(case, **(SPLIT if split else UNSPLIT)))
+
+
+@interp
+@pytest.mark.parametrize("H", [1, 5, 24])
+def test_kernel_odd_heads_and_default_tiles(H):
+    case = make_case(T=3, H=H, topk=40, seed=2)
+    check(*run_kernel(case))  # the tuning table's cpu row
+    check(*run_kernel(case, **SPLIT))
+
+
+@interp
+@pytest.mark.parametrize("block_size", [1, 8, 16])
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_kernel_paged_pool_with_padded_blocks(block_size, split):
+    """[num_blocks, block_size, 656] with block stride (block_size + 1) * 656: ids block * block_size + offset;
+    the pad rows between blocks are NaN and never read."""
+    case = make_case(N=96, block_size=block_size, seed=3, scale="amax")
+    o, l, ro, rl = run_kernel(case, **(SPLIT if split else UNSPLIT))
+    check(o, l, ro, rl)
+    flat = dict(case, kv_cache=case["kv_cache"].reshape(-1, ROW))  # the same rows as one flat pool
+    fo, fl, _, _ = run_kernel(flat, **(SPLIT if split else UNSPLIT))
+    torch.testing.assert_close(o, fo, atol=0, rtol=0)
+    torch.testing.assert_close(l, fl, atol=0, rtol=0)
+
+
+@interp
+def test_kernel_topk_length_noncontiguous_q_and_sinks():
+    case = make_case(T=4, H=6, topk=37, seed=4, sinks="mixed")
+    base = torch.randn(4, 12, D_QK).to(torch.bfloat16)
+    case["q"] = base[:, ::2]  # head stride 2 * 576
+    tl_ = torch.tensor([37, 20, 5, 0], dtype=torch.int32)
+    check(*run_kernel(case, topk_length=tl_, **UNSPLIT))
+    check(*run_kernel(case, topk_length=tl_, **SPLIT))
+    for sink in (float("inf"), float("-inf")):
+        case["sinks"] = torch.full((6,), sink)
+        o, l, ro, rl = run_kernel(case, **SPLIT)
+        check(o, l, ro, rl)
+        if sink > 0:
+            assert (o == 0).all()
+
+
+@interp
+def test_kernel_empty_rows_and_ids_past_the_pool():
+    case = make_case(T=3, H=4, topk=16, seed=5)
+    case["indices"][0] = torch.tensor([-1, -7, 96, 97, 2 ** 31 - 1] + [-1] * 11, dtype=torch.int32)
+    o, l, ro, rl = run_kernel(case, **SPLIT)
+    check(o, l, ro, rl)
+    for t in (0, 2):  # no valid id: out 0, lse -inf
+        assert (o[t] == 0).all() and torch.isneginf(l[t]).all()
+
+
+@interp
+def test_kernel_on_a_cache_written_byte_by_byte():
+    """Hand-chosen float32 scales (not powers of two, tiny and huge) written with struct, e4m3 codes chosen
+    by hand: the kernel decodes them as the dequantiser does (each scale exactly, as float32)."""
+    g = torch.Generator().manual_seed(6)
+    scales = [0.013, 3.7, 1e-30, 2.5e25]
+    rows = []
+    for r in range(24):
+        codes = torch.randint(0, 256, (512,), generator=g)
+        codes[(codes & 0x7F) == 0x7F] = 0x3C  # referenced rows hold finite codes (1.5)
+        s = [scales[(r + i) % 4] * (1 + r / 64) for i in range(4)]
+        rope = (torch.randn(64, generator=g) * 2).tolist()
+        rows.append(write_row(codes.tolist(), s, rope))
+    cache = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.uint8).reshape(24, ROW).clone()
+    idx = torch.randint(0, 20, (3, 24), generator=g, dtype=torch.int32)
+    idx[0, 5] = -1
+    poison_unreferenced(cache, torch.arange(24) < 20)
+    # q spans the tile scales: each 128-column block of q divided by its tile's typical scale
+    q = torch.randn(3, 5, D_QK, generator=g)
+    for i in range(4):
+        q[..., 128 * i: 128 * (i + 1)] /= max(scales[i], 1e-3) * 64
+    case = dict(q=q.to(torch.bfloat16), kv_cache=cache, indices=idx, sinks=torch.randn(5))
+    o, l, ro, rl = run_kernel(case, sm_scale=0.05, **UNSPLIT)
+    # out spans 1e-30 .. 1e25 column by column: compare each tile relative to its own magnitude
+    for i in range(4):
+        cols = slice(128 * i, 128 * (i + 1))
+        mag = ro[..., cols].abs().amax().item()
+        torch.testing.assert_close(o[..., cols].double() / mag, ro[..., cols] / mag, atol=8e-3, rtol=8e-3)
+    torch.testing.assert_close(l, rl, atol=LSE_TOL[0], rtol=LSE_TOL[1])
+
+
+@interp
+def test_scale_is_read_as_float32_exactly():
+    """Each tile scale is read as the float32 it is (FlashMLA's sm90 kernel rounds it to bf16): a scale
+    of 1 + 2^-20 (no bf16 value) with q picking one column gives the score 448 * (1 + 2^-20), not 448.
+    (The interpreter's tiles are fp32; a GPU tile rounds the product once, to q's dtype.)"""
+    s = 1.0 + 2.0 ** -20
+    row = write_row([0x7E] * 512, [s, s, s, s], [0.0] * 64)  # 0x7E = 448
+    cache = torch.frombuffer(bytearray(row * 2), dtype=torch.uint8).reshape(2, ROW).clone()
+    q = torch.zeros(1, 1, D_QK, dtype=torch.float16)
+    q[0, 0, 0] = 1.0
+    idx = torch.tensor([[0]], dtype=torch.int32)
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+    _, lse = sparse_mla_decode_triton(q, cache, idx, sm_scale=1.0, config=_cfg(), num_kv_splits=1)
+    exact = 448 * s  # lse of one id = its score
+    assert abs(lse.item() - exact) <= exact * 2.0 ** -23
+    assert lse.item() != 448.0  # what a bf16-rounded scale would give
+
+
+
+# ---- plans: the portable kernel, never a Gluon row -----------------------------------------------
+
+@pytest.mark.parametrize("H", [1, 16, 17, 32, 33, 64, 128])
+@pytest.mark.parametrize("T", [1, 2, 64, 256])
+def test_sm90_plans_use_the_portable_kernel(H, T):
+    from mla_sink.paths.triton.plan import plan_triton_launch
+
+    for q in ("bf16", "fp16"):
+        launch = plan_triton_launch(arch="sm90", q_dtype=q, kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
+                                    topk=2048, logit_cap=0.0, gluon=True, num_sms=132)
+        assert launch.kernel == "portable" and launch.tuning_row.startswith("sm90_ds_mla"), launch
+        assert launch.fp8_f16 is False
+
+
+@pytest.mark.parametrize("arch", ["cpu", "gfx942", "gfx950", "sm100", "sm89"])
+def test_other_archs_plan_the_portable_kernel(arch):
+    from mla_sink.paths.triton.plan import plan_triton_launch
+
+    launch = plan_triton_launch(arch=arch, q_dtype="bf16", kv_dtype="fp8_ds_mla", num_heads=64, num_tokens=4,
+                                topk=2048, logit_cap=0.0, gluon=True, num_sms=80)
+    assert launch.kernel == "portable"
+
+# ---- every entry point ---------------------------------------------------------------------------
+
+def small(T=3, H=5, topk=24, N=64, seed=7, **kw):
+    return make_case(T=T, H=H, topk=topk, N=N, seed=seed, **kw)
+
+
+def ref_of(case, **kw):
+    from mla_sink.core.reference import sparse_mla_decode_reference
+
+    return sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"], **kw)
+
+
+def close(out, lse, r_out, r_lse):
+    atol, rtol = OUT_TOL[out.dtype]
+    torch.testing.assert_close(out.double(), r_out, atol=atol, rtol=rtol)
+    if lse is not None:
+        torch.testing.assert_close(lse, r_lse, atol=LSE_TOL[0], rtol=LSE_TOL[1])
+
+
+@pytest.mark.parametrize("platform", [pytest.param(mla_sink.Platform("cpu"), marks=interp),
+                                      mla_sink.Platform("cpu", triton=False)], ids=["triton", "reference"])
+@pytest.mark.parametrize("paged", [False, True], ids=["flat", "paged"])
+def test_function_and_layer(platform, paged):
+    case = small(block_size=8 if paged else None)
+    out, lse = mla_sink.sparse_mla_decode(case["q"], case["kv_cache"], case["indices"], case["sinks"],
+                                          sm_scale=SM_SCALE, platform=platform)
+    close(out, lse, *ref_of(case, sm_scale=SM_SCALE))
+    layer = mla_sink.SparseMLADecode(num_heads=5, q_dtype="bf16", kv_dtype="fp8_ds_mla", topk=24, sinks=case["sinks"],
+                                     sm_scale=SM_SCALE, platform=platform)
+    assert layer.spec.kv_dtype == "fp8_ds_mla" and layer.plan.path == ("triton" if platform.triton else "reference")
+    out2, lse2 = layer(case["q"], case["kv_cache"], case["indices"])
+    close(out2, lse2, *ref_of(case, sm_scale=SM_SCALE))
+    buf = torch.full_like(out, float("nan"))
+    out3, _ = layer(case["q"], case["kv_cache"], case["indices"], out=buf)
+    assert out3.data_ptr() == buf.data_ptr() and torch.equal(out3, out2)
+
+
+@interp
+def test_run_and_describe():
+    case = small(q_dtype=torch.float16)
+    spec, platform = mla_sink.describe(case["q"], case["kv_cache"], case["indices"], case["sinks"])
+    assert (spec.q_dtype, spec.kv_dtype) == ("fp16", "fp8_ds_mla") and str(spec).startswith("fp16+kv_fp8_ds_mla")
+    x = mla_sink.DecodeInputs(case["q"], case["kv_cache"], case["indices"], SM_SCALE, sinks=case["sinks"])
+    assert x.num_kv_rows == 64
+    out, lse = mla_sink.run(spec, x)
+    close(out, lse, *ref_of(case, sm_scale=SM_SCALE))
+    paged = small(q_dtype=torch.float16, block_size=16)
+    xp = x._replace(kv_cache=paged["kv_cache"])
+    assert xp.num_kv_rows == 64
+    out_p, lse_p = mla_sink.run(spec, {"q": x.q, "kv_cache": paged["kv_cache"], "indices": x.indices,
+                                       "sinks": x.sinks, "sm_scale": SM_SCALE})
+    torch.testing.assert_close(out_p, out, atol=0, rtol=0)  # the same rows, paged
+    wrong = mla_sink.CallSpec(q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=5, topk=24, sinks=True)
+    with pytest.raises(ValueError, match="the tensors give kv_dtype='fp8_ds_mla' but spec.kv_dtype='fp8_e4m3'"):
+        mla_sink.run(wrong, x)
+
+
+def _op_args(case, path):
+    return (case["q"], case["kv_cache"], case["indices"], case["sinks"], SM_SCALE, None, None, None, True, 0.0, path)
+
+
+@pytest.mark.parametrize("path", ["reference", pytest.param("triton", marks=interp)])
+def test_operators_and_opcheck(path):
+    case = small(T=2, H=3, topk=8, N=32)
+    out, lse = torch.ops.mla_sink.sparse_mla_decode(*_op_args(case, path))
+    close(out, lse, *ref_of(case, sm_scale=SM_SCALE))
+    torch.library.opcheck(torch.ops.mla_sink.sparse_mla_decode.default, _op_args(case, path))
+    buf = torch.empty(2, 3, D_V, dtype=torch.bfloat16)
+    a = _op_args(case, path)
+    torch.library.opcheck(torch.ops.mla_sink.sparse_mla_decode_out.default, (*a[:8], buf, *a[8:]))
+    paged = small(T=2, H=3, topk=8, N=32, block_size=8)
+    torch.library.opcheck(torch.ops.mla_sink.sparse_mla_decode.default, _op_args(paged, path))
+
+
+def test_meta_shapes_and_compile_fullgraph():
+    case = small(T=2, H=3, topk=8, N=32)
+    q, kv, idx, s = case["q"], case["kv_cache"], case["indices"], case["sinks"]
+    m_out, m_lse = mla_sink.sparse_mla_decode(q.to("meta"), kv.to("meta"), idx.to("meta"), s.to("meta"))
+    assert m_out.device.type == "meta" and m_out.shape == (2, 3, D_V) and m_lse.shape == (2, 3)
+    spec = mla_sink.CallSpec(q_dtype="bf16", kv_dtype="fp8_ds_mla", num_heads=3, topk=8, sinks=True)
+
+    def step(q, kv, idx, s):
+        out, lse = mla_sink.run(spec, mla_sink.DecodeInputs(q, kv, idx, SM_SCALE, sinks=s), path="reference")
+        return out.float() * 2, lse
+
+    out, lse = torch.compile(step, fullgraph=True, backend="aot_eager")(q, kv, idx, s)
+    e_out, e_lse = step(q, kv, idx, s)
+    torch.testing.assert_close(out, e_out)
+    torch.testing.assert_close(lse, e_lse)
+    bad = torch.compile(lambda q, kv, i: mla_sink.sparse_mla_decode(q, kv, i, kv_scale=torch.ones(1)),
+                        fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="'kv_scale' must be None with a fp8_ds_mla kv_cache"):
+        bad(q, kv, idx)
+
+
+def test_reference_decodes_only_the_gathered_rows(monkeypatch):
+    """The reference dequantises the rows it gathers, never the whole pool (a pool beyond 2^31 bytes)."""
+    seen = []
+    real = kv_layout.dequantize_kv_cache
+
+    def spy(cache, layout="fp8_ds_mla"):
+        seen.append(cache.shape[0])
+        return real(cache, layout)
+
+    monkeypatch.setattr(kv_layout, "dequantize_kv_cache", spy)
+    case = small(T=2, H=3, topk=8, N=64)
+    ref_of(case)
+    assert seen and max(seen) <= 2 * 8
+
+
+# ---- validation ----------------------------------------------------------------------------------
+
+def _good():
+    case = small(T=2, H=4, topk=8, N=32)
+    return dict(q=case["q"], kv_cache=case["kv_cache"], indices=case["indices"])
+
+
+def _uint8_pool(rows, row_bytes, offset=0):
+    return torch.zeros(rows * row_bytes + offset, dtype=torch.uint8)[offset:].view(rows, row_bytes)
+
+
+BAD = [
+    # (what, mutation of the good call, message)
+    ("wrong last dim", lambda x: x.update(kv_cache=torch.zeros(32, 576, dtype=torch.uint8)),
+     r"'kv_cache' of dtype torch.uint8 must have a last dimension of 656 \(fp8_ds_mla\) bytes \(got shape \(32, 576\)\)"),
+    ("wrong last dim paged", lambda x: x.update(kv_cache=torch.zeros(4, 8, 657, dtype=torch.uint8)),
+     r"last dimension of 656"),
+    ("row bytes not contiguous", lambda x: x.update(kv_cache=torch.zeros(32, 2 * ROW, dtype=torch.uint8)[:, ::2]),
+     r"'kv_cache' \(fp8_ds_mla\) must have the 656 bytes of a row contiguous \(stride\(-1\) == 1; got strides \(1312, 2\)\)"),
+    ("rows of a block not contiguous", lambda x: x.update(kv_cache=torch.zeros(4, 8, 660, dtype=torch.uint8)[..., :ROW]),
+     r"must have the rows of a block contiguous \(stride\(1\) == 656; got strides \(5280, 660, 1\)\)"),
+    ("bad block stride", lambda x: x.update(kv_cache=torch.zeros(4 * (8 * ROW + 2), dtype=torch.uint8).as_strided(
+        (4, 8, ROW), (8 * ROW + 2, ROW, 1))),
+     r"must have a block stride that is a multiple of 4 bytes \(its float32 scales are read in place; got strides \(5250, 656, 1\)\)"),
+    ("bad row stride", lambda x: x.update(kv_cache=_uint8_pool(32, ROW + 2)[:, :ROW]),
+     r"must have a row stride that is a multiple of 4 bytes"),
+    ("misaligned pointer", lambda x: x.update(kv_cache=_uint8_pool(32, ROW, offset=2)),
+     r"'kv_cache' \(fp8_ds_mla\) must start at a multiple of 4 bytes"),
+    ("empty pool", lambda x: x.update(kv_cache=torch.zeros(0, 8, ROW, dtype=torch.uint8)), r"must hold N >= 1 rows"),
+    ("4-d", lambda x: x.update(kv_cache=torch.zeros(2, 2, 8, ROW, dtype=torch.uint8)),
+     r"must be uint8 \[N, 656\] or \[num_blocks, block_size, 656\] \(got shape \(2, 2, 8, 656\)\)"),
+    ("kv_scale given", lambda x: x.update(kv_scale=torch.ones(1)),
+     r"'kv_scale' must be None with a fp8_ds_mla kv_cache: its scales are in the rows"),
+    ("fp8 q", lambda x: x.update(q=x["q"].to(torch.float8_e4m3fn), q_scale=torch.ones(1)),
+     r"\(q dtype, kv_cache dtype\) must be one of .* \(got \('fp8_e4m3', 'fp8_ds_mla'\)\); a fp8_ds_mla kv_cache takes "
+     r"q in \['bf16', 'fp16'\] only"),
+]
+
+
+@pytest.mark.parametrize("mutate,message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_validation_errors(mutate, message):
+    x = _good()
+    mutate(x)
+    with pytest.raises(ValueError, match=message):
+        mla_sink.sparse_mla_decode(**x)
+    with pytest.raises(ValueError, match=message):  # the operator (real and fake) checks the same
+        torch.ops.mla_sink.sparse_mla_decode(x["q"], x["kv_cache"], x["indices"], None, SM_SCALE, None,
+                                             x.get("q_scale"), x.get("kv_scale"), False, 0.0, "")
+
+
+@interp
+def test_misaligned_pointer_is_refused_on_a_prepared_call():
+    """The pointer's alignment is no part of a call's signature: a later call with the same shapes and strides
+    but a misaligned view is refused by the runner, before the kernel."""
+    x = _good()
+    pool = torch.zeros(32 * ROW + 4, dtype=torch.uint8)
+    aligned = pool[:32 * ROW].view(32, ROW)
+    aligned.copy_(x["kv_cache"])
+    mla_sink.sparse_mla_decode(x["q"], aligned, x["indices"], platform=mla_sink.Platform("cpu"))
+    shifted = pool[2:2 + 32 * ROW].view(32, ROW)
+    assert shifted.stride() == aligned.stride()
+    from mla_sink.core.validate import check_ds_mla_pointer
+
+    with pytest.raises(ValueError, match="must start at a multiple of 4 bytes"):
+        check_ds_mla_pointer(shifted)
+    from mla_sink.api import execute
+    from mla_sink.core.inputs import DecodeInputs
+
+    with pytest.raises(ValueError, match="must start at a multiple of 4 bytes"):
+        execute(DecodeInputs(x["q"], shifted, x["indices"], SM_SCALE), spec=None, need_lse=False,
+                platform=mla_sink.Platform("cpu"), path=None)
+
+
+def test_layer_and_records_name_the_layout():
+    with pytest.raises(ValueError, match=r"'kv_dtype' must be one of \[.*'fp8_ds_mla'\] or the torch dtypes"):
+        mla_sink.SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype=torch.uint8, topk=8,
+                                 platform=mla_sink.Platform("cpu"))
+    with pytest.raises(ValueError, match="fp8_ds_mla kv_cache takes q in"):
+        mla_sink.SparseMLADecode(num_heads=4, q_dtype="fp8_e4m3", kv_dtype="fp8_ds_mla", topk=8,
+                                 platform=mla_sink.Platform("cpu"))
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+def test_cli_explain_info_and_demo(capsys):
+    from mla_sink.tools.cli import main
+
+    assert main(["explain", "--arch", "sm90", "--kv-dtype", "fp8_ds_mla", "--heads", "128", "--sinks",
+                 "--tokens", "256", "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "bf16+kv_fp8_ds_mla-h128-sm90-sinks-dcp1"
+    assert "→ triton   (row triton_portable)" in out and "kernel portable" in out and "row sm90_ds_mla " in out
+    assert "kv_dtype=fp8_ds_mla, needs not fp8_ds_mla" in out
+    assert main(["explain", "--arch", "gfx950", "--aiter", "0.1.20", "--kv-dtype", "fp8_ds_mla", "--heads", "64",
+                 "--sinks", "--json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["path"] == "triton"
+    assert main(["explain", "--arch", "sm80", "--kv-dtype", "fp8_ds_mla"]) == 2
+    assert "sm89" in capsys.readouterr().out
+    assert main(["explain", "--q-dtype", "fp8_e4m3", "--kv-dtype", "fp8_ds_mla"]) == 2
+    assert "fp8_ds_mla kv_cache takes q in" in capsys.readouterr().err
+    assert main(["explain", "--matrix", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gfx950-aiter0.1.20-triton"]["bf16/fp8_ds_mla"]["h64+s"] == "triton"
+    assert main(["info"]) == 0
+    assert "fp8_ds_mla" in capsys.readouterr().out
+    assert main(["demo", "--device", "cpu", "--kv-dtype", "fp8_ds_mla", "--tokens", "2", "--topk", "32",
+                 "--pool", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16+kv_fp8_ds_mla" in out and "NaN in out: False" in out
+
+
+# ---- DCP: shards of a 656-byte pool over 2 gloo processes ----------------------------------------
+
+DCP_W = 2
+DCP_N = 61  # prime: the shards differ in size
+
+
+def _dcp_case():
+    case = make_case(T=4, H=5, topk=24, N=DCP_N, seed=11, scale="amax")
+    return case
+
+
+def _dcp_worker(rank: int, store_path: str, out_dir: str) -> None:
+    import os
+    import traceback
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, DCP_W), rank=rank, world_size=DCP_W,
+                                timeout=timedelta(seconds=60))
+        from mla_sink.core.dcp import shard_kv_cache
+
+        case = _dcp_case()
+        spec = mla_sink.CallSpec(q_dtype="bf16", kv_dtype="fp8_ds_mla", num_heads=5, topk=24, sinks=True,
+                                 dcp_world_size=DCP_W)
+        res = {}
+        for layout in ("interleaved", "contiguous"):
+            shard = shard_kv_cache(case["kv_cache"], DCP_W, rank, layout, copy=True)
+            assert shard.shape[1] == ROW and shard.dtype == torch.uint8
+            for path in ("triton", "reference"):
+                x = {"q": case["q"], "kv_cache": shard, "indices": case["indices"], "sinks": case["sinks"],
+                     "sm_scale": SM_SCALE}
+                res[(layout, path)] = mla_sink.run(spec, x, path=path, dcp_group=dist.group.WORLD, dcp_layout=layout,
+                                                   num_kv_rows=DCP_N)
+            layer = mla_sink.SparseMLADecode(num_heads=5, q_dtype="bf16", kv_dtype="fp8_ds_mla", topk=24,
+                                             sinks=case["sinks"], sm_scale=SM_SCALE, dcp_world_size=DCP_W,
+                                             dcp_group=dist.group.WORLD, dcp_layout=layout, num_kv_rows=DCP_N)
+            res[(layout, "layer")] = layer(case["q"], shard, case["indices"])
+        dist.barrier()
+        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+@interp
+def test_dcp_two_ranks_match_the_full_pool_reference(tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_dcp_worker, args=(r, str(tmp_path / "store"), str(tmp_path))) for r in range(DCP_W)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+        p.join(5)
+    errs = [(tmp_path / f"rank{r}.err").read_text() for r in range(DCP_W) if (tmp_path / f"rank{r}.err").exists()]
+    assert not hung and not errs and all(p.exitcode == 0 for p in procs), "\n".join(errs)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(DCP_W)]
+    case = _dcp_case()
+    r_out, r_lse = ref_of(case, sm_scale=SM_SCALE)
+    for key, (out, lse) in ranks[0].items():
+        for other in ranks[1:]:  # every rank returns the same result
+            assert torch.equal(other[key][0], out) and torch.equal(other[key][1], lse), key
+        assert out.dtype == torch.bfloat16 and not out.isnan().any(), key
+        close(out, lse, r_out, r_lse)
+        assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()  # the empty row

@@ -83,8 +83,9 @@ def kv_dtype_key(kv_cache: torch.Tensor) -> str:
     """
     if kv_cache.dtype == torch.uint8:
         last = kv_cache.shape[-1] if kv_cache.dim() else None
-        if last in BYTE_KV_LAYOUTS:
-            return BYTE_KV_LAYOUTS[last]
+        for row_bytes, key in BYTE_KV_LAYOUTS.items():  # compared, not hashed: a traced size is a SymInt
+            if last is not None and last == row_bytes:
+                return key
         allowed = ", ".join(f"{n} ({k})" for n, k in sorted(BYTE_KV_LAYOUTS.items()))
         raise ValueError(f"'kv_cache' of dtype torch.uint8 must have a last dimension of {allowed} bytes "
                          f"(got shape {tuple(kv_cache.shape)})")
