@@ -285,3 +285,41 @@ def _persistent_lse_kernel(arch: str, q_dtype, kv_dtype, nhead: int, max_seqlen_
     if arch == "gfx942":
         return fp8 and nhead == 64 and max_seqlen_q == 1
     return False
+
+
+# ---- mla_decode_fwd_ds32 (gfx950): what its inputs are, modelled to show why no path takes fp8_ds_mla ----
+#: The ds32 kernel's row strides, hard-coded in its launcher (never read from the tensors): latent bytes,
+#: E8M0 scale bytes (one per 32 latent values) and bf16 RoPE values per row. Source: ROCm/aiter
+#: ``csrc/kernels/mla/ds32_decode_fwd.cu`` (``stride_kv_nope_page = D_NOPE_SIZE`` ...),
+#: ``csrc/kernels/mla/opus/defs.h`` (``D_SCALE_SIZE = D_NOPE_SIZE / 32``).
+DS32_STRIDES = {"kv_nope": 512, "kv_scale": 16, "kv_rope": 64}
+DS32_SCALE_BLOCK = 32
+
+
+def ds32_kv_buffers(kv_cache: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The three dense buffers ``mla_decode_fwd_ds32`` reads, built from ``fp8_ds_mla`` rows ``[N, 656]``:
+    ``kv_nope`` e4m3fn ``[N, 512]``, ``kv_scale`` uint8 E8M0 ``[N, 16]``, ``kv_rope`` bf16 ``[N, 64]``.
+
+    Each float32 tile scale becomes the E8M0 byte of its exponent bits, repeated for the four 32-value
+    blocks of its 128-value tile: what AITER's own test does to float factors (``_ds32_to_e8m0``:
+    ``(s.view(int32) >> 23) & 0xFF``, ROCm/aiter ``op_tests/test_mla_persistent.py``). Every buffer is
+    a copy: the kernel reads rows at the strides :data:`DS32_STRIDES`, the 656-byte rows interleave them.
+    """
+    rows = kv_cache.reshape(-1, 656)
+    n = rows.shape[0]
+    nope = rows[:, :512].contiguous().view(torch.float8_e4m3fn)
+    scales = rows[:, 512:528].contiguous().view(torch.float32)  # [N, 4], little-endian as stored
+    e8m0 = ((scales.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+    scale = e8m0.repeat_interleave(128 // DS32_SCALE_BLOCK, dim=1)  # [N, 16]
+    rope = rows[:, 528:].contiguous().view(torch.bfloat16)
+    return {"kv_nope": nope.reshape(n, 512), "kv_scale": scale.reshape(n, 16), "kv_rope": rope.reshape(n, 64)}
+
+
+def ds32_dequantize(buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+    """float64 ``[N, 576]``: the values the ds32 kernel attends to, each E8M0 byte ``b`` read as
+    ``bit_cast<float>(b << 23) = 2^(b - 127)`` (ROCm/aiter ``ds32_decode_fwd.cu``, the kernel's scale read)."""
+    nope, scale, rope = buffers["kv_nope"], buffers["kv_scale"], buffers["kv_rope"]
+    n = nope.shape[0]
+    factor = (scale.to(torch.int32) << 23).view(torch.float32).double()  # [N, 16]
+    vals = nope.double().reshape(n, 16, DS32_SCALE_BLOCK) * factor.unsqueeze(-1)
+    return torch.cat([vals.reshape(n, 512), rope.double()], dim=1)

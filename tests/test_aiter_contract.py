@@ -441,3 +441,39 @@ def test_launch_without_aiter_raises_clear_error():
         pytest.skip("AITER is installed here")
     with pytest.raises(RuntimeError, match="AITER not importable"):
         launch_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16), make_inputs(2, 16, "bf16"))
+
+
+# ---- fp8_ds_mla and AITER's mla_decode_fwd_ds32: why no AITER path serves the 656-byte rows ----------
+def _ds_cache(scale: str, n: int = 24) -> torch.Tensor:
+    from mla_sink import quantize_kv_cache
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(n, 576, generator=g) * torch.logspace(-3, 2, n).unsqueeze(1)  # tiles of many magnitudes
+    return quantize_kv_cache(kv, layout="fp8_ds_mla", scale=scale)
+
+
+def test_ds32_buffers_are_copies_at_other_strides_than_the_656_byte_rows():
+    """The ds32 kernel reads dense rows of 512 / 16 / 64 (hard-coded); a view of our rows has a row stride
+    of 656 bytes, so the only way to give it our cache is a copy (docs/DESIGN.md)."""
+    from aiter_contract import DS32_STRIDES, ds32_kv_buffers
+    cache = _ds_cache("pow2")
+    view = cache[:, :512].view(torch.float8_e4m3fn)
+    assert view.stride(0) == 656 != DS32_STRIDES["kv_nope"]
+    bufs = ds32_kv_buffers(cache)
+    for name, stride in DS32_STRIDES.items():
+        assert bufs[name].stride(0) == stride and bufs[name].is_contiguous(), name
+        assert not (cache.data_ptr() <= bufs[name].data_ptr() < cache.data_ptr() + cache.numel()), name
+
+
+def test_ds32_e8m0_scales_are_exact_only_for_pow2_writers():
+    """FlashMLA's pow2 scales survive the E8M0 conversion exactly; vLLM's amax / 448 scales do not: the
+    ds32 kernel would attend to other numbers than the writer meant (why fp8_ds_mla goes to Triton)."""
+    from aiter_contract import ds32_dequantize, ds32_kv_buffers
+    from mla_sink import dequantize_kv_cache
+    pow2 = _ds_cache("pow2")
+    torch.testing.assert_close(ds32_dequantize(ds32_kv_buffers(pow2)), dequantize_kv_cache(pow2), atol=0, rtol=0)
+    amax = _ds_cache("amax")
+    exact = dequantize_kv_cache(amax)
+    seen = ds32_dequantize(ds32_kv_buffers(amax))
+    rel = ((seen - exact).abs() / exact.abs().clamp_min(1e-30))[:, :512]
+    assert rel.max() > 0.1  # a scale rounded down to its power of two: up to a factor 2 off
+    torch.testing.assert_close(seen[:, 512:], exact[:, 512:], atol=0, rtol=0)  # the bf16 RoPE part is the same

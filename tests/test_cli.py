@@ -31,8 +31,9 @@ def test_explain_states_each_mismatch_once(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128")
     assert code == 0
     rejected = [x for x in out.splitlines() if x.startswith("  ✗")]  # the rule table's (the launch's are indented)
-    assert len(rejected) == 2, out
-    paths_line, refusal_line = rejected
+    assert len(rejected) == 3, out
+    paths_line, refusal_line, ds_mla_line = rejected
+    assert ds_mla_line == "  ✗ fp8_ds_mla_amd_triton: arch=sm90, needs one of [gfx942, gfx950]; kv_dtype=bf16, needs fp8_ds_mla"
     assert paths_line.startswith("  ✗ paths aiter_persistent (rows aiter_persistent_bf16, ")
     for name in ("aiter_lse (rows", "aiter_lse_single_split (row gfx950_bf16_h32_lse_single_split)",
                  "aiter_lse_fp8_two_split (rows"):
@@ -43,6 +44,26 @@ def test_explain_states_each_mismatch_once(capsys):
     said = [part for x in rejected for part in x.split(": ", 1)[1].split("; ")]
     assert len(said) == len(set(said)), said
     assert out.count("AITER not importable") == 1 and out.count("aiter_version=None") == 1
+
+
+@pytest.mark.parametrize("arch,reason", [
+    ("gfx950", "gfx950's mla_decode_fwd_ds32 (AITER 0.1.20) takes the cache as three dense buffers"),
+    ("gfx942", "gfx942 has no ds32 entry point; its one byte-KV kernel"),
+])
+def test_explain_fp8_ds_mla_on_amd_goes_to_triton_with_the_reason(capsys, arch, reason):
+    """The 656-byte V3.2 rows on AMD: the row that sends them to Triton says why no AITER kernel takes them
+    (docs/DESIGN.md "AITER and the 656-byte V3.2 FP8 layout"), and the AITER paths say they read 576-column rows."""
+    code, out = run_cli(capsys, "explain", "--arch", arch, "--aiter", "0.1.20", "--q-dtype", "bf16",
+                        "--kv-dtype", "fp8_ds_mla", "--heads", "128", "--sinks")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"bf16+kv_fp8_ds_mla-h128-{arch}-sinks-dcp1"
+    assert lines[1] == "  → triton   (row fp8_ds_mla_amd_triton)"
+    assert lines[2].startswith("    why: No AITER kernel reads the 656-byte rows as they are.") and reason in lines[2]
+    assert "E8M0" in lines[2] and "writes no LSE" in lines[2]
+    assert lines[3].startswith("    source: ROCm/aiter@") and "csrc/kernels/mla/ds32_decode_fwd.cu" in lines[3]
+    paths_line = next(x for x in lines if x.startswith("  ✗ paths aiter_persistent (rows "))
+    assert "kv_dtype=fp8_ds_mla, needs not fp8_ds_mla" in paths_line
 
 
 def test_explain_dcp_shows_persistent_rejected_for_lse(capsys):
@@ -72,7 +93,7 @@ def test_explain_json_groups_rejections_by_path(capsys):
     assert groups["aiter_lse_single_split"]["rows"] == ["gfx950_bf16_h32_lse_single_split"]
     assert [(f["field"], f["op"]) for f in groups["aiter_lse"]["failures"]] == [
         ("arch", "in"), ("aiter_version", "present"), ("aiter_version", "at_least")]
-    assert [r["row"] for r in doc["rejected"]] == ["fp8_needs_sm89"]
+    assert [r["row"] for r in doc["rejected"]] == ["fp8_needs_sm89", "fp8_ds_mla_amd_triton"]
 
 
 def test_explain_refusal_exits_2(capsys):

@@ -65,11 +65,19 @@ CASES = [
     (spec(h=16, sinks=True), Platform("cpu", triton=False), "reference", {}, "reference_without_triton"),
     (spec(h=128, sinks=True), Platform("gfx942", None, triton=False), "reference", {}, "reference_without_triton"),
     (spec(h=16, sinks=True), Platform("gfx90a", "0.1.20"), "triton", {}, "triton_portable"),
-    # the 656-byte V3.2 layout: the portable kernel everywhere (no AITER path takes it yet)
+    # the 656-byte V3.2 layout: the portable kernel everywhere; on AMD through the row that says why no
+    # AITER kernel takes it (mla_decode_fwd_ds32 on gfx950 needs split E8M0 buffers and fp8 q; gfx942's
+    # byte-KV kernel reads a page-planar layout and writes no LSE)
     (spec("bf16", DS, h=128, sinks=True), Platform("sm90"), "triton", {}, "triton_portable"),
     (spec("fp16", DS, h=16), Platform("sm100"), "triton", {}, "triton_portable"),
-    (spec("bf16", DS, h=64, sinks=True), G950, "triton", {}, "triton_portable"),
-    (spec("bf16", DS, h=16), G942, "triton", {}, "triton_portable"),
+    (spec("bf16", DS, h=64, sinks=True), G950, "triton", {}, "fp8_ds_mla_amd_triton"),
+    (spec("bf16", DS, h=128, sinks=True), G950, "triton", {}, "fp8_ds_mla_amd_triton"),  # ds32's head count
+    (spec("bf16", DS, h=128), G950, "triton", {}, "fp8_ds_mla_amd_triton"),  # without an LSE too
+    (spec("fp16", DS, h=32, dcp=2), Platform("gfx950", None), "triton", {}, "fp8_ds_mla_amd_triton"),
+    (spec("bf16", DS, h=16), G942, "triton", {}, "fp8_ds_mla_amd_triton"),  # the byte-KV kernel's head count
+    (spec("bf16", DS, h=16, sinks=True), G942, "triton", {}, "fp8_ds_mla_amd_triton"),
+    (spec("bf16", DS, h=128, sinks=True), Platform("gfx950", "0.1.20", triton=False), "reference", {},
+     "reference_without_triton"),
     (spec("bf16", DS, h=16, sinks=True), Platform("cpu"), "triton", {}, "triton_portable"),
     (spec("bf16", DS, h=16), Platform("cpu", triton=False), "reference", {}, "reference_without_triton"),
 ]
@@ -196,7 +204,7 @@ def test_forced_unknown_path_is_value_error():
 
 SWEEP_PLATFORMS = [G942, G950, Platform("gfx942", "0.1.15"), Platform("gfx950", None), Platform("sm90"),
                    Platform("sm80"), Platform("cpu"), Platform("cpu", triton=False)]
-SWEEP_DTYPES = [("bf16", "bf16"), ("fp16", "fp16"), (FNUZ, FNUZ), (OCP, OCP), ("bf16", OCP)]
+SWEEP_DTYPES = [("bf16", "bf16"), ("fp16", "fp16"), (FNUZ, FNUZ), (OCP, OCP), ("bf16", OCP), ("bf16", DS)]
 
 
 @pytest.mark.parametrize("p", SWEEP_PLATFORMS, ids=str)
