@@ -464,7 +464,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
 
 
 def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None,
-                             lse=None, num_kv_splits: int = 1, ids_per_split=None):
+                             lse=None, num_kv_splits: int = 1, ids_per_split=None, combine_pdl: bool = False):
     """Launch :func:`sparse_mla_decode_seesaw_kernel` (CUDA sm90 only; bf16 or fp16 q and KV of one dtype),
     with the split-KV combine (:mod:`mla_sink.kernels.triton.combine`, which applies the sink once) when
     ``num_kv_splits > 1``. Tests and benchmarks; the library launches through
@@ -479,6 +479,7 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
             (innermost stride 1); lse: optional fp32 ``[T, H]`` contiguous buffer.
         num_kv_splits: programs per (token, head block), each over ``ids_per_split`` ids (default: topk
             split evenly, rounded up to a multiple of 128, the ids of one block pair).
+        combine_pdl: launch the combine as a programmatic dependent of the decode kernel.
 
     Returns:
         ``(out, lse)``: ``out [T, H, 512]`` (q's dtype) = sink-free output times ``sigmoid(lse - sink)``,
@@ -521,5 +522,5 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
             scalars["stride_pt"], scalars["stride_ps"], scalars["stride_ph"], scalars["stride_plt"],
             scalars["stride_pls"], out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
             BLOCK_H=cbh, BLOCK_D=128, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
-            HAS_SINKS=sinks is not None, num_warps=4, num_stages=1)
+            HAS_SINKS=sinks is not None, WAIT_PRIMARY=combine_pdl, num_warps=4, num_stages=1, launch_pdl=combine_pdl)
     return out, lse

@@ -11,6 +11,11 @@ import triton.language as tl
 
 from mla_sink.kernels.triton import math as kmath
 
+try:  # programmatic dependent launch (griddepcontrol, sm90+)
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:  # pragma: no cover - a Triton without it never sets WAIT_PRIMARY
+    gdc_wait = None
+
 
 def _sparse_mla_combine_kernel(
     PART_OUT, PART_LSE, SINKS, OUT, LSE,
@@ -18,10 +23,15 @@ def _sparse_mla_combine_kernel(
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     stride_ot, stride_oh, stride_lt, stride_lh,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, WAIT_PRIMARY: tl.constexpr = False,
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
-    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block."""
+    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block.
+
+    ``WAIT_PRIMARY`` (sm90+): the kernel is launched as a programmatic dependent of the decode kernel, so
+    its programs may start before that kernel ends; they wait here until its partials are written."""
+    if WAIT_PRIMARY:
+        gdc_wait()
     pid_h = tl.program_id(0)
     pid_t = tl.program_id(1).to(tl.int64)
     pid_d = tl.program_id(2)
