@@ -29,7 +29,7 @@ def main(path: str) -> None:
     fm, _ = peers.import_flash_mla()
     kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
     rows = []
-    for H, T in ((128, 2), (64, 2), (64, 64), (128, 256)):
+    for H, T in ((128, 2), (64, 2), (64, 64)):
         q = torch.randn(T, H, D_QK, device="cuda").to(torch.bfloat16)
         idx = torch.randint(0, N - 64, (T, TOPK), device="cuda", dtype=torch.int32)
         sinks = torch.randn(H, device="cuda")
@@ -45,21 +45,12 @@ def main(path: str) -> None:
             except Exception as e:  # noqa: BLE001 - recorded
                 row["us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
         gs.GATHER_ROWS, gs.CONSUMER_REGS, gs.PRODUCER_REGS = VARIANTS["rows64"]
-        if splits > 1:
-            from mla_sink.kernels.triton import combine as cmod
-
-            row["us"]["pdl_combine"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
-                q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=splits, combine_pdl=True)), 2)
-            real = cmod.combine_jit
-
-            class _Skip:
-                def __getitem__(self, grid):
-                    return lambda *a, **k: None
-
-            cmod.combine_jit = _Skip()
-            row["us"]["decode_only_no_combine"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
-                q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=splits)), 2)
-            cmod.combine_jit = real
+        if splits > 1:  # the chunked combine at two column blocks, with and without programmatic dependent launch
+            for cbd in (32, 64, 128):
+                for pdl in (False, True):
+                    row["us"][f"combine_d{cbd}{'_pdl' if pdl else ''}"] = round(timer.time_us(
+                        lambda: gs.sparse_mla_decode_seesaw(q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=splits,
+                                                            combine_pdl=pdl, combine_block_d=cbd)), 2)
         for s in T2_SPLITS if T <= 2 else ():
             row["us"][f"rows64_s{s}"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
                 q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=s)), 2)
