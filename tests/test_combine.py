@@ -55,37 +55,3 @@ def test_stack_view_over_gather_buffer():
     torch.testing.assert_close(view, torch.stack(parts))
     assert _stack_view([parts[0], parts[2], parts[1]]) is None
 
-
-@pytest.mark.parametrize("R,block_d", [(5, 32), (16, 32), (7, 128), (32, 32)])
-def test_combine_loads_splits_in_chunks(R, block_d):
-    """GPU tiles (16 heads x 32 or 128 columns) load several splits per memory round trip (CHUNK_S up to
-    16): the result is the split-by-split merge, parts with LSE -inf are never read (NaN there), split
-    counts that are not a multiple of the chunk are masked, and 32 splits take two chunks."""
-    from mla_sink.kernels.triton.combine import chunk_splits
-    from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
-
-    T, H = 2, 20
-    g = torch.Generator().manual_seed(R * 7 + block_d)
-    part_out = torch.randn(T, R, H, 512, generator=g)
-    lse_nat = torch.randn(T, R, H, generator=g) * 2
-    lse_nat[0, 1:3, :5] = -math.inf
-    part_out[0, 1:3, :5] = float("nan")
-    lse_nat[1, :, 7] = -math.inf  # empty in every split
-    part_lse2 = lse_nat / math.log(2)  # the kernel keeps base 2
-    sinks = torch.linspace(-2, 2, H)
-    out = torch.full((T, H, 512), float("nan"))
-    lse = torch.full((T, H), float("nan"))
-    block_s = 1 << max(0, (R - 1).bit_length())
-    chunk = chunk_splits(block_s, 16, block_d)
-    assert chunk == min(block_s, 16 if block_d == 32 else 4)
-    with interpreter_stdlib():
-        interpreted("combine")[(-(-H // 16), T, 512 // block_d)](
-            part_out, part_lse2, sinks, out, lse, H, R,
-            part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse2.stride(0), part_lse2.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            BLOCK_H=16, BLOCK_D=block_d, BLOCK_S=block_s, CHUNK_S=chunk, HAS_SINKS=True)
-    ref_out, ref_lse = merge_states(list(part_out.transpose(0, 1)), list(lse_nat.transpose(0, 1)))
-    ref_out = apply_sink(ref_out, ref_lse, sinks)
-    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
-    assert (out[1, 7] == 0).all() and torch.isneginf(lse[1, 7]) and not out.isnan().any()

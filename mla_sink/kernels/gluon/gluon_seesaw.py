@@ -464,8 +464,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
 
 
 def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None,
-                             lse=None, num_kv_splits: int = 1, ids_per_split=None, combine_pdl: bool = False,
-                             combine_block_d: int = 128):
+                             lse=None, num_kv_splits: int = 1, ids_per_split=None):
     """Launch :func:`sparse_mla_decode_seesaw_kernel` (CUDA sm90 only; bf16 or fp16 q and KV of one dtype),
     with the split-KV combine (:mod:`mla_sink.kernels.triton.combine`, which applies the sink once) when
     ``num_kv_splits > 1``. Tests and benchmarks; the library launches through
@@ -480,8 +479,6 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
             (innermost stride 1); lse: optional fp32 ``[T, H]`` contiguous buffer.
         num_kv_splits: programs per (token, head block), each over ``ids_per_split`` ids (default: topk
             split evenly, rounded up to a multiple of 128, the ids of one block pair).
-        combine_pdl: launch the combine as a programmatic dependent of the decode kernel.
-        combine_block_d: value columns per combine program.
 
     Returns:
         ``(out, lse)``: ``out [T, H, 512]`` (q's dtype) = sink-free output times ``sigmoid(lse - sink)``,
@@ -493,7 +490,7 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
     import torch
 
     from mla_sink.kernels.gluon import launch_buffers
-    from mla_sink.kernels.triton.combine import chunk_splits, combine_jit
+    from mla_sink.kernels.triton.combine import combine_jit
 
     T, H, _ = q.shape
     topk = indices.shape[1]
@@ -518,12 +515,11 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
         topk_length if topk_length is not None else indices, out, lse, part_out, part_lse,
         float(sm_scale), **scalars, **constexprs, **options)
     if splits > 1:
-        cbh, cbd = 16, combine_block_d
-        block_s = 1 << max(0, (splits - 1).bit_length())
+        cbh, cbd = 16, 128  # the sm90 tuning rows' combine tile
         combine_jit[(-(-H // cbh), T, (2 * HALF_V) // cbd)](
             part_out, part_lse, sinks if sinks is not None else lse, out, lse, H, splits,
             scalars["stride_pt"], scalars["stride_ps"], scalars["stride_ph"], scalars["stride_plt"],
             scalars["stride_pls"], out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=block_s, CHUNK_S=chunk_splits(block_s, cbh, cbd),
-            HAS_SINKS=sinks is not None, WAIT_PRIMARY=combine_pdl, num_warps=4, num_stages=1, launch_pdl=combine_pdl)
+            BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
+            HAS_SINKS=sinks is not None, num_warps=4, num_stages=1)
     return out, lse

@@ -11,29 +11,17 @@ import triton.language as tl
 
 from mla_sink.kernels.triton import math as kmath
 
-try:  # programmatic dependent launch (griddepcontrol, sm90+)
-    from triton.language.extra.cuda import gdc_wait
-except ImportError:  # pragma: no cover - a Triton without it never sets WAIT_PRIMARY
-    gdc_wait = None
-
 
 def _sparse_mla_combine_kernel(
     PART_OUT, PART_LSE, SINKS, OUT, LSE,
     num_heads, num_splits,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     stride_ot, stride_oh, stride_lt, stride_lh,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr, WAIT_PRIMARY: tl.constexpr = False,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
-    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block.
-    ``CHUNK_S`` splits are loaded at once (one memory round trip for all of them when ``CHUNK_S >=
-    num_splits``: a loop over splits one by one waits on memory once per split; :func:`chunk_splits`).
-
-    ``WAIT_PRIMARY`` (sm90+): the kernel is launched as a programmatic dependent of the decode kernel, so
-    its programs may start before that kernel ends; they wait here until its partials are written."""
-    if WAIT_PRIMARY:
-        gdc_wait()
+    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block."""
     pid_h = tl.program_id(0)
     pid_t = tl.program_id(1).to(tl.int64)
     pid_d = tl.program_id(2)
@@ -50,16 +38,12 @@ def _sparse_mla_combine_kernel(
     l_sum = tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
 
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    offs_c = tl.arange(0, CHUNK_S)
-    for s0 in range(0, num_splits, CHUNK_S):
-        s = s0 + offs_c
-        ls = tl.load(PART_LSE + pid_t * stride_plt + s[:, None] * stride_pls + offs_h[None, :],
-                     mask=(s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
-        w = tl.exp2(ls - m_safe[None, :])  # [CHUNK_S, BLOCK_H]; 0 for a split with no valid id (never read)
-        po = (PART_OUT + pid_t * stride_pt + s[:, None, None] * stride_ps + offs_h[None, :, None] * stride_ph
-              + offs_d[None, None, :])
-        o = tl.load(po, mask=(w > 0.0)[:, :, None] & mask_h[None, :, None], other=0.0)
-        acc += tl.sum(w[:, :, None] * o, 0)
+    for s in range(0, num_splits):
+        ls = tl.load(PART_LSE + pid_t * stride_plt + s * stride_pls + offs_h, mask=mask_h, other=float("-inf"))
+        w = tl.exp2(ls - m_safe)  # 0 for a split with no valid id
+        po = PART_OUT + pid_t * stride_pt + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        o = tl.load(po, mask=mask_h[:, None] & (w[:, None] > 0.0), other=0.0)
+        acc += w[:, None] * o
 
     l_safe = tl.where(empty, 1.0, l_sum)
     out = acc / l_safe[:, None]
@@ -74,14 +58,3 @@ def _sparse_mla_combine_kernel(
 
 
 combine_jit = triton.jit(_sparse_mla_combine_kernel)
-
-#: Partial-output elements one combine program loads at once (``CHUNK_S x BLOCK_H x BLOCK_D``): 64 fp32
-#: registers per thread at 4 warps.
-CHUNK_ELEMS = 8192
-
-
-def chunk_splits(block_s: int, block_h: int, block_d: int) -> int:
-    """``CHUNK_S`` of a combine launch: the most splits (a power of two, at most ``block_s``) whose
-    ``[CHUNK_S, block_h, block_d]`` tile fits :data:`CHUNK_ELEMS`, at least 1."""
-    fit = max(1, CHUNK_ELEMS // (block_h * block_d))
-    return min(block_s, 1 << (fit.bit_length() - 1))

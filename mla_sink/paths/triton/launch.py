@@ -336,10 +336,7 @@ def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple) -> t
     T, H, _ = x.q.shape
     cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
     cbd = min(launch.combine_block_d, D_V)
-    from mla_sink.kernels.triton.combine import chunk_splits
-
-    block_s = 1 << max(0, (splits - 1).bit_length())
-    constexprs = dict(BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=block_s, CHUNK_S=chunk_splits(block_s, cbh, cbd),
+    constexprs = dict(BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
                       HAS_SINKS=x.sinks is not None)
     static = dict(num_heads=H, num_splits=splits, stride_pt=splits * H * D_V, stride_ps=H * D_V, stride_ph=D_V,
                   stride_plt=splits * H, stride_pls=H, stride_ot=out_strides[0], stride_oh=out_strides[1],
@@ -581,7 +578,7 @@ def combine_states_triton(
     Raises:
         ValueError: ``part_out`` / ``part_lse`` of the wrong shape or layout.
     """
-    from mla_sink.kernels.triton.combine import chunk_splits, combine_jit
+    from mla_sink.kernels.triton.combine import combine_jit
     from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
 
     R, T, H, d = part_out.shape
@@ -605,7 +602,7 @@ def combine_states_triton(
             lse2.stride(0), lse2.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
             BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (R - 1).bit_length()),
-            CHUNK_S=chunk_splits(1 << max(0, (R - 1).bit_length()), cbh, cbd), HAS_SINKS=sinks is not None,
+            HAS_SINKS=sinks is not None,
             num_warps=4, num_stages=1,
         )
     return out, lse
