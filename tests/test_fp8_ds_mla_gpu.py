@@ -222,3 +222,36 @@ def test_misaligned_pool_is_refused_before_the_kernel(big_pools):
     idx = torch.zeros(1, 64, device="cuda", dtype=torch.int32)
     with pytest.raises(ValueError, match="must start at a multiple of 4 bytes"):
         sparse_mla_decode(q, shifted, idx)
+
+
+@pytest.mark.parametrize("H", [64, 128])
+def test_equals_flash_mla_decode_on_the_same_bytes(H):
+    """Our output on a 656-byte cache against FlashMLA's fp8 decode on the same bytes (when ``flash_mla`` is
+    importable; see ../shared/peers/README.md), both against the float64 reference within the budget. The
+    cache has power-of-two scales (FlashMLA's quantiser convention), which FlashMLA's bf16 rounding of each
+    scale keeps exact; sinks on; topk 2048."""
+    from mla_sink.tools import peers
+
+    flash_mla, why = peers.import_flash_mla()
+    if flash_mla is None:
+        pytest.skip(why)
+    g = torch.Generator(device="cuda").manual_seed(H)
+    N, T, topk = 1 << 16, 4, 2048
+    cache = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16),
+                              layout="fp8_ds_mla", scale="pow2")
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
+    idx[0, :100] = -1
+    sinks = torch.randn(H, device="cuda", generator=g)
+    o, l = sparse_mla_decode(q, cache, idx, sinks, SM_SCALE, return_lse=True)
+    peer = peers.decode_call(flash_mla, q, cache, idx, sinks, SM_SCALE)
+    fo, fl = peer.result(peer.run())
+    ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, SM_SCALE)
+    check_budget(o, l, ro, rl)
+    atol, rtol, _ = BUDGET[torch.bfloat16]
+    diff = (o.double() - fo.double()).abs()
+    ok = (diff <= 2 * atol) | (diff <= 2 * rtol * ro.abs())  # each within the budget of the reference
+    assert ok.all(), f"ours vs FlashMLA: {(~ok).sum().item()} elements apart, max {diff.max().item():.3g}"
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(fl), fin)
+    assert (l - fl).abs()[fin].max().item() <= 2 * LSE_BUDGET[0] + 2 * LSE_BUDGET[1] * rl[fin].abs().max().item()
