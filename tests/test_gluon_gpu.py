@@ -89,6 +89,22 @@ def test_adversarial(H, T, topk, dtype, splits):
         check_budget(o, l, ro, rl, key)
 
 
+def test_odd_block_count_per_split():
+    """Ranges of 3 blocks (the public plan rounds ranges to 64 ids, not to the 128 of a block pair): the last
+    pair of each range has a masked odd block, which must neither read the next range's ids nor count."""
+    from mla_sink.kernels.gluon.gluon_seesaw import sparse_mla_decode_seesaw
+
+    g = torch.Generator(device="cuda").manual_seed(23)
+    N, T, H, topk = 7000, 3, 64, 1000
+    kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = adversarial_ids(T, topk, N, g)
+    sinks = torch.randn(H, device="cuda", generator=g)
+    o, l = sparse_mla_decode_seesaw(q, kv, idx, sinks, num_kv_splits=6, ids_per_split=192)
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks)
+    check_budget(o, l, ro, rl, "bf16")
+
+
 @pytest.mark.parametrize("splits", SPLITS)
 def test_empty_rows_topk_length_and_strided_q(splits):
     g = torch.Generator(device="cuda").manual_seed(5)
