@@ -33,7 +33,7 @@ def main(path: str) -> None:
     timer = GraphTimer(reps=10, replays=7)
     fm, why = peers.import_flash_mla()
     kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
-    cache = peers.ds_mla_cache(kv, fm)[0] if fm is not None else None
+    cache = peers.ds_mla_cache(kv)[0] if fm is not None else None
     report: dict = {"flash_mla": why, "cases": []}
     for H in (64, 128):
         for T in (2, 64, 128, 256):

@@ -52,7 +52,7 @@ def main(path: str) -> None:
             row["us"]["gluon_ws"] = round(timer.time_us(lambda: sparse_mla_decode_gluon(q, kv, idx, sinks, out=out,
                                                                                         lse=lse)), 2)
         if fm is not None and T <= 2:
-            cache = peers.ds_mla_cache(kv[: 1 << 16], fm)[0]
+            cache = peers.ds_mla_cache(kv[: 1 << 16])[0]
             idx_small = idx % (1 << 16)
             row["us"]["flash_mla_decode_64k_pool"] = round(timer.time_us(
                 peers.decode_call(fm, q, cache, idx_small, sinks, D_QK ** -0.5).run), 2)

@@ -13,39 +13,16 @@ import types
 import pytest
 import torch
 
+import mla_sink
 from mla_sink.core.platform import detect_platform
 from mla_sink.core.reference import sparse_mla_decode_reference
 from mla_sink.tools import bench, peers
 
-FAKE_QUANT = '''
-import enum
-import torch
-
-
-class FP8KVCacheLayout(enum.Enum):
-    V32_FP8Sparse = 1
-
-
-def quantize_k_cache(k, layout):
-    """Power-of-two scales; each block padded by one row, as FlashMLA's own quantiser lays it out."""
-    blocks, bs, _, d = k.shape
-    x = k.squeeze(2).float()
-    buf = torch.zeros(blocks, bs + 1, 656, dtype=torch.uint8)[:, :bs]
-    tiles = x[..., :512].reshape(blocks, bs, 4, 128)
-    scale = torch.exp2(torch.ceil(torch.log2(tiles.abs().amax(-1).clamp_min(1e-4) / 448)))
-    buf[..., :512] = (tiles / scale.unsqueeze(-1)).reshape(blocks, bs, 512).to(torch.float8_e4m3fn).view(torch.uint8)
-    buf[..., 512:528] = scale.contiguous().view(torch.uint8)
-    buf[..., 528:] = k.squeeze(2)[..., 512:].contiguous().view(torch.uint8)
-    return buf.view(torch.float8_e4m3fn).unsqueeze(2)
-'''
-
-
 class FakeFlashMLA(types.ModuleType):
     """Checks each argument as FlashMLA's C++ interface does and answers with our reference."""
 
-    def __init__(self, file: str = "", log2_lse: bool = False):
+    def __init__(self, log2_lse: bool = False):
         super().__init__("flash_mla")
-        self.__file__ = file
         self.calls: list = []
         self.log2_lse = log2_lse  # a wrong LSE convention, to show the check catches it
 
@@ -80,8 +57,8 @@ class FakeFlashMLA(types.ModuleType):
             assert sched.shape == (b, s_q, h_q, indices.shape[-1])
         sched.have_initialized, sched.shape = True, (b, s_q, h_q, indices.shape[-1])
         self.calls.append(("decode", q, k_cache, indices, softmax_scale, attn_sink))
-        kv = peers.dequantize_ds_mla(k_cache.reshape(-1, 656))
-        out, lse = sparse_mla_decode_reference(q.reshape(b * s_q, h_q, d_qk), kv, indices.reshape(b * s_q, -1),
+        out, lse = sparse_mla_decode_reference(q.reshape(b * s_q, h_q, d_qk), k_cache.reshape(-1, 656),
+                                               indices.reshape(b * s_q, -1),
                                                attn_sink, softmax_scale)
         return out.to(torch.bfloat16).reshape(b, s_q, h_q, 512), self._lse(lse).reshape(b, s_q, h_q).transpose(1, 2)
 
@@ -91,18 +68,10 @@ class FakeFlashMLA(types.ModuleType):
 
 
 @pytest.fixture
-def fake_flash_mla(tmp_path, monkeypatch):
-    """A fake ``flash_mla`` importable, in a checkout whose ``tests/quant.py`` is a fake quantiser;
-    ``mla_sink.quantize_kv_cache`` hidden, so the fallback quantiser is the one used."""
-    import mla_sink
-
-    (tmp_path / "flash_mla").mkdir()
-    (tmp_path / "flash_mla" / "__init__.py").write_text("")
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "quant.py").write_text(FAKE_QUANT)
-    fake = FakeFlashMLA(str(tmp_path / "flash_mla" / "__init__.py"))
+def fake_flash_mla(monkeypatch):
+    """A fake ``flash_mla`` importable."""
+    fake = FakeFlashMLA()
     monkeypatch.setitem(sys.modules, "flash_mla", fake)
-    monkeypatch.delattr(mla_sink, "quantize_kv_cache", raising=False)
     return fake
 
 
@@ -208,7 +177,7 @@ def test_sparse_fwd_call_arguments(fake_flash_mla, with_sinks):
 
 def test_adapters_refuse_bad_shapes_before_calling(fake_flash_mla):
     q, kv, idx, sinks = _inputs()
-    cache, _ = peers.ds_mla_cache(kv, fake_flash_mla)
+    cache, _ = peers.ds_mla_cache(kv)
     with pytest.raises(ValueError, match="'q' must be"):
         peers.sparse_fwd_call(fake_flash_mla, q[..., :512], kv, idx, sinks, 0.04)
     with pytest.raises(ValueError, match="'kv_cache' must be"):
@@ -225,7 +194,7 @@ def test_adapters_refuse_bad_shapes_before_calling(fake_flash_mla):
 
 def test_decode_call_arguments(fake_flash_mla):
     q, kv, idx, sinks = _inputs(T=3, H=128, rows=300)
-    cache, _ = peers.ds_mla_cache(kv, fake_flash_mla)
+    cache, _ = peers.ds_mla_cache(kv)
     assert cache.shape == (256, 656)  # whole blocks of 64 rows
     idx[0, 0], idx[2, 5] = 299, -7  # beyond the cache's rows, negative: -1 for FlashMLA
     call = peers.decode_call(fake_flash_mla, q, cache, idx, sinks, 0.05)
@@ -239,70 +208,22 @@ def test_decode_call_arguments(fake_flash_mla):
     assert scale == 0.05 and torch.equal(sink, sinks)
     skipped = idx.clone()
     skipped[0, 0], skipped[2, 5] = -1, -1
-    ref_out, ref_lse = sparse_mla_decode_reference(q, peers.dequantize_ds_mla(cache), skipped, sinks, 0.05)
+    ref_out, ref_lse = sparse_mla_decode_reference(q, cache, skipped, sinks, 0.05)
     assert out.shape == (3, 128, 512) and lse.shape == (3, 128)
     torch.testing.assert_close(out.double(), ref_out, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse.double(), ref_lse.double())
 
 
-def test_ds_mla_cache_from_flash_mla_quantiser_is_contiguous(fake_flash_mla):
+def test_ds_mla_cache_is_the_library_pow2_cache_of_whole_blocks():
     _, kv, _, _ = _inputs(rows=200)
-    cache, source = peers.ds_mla_cache(kv, fake_flash_mla)
-    assert "tests/quant.py" in source
-    assert cache.dtype == torch.uint8 and cache.shape == (192, 656) and cache.is_contiguous()
-    deq = peers.dequantize_ds_mla(cache)
-    assert torch.equal(deq[:, 512:], kv[:192, 512:].double())  # RoPE unquantised
-    torch.testing.assert_close(deq[:, :512], kv[:192, :512].double(), atol=1e-3, rtol=0.07)  # e4m3: 3 mantissa bits
+    cache, source = peers.ds_mla_cache(kv)
+    assert source == peers.DS_MLA_SOURCE and source.startswith("mla_sink.quantize_kv_cache") and "pow2" in source
+    assert cache.dtype == torch.uint8 and cache.shape == (192, 656) and cache.is_contiguous()  # whole blocks of 64
+    assert torch.equal(cache, mla_sink.quantize_kv_cache(kv[:192], layout="fp8_ds_mla", scale="pow2"))
+    scales = cache[:, 512:528].contiguous().view(torch.float32)
+    assert torch.equal(torch.exp2(torch.log2(scales).round()), scales)  # powers of two (FlashMLA's convention)
     with pytest.raises(ValueError, match="needs at least 64"):
-        peers.ds_mla_cache(kv[:63], fake_flash_mla)
-
-
-def test_ds_mla_cache_prefers_mla_sink_quantiser(fake_flash_mla, monkeypatch):
-    import mla_sink
-
-    seen = []
-
-    def quantize_kv_cache(kv, layout="fp8_ds_mla", scale="amax"):
-        seen.append((kv.shape, layout, scale))
-        return torch.zeros(kv.shape[0], 656, dtype=torch.uint8)
-
-    monkeypatch.setattr(mla_sink, "quantize_kv_cache", quantize_kv_cache, raising=False)
-    _, kv, _, _ = _inputs(rows=130)
-    cache, source = peers.ds_mla_cache(kv, None)
-    assert seen == [(torch.Size([128, 576]), "fp8_ds_mla", "pow2")] and cache.shape == (128, 656)
-    assert source.startswith("mla_sink.quantize_kv_cache")
-    monkeypatch.setattr(mla_sink, "quantize_kv_cache", lambda kv, **kw: torch.zeros(kv.shape[0], 576), raising=False)
-    with pytest.raises(ValueError, match="expected uint8"):
-        peers.ds_mla_cache(kv, None)
-
-
-def test_no_quantiser_is_a_clear_error(monkeypatch):
-    import mla_sink
-
-    monkeypatch.delattr(mla_sink, "quantize_kv_cache", raising=False)
-    with pytest.raises(RuntimeError, match="no quantiser"):
-        peers.ds_mla_cache(torch.zeros(64, 576, dtype=torch.bfloat16), None)
-
-
-def test_dequantize_ds_mla_bytes_written_by_hand():
-    """One row laid out byte by byte: e4m3 values times non-power-of-two fp32 scales, exactly; bf16 RoPE."""
-    row = torch.zeros(656, dtype=torch.uint8)
-    nope = torch.tensor([1.5, -2.0, 0.4375, 448.0] * 128, dtype=torch.float8_e4m3fn)
-    row[:512] = nope.view(torch.uint8)
-    scales = torch.tensor([0.1, 3.0, 1e-3, 7.25], dtype=torch.float32)
-    row[512:528] = scales.view(torch.uint8)
-    rope = torch.arange(64, dtype=torch.float32).mul(0.5).sub(3).to(torch.bfloat16)
-    row[528:] = rope.view(torch.uint8)
-    cache = torch.stack([row, torch.zeros_like(row)])
-    got = peers.dequantize_ds_mla(cache)
-    want = nope.double().view(4, 128) * scales.double().view(4, 1)
-    assert got.dtype == torch.float64 and got.shape == (2, 576)
-    assert torch.equal(got[0, :512], want.view(512)) and torch.equal(got[0, 512:], rope.double())
-    assert got[0, 129].item() == -2.0 * 3.0  # scale 1 starts at value 128
-    assert got[0, 0].item() == 1.5 * 0.10000000149011612  # the fp32 scale as it is, not rounded to bf16 (0.1001)
-    assert torch.equal(got[1], torch.zeros(576, dtype=torch.float64))
-    with pytest.raises(ValueError, match="'cache' must be uint8"):
-        peers.dequantize_ds_mla(cache[:, :576])
+        peers.ds_mla_cache(kv[:63])
 
 
 # ---------------------------------------------------------------- the correctness check
@@ -315,7 +236,7 @@ def test_peer_checks_against_the_reference(fake_flash_mla, monkeypatch):
         errs = doc[peer]
         assert set(errs) >= {"max_abs_err_out", "max_rel_err_out", "max_abs_err_lse", "max_rel_err_lse"}, errs
         assert errs["max_abs_err_lse"] < 1e-5 and errs["max_rel_err_out"] < 1e-2, (peer, errs)
-    assert "tests/quant.py" in doc[peers.DECODE]["cache"]
+    assert doc[peers.DECODE]["cache"] == peers.DS_MLA_SOURCE
     json.dumps(doc)
     # both kernels were called with the sinks and some skipped ids
     for _, _, _, idx, _, sink in fake_flash_mla.calls:
@@ -368,7 +289,7 @@ def test_run_cases_times_each_peer_on_the_same_data(fake_flash_mla, monkeypatch)
     ours = []
     monkeypatch.setattr(bench, "_ours_call", lambda *a: ours.append(a))
     results, source = _run(SMALL_CASES, fake_flash_mla)
-    assert "tests/quant.py" in source
+    assert source == peers.DS_MLA_SOURCE
     impls = [list(r["impls"]) for r in results]
     assert impls == [
         ["triton", "torch", peers.SPARSE_FWD],
@@ -433,7 +354,7 @@ def test_run_cases_without_flash_mla_and_over_the_token_limit(fake_flash_mla):
 
 
 def test_run_cases_records_a_failing_quantiser(fake_flash_mla, monkeypatch):
-    def broken(kv, flash_mla=None):
+    def broken(kv):
         raise RuntimeError("quantiser broke")
 
     monkeypatch.setattr(peers, "ds_mla_cache", broken)
@@ -495,15 +416,17 @@ def test_run_bench_end_to_end_on_cpu(fake_flash_mla, monkeypatch, tmp_path, peer
                               peers=peers_flag)
     report = bench.run_bench(args, device="cpu")
     assert [r["H"] for r in report["results"]] == [64, 64, 64, 64]
+    # the 656-byte cache (ours is timed on it with or without peers) names its quantiser
+    assert report["peers"]["fp8_ds_mla_cache"] == peers.DS_MLA_SOURCE
     assert report["device"] == "cpu stand-in" and report["flush_us"] == 80.0 and report["ceilings"] == CEILINGS
     if peers_flag is None:
-        assert report["peers"]["flash_mla"]["status"] == "timed" and "tests/quant.py" in report["peers"]["fp8_ds_mla_cache"]
+        assert report["peers"]["flash_mla"]["status"] == "timed"
         assert "flash_mla" not in report["peers_missing"]
         assert set(report["peer_checks"]) >= {peers.SPARSE_FWD, peers.DECODE, "shape", "lse_convention"}
         assert all("max_abs_err_out" in report["peer_checks"][p] for p in (peers.SPARSE_FWD, peers.DECODE))
         assert peers.SPARSE_FWD in report["results"][0]["ours_over_peer"]
     else:
-        assert report["peers"] == {"flash_mla": {"status": "off (--no-peers)"}} and "peer_checks" not in report
+        assert report["peers"]["flash_mla"] == {"status": "off (--no-peers)"} and "peer_checks" not in report
         assert "flash_mla" in report["peers_missing"]
         assert not any(k.startswith("flash") for r in report["results"] for k in r["impls"])
     path = tmp_path / "r.json"

@@ -30,10 +30,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mla_sink.core.records import CallSpec, Platform, call_key
+from mla_sink.core.kv_layout import LAYOUT as DS_MLA_KV  # the 656-byte V3.2 FP8 layout (issue #12)
+from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, call_key
 from mla_sink.tools import peers
 
-D_QK, D_V = 576, 512
 FLUSH_BYTES = 256 << 20
 
 
@@ -180,8 +180,6 @@ def _ours_refuses(q, kv_cache, indices, sinks, sm_scale) -> Optional[str]:
 #: the KV dtype of the pool every case starts from (other KV caches are cast or quantised from it); the
 #: peers PyTorch and FlashMLA's bf16 sparse kernel take it
 BASE_KV = "bf16"
-#: the 656-byte V3.2 FP8 layout (issue #12): a uint8 [N, 656] cache, quantised from the base pool
-DS_MLA_KV = peers.DS_MLA_KV
 #: the grid: heads and tokens of the bf16 cases (with and without sinks), ids per token
 GRID_HEADS = (16, 32, 64, 128)
 GRID_TOKENS = (2, 64, 128, 256)
@@ -258,8 +256,8 @@ class _Pools:
     and the 656-byte cache of its first :func:`~mla_sink.tools.peers.ds_mla_rows` rows (a failure to build
     that one is kept and raised again on each use)."""
 
-    def __init__(self, rows: int, device: Any, flash_mla: Any):
-        self.rows, self.device, self.flash_mla = rows, device, flash_mla
+    def __init__(self, rows: int, device: Any):
+        self.rows, self.device = rows, device
         self.pools: dict[str, Any] = {}
         self.ds_source = ""
 
@@ -271,7 +269,7 @@ class _Pools:
                 self.pools[kv] = torch.randn(self.rows, D_QK, device=self.device, dtype=TORCH_DTYPES[kv])
             elif kv == DS_MLA_KV:
                 try:
-                    self.pools[kv], self.ds_source = peers.ds_mla_cache(self.get(BASE_KV), self.flash_mla)
+                    self.pools[kv], self.ds_source = peers.ds_mla_cache(self.get(BASE_KV))
                 except Exception as e:
                     self.pools[kv] = e
             else:
@@ -299,7 +297,7 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
         {unavailable}}``, ``ours_over_peer``: :func:`ratios`, ``triton_plan``) and which quantiser wrote the
         656-byte cache ("" when none was built).
     """
-    pools = _Pools(pool_rows, device, flash_mla)
+    pools = _Pools(pool_rows, device)
     pools.get(BASE_KV)  # drawn first, as before the peers came (same random pool for the same seed)
     id_rows = peers.ds_mla_rows(pool_rows) or pool_rows
     sm_scale = D_QK ** -0.5

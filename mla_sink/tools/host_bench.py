@@ -106,7 +106,7 @@ def run_host_bench(args: argparse.Namespace) -> dict:
             peer = None
             if flash_mla is not None and peers.skip_reason(peers.DECODE, H) is None:
                 if fp8_cache is None:
-                    fp8_cache, _ = peers.ds_mla_cache(kv, flash_mla)
+                    fp8_cache, _ = peers.ds_mla_cache(kv)
                 peer = peers.decode_call(flash_mla, q, fp8_cache, idx, sinks, scale).run
             if peer is not None:
                 impls["flash_mla_with_kvcache"] = peer

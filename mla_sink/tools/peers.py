@@ -26,22 +26,17 @@ valid id gets ``+inf`` where ours gets ``-inf`` (``tests/ref.py``: "lonely q"), 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
-D_QK, D_V = 576, 512
+from mla_sink.core.kv_layout import LAYOUT, ROW_BYTES, quantize_kv_cache
+from mla_sink.core.records import D_QK, D_V
+
 #: head counts FlashMLA's sparse kernels serve (``csrc/api/sparse_fwd.h``, ``csrc/api/sparse_decode.h``)
 FLASH_MLA_HEADS = (64, 128)
 #: rows of one page block of FlashMLA's decode cache (its tests and vLLM use 64)
 FLASH_MLA_BLOCK = 64
-#: the KV key of the 656-byte V3.2 FP8 layout (vLLM's name; issue #12)
-DS_MLA_KV = "fp8_ds_mla"
-#: bytes of one row of that layout: 512 e4m3 values, 4 fp32 scales, 64 bf16 RoPE values
-DS_MLA_ROW_BYTES = 656
-DS_MLA_NOPE, DS_MLA_TILE = 512, 128
 #: the names peers are recorded under in a case's ``impls``
 SPARSE_FWD, DECODE = "flash_mla_sparse_fwd", "flash_mla_decode"
 LSE_CONVENTION = ("FlashMLA's returned lse is natural-log and sink-free, as ours (the kernels divide their "
@@ -151,7 +146,7 @@ def decode_call(flash_mla: Any, q: torch.Tensor, cache: torch.Tensor, indices: t
     if skip_reason(DECODE, H) is not None:
         raise ValueError(f"'q' has {H} heads: {skip_reason(DECODE, H)}")
     n = _check_cache(cache)
-    cache4 = cache.view(n // FLASH_MLA_BLOCK, FLASH_MLA_BLOCK, 1, DS_MLA_ROW_BYTES)
+    cache4 = cache.view(n // FLASH_MLA_BLOCK, FLASH_MLA_BLOCK, 1, ROW_BYTES)
     q4 = q.unsqueeze(1)
     idx3 = _peer_ids(indices, n).unsqueeze(1)
     sink = None if sinks is None else sinks.float().contiguous()
@@ -177,9 +172,9 @@ def _check_q(q: torch.Tensor) -> tuple[int, int]:
 
 def _check_cache(cache: torch.Tensor) -> int:
     n = cache.shape[0] if cache.dim() == 2 else -1
-    if (cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != DS_MLA_ROW_BYTES
+    if (cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != ROW_BYTES
             or not cache.is_contiguous() or n <= 0 or n % FLASH_MLA_BLOCK):
-        raise ValueError(f"'cache' must be a contiguous uint8 [n, {DS_MLA_ROW_BYTES}] with n a positive multiple "
+        raise ValueError(f"'cache' must be a contiguous uint8 [n, {ROW_BYTES}] with n a positive multiple "
                          f"of {FLASH_MLA_BLOCK} (got {cache.dtype} {tuple(cache.shape)})")
     return n
 
@@ -190,82 +185,30 @@ def ds_mla_rows(num_rows: int) -> int:
     return num_rows // FLASH_MLA_BLOCK * FLASH_MLA_BLOCK
 
 
-def ds_mla_cache(kv: torch.Tensor, flash_mla: Any = None) -> tuple[torch.Tensor, str]:
-    """The 656-byte V3.2 FP8 cache of the first :func:`ds_mla_rows` rows of a bf16 pool, power-of-two scales.
+#: which quantiser writes the cache of :func:`ds_mla_cache` (recorded in the bench's JSON)
+DS_MLA_SOURCE = f"mla_sink.quantize_kv_cache(layout={LAYOUT!r}, scale='pow2')"
 
-    Written by ``mla_sink.quantize_kv_cache(kv, layout="fp8_ds_mla", scale="pow2")`` when this version of
-    mla-sink has it, else by FlashMLA's own quantiser (``tests/quant.py`` of its checkout, beside the
-    ``flash_mla`` package: ``quantize_k_cache(..., FP8KVCacheLayout.V32_FP8Sparse)``), whose rows are
-    copied into one contiguous tensor (it pads each block by a row).
+
+def ds_mla_cache(kv: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """The 656-byte V3.2 FP8 cache of the first :func:`ds_mla_rows` rows of a bf16 pool, power-of-two scales
+    (FlashMLA's convention), written by :func:`mla_sink.quantize_kv_cache`.
 
     Args:
-        kv: bf16 ``[N, 576]`` contiguous, N >= 64.
-        flash_mla: the imported module (needed only for the fallback).
+        kv: bf16 ``[N, 576]``, N >= 64.
 
     Returns:
-        ``(cache, source)``: uint8 ``[n, 656]`` contiguous (n = :func:`ds_mla_rows` of N) and which
-        quantiser wrote it.
+        ``(cache, source)``: uint8 ``[n, 656]`` contiguous (n = :func:`ds_mla_rows` of N) and
+        :data:`DS_MLA_SOURCE` (which quantiser wrote it).
 
     Raises:
-        ValueError: the pool has fewer than 64 rows, or a quantiser returned another shape or dtype.
-        RuntimeError: neither quantiser is available.
+        ValueError: the pool has fewer than 64 rows, or ``kv`` is not one :func:`mla_sink.quantize_kv_cache`
+            takes.
     """
     n = ds_mla_rows(kv.shape[0])
     if n == 0:
-        raise ValueError(f"'kv' has {kv.shape[0]} rows; the {DS_MLA_ROW_BYTES}-byte cache needs at least "
+        raise ValueError(f"'kv' has {kv.shape[0]} rows; the {ROW_BYTES}-byte cache needs at least "
                          f"{FLASH_MLA_BLOCK} (one page block)")
-    import mla_sink
-
-    quantize = getattr(mla_sink, "quantize_kv_cache", None)
-    if quantize is not None:
-        cache = quantize(kv[:n], layout=DS_MLA_KV, scale="pow2")
-        source = f"mla_sink.quantize_kv_cache(layout={DS_MLA_KV!r}, scale='pow2')"
-    else:
-        quant = _flash_mla_quant(flash_mla)
-        blocked = quant.quantize_k_cache(kv[:n].reshape(n // FLASH_MLA_BLOCK, FLASH_MLA_BLOCK, 1, D_QK),
-                                         quant.FP8KVCacheLayout.V32_FP8Sparse)
-        cache = blocked.view(torch.uint8).reshape(n, DS_MLA_ROW_BYTES).contiguous()
-        source = "FlashMLA tests/quant.py quantize_k_cache(V32_FP8Sparse)"
-    if cache.dtype != torch.uint8 or tuple(cache.shape) != (n, DS_MLA_ROW_BYTES):
-        raise ValueError(f"{source} returned {cache.dtype} {tuple(cache.shape)}, "
-                         f"expected uint8 {(n, DS_MLA_ROW_BYTES)}")
-    return cache.contiguous(), source
-
-
-def _flash_mla_quant(flash_mla: Any) -> Any:
-    """FlashMLA's ``tests/quant.py``, loaded from the checkout that holds the ``flash_mla`` package."""
-    if flash_mla is None or not getattr(flash_mla, "__file__", None):
-        raise RuntimeError("no quantiser for the 656-byte cache: mla_sink.quantize_kv_cache is missing and "
-                           "flash_mla is not importable")
-    path = Path(flash_mla.__file__).resolve().parents[1] / "tests" / "quant.py"
-    if not path.is_file():
-        raise RuntimeError(f"no quantiser for the 656-byte cache: mla_sink.quantize_kv_cache is missing and "
-                           f"{path} does not exist")
-    spec = importlib.util.spec_from_file_location("_flash_mla_tests_quant", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def dequantize_ds_mla(cache: torch.Tensor) -> torch.Tensor:
-    """float64 ``[n, 576]``: the values a 656-byte V3.2 cache holds, exactly.
-
-    Columns 0-511: e4m3 value × its tile's fp32 scale (tile i = values 128 i .. 128 i + 127, scale i at bytes
-    512 + 4 i), read as the float32 each scale is (not rounded); columns 512-575: the bf16 RoPE values at
-    bytes 528-655. Layout: issue #12, FlashMLA ``flash_mla_interface.py`` (its docstring of the V3.2 format).
-
-    Raises:
-        ValueError: ``cache`` is not uint8 ``[n, 656]``.
-    """
-    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != DS_MLA_ROW_BYTES:
-        raise ValueError(f"'cache' must be uint8 [n, {DS_MLA_ROW_BYTES}] (got {cache.dtype} {tuple(cache.shape)})")
-    n = cache.shape[0]
-    tiles = DS_MLA_NOPE // DS_MLA_TILE
-    nope = cache[:, :DS_MLA_NOPE].contiguous().view(torch.float8_e4m3fn).to(torch.float64)
-    scales = cache[:, DS_MLA_NOPE:DS_MLA_NOPE + 4 * tiles].contiguous().view(torch.float32).to(torch.float64)
-    rope = cache[:, DS_MLA_NOPE + 4 * tiles:].contiguous().view(torch.bfloat16).to(torch.float64)
-    nope = (nope.view(n, tiles, DS_MLA_TILE) * scales.unsqueeze(-1)).view(n, DS_MLA_NOPE)
-    return torch.cat([nope, rope], dim=1)
+    return quantize_kv_cache(kv[:n], layout=LAYOUT, scale="pow2").contiguous(), DS_MLA_SOURCE
 
 
 # ---------------------------------------------------------------- correctness on one small case
@@ -295,7 +238,8 @@ def errors(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse:
 def peer_checks(flash_mla: Any, device: Any, *, seed: int = 1) -> dict:
     """Each FlashMLA kernel against our float64 reference on one small case with sinks (:data:`CHECK_SHAPE`,
     a few ``-1`` ids): ``flash_mla_sparse_fwd`` on the bf16 pool, the fp8 decode on the 656-byte cache of
-    that pool (the reference sees its exact dequantised values, :func:`dequantize_ds_mla`).
+    that pool (the reference reads that uint8 cache itself: its exact float64 values,
+    :func:`mla_sink.dequantize_kv_cache`).
 
     Returns:
         ``{"shape": CHECK_SHAPE, "lse_convention": str, "flash_mla_sparse_fwd": {errors...},
@@ -320,8 +264,8 @@ def peer_checks(flash_mla: Any, device: Any, *, seed: int = 1) -> dict:
     except Exception as e:  # a peer that fails is reported, not fatal
         doc[SPARSE_FWD] = {"error": repr(e)[:300]}
     try:
-        cache, source = ds_mla_cache(kv, flash_mla)
-        ref_out, ref_lse = sparse_mla_decode_reference(q, dequantize_ds_mla(cache), idx, sinks, sm_scale)
+        cache, source = ds_mla_cache(kv)
+        ref_out, ref_lse = sparse_mla_decode_reference(q, cache, idx, sinks, sm_scale)
         call = decode_call(flash_mla, q, cache, idx, sinks, sm_scale)
         doc[DECODE] = dict(errors(*call.result(call.run()), ref_out, ref_lse), cache=source)
     except Exception as e:
