@@ -291,3 +291,13 @@ def test_bench_peers_and_no_peers_exclude_each_other(capsys):
         main(["bench", "--peers", "--no-peers"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "not allowed with argument" in err and len(err.strip().splitlines()) == 1
+
+
+def test_explain_does_not_give_a_gluon_kernel_the_portable_tiles(capsys):
+    """The Gluon kernels fix their own tiles: explain says so, and names the portable row's tiles as the
+    fallback's, instead of printing them as the launch's."""
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--tokens", "256", "--sms", "132")
+    assert code == 0 and "kernel gluon_seesaw" in out
+    assert "1 KV split(s) of 2048 ids; the kernel's own tiles (on a fallback to the portable kernel: BLOCK_H=64" in out
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "32", "--tokens", "256", "--sms", "132")
+    assert code == 0 and "kernel portable" in out and "ids; BLOCK_H=32 BLOCK_N=64" in out

@@ -43,9 +43,11 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     if launch.num_kv_splits is None:
         lines.append("    splits and kernel depend on the SM count: pass --sms N")
     else:
-        lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids; "
-                     f"BLOCK_H={launch.block_h} BLOCK_N={launch.block_n} num_warps={launch.num_warps} "
-                     f"num_stages={launch.num_stages}")
+        tiles = (f"BLOCK_H={launch.block_h} BLOCK_N={launch.block_n} num_warps={launch.num_warps} "
+                 f"num_stages={launch.num_stages}")
+        if launch.kernel != "portable":  # a Gluon kernel fixes its own tiles; the row's serve a fallback
+            tiles = f"the kernel's own tiles (on a fallback to the portable kernel: {tiles})"
+        lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids; {tiles}")
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")
     if launch.kernel_row != launch.tuning_row:
         lines.append(f"    kernel: row {launch.kernel_row}: {launch.kernel_why}")
