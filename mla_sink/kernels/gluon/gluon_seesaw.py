@@ -67,9 +67,6 @@ GATHER_ROWS = 64
 #: producer (addresses and masks only). 12 warps share 64K registers.
 CONSUMER_REGS = 216
 PRODUCER_REGS = 72
-#: Slots of the ring: one per consumer.
-SLOT_EVEN = 0
-SLOT_ODD = 1
 
 
 @gluon.jit
