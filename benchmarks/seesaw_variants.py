@@ -19,8 +19,8 @@ from mla_sink.tools import peers
 from mla_sink.tools.bench import GraphTimer
 
 D_QK, D_V, TOPK, N = 576, 512, 2048, 1 << 20
-VARIANTS = {"rows64": (64, 216, 72)}
-T2_SPLITS = ()
+VARIANTS = {"rows16": (16, 216, 72), "rows32": (32, 216, 72), "rows64": (64, 216, 72)}
+T2_SPLITS = (8, 16, 32)
 
 
 def main(path: str) -> None:
@@ -44,9 +44,9 @@ def main(path: str) -> None:
                     q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=splits)), 2)
             except Exception as e:  # noqa: BLE001 - recorded
                 row["us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
-        gs.GATHER_ROWS, gs.CONSUMER_REGS, gs.PRODUCER_REGS = VARIANTS["rows64"]
+        gs.GATHER_ROWS, gs.CONSUMER_REGS, gs.PRODUCER_REGS = VARIANTS["rows16"]
         for s in T2_SPLITS if T <= 2 else ():
-            row["us"][f"rows64_s{s}"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
+            row["us"][f"rows16_s{s}"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
                 q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=s)), 2)
         if splits == 1:
             row["us"]["gluon_ws"] = round(timer.time_us(lambda: sparse_mla_decode_gluon(q, kv, idx, sinks, out=out,
@@ -56,7 +56,7 @@ def main(path: str) -> None:
             idx_small = idx % (1 << 16)
             row["us"]["flash_mla_decode_64k_pool"] = round(timer.time_us(
                 peers.decode_call(fm, q, cache, idx_small, sinks, D_QK ** -0.5).run), 2)
-            row["us"]["rows64_64k_pool"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
+            row["us"]["rows16_64k_pool"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
                 q, kv, idx_small, sinks, out=out, lse=lse, num_kv_splits=splits)), 2)
         if fm is not None:
             row["us"]["flash_mla_sparse_fwd"] = round(timer.time_us(

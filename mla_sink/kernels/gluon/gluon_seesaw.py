@@ -103,7 +103,6 @@ def _pair_ids(IDX, idx_base, n0, end, nrows, PAIR: gl.constexpr, layout: gl.cons
 
 @gluon.jit
 def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-              ids_ready,
               pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
               ROWS: gl.constexpr):
@@ -131,32 +130,29 @@ def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_re
                                            mask=(offs_hr < num_heads)[:, None])
     async_copy.mbarrier_arrive(q_ready, increment_count=False)
 
-    # the ids of the next pair are loaded while this one is gathered, and staged in shared memory (two
-    # buffers, by pair parity) for the gathers, whose layouts spread rows differently, and for the
-    # consumers, which read their block's validity there (-1 = skipped) instead of loading the ids again
+    # the ids of the next pair are loaded while this one is gathered, and staged in shared memory for the
+    # gathers (whose layouts spread rows differently)
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     ids_next = _pair_ids(IDX, idx_base, start, end, nrows, 2 * BLOCK_N, ids_l)
     for j in range(num_pairs):
         phase = (j & 1) ^ 1  # the first wait on a fresh 'free' barrier passes
-        ids_buf = ids_smem.index(j & 1)
-        # consumer 0 handing back its lo half of pair j - 1 means both consumers have read pair j - 2's ids
-        # (consumer 0 waited for consumer 1's P of pair j - 2, which consumer 1 makes after reading them)
-        mbarrier.wait(free_lo.index(0), phase)
-        ids_buf.store(ids_next)
-        _signal(ids_ready.index(j & 1))
+        gl.thread_barrier()  # every thread is done reading the previous pair's ids
+        ids_smem.store(ids_next)
+        gl.thread_barrier()
         ids_next = _pair_ids(IDX, idx_base, start + 2 * (j + 1) * BLOCK_N, end, nrows, 2 * BLOCK_N, ids_l)
-        _gather_cols(KV, k_lo.index(0), ids_buf, 0, stride_kv, 0, BLOCK_N, HALF_V, ROWS, half_l)
+        mbarrier.wait(free_lo.index(0), phase)
+        _gather_cols(KV, k_lo.index(0), ids_smem, 0, stride_kv, 0, BLOCK_N, HALF_V, ROWS, half_l)
         async_copy.mbarrier_arrive(ready_lo.index(0), increment_count=False)
         mbarrier.wait(free_hi.index(1), phase)
-        _gather_cols(KV, k_hi.index(1), ids_buf, BLOCK_N, stride_kv, HALF_V, BLOCK_N, HALF_V, ROWS, half_l)
-        _gather_cols(KV, k_rope.index(1), ids_buf, BLOCK_N, stride_kv, 2 * HALF_V, BLOCK_N, D_ROPE, BLOCK_N, rope_l)
+        _gather_cols(KV, k_hi.index(1), ids_smem, BLOCK_N, stride_kv, HALF_V, BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(KV, k_rope.index(1), ids_smem, BLOCK_N, stride_kv, 2 * HALF_V, BLOCK_N, D_ROPE, BLOCK_N, rope_l)
         async_copy.mbarrier_arrive(ready_hi.index(1), increment_count=False)
         mbarrier.wait(free_hi.index(0), phase)
-        _gather_cols(KV, k_hi.index(0), ids_buf, 0, stride_kv, HALF_V, BLOCK_N, HALF_V, ROWS, half_l)
-        _gather_cols(KV, k_rope.index(0), ids_buf, 0, stride_kv, 2 * HALF_V, BLOCK_N, D_ROPE, BLOCK_N, rope_l)
+        _gather_cols(KV, k_hi.index(0), ids_smem, 0, stride_kv, HALF_V, BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(KV, k_rope.index(0), ids_smem, 0, stride_kv, 2 * HALF_V, BLOCK_N, D_ROPE, BLOCK_N, rope_l)
         async_copy.mbarrier_arrive(ready_hi.index(0), increment_count=False)
         mbarrier.wait(free_lo.index(1), phase)
-        _gather_cols(KV, k_lo.index(1), ids_buf, BLOCK_N, stride_kv, 0, BLOCK_N, HALF_V, ROWS, half_l)
+        _gather_cols(KV, k_lo.index(1), ids_smem, BLOCK_N, stride_kv, 0, BLOCK_N, HALF_V, ROWS, half_l)
         async_copy.mbarrier_arrive(ready_lo.index(1), increment_count=False)
 
 
@@ -167,14 +163,6 @@ def _opaque_zero(j):
     16-deep step, about a hundred) is loop-invariant, gets hoisted out of the loop and spills; computed
     per iteration they stay in uniform registers, as in a ring indexed by the iteration."""
     return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _block_valid(ids_smem, ids_ready, j, offset, BLOCK_N: gl.constexpr, layout: gl.constexpr):
-    """Which ids of a consumer's block of pair ``j`` are valid: the producer's staged ids (``-1`` = skipped),
-    once it has published them (``ids_ready``, one completion per pair using that buffer)."""
-    mbarrier.wait(ids_ready.index(j & 1), (j >> 1) & 1)
-    return ids_smem.index(j & 1).slice(offset, BLOCK_N).load(layout) >= 0
 
 
 @gluon.jit
@@ -236,7 +224,7 @@ def _epilogue(acc, m_i, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, SIN
 
 @gluon.jit
 def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                   m_even, m_odd, l_even, l_odd, ids_smem, ids_ready, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                   m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                    bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                    pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -250,6 +238,8 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope,
     dtype: gl.constexpr = q_lo.dtype
 
     qk_scale = sm_scale * LOG2E
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+    nrows = num_rows.to(gl.uint32)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_l)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_l)
     acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=o_l))
@@ -259,7 +249,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope,
         phase = j & 1
         even = _opaque_zero(j)
         odd = even + 1
-        ok = _block_valid(ids_smem, ids_ready, j, 0, BLOCK_N, gl.SliceLayout(0, s_l))
+        _, ok = _ids_ok(IDX, idx_base, start + 2 * j * BLOCK_N + offs_n, end, nrows)
         mbarrier.wait(ready_lo.index(0), phase)
         sc = warpgroup_mma(q_lo.index(even), k_lo.index(even).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         if j > 0:  # the previous pair's odd-block P V (columns 0-255) is done: hand back its slot half and P
@@ -303,7 +293,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope,
 
 @gluon.jit
 def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                  m_even, m_odd, l_even, l_odd, ids_smem, ids_ready, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                  m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                   bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                   pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                   stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -317,6 +307,8 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, 
     dtype: gl.constexpr = q_lo.dtype
 
     qk_scale = sm_scale * LOG2E
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+    nrows = num_rows.to(gl.uint32)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_l)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_l)
     acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=o_l))
@@ -326,7 +318,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, 
         phase = j & 1
         even = _opaque_zero(j)
         odd = even + 1
-        ok = _block_valid(ids_smem, ids_ready, j, BLOCK_N, BLOCK_N, gl.SliceLayout(0, s_l))
+        _, ok = _ids_ok(IDX, idx_base, start + (2 * j + 1) * BLOCK_N + offs_n, end, nrows)
         mbarrier.wait(ready_hi.index(1), phase)  # the producer fills the odd slot's hi half first
         sc = warpgroup_mma(q_hi.index(even), k_hi.index(odd).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope.index(even), k_rope.index(odd).permute((1, 0)), sc, is_async=True)
@@ -400,7 +392,7 @@ def sparse_mla_decode_seesaw_kernel(
     m_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
     l_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
     l_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
-    ids_smem = gl.allocate_shared_memory(gl.int32, [2, 2 * BLOCK_N], vec_sl)  # a pair's ids, by pair parity
+    ids_smem = gl.allocate_shared_memory(gl.int32, [2 * BLOCK_N], vec_sl)  # the producer's ids of a pair
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
@@ -414,14 +406,12 @@ def sparse_mla_decode_seesaw_kernel(
     bar_p_odd_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     bar_l_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     bar_l_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    ids_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     mbarrier.init(q_ready, count=32 * 4)  # every producer thread arrives once its copies land
     for s in gl.static_range(2):
         mbarrier.init(ready_lo.index(s), count=32 * 4)
         mbarrier.init(ready_hi.index(s), count=32 * 4)
         mbarrier.init(free_lo.index(s), count=1)  # one arrive from the consumer that reads the half last
         mbarrier.init(free_hi.index(s), count=1)
-        mbarrier.init(ids_ready.index(s), count=1)  # the producer publishes a pair's ids
     mbarrier.init(bar_m_even, count=1)
     mbarrier.init(bar_m_odd, count=1)
     mbarrier.init(bar_p_even, count=1)
@@ -431,19 +421,19 @@ def sparse_mla_decode_seesaw_kernel(
     mbarrier.init(bar_l_odd, count=1)
     gl.warp_specialize([
         (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                          m_even, m_odd, l_even, l_odd, ids_smem, ids_ready, q_ready, ready_lo, ready_hi, free_lo,
-                          free_hi, bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                          m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                          bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                           pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                           stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                           stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT)),
         (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                         m_even, m_odd, l_even, l_odd, ids_smem, ids_ready, q_ready, ready_lo, ready_hi, free_lo,
-                         free_hi, bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                         m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                         bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                          pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT)),
         (_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi, free_lo,
-                     free_hi, ids_ready, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt,
+                     free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt,
                      stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
