@@ -729,3 +729,23 @@ def test_dcp_two_ranks_match_the_full_pool_reference(tmp_path):
         assert out.dtype == torch.bfloat16 and not out.isnan().any(), key
         close(out, lse, r_out, r_lse)
         assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()  # the empty row
+
+
+def test_quantizer_refuses_values_the_layout_cannot_hold_and_meta_tensors():
+    """Finite input whose decoded value would overflow (bf16 RoPE beyond 3.39e38, a latent code x its
+    power-of-two scale beyond the float32 maximum) is refused, not written as inf; meta tensors (no values
+    to derive scales from, nothing to decode) are refused with the argument's name."""
+    import mla_sink
+
+    for col in (0, 512 + 10):  # a latent column, a RoPE column
+        kv = torch.zeros(2, 576)
+        kv[1, col] = 3.4e38
+        with pytest.raises(ValueError, match="'kv' holds values too large for the fp8_ds_mla layout"):
+            mla_sink.quantize_kv_cache(kv, layout="fp8_ds_mla", scale="pow2")
+    big = torch.full((2, 576), 1e38)  # large but representable: decodes finite, within e4m3 rounding
+    back = mla_sink.dequantize_kv_cache(mla_sink.quantize_kv_cache(big, layout="fp8_ds_mla"))
+    assert torch.isfinite(back).all() and ((back - 1e38).abs() <= 1e38 / 16).all()
+    with pytest.raises(ValueError, match="'kv' must hold data"):
+        mla_sink.quantize_kv_cache(torch.empty(4, 576, device="meta", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="'kv_cache' must hold data"):
+        mla_sink.dequantize_kv_cache(torch.empty(4, 656, device="meta", dtype=torch.uint8))

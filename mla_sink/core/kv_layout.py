@@ -94,8 +94,9 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
         (exact for bf16 input).
 
     Raises:
-        ValueError: ``kv`` not a tensor of shape ``[N, 576]`` / ``[B, S, 576]`` in bf16/fp16/float32, a
-            non-finite value in ``kv``, an unknown ``layout`` or ``scale``.
+        ValueError: ``kv`` not a tensor of shape ``[N, 576]`` / ``[B, S, 576]`` in bf16/fp16/float32, on
+            the meta device, a non-finite value in ``kv`` or one too large for the layout (its decoded
+            latent value or bf16 RoPE value would overflow), an unknown ``layout`` or ``scale``.
     """
     _check_layout(layout)
     if scale not in SCALE_CONVENTIONS:
@@ -107,6 +108,8 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
     if kv.dim() not in (2, 3) or kv.shape[-1] != D_NOPE + D_ROPE:
         raise ValueError(f"'kv' must be [N, {D_NOPE + D_ROPE}] or [num_blocks, block_size, {D_NOPE + D_ROPE}] "
                          f"(got shape {tuple(kv.shape)})")
+    if kv.device.type == "meta":
+        raise ValueError("'kv' must hold data (got a tensor on the meta device): the scales depend on the values")
     lead = tuple(kv.shape[:-1])
     x = kv.reshape(-1, D_NOPE + D_ROPE).float()
     if not bool(torch.isfinite(x).all()):
@@ -120,7 +123,14 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
     bits = s.view(torch.int32).long() & 0xFFFFFFFF  # little-endian bytes of each float32 scale
     sb = torch.stack([(bits >> (8 * i)) & 0xFF for i in range(4)], dim=-1)
     out[:, SCALE_OFFSET:ROPE_OFFSET] = sb.reshape(n, 4 * NUM_TILES).to(torch.uint8)
-    rb = x[:, D_NOPE:].to(torch.bfloat16).view(torch.int16).long() & 0xFFFF
+    # the kernels decode in float32 and bf16: a value whose code x scale or bf16 RoPE overflows is refused
+    rope = x[:, D_NOPE:].to(torch.bfloat16)
+    decoded = codes.float() * s.unsqueeze(-1)
+    if not (bool(torch.isfinite(decoded).all()) and bool(torch.isfinite(rope).all())):
+        raise ValueError(f"'kv' holds values too large for the {LAYOUT} layout (largest magnitude "
+                         f"{float(x.abs().max()):.4g}): its latent values decode in float32 (code x scale) "
+                         f"and its RoPE values are bf16, so magnitudes must stay below about 3.0e38")
+    rb = rope.view(torch.int16).long() & 0xFFFF
     out[:, ROPE_OFFSET:] = torch.stack([rb & 0xFF, rb >> 8], dim=-1).reshape(n, 2 * D_ROPE).to(torch.uint8)
     return out.reshape(*lead, ROW_BYTES)
 
@@ -169,10 +179,13 @@ def dequantize_kv_cache(kv_cache: torch.Tensor, layout: str = LAYOUT) -> torch.T
         NaN; NaN or inf scales propagate (``0 * inf`` is NaN).
 
     Raises:
-        ValueError: ``kv_cache`` not a uint8 ``[N, 656]`` / ``[B, S, 656]`` tensor, or an unknown ``layout``.
+        ValueError: ``kv_cache`` not a uint8 ``[N, 656]`` / ``[B, S, 656]`` tensor (or on the meta device),
+            or an unknown ``layout``.
     """
     _check_layout(layout)
     _check_cache(kv_cache)
+    if kv_cache.device.type == "meta":
+        raise ValueError("'kv_cache' must hold data to be decoded (got a tensor on the meta device)")
     rows = cache_rows(kv_cache)
     n = rows.shape[0]
     vals = rows[:, :D_NOPE].contiguous().view(torch.float8_e4m3fn).double().reshape(n, NUM_TILES, TILE)

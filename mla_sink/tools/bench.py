@@ -518,8 +518,8 @@ def check_bench_args(args: argparse.Namespace) -> None:
     if getattr(args, "peers", None) is True:
         flash_mla, why = peers.import_flash_mla()
         if flash_mla is None:
-            raise ValueError(f"'--peers' needs FlashMLA importable ({why}); see ../shared/peers/README.md, "
-                             f"or leave the flag out (peers are timed when importable)")
+            raise ValueError(f"'--peers' needs FlashMLA importable ({why}); build FlashMLA "
+                             f"(github.com/deepseek-ai/FlashMLA, setup.py) and put it on PYTHONPATH, or leave the flag out (peers are timed when importable)")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
