@@ -53,13 +53,14 @@ def _old_splits(cfg, T, H, topk, sms, requested=None):
 
 def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, gluon, block_h):
     """The tuning row's ``kernel`` param, then kernel_for, as they were."""
-    kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8"}.get(row, "portable")
+    kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8"}.get(row, "portable")
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
     if kernel == "gluon_fp8" and splits != 1:  # gluon_fp8 has no split-KV stage; gluon_seesaw has
         return "portable"
     if kernel == "gluon_seesaw":
-        ok = q_dtype == kv_dtype and q_dtype in ("bf16", "fp16") and block_h == 64
+        ok = q_dtype in ("bf16", "fp16") and block_h == 64 and (
+            q_dtype == kv_dtype or kv_dtype == "fp8_e4m3")
     else:
         ok = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and num_heads <= 16
     return kernel if ok else "portable"

@@ -52,7 +52,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mla_sink.kernels.gluon.gather import gather_q, ids_ok, pair_ids
 from mla_sink.kernels.gluon.math import LOG2E, sink_scale
+from mla_sink.kernels.gluon.seesaw_fp8 import KV_DS_MLA, KV_E4M3, KV_HALF, fp8_producer
 
 #: Heads of one CTA: the wgmma M of the score and output tiles (one warpgroup: 4 warps x 16 rows).
 HEAD_BLOCK = 64
@@ -67,15 +69,10 @@ GATHER_ROWS = 64
 #: producer (addresses and masks only). 12 warps share 64K registers.
 CONSUMER_REGS = 216
 PRODUCER_REGS = 72
-
-
-@gluon.jit
-def _ids_ok(IDX, idx_base, pos, end, nrows):
-    """(ids, valid) of the positions ``pos`` of one token row: ``pos < end`` and ``0 <= id < N`` (one
-    unsigned compare; ``nrows`` is uint32 and at most 2^31)."""
-    in_range = pos < end
-    ids = gl.load(IDX + idx_base + pos, mask=in_range, other=-1)
-    return ids, in_range & (ids.to(gl.uint32, bitcast=True) < nrows)
+#: With an fp8 cache the producer also decodes (a half block's codes, 16 KB, pass through its registers):
+#: as many registers as the bf16 producer (more would come from the default consumer, whose wgmma then
+#: serialise: ptxas C7515).
+FP8_PRODUCER_REGS = 72
 
 
 @gluon.jit
@@ -93,53 +90,28 @@ def _gather_cols(KV, dst, ids_smem, id0, stride_kv, col0,
 
 
 @gluon.jit
-def _pair_ids(IDX, idx_base, n0, end, nrows, PAIR: gl.constexpr, layout: gl.constexpr):
-    """The ids of a pair of blocks (positions ``n0 .. n0 + PAIR``), ``-1`` where the id is skipped (past
-    ``end``, negative or ``>= N``)."""
-    pos = n0 + gl.arange(0, PAIR, layout=layout)
-    ids, ok = _ids_ok(IDX, idx_base, pos, end, nrows)
-    return gl.where(ok, ids, -1)
-
-
-@gluon.jit
 def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi, free_lo, free_hi,
               pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
               ROWS: gl.constexpr):
-    """Worker partition (one warpgroup): q once, then each pair of blocks half by half, in the order the
-    consumers free the halves (even lo, odd hi, even hi, odd lo)."""
+    """Worker partition (one warpgroup) of bf16 / fp16 KV: q once, then each pair of blocks half by half,
+    in the order the consumers free the halves (even lo, odd hi, even hi, odd lo)."""
     half_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # 16-byte copies, a row per warp
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
-
-    # q [64 heads, 576]: padded heads zero-fill
-    offs_h = pid_h * BLOCK_H + gl.arange(0, ROWS, layout=gl.SliceLayout(1, half_l))
-    offs_c = gl.arange(0, HALF_V, layout=gl.SliceLayout(0, half_l))
-    offs_hr = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rope_l))
-    offs_cr = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rope_l))
-    q_row0 = Q + pid_t * stride_qt
-    for r in gl.static_range(BLOCK_H // ROWS):
-        h = offs_h + r * ROWS
-        rows = q_row0 + h.to(gl.int64) * stride_qh
-        hm = (h < num_heads)[:, None]
-        async_copy.async_copy_global_to_shared(q_lo.index(0).slice(r * ROWS, ROWS), rows[:, None] + offs_c[None, :], mask=hm)
-        async_copy.async_copy_global_to_shared(q_hi.index(0).slice(r * ROWS, ROWS), rows[:, None] + HALF_V + offs_c[None, :],
-                                               mask=hm)
-    rows = q_row0 + offs_hr.to(gl.int64) * stride_qh
-    async_copy.async_copy_global_to_shared(q_rope.index(0), rows[:, None] + 2 * HALF_V + offs_cr[None, :],
-                                           mask=(offs_hr < num_heads)[:, None])
-    async_copy.mbarrier_arrive(q_ready, increment_count=False)
+    gather_q(Q, q_lo, q_hi, q_rope, q_ready, pid_h, pid_t, num_heads, stride_qt, stride_qh,
+              BLOCK_H, HALF_V, D_ROPE, ROWS, half_l, rope_l)
 
     # the ids of the next pair are loaded while this one is gathered, and staged in shared memory for the
     # gathers (whose layouts spread rows differently)
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    ids_next = _pair_ids(IDX, idx_base, start, end, nrows, 2 * BLOCK_N, ids_l)
+    ids_next = pair_ids(IDX, idx_base, start, end, nrows, 2 * BLOCK_N, ids_l)
     for j in range(num_pairs):
         phase = (j & 1) ^ 1  # the first wait on a fresh 'free' barrier passes
         gl.thread_barrier()  # every thread is done reading the previous pair's ids
         ids_smem.store(ids_next)
         gl.thread_barrier()
-        ids_next = _pair_ids(IDX, idx_base, start + 2 * (j + 1) * BLOCK_N, end, nrows, 2 * BLOCK_N, ids_l)
+        ids_next = pair_ids(IDX, idx_base, start + 2 * (j + 1) * BLOCK_N, end, nrows, 2 * BLOCK_N, ids_l)
         mbarrier.wait(free_lo.index(0), phase)
         _gather_cols(KV, k_lo.index(0), ids_smem, 0, stride_kv, 0, BLOCK_N, HALF_V, ROWS, half_l)
         async_copy.mbarrier_arrive(ready_lo.index(0), increment_count=False)
@@ -185,11 +157,22 @@ def _safe(m):
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+def _qk_scale(sm_scale, KV_SCALE, KV_FMT: gl.constexpr):
+    """The base-2 score scale ``sm_scale log2 e``, times ``kv_scale`` for a per-tensor e4m3 cache (whose
+    tiles hold the unscaled codes; the epilogue scales the output by it too)."""
+    qk_scale = sm_scale * LOG2E
+    if KV_FMT == KV_E4M3:
+        qk_scale = qk_scale * gl.load(KV_SCALE)
+    return qk_scale
+
+
+@gluon.jit
+def _epilogue(acc, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               COL0: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_H: gl.constexpr, HALF_V: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr):
+              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr, s_l: gl.constexpr,
+              o_l: gl.constexpr):
     """Add the other consumer's row sums, then write this consumer's half of ``out`` (or of the partial
     output) and, with ``WRITE_LSE``, the LSE."""
     row_l: gl.constexpr = gl.SliceLayout(1, s_l)
@@ -203,6 +186,8 @@ def _epilogue(acc, m_i, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, SIN
     offs_hs = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
     hmask = offs_hs < num_heads
     scale = 1.0 / l_safe
+    if KV_FMT == KV_E4M3:  # the tiles hold the unscaled codes
+        scale = scale * gl.load(KV_SCALE)
     if HAS_SINKS and not SPLIT:
         sink = gl.load(SINKS + offs_hs, mask=hmask, other=float("-inf"))
         scale = sink_scale(scale, sink, lse2, empty_row)
@@ -223,13 +208,13 @@ def _epilogue(acc, m_i, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, SIN
 
 
 @gluon.jit
-def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
+def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
                    m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                    bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                    pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
                    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
-                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr):
+                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
     """Default partition, consumer 0: the even blocks' scores and the value columns 0-255."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -237,7 +222,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope,
     row_l: gl.constexpr = gl.SliceLayout(1, s_l)
     dtype: gl.constexpr = q_lo.dtype
 
-    qk_scale = sm_scale * LOG2E
+    qk_scale = _qk_scale(sm_scale, KV_SCALE, KV_FMT)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
     nrows = num_rows.to(gl.uint32)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_l)
@@ -249,7 +234,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope,
         phase = j & 1
         even = _opaque_zero(j)
         odd = even + 1
-        _, ok = _ids_ok(IDX, idx_base, start + 2 * j * BLOCK_N + offs_n, end, nrows)
+        _, ok = ids_ok(IDX, idx_base, start + 2 * j * BLOCK_N + offs_n, end, nrows)
         mbarrier.wait(ready_lo.index(0), phase)
         sc = warpgroup_mma(q_lo.index(even), k_lo.index(even).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         if j > 0:  # the previous pair's odd-block P V (columns 0-255) is done: hand back its slot half and P
@@ -285,20 +270,20 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope,
         mbarrier.wait(bar_p_odd, phase)
         acc = warpgroup_mma(p_odd, k_lo.index(odd), acc_t, is_async=True)
     acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    _epilogue(acc_t, m_i, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+    _epilogue(acc_t, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, s_l, o_l)
+              0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT, s_l, o_l)
 
 
 @gluon.jit
-def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
+def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
                   m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                   bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                   pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                   stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
-                  HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr):
+                  HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
     """Worker partition, consumer 1: the odd blocks' scores and the value columns 256-511; writes the LSE."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -306,7 +291,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, 
     row_l: gl.constexpr = gl.SliceLayout(1, s_l)
     dtype: gl.constexpr = q_lo.dtype
 
-    qk_scale = sm_scale * LOG2E
+    qk_scale = _qk_scale(sm_scale, KV_SCALE, KV_FMT)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
     nrows = num_rows.to(gl.uint32)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_l)
@@ -318,7 +303,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, 
         phase = j & 1
         even = _opaque_zero(j)
         odd = even + 1
-        _, ok = _ids_ok(IDX, idx_base, start + (2 * j + 1) * BLOCK_N + offs_n, end, nrows)
+        _, ok = ids_ok(IDX, idx_base, start + (2 * j + 1) * BLOCK_N + offs_n, end, nrows)
         mbarrier.wait(ready_hi.index(1), phase)  # the producer fills the odd slot's hi half first
         sc = warpgroup_mma(q_hi.index(even), k_hi.index(odd).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope.index(even), k_rope.index(odd).permute((1, 0)), sc, is_async=True)
@@ -349,22 +334,23 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, 
         warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _signal(free_hi.index(0))
     acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    _epilogue(acc_t, m_i, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+    _epilogue(acc_t, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, s_l, o_l)
+              HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT, s_l, o_l)
 
 
 @gluon.jit
 def sparse_mla_decode_seesaw_kernel(
-    Q, KV, IDX, SINKS, TOPK_LEN, OUT, LSE, PART_OUT, PART_LSE,
-    sm_scale, num_heads, num_rows, topk, ids_per_split,
+    Q, KV, IDX, SINKS, TOPK_LEN, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE,
+    sm_scale, num_heads, num_rows, topk, ids_per_split, kv_block_size,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr,
     ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr, FP8_PRODUCER_REGS: gl.constexpr,
 ):
     """One CTA = (head block, id range, token). See the module docstring."""
     pid_h = gl.program_id(0)
@@ -406,10 +392,17 @@ def sparse_mla_decode_seesaw_kernel(
     bar_p_odd_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     bar_l_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     bar_l_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    mbarrier.init(q_ready, count=32 * 4)  # every producer thread arrives once its copies land
+    landed_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)  # fp8: raw bytes in a half
+    landed_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    # every producer thread arrives once its copies land; a decoded fp8 half is ready after one arrive
+    copiers: gl.constexpr = 32 * 4
+    ready_count: gl.constexpr = copiers if KV_FMT == KV_HALF else 1
+    mbarrier.init(q_ready, count=copiers)
     for s in gl.static_range(2):
-        mbarrier.init(ready_lo.index(s), count=32 * 4)
-        mbarrier.init(ready_hi.index(s), count=32 * 4)
+        mbarrier.init(ready_lo.index(s), count=ready_count)
+        mbarrier.init(ready_hi.index(s), count=ready_count)
+        mbarrier.init(landed_lo.index(s), count=copiers)
+        mbarrier.init(landed_hi.index(s), count=copiers)
         mbarrier.init(free_lo.index(s), count=1)  # one arrive from the consumer that reads the half last
         mbarrier.init(free_hi.index(s), count=1)
     mbarrier.init(bar_m_even, count=1)
@@ -419,63 +412,108 @@ def sparse_mla_decode_seesaw_kernel(
     mbarrier.init(bar_p_odd_free, count=1)
     mbarrier.init(bar_l_even, count=1)
     mbarrier.init(bar_l_odd, count=1)
-    gl.warp_specialize([
-        (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                          m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                          bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
-                          pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
-                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                          stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT)),
-        (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                         m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                         bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
-                         pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
-                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT)),
-        (_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi, free_lo,
-                     free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt,
-                     stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)),
-    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    if KV_FMT == KV_HALF:
+        gl.warp_specialize([
+            (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
+                             p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                             bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                             pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                             stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                             stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
+            (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
+                            p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                            bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                            pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                            stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                            stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
+            (_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi,
+                         free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows,
+                         stride_qt, stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
+                             p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                             bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                             pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                             stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                             stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
+            (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
+                            p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                            bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                            pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                            stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                            stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
+            (fp8_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo,
+                            landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end,
+                            num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
+                            BLOCK_H, BLOCK_N, HALF_V, D_ROPE, KV_FMT, ROW_BYTES)),
+        ], [4, 4], [CONSUMER_REGS, FP8_PRODUCER_REGS])
 
 
-def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple):
+#: ``KV_FMT`` of each KV dtype key the kernel reads (mla_sink.core.dtypes); the tuning table decides
+#: which calls come here.
+KV_FORMATS = {"bf16": KV_HALF.value, "fp16": KV_HALF.value, "fp8_e4m3": KV_E4M3.value,
+              "fp8_ds_mla": KV_DS_MLA.value}
+
+
+def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple,
+                       kv_dtype: str = "bf16"):
     """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_seesaw_kernel` launch on these
     tensors' metadata (the launchers' shared part: :func:`sparse_mla_decode_seesaw` and the prepared runner
     of :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name (fixed per call
-    signature); ``out_strides`` the ``(token, head)`` strides of ``out``."""
+    signature); ``out_strides`` the ``(token, head)`` strides of ``out``; ``kv_dtype`` the KV dtype key
+    (:data:`KV_FORMATS`). An fp8 cache is passed to the kernel as bytes (``kv_cache.view(torch.uint8)``):
+    its strides are in bytes, a paged V3.2 cache ``[blocks, block_size, 656]`` has ``block_size`` rows
+    per block stride."""
+    from mla_sink.core import kv_layout
+
     T, H, d_qk = q.shape
     topk = indices.shape[1]
     splits = num_kv_splits
     d_v = 2 * HALF_V
+    kv_fmt = KV_FORMATS[kv_dtype]
+    paged = kv_fmt == KV_DS_MLA.value and kv_cache.dim() == 3
+    num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
     scalars = dict(
-        num_heads=H, num_rows=min(kv_cache.shape[0], 2 ** 31), topk=topk, ids_per_split=ids_per_split,
+        num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=topk, ids_per_split=ids_per_split,
+        kv_block_size=kv_cache.shape[1] if paged else 1,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=kv_cache.stride(0), stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
     )
     constexprs = dict(BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
-                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
+                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, KV_FMT=kv_fmt,
+                      ROW_BYTES=kv_layout.ROW_BYTES if kv_fmt == KV_DS_MLA.value else d_qk,
+                      FP8_PRODUCER_REGS=FP8_PRODUCER_REGS)
     grid = (-(-H // HEAD_BLOCK), splits, T)
     return grid, scalars, constexprs, dict(num_warps=4)
 
 
 def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None,
-                             lse=None, num_kv_splits: int = 1, ids_per_split=None):
-    """Launch :func:`sparse_mla_decode_seesaw_kernel` (CUDA sm90 only; bf16 or fp16 q and KV of one dtype),
-    with the split-KV combine (:mod:`mla_sink.kernels.triton.combine`, which applies the sink once) when
-    ``num_kv_splits > 1``. Tests and benchmarks; the library launches through
-    :mod:`mla_sink.paths.triton.launch`.
+                             lse=None, num_kv_splits: int = 1, ids_per_split=None, kv_dtype: str = "bf16",
+                             kv_scale=None, combine_tile: tuple = (16, 128)):
+    """Launch :func:`sparse_mla_decode_seesaw_kernel` (CUDA sm90 only), with the split-KV combine
+    (:mod:`mla_sink.kernels.triton.combine`, which applies the sink once) when ``num_kv_splits > 1``.
+    Tests and benchmarks; the library launches through :mod:`mla_sink.paths.triton.launch`.
 
     Args:
-        q: ``[T, H, 576]`` CUDA tensor, innermost stride 1, head stride a multiple of 8 elements.
-        kv_cache: ``[N, 576]``, innermost stride 1, row stride a multiple of 8 elements.
+        q: ``[T, H, 576]`` bf16 or fp16 CUDA tensor, innermost stride 1, head stride a multiple of 8
+            elements.
+        kv_cache: by ``kv_dtype``: ``"bf16"`` / ``"fp16"``: ``[N, 576]`` of q's dtype, row stride a
+            multiple of 8 elements; ``"fp8_e4m3"``: ``[N, 576]`` float8_e4m3fn with ``kv_scale``;
+            ``"fp8_ds_mla"``: uint8 ``[N, 656]`` or ``[blocks, block_size, 656]`` V3.2 rows (bf16 q),
+            row / block strides multiples of 16 bytes. Innermost stride 1.
         indices: int32 ``[T, topk]``, innermost stride 1 (``-1`` / negative / ``>= N`` skipped).
         sinks: optional fp32 ``[H]`` natural-log sink logits. sm_scale: default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]`` (contiguous). out: optional ``[T, H, 512]`` buffer
             (innermost stride 1); lse: optional fp32 ``[T, H]`` contiguous buffer.
         num_kv_splits: programs per (token, head block), each over ``ids_per_split`` ids (default: topk
             split evenly, rounded up to a multiple of 128, the ids of one block pair).
+        kv_scale: fp32 ``[1]`` dequantisation scale of an ``"fp8_e4m3"`` cache.
+        combine_tile: ``(heads, value columns)`` of a combine program (the library takes it from its
+            tuning row; the default is the sm90 rows' tile).
 
     Returns:
         ``(out, lse)``: ``out [T, H, 512]`` (q's dtype) = sink-free output times ``sigmoid(lse - sink)``,
@@ -487,7 +525,7 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
     import torch
 
     from mla_sink.kernels.gluon import launch_buffers
-    from mla_sink.kernels.triton.combine import combine_jit
+    from mla_sink.kernels.triton.combine import combine_jit, combine_launch_args
 
     T, H, _ = q.shape
     topk = indices.shape[1]
@@ -498,9 +536,11 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
     if ids_per_split is None:
         ids_per_split = -(-(-(-max(topk, 1) // num_kv_splits)) // pair) * pair
     splits = num_kv_splits
-    grid, scalars, constexprs, options = seesaw_launch_args(q, kv_cache, indices, num_kv_splits=splits,
+    kv = kv_cache if KV_FORMATS[kv_dtype] == KV_HALF.value else kv_cache.view(torch.uint8)
+    grid, scalars, constexprs, options = seesaw_launch_args(q, kv, indices, num_kv_splits=splits,
                                                             ids_per_split=ids_per_split,
-                                                            out_strides=(out.stride(0), out.stride(1)))
+                                                            out_strides=(out.stride(0), out.stride(1)),
+                                                            kv_dtype=kv_dtype)
     constexprs.update(HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None)
     if splits > 1:
         part_out = torch.empty((T, splits, H, 2 * HALF_V), dtype=torch.float32, device=q.device)
@@ -508,15 +548,12 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
     else:
         part_out = part_lse = lse
     sparse_mla_decode_seesaw_kernel[grid](
-        q, kv_cache, indices, sinks if sinks is not None else lse,
+        q, kv, indices, sinks if sinks is not None else lse,
         topk_length if topk_length is not None else indices, out, lse, part_out, part_lse,
-        float(sm_scale), **scalars, **constexprs, **options)
+        kv_scale if kv_scale is not None else lse, float(sm_scale), **scalars, **constexprs, **options)
     if splits > 1:
-        cbh, cbd = 16, 128  # the sm90 tuning rows' combine tile
-        combine_jit[(-(-H // cbh), T, (2 * HALF_V) // cbd)](
-            part_out, part_lse, sinks if sinks is not None else lse, out, lse, H, splits,
-            scalars["stride_pt"], scalars["stride_ps"], scalars["stride_ph"], scalars["stride_plt"],
-            scalars["stride_pls"], out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
-            HAS_SINKS=sinks is not None, num_warps=4, num_stages=1)
+        cgrid, cconst, cstatic = combine_launch_args(T, H, splits, (out.stride(0), out.stride(1)), sinks is not None,
+                                                     *combine_tile)
+        combine_jit[cgrid](part_out, part_lse, sinks if sinks is not None else lse, out, lse, **cstatic, **cconst,
+                           num_warps=4, num_stages=1)
     return out, lse

@@ -58,3 +58,19 @@ def _sparse_mla_combine_kernel(
 
 
 combine_jit = triton.jit(_sparse_mla_combine_kernel)
+
+
+def combine_launch_args(T: int, H: int, splits: int, out_strides: tuple, has_sinks: bool, block_h: int,
+                        block_d: int) -> tuple:
+    """``(grid, constexprs, static)`` of a combine launch merging fp32 partials ``[T, splits, H, 512]``
+    (contiguous) and base-2 LSEs ``[T, splits, H]`` into ``out`` (``out_strides``: its token and head
+    strides) and a contiguous fp32 ``lse [T, H]``; ``block_h x block_d`` (heads x value columns, ``block_d``
+    dividing 512) is the tile of one program (a tuning table's ``combine_block_h`` / ``combine_block_d``).
+    The split count is padded to a power of two inside the kernel."""
+    d_v = 512
+    constexprs = dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
+                      HAS_SINKS=has_sinks)
+    static = dict(num_heads=H, num_splits=splits, stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v,
+                  stride_plt=splits * H, stride_pls=H, stride_ot=out_strides[0], stride_oh=out_strides[1],
+                  stride_lt=H, stride_lh=1)
+    return (-(-H // block_h), T, d_v // block_d), constexprs, static

@@ -35,6 +35,7 @@ from mla_sink.core.dtypes import DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, F
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer
+from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
 
 Result = tuple[torch.Tensor, torch.Tensor]
@@ -187,7 +188,7 @@ def _compiled(kernel: str, device_index: int, dtypes: tuple, grid: tuple, conste
 _PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE", "OUT", "LSE", "PART_OUT",
                      "PART_LSE", "sm_scale", "logit_cap")
 _COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
-_SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "sm_scale")
+_SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "KV_SCALE", "sm_scale")
 #: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
 #: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements.
 _STRIDE_ALIGN = 16
@@ -332,16 +333,10 @@ class InterpretedLaunch:
 
 def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple) -> tuple:
     """``(grid, constexprs, static)`` of the split-KV combine of a launch (fp32 partials
-    ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``)."""
+    ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``), its tile from the tuning row."""
     T, H, _ = x.q.shape
     cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
-    cbd = min(launch.combine_block_d, D_V)
-    constexprs = dict(BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
-                      HAS_SINKS=x.sinks is not None)
-    static = dict(num_heads=H, num_splits=splits, stride_pt=splits * H * D_V, stride_ps=H * D_V, stride_ph=D_V,
-                  stride_plt=splits * H, stride_pls=H, stride_ot=out_strides[0], stride_oh=out_strides[1],
-                  stride_lt=H, stride_lh=1)
-    return (-(-H // cbh), T, D_V // cbd), constexprs, static
+    return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V))
 
 
 def _combine_launch(launch, x: DecodeInputs, index: int, dtypes: tuple, splits: int, out_strides: tuple):
@@ -382,10 +377,13 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     T, H, _ = x.q.shape
     splits = launch.num_kv_splits
     split = splits > 1
+    kv_dtype = plan.spec.kv_dtype
+    kv_fp8 = kv_dtype in FP8_KEYS or kv_dtype in DS_MLA_KEYS  # read as bytes
+    ds = kv_dtype in DS_MLA_KEYS
     out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
-    grid, static, constexprs, options = seesaw_launch_args(x.q, x.kv_cache, x.indices, num_kv_splits=splits,
-                                                           ids_per_split=launch.ids_per_split,
-                                                           out_strides=out_strides)
+    grid, static, constexprs, options = seesaw_launch_args(
+        x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, num_kv_splits=splits,
+        ids_per_split=launch.ids_per_split, out_strides=out_strides, kv_dtype=kv_dtype)
     constexprs.update(HAS_SINKS=x.sinks is not None, HAS_TOPK_LEN=x.topk_length is not None)
     dtypes = tuple(None if t is None else t.dtype for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.out))
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -396,6 +394,8 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        if ds:
+            check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         topk_length = x.topk_length
         if topk_length is not None and topk_length.stride(0) != 1:
             topk_length = topk_length.contiguous()
@@ -414,8 +414,9 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
             part_out = part_lse = lse
         sinks = x.sinks if x.sinks is not None else lse
         try:
-            decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
-                   out, lse, part_out, part_lse, x.sm_scale)
+            decode(align, x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, sinks,
+                   topk_length if topk_length is not None else lse, out, lse, part_out, part_lse,
+                   x.kv_scale if x.kv_scale is not None else lse, x.sm_scale)
         except errors as e:
             return _fall_back(plan, "gluon_seesaw", e, x)
         if split:

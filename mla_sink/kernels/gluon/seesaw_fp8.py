@@ -1,0 +1,199 @@
+"""The fp8 producers of the seesaw kernel (:mod:`mla_sink.kernels.gluon.gluon_seesaw`): a loader warp and a
+converter warpgroup that fill the same two slots of half tiles, in q's dtype, from an fp8 KV cache.
+
+Two fp8 caches (``KV_FMT``), both read as bytes:
+
+* :data:`KV_E4M3`: ``[N, 576]`` e4m3fn rows with one per-tensor ``kv_scale``. e4m3 -> bf16 / fp16 is exact,
+  so the tiles hold the codes and the consumers fold ``kv_scale`` into the score scale and the output (no
+  multiply per value);
+* :data:`KV_DS_MLA`: the 656-byte V3.2 rows (``mla_sink.core.kv_layout``): 512 e4m3 latent values, four
+  float32 scales (one per 128 values), 64 bf16 RoPE values. Each value is decoded as ``e4m3 x scale`` in
+  fp32, the scale read as the float32 it is, then rounded once to bf16 (as the portable kernel does;
+  exact for power-of-two scales). Rows ``[N, 656]`` or pages ``[blocks, block_size, 656]`` with any block
+  stride: id ``i`` is at byte ``(i // block_size) * stride_kv + (i % block_size) * 656``.
+
+Why two roles. Decoding a block costs more issue slots than its MMAs (FlashMLA's notes: about 50 cycles
+per token against 34 at 64 heads), and a producer warpgroup with the 72 registers the two consumer
+warpgroups leave cannot keep enough bytes in flight in its registers. So the bytes travel by ``cp.async``
+(no registers): the loader warp copies each half block's raw bytes (16 KB of latent codes, the scales and
+RoPE) into the very half of the slot that will hold its decoded tile, the decoded tile being twice as
+large, and arrives on a ``landed`` mbarrier; the converter waits for it, reads all the raw bytes of the
+half into registers, synchronises (no thread writes before every thread has read), decodes, writes the
+tile in the wgmma layout and signals ``ready``. The loader runs ahead of the converter by as many halves
+as the consumers have freed. Masked (skipped) ids zero-fill: their codes and scales decode to 0 and the
+consumers give them weight 0.
+
+Source: FlashMLA's sm90 sparse fp8 decode (``csrc/sm90/decode/sparse_fp8/``, deepseek-ai/FlashMLA 9241ae3:
+dequantisation in a warpgroup of its own, 128-bit loads), read, not copied; the Gluon primitives of
+Triton's Gluon tutorials.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, mbarrier
+
+from mla_sink.kernels.gluon.gather import gather_q, pair_ids
+
+#: ``KV_FMT`` of a bf16 / fp16 cache (the seesaw kernel's own producer), a per-tensor e4m3fn cache and
+#: the 656-byte V3.2 rows.
+KV_HALF = gl.constexpr(0)
+KV_E4M3 = gl.constexpr(1)
+KV_DS_MLA = gl.constexpr(2)
+#: Byte layout of a V3.2 row (mla_sink.core.kv_layout): latent codes, then 4 float32 scales, then RoPE.
+DS_SCALES_AT = gl.constexpr(512)
+DS_ROPE_AT = gl.constexpr(528)
+#: Values per scale of a V3.2 row, so 2 tiles per half (256 columns).
+DS_TILE = gl.constexpr(128)
+#: Bytes of a per-tensor e4m3 row's latent codes: its RoPE codes follow.
+E4M3_ROPE_AT = gl.constexpr(512)
+
+
+@gluon.jit
+def _row_offsets(ids, kv_block_size, stride_kv, ROW_BYTES: gl.constexpr):
+    """Byte offsets (int64) of the rows ``ids``: page ``id // kv_block_size`` at ``stride_kv`` bytes,
+    ``ROW_BYTES`` per row inside it (``kv_block_size`` 1 for a flat cache, whose row stride is
+    ``stride_kv``). Skipped ids (``-1``) give an offset that is never read."""
+    i = gl.maximum(ids, 0).to(gl.int64)
+    return (i // kv_block_size) * stride_kv + (i % kv_block_size) * ROW_BYTES
+
+
+@gluon.jit
+def _raw_views(buf):
+    """Views of a ``[64, 256]`` slot half as the loader fills it: latent codes ``[64, 256]`` uint8 (first
+    16 KB), the two tile scales of each row ``[2, 64]`` float32 (tile-major, next 512 bytes) and, for an
+    e4m3 cache, the RoPE codes ``[64, 64]`` uint8 (same place: an e4m3 cache has no scales)."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    codes = buf._reinterpret(gl.uint8, [128, 256], flat).slice(0, 64)
+    scales = buf._reinterpret(gl.float32, [128, 64], flat).slice(64, 2)
+    rope = buf._reinterpret(gl.uint8, [512, 64], flat).slice(256, 64)
+    return codes, scales, rope
+
+
+@gluon.jit
+def _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed,
+               COL0: gl.constexpr, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
+    """Loader: cp.async the raw bytes of one half block (ids ``ids_smem[id0 .. id0 + 64]``, ``-1`` zero-fills):
+    latent codes ``COL0 .. COL0 + 256``, the rows' two scales of those columns (V3.2) and, for the half with
+    ``WITH_ROPE``, the RoPE (V3.2: bf16 straight into ``k_rope``; e4m3: codes beside the latent ones); then
+    one arrive per thread on ``landed`` when they land."""
+    codes_l: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # 16-byte copies
+    codes, scales, rope_codes = _raw_views(buf)
+    ids = ids_smem.slice(id0, 64).load(gl.SliceLayout(1, codes_l))
+    rows = KV + _row_offsets(ids, kv_block_size, stride_kv, ROW_BYTES)
+    cols = COL0 + gl.arange(0, 256, layout=gl.SliceLayout(0, codes_l))
+    async_copy.async_copy_global_to_shared(codes, rows[:, None] + cols[None, :], mask=(ids >= 0)[:, None])
+    if KV_FMT == KV_DS_MLA:
+        sc_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0])  # 4-byte copies
+        ids_s = ids_smem.slice(id0, 64).load(gl.SliceLayout(0, sc_l))
+        rows_s = KV + _row_offsets(ids_s, kv_block_size, stride_kv, ROW_BYTES) + DS_SCALES_AT + (COL0 // DS_TILE) * 4
+        tile = gl.arange(0, 2, layout=gl.SliceLayout(1, sc_l))
+        ptrs = (rows_s[None, :] + tile[:, None] * 4).to(gl.pointer_type(gl.float32), bitcast=True)
+        async_copy.async_copy_global_to_shared(scales, ptrs, mask=(ids_s >= 0)[None, :])
+        if WITH_ROPE:
+            rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+            ids_r = ids_smem.slice(id0, 64).load(gl.SliceLayout(1, rope_l))
+            rows_r = (KV + _row_offsets(ids_r, kv_block_size, stride_kv, ROW_BYTES) + DS_ROPE_AT).to(
+                gl.pointer_type(k_rope.dtype), bitcast=True)
+            cols_r = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_l))
+            async_copy.async_copy_global_to_shared(k_rope, rows_r[:, None] + cols_r[None, :],
+                                                   mask=(ids_r >= 0)[:, None])
+    elif WITH_ROPE:
+        rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        ids_r = ids_smem.slice(id0, 64).load(gl.SliceLayout(1, rope_l))
+        rows_r = KV + _row_offsets(ids_r, kv_block_size, stride_kv, ROW_BYTES) + E4M3_ROPE_AT
+        cols_r = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_l))
+        async_copy.async_copy_global_to_shared(rope_codes, rows_r[:, None] + cols_r[None, :],
+                                               mask=(ids_r >= 0)[:, None])
+    async_copy.mbarrier_arrive(landed, increment_count=False)
+
+
+@gluon.jit
+def _decode(codes, scale, KV_FMT: gl.constexpr, dtype: gl.constexpr):
+    """Codes (uint8 e4m3fn bits) -> ``dtype``: exactly (per-tensor cache), or times their float32 tile
+    ``scale`` per row in fp32 and rounded once (V3.2)."""
+    v = codes.to(gl.float8e4nv, bitcast=True).to(gl.float32)  # through f16: one cvt per pair of codes
+    if KV_FMT == KV_DS_MLA:
+        v = v * scale[:, None]
+    return v.to(dtype)
+
+
+@gluon.jit
+def _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr):
+    """Converter: wait for a half's raw bytes, read them all (and its scales), synchronise the warpgroup,
+    then write the decoded ``[64, 256]`` tile (and the decoded RoPE of an e4m3 cache) over them, make the
+    writes visible to wgmma and signal ``ready`` once."""
+    tile_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])  # [64, 128] codes, 16 B a lane
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
+    dtype: gl.constexpr = buf.dtype
+    codes, scales, rope_codes = _raw_views(buf)
+    mbarrier.wait(landed, phase)
+    c0 = codes.slice(0, DS_TILE, dim=1).load(tile_l)
+    c1 = codes.slice(DS_TILE, DS_TILE, dim=1).load(tile_l)
+    s0 = gl.full([64], 1.0, gl.float32, layout=gl.SliceLayout(1, tile_l))
+    s1 = s0
+    if KV_FMT == KV_DS_MLA:  # the same bytes as `scales`, one dimension: tile t of row r at 64 t + r
+        flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        scale_rows = buf._reinterpret(gl.float32, [128 * 64], flat1)
+        s0 = scale_rows.slice(64 * 64, 64).load(gl.SliceLayout(1, tile_l))
+        s1 = scale_rows.slice(65 * 64, 64).load(gl.SliceLayout(1, tile_l))
+    if WITH_ROPE and KV_FMT == KV_E4M3:
+        cr = rope_codes.load(rope_l)
+    gl.thread_barrier()  # every raw byte of the half is in registers before any tile value overwrites it
+    buf.slice(0, DS_TILE, dim=1).store(_decode(c0, s0, KV_FMT, dtype))
+    buf.slice(DS_TILE, DS_TILE, dim=1).store(_decode(c1, s1, KV_FMT, dtype))
+    if WITH_ROPE and KV_FMT == KV_E4M3:
+        k_rope.store(cr.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ready)
+
+
+@gluon.jit
+def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
+                 ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads,
+                 num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
+                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
+                 KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
+    """Worker partition (one warpgroup): q once, then each pair of blocks half by half, in the order the
+    consumers free the halves (even lo, odd hi, even hi, odd lo). A half's raw bytes are copied as soon as
+    the consumers free it; the half copied one step earlier is decoded right after, while they land (its
+    bytes are in flight for a whole step). The wait for a free half never waits on a half not yet
+    decoded: each half is freed by the consumers after reading only halves decoded two or more steps
+    before."""
+    half_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    gather_q(Q, q_lo, q_hi, q_rope, q_ready, pid_h, pid_t, num_heads, stride_qt, stride_qh,
+             BLOCK_H, HALF_V, D_ROPE, BLOCK_H, half_l, rope_l)
+    nrows = num_rows.to(gl.uint32)
+    ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    ids_next = pair_ids(IDX, idx_base, start, end, nrows, 2 * BLOCK_N, ids_l)
+    for j in range(num_pairs):
+        phase = j & 1
+        free_phase = phase ^ 1  # the first wait on a fresh 'free' barrier passes
+        gl.thread_barrier()  # every thread is done reading the previous pair's ids
+        ids_smem.store(ids_next)
+        gl.thread_barrier()
+        ids_next = pair_ids(IDX, idx_base, start + 2 * (j + 1) * BLOCK_N, end, nrows, 2 * BLOCK_N, ids_l)
+        mbarrier.wait(free_lo.index(0), free_phase)
+        _load_half(KV, k_lo.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size,
+                   landed_lo.index(0), 0, False, KV_FMT, ROW_BYTES)
+        if j > 0:  # the previous pair's odd lo half
+            _convert_half(k_lo.index(1), k_rope.index(1), landed_lo.index(1), ready_lo.index(1), free_phase,
+                          False, KV_FMT)
+        mbarrier.wait(free_hi.index(1), free_phase)
+        _load_half(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
+                   landed_hi.index(1), HALF_V, True, KV_FMT, ROW_BYTES)
+        _convert_half(k_lo.index(0), k_rope.index(0), landed_lo.index(0), ready_lo.index(0), phase, False, KV_FMT)
+        mbarrier.wait(free_hi.index(0), free_phase)
+        _load_half(KV, k_hi.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size,
+                   landed_hi.index(0), HALF_V, True, KV_FMT, ROW_BYTES)
+        _convert_half(k_hi.index(1), k_rope.index(1), landed_hi.index(1), ready_hi.index(1), phase, True, KV_FMT)
+        mbarrier.wait(free_lo.index(1), free_phase)
+        _load_half(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
+                   landed_lo.index(1), 0, False, KV_FMT, ROW_BYTES)
+        _convert_half(k_hi.index(0), k_rope.index(0), landed_hi.index(0), ready_hi.index(0), phase, True, KV_FMT)
+    if num_pairs > 0:
+        _convert_half(k_lo.index(1), k_rope.index(1), landed_lo.index(1), ready_lo.index(1), (num_pairs - 1) & 1,
+                      False, KV_FMT)
