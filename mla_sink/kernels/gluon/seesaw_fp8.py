@@ -1,5 +1,5 @@
-"""The fp8 producers of the seesaw kernel (:mod:`mla_sink.kernels.gluon.gluon_seesaw`): a loader warp and a
-converter warpgroup that fill the same two slots of half tiles, in q's dtype, from an fp8 KV cache.
+"""The fp8 producer of the seesaw kernel (:mod:`mla_sink.kernels.gluon.gluon_seesaw`): one warpgroup that
+fills the same two slots of half tiles, in q's dtype, from an fp8 KV cache.
 
 Two fp8 caches (``KV_FMT``), both read as bytes:
 
@@ -12,16 +12,15 @@ Two fp8 caches (``KV_FMT``), both read as bytes:
   exact for power-of-two scales). Rows ``[N, 656]`` or pages ``[blocks, block_size, 656]`` with any block
   stride: id ``i`` is at byte ``(i // block_size) * stride_kv + (i % block_size) * 656``.
 
-Why two roles. Decoding a block costs more issue slots than its MMAs (FlashMLA's notes: about 50 cycles
-per token against 34 at 64 heads), and a producer warpgroup with the 72 registers the two consumer
-warpgroups leave cannot keep enough bytes in flight in its registers. So the bytes travel by ``cp.async``
-(no registers): the loader warp copies each half block's raw bytes (16 KB of latent codes, the scales and
-RoPE) into the very half of the slot that will hold its decoded tile, the decoded tile being twice as
-large, and arrives on a ``landed`` mbarrier; the converter waits for it, reads all the raw bytes of the
-half into registers, synchronises (no thread writes before every thread has read), decodes, writes the
-tile in the wgmma layout and signals ``ready``. The loader runs ahead of the converter by as many halves
-as the consumers have freed. Masked (skipped) ids zero-fill: their codes and scales decode to 0 and the
-consumers give them weight 0.
+Why this way. Decoding a block costs more issue slots than its MMAs (FlashMLA's notes: about 50 cycles
+per token against 34 at 64 heads), and the producer has the 72 registers the two consumer warpgroups leave
+(a fourth warpgroup caps the kernel at 128 registers before ``setmaxnreg``, too few for the consumers'
+m64n256 wgmma), too few to keep a block's bytes in flight in registers. So the bytes travel by
+``cp.async`` (no registers) into the very half of the slot that will hold their decoded tile, which is
+twice as large, and an mbarrier (``landed``) says when they are there; the producer then reads all the raw
+bytes of the half into registers, synchronises its warpgroup (no thread writes before every thread has
+read), decodes, writes the tile in the wgmma layout and signals ``ready`` once. Masked (skipped) ids
+zero-fill: their codes and scales decode to 0 and the consumers give them weight 0.
 
 Source: FlashMLA's sm90 sparse fp8 decode (``csrc/sm90/decode/sparse_fp8/``, deepseek-ai/FlashMLA 9241ae3:
 dequantisation in a warpgroup of its own, 128-bit loads), read, not copied; the Gluon primitives of
@@ -151,17 +150,27 @@ def _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE: gl.constexpr, KV
 
 
 @gluon.jit
+def _fill(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed, ready, free, free_phase, phase,
+          COL0: gl.constexpr, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
+    """One half block: wait until the consumers free it, copy its raw bytes, decode them as soon as they
+    land, signal ``ready``."""
+    mbarrier.wait(free, free_phase)
+    _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed, COL0, WITH_ROPE, KV_FMT, ROW_BYTES)
+    _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE, KV_FMT)
+
+
+@gluon.jit
 def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
                  ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads,
                  num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
                  KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
     """Worker partition (one warpgroup): q once, then each pair of blocks half by half, in the order the
-    consumers free the halves (even lo, odd hi, even hi, odd lo). A half's raw bytes are copied as soon as
-    the consumers free it; the half copied one step earlier is decoded right after, while they land (its
-    bytes are in flight for a whole step). The wait for a free half never waits on a half not yet
-    decoded: each half is freed by the consumers after reading only halves decoded two or more steps
-    before."""
+    consumers free the halves (even lo, odd hi, even hi, odd lo). Each half's raw bytes are copied as
+    soon as the consumers free it and decoded as soon as they land, so no decode waits for a free half.
+    Measured against decoding one step behind (the next half's bytes in flight meanwhile, but each decode
+    then waits until the consumers free the next half): 501 vs 547 us at H=128, T=256 and 261 vs 283 at
+    H=64 (BENCHMARKS.md, 2026-12-01 third session)."""
     half_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     gather_q(Q, q_lo, q_hi, q_rope, q_ready, pid_h, pid_t, num_heads, stride_qt, stride_qh,
@@ -176,24 +185,11 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q
         ids_smem.store(ids_next)
         gl.thread_barrier()
         ids_next = pair_ids(IDX, idx_base, start + 2 * (j + 1) * BLOCK_N, end, nrows, 2 * BLOCK_N, ids_l)
-        mbarrier.wait(free_lo.index(0), free_phase)
-        _load_half(KV, k_lo.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size,
-                   landed_lo.index(0), 0, False, KV_FMT, ROW_BYTES)
-        if j > 0:  # the previous pair's odd lo half
-            _convert_half(k_lo.index(1), k_rope.index(1), landed_lo.index(1), ready_lo.index(1), free_phase,
-                          False, KV_FMT)
-        mbarrier.wait(free_hi.index(1), free_phase)
-        _load_half(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
-                   landed_hi.index(1), HALF_V, True, KV_FMT, ROW_BYTES)
-        _convert_half(k_lo.index(0), k_rope.index(0), landed_lo.index(0), ready_lo.index(0), phase, False, KV_FMT)
-        mbarrier.wait(free_hi.index(0), free_phase)
-        _load_half(KV, k_hi.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size,
-                   landed_hi.index(0), HALF_V, True, KV_FMT, ROW_BYTES)
-        _convert_half(k_hi.index(1), k_rope.index(1), landed_hi.index(1), ready_hi.index(1), phase, True, KV_FMT)
-        mbarrier.wait(free_lo.index(1), free_phase)
-        _load_half(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
-                   landed_lo.index(1), 0, False, KV_FMT, ROW_BYTES)
-        _convert_half(k_hi.index(0), k_rope.index(0), landed_hi.index(0), ready_hi.index(0), phase, True, KV_FMT)
-    if num_pairs > 0:
-        _convert_half(k_lo.index(1), k_rope.index(1), landed_lo.index(1), ready_lo.index(1), (num_pairs - 1) & 1,
-                      False, KV_FMT)
+        _fill(KV, k_lo.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_lo.index(0),
+              ready_lo.index(0), free_lo.index(0), free_phase, phase, 0, False, KV_FMT, ROW_BYTES)
+        _fill(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size, landed_hi.index(1),
+              ready_hi.index(1), free_hi.index(1), free_phase, phase, HALF_V, True, KV_FMT, ROW_BYTES)
+        _fill(KV, k_hi.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_hi.index(0),
+              ready_hi.index(0), free_hi.index(0), free_phase, phase, HALF_V, True, KV_FMT, ROW_BYTES)
+        _fill(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size, landed_lo.index(1),
+              ready_lo.index(1), free_lo.index(1), free_phase, phase, 0, False, KV_FMT, ROW_BYTES)
