@@ -25,7 +25,7 @@ pytestmark = [
                        reason="needs an sm90 GPU"),
 ]
 
-from test_gluon_gpu import adversarial_ids  # noqa: E402  (also registers the few-id budget)
+from test_gluon_gpu import adversarial_ids, adversarial_sinks  # noqa: E402  (also registers the few-id budget)
 from test_triton_gpu import check_budget  # noqa: E402
 
 D_QK, D_V = 576, 512
@@ -48,9 +48,7 @@ def test_adversarial(H, T, topk, q_dtype):
     kv_scale = torch.tensor([0.8], device="cuda")
     q = (torch.randn(T, H, D_QK, device="cuda", generator=g) * 3).to(q_dtype)
     idx = adversarial_ids(T, topk, N, g)
-    sinks = torch.randn(H, device="cuda", generator=g) * 3
-    special = [float("inf"), float("-inf"), 0.0, 20.0, 100.0]
-    sinks[: min(H, 5)] = torch.tensor(special[: min(H, 5)], device="cuda")
+    sinks = adversarial_sinks(H, g)
     key = "fp8_e4m3" if topk >= 2048 else "bf16_few_ids"
     for s in (sinks, None):
         o, l = fp8_kernel()(q, kv, idx, s, kv_scale=kv_scale)

@@ -62,6 +62,14 @@ def adversarial_ids(T, topk, N, g):
     return idx
 
 
+def adversarial_sinks(H, g):
+    """fp32 ``[H]`` sinks, random (std 3) but for the first heads: ``+inf, -inf, 0, 20, 100``."""
+    sinks = torch.randn(H, device="cuda", generator=g) * 3
+    special = [float("inf"), float("-inf"), 0.0, 20.0, 100.0]
+    sinks[: min(H, 5)] = torch.tensor(special[: min(H, 5)], device="cuda")
+    return sinks
+
+
 @pytest.mark.parametrize("splits", SPLITS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("H,T,topk", [(128, 3, 2048), (64, 2, 1000), (100, 2, 37), (1, 1, 64), (128, 2, 0),
@@ -73,9 +81,7 @@ def test_adversarial(H, T, topk, dtype, splits):
     kv[3] = float("nan")
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(dtype)
     idx = adversarial_ids(T, topk, N, g)
-    sinks = torch.randn(H, device="cuda", generator=g) * 3
-    special = [float("inf"), float("-inf"), 0.0, 20.0, 100.0]
-    sinks[: min(H, 5)] = torch.tensor(special[: min(H, 5)], device="cuda")
+    sinks = adversarial_sinks(H, g)
     key = "bf16" if dtype == torch.bfloat16 else "fp16"
     if key == "bf16" and topk < 256:
         key = "bf16_few_ids"
@@ -120,9 +126,7 @@ def test_adversarial_fp8(H, T, topk, kv_dtype, splits):
     cache, kv_scale = fp8_cache(kv_dtype, N, g)
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = adversarial_ids(T, topk, N, g)
-    sinks = torch.randn(H, device="cuda", generator=g) * 3
-    special = [float("inf"), float("-inf"), 0.0, 20.0, 100.0]
-    sinks[: min(H, 5)] = torch.tensor(special[: min(H, 5)], device="cuda")
+    sinks = adversarial_sinks(H, g)
     key = "bf16" if topk >= 256 else "bf16_few_ids"
     for s in (sinks, None):
         o, l = gluon(splits)(q, cache, idx, s, kv_dtype=kv_dtype, kv_scale=kv_scale)

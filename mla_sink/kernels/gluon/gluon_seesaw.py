@@ -66,13 +66,11 @@ HALF_V = 256
 #: T=256: Triton separates calls into one buffer by a barrier).
 GATHER_ROWS = 64
 #: Registers per thread of the two worker partitions: consumer 1 (as many as consumer 0 gets) and the
-#: producer (addresses and masks only). 12 warps share 64K registers.
+#: producer (bf16 / fp16: addresses and masks only; fp8: also a half block's codes, 16 KB, on their way
+#: through, and no more to take: more would come from the default consumer, whose wgmma then serialise,
+#: ptxas C7515). 12 warps share 64K registers.
 CONSUMER_REGS = 216
 PRODUCER_REGS = 72
-#: With an fp8 cache the producer also decodes (a half block's codes, 16 KB, pass through its registers):
-#: as many registers as the bf16 producer (more would come from the default consumer, whose wgmma then
-#: serialise: ptxas C7515).
-FP8_PRODUCER_REGS = 72
 
 
 @gluon.jit
@@ -126,6 +124,26 @@ def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_re
         mbarrier.wait(free_lo.index(1), phase)
         _gather_cols(KV, k_lo.index(1), ids_smem, BLOCK_N, stride_kv, 0, BLOCK_N, HALF_V, ROWS, half_l)
         async_copy.mbarrier_arrive(ready_lo.index(1), increment_count=False)
+
+
+@gluon.jit
+def _any_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
+                  ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads,
+                  num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
+                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
+                  ROWS: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
+    """The producer partition of the cache's format: :func:`_producer` (bf16 / fp16 rows by cp.async
+    straight into the slots) or :func:`~mla_sink.kernels.gluon.seesaw_fp8.fp8_producer` (fp8 bytes decoded
+    in the slots)."""
+    if KV_FMT == KV_HALF:
+        _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi,
+                  free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows,
+                  stride_qt, stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)
+    else:
+        fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
+                     ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
+                     num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
+                     BLOCK_H, BLOCK_N, HALF_V, D_ROPE, KV_FMT, ROW_BYTES)
 
 
 @gluon.jit
@@ -350,7 +368,7 @@ def sparse_mla_decode_seesaw_kernel(
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr,
     ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr, FP8_PRODUCER_REGS: gl.constexpr,
+    KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr,
 ):
     """One CTA = (head block, id range, token). See the module docstring."""
     pid_h = gl.program_id(0)
@@ -412,43 +430,24 @@ def sparse_mla_decode_seesaw_kernel(
     mbarrier.init(bar_p_odd_free, count=1)
     mbarrier.init(bar_l_even, count=1)
     mbarrier.init(bar_l_odd, count=1)
-    if KV_FMT == KV_HALF:
-        gl.warp_specialize([
-            (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
-                             p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                             bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
-                             pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
-                             stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                             stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
-            (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
-                            p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                            bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
-                            pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
-                            stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                            stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
-            (_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi,
-                         free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows,
-                         stride_qt, stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)),
-        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
-                             p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                             bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
-                             pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
-                             stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                             stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
-            (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
-                            p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                            bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
-                            pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
-                            stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                            stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
-            (fp8_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo,
-                            landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end,
-                            num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
-                            BLOCK_H, BLOCK_N, HALF_V, D_ROPE, KV_FMT, ROW_BYTES)),
-        ], [4, 4], [CONSUMER_REGS, FP8_PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
+                         p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                         bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                         pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                         stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
+        (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
+                        p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                        bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                        pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
+                        stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                        stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
+        (_any_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
+                         ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
+                         num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
+                         BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS, KV_FMT, ROW_BYTES)),
+    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 #: ``KV_FMT`` of each KV dtype key the kernel reads (mla_sink.core.dtypes); the tuning table decides
@@ -485,8 +484,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     constexprs = dict(BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, KV_FMT=kv_fmt,
-                      ROW_BYTES=kv_layout.ROW_BYTES if kv_fmt == KV_DS_MLA.value else d_qk,
-                      FP8_PRODUCER_REGS=FP8_PRODUCER_REGS)
+                      ROW_BYTES=kv_layout.ROW_BYTES if kv_fmt == KV_DS_MLA.value else d_qk)
     grid = (-(-H // HEAD_BLOCK), splits, T)
     return grid, scalars, constexprs, dict(num_warps=4)
 

@@ -33,6 +33,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, mbarrier
 
+from mla_sink.core import kv_layout
 from mla_sink.kernels.gluon.gather import gather_q, pair_ids
 
 #: ``KV_FMT`` of a bf16 / fp16 cache (the seesaw kernel's own producer), a per-tensor e4m3fn cache and
@@ -41,12 +42,12 @@ KV_HALF = gl.constexpr(0)
 KV_E4M3 = gl.constexpr(1)
 KV_DS_MLA = gl.constexpr(2)
 #: Byte layout of a V3.2 row (mla_sink.core.kv_layout): latent codes, then 4 float32 scales, then RoPE.
-DS_SCALES_AT = gl.constexpr(512)
-DS_ROPE_AT = gl.constexpr(528)
+DS_SCALES_AT = gl.constexpr(kv_layout.SCALE_OFFSET)
+DS_ROPE_AT = gl.constexpr(kv_layout.ROPE_OFFSET)
 #: Values per scale of a V3.2 row, so 2 tiles per half (256 columns).
-DS_TILE = gl.constexpr(128)
-#: Bytes of a per-tensor e4m3 row's latent codes: its RoPE codes follow.
-E4M3_ROPE_AT = gl.constexpr(512)
+DS_TILE = gl.constexpr(kv_layout.TILE)
+#: Bytes of a per-tensor e4m3 row's latent codes (one byte per latent value): its RoPE codes follow.
+E4M3_ROPE_AT = gl.constexpr(kv_layout.D_NOPE)
 
 
 @gluon.jit
