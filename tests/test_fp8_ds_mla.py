@@ -310,6 +310,45 @@ def test_kernel_against_float64(scale, q_dtype, split):
 
 
 @interp
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_gated_recompute_touches_only_flagged_tokens(split):
+    """The portable kernel (and the combine) gated on the seesaw's per-program flags, as the sm90 launcher
+    runs them after the seesaw (mla_sink.paths.triton.launch): flagged tokens (any nonzero word of their
+    row) get the exact result, the others keep what the buffers held."""
+    import attrs
+
+    from mla_sink.core.inputs import DecodeInputs
+    from mla_sink.core.reference import sparse_mla_decode_reference
+    from mla_sink.paths.triton.launch import _portable_runner, triton_plan_for
+    from mla_sink.paths.triton.plan import portable_launch
+
+    case = make_case(T=5, H=6, topk=48, seed=9, scale="amax", sinks="mixed")
+    q, cache, idx, sinks = case["q"], case["kv_cache"], case["indices"], case["sinks"]
+    T, H, _ = q.shape
+    kw = SPLIT if split else UNSPLIT
+    plan = triton_plan_for(q, cache, idx, sinks=sinks, num_kv_splits=kw["num_kv_splits"])
+    launch = portable_launch(kw["config"], num_heads=H, num_tokens=T, topk=idx.shape[1], num_sms=1,
+                             num_kv_splits=kw["num_kv_splits"])
+    plan = attrs.evolve(plan, num_tokens=T, launch=launch)
+    x = DecodeInputs(q=q, kv_cache=cache, indices=idx, sm_scale=SM_SCALE, sinks=sinks)
+    gate_n = 3  # e.g. 3 programs per token of the seesaw (head blocks x splits)
+    run = _portable_runner(plan, launch, x, q.dtype, q.device, gate_n=gate_n)
+    flags = torch.zeros(T, gate_n, dtype=torch.int32)
+    flags[1, 2] = 1
+    flags[3, 0] = 1
+    flags[4, 1] = 5  # any nonzero word
+    out = torch.full((T, H, D_V), 7.0, dtype=q.dtype)
+    lse = torch.full((T, H), 3.0)
+    o, l = run(x, lse, out=out, gate=flags)
+    assert o.data_ptr() == out.data_ptr() and l.data_ptr() == lse.data_ptr()
+    ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, SM_SCALE)
+    redo = [1, 3, 4]
+    check(o[redo], l[redo], ro[redo], rl[redo])
+    keep = [0, 2]
+    assert (o[keep] == 7.0).all() and (l[keep] == 3.0).all()
+
+
+@interp
 @pytest.mark.parametrize("H", [1, 5, 24])
 def test_kernel_odd_heads_and_default_tiles(H):
     case = make_case(T=3, H=H, topk=40, seed=2)
@@ -409,7 +448,7 @@ def test_scale_is_read_as_float32_exactly():
 
 
 
-# ---- plans: the portable kernel, never a Gluon row --------------------------------------------------
+# ---- plans: the seesaw at 64-head blocks with bf16 q (the portable kernel recomputes what it flags) ----
 
 @pytest.mark.parametrize("H", [1, 16, 17, 32, 33, 64, 128])
 @pytest.mark.parametrize("T", [1, 2, 64, 256])
@@ -419,11 +458,17 @@ def test_sm90_plans(H, T):
     for q in ("bf16", "fp16"):
         launch = plan_triton_launch(arch="sm90", q_dtype=q, kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
                                     topk=2048, logit_cap=0.0, gluon=True, num_sms=132)
-        # the portable kernel's scores are exact for every float32 scale; the seesaw's fp8 producer rounds
-        # each decoded value to bf16 (exact for power-of-two scales only), so no Gluon row takes this layout
-        assert launch.kernel == "portable" and launch.tuning_row.startswith("sm90_ds_mla"), launch
-        assert launch.fp8_f16 is False
+        if q == "bf16" and H > 32:
+            # the seesaw decodes into bf16: exact for power-of-two scales, and it flags tokens with others
+            assert launch.kernel == "gluon_seesaw" and launch.kernel_row == "sm90_ds_mla_gluon_seesaw", launch
+            assert launch.tuning_row == "sm90_ds_mla"  # the tiles and split policy of the recompute
+        else:  # fp16 tiles cannot hold e4m3 x 2^k exactly for FlashMLA's scales; H <= 32: 16/32-head blocks
+            assert launch.kernel == "portable" and launch.tuning_row.startswith("sm90_ds_mla"), launch
+        assert launch.fp8_f16 is False  # the split policy and the tiles of the gated recompute
         assert launch.num_kv_splits >= 1
+        no_gluon = plan_triton_launch(arch="sm90", q_dtype=q, kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
+                                      topk=2048, logit_cap=0.0, gluon=False, num_sms=132)
+        assert no_gluon.kernel == "portable"
     capped = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
                                 topk=2048, logit_cap=30.0, gluon=True, num_sms=132)
     assert capped.kernel == "portable"  # no soft cap in the Gluon kernels
@@ -638,7 +683,8 @@ def test_cli_explain_info_and_demo(capsys):
                  "--tokens", "256", "--sms", "132"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "bf16+kv_fp8_ds_mla-h128-sm90-sinks-dcp1"
-    assert "→ triton   (row triton_portable)" in out and "kernel portable" in out and "row sm90_ds_mla " in out
+    assert "→ triton   (row triton_portable)" in out and "kernel gluon_seesaw" in out and "row sm90_ds_mla " in out
+    assert "kernel: row sm90_ds_mla_gluon_seesaw" in out and "recomputes exactly the flagged tokens" in out
     assert "kv_dtype=fp8_ds_mla, needs" in out
     assert main(["explain", "--arch", "gfx950", "--aiter", "0.1.20", "--kv-dtype", "fp8_ds_mla", "--heads", "64",
                  "--sinks", "--json"]) == 0

@@ -1,5 +1,8 @@
-"""The 656-byte FP8 V3.2 KV layout (``fp8_ds_mla``) on a CUDA GPU: the portable Triton kernel against the
-float64 reference (computed on the GPU) at real shapes.
+"""The 656-byte FP8 V3.2 KV layout (``fp8_ds_mla``) on a CUDA GPU: the library's kernels against the float64
+reference (computed on the GPU) at real shapes. On sm90 with bf16 q above 32 heads the seesaw kernel
+serves the tokens whose scales decode exactly into bf16 (power-of-two scales) and flags the others, which
+the gated portable kernel recomputes; the ``amax`` pools exercise the second route, the ``pow2`` pools the
+first, and :func:`test_seesaw_flags_exactly_the_tokens_with_other_scales` both in one call.
 
 FlashMLA's method (tests/test_flash_mla_sparse_decoding.py): every row no valid id references is NaN (the
 pool is filled with 0xFF bytes: NaN e4m3 codes, NaN float32 scales, NaN bf16 RoPE) and only the rows the
@@ -117,7 +120,10 @@ def test_against_float64(big_pools, H, T, scale, q_dtype):
     idx = _ids(T, 2048, rows, g, N_BIG)
     sinks = _sinks(H, g)
     plan = triton_plan_for(q, pool, idx, sinks=sinks)
-    assert plan.launch.kernel == "portable" and plan.launch.tuning_row.startswith("sm90_ds_mla"), plan.launch
+    assert plan.launch.tuning_row.startswith("sm90_ds_mla"), plan.launch
+    if torch.cuda.get_device_capability() == (9, 0) and plan.platform.gluon:
+        seesaw = q_dtype == torch.bfloat16 and H > 32  # tables/triton_tuning.yaml sm90_ds_mla_gluon_seesaw
+        assert plan.launch.kernel == ("gluon_seesaw" if seesaw else "portable"), plan.launch
     o, l = sparse_mla_decode_triton(q, pool, idx, sinks, SM_SCALE)
     ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE)
     check_budget(o, l, ro, rl)
@@ -254,3 +260,51 @@ def test_equals_flash_mla_decode_on_the_same_bytes(H):
     fin = torch.isfinite(rl)
     assert torch.equal(torch.isfinite(fl), fin)
     assert (l - fl).abs()[fin].max().item() <= 2 * LSE_BUDGET[0] + 2 * LSE_BUDGET[1] * rl[fin].abs().max().item()
+
+
+def _set_scale(pool, row, tile, value):
+    """Write one float32 tile scale of a V3.2 row (its codes unchanged: the decoded values change with it)."""
+    pool[row, 512 + 4 * tile: 516 + 4 * tile] = torch.tensor([value], dtype=torch.float32).view(torch.uint8).cuda()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the seesaw kernel is sm90 only")
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("H", [64, 128])
+def test_seesaw_flags_exactly_the_tokens_with_other_scales(H, splits):
+    """A pow2 cache with a few rows whose scale the seesaw cannot decode exactly into bf16: a non-power of
+    two (1.5 x 2^-7, as an amax writer gives), a power of two below the range (2^-120) and one above it
+    (2^120, with small codes so that the values stay finite). Tokens that reference one of them are flagged by the seesaw
+    (``redo``) and recomputed; a zero scale and in-range powers of two are not flagged. Every token's
+    result is within the budget of the float64 reference."""
+    from mla_sink.kernels.gluon.gluon_seesaw import HEAD_BLOCK, sparse_mla_decode_seesaw
+
+    g = torch.Generator(device="cuda").manual_seed(17 + H + splits)
+    N, T, topk = 4096, 8, 2048
+    cache = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="pow2")
+    odd = {10: (1, 1.5 * 2.0 ** -7), 20: (3, 2.0 ** -120), 30: (0, 2.0 ** 120)}  # row: (tile, scale)
+    for row, (tile, value) in odd.items():
+        _set_scale(cache, row, tile, value)
+    cache[30, :128] = 0x08  # e4m3 2^-6 x 1.0: times 2^120 stays far below the float32 / bf16 max
+    _set_scale(cache, 40, 2, 0.0)  # a zero scale: exact (all zeros)
+    _set_scale(cache, 50, 1, 2.0 ** 119)  # the top of the range: exact (codes up to 448 stay below bf16 max)
+    cache[50, 128:256] = 0x08
+    idx = torch.randint(60, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
+    idx[:, 3::101] = -1
+    where = {0: 10, 2: 20, 3: 30, 5: 40, 6: 50}  # token: the special row it references
+    for t, row in where.items():
+        idx[t, (t * 389) % topk] = row
+    idx[7, 1500:] = 10  # past topk_length: never read
+    topk_length = torch.full((T,), topk, dtype=torch.int32, device="cuda")
+    topk_length[7] = 1500
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    sinks = _sinks(H, g)
+    redo = torch.full((T, -(-H // HEAD_BLOCK) * splits), -7, dtype=torch.int32, device="cuda")
+    sparse_mla_decode_seesaw(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length, num_kv_splits=splits,
+                             kv_dtype="fp8_ds_mla", redo=redo)
+    flagged = (redo != 0).any(dim=1).tolist()
+    assert ((redo == 0) | (redo == 1)).all(), redo  # every program wrote its word
+    assert flagged == [t in (0, 2, 3) for t in range(T)], redo
+    o, l = sparse_mla_decode(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length, return_lse=True)
+    ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length)
+    check_budget(o, l, ro, rl)

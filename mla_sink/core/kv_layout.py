@@ -52,6 +52,14 @@ MIN_SCALE = 2.0 ** -126
 #: the scale of an all-zero tile (any scale decodes it to zeros; 1.0 is the neutral choice)
 ZERO_TILE_SCALE = 1.0
 SCALE_CONVENTIONS = ("pow2", "amax")
+#: Power-of-two scales ``2^k`` with ``k`` in this range decode exactly into bf16: every e4m3fn value is a
+#: multiple of 2^-9 with at most 4 significant bits and magnitude at most 448 < 2^9, so ``code x 2^k`` is 0
+#: or a normal bf16 (and fp32) number when ``2^-9 x 2^k >= 2^-126`` (k >= -117) and ``448 x 2^k`` stays below
+#: the largest bf16, about 3.39e38 (k <= 119). A zero scale decodes every code to 0, exactly too.
+#: FlashMLA's quantiser writes scales in ``[2^-13, ...]``; vLLM's ``amax / 448`` scales are almost never
+#: powers of two. The sm90 seesaw kernel decodes tiles in bf16 and serves a token only while every scale
+#: it reads is such a scale (``mla_sink.kernels.gluon.seesaw_fp8``).
+BF16_EXACT_SCALE_EXP = (-117, 119)
 _KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

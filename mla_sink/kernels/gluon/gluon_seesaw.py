@@ -54,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mla_sink.kernels.gluon.gather import gather_q, ids_ok, pair_ids
 from mla_sink.kernels.gluon.math import LOG2E, sink_scale
-from mla_sink.kernels.gluon.seesaw_fp8 import KV_DS_MLA, KV_E4M3, KV_HALF, fp8_producer
+from mla_sink.kernels.gluon.seesaw_fp8 import KV_DS_MLA, KV_E4M3, KV_HALF, fp8_producer, stop_flag
 
 #: Heads of one CTA: the wgmma M of the score and output tiles (one warpgroup: 4 warps x 16 rows).
 HEAD_BLOCK = 64
@@ -127,9 +127,9 @@ def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_re
 
 
 @gluon.jit
-def _any_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
-                  ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads,
-                  num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
+def _any_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready, landed_lo,
+                  landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
+                  num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
                   ROWS: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
     """The producer partition of the cache's format: :func:`_producer` (bf16 / fp16 rows by cp.async
@@ -140,8 +140,8 @@ def _any_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, 
                   free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows,
                   stride_qt, stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)
     else:
-        fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
-                     ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
+        fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready, landed_lo,
+                     landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
                      num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                      BLOCK_H, BLOCK_N, HALF_V, D_ROPE, KV_FMT, ROW_BYTES)
 
@@ -160,6 +160,17 @@ def _signal(bar):
     """Every thread of this warpgroup is past this point (its shared-memory writes visible): one arrive."""
     gl.thread_barrier()
     mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _go_on(j, num_pairs, redo_smem, KV_FMT: gl.constexpr):
+    """Whether a consumer goes on to pair ``j``: one is left and, for V3.2 rows, the producer has not
+    stopped (:func:`~mla_sink.kernels.gluon.seesaw_fp8.stop_flag`; read after the pair's last half was
+    awaited, and before the half that the producer's next publication waits for is freed)."""
+    go = j < num_pairs
+    if KV_FMT == KV_DS_MLA:
+        go = go & (stop_flag(redo_smem) == 0)
+    return go
 
 
 @gluon.jit
@@ -227,7 +238,7 @@ def _epilogue(acc, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_t
 
 @gluon.jit
 def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                   m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                   redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                    bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                    pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -248,7 +259,9 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
     acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=o_l))
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
     mbarrier.wait(q_ready, 0)
-    for j in range(num_pairs):
+    j = num_pairs * 0
+    go = num_pairs > 0
+    while go:
         phase = j & 1
         even = _opaque_zero(j)
         odd = even + 1
@@ -287,6 +300,8 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         m_i = m_odd_new
         mbarrier.wait(bar_p_odd, phase)
         acc = warpgroup_mma(p_odd, k_lo.index(odd), acc_t, is_async=True)
+        j += 1
+        go = _go_on(j, num_pairs, redo_smem, KV_FMT)
     acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     _epilogue(acc_t, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
@@ -295,14 +310,15 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
 
 
 @gluon.jit
-def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                  m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
+                  redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                   bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                   pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                   stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
-    """Worker partition, consumer 1: the odd blocks' scores and the value columns 256-511; writes the LSE."""
+    """Worker partition, consumer 1: the odd blocks' scores and the value columns 256-511; writes the LSE
+    and, for V3.2 rows, the CTA's flag at ``redo_ptr`` (1: stopped at an inexact scale; 0 otherwise)."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
@@ -317,7 +333,9 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi
     acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=o_l))
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
     mbarrier.wait(q_ready, 0)
-    for j in range(num_pairs):
+    j = num_pairs * 0
+    go = num_pairs > 0
+    while go:
         phase = j & 1
         even = _opaque_zero(j)
         odd = even + 1
@@ -349,8 +367,12 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi
         acc = warpgroup_mma(k_rope.index(even), k_hi.index(even), acc, is_async=True)  # P0, rescaled to m1
         warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         _signal(free_hi.index(1))  # this block's own P V is done: its slot half is refilled first
+        j += 1
+        go = _go_on(j, num_pairs, redo_smem, KV_FMT)  # before freeing the half the next publication needs
         warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _signal(free_hi.index(0))
+    if KV_FMT == KV_DS_MLA:  # the producer's last publication (none without pairs: its word is then unread)
+        gl.store(redo_ptr, gl.where(num_pairs > 0, stop_flag(redo_smem), 0))
     acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     _epilogue(acc_t, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
@@ -360,7 +382,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi
 
 @gluon.jit
 def sparse_mla_decode_seesaw_kernel(
-    Q, KV, IDX, SINKS, TOPK_LEN, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE,
+    Q, KV, IDX, SINKS, TOPK_LEN, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, REDO,
     sm_scale, num_heads, num_rows, topk, ids_per_split, kv_block_size,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
@@ -397,6 +419,10 @@ def sparse_mla_decode_seesaw_kernel(
     l_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
     l_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
     ids_smem = gl.allocate_shared_memory(gl.int32, [2 * BLOCK_N], vec_sl)  # the producer's ids of a pair
+    flag_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    redo_smem = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], flag_sl)  # V3.2: the producer's scale flags
+    # V3.2: this CTA's flag in REDO [T, programs per token] (seesaw_fp8.fp8_producer)
+    redo_ptr = REDO + pid_t * (gl.num_programs(0) * gl.num_programs(1)) + pid_h * gl.num_programs(1) + pid_s
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
@@ -432,20 +458,20 @@ def sparse_mla_decode_seesaw_kernel(
     mbarrier.init(bar_l_odd, count=1)
     gl.warp_specialize([
         (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
-                         p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+                         p_odd, redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                          bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                          pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
-        (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
-                        p_odd, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+        (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
+                        p_odd, redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                         bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
                         pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                         stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
-        (_any_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
-                         ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
-                         num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
+        (_any_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready,
+                         landed_lo, landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start,
+                         end, num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                          BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS, KV_FMT, ROW_BYTES)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -491,7 +517,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
 
 def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None,
                              lse=None, num_kv_splits: int = 1, ids_per_split=None, kv_dtype: str = "bf16",
-                             kv_scale=None, combine_tile: tuple = (16, 128)):
+                             kv_scale=None, combine_tile: tuple = (16, 128), redo=None):
     """Launch :func:`sparse_mla_decode_seesaw_kernel` (CUDA sm90 only), with the split-KV combine
     (:mod:`mla_sink.kernels.triton.combine`, which applies the sink once) when ``num_kv_splits > 1``.
     Tests and benchmarks; the library launches through :mod:`mla_sink.paths.triton.launch`.
@@ -512,6 +538,11 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
         kv_scale: fp32 ``[1]`` dequantisation scale of an ``"fp8_e4m3"`` cache.
         combine_tile: ``(heads, value columns)`` of a combine program (the library takes it from its
             tuning row; the default is the sm90 rows' tile).
+        redo: ``"fp8_ds_mla"`` only: optional int32 ``[T, ceil(H / 64) * num_kv_splits]`` contiguous buffer
+            for the per-program flags (1: a row of the program's ids has a scale that does not decode exactly
+            into bf16, and the program stopped early; its token's ``out`` / ``lse`` are then not the
+            result, and :mod:`mla_sink.paths.triton.launch` recomputes such tokens with the portable
+            kernel). Allocated here when not given.
 
     Returns:
         ``(out, lse)``: ``out [T, H, 512]`` (q's dtype) = sink-free output times ``sigmoid(lse - sink)``,
@@ -545,13 +576,16 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
         part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = lse
+    if redo is None and KV_FORMATS[kv_dtype] == KV_DS_MLA.value:
+        redo = torch.empty((T, grid[0] * grid[1]), dtype=torch.int32, device=q.device)
     sparse_mla_decode_seesaw_kernel[grid](
         q, kv, indices, sinks if sinks is not None else lse,
         topk_length if topk_length is not None else indices, out, lse, part_out, part_lse,
-        kv_scale if kv_scale is not None else lse, float(sm_scale), **scalars, **constexprs, **options)
+        kv_scale if kv_scale is not None else lse, redo if redo is not None else lse, float(sm_scale),
+        **scalars, **constexprs, **options)
     if splits > 1:
         cgrid, cconst, cstatic = combine_launch_args(T, H, splits, (out.stride(0), out.stride(1)), sinks is not None,
                                                      *combine_tile)
-        combine_jit[cgrid](part_out, part_lse, sinks if sinks is not None else lse, out, lse, **cstatic, **cconst,
+        combine_jit[cgrid](part_out, part_lse, sinks if sinks is not None else lse, out, lse, lse, **cstatic, **cconst,
                            num_warps=4, num_stages=1)
     return out, lse

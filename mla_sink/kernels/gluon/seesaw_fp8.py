@@ -48,6 +48,16 @@ DS_ROPE_AT = gl.constexpr(kv_layout.ROPE_OFFSET)
 DS_TILE = gl.constexpr(kv_layout.TILE)
 #: Bytes of a per-tensor e4m3 row's latent codes (one byte per latent value): its RoPE codes follow.
 E4M3_ROPE_AT = gl.constexpr(kv_layout.D_NOPE)
+#: Biased float32 exponent fields of the power-of-two V3.2 scales whose tiles decode exactly into bf16
+#: (``mla_sink.core.kv_layout.BF16_EXACT_SCALE_EXP``; float32 bias 127).
+DS_EXACT_EXP_LO = gl.constexpr(kv_layout.BF16_EXACT_SCALE_EXP[0] + 127)
+DS_EXACT_EXP_HI = gl.constexpr(kv_layout.BF16_EXACT_SCALE_EXP[1] + 127)
+#: Layout of a half tile's codes as the converter reads them: [64, 128] codes, 16 bytes a lane.
+TILE_L = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
+#: The one published stop flag, held by every thread (a uniform decision without a reduction).
+ONE_L = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
+#: The ``[2, 64]`` scales of a half (tile-major), one per thread of the warpgroup, and their flags.
+FLAG_L = gl.constexpr(gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0]))
 
 
 @gluon.jit
@@ -120,17 +130,45 @@ def _decode(codes, scale, KV_FMT: gl.constexpr, dtype: gl.constexpr):
 
 
 @gluon.jit
-def _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr):
+def _inexact(scale):
+    """1 where a V3.2 tile scale (float32, per row) would not decode its tile exactly into bf16 (not 0 and
+    not a power of two in ``BF16_EXACT_SCALE_EXP``; inf and NaN included), else 0. Skipped ids zero-fill
+    their scales: 0, exact."""
+    bits = scale.to(gl.int32, bitcast=True) & 0x7FFFFFFF
+    exp = bits >> 23
+    pow2 = ((bits & 0x7FFFFF) == 0) & (exp >= DS_EXACT_EXP_LO) & (exp <= DS_EXACT_EXP_HI)
+    return gl.where((bits == 0) | pow2, 0, 1)
+
+
+@gluon.jit
+def stop_flag(redo_smem):
+    """The stop decision the producer published (:func:`fp8_producer`): nonzero once a scale of this CTA's
+    rows could not be decoded exactly. Uniform: every thread reads the one flag."""
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    word0 = redo_smem._reinterpret(gl.int32, [2 * 64], flat1).slice(0, 1)
+    return gl.max(word0.load(ONE_L), axis=0)
+
+
+@gluon.jit
+def _convert_half(buf, k_rope, landed, ready, phase, redo_smem,
+                  WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr, PUBLISH: gl.constexpr):
     """Converter: wait for a half's raw bytes, read them all (and its scales), synchronise the warpgroup,
     then write the decoded ``[64, 256]`` tile (and the decoded RoPE of an e4m3 cache) over them, make the
-    writes visible to wgmma and signal ``ready`` once."""
-    tile_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])  # [64, 128] codes, 16 B a lane
+    writes visible to wgmma and signal ``ready`` once. V3.2: the rows' flags in ``redo_smem`` (int32 per
+    row, set once a scale of the row is inexact: :func:`_inexact`) gain this half's; with ``PUBLISH``
+    every word is set to the CTA's decision (any flag) before ``ready`` is signalled, so the consumers
+    that wait on ``ready`` read it in word 0 (:func:`stop_flag`). The flags live in shared memory, not
+    registers: the 72 of the producer hold a half's codes."""
+    tile_l: gl.constexpr = TILE_L
     rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
     dtype: gl.constexpr = buf.dtype
     codes, scales, rope_codes = _raw_views(buf)
     mbarrier.wait(landed, phase)
-    c0 = codes.slice(0, DS_TILE, dim=1).load(tile_l)
-    c1 = codes.slice(DS_TILE, DS_TILE, dim=1).load(tile_l)
+    if KV_FMT == KV_DS_MLA:  # one scale a thread: 72 registers hold a half's codes, little else
+        redo = redo_smem.load(FLAG_L) | _inexact(scales.load(FLAG_L))  # each thread's own word
+        if PUBLISH:  # a reduction over the warpgroup; the next half's read follows the barriers below
+            redo = gl.zeros_like(redo) + gl.max(gl.max(redo, axis=1), axis=0)
+        redo_smem.store(redo)
     s0 = gl.full([64], 1.0, gl.float32, layout=gl.SliceLayout(1, tile_l))
     s1 = s0
     if KV_FMT == KV_DS_MLA:  # the same bytes as `scales`, one dimension: tile t of row r at 64 t + r
@@ -138,6 +176,8 @@ def _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE: gl.constexpr, KV
         scale_rows = buf._reinterpret(gl.float32, [128 * 64], flat1)
         s0 = scale_rows.slice(64 * 64, 64).load(gl.SliceLayout(1, tile_l))
         s1 = scale_rows.slice(65 * 64, 64).load(gl.SliceLayout(1, tile_l))
+    c0 = codes.slice(0, DS_TILE, dim=1).load(tile_l)
+    c1 = codes.slice(DS_TILE, DS_TILE, dim=1).load(tile_l)
     if WITH_ROPE and KV_FMT == KV_E4M3:
         cr = rope_codes.load(rope_l)
     gl.thread_barrier()  # every raw byte of the half is in registers before any tile value overwrites it
@@ -152,18 +192,19 @@ def _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE: gl.constexpr, KV
 
 @gluon.jit
 def _fill(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed, ready, free, free_phase, phase,
-          COL0: gl.constexpr, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
+          redo_smem, COL0: gl.constexpr, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr,
+          ROW_BYTES: gl.constexpr, PUBLISH: gl.constexpr):
     """One half block: wait until the consumers free it, copy its raw bytes, decode them as soon as they
-    land, signal ``ready``."""
+    land (V3.2: with the scale check of :func:`_convert_half`), signal ``ready``."""
     mbarrier.wait(free, free_phase)
     _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed, COL0, WITH_ROPE, KV_FMT, ROW_BYTES)
-    _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE, KV_FMT)
+    _convert_half(buf, k_rope, landed, ready, phase, redo_smem, WITH_ROPE, KV_FMT, PUBLISH)
 
 
 @gluon.jit
-def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, landed_lo, landed_hi,
-                 ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads,
-                 num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
+def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready, landed_lo,
+                 landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
+                 num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
                  KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
     """Worker partition (one warpgroup): q once, then each pair of blocks half by half, in the order the
@@ -171,7 +212,13 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q
     soon as the consumers free it and decoded as soon as they land, so no decode waits for a free half.
     Measured against decoding one step behind (the next half's bytes in flight meanwhile, but each decode
     then waits until the consumers free the next half): 501 vs 547 us at H=128, T=256 and 261 vs 283 at
-    H=64 (BENCHMARKS.md, 2026-12-01 third session)."""
+    H=64 (BENCHMARKS.md, 2026-12-01 third session).
+
+    V3.2 rows: the tiles are bf16, exact only for the scales :func:`_inexact` accepts. The flags of every
+    pair are published with its last half (odd lo, which both consumers' last reads of the pair follow);
+    after a pair with an inexact scale all three partitions stop (:func:`stop_flag`), and consumer 1
+    writes the decision to the CTA's flag in ``REDO`` (0 or 1, on every launch): the launcher's portable
+    kernel then recomputes the token exactly."""
     half_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     gather_q(Q, q_lo, q_hi, q_rope, q_ready, pid_h, pid_t, num_heads, stride_qt, stride_qh,
@@ -179,7 +226,12 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q
     nrows = num_rows.to(gl.uint32)
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     ids_next = pair_ids(IDX, idx_base, start, end, nrows, 2 * BLOCK_N, ids_l)
-    for j in range(num_pairs):
+    ds: gl.constexpr = KV_FMT == KV_DS_MLA
+    if ds:  # no scale flagged yet; every thread writes (and later reads) its own word
+        redo_smem.store(gl.zeros([2, BLOCK_N], gl.int32, layout=FLAG_L))
+    j = num_pairs * 0  # an int32 scalar, carried by the loop
+    go = num_pairs > 0
+    while go:
         phase = j & 1
         free_phase = phase ^ 1  # the first wait on a fresh 'free' barrier passes
         gl.thread_barrier()  # every thread is done reading the previous pair's ids
@@ -187,10 +239,18 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q
         gl.thread_barrier()
         ids_next = pair_ids(IDX, idx_base, start + 2 * (j + 1) * BLOCK_N, end, nrows, 2 * BLOCK_N, ids_l)
         _fill(KV, k_lo.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_lo.index(0),
-              ready_lo.index(0), free_lo.index(0), free_phase, phase, 0, False, KV_FMT, ROW_BYTES)
-        _fill(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size, landed_hi.index(1),
-              ready_hi.index(1), free_hi.index(1), free_phase, phase, HALF_V, True, KV_FMT, ROW_BYTES)
+                     ready_lo.index(0), free_lo.index(0), free_phase, phase, redo_smem,
+                     0, False, KV_FMT, ROW_BYTES, False)
+        _fill(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
+                     landed_hi.index(1), ready_hi.index(1), free_hi.index(1), free_phase, phase, redo_smem,
+                     HALF_V, True, KV_FMT, ROW_BYTES, False)
         _fill(KV, k_hi.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_hi.index(0),
-              ready_hi.index(0), free_hi.index(0), free_phase, phase, HALF_V, True, KV_FMT, ROW_BYTES)
-        _fill(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size, landed_lo.index(1),
-              ready_lo.index(1), free_lo.index(1), free_phase, phase, 0, False, KV_FMT, ROW_BYTES)
+                     ready_hi.index(0), free_hi.index(0), free_phase, phase, redo_smem,
+                     HALF_V, True, KV_FMT, ROW_BYTES, False)
+        _fill(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
+                     landed_lo.index(1), ready_lo.index(1), free_lo.index(1), free_phase, phase, redo_smem,
+                     0, False, KV_FMT, ROW_BYTES, ds)
+        j += 1
+        go = j < num_pairs
+        if ds:
+            go = go & (stop_flag(redo_smem) == 0)

@@ -27,6 +27,9 @@ adjacent in launch order so their identical gathers hit L2):
   block stride); each row's 512 e4m3 codes are converted to fp32 and multiplied by their 128-column
   tile's float32 scale (read from the row's bytes 512..527, exactly) before the one rounding to q's
   dtype, and its 64 bf16 RoPE values (bytes 528..655) are converted to q's dtype; no per-tensor scale;
+* ``GATED``: only the tokens flagged in ``GATE`` (int32 ``[T, gate_n]``, any nonzero word) are computed;
+  the others read and write nothing. The launcher recomputes this way the tokens whose V3.2 scales the
+  sm90 seesaw kernel could not decode exactly (:mod:`mla_sink.kernels.gluon.seesaw_fp8`);
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
@@ -49,9 +52,9 @@ from mla_sink.kernels.triton import math as kmath
 
 def _sparse_mla_decode_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
-    OUT, LSE, PART_OUT, PART_LSE,
+    OUT, LSE, PART_OUT, PART_LSE, GATE,
     sm_scale, logit_cap,
-    num_heads, num_rows, kv_block_size, topk, ids_per_split,
+    num_heads, num_rows, kv_block_size, topk, ids_per_split, gate_n,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -61,6 +64,7 @@ def _sparse_mla_decode_kernel(
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
     EVEN: tl.constexpr, KV_DS_MLA: tl.constexpr, DS_TILE: tl.constexpr,
+    GATED: tl.constexpr, GATE_BLOCK: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
     pid_h = tl.program_id(0)
@@ -69,6 +73,10 @@ def _sparse_mla_decode_kernel(
 
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
+    redo = 1
+    if GATED:
+        redo = kmath.gate_words(GATE, pid_t, gate_n, GATE_BLOCK)
+        mask_h = mask_h & ((offs_h * 0 + redo) != 0)  # a token not flagged reads and writes nothing
     offs_d = tl.arange(0, D_NOPE)
     offs_r = tl.arange(0, D_ROPE)
     offs_n = tl.arange(0, BLOCK_N)
@@ -130,6 +138,8 @@ def _sparse_mla_decode_kernel(
         t_end = tl.minimum(tl.maximum(tl.load(TOPK_LEN + pid_t), 0), topk)
     start = pid_s * ids_per_split
     end = tl.minimum(start + ids_per_split, t_end)
+    if GATED:
+        end = tl.where(redo != 0, end, start)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)

@@ -35,7 +35,7 @@ from mla_sink.core.dtypes import DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, F
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer
-from mla_sink.kernels.triton.combine import combine_launch_args
+from mla_sink.kernels.triton.combine import combine_launch_args, gate_block
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
 
 Result = tuple[torch.Tensor, torch.Tensor]
@@ -186,9 +186,10 @@ def _compiled(kernel: str, device_index: int, dtypes: tuple, grid: tuple, conste
 
 
 _PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE", "OUT", "LSE", "PART_OUT",
-                     "PART_LSE", "sm_scale", "logit_cap")
-_COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
-_SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "KV_SCALE", "sm_scale")
+                     "PART_LSE", "GATE", "sm_scale", "logit_cap")
+_COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE", "GATE")
+_SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "KV_SCALE", "REDO",
+                   "sm_scale")
 #: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
 #: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements.
 _STRIDE_ALIGN = 16
@@ -231,7 +232,10 @@ def _outputs(x: DecodeInputs, th: tuple, out_dtype: torch.dtype, device: torch.d
     return out, lse if lse is not None else torch.empty(th, dtype=torch.float32, device=device)
 
 
-def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
+def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device, gate_n: int = 0):
+    """A runner of the portable kernel (with the combine when split). ``gate_n > 0``: a gated runner,
+    ``run(x, lse, out=out, gate=flags)``, that computes only the tokens flagged in ``flags`` (int32
+    ``[T, gate_n]``) into the given ``out`` / ``lse`` and leaves the others as they are."""
     spec = plan.spec
     T, H, _ = x.q.shape
     topk = x.indices.shape[1]
@@ -251,6 +255,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=spec.q_dtype in FNUZ_KEYS, KV_FNUZ=spec.kv_dtype in FNUZ_KEYS,
         SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and spec.q_dtype not in FP16_EXACT_KEYS,
         EVEN=not has_len and topk % launch.block_n == 0, KV_DS_MLA=ds, DS_TILE=kv_layout.TILE,
+        GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n),
     )
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
     out_strides = (H * D_V, D_V) if (x.out is None or stage_fp32) else (x.out.stride(0), x.out.stride(1))
@@ -263,7 +268,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         # * 656, kv_block_size = 1 (stride_kv = its row stride) for [N, 656], block_size for [blocks, block_size, 656]
         num_heads=H, num_rows=min(x.num_kv_rows, MAX_ROWS),
         kv_block_size=x.kv_cache.shape[1] if (ds and x.kv_cache.dim() == 3) else 1,
-        topk=topk, ids_per_split=launch.ids_per_split,
+        topk=topk, ids_per_split=launch.ids_per_split, gate_n=gate_n,
         stride_qt=q_strides[0], stride_qh=q_strides[1], stride_kv=x.kv_cache.stride(0),
         stride_it=topk if copy_idx else x.indices.stride(0), stride_ot=out_strides[0], stride_oh=out_strides[1],
         stride_lt=H, stride_lh=1,
@@ -274,18 +279,19 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     cap_arg = float(cap) if cap > 0 else 1.0  # unused by the kernel without HAS_CAP
     if interp:
         decode = InterpretedLaunch("portable", grid, constexprs, _PORTABLE_DYNAMIC, static)
-        combine = _interpreted_combine(launch, x, splits, out_strides) if split else None
+        combine = _interpreted_combine(launch, x, splits, out_strides, gate_n) if split else None
     else:
         dtypes = tuple(None if t is None else t.dtype
                        for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.q_scale, x.kv_scale, x.out))
         index = device.index if device.index is not None else torch.cuda.current_device()
         decode = _compiled("portable", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
                            _PORTABLE_DYNAMIC, tuple(static.items()))
-        combine = _combine_launch(launch, x, index, dtypes, splits, out_strides) if split else None
+        combine = _combine_launch(launch, x, index, dtypes, splits, out_strides, gate_n) if split else None
     # fnuz is decoded from its bits inside the kernel (Triton has no fnuz type on NVIDIA or in numpy)
     q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
 
-    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+            gate: Optional[torch.Tensor] = None) -> Result:
         if ds:
             check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         q = x.q.contiguous() if copy_q else x.q
@@ -294,8 +300,11 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         topk_length = x.topk_length
         if topk_length is not None and topk_length.stride(0) != 1:
             topk_length = topk_length.contiguous()  # the kernel reads TOPK_LEN + t
-        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
+        if out is None:
+            out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
         out_k = torch.empty((T, H, D_V), dtype=torch.float32, device=q.device) if stage_fp32 else out
+        if stage_fp32 and gate is not None:
+            out_k.copy_(out)  # the tokens the gate leaves alone keep their values
         if lse is None:
             lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
         if split:
@@ -307,9 +316,10 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         align = alignment_key(q, x.kv_cache, indices, x.sinks, topk_length, x.q_scale, x.kv_scale, x.out)
         decode(align, q.view(torch.uint8) if q_bits else q, kv_cache, indices, sinks,
                topk_length if topk_length is not None else lse, x.q_scale if q_fp8 else lse,
-               x.kv_scale if kv_fp8 else lse, out_k, lse, part_out, part_lse, x.sm_scale, cap_arg)
+               x.kv_scale if kv_fp8 else lse, out_k, lse, part_out, part_lse, gate if gate is not None else lse,
+               x.sm_scale, cap_arg)
         if split:
-            combine(align, part_out, part_lse, sinks, out_k, lse)
+            combine(align, part_out, part_lse, sinks, out_k, lse, gate if gate is not None else lse)
         if out_k is not out:
             out.copy_(out_k)
         return out, lse
@@ -331,24 +341,27 @@ class InterpretedLaunch:
             interpreted(self.name)[self.grid](**dict(zip(self.dynamic, args)), **self.static, **self.constexprs)
 
 
-def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple) -> tuple:
+def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple, gate_n: int = 0) -> tuple:
     """``(grid, constexprs, static)`` of the split-KV combine of a launch (fp32 partials
-    ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``), its tile from the tuning row."""
+    ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``), its tile from the tuning row; gated by a
+    ``[T, gate_n]`` flag buffer when ``gate_n > 0``."""
     T, H, _ = x.q.shape
     cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
-    return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V))
+    return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V),
+                               gate_n)
 
 
-def _combine_launch(launch, x: DecodeInputs, index: int, dtypes: tuple, splits: int, out_strides: tuple):
+def _combine_launch(launch, x: DecodeInputs, index: int, dtypes: tuple, splits: int, out_strides: tuple,
+                    gate_n: int = 0):
     """The compiled split-KV combine of a launch on device ``index``."""
-    grid, constexprs, static = _combine_args(launch, x, splits, out_strides)
+    grid, constexprs, static = _combine_args(launch, x, splits, out_strides, gate_n)
     return _compiled("combine", index, dtypes, grid, tuple(constexprs.items()), (("num_warps", 4), ("num_stages", 1)),
                      _COMBINE_DYNAMIC, tuple(static.items()))
 
 
-def _interpreted_combine(launch, x: DecodeInputs, splits: int, out_strides: tuple):
+def _interpreted_combine(launch, x: DecodeInputs, splits: int, out_strides: tuple, gate_n: int = 0):
     """The split-KV combine of a launch through the CPU interpreter."""
-    grid, constexprs, static = _combine_args(launch, x, splits, out_strides)
+    grid, constexprs, static = _combine_args(launch, x, splits, out_strides, gate_n)
     return InterpretedLaunch("combine", grid, constexprs, _COMBINE_DYNAMIC, static)
 
 
@@ -390,6 +403,11 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     decode = _compiled("gluon_seesaw", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
                        _SEESAW_DYNAMIC, tuple(static.items()))
     combine = _combine_launch(launch, x, index, dtypes, splits, out_strides) if split else None
+    # V3.2 rows: the seesaw decodes tiles into bf16, exact only for power-of-two scales; it flags (and
+    # stops on) the tokens with any other scale, and the gated portable kernel recomputes exactly those
+    redo_n = grid[0] * grid[1] if ds else 0
+    redo_portable = (_portable_runner(plan, attrs.evolve(launch, kernel="portable"), x, out_dtype, device,
+                                      gate_n=redo_n) if ds else None)
     errors = _compile_errors()
     unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
 
@@ -413,14 +431,17 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
         else:
             part_out = part_lse = lse
         sinks = x.sinks if x.sinks is not None else lse
+        redo = torch.empty((T, redo_n), dtype=torch.int32, device=x.q.device) if ds else lse
         try:
             decode(align, x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, sinks,
                    topk_length if topk_length is not None else lse, out, lse, part_out, part_lse,
-                   x.kv_scale if x.kv_scale is not None else lse, x.sm_scale)
+                   x.kv_scale if x.kv_scale is not None else lse, redo, x.sm_scale)
         except errors as e:
             return _fall_back(plan, "gluon_seesaw", e, x)
         if split:
-            combine(align, part_out, part_lse, sinks, out, lse)
+            combine(align, part_out, part_lse, sinks, out, lse, lse)
+        if ds:
+            redo_portable(x, lse, out=out, gate=redo)
         return out, lse
 
     return run
@@ -597,13 +618,13 @@ def combine_states_triton(
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():
         combine[(-(-H // cbh), T, D_V // cbd)](
-            part_out, lse2, sinks if sinks is not None else dummy, out, lse,
-            H, R,
+            part_out, lse2, sinks if sinks is not None else dummy, out, lse, dummy,
+            H, R, 0,
             part_out.stride(1), part_out.stride(0), part_out.stride(2),
             lse2.stride(0), lse2.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
             BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (R - 1).bit_length()),
-            HAS_SINKS=sinks is not None,
+            HAS_SINKS=sinks is not None, GATED=False, GATE_BLOCK=1,
             num_warps=4, num_stages=1,
         )
     return out, lse
