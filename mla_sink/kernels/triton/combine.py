@@ -28,8 +28,9 @@ def _sparse_mla_combine_kernel(
     pid_d = tl.program_id(2)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
-    if GATED:
-        mask_h = mask_h & ((offs_h * 0 + kmath.gate_words(GATE, pid_t, gate_n, GATE_BLOCK)) != 0)
+    if GATED:  # a token not flagged returns before any other load
+        if kmath.gate_words(GATE, pid_t, gate_n, GATE_BLOCK) == 0:
+            return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
 

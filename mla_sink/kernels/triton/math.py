@@ -158,8 +158,7 @@ def gate_words(GATE, pid_t, gate_n, GATE_BLOCK: tl.constexpr):
     row, nonzero when the token is flagged. The sm90 seesaw kernel writes one word per program of a
     token, 1 where it stopped at a V3.2 scale it cannot decode exactly
     (:mod:`mla_sink.kernels.gluon.seesaw_fp8`); gated launches of the portable kernel and the combine then
-    serve exactly those tokens. (A scalar int, compared where it is used: Triton's interpreter refuses a
-    scalar boolean broadcast into a load mask.)"""
+    serve exactly those tokens: the others return at once."""
     offs = tl.arange(0, GATE_BLOCK)
     words = tl.load(GATE + pid_t * gate_n + offs, mask=offs < gate_n, other=0)
     return tl.max(words, 0)

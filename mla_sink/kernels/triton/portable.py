@@ -73,10 +73,9 @@ def _sparse_mla_decode_kernel(
 
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
-    redo = 1
-    if GATED:
-        redo = kmath.gate_words(GATE, pid_t, gate_n, GATE_BLOCK)
-        mask_h = mask_h & ((offs_h * 0 + redo) != 0)  # a token not flagged reads and writes nothing
+    if GATED:  # a token not flagged returns before any other load (masking alone cost 20-34 us per launch)
+        if kmath.gate_words(GATE, pid_t, gate_n, GATE_BLOCK) == 0:
+            return
     offs_d = tl.arange(0, D_NOPE)
     offs_r = tl.arange(0, D_ROPE)
     offs_n = tl.arange(0, BLOCK_N)
@@ -138,8 +137,6 @@ def _sparse_mla_decode_kernel(
         t_end = tl.minimum(tl.maximum(tl.load(TOPK_LEN + pid_t), 0), topk)
     start = pid_s * ids_per_split
     end = tl.minimum(start + ids_per_split, t_end)
-    if GATED:
-        end = tl.where(redo != 0, end, start)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
