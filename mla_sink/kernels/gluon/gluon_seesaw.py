@@ -163,13 +163,17 @@ def _signal(bar):
 
 
 @gluon.jit
-def _go_on(j, num_pairs, redo_smem, KV_FMT: gl.constexpr):
-    """Whether a consumer goes on to pair ``j``: one is left and, for V3.2 rows, the producer has not
-    stopped (:func:`~mla_sink.kernels.gluon.seesaw_fp8.stop_flag`; read after the pair's last half was
-    awaited, and before the half that the producer's next publication waits for is freed)."""
+def _go_on(j, num_pairs, first_ready, redo_smem, KV_FMT: gl.constexpr):
+    """Whether a consumer takes pair ``j``: one is left and, for V3.2 rows, the producer has not stopped
+    before it. The decision is published before the consumer's first half of the pair (``first_ready``)
+    is handed over, filled or not, so it is read once that half's phase has completed
+    (:func:`~mla_sink.kernels.gluon.seesaw_fp8.stop_flag`); the consumer's own wait on it in the pair
+    then passes at once."""
     go = j < num_pairs
     if KV_FMT == KV_DS_MLA:
-        go = go & (stop_flag(redo_smem) == 0)
+        if go:
+            mbarrier.wait(first_ready, j & 1)
+        go = go & (stop_flag(redo_smem, j) == 0)
     return go
 
 
@@ -260,7 +264,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
     mbarrier.wait(q_ready, 0)
     j = num_pairs * 0
-    go = num_pairs > 0
+    go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
     while go:
         phase = j & 1
         even = _opaque_zero(j)
@@ -301,7 +305,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         mbarrier.wait(bar_p_odd, phase)
         acc = warpgroup_mma(p_odd, k_lo.index(odd), acc_t, is_async=True)
         j += 1
-        go = _go_on(j, num_pairs, redo_smem, KV_FMT)
+        go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
     acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     _epilogue(acc_t, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
@@ -334,7 +338,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
     mbarrier.wait(q_ready, 0)
     j = num_pairs * 0
-    go = num_pairs > 0
+    go = _go_on(j, num_pairs, ready_hi.index(1), redo_smem, KV_FMT)
     while go:
         phase = j & 1
         even = _opaque_zero(j)
@@ -367,12 +371,12 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         acc = warpgroup_mma(k_rope.index(even), k_hi.index(even), acc, is_async=True)  # P0, rescaled to m1
         warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         _signal(free_hi.index(1))  # this block's own P V is done: its slot half is refilled first
-        j += 1
-        go = _go_on(j, num_pairs, redo_smem, KV_FMT)  # before freeing the half the next publication needs
         warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _signal(free_hi.index(0))
-    if KV_FMT == KV_DS_MLA:  # the producer's last publication (none without pairs: its word is then unread)
-        gl.store(redo_ptr, gl.where(num_pairs > 0, stop_flag(redo_smem), 0))
+        j += 1
+        go = _go_on(j, num_pairs, ready_hi.index(1), redo_smem, KV_FMT)
+    if KV_FMT == KV_DS_MLA:  # 1 when the producer stopped before pair j (its word read above), else 0
+        gl.store(redo_ptr, gl.where(j < num_pairs, 1, 0))
     acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     _epilogue(acc_t, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,

@@ -54,10 +54,12 @@ DS_EXACT_EXP_LO = gl.constexpr(kv_layout.BF16_EXACT_SCALE_EXP[0] + 127)
 DS_EXACT_EXP_HI = gl.constexpr(kv_layout.BF16_EXACT_SCALE_EXP[1] + 127)
 #: Layout of a half tile's codes as the converter reads them: [64, 128] codes, 16 bytes a lane.
 TILE_L = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
-#: The one published stop flag, held by every thread (a uniform decision without a reduction).
+#: The stop flags of the two pair parities (words 0 and 64 of the flag buffer), read by every thread.
 ONE_L = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
-#: The ``[2, 64]`` scales of a half (tile-major), one per thread of the warpgroup, and their flags.
+#: The flag buffer ``[2, 64]`` int32 (row = pair parity), one word per thread of a warpgroup.
 FLAG_L = gl.constexpr(gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0]))
+#: The four tile scales of each id of a pair (``[128, 4]`` float32): one id and 16 bytes per thread.
+PAIR_SCALES_L = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
 
 
 @gluon.jit
@@ -131,9 +133,8 @@ def _decode(codes, scale, KV_FMT: gl.constexpr, dtype: gl.constexpr):
 
 @gluon.jit
 def _inexact(scale):
-    """1 where a V3.2 tile scale (float32, per row) would not decode its tile exactly into bf16 (not 0 and
-    not a power of two in ``BF16_EXACT_SCALE_EXP``; inf and NaN included), else 0. Skipped ids zero-fill
-    their scales: 0, exact."""
+    """1 where a V3.2 tile scale (float32) would not decode its tile exactly into bf16 (not 0 and not a
+    power of two in ``BF16_EXACT_SCALE_EXP``; inf and NaN included), else 0. Skipped ids load 0: exact."""
     bits = scale.to(gl.int32, bitcast=True) & 0x7FFFFFFF
     exp = bits >> 23
     pow2 = ((bits & 0x7FFFFF) == 0) & (exp >= DS_EXACT_EXP_LO) & (exp <= DS_EXACT_EXP_HI)
@@ -141,34 +142,49 @@ def _inexact(scale):
 
 
 @gluon.jit
-def stop_flag(redo_smem):
-    """The stop decision the producer published (:func:`fp8_producer`): nonzero once a scale of this CTA's
-    rows could not be decoded exactly. Uniform: every thread reads the one flag."""
-    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    word0 = redo_smem._reinterpret(gl.int32, [2 * 64], flat1).slice(0, 1)
-    return gl.max(word0.load(ONE_L), axis=0)
+def _pair_scales(KV, ids, kv_block_size, stride_kv, ROW_BYTES: gl.constexpr):
+    """The four float32 tile scales of each id of a pair (``ids`` [128], one per thread, ``-1`` skipped:
+    zeros), one 16-byte load per thread; issued a pair ahead, like the ids."""
+    ids_s = gl.convert_layout(ids, gl.SliceLayout(1, PAIR_SCALES_L))  # the same thread per id: no data moves
+    rows = (KV + _row_offsets(ids_s, kv_block_size, stride_kv, ROW_BYTES) + DS_SCALES_AT).to(
+        gl.pointer_type(gl.float32), bitcast=True)
+    tile = gl.arange(0, 4, layout=gl.SliceLayout(0, PAIR_SCALES_L))
+    return gl.load(rows[:, None] + tile[None, :], mask=(ids_s >= 0)[:, None], other=0.0)
 
 
 @gluon.jit
-def _convert_half(buf, k_rope, landed, ready, phase, redo_smem,
-                  WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr, PUBLISH: gl.constexpr):
+def stop_flag(redo_smem, j):
+    """The producer's decision for pair ``j`` (:func:`fp8_producer`): nonzero when a scale of the pair's
+    rows cannot be decoded exactly, and the CTA stops before the pair. Uniform: every thread reads the
+    one word of the pair's parity (two words, so that the decision for pair ``j + 1`` can be published
+    while a consumer has yet to read the one for ``j``)."""
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    words = redo_smem._reinterpret(gl.int32, [2 * 64], flat1)
+    even = gl.max(words.slice(0, 1).load(ONE_L), axis=0)
+    odd = gl.max(words.slice(64, 1).load(ONE_L), axis=0)
+    return gl.where((j & 1) == 0, even, odd)
+
+
+@gluon.jit
+def _publish(redo_smem, j, stop):
+    """Write the decision ``stop`` for pair ``j`` into the word of its parity (each thread rewrites its own
+    word of the ``[2, 64]`` buffer; the other parity's words keep their values)."""
+    row = gl.arange(0, 2, layout=gl.SliceLayout(1, FLAG_L))[:, None] + gl.zeros([2, 64], gl.int32, layout=FLAG_L)
+    redo_smem.store(gl.where(row == (j & 1), stop, redo_smem.load(FLAG_L)))
+
+
+@gluon.jit
+def _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr):
     """Converter: wait for a half's raw bytes, read them all (and its scales), synchronise the warpgroup,
     then write the decoded ``[64, 256]`` tile (and the decoded RoPE of an e4m3 cache) over them, make the
-    writes visible to wgmma and signal ``ready`` once. V3.2: the rows' flags in ``redo_smem`` (int32 per
-    row, set once a scale of the row is inexact: :func:`_inexact`) gain this half's; with ``PUBLISH``
-    every word is set to the CTA's decision (any flag) before ``ready`` is signalled, so the consumers
-    that wait on ``ready`` read it in word 0 (:func:`stop_flag`). The flags live in shared memory, not
-    registers: the 72 of the producer hold a half's codes."""
+    writes visible to wgmma and signal ``ready`` once."""
     tile_l: gl.constexpr = TILE_L
     rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
     dtype: gl.constexpr = buf.dtype
     codes, scales, rope_codes = _raw_views(buf)
     mbarrier.wait(landed, phase)
-    if KV_FMT == KV_DS_MLA:  # one scale a thread: 72 registers hold a half's codes, little else
-        redo = redo_smem.load(FLAG_L) | _inexact(scales.load(FLAG_L))  # each thread's own word
-        if PUBLISH:  # a reduction over the warpgroup; the next half's read follows the barriers below
-            redo = gl.zeros_like(redo) + gl.max(gl.max(redo, axis=1), axis=0)
-        redo_smem.store(redo)
+    c0 = codes.slice(0, DS_TILE, dim=1).load(tile_l)
+    c1 = codes.slice(DS_TILE, DS_TILE, dim=1).load(tile_l)
     s0 = gl.full([64], 1.0, gl.float32, layout=gl.SliceLayout(1, tile_l))
     s1 = s0
     if KV_FMT == KV_DS_MLA:  # the same bytes as `scales`, one dimension: tile t of row r at 64 t + r
@@ -176,8 +192,6 @@ def _convert_half(buf, k_rope, landed, ready, phase, redo_smem,
         scale_rows = buf._reinterpret(gl.float32, [128 * 64], flat1)
         s0 = scale_rows.slice(64 * 64, 64).load(gl.SliceLayout(1, tile_l))
         s1 = scale_rows.slice(65 * 64, 64).load(gl.SliceLayout(1, tile_l))
-    c0 = codes.slice(0, DS_TILE, dim=1).load(tile_l)
-    c1 = codes.slice(DS_TILE, DS_TILE, dim=1).load(tile_l)
     if WITH_ROPE and KV_FMT == KV_E4M3:
         cr = rope_codes.load(rope_l)
     gl.thread_barrier()  # every raw byte of the half is in registers before any tile value overwrites it
@@ -192,13 +206,21 @@ def _convert_half(buf, k_rope, landed, ready, phase, redo_smem,
 
 @gluon.jit
 def _fill(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed, ready, free, free_phase, phase,
-          redo_smem, COL0: gl.constexpr, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr,
-          ROW_BYTES: gl.constexpr, PUBLISH: gl.constexpr):
+          COL0: gl.constexpr, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
     """One half block: wait until the consumers free it, copy its raw bytes, decode them as soon as they
-    land (V3.2: with the scale check of :func:`_convert_half`), signal ``ready``."""
+    land, signal ``ready``."""
     mbarrier.wait(free, free_phase)
     _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed, COL0, WITH_ROPE, KV_FMT, ROW_BYTES)
-    _convert_half(buf, k_rope, landed, ready, phase, redo_smem, WITH_ROPE, KV_FMT, PUBLISH)
+    _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE, KV_FMT)
+
+
+@gluon.jit
+def _release(ready, free, free_phase):
+    """Hand a consumer the half it waits on first in a pair, unfilled, once it is free (the same order of
+    phases as a fill): the consumer reads the stop decision and leaves."""
+    mbarrier.wait(free, free_phase)
+    gl.thread_barrier()
+    mbarrier.arrive(ready)
 
 
 @gluon.jit
@@ -214,21 +236,23 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, r
     then waits until the consumers free the next half): 501 vs 547 us at H=128, T=256 and 261 vs 283 at
     H=64 (BENCHMARKS.md, 2026-12-01 third session).
 
-    V3.2 rows: the tiles are bf16, exact only for the scales :func:`_inexact` accepts. The flags of every
-    pair are published with its last half (odd lo, which both consumers' last reads of the pair follow);
-    after a pair with an inexact scale all three partitions stop (:func:`stop_flag`), and consumer 1
-    writes the decision to the CTA's flag in ``REDO`` (0 or 1, on every launch): the launcher's portable
-    kernel then recomputes the token exactly."""
+    V3.2 rows: the tiles are bf16, exact only for the scales :func:`_inexact` accepts. The scales of each
+    pair's ids are loaded a pair ahead, with its ids (16 bytes an id, one id a thread), and checked before
+    the pair's first half: the decision is published (:func:`_publish`) before any half of the pair is
+    handed over. To stop, the producer hands each consumer its first half of the pair unfilled
+    (:func:`_release`); the consumers read the decision there (:func:`stop_flag`) and leave, so a token
+    with other scales costs the CTA about one scale load per id of its first such pair. Consumer 1 writes
+    the decision to the CTA's word of ``REDO`` and the launcher's portable kernel recomputes the token."""
     half_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     gather_q(Q, q_lo, q_hi, q_rope, q_ready, pid_h, pid_t, num_heads, stride_qt, stride_qh,
              BLOCK_H, HALF_V, D_ROPE, BLOCK_H, half_l, rope_l)
     nrows = num_rows.to(gl.uint32)
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    ids_next = pair_ids(IDX, idx_base, start, end, nrows, 2 * BLOCK_N, ids_l)
     ds: gl.constexpr = KV_FMT == KV_DS_MLA
-    if ds:  # no scale flagged yet; every thread writes (and later reads) its own word
-        redo_smem.store(gl.zeros([2, BLOCK_N], gl.int32, layout=FLAG_L))
+    ids_next = pair_ids(IDX, idx_base, start, end, nrows, 2 * BLOCK_N, ids_l)
+    if ds:
+        scales_next = _pair_scales(KV, ids_next, kv_block_size, stride_kv, ROW_BYTES)
     j = num_pairs * 0  # an int32 scalar, carried by the loop
     go = num_pairs > 0
     while go:
@@ -236,21 +260,27 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, r
         free_phase = phase ^ 1  # the first wait on a fresh 'free' barrier passes
         gl.thread_barrier()  # every thread is done reading the previous pair's ids
         ids_smem.store(ids_next)
+        stop = j * 0
+        if ds:
+            stop = gl.max(gl.max(_inexact(scales_next), axis=1), axis=0)
+            _publish(redo_smem, j, stop)
         gl.thread_barrier()
         ids_next = pair_ids(IDX, idx_base, start + 2 * (j + 1) * BLOCK_N, end, nrows, 2 * BLOCK_N, ids_l)
-        _fill(KV, k_lo.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_lo.index(0),
-                     ready_lo.index(0), free_lo.index(0), free_phase, phase, redo_smem,
-                     0, False, KV_FMT, ROW_BYTES, False)
-        _fill(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
-                     landed_hi.index(1), ready_hi.index(1), free_hi.index(1), free_phase, phase, redo_smem,
-                     HALF_V, True, KV_FMT, ROW_BYTES, False)
-        _fill(KV, k_hi.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_hi.index(0),
-                     ready_hi.index(0), free_hi.index(0), free_phase, phase, redo_smem,
-                     HALF_V, True, KV_FMT, ROW_BYTES, False)
-        _fill(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
-                     landed_lo.index(1), ready_lo.index(1), free_lo.index(1), free_phase, phase, redo_smem,
-                     0, False, KV_FMT, ROW_BYTES, ds)
-        j += 1
-        go = j < num_pairs
         if ds:
-            go = go & (stop_flag(redo_smem) == 0)
+            scales_next = _pair_scales(KV, ids_next, kv_block_size, stride_kv, ROW_BYTES)
+        if stop == 0:
+            _fill(KV, k_lo.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_lo.index(0),
+                  ready_lo.index(0), free_lo.index(0), free_phase, phase, 0, False, KV_FMT, ROW_BYTES)
+            _fill(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
+                  landed_hi.index(1), ready_hi.index(1), free_hi.index(1), free_phase, phase,
+                  HALF_V, True, KV_FMT, ROW_BYTES)
+            _fill(KV, k_hi.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_hi.index(0),
+                  ready_hi.index(0), free_hi.index(0), free_phase, phase, HALF_V, True, KV_FMT, ROW_BYTES)
+            _fill(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
+                  landed_lo.index(1), ready_lo.index(1), free_lo.index(1), free_phase, phase,
+                  0, False, KV_FMT, ROW_BYTES)
+        else:
+            _release(ready_lo.index(0), free_lo.index(0), free_phase)  # consumer 0's first half
+            _release(ready_hi.index(1), free_hi.index(1), free_phase)  # consumer 1's first half
+        j += 1
+        go = (j < num_pairs) & (stop == 0)
