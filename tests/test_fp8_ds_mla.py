@@ -458,11 +458,13 @@ def test_sm90_plans(H, T):
     for q in ("bf16", "fp16"):
         launch = plan_triton_launch(arch="sm90", q_dtype=q, kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
                                     topk=2048, logit_cap=0.0, gluon=True, num_sms=132)
-        if q == "bf16" and H > 32:
+        if q == "bf16":  # every head count: 64-head blocks, H <= 32 padded
             # the seesaw decodes into bf16: exact for power-of-two scales, and it flags tokens with others
             assert launch.kernel == "gluon_seesaw" and launch.kernel_row == "sm90_ds_mla_gluon_seesaw", launch
-            assert launch.tuning_row == "sm90_ds_mla"  # the tiles and split policy of the recompute
-        else:  # fp16 tiles cannot hold e4m3 x 2^k exactly for FlashMLA's scales; H <= 32: 16/32-head blocks
+            # the tiles and split policy of the recompute: the portable row of the head count
+            assert launch.tuning_row == ("sm90_ds_mla_h16" if H <= 16 else "sm90_ds_mla_h32" if H <= 32
+                                         else "sm90_ds_mla")
+        else:  # fp16 tiles cannot hold e4m3 x 2^k exactly for FlashMLA's scales
             assert launch.kernel == "portable" and launch.tuning_row.startswith("sm90_ds_mla"), launch
         assert launch.fp8_f16 is False  # the split policy and the tiles of the gated recompute
         assert launch.num_kv_splits >= 1

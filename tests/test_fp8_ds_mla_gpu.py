@@ -122,7 +122,7 @@ def test_against_float64(big_pools, H, T, scale, q_dtype):
     plan = triton_plan_for(q, pool, idx, sinks=sinks)
     assert plan.launch.tuning_row.startswith("sm90_ds_mla"), plan.launch
     if torch.cuda.get_device_capability() == (9, 0) and plan.platform.gluon:
-        seesaw = q_dtype == torch.bfloat16 and H > 32  # tables/triton_tuning.yaml sm90_ds_mla_gluon_seesaw
+        seesaw = q_dtype == torch.bfloat16  # tables/triton_tuning.yaml sm90_ds_mla_gluon_seesaw
         assert plan.launch.kernel == ("gluon_seesaw" if seesaw else "portable"), plan.launch
     o, l = sparse_mla_decode_triton(q, pool, idx, sinks, SM_SCALE)
     ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE)
@@ -270,7 +270,7 @@ def _set_scale(pool, row, tile, value):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="the seesaw kernel is sm90 only")
 @pytest.mark.parametrize("splits", [1, 4])
-@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("H", [16, 24, 64, 128])
 def test_seesaw_flags_exactly_the_tokens_with_other_scales(H, splits):
     """A pow2 cache with a few rows whose scale the seesaw cannot decode exactly into bf16: a non-power of
     two (1.5 x 2^-7, as an amax writer gives), a power of two below the range (2^-120) and one above it
