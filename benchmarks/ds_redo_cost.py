@@ -35,7 +35,7 @@ def main(path: str) -> None:
     caches = {scale: quantize_kv_cache(kv, scale=scale) for scale in ("pow2", "amax")}
     del kv
     report: dict = {"cases": []}
-    for H in (64, 128):
+    for H in (16, 32, 64, 128):
         for T in (2, 64, 256):
             q = torch.randn(T, H, D_QK, device="cuda").to(torch.bfloat16)
             idx = torch.randint(0, N, (T, TOPK), device="cuda", dtype=torch.int32)
