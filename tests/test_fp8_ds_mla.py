@@ -346,6 +346,24 @@ def test_gated_recompute_touches_only_flagged_tokens(split):
     check(o[redo], l[redo], ro[redo], rl[redo])
     keep = [0, 2]
     assert (o[keep] == 7.0).all() and (l[keep] == 3.0).all()
+    if not split:
+        return
+    # the sm90 launcher's split form: the flagged tokens' partials are recomputed in place among another
+    # kernel's partials of the same split plan, and one combine then merges every token
+    from mla_sink.paths.triton.launch import _interpreted_combine
+
+    splits = launch.num_kv_splits
+    part_out = torch.empty(T, splits, H, D_V)
+    part_lse = torch.empty(T, splits, H)
+    run(x, lse, out=out, gate=torch.ones(T, gate_n, dtype=torch.int32), parts=(part_out, part_lse))
+    assert (o[keep] == 7.0).all()  # with parts, nothing is combined into out
+    part_out[redo] = float("nan")  # what the other kernel left for the flagged tokens: overwritten
+    part_lse[redo] = float("nan")
+    run(x, lse, out=out, gate=flags, parts=(part_out, part_lse))
+    combine = _interpreted_combine(launch, x, splits, (H * D_V, D_V))
+    out32 = torch.empty(T, H, D_V)
+    combine(None, part_out, part_lse, sinks, out32, lse, lse)
+    check(out32.to(q.dtype), lse, ro, rl)
 
 
 @interp

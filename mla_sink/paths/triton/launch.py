@@ -235,7 +235,10 @@ def _outputs(x: DecodeInputs, th: tuple, out_dtype: torch.dtype, device: torch.d
 def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device, gate_n: int = 0):
     """A runner of the portable kernel (with the combine when split). ``gate_n > 0``: a gated runner,
     ``run(x, lse, out=out, gate=flags)``, that computes only the tokens flagged in ``flags`` (int32
-    ``[T, gate_n]``) into the given ``out`` / ``lse`` and leaves the others as they are."""
+    ``[T, gate_n]``) into the given ``out`` / ``lse`` and leaves the others as they are; split, it may be
+    given ``parts=(part_out, part_lse)`` (fp32 ``[T, splits, H, 512]`` / ``[T, splits, H]``, another
+    kernel's partials of the same split plan): it then overwrites the flagged tokens' partials there and
+    leaves the one combine of every token to the caller."""
     spec = plan.spec
     T, H, _ = x.q.shape
     topk = x.indices.shape[1]
@@ -291,7 +294,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-            gate: Optional[torch.Tensor] = None) -> Result:
+            gate: Optional[torch.Tensor] = None, parts: Optional[tuple] = None) -> Result:
         if ds:
             check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         q = x.q.contiguous() if copy_q else x.q
@@ -307,7 +310,9 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
             out_k.copy_(out)  # the tokens the gate leaves alone keep their values
         if lse is None:
             lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
-        if split:
+        if parts is not None:
+            part_out, part_lse = parts
+        elif split:
             part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=q.device)
         else:
@@ -318,7 +323,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
                topk_length if topk_length is not None else lse, x.q_scale if q_fp8 else lse,
                x.kv_scale if kv_fp8 else lse, out_k, lse, part_out, part_lse, gate if gate is not None else lse,
                x.sm_scale, cap_arg)
-        if split:
+        if split and parts is None:
             combine(align, part_out, part_lse, sinks, out_k, lse, gate if gate is not None else lse)
         if out_k is not out:
             out.copy_(out_k)
@@ -438,10 +443,10 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
                    x.kv_scale if x.kv_scale is not None else lse, redo, x.sm_scale)
         except errors as e:
             return _fall_back(plan, "gluon_seesaw", e, x)
+        if ds:  # the flagged tokens, recomputed into the same partials (split: one combine serves both)
+            redo_portable(x, lse, out=out, gate=redo, parts=(part_out, part_lse) if split else None)
         if split:
             combine(align, part_out, part_lse, sinks, out, lse, lse)
-        if ds:
-            redo_portable(x, lse, out=out, gate=redo)
         return out, lse
 
     return run
