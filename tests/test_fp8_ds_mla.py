@@ -416,6 +416,30 @@ def test_kernel_empty_rows_and_ids_past_the_pool():
 
 
 @interp
+@pytest.mark.parametrize("bad_scale", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_a_nonfinite_scale_in_a_referenced_row_makes_the_token_nan(bad_scale, split):
+    """An inf or NaN tile scale in a row some id references: the reference decodes that tile to inf / NaN
+    (0 x inf = NaN), so the score is NaN and the token's out and lse are NaN on every head (README,
+    non-finite scores), as the kernel gives them; the other tokens are untouched by it."""
+    from mla_sink.core.reference import sparse_mla_decode_reference
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+    case = make_case(T=4, H=3, topk=24, seed=13, sinks=None)
+    cache, idx = case["kv_cache"], case["indices"].clone()
+    row = int(idx[3, 5])
+    idx[0][idx[0] == row] = -1  # token 0 never references the row
+    cache[row, 512 + 4 * 2: 516 + 4 * 2] = torch.tensor([bad_scale], dtype=torch.float32).view(torch.uint8)
+    kw = SPLIT if split else UNSPLIT
+    o, l = sparse_mla_decode_triton(case["q"], cache, idx, None, SM_SCALE, **kw)
+    ro, rl = sparse_mla_decode_reference(case["q"], cache, idx, None, SM_SCALE)
+    hit = (idx == row).any(dim=1)
+    assert torch.isnan(rl[hit]).all() and torch.isnan(l[hit]).all() and torch.isnan(o[hit]).all()
+    assert not torch.isnan(l[~hit]).any()
+    check(o[~hit], l[~hit], ro[~hit], rl[~hit])
+
+
+@interp
 def test_kernel_on_a_cache_written_byte_by_byte():
     """Hand-chosen float32 scales (not powers of two, tiny and huge) written with struct, e4m3 codes chosen
     by hand: the kernel decodes them as the dequantiser does (each scale exactly, as float32)."""

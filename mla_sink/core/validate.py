@@ -237,8 +237,10 @@ def check_sm_scale(sm_scale: float) -> None:
     with 3e38 on the ``triton`` path); below 2^-126 it is a subnormal fp32, which loses significant bits
     and is 0 wherever a kernel is compiled to flush denormals. ``[2^-126, 2^126]`` is the power-of-two
     range where the value, its reciprocal and its product with ``log2(e)`` are all finite normal fp32
-    numbers. (Scores themselves can still overflow fp32 when ``|sm_scale * q.k|`` exceeds 3.4e38: the
-    kernels then give NaN where the float64 reference gives ``lse = +inf``; values are not inspected.)
+    numbers. (Scores themselves can still overflow fp32 when ``|q.k|`` or ``|sm_scale * q.k|`` exceeds
+    3.4e38, e.g. ``sm_scale = 2^126`` with ordinary data or KV values near the bf16 limit: the kernels then
+    give NaN for that token and head where the float64 reference stays finite or gives ``lse = +inf``;
+    values are not inspected.)
     """
     if _symbolic(sm_scale):
         return
@@ -348,6 +350,9 @@ def check_inputs(
         check_ds_mla_cache(kv_cache, allow_empty_pool=allow_empty_pool)
     elif kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK or kv_cache.shape[0] < (0 if allow_empty_pool else 1):
         hint = " (a paged cache with page size 1 can be passed as kv_cache.view(-1, 576))" if kv_cache.dim() > 2 else ""
+        if kv_cache.dim() >= 2 and kv_cache.shape[-1] == kv_layout.ROW_BYTES:
+            hint = (f" ({kv_layout.ROW_BYTES}-byte rows are the {kv_layout.LAYOUT} layout: pass them as torch.uint8, "
+                    f"e.g. kv_cache.view(torch.uint8), not {kv_cache.dtype})")
         raise ValueError(f"'kv_cache' must be [N, {D_QK}] with N >= 1 (got shape {tuple(kv_cache.shape)}){hint}")
     elif kv_cache.stride(1) != 1:
         raise ValueError(f"'kv_cache' must have innermost stride 1 (got strides {tuple(kv_cache.stride())})")

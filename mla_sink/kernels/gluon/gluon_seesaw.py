@@ -7,8 +7,11 @@ Same semantics as :mod:`mla_sink.kernels.triton.portable` (float64 reference in
 ``>= N`` ids and ids past ``topk_length`` skipped wherever they sit, empty rows give ``out = 0`` and
 ``lse = -inf``, unreferenced KV rows never read, 64-bit row offsets. With ``SPLIT`` a program covers one
 range of ids and writes an fp32 partial state (``out`` normalised by its own sum, base-2 LSE) that the
-combine kernel (:mod:`mla_sink.kernels.triton.combine`) merges, applying the sink once. bf16 or fp16 q and
-KV of one dtype, no soft cap (``tables/triton_tuning.yaml`` sends everything else elsewhere).
+combine kernel (:mod:`mla_sink.kernels.triton.combine`) merges, applying the sink once. bf16 or fp16 q
+with KV of the same dtype, or an fp8 cache through the fp8 producer (:mod:`mla_sink.kernels.gluon.seesaw_fp8`:
+per-tensor e4m3fn, or the 656-byte V3.2 rows, whose tokens with scales that bf16 cannot hold exactly are
+flagged in ``REDO`` and left to the launcher's exact recompute); no soft cap (``tables/triton_tuning.yaml``
+sends everything else elsewhere).
 
 One CTA = one token x 64 heads x one range of ids, three warpgroups:
 

@@ -8,9 +8,12 @@ Two fp8 caches (``KV_FMT``), both read as bytes:
   multiply per value);
 * :data:`KV_DS_MLA`: the 656-byte V3.2 rows (``mla_sink.core.kv_layout``): 512 e4m3 latent values, four
   float32 scales (one per 128 values), 64 bf16 RoPE values. Each value is decoded as ``e4m3 x scale`` in
-  fp32, the scale read as the float32 it is, then rounded once to bf16 (as the portable kernel does;
-  exact for power-of-two scales). Rows ``[N, 656]`` or pages ``[blocks, block_size, 656]`` with any block
-  stride: id ``i`` is at byte ``(i // block_size) * stride_kv + (i % block_size) * 656``.
+  fp32, the scale read as the float32 it is, then rounded once to bf16: exact when the scale is 0 or a
+  power of two in ``kv_layout.BF16_EXACT_SCALE_EXP`` (FlashMLA's quantiser), not for other scales (vLLM's
+  ``amax / 448``). So every pair's scales are checked before the pair is handed over, and a CTA that
+  meets another scale stops and flags its token for the launcher's exact recompute (:func:`fp8_producer`).
+  Rows ``[N, 656]`` or pages ``[blocks, block_size, 656]`` with any block stride: id ``i`` is at byte
+  ``(i // block_size) * stride_kv + (i % block_size) * 656``.
 
 Why this way. Decoding a block costs more issue slots than its MMAs (FlashMLA's notes: about 50 cycles
 per token against 34 at 64 heads), and the producer has the 72 registers the two consumer warpgroups leave

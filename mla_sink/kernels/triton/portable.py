@@ -191,6 +191,9 @@ def _sparse_mla_decode_kernel(
             qk += tl.dot(q1, tl.trans(k1)) * s1[None, :]
             qk += tl.dot(q2, tl.trans(k2)) * s2[None, :]
             qk += tl.dot(q3, tl.trans(k3)) * s3[None, :]
+            # NaN where a tile scale of the id is inf or NaN: the reference's code x scale is then inf or NaN
+            # (0 x inf), and so is its score; a dot times an inf scale alone could give a finite weight
+            qk += ((s0 - s0) + (s1 - s1) + (s2 - s2) + (s3 - s3))[None, :]
             s = kmath.scores_base2(qk, qk_scale, logit_cap, HAS_CAP)
             s = tl.where(valid[None, :], s, float("-inf"))
 
