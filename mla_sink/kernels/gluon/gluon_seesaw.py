@@ -427,8 +427,9 @@ def sparse_mla_decode_seesaw_kernel(
     l_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_sl)
     ids_smem = gl.allocate_shared_memory(gl.int32, [2 * BLOCK_N], vec_sl)  # the producer's ids of a pair
     flag_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    redo_smem = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], flag_sl)  # V3.2: the producer's scale flags
-    # V3.2: this CTA's flag in REDO [T, programs per token] (seesaw_fp8.fp8_producer)
+    # V3.2: the producer's stop decision of each pair, one row per pair parity (seesaw_fp8.stop_flag)
+    redo_smem = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], flag_sl)
+    # V3.2: this CTA's word of REDO [T, programs per token], written by consumer 1
     redo_ptr = REDO + pid_t * (gl.num_programs(0) * gl.num_programs(1)) + pid_h * gl.num_programs(1) + pid_s
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
