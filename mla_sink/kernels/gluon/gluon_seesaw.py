@@ -74,6 +74,12 @@ GATHER_ROWS = 64
 #: ptxas C7515). 12 warps share 64K registers.
 CONSUMER_REGS = 216
 PRODUCER_REGS = 72
+#: The consumers' register layouts: a score tile ``[64 heads, 64 ids]`` and an output half ``[64, 256]``
+#: as wgmma accumulators (one warpgroup), a block's weights as the A operand of P V, and per-head rows.
+S_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+O_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]))
+P_L = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2))
+ROW_L = gl.constexpr(gl.SliceLayout(1, S_L))
 
 
 @gluon.jit
@@ -203,15 +209,45 @@ def _qk_scale(sm_scale, KV_SCALE, KV_FMT: gl.constexpr):
 
 
 @gluon.jit
+def _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HALF_V: gl.constexpr, KV_FMT: gl.constexpr):
+    """A consumer's state before its first pair, once q is in shared memory: ``(qk_scale, offs_n, nrows,
+    m_i, l_i, acc, s_zero)`` (base-2 score scale, id offsets of a block, the pool's rows as uint32, running
+    max ``-inf`` and sum 0 per head, the zeroed output half and a zero score tile)."""
+    qk_scale = _qk_scale(sm_scale, KV_SCALE, KV_FMT)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    nrows = num_rows.to(gl.uint32)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_L)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_L)
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=O_L))
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_L)
+    mbarrier.wait(q_ready, 0)
+    return qk_scale, offs_n, nrows, m_i, l_i, acc, s_zero
+
+
+@gluon.jit
+def _softmax_step(s, m_ref, m_i, l_i):
+    """One block's online-softmax step in base 2: the new running max ``max(m_ref, rowmax s)`` (``m_ref``:
+    this consumer's max, or the one the other consumer published), the factor ``alpha`` that rescales this
+    consumer's state from ``m_i``, the weights ``p`` and the rescaled row sums. Exponents are taken against
+    a finite max (:func:`_safe`), so a row without a valid id gives ``p = 0``, never NaN."""
+    m_new = gl.maximum(m_ref, gl.max(s, axis=1))
+    m_use = _safe(m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - m_use[:, None])
+    return m_new, alpha, p, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
 def _epilogue(acc, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               COL0: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_H: gl.constexpr, HALF_V: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr, s_l: gl.constexpr,
-              o_l: gl.constexpr):
+              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
     """Add the other consumer's row sums, then write this consumer's half of ``out`` (or of the partial
     output) and, with ``WRITE_LSE``, the LSE."""
-    row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+    row_l: gl.constexpr = ROW_L
+    o_l: gl.constexpr = O_L
     l_mine.store(l_own)
     _signal(l_done_mine)
     mbarrier.wait(l_done_theirs, 0)
@@ -252,20 +288,12 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
                    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
     """Default partition, consumer 0: the even blocks' scores and the value columns 0-255."""
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-    row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+    o_l: gl.constexpr = O_L
+    p_l: gl.constexpr = P_L
+    row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
-
-    qk_scale = _qk_scale(sm_scale, KV_SCALE, KV_FMT)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
-    nrows = num_rows.to(gl.uint32)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_l)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_l)
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=o_l))
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
-    mbarrier.wait(q_ready, 0)
+    qk_scale, offs_n, nrows, m_i, l_i, acc, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
+                                                                     BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
     j = num_pairs * 0
     go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
     while go:
@@ -283,12 +311,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         sc = warpgroup_mma(q_hi.index(even), k_hi.index(even).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma(q_rope.index(even), k_rope.index(even).permute((1, 0)), sc, is_async=True)
         sc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
-        s = _masked_scores(sc, ok, qk_scale)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_use = _safe(m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_new, alpha, p, l_i = _softmax_step(_masked_scores(sc, ok, qk_scale), m_i, m_i, l_i)
         m_even.store(m_new)
         _signal(bar_m_even)
         acc_t = acc_t * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
@@ -313,7 +336,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
     _epilogue(acc_t, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT, s_l, o_l)
+              0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
 
 
 @gluon.jit
@@ -326,20 +349,12 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
     """Worker partition, consumer 1: the odd blocks' scores and the value columns 256-511; writes the LSE
     and, for V3.2 rows, the CTA's flag at ``redo_ptr`` (1: stopped at an inexact scale; 0 otherwise)."""
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-    row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+    o_l: gl.constexpr = O_L
+    p_l: gl.constexpr = P_L
+    row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
-
-    qk_scale = _qk_scale(sm_scale, KV_SCALE, KV_FMT)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
-    nrows = num_rows.to(gl.uint32)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_l)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_l)
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=o_l))
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
-    mbarrier.wait(q_ready, 0)
+    qk_scale, offs_n, nrows, m_i, l_i, acc, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
+                                                                     BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
     j = num_pairs * 0
     go = _go_on(j, num_pairs, ready_hi.index(1), redo_smem, KV_FMT)
     while go:
@@ -355,11 +370,8 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         sc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
         s = _masked_scores(sc, ok, qk_scale)
         mbarrier.wait(bar_m_even, phase)
-        m_new = gl.maximum(m_even.load(row_l), gl.max(s, axis=1))  # >= this consumer's previous max
-        m_use = _safe(m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        # the max consumer 0 published is >= this consumer's previous max
+        m_new, alpha, p, l_i = _softmax_step(s, m_even.load(row_l), m_i, l_i)
         m_odd.store(m_new)
         _signal(bar_m_odd)
         m_i = m_new
@@ -384,7 +396,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
     _epilogue(acc_t, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT, s_l, o_l)
+              HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
 
 
 @gluon.jit
