@@ -669,6 +669,8 @@ BAD = [
      r"must be uint8 \[N, 656\] or \[num_blocks, block_size, 656\] \(got shape \(2, 2, 8, 656\)\)"),
     ("kv_scale given", lambda x: x.update(kv_scale=torch.ones(1)),
      r"'kv_scale' must be None with a fp8_ds_mla kv_cache: its scales are in the rows"),
+    ("656-byte rows of another dtype", lambda x: x.update(kv_cache=torch.zeros(32, ROW, dtype=torch.float8_e4m3fn)),
+     r"656-byte rows are the fp8_ds_mla layout: pass them as torch.uint8"),
     ("fp8 q", lambda x: x.update(q=x["q"].to(torch.float8_e4m3fn), q_scale=torch.ones(1)),
      r"\(q dtype, kv_cache dtype\) must be one of .* \(got \('fp8_e4m3', 'fp8_ds_mla'\)\); a fp8_ds_mla kv_cache takes "
      r"q in \['bf16', 'fp16'\] only"),
