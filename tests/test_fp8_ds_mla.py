@@ -312,14 +312,15 @@ def test_kernel_against_float64(scale, q_dtype, split):
 @interp
 @pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
 def test_gated_recompute_touches_only_flagged_tokens(split):
-    """The portable kernel (and the combine) gated on the seesaw's per-program flags, as the sm90 launcher
-    runs them after the seesaw (mla_sink.paths.triton.launch): flagged tokens (any nonzero word of their
-    row) get the exact result, the others keep what the buffers held."""
+    """The portable kernel gated on the seesaw's per-program flags, as the sm90 launcher runs it after the
+    seesaw (mla_sink.paths.triton.launch): flagged tokens (any nonzero word of their row) get the exact
+    result, the others keep what the buffers held. Split, it writes into the caller's partials (the
+    seesaw's), and one combine then merges every token."""
     import attrs
 
     from mla_sink.core.inputs import DecodeInputs
     from mla_sink.core.reference import sparse_mla_decode_reference
-    from mla_sink.paths.triton.launch import _portable_runner, triton_plan_for
+    from mla_sink.paths.triton.launch import _interpreted_combine, _portable_runner, triton_plan_for
     from mla_sink.paths.triton.plan import portable_launch
 
     case = make_case(T=5, H=6, topk=48, seed=9, scale="amax", sinks="mixed")
@@ -337,34 +338,33 @@ def test_gated_recompute_touches_only_flagged_tokens(split):
     flags[1, 2] = 1
     flags[3, 0] = 1
     flags[4, 1] = 5  # any nonzero word
+    redo, keep = [1, 3, 4], [0, 2]
     out = torch.full((T, H, D_V), 7.0, dtype=q.dtype)
     lse = torch.full((T, H), 3.0)
-    o, l = run(x, lse, out=out, gate=flags)
-    assert o.data_ptr() == out.data_ptr() and l.data_ptr() == lse.data_ptr()
     ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, SM_SCALE)
-    redo = [1, 3, 4]
-    check(o[redo], l[redo], ro[redo], rl[redo])
-    keep = [0, 2]
-    assert (o[keep] == 7.0).all() and (l[keep] == 3.0).all()
     if not split:
+        o, l = run(x, lse, out=out, gate=flags)
+        assert o.data_ptr() == out.data_ptr() and l.data_ptr() == lse.data_ptr()
+        check(o[redo], l[redo], ro[redo], rl[redo])
+        assert (o[keep] == 7.0).all() and (l[keep] == 3.0).all()
         return
-    # the sm90 launcher's split form: the flagged tokens' partials are recomputed in place among another
-    # kernel's partials of the same split plan, and one combine then merges every token
-    from mla_sink.paths.triton.launch import _interpreted_combine
-
     splits = launch.num_kv_splits
-    part_out = torch.empty(T, splits, H, D_V)
-    part_lse = torch.empty(T, splits, H)
+    with pytest.raises(ValueError, match="pass parts="):
+        run(x, lse, out=out, gate=flags)
+    part_out = torch.full((T, splits, H, D_V), 7.0)
+    part_lse = torch.full((T, splits, H), 3.0)
+    run(x, lse, out=out, gate=flags, parts=(part_out, part_lse))
+    assert (part_out[keep] == 7.0).all() and (part_lse[keep] == 3.0).all()  # tokens not flagged: untouched
+    assert (out == 7.0).all() and (lse == 3.0).all()  # with parts, nothing is combined into out
+    # the other kernel's partials of the tokens not flagged: here the portable kernel's own, all tokens
     run(x, lse, out=out, gate=torch.ones(T, gate_n, dtype=torch.int32), parts=(part_out, part_lse))
-    assert (o[keep] == 7.0).all()  # with parts, nothing is combined into out
     part_out[redo] = float("nan")  # what the other kernel left for the flagged tokens: overwritten
     part_lse[redo] = float("nan")
     run(x, lse, out=out, gate=flags, parts=(part_out, part_lse))
     combine = _interpreted_combine(launch, x, splits, (H * D_V, D_V))
     out32 = torch.empty(T, H, D_V)
-    combine(None, part_out, part_lse, sinks, out32, lse, lse)
+    combine(None, part_out, part_lse, sinks, out32, lse)
     check(out32.to(q.dtype), lse, ro, rl)
-
 
 @interp
 @pytest.mark.parametrize("H", [1, 5, 24])

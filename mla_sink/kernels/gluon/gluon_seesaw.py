@@ -606,6 +606,6 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
     if splits > 1:
         cgrid, cconst, cstatic = combine_launch_args(T, H, splits, (out.stride(0), out.stride(1)), sinks is not None,
                                                      *combine_tile)
-        combine_jit[cgrid](part_out, part_lse, sinks if sinks is not None else lse, out, lse, lse, **cstatic, **cconst,
+        combine_jit[cgrid](part_out, part_lse, sinks if sinks is not None else lse, out, lse, **cstatic, **cconst,
                            num_warps=4, num_stages=1)
     return out, lse

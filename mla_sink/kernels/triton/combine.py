@@ -13,24 +13,20 @@ from mla_sink.kernels.triton import math as kmath
 
 
 def _sparse_mla_combine_kernel(
-    PART_OUT, PART_LSE, SINKS, OUT, LSE, GATE,
-    num_heads, num_splits, gate_n,
+    PART_OUT, PART_LSE, SINKS, OUT, LSE,
+    num_heads, num_splits,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     stride_ot, stride_oh, stride_lt, stride_lh,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr, GATED: tl.constexpr, GATE_BLOCK: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
-    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block. With
-    ``GATED`` only the tokens flagged in ``GATE`` (as the portable kernel's stage 1) are merged."""
+    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block."""
     pid_h = tl.program_id(0)
     pid_t = tl.program_id(1).to(tl.int64)
     pid_d = tl.program_id(2)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
-    if GATED:  # a token not flagged returns before any other load
-        if kmath.gate_words(GATE, pid_t, gate_n, GATE_BLOCK) == 0:
-            return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
 
@@ -64,23 +60,17 @@ def _sparse_mla_combine_kernel(
 combine_jit = triton.jit(_sparse_mla_combine_kernel)
 
 
-def gate_block(gate_n: int) -> int:
-    """``GATE_BLOCK`` of a gated launch: ``gate_n`` flags per token padded to a power of two (1 ungated)."""
-    return 1 << max(0, (gate_n - 1).bit_length())
-
-
 def combine_launch_args(T: int, H: int, splits: int, out_strides: tuple, has_sinks: bool, block_h: int,
-                        block_d: int, gate_n: int = 0) -> tuple:
+                        block_d: int) -> tuple:
     """``(grid, constexprs, static)`` of a combine launch merging fp32 partials ``[T, splits, H, 512]``
     (contiguous) and base-2 LSEs ``[T, splits, H]`` into ``out`` (``out_strides``: its token and head
     strides) and a contiguous fp32 ``lse [T, H]``; ``block_h x block_d`` (heads x value columns, ``block_d``
     dividing 512) is the tile of one program (a tuning table's ``combine_block_h`` / ``combine_block_d``).
-    The split count is padded to a power of two inside the kernel. ``gate_n > 0``: merge only the tokens
-    flagged in a ``GATE [T, gate_n]`` int32 buffer (:func:`mla_sink.kernels.triton.math.gate_words`)."""
+    The split count is padded to a power of two inside the kernel."""
     d_v = 512
     constexprs = dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
-                      HAS_SINKS=has_sinks, GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n))
-    static = dict(num_heads=H, num_splits=splits, gate_n=gate_n, stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v,
+                      HAS_SINKS=has_sinks)
+    static = dict(num_heads=H, num_splits=splits, stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v,
                   stride_plt=splits * H, stride_pls=H, stride_ot=out_strides[0], stride_oh=out_strides[1],
                   stride_lt=H, stride_lh=1)
     return (-(-H // block_h), T, d_v // block_d), constexprs, static

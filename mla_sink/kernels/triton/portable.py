@@ -290,3 +290,8 @@ def _sparse_mla_decode_kernel(
 
 
 portable_jit = triton.jit(_sparse_mla_decode_kernel)
+
+
+def gate_block(gate_n: int) -> int:
+    """``GATE_BLOCK`` of a launch: ``gate_n`` flags per token padded to a power of two (1 when ungated)."""
+    return 1 << max(0, (max(gate_n, 1) - 1).bit_length())

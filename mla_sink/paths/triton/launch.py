@@ -35,8 +35,9 @@ from mla_sink.core.dtypes import DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, F
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer
-from mla_sink.kernels.triton.combine import combine_launch_args, gate_block
+from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
+from mla_sink.kernels.triton.portable import gate_block
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -187,7 +188,7 @@ def _compiled(kernel: str, device_index: int, dtypes: tuple, grid: tuple, conste
 
 _PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE", "OUT", "LSE", "PART_OUT",
                      "PART_LSE", "GATE", "sm_scale", "logit_cap")
-_COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE", "GATE")
+_COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
 _SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "KV_SCALE", "REDO",
                    "sm_scale")
 #: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
@@ -234,11 +235,10 @@ def _outputs(x: DecodeInputs, th: tuple, out_dtype: torch.dtype, device: torch.d
 
 def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device, gate_n: int = 0):
     """A runner of the portable kernel (with the combine when split). ``gate_n > 0``: a gated runner,
-    ``run(x, lse, out=out, gate=flags)``, that computes only the tokens flagged in ``flags`` (int32
-    ``[T, gate_n]``) into the given ``out`` / ``lse`` and leaves the others as they are; split, it may be
-    given ``parts=(part_out, part_lse)`` (fp32 ``[T, splits, H, 512]`` / ``[T, splits, H]``, another
-    kernel's partials of the same split plan): it then overwrites the flagged tokens' partials there and
-    leaves the one combine of every token to the caller."""
+    ``run(x, lse, out=out, gate=flags, parts=...)``, that computes only the tokens flagged in ``flags``
+    (int32 ``[T, gate_n]``) and leaves the others as they are: unsplit into the given ``out`` / ``lse``;
+    split into ``parts=(part_out, part_lse)`` (fp32 ``[T, splits, H, 512]`` / ``[T, splits, H]``, another
+    kernel's partials of the same split plan), leaving the one combine of every token to the caller."""
     spec = plan.spec
     T, H, _ = x.q.shape
     topk = x.indices.shape[1]
@@ -282,14 +282,14 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     cap_arg = float(cap) if cap > 0 else 1.0  # unused by the kernel without HAS_CAP
     if interp:
         decode = InterpretedLaunch("portable", grid, constexprs, _PORTABLE_DYNAMIC, static)
-        combine = _interpreted_combine(launch, x, splits, out_strides, gate_n) if split else None
+        combine = _interpreted_combine(launch, x, splits, out_strides) if split and not gate_n else None
     else:
         dtypes = tuple(None if t is None else t.dtype
                        for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.q_scale, x.kv_scale, x.out))
         index = device.index if device.index is not None else torch.cuda.current_device()
         decode = _compiled("portable", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
                            _PORTABLE_DYNAMIC, tuple(static.items()))
-        combine = _combine_launch(launch, x, index, dtypes, splits, out_strides, gate_n) if split else None
+        combine = _combine_launch(launch, x, index, dtypes, splits, out_strides) if split and not gate_n else None
     # fnuz is decoded from its bits inside the kernel (Triton has no fnuz type on NVIDIA or in numpy)
     q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
 
@@ -312,6 +312,8 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
             lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
         if parts is not None:
             part_out, part_lse = parts
+        elif split and gate is not None:
+            raise ValueError("a gated split launch writes into the caller's partials: pass parts=(part_out, part_lse)")
         elif split:
             part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=q.device)
@@ -323,8 +325,8 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
                topk_length if topk_length is not None else lse, x.q_scale if q_fp8 else lse,
                x.kv_scale if kv_fp8 else lse, out_k, lse, part_out, part_lse, gate if gate is not None else lse,
                x.sm_scale, cap_arg)
-        if split and parts is None:
-            combine(align, part_out, part_lse, sinks, out_k, lse, gate if gate is not None else lse)
+        if combine is not None:
+            combine(align, part_out, part_lse, sinks, out_k, lse)
         if out_k is not out:
             out.copy_(out_k)
         return out, lse
@@ -346,27 +348,24 @@ class InterpretedLaunch:
             interpreted(self.name)[self.grid](**dict(zip(self.dynamic, args)), **self.static, **self.constexprs)
 
 
-def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple, gate_n: int = 0) -> tuple:
+def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple) -> tuple:
     """``(grid, constexprs, static)`` of the split-KV combine of a launch (fp32 partials
-    ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``), its tile from the tuning row; gated by a
-    ``[T, gate_n]`` flag buffer when ``gate_n > 0``."""
+    ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``), its tile from the tuning row."""
     T, H, _ = x.q.shape
     cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
-    return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V),
-                               gate_n)
+    return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V))
 
 
-def _combine_launch(launch, x: DecodeInputs, index: int, dtypes: tuple, splits: int, out_strides: tuple,
-                    gate_n: int = 0):
+def _combine_launch(launch, x: DecodeInputs, index: int, dtypes: tuple, splits: int, out_strides: tuple):
     """The compiled split-KV combine of a launch on device ``index``."""
-    grid, constexprs, static = _combine_args(launch, x, splits, out_strides, gate_n)
+    grid, constexprs, static = _combine_args(launch, x, splits, out_strides)
     return _compiled("combine", index, dtypes, grid, tuple(constexprs.items()), (("num_warps", 4), ("num_stages", 1)),
                      _COMBINE_DYNAMIC, tuple(static.items()))
 
 
-def _interpreted_combine(launch, x: DecodeInputs, splits: int, out_strides: tuple, gate_n: int = 0):
+def _interpreted_combine(launch, x: DecodeInputs, splits: int, out_strides: tuple):
     """The split-KV combine of a launch through the CPU interpreter."""
-    grid, constexprs, static = _combine_args(launch, x, splits, out_strides, gate_n)
+    grid, constexprs, static = _combine_args(launch, x, splits, out_strides)
     return InterpretedLaunch("combine", grid, constexprs, _COMBINE_DYNAMIC, static)
 
 
@@ -446,7 +445,7 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
         if ds:  # the flagged tokens, recomputed into the same partials (split: one combine serves both)
             redo_portable(x, lse, out=out, gate=redo, parts=(part_out, part_lse) if split else None)
         if split:
-            combine(align, part_out, part_lse, sinks, out, lse, lse)
+            combine(align, part_out, part_lse, sinks, out, lse)
         return out, lse
 
     return run
@@ -623,13 +622,13 @@ def combine_states_triton(
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():
         combine[(-(-H // cbh), T, D_V // cbd)](
-            part_out, lse2, sinks if sinks is not None else dummy, out, lse, dummy,
-            H, R, 0,
+            part_out, lse2, sinks if sinks is not None else dummy, out, lse,
+            H, R,
             part_out.stride(1), part_out.stride(0), part_out.stride(2),
             lse2.stride(0), lse2.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
             BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (R - 1).bit_length()),
-            HAS_SINKS=sinks is not None, GATED=False, GATE_BLOCK=1,
+            HAS_SINKS=sinks is not None,
             num_warps=4, num_stages=1,
         )
     return out, lse
