@@ -14,7 +14,7 @@ from mla_sink.core.lse import apply_sink, merge_states
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-@pytest.mark.parametrize("R,T,H", [(1, 1, 1), (2, 3, 5), (4, 2, 17), (8, 64, 128)])
+@pytest.mark.parametrize("R,T,H", [(1, 1, 1), (2, 3, 5), (4, 2, 17), (8, 64, 128), (16, 2, 128), (5, 3, 24)])
 def test_combine_matches_merge_then_sink_on_gpu(R, T, H):
     g = torch.Generator(device="cuda").manual_seed(R * 100 + H)
     buf = torch.randn(R, T * H * 512 + 8, generator=g, device="cuda")

@@ -118,9 +118,10 @@ def fp8_cache(kv_dtype, N, g):
 @pytest.mark.parametrize("splits", SPLITS)
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_ds_mla"])
 @pytest.mark.parametrize("H,T,topk", [(128, 3, 2048), (64, 2, 1000), (100, 2, 37), (65, 4, 130), (128, 2, 0),
-                                      (64, 2, 192)])
+                                      (64, 2, 192), (32, 2, 700), (24, 3, 300)])
 def test_adversarial_fp8(H, T, topk, kv_dtype, splits):
-    """The fp8 producer (mla_sink/kernels/gluon/seesaw_fp8.py) on both fp8 caches, bf16 q."""
+    """The fp8 producer (mla_sink/kernels/gluon/seesaw_fp8.py) on both fp8 caches, bf16 q; H <= 32 padded
+    to the kernel's 64-head block."""
     g = torch.Generator(device="cuda").manual_seed(H * 37 + T * 5 + topk)
     N = 4099
     cache, kv_scale = fp8_cache(kv_dtype, N, g)

@@ -165,6 +165,14 @@ def _opaque_zero(j):
 
 
 @gluon.jit
+def _launch_dependents(x):
+    """``griddepcontrol.launch_dependents`` (sm90+): this CTA no longer holds back the launch of a
+    programmatic dependent grid (``x``: any scalar; the instruction takes no operand)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0 $1", "=r,r", [x], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _signal(bar):
     """Every thread of this warpgroup is past this point (its shared-memory writes visible): one arrive."""
     gl.thread_barrier()
@@ -409,9 +417,13 @@ def sparse_mla_decode_seesaw_kernel(
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr,
     ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr,
+    KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
 ):
-    """One CTA = (head block, id range, token). See the module docstring."""
+    """One CTA = (head block, id range, token). See the module docstring. ``LAUNCH_DEPENDENTS``: let the
+    next kernel, launched as a programmatic dependent (the combine, or the V3.2 recompute), start at once
+    on the SMs this grid leaves idle; it waits for this grid's completion before reading what it wrote."""
+    if LAUNCH_DEPENDENTS:
+        _launch_dependents(gl.program_id(0))
     pid_h = gl.program_id(0)
     pid_s = gl.program_id(1)
     pid_t = gl.program_id(2).to(gl.int64)
@@ -530,14 +542,15 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     constexprs = dict(BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, KV_FMT=kv_fmt,
-                      ROW_BYTES=kv_layout.ROW_BYTES if kv_fmt == KV_DS_MLA.value else d_qk)
+                      ROW_BYTES=kv_layout.ROW_BYTES if kv_fmt == KV_DS_MLA.value else d_qk,
+                      LAUNCH_DEPENDENTS=splits > 1 or kv_fmt == KV_DS_MLA.value)
     grid = (-(-H // HEAD_BLOCK), splits, T)
     return grid, scalars, constexprs, dict(num_warps=4)
 
 
 def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None, out=None,
                              lse=None, num_kv_splits: int = 1, ids_per_split=None, kv_dtype: str = "bf16",
-                             kv_scale=None, combine_tile: tuple = (16, 128), redo=None):
+                             kv_scale=None, combine_tile: tuple = (16, 128), redo=None, pdl: bool = True):
     """Launch :func:`sparse_mla_decode_seesaw_kernel` (CUDA sm90 only), with the split-KV combine
     (:mod:`mla_sink.kernels.triton.combine`, which applies the sink once) when ``num_kv_splits > 1``.
     Tests and benchmarks; the library launches through :mod:`mla_sink.paths.triton.launch`.
@@ -563,6 +576,8 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
             into bf16, and the program stopped early; its token's ``out`` / ``lse`` are then not the
             result, and :mod:`mla_sink.paths.triton.launch` recomputes such tokens with the portable
             kernel). Allocated here when not given.
+        pdl: launch the combine as a programmatic dependent of the seesaw (which lets it launch early);
+            False: one plain launch after the other (for comparison).
 
     Returns:
         ``(out, lse)``: ``out [T, H, 512]`` (q's dtype) = sink-free output times ``sigmoid(lse - sink)``,
@@ -590,7 +605,8 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
                                                             ids_per_split=ids_per_split,
                                                             out_strides=(out.stride(0), out.stride(1)),
                                                             kv_dtype=kv_dtype)
-    constexprs.update(HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None)
+    constexprs.update(HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None,
+                      LAUNCH_DEPENDENTS=pdl and splits > 1)
     if splits > 1:
         part_out = torch.empty((T, splits, H, 2 * HALF_V), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=q.device)
@@ -605,7 +621,7 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
         **scalars, **constexprs, **options)
     if splits > 1:
         cgrid, cconst, cstatic = combine_launch_args(T, H, splits, (out.stride(0), out.stride(1)), sinks is not None,
-                                                     *combine_tile)
+                                                     *combine_tile, wait_primary=pdl)
         combine_jit[cgrid](part_out, part_lse, sinks if sinks is not None else lse, out, lse, **cstatic, **cconst,
-                           num_warps=4, num_stages=1)
+                           num_warps=4, num_stages=1, launch_pdl=pdl)
     return out, lse

@@ -29,7 +29,9 @@ adjacent in launch order so their identical gathers hit L2):
   dtype, and its 64 bf16 RoPE values (bytes 528..655) are converted to q's dtype; no per-tensor scale;
 * ``GATED``: only the tokens flagged in ``GATE`` (int32 ``[T, gate_n]``, any nonzero word) are computed;
   the others read and write nothing. The launcher recomputes this way the tokens whose V3.2 scales the
-  sm90 seesaw kernel could not decode exactly (:mod:`mla_sink.kernels.gluon.seesaw_fp8`);
+  sm90 seesaw kernel could not decode exactly (:mod:`mla_sink.kernels.gluon.seesaw_fp8`), launched with
+  ``PDL`` as a programmatic dependent of the seesaw (``griddepcontrol``: it waits for the seesaw's grid
+  before anything else, and lets the combine after it launch early in turn);
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
@@ -49,6 +51,11 @@ import triton.language as tl
 
 from mla_sink.kernels.triton import math as kmath
 
+try:  # griddepcontrol (sm90+); only traced with PDL
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton
+    gdc_launch_dependents = gdc_wait = None
+
 
 def _sparse_mla_decode_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
@@ -64,9 +71,12 @@ def _sparse_mla_decode_kernel(
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
     EVEN: tl.constexpr, KV_DS_MLA: tl.constexpr, DS_TILE: tl.constexpr,
-    GATED: tl.constexpr, GATE_BLOCK: tl.constexpr,
+    GATED: tl.constexpr, GATE_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
+    if PDL:  # launched as a programmatic dependent (sm90+): wait for the primary grid and its writes first
+        gdc_wait()
+        gdc_launch_dependents()
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_t = tl.program_id(2).to(tl.int64)

@@ -233,12 +233,15 @@ def _outputs(x: DecodeInputs, th: tuple, out_dtype: torch.dtype, device: torch.d
     return out, lse if lse is not None else torch.empty(th, dtype=torch.float32, device=device)
 
 
-def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device, gate_n: int = 0):
+def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device, gate_n: int = 0,
+                     pdl: bool = False):
     """A runner of the portable kernel (with the combine when split). ``gate_n > 0``: a gated runner,
     ``run(x, lse, out=out, gate=flags, parts=...)``, that computes only the tokens flagged in ``flags``
     (int32 ``[T, gate_n]``) and leaves the others as they are: unsplit into the given ``out`` / ``lse``;
     split into ``parts=(part_out, part_lse)`` (fp32 ``[T, splits, H, 512]`` / ``[T, splits, H]``, another
-    kernel's partials of the same split plan), leaving the one combine of every token to the caller."""
+    kernel's partials of the same split plan), leaving the one combine of every token to the caller.
+    ``pdl`` (CUDA sm90+ only): the kernel is launched as a programmatic dependent of the kernel before it
+    (``launch_pdl``), waiting for that grid before it reads anything."""
     spec = plan.spec
     T, H, _ = x.q.shape
     topk = x.indices.shape[1]
@@ -258,9 +261,11 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=spec.q_dtype in FNUZ_KEYS, KV_FNUZ=spec.kv_dtype in FNUZ_KEYS,
         SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and spec.q_dtype not in FP16_EXACT_KEYS,
         EVEN=not has_len and topk % launch.block_n == 0, KV_DS_MLA=ds, DS_TILE=kv_layout.TILE,
-        GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n),
+        GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n), PDL=pdl and not interp,
     )
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if pdl and not interp:
+        options["launch_pdl"] = True
     out_strides = (H * D_V, D_V) if (x.out is None or stage_fp32) else (x.out.stride(0), x.out.stride(1))
     num_hb = -(-H // launch.block_h)
     copy_q = x.q.stride(-1) != 1  # the kernel assumes unit innermost strides: such inputs are copied
@@ -348,18 +353,22 @@ class InterpretedLaunch:
             interpreted(self.name)[self.grid](**dict(zip(self.dynamic, args)), **self.static, **self.constexprs)
 
 
-def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple) -> tuple:
+def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple, pdl: bool = False) -> tuple:
     """``(grid, constexprs, static)`` of the split-KV combine of a launch (fp32 partials
     ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``), its tile from the tuning row."""
     T, H, _ = x.q.shape
     cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
-    return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V))
+    return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V),
+                               wait_primary=pdl)
 
 
-def _combine_launch(launch, x: DecodeInputs, index: int, dtypes: tuple, splits: int, out_strides: tuple):
-    """The compiled split-KV combine of a launch on device ``index``."""
-    grid, constexprs, static = _combine_args(launch, x, splits, out_strides)
-    return _compiled("combine", index, dtypes, grid, tuple(constexprs.items()), (("num_warps", 4), ("num_stages", 1)),
+def _combine_launch(launch, x: DecodeInputs, index: int, dtypes: tuple, splits: int, out_strides: tuple,
+                    pdl: bool = False):
+    """The compiled split-KV combine of a launch on device ``index``; ``pdl``: launched as a programmatic
+    dependent of the kernel before it (which lets it launch early), waiting for that grid first."""
+    grid, constexprs, static = _combine_args(launch, x, splits, out_strides, pdl)
+    options = (("num_warps", 4), ("num_stages", 1)) + ((("launch_pdl", True),) if pdl else ())
+    return _compiled("combine", index, dtypes, grid, tuple(constexprs.items()), options,
                      _COMBINE_DYNAMIC, tuple(static.items()))
 
 
@@ -406,12 +415,15 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     index = device.index if device.index is not None else torch.cuda.current_device()
     decode = _compiled("gluon_seesaw", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
                        _SEESAW_DYNAMIC, tuple(static.items()))
-    combine = _combine_launch(launch, x, index, dtypes, splits, out_strides) if split else None
+    # the kernels after the seesaw (the combine; for V3.2 rows the recompute, then the combine) are launched
+    # as programmatic dependents: the seesaw lets them launch as soon as all its CTAs run (LAUNCH_DEPENDENTS),
+    # so their launch overlaps its work; each waits for the grid before it (griddepcontrol.wait) first
+    combine = _combine_launch(launch, x, index, dtypes, splits, out_strides, pdl=True) if split else None
     # V3.2 rows: the seesaw decodes tiles into bf16, exact only for power-of-two scales; it flags (and
     # stops on) the tokens with any other scale, and the gated portable kernel recomputes exactly those
     redo_n = grid[0] * grid[1] if ds else 0
     redo_portable = (_portable_runner(plan, attrs.evolve(launch, kernel="portable"), x, out_dtype, device,
-                                      gate_n=redo_n) if ds else None)
+                                      gate_n=redo_n, pdl=True) if ds else None)
     errors = _compile_errors()
     unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
 
@@ -585,6 +597,7 @@ def combine_states_triton(
     *,
     out: torch.Tensor,
     lse: torch.Tensor,
+    tile: Optional[tuple] = None,
 ) -> Result:
     """Merge R sink-free partial states and apply the sink once, in one kernel (the DCP merge).
 
@@ -595,6 +608,9 @@ def combine_states_triton(
         sinks: optional fp32 ``[H]`` natural-log sink logits.
         out: ``[T, H, 512]`` output buffer (any float dtype, innermost stride 1).
         lse: fp32 ``[T, H]`` output buffer: ``logsumexp_r(lse_r)``, natural log, sink excluded.
+        tile: optional ``(heads, value columns)`` of one program (powers of two, heads >= 16, columns
+            dividing 512); default: every head and column at once on the CPU (the interpreter prefers
+            few, large programs), 16 x 128 on a GPU (the sm90 tuning rows' combine tile).
 
     Returns:
         ``(out, lse)``, with ``out = sum_r out_r exp(lse_r - lse) * sigmoid(lse - sink)``; rows empty in
@@ -604,7 +620,7 @@ def combine_states_triton(
     Raises:
         ValueError: ``part_out`` / ``part_lse`` of the wrong shape or layout.
     """
-    from mla_sink.kernels.triton.combine import combine_jit
+    from mla_sink.kernels.triton.combine import combine_constexprs, combine_jit
     from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
 
     R, T, H, d = part_out.shape
@@ -616,9 +632,11 @@ def combine_states_triton(
     lse2 = (part_lse.float() * LOG2E).permute(1, 0, 2).contiguous()  # [T, R, H], base 2 as the kernel keeps it
     interp = part_out.device.type == "cpu"
     combine = interpreted("combine") if interp else combine_jit
-    # the interpreter prefers few, large programs; on a GPU the combine tile of the tuning rows
-    cbh = max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())) if interp else MIN_BLOCK
-    cbd = D_V if interp else 128
+    if tile is not None:
+        cbh, cbd = tile
+    else:  # the interpreter prefers few, large programs; on a GPU the combine tile of the tuning rows
+        cbh = max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())) if interp else MIN_BLOCK
+        cbd = D_V if interp else 128
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():
         combine[(-(-H // cbh), T, D_V // cbd)](
@@ -627,8 +645,6 @@ def combine_states_triton(
             part_out.stride(1), part_out.stride(0), part_out.stride(2),
             lse2.stride(0), lse2.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            BLOCK_H=cbh, BLOCK_D=cbd, BLOCK_S=1 << max(0, (R - 1).bit_length()),
-            HAS_SINKS=sinks is not None,
-            num_warps=4, num_stages=1,
+            **combine_constexprs(R, sinks is not None, cbh, cbd), num_warps=4, num_stages=1,
         )
     return out, lse

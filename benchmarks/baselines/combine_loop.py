@@ -1,0 +1,80 @@
+"""BASELINE, not part of the library: the split-KV combine kernel as it was until the fifth session of
+2026-12-01 (one split per loop step, each load waiting on the one before: the split's LSE, then its
+partial), kept so that benchmarks/t2_launch_ab.py can time the combine that loads several splits per round
+trip (:mod:`mla_sink.kernels.triton.combine`) against it on the same data.
+
+It merges the fp32 partial states of a token's KV splits (or of DCP ranks) and applies the sink once.
+
+Source: the split-KV combine of lightllm/sglang ``decode_attention`` kernels.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from mla_sink.kernels.triton import math as kmath
+
+
+def _sparse_mla_combine_kernel(
+    PART_OUT, PART_LSE, SINKS, OUT, LSE,
+    num_heads, num_splits,
+    stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+    stride_ot, stride_oh, stride_lt, stride_lh,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
+    BLOCK_D value columns); apply the sink once. The LSE is written by the first column block."""
+    pid_h = tl.program_id(0)
+    pid_t = tl.program_id(1).to(tl.int64)
+    pid_d = tl.program_id(2)
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+
+    pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
+    lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
+    m = tl.max(lses, 0)  # [BLOCK_H]
+    empty = m == float("-inf")
+    m_safe = tl.where(empty, 0.0, m)
+    l_sum = tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
+
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for s in range(0, num_splits):
+        ls = tl.load(PART_LSE + pid_t * stride_plt + s * stride_pls + offs_h, mask=mask_h, other=float("-inf"))
+        w = tl.exp2(ls - m_safe)  # 0 for a split with no valid id
+        po = PART_OUT + pid_t * stride_pt + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        o = tl.load(po, mask=mask_h[:, None] & (w[:, None] > 0.0), other=0.0)
+        acc += w[:, None] * o
+
+    l_safe = tl.where(empty, 1.0, l_sum)
+    out = acc / l_safe[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_safe + tl.log2(l_safe))
+    if HAS_SINKS:
+        sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
+        out = out * kmath.sink_scale(1.0, sink, lse2, empty)[:, None]
+    o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
+    if pid_d == 0:
+        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
+
+
+combine_jit = triton.jit(_sparse_mla_combine_kernel)
+
+
+def combine_launch_args(T: int, H: int, splits: int, out_strides: tuple, has_sinks: bool, block_h: int,
+                        block_d: int) -> tuple:
+    """``(grid, constexprs, static)`` of a combine launch merging fp32 partials ``[T, splits, H, 512]``
+    (contiguous) and base-2 LSEs ``[T, splits, H]`` into ``out`` (``out_strides``: its token and head
+    strides) and a contiguous fp32 ``lse [T, H]``; ``block_h x block_d`` (heads x value columns, ``block_d``
+    dividing 512) is the tile of one program (a tuning table's ``combine_block_h`` / ``combine_block_d``).
+    The split count is padded to a power of two inside the kernel."""
+    d_v = 512
+    constexprs = dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
+                      HAS_SINKS=has_sinks)
+    static = dict(num_heads=H, num_splits=splits, stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v,
+                  stride_plt=splits * H, stride_pls=H, stride_ot=out_strides[0], stride_oh=out_strides[1],
+                  stride_lt=H, stride_lh=1)
+    return (-(-H // block_h), T, d_v // block_d), constexprs, static
