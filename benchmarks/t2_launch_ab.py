@@ -1,5 +1,5 @@
 """A/B of the small-T launch chain of the seesaw kernel (fifth session, 2026-12-01): the split-KV combine
-that loads several splits per round trip against the one-split-per-step loop it replaced
+that issues the loads of four splits at a time against the one-split-per-step loop it replaced
 (``baselines/combine_loop.py``), its tile, and the programmatic dependent launch (PDL) of the combine
 (the seesaw lets it launch as soon as every seesaw CTA runs). Same data per row; CUDA-graph replay,
 L2 flushed. Then the library's V3.2 / e4m3 / bf16 calls at T = 2 and 64 (the new chain only), for the
@@ -63,10 +63,10 @@ def chain(q, kv, idx, sinks, splits, kv_dtype, kv_scale, variant):
 
 VARIANTS = {
     "loop_16x128": (combine_loop, (16, 128), False),
-    "chunk_16x128": (combine, (16, 128), False),
-    "chunk_16x128_pdl": (combine, (16, 128), True),
-    "chunk_16x64_pdl": (combine, (16, 64), True),
-    "chunk_16x32_pdl": (combine, (16, 32), True),
+    "group_16x128": (combine, (16, 128), False),
+    "group_16x128_pdl": (combine, (16, 128), True),
+    "group_16x64_pdl": (combine, (16, 64), True),
+    "group_16x32_pdl": (combine, (16, 32), True),
     "seesaw_alone": None,
 }
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from mla_sink.core.dcp import _stack_view
-from mla_sink.kernels.triton.combine import splits_per_load
 from mla_sink.paths.triton.launch import combine_states_triton
 from mla_sink.core.lse import apply_sink, merge_states
 
@@ -18,14 +17,13 @@ pytestmark = pytest.mark.interpreter
 @pytest.mark.parametrize("R,T,H,tile", [(1, 1, 1, None), (2, 3, 5, None), (4, 2, 17, None),
                                          (5, 2, 17, (16, 128)), (16, 1, 20, (16, 32)), (16, 1, 3, (16, 128))])
 def test_combine_matches_merge_then_sink(R, T, H, tile):
-    """``tile``: a GPU tile, so a program loads several splits per round trip (chunks of 4 or 16 splits;
-    5 splits leave a masked tail chunk)."""
+    """``tile``: a GPU tile (many programs); 5 splits leave a partly masked group of four."""
     g = torch.Generator().manual_seed(R * 100 + H)
     buf = torch.randn(R, T * H * 512 + 8, generator=g)  # parts as strided views of one buffer
     parts = buf[:, : T * H * 512].reshape(R, T, H, 512)
     lses = torch.randn(R, T, H, generator=g) * 3
     lses[0, 0, :] = -math.inf
-    parts[0, 0] = float("nan")  # a part without valid ids: never read
+    parts[0, 0] = float("nan")  # a part without valid ids: contributes nothing
     lses[:, -1, 0] = -math.inf  # a row empty in every part
     sinks = torch.linspace(-3, 3, H)
     if H > 2:
@@ -60,9 +58,3 @@ def test_stack_view_over_gather_buffer():
     assert _stack_view([parts[0], parts[2], parts[1]]) is None
 
 
-
-def test_splits_per_load():
-    """Powers of two within the split count (padded) and the per-load element budget."""
-    assert splits_per_load(16, 16, 128) == 4 and splits_per_load(16, 16, 32) == 16
-    assert splits_per_load(2, 16, 128) == 2 and splits_per_load(1, 16, 128) == 1
-    assert splits_per_load(5, 16, 64) == 8 and splits_per_load(32, 64, 512) == 1

@@ -21,7 +21,7 @@ def test_combine_matches_merge_then_sink_on_gpu(R, T, H):
     parts = buf[:, : T * H * 512].reshape(R, T, H, 512)
     lses = torch.randn(R, T, H, generator=g, device="cuda") * 3
     lses[0, 0, :] = -math.inf
-    parts[0, 0] = float("nan")  # a part without valid ids: never read
+    parts[0, 0] = float("nan")  # a part without valid ids: contributes nothing
     lses[:, -1, 0] = -math.inf  # a row empty in every part
     sinks = torch.linspace(-3, 3, H, device="cuda")
     if H > 2:

@@ -53,14 +53,16 @@ def _old_splits(cfg, T, H, topk, sms, requested=None):
 
 def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, gluon, block_h):
     """The tuning row's ``kernel`` param, then kernel_for, as they were."""
-    kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8"}.get(row, "portable")
+    kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8",
+              "sm90_fp8_h32": "gluon_seesaw"}.get(row, "portable")
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
     if kernel == "gluon_fp8" and splits != 1:  # gluon_fp8 has no split-KV stage; gluon_seesaw has
         return "portable"
     if kernel == "gluon_seesaw":
-        ok = q_dtype in ("bf16", "fp16") and block_h == 64 and (
-            q_dtype == kv_dtype or kv_dtype == "fp8_e4m3")
+        ok = q_dtype in ("bf16", "fp16") and (
+            (block_h == 64 and (q_dtype == kv_dtype or kv_dtype == "fp8_e4m3"))
+            or (kv_dtype == "fp8_e4m3" and num_heads > 16))  # since 2026-12-01: e4m3 at 17-32 heads, padded
     else:
         ok = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and num_heads <= 16
     return kernel if ok else "portable"
@@ -123,7 +125,9 @@ def test_where_the_gluon_kernels_serve():
     f8 = plan(kv_dtype="fp8_e4m3", num_heads=16)
     assert (f8.kernel, f8.kernel_row, f8.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon", "sm90_fp8_h16")
     assert plan(q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=3).kernel == "gluon_fp8"
-    assert plan(kv_dtype="fp8_e4m3", num_heads=17).kernel == "portable"
+    f8_17 = plan(kv_dtype="fp8_e4m3", num_heads=17)  # 17-32 heads: the seesaw, padded to a 64-head block
+    assert (f8_17.kernel, f8_17.kernel_row, f8_17.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw", "sm90_fp8_h32")
+    assert plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2).kernel == "portable"  # split at 16 heads
     assert plan(q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3", num_heads=16).kernel == "portable"
     for arch in ("sm80", "sm100", "gfx942", "gfx950", "sm120"):
         assert plan(arch=arch).kernel == "portable"

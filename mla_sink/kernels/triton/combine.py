@@ -18,10 +18,8 @@ try:  # griddepcontrol.wait (sm90+); only traced when WAIT_PRIMARY is set
 except ImportError:  # pragma: no cover - older Triton
     gdc_wait = None
 
-#: fp32 partial-output elements one combine program loads per round trip (64 registers a thread at 4
-#: warps): as many splits as fit are loaded at once, so a program waits on memory once per chunk of
-#: splits, not once per split (at T=2 with 16 splits the per-split loop was a chain of 32 dependent loads).
-PARTIAL_ELEMS_PER_LOAD = 8192
+#: Splits whose loads a combine program issues together (the four ``kmath.split_state`` calls of its loop).
+SPLITS_PER_GROUP = tl.constexpr(4)
 
 
 def _sparse_mla_combine_kernel(
@@ -29,13 +27,14 @@ def _sparse_mla_combine_kernel(
     num_heads, num_splits,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     stride_ot, stride_oh, stride_lt, stride_lh,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS_PER_LOAD: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_SINKS: tl.constexpr, WAIT_PRIMARY: tl.constexpr,
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
     BLOCK_D value columns); apply the sink once. The LSE is written by the first column block. A split
-    whose LSE is ``-inf`` (no valid id) is never read. ``WAIT_PRIMARY``: launched as a programmatic
-    dependent of the kernel that writes the partials; wait for it (and its memory) first."""
+    whose LSE is ``-inf`` (no valid id) contributes nothing, whatever its partial holds. ``WAIT_PRIMARY``:
+    launched as a programmatic dependent of the kernel that writes the partials; wait for it (and its
+    memory) first."""
     if WAIT_PRIMARY:
         gdc_wait()
     pid_h = tl.program_id(0)
@@ -54,16 +53,23 @@ def _sparse_mla_combine_kernel(
     l_sum = tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
 
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    offs_c = tl.arange(0, SPLITS_PER_LOAD)
-    for s0 in range(0, num_splits, SPLITS_PER_LOAD):
-        hc = ((s0 + offs_c) < num_splits)[:, None] & mask_h[None, :]  # [splits of the chunk, heads]
-        ls = tl.load(PART_LSE + pid_t * stride_plt + (s0 + offs_c)[:, None] * stride_pls + offs_h[None, :], mask=hc,
-                     other=float("-inf"))
-        w = tl.exp2(ls - m_safe[None, :])  # 0 for a split with no valid id
-        po = (PART_OUT + pid_t * stride_pt + (s0 + offs_c)[:, None, None] * stride_ps
-              + offs_h[None, :, None] * stride_ph + offs_d[None, None, :])
-        o = tl.load(po, mask=(hc & (w > 0.0))[:, :, None], other=0.0)
-        acc += tl.sum(w[:, :, None] * o, 0)
+    # the splits four at a time, each group's loads issued before any of its math: their loads do not
+    # depend on each other, so a program waits on memory about once per group (a loop over the splits
+    # waited twice per split, 32 round trips at 16 splits). Per-head values stay [BLOCK_H, 1] columns of
+    # the tile's layout (no layout conversion in the loop).
+    m_col = m_safe[:, None]
+    n_live = tl.where(mask_h, num_splits, 0)[:, None]  # splits to read per head row (0: padded head)
+    base_o = PART_OUT + pid_t * stride_pt + offs_h[:, None] * stride_ph + offs_d[None, :]
+    base_l = PART_LSE + pid_t * stride_plt + offs_h[:, None]
+    for s in tl.static_range(0, BLOCK_S, SPLITS_PER_GROUP):
+        o0, l0 = kmath.split_state(base_o, base_l, s, stride_ps, stride_pls, s < n_live)
+        o1, l1 = kmath.split_state(base_o, base_l, s + 1, stride_ps, stride_pls, s + 1 < n_live)
+        o2, l2 = kmath.split_state(base_o, base_l, s + 2, stride_ps, stride_pls, s + 2 < n_live)
+        o3, l3 = kmath.split_state(base_o, base_l, s + 3, stride_ps, stride_pls, s + 3 < n_live)
+        acc = kmath.add_split(acc, o0, l0, m_col)
+        acc = kmath.add_split(acc, o1, l1, m_col)
+        acc = kmath.add_split(acc, o2, l2, m_col)
+        acc = kmath.add_split(acc, o3, l3, m_col)
 
     l_safe = tl.where(empty, 1.0, l_sum)
     out = acc / l_safe[:, None]
@@ -80,19 +86,11 @@ def _sparse_mla_combine_kernel(
 combine_jit = triton.jit(_sparse_mla_combine_kernel)
 
 
-def splits_per_load(splits: int, block_h: int, block_d: int) -> int:
-    """Splits a combine program loads per round trip: a power of two, at most the split count padded to
-    one, at most :data:`PARTIAL_ELEMS_PER_LOAD` partial elements (``block_h x block_d`` each)."""
-    padded = 1 << max(0, (splits - 1).bit_length())
-    fit = max(1, PARTIAL_ELEMS_PER_LOAD // (block_h * block_d))
-    return min(padded, 1 << (fit.bit_length() - 1))
-
-
 def combine_constexprs(splits: int, has_sinks: bool, block_h: int, block_d: int, wait_primary: bool = False) -> dict:
     """The constexpr arguments of a combine launch over ``splits`` partials with ``block_h x block_d`` tiles;
     ``wait_primary``: launched with ``launch_pdl=True`` after the kernel writing the partials (sm90+)."""
     return dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
-                SPLITS_PER_LOAD=splits_per_load(splits, block_h, block_d), HAS_SINKS=has_sinks,
+                HAS_SINKS=has_sinks,
                 WAIT_PRIMARY=wait_primary)
 
 

@@ -162,3 +162,20 @@ def gate_words(GATE, pid_t, gate_n, GATE_BLOCK: tl.constexpr):
     offs = tl.arange(0, GATE_BLOCK)
     words = tl.load(GATE + pid_t * gate_n + offs, mask=offs < gate_n, other=0)
     return tl.max(words, 0)
+
+
+@triton.jit
+def split_state(base_o, base_l, s, stride_ps, stride_pls, live):
+    """The combine kernel's read of split ``s``: its partial output tile ``[BLOCK_H, BLOCK_D]`` and its
+    base-2 LSE as a ``[BLOCK_H, 1]`` column; where ``live`` (``[BLOCK_H, 1]``) is false nothing is read
+    and they are ``0`` / ``-inf``."""
+    return (tl.load(base_o + s * stride_ps, mask=live, other=0.0),
+            tl.load(base_l + s * stride_pls, mask=live, other=float("-inf")))
+
+
+@triton.jit
+def add_split(acc, o, ls, m_col):
+    """The combine kernel's step: ``acc + 2^(ls - m) o`` (``ls``, ``m_col``: ``[BLOCK_H, 1]`` columns); a
+    split with no valid id (``ls = -inf``: weight 0) adds nothing, whatever its partial holds (NaN too)."""
+    w = tl.exp2(ls - m_col)
+    return acc + tl.where(w > 0.0, w * o, 0.0)

@@ -603,7 +603,7 @@ def combine_states_triton(
 
     Args:
         part_out: ``[R, T, H, 512]`` partial outputs (fp32/bf16/fp16, innermost stride 1, any other
-            strides: e.g. views into an all-gather buffer); a part whose LSE is ``-inf`` is never read.
+            strides: e.g. views into an all-gather buffer); a part whose LSE is ``-inf`` contributes nothing, whatever it holds.
         part_lse: fp32 ``[R, T, H]`` natural-log, sink-free partial LSEs (``-inf`` = no valid id).
         sinks: optional fp32 ``[H]`` natural-log sink logits.
         out: ``[T, H, 512]`` output buffer (any float dtype, innermost stride 1).
