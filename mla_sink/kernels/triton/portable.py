@@ -74,9 +74,9 @@ def _sparse_mla_decode_kernel(
     GATED: tl.constexpr, GATE_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
-    if PDL:  # launched as a programmatic dependent (sm90+): wait for the primary grid and its writes first
+    if PDL:  # launched as a programmatic dependent (sm90+): let the next dependent (the combine) launch
+        gdc_launch_dependents()  # now, then wait for the primary grid and its writes before any load
         gdc_wait()
-        gdc_launch_dependents()
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_t = tl.program_id(2).to(tl.int64)

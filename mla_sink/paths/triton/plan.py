@@ -105,7 +105,8 @@ class TritonLaunch:
         tuning_row, why, source: the portable row that gave the tiles and the split policy.
         block_h, block_n, num_warps, num_stages: the portable kernel's head block (already clamped to the
             call's head count), ids per step and Triton launch options.
-        combine_block_h, combine_block_d: the combine kernel's tile (heads clamped like ``block_h``).
+        combine_block_h, combine_block_d: the combine kernel's tile (heads clamped like ``block_h``; columns
+            narrowed for small batches by :func:`combine_block_d_for`).
         fp8_f16: with fp8 KV, fp16 tiles instead of bf16 (the row's param; unused without fp8 KV).
         num_kv_splits, ids_per_split: KV splits per token (1 = no combine) and ids per split (a multiple
             of ``block_n``); ``None`` when the SM count is unknown and no count was forced.
@@ -240,6 +241,27 @@ def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, 
     return max(1, min(want, cfg.max_kv_splits, most))
 
 
+#: Narrowest combine tile :func:`combine_block_d_for` goes to (value columns): on the H200 a 16 x 32 tile
+#: merged 16 splits of H=128, T=2 1.5 us faster than 16 x 128 and no tile narrower was measured
+#: (benchmarks/t2_launch_ab_2026-12-01.json).
+MIN_COMBINE_BLOCK_D = 32
+
+
+def combine_block_d_for(cfg: TritonConfig, num_tokens: int, num_heads: int, num_sms: Optional[int]) -> int:
+    """Value columns per combine program: the tuning row's ``combine_block_d``, halved (down to
+    :data:`MIN_COMBINE_BLOCK_D`) while the combine's programs (``T x head blocks x 512 / columns``) would
+    not cover every SM once. Small batches are the ones that split, and their combine is a short, latency
+    bound launch: more, narrower programs each wait on less. Pure."""
+    block_d = min(cfg.combine_block_d, D_V)
+    block_h = min(cfg.combine_block_h, max(MIN_BLOCK_H, _next_pow2(num_heads)))
+    if num_sms is None:
+        return block_d
+    rows = max(1, num_tokens) * -(-num_heads // block_h)
+    while block_d > MIN_COMBINE_BLOCK_D and rows * (D_V // block_d) < num_sms:
+        block_d //= 2
+    return block_d
+
+
 def split_plan(cfg: TritonConfig, num_tokens: int, num_heads: int, topk: int, num_sms: Optional[int],
                requested: Optional[int] = None) -> tuple[int, int]:
     """``(num_kv_splits, ids_per_split)`` of a launch: ``requested`` splits (default
@@ -274,7 +296,7 @@ def portable_launch(config: TritonConfig, *, num_heads: int, num_tokens: int, to
         block_h=config.block_h_for(num_heads), block_n=config.block_n,
         num_warps=config.num_warps, num_stages=config.num_stages,
         combine_block_h=min(config.combine_block_h, max(MIN_BLOCK_H, _next_pow2(num_heads))),
-        combine_block_d=min(config.combine_block_d, D_V), fp8_f16=config.fp8_f16,
+        combine_block_d=combine_block_d_for(config, num_tokens, num_heads, num_sms), fp8_f16=config.fp8_f16,
         num_kv_splits=splits, ids_per_split=ids_per_split,
     )
 
