@@ -90,8 +90,7 @@ def combine_constexprs(splits: int, has_sinks: bool, block_h: int, block_d: int,
     """The constexpr arguments of a combine launch over ``splits`` partials with ``block_h x block_d`` tiles;
     ``wait_primary``: launched with ``launch_pdl=True`` after the kernel writing the partials (sm90+)."""
     return dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
-                HAS_SINKS=has_sinks,
-                WAIT_PRIMARY=wait_primary)
+                HAS_SINKS=has_sinks, WAIT_PRIMARY=wait_primary)
 
 
 def combine_launch_args(T: int, H: int, splits: int, out_strides: tuple, has_sinks: bool, block_h: int,

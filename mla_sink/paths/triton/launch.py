@@ -603,7 +603,8 @@ def combine_states_triton(
 
     Args:
         part_out: ``[R, T, H, 512]`` partial outputs (fp32/bf16/fp16, innermost stride 1, any other
-            strides: e.g. views into an all-gather buffer); a part whose LSE is ``-inf`` contributes nothing, whatever it holds.
+            strides: e.g. views into an all-gather buffer); a part whose LSE is ``-inf`` contributes
+            nothing, whatever it holds.
         part_lse: fp32 ``[R, T, H]`` natural-log, sink-free partial LSEs (``-inf`` = no valid id).
         sinks: optional fp32 ``[H]`` natural-log sink logits.
         out: ``[T, H, 512]`` output buffer (any float dtype, innermost stride 1).
@@ -618,7 +619,8 @@ def combine_states_triton(
         followed by :func:`mla_sink.core.lse.apply_sink`, in one pass over the parts.
 
     Raises:
-        ValueError: ``part_out`` / ``part_lse`` of the wrong shape or layout.
+        ValueError: ``part_out`` / ``part_lse`` of the wrong shape or layout; a ``tile`` other than the
+            ones above.
     """
     from mla_sink.kernels.triton.combine import combine_constexprs, combine_jit
     from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
@@ -634,6 +636,9 @@ def combine_states_triton(
     combine = interpreted("combine") if interp else combine_jit
     if tile is not None:
         cbh, cbd = tile
+        if not (cbh >= MIN_BLOCK and cbh & (cbh - 1) == 0 and 0 < cbd <= D_V and D_V % cbd == 0 and cbd & (cbd - 1) == 0):
+            raise ValueError(f"'tile' must be (heads, value columns): powers of two, heads >= {MIN_BLOCK}, columns "
+                             f"dividing {D_V} (got {tile!r})")
     else:  # the interpreter prefers few, large programs; on a GPU the combine tile of the tuning rows
         cbh = max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())) if interp else MIN_BLOCK
         cbd = D_V if interp else 128
