@@ -33,3 +33,17 @@ def test_benchmark_script_imports(script):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert callable(getattr(module, "main", None)), f"{script} has no main()"
+
+
+def test_every_benchmarks_file_cited_in_tables_code_and_docs_exists():
+    """A ``benchmarks/<name>`` cited by a table row, the package, README.md or BENCHMARKS.md is in the tree
+    (``*`` families match at least one file), unless it is cited from the history (``<commit>:benchmarks/..``)."""
+    texts = [p.read_text() for p in (ROOT / "tables").glob("*.yaml")]
+    texts += [p.read_text() for p in (ROOT / "mla_sink").rglob("*.py")]
+    texts += [(ROOT / name).read_text() for name in ("README.md", "BENCHMARKS.md")]
+    names = {n.rstrip(".") for t in texts for n in re.findall(r"benchmarks/([\w.*\-]+)", t)}
+    # kept in the history, not in the tree: cited as ``git show <commit>:benchmarks/<name>``
+    names -= {n for t in texts for n in re.findall(r"[0-9a-f]{7,40}:benchmarks/([\w.*\-]+)", t)}
+    files = [p.name for p in BENCH.iterdir()]
+    missing = sorted(n for n in names if n and not any(fnmatch.fnmatch(f, n) for f in files))
+    assert not missing, f"cited but not in benchmarks/: {missing}"

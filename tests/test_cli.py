@@ -132,6 +132,12 @@ def test_demo_runs_on_cpu(capsys):
     assert "NaN in out: False" in out
 
 
+def test_demo_q_dtype_follows_an_fp16_kv_dtype(capsys):
+    code, out = run_cli(capsys, "demo", "--device", "cpu", "--tokens", "2", "--topk", "64", "--pool", "256",
+                        "--kv-dtype", "fp16")
+    assert code == 0 and "fp16" in out.splitlines()[0] and "NaN in out: False" in out
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["explain", "--help"], ["demo", "--help"]])
 def test_help(argv, capsys):
     with pytest.raises(SystemExit) as info:

@@ -250,3 +250,16 @@ def test_first_lookup_is_always_portable_and_second_finds_it_again():
             assert not grid.mask((*row.when, *table.paths[row.path].requires)) & splits_open, row.id
         else:
             assert all(c.field != "num_kv_splits" for c in row.when), row.id
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True])
+def test_forced_split_count_is_checked(bad):
+    import torch
+
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+    q = torch.zeros(1, 4, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="'num_kv_splits' must be None or an int >= 1"):
+        sparse_mla_decode_triton(q, torch.zeros(8, 576, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.int32),
+                                 num_kv_splits=bad)

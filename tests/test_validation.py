@@ -373,3 +373,10 @@ def test_meta_tensors_infer_shapes_and_are_refused_where_a_kernel_would_run():
     with pytest.raises(ValueError, match="'q' must be on a cpu or cuda"):
         check_inputs(q, kv, idx, allow_meta=False)
     check_inputs(q, kv, idx)  # what the operators' fake implementations run
+
+
+def test_layer_sinks_on_the_meta_device_are_refused_by_name():
+    from mla_sink import SparseMLADecode
+
+    with pytest.raises(ValueError, match="'sinks' must be on a cpu or cuda"):
+        SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=16, sinks=torch.randn(4, device="meta"))

@@ -217,13 +217,14 @@ def _print_default_plan(platform: Platform) -> None:
     """The plan record of the demo's default call on this platform (what ``mla-sink demo`` runs)."""
     from mla_sink.core.plan import build_plan
     from mla_sink.core.select import NoKernelError
-    from mla_sink.tools.demo import add_demo_arguments
+    from mla_sink.tools.demo import add_demo_arguments, demo_dtypes
     from mla_sink.tools.explain import launch_lines
 
     demo = argparse.ArgumentParser()
     add_demo_arguments(demo)
     d = demo.parse_args([])
-    spec = CallSpec(q_dtype=d.dtype, kv_dtype=d.kv_dtype or d.dtype, num_heads=d.heads, topk=d.topk, sinks=not d.no_sinks)
+    q_dtype, kv_dtype = demo_dtypes(d)
+    spec = CallSpec(q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=d.heads, topk=d.topk, sinks=not d.no_sinks)
     print(f"plan of the demo's call ({call_key(spec, platform)}, T={d.tokens}):")
     try:
         plan = build_plan(spec, platform, num_tokens=d.tokens)

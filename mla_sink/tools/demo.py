@@ -19,13 +19,21 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=16, help="H, query heads (default 16)")
     p.add_argument("--topk", type=int, default=256, help="ids per token (default 256)")
     p.add_argument("--pool", type=int, default=4096, help="N, rows in the KV pool (default 4096)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="q dtype")
+    p.add_argument("--dtype", default=None, choices=["bf16", "fp16"],
+                   help="q dtype (default: the KV dtype when that is bf16 or fp16, else bf16)")
     p.add_argument("--kv-dtype", default=None, choices=_DTYPES,
                    help="KV dtype (default: q dtype; fp8_ds_mla: the 656-byte V3.2 FP8 rows, pow2 scales)")
     p.add_argument("--no-sinks", action="store_true", help="run without sinks")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--path", default=None, help="force a kernel path")
     p.add_argument("--seed", type=int, default=0)
+
+
+def demo_dtypes(args: argparse.Namespace) -> tuple:
+    """``(q_dtype, kv_dtype)`` keys of the demo's call: ``--dtype`` (default: the KV dtype when that is
+    bf16 or fp16, else bf16) and ``--kv-dtype`` (default: the q dtype)."""
+    q_dtype = args.dtype or (args.kv_dtype if args.kv_dtype in ("bf16", "fp16") else "bf16")
+    return q_dtype, args.kv_dtype or q_dtype
 
 
 def make_inputs(tokens: int, heads: int, topk: int, pool: int, dtype: str, kv_dtype: str, device: str,
@@ -82,8 +90,8 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"'--device' must be cpu or cuda (got {device!r})")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"'--device' is {device!r} but this machine has no CUDA/ROCm GPU (use --device cpu)")
-    kv_dtype = args.kv_dtype or args.dtype
-    x = make_inputs(args.tokens, args.heads, args.topk, args.pool, args.dtype, kv_dtype, device,
+    q_dtype, kv_dtype = demo_dtypes(args)
+    x = make_inputs(args.tokens, args.heads, args.topk, args.pool, q_dtype, kv_dtype, device,
                     not args.no_sinks, args.seed)
     spec, platform = describe(x["q"], x["kv_cache"], x["indices"], x.get("sinks"), return_lse=True)
     # One key for the call: call_key (the explanation below repeats it; that line is dropped).

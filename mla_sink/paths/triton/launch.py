@@ -572,10 +572,15 @@ def sparse_mla_decode_triton(
     Returns:
         ``(out, lse)`` as :func:`prepare_triton` describes.
 
-    Inputs are not validated here (:mod:`mla_sink.core.validate` does that for the public entry points).
+    Raises:
+        ValueError: ``num_kv_splits`` given and not a positive int. Tensors are not validated here
+            (:mod:`mla_sink.core.validate` does that for the public entry points).
     """
     import attrs
 
+    if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
+                                      or num_kv_splits < 1):
+        raise ValueError(f"'num_kv_splits' must be None or an int >= 1 (got {num_kv_splits!r})")
     plan = triton_plan_for(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap, num_kv_splits=num_kv_splits,
                            kernel=kernel)
     launch, spec, platform = plan.launch, plan.spec, plan.platform
