@@ -7,10 +7,11 @@ import time
 
 import torch
 
-from mla_sink.core.dtypes import DS_MLA_KEYS, FP8_KEYS, KV_DTYPE_KEYS, TORCH_DTYPES
+from mla_sink.core.dtypes import DS_MLA_KEYS, FP8_KEYS, HALF_KEYS, KV_DTYPE_KEYS, TORCH_DTYPES
 from mla_sink.core.records import call_key
 
 _DTYPES = list(KV_DTYPE_KEYS)
+_DEFAULT_Q_DTYPE = "bf16"  # the demo's q dtype unless --dtype or a half-precision --kv-dtype says otherwise
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,7 +20,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=16, help="H, query heads (default 16)")
     p.add_argument("--topk", type=int, default=256, help="ids per token (default 256)")
     p.add_argument("--pool", type=int, default=4096, help="N, rows in the KV pool (default 4096)")
-    p.add_argument("--dtype", default=None, choices=["bf16", "fp16"],
+    p.add_argument("--dtype", default=None, choices=sorted(HALF_KEYS),
                    help="q dtype (default: the KV dtype when that is bf16 or fp16, else bf16)")
     p.add_argument("--kv-dtype", default=None, choices=_DTYPES,
                    help="KV dtype (default: q dtype; fp8_ds_mla: the 656-byte V3.2 FP8 rows, pow2 scales)")
@@ -32,7 +33,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
 def demo_dtypes(args: argparse.Namespace) -> tuple:
     """``(q_dtype, kv_dtype)`` keys of the demo's call: ``--dtype`` (default: the KV dtype when that is
     bf16 or fp16, else bf16) and ``--kv-dtype`` (default: the q dtype)."""
-    q_dtype = args.dtype or (args.kv_dtype if args.kv_dtype in ("bf16", "fp16") else "bf16")
+    q_dtype = args.dtype or (args.kv_dtype if args.kv_dtype in HALF_KEYS else _DEFAULT_Q_DTYPE)
     return q_dtype, args.kv_dtype or q_dtype
 
 
