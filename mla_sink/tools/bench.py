@@ -4,8 +4,11 @@ Method (see BENCHMARKS.md): every measurement is a CUDA graph replay. One graph 
 repetitions of (read a 256 MB buffer, call); a second holds ``reps`` reads of the same buffer
 alone. The read evicts the 60 MB L2 and leaves it full of clean lines, so each call starts cold
 without paying for the write-back of someone else's dirty lines (a write flush adds that, about
-10 us, to every call). A call's time is ``(t(call graph) - t(flush graph)) / reps``; the reported
-number is the median over ``replays`` replays. Ceilings are measured in the same run: a bf16 8192^3 matmul (TFLOP/s) and a
+10 us, to every call). The two graphs are replayed back to back ``replays`` times; a call's time is
+the median of ``(t(call graph) - t(flush graph)) / reps`` over those pairs, so a drift of the flush's
+own time during the run (clocks, temperature: 1% of a 0.68 ms read is 6.8 us per call) cancels instead
+of landing on the call (the flush graph timed once, first, had put up to 9 us on the first case of a
+run at T=2). Ceilings are measured in the same run: a bf16 8192^3 matmul (TFLOP/s) and a
 device-to-device copy (GB/s, read + write bytes).
 
 FLOPs of a call: ``2 * H * T * topk * (576 + 512)``; bytes: ``T * topk * row_bytes + q bytes + out bytes``
@@ -48,6 +51,7 @@ class GraphTimer:
         self.flush_buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
         self.flush_out = torch.empty((), dtype=torch.float32, device="cuda")
         self._flush_ms: Optional[float] = None
+        self._flush_graph: Optional[torch.cuda.CUDAGraph] = None
 
     def _graph(self, fn: Optional[Callable[[], Any]]) -> torch.cuda.CUDAGraph:
         stream = torch.cuda.Stream()
@@ -77,27 +81,42 @@ class GraphTimer:
     def _replay_ms(self, g: torch.cuda.CUDAGraph) -> list[float]:
         g.replay()
         torch.cuda.synchronize()
-        times = []
-        for _ in range(self.replays):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return times
+        return [self._one_replay_ms(g) for _ in range(self.replays)]
+
+    @staticmethod
+    def _one_replay_ms(g: torch.cuda.CUDAGraph) -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+
+    def _flush_only(self) -> torch.cuda.CUDAGraph:
+        if self._flush_graph is None:
+            self._flush_graph = self._graph(None)
+        return self._flush_graph
 
     def flush_ms(self) -> float:
+        """Milliseconds of the flush graph alone (``reps`` reads; median of ``replays``), for the record."""
         if self._flush_ms is None:
-            self._flush_ms = statistics.median(self._replay_ms(self._graph(None)))
+            self._flush_ms = statistics.median(self._replay_ms(self._flush_only()))
         return self._flush_ms
 
     def time_us(self, fn: Callable[[], Any]) -> float:
-        """Median microseconds of one cold-L2 call of ``fn``."""
+        """Median microseconds of one cold-L2 call of ``fn``: the call graph and the flush graph replayed
+        back to back ``replays`` times, the median of their differences over ``reps`` (module docstring)."""
         g = self._graph(fn)
-        total = statistics.median(self._replay_ms(g))
+        flush = self._flush_only()
+        g.replay()
+        flush.replay()
+        torch.cuda.synchronize()
+        diffs = []
+        for _ in range(self.replays):
+            call_ms = self._one_replay_ms(g)
+            diffs.append(call_ms - self._one_replay_ms(flush))
         del g
-        return max(0.0, (total - self.flush_ms()) / self.reps * 1e3)
+        return max(0.0, statistics.median(diffs) / self.reps * 1e3)
 
 
 def measure_ceilings(timer: GraphTimer) -> dict:
