@@ -45,8 +45,6 @@ def _sparse_mla_combine_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
 
-    if HAS_SINKS:  # loaded first: its latency overlaps the partials' instead of following them
-        sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
     pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
     lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
     m = tl.max(lses, 0)  # [BLOCK_H]
@@ -77,6 +75,7 @@ def _sparse_mla_combine_kernel(
     out = acc / l_safe[:, None]
     lse2 = tl.where(empty, float("-inf"), m_safe + tl.log2(l_safe))
     if HAS_SINKS:
+        sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
         out = out * kmath.sink_scale(1.0, sink, lse2, empty)[:, None]
     o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
