@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mla_sink.core.dcp import _stack_view
 from mla_sink.paths.triton.launch import combine_states_triton
@@ -58,3 +60,28 @@ def test_stack_view_over_gather_buffer():
     assert _stack_view([parts[0], parts[2], parts[1]]) is None
 
 
+
+
+@settings(max_examples=12, deadline=None)
+@given(R=st.integers(1, 11), H=st.integers(1, 20), tile=st.sampled_from([None, (16, 32), (16, 128)]),
+       seed=st.integers(0, 2 ** 16), empty_frac=st.sampled_from([0.0, 0.3, 1.0]))
+def test_combine_property(R, H, tile, seed, empty_frac):
+    """Any split count (groups of four with a masked tail), any head count, parts without valid ids (LSE
+    ``-inf``, partial NaN) anywhere: the combine equals merge_states + apply_sink."""
+    g = torch.Generator().manual_seed(seed)
+    T = 2
+    parts = torch.randn(R, T, H, 512, generator=g)
+    lses = torch.randn(R, T, H, generator=g) * 4
+    empty = torch.rand(R, T, H, generator=g) < empty_frac
+    lses[empty] = -math.inf
+    parts[empty] = float("nan")
+    sinks = torch.randn(H, generator=g) * 2
+    out = torch.full((T, H, 512), float("nan"))
+    lse = torch.full((T, H), float("nan"))
+    combine_states_triton(parts, lses, sinks, out=out, lse=lse, tile=tile)
+    clean = torch.where(empty[..., None], torch.zeros(()), parts)  # the reference multiplies by weight 0
+    ref_out, ref_lse = merge_states(list(clean), list(lses))
+    ref_out = apply_sink(ref_out, ref_lse, sinks)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-6, rtol=1e-6)
+    assert not out.isnan().any()
