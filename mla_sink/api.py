@@ -64,9 +64,7 @@ def prepare(
     """
     _check_records(spec, platform)
     if platform is None:
-        if sinks is not None and sinks.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"'sinks' must be on a cpu or cuda (CUDA/ROCm) device (got {sinks.device})")
-        platform = detect_platform(sinks.device if sinks is not None else None)
+        platform = detect_platform(sinks.device, tensor="sinks") if sinks is not None else detect_platform()
     if sinks is not None:
         if not spec.sinks:
             raise ValueError("'sinks' given but spec.sinks is False; build the spec with sinks=True")

@@ -97,16 +97,18 @@ def _detect_cached(device_str: Optional[str]) -> Platform:
                     num_sms=_num_sms(device_str))
 
 
-def detect_platform(device: Any = None) -> Platform:
+def detect_platform(device: Any = None, *, tensor: Optional[str] = None) -> Platform:
     """The :class:`Platform` of ``device`` (a ``torch.device``, string or ``None`` for the default).
 
     CPU devices report ``arch='cpu'``, no AITER, no Gluon and one SM (the interpreter runs one program
-    at a time). The answer is cached per device.
+    at a time). The answer is cached per device. ``tensor``: the name of the argument whose device this
+    is (e.g. ``"sinks"``), for the error messages; default: the ``device`` argument itself.
 
     Raises:
         ValueError: ``device`` is not a device (or its name), or names a CUDA/ROCm device this machine
             does not have.
     """
+    where = f"'{tensor}' must be on" if tensor else "'device' must be"
     if device is None:
         return _detect_cached(None)
     try:
@@ -117,7 +119,7 @@ def detect_platform(device: Any = None) -> Platform:
     if dev.type == "cpu":
         return _detect_cached("cpu")
     if dev.type != "cuda":
-        raise ValueError(f"'device' must be a cpu or cuda (CUDA/ROCm) device (got {dev})")
+        raise ValueError(f"{where} a cpu or cuda (CUDA/ROCm) device (got {dev})")
     if not torch.cuda.is_available() or (dev.index is not None and dev.index >= torch.cuda.device_count()):
         raise ValueError(f"'device' {dev} is not on this machine (CUDA/ROCm devices: "
                          f"{torch.cuda.device_count() if torch.cuda.is_available() else 0})")

@@ -246,6 +246,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     T, H, _ = x.q.shape
     topk = x.indices.shape[1]
     interp = device.type == "cpu"
+    pdl = pdl and not interp
     splits = launch.num_kv_splits
     split = splits > 1
     q_fp8, kv_fp8 = spec.q_dtype in FP8_KEYS, spec.kv_dtype in FP8_KEYS
@@ -261,10 +262,10 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=spec.q_dtype in FNUZ_KEYS, KV_FNUZ=spec.kv_dtype in FNUZ_KEYS,
         SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and spec.q_dtype not in FP16_EXACT_KEYS,
         EVEN=not has_len and topk % launch.block_n == 0, KV_DS_MLA=ds, DS_TILE=kv_layout.TILE,
-        GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n), PDL=pdl and not interp,
+        GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n), PDL=pdl,
     )
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
-    if pdl and not interp:
+    if pdl:
         options["launch_pdl"] = True
     out_strides = (H * D_V, D_V) if (x.out is None or stage_fp32) else (x.out.stride(0), x.out.stride(1))
     num_hb = -(-H // launch.block_h)

@@ -247,13 +247,18 @@ def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, 
 MIN_COMBINE_BLOCK_D = 32
 
 
+def combine_block_h_for(cfg: TritonConfig, num_heads: int) -> int:
+    """Heads per combine program: the tuning row's ``combine_block_h``, clamped like ``block_h``. Pure."""
+    return min(cfg.combine_block_h, max(MIN_BLOCK_H, _next_pow2(num_heads)))
+
+
 def combine_block_d_for(cfg: TritonConfig, num_tokens: int, num_heads: int, num_sms: Optional[int]) -> int:
     """Value columns per combine program: the tuning row's ``combine_block_d``, halved (down to
     :data:`MIN_COMBINE_BLOCK_D`) while the combine's programs (``T x head blocks x 512 / columns``) would
     not cover every SM once. Small batches are the ones that split, and their combine is a short, latency
     bound launch: more, narrower programs each wait on less. Pure."""
     block_d = min(cfg.combine_block_d, D_V)
-    block_h = min(cfg.combine_block_h, max(MIN_BLOCK_H, _next_pow2(num_heads)))
+    block_h = combine_block_h_for(cfg, num_heads)
     if num_sms is None:
         return block_d
     rows = max(1, num_tokens) * -(-num_heads // block_h)
@@ -295,7 +300,7 @@ def portable_launch(config: TritonConfig, *, num_heads: int, num_tokens: int, to
         tuning_row=config.row, why=config.why, source=config.source,
         block_h=config.block_h_for(num_heads), block_n=config.block_n,
         num_warps=config.num_warps, num_stages=config.num_stages,
-        combine_block_h=min(config.combine_block_h, max(MIN_BLOCK_H, _next_pow2(num_heads))),
+        combine_block_h=combine_block_h_for(config, num_heads),
         combine_block_d=combine_block_d_for(config, num_tokens, num_heads, num_sms), fp8_f16=config.fp8_f16,
         num_kv_splits=splits, ids_per_split=ids_per_split,
     )
