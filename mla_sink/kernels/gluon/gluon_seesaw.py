@@ -51,7 +51,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -220,17 +219,17 @@ def _qk_scale(sm_scale, KV_SCALE, KV_FMT: gl.constexpr):
 def _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                     HALF_V: gl.constexpr, KV_FMT: gl.constexpr):
     """A consumer's state before its first pair, once q is in shared memory: ``(qk_scale, offs_n, nrows,
-    m_i, l_i, acc, s_zero)`` (base-2 score scale, id offsets of a block, the pool's rows as uint32, running
+    m_i, l_i, o, s_zero)`` (base-2 score scale, id offsets of a block, the pool's rows as uint32, running
     max ``-inf`` and sum 0 per head, the zeroed output half and a zero score tile)."""
     qk_scale = _qk_scale(sm_scale, KV_SCALE, KV_FMT)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     nrows = num_rows.to(gl.uint32)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_L)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_L)
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=O_L))
+    o = gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=O_L)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_L)
     mbarrier.wait(q_ready, 0)
-    return qk_scale, offs_n, nrows, m_i, l_i, acc, s_zero
+    return qk_scale, offs_n, nrows, m_i, l_i, o, s_zero
 
 
 @gluon.jit
@@ -300,8 +299,14 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
     p_l: gl.constexpr = P_L
     row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
-    qk_scale, offs_n, nrows, m_i, l_i, acc, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
-                                                                     BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
+    qk_scale, offs_n, nrows, m_i, l_i, o, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
+                                                                   BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
+    # No wgmma is left in flight across the loop's back edge, and every wait rebinds the values it waited on:
+    # ptxas cannot follow a wgmma in flight across the back edge, or a value copied or read while its wgmma
+    # is in flight (the accumulator merged with another path, a wait whose result is dropped), and then
+    # serialises every wgmma of the kernel (C7514 / C7515), each 16-deep step waiting for the one before:
+    # 358 vs 314 us at H=128, T=256 (BENCHMARKS.md, 2026-12-01 sixth session). Issuing the next pair's
+    # scores while the odd block's P V runs, as FlashMLA's warpgroup 0 does, measured slower (333 us).
     j = num_pairs * 0
     go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
     while go:
@@ -311,20 +316,16 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         _, ok = ids_ok(IDX, idx_base, start + 2 * j * BLOCK_N + offs_n, end, nrows)
         mbarrier.wait(ready_lo.index(0), phase)
         sc = warpgroup_mma(q_lo.index(even), k_lo.index(even).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        if j > 0:  # the previous pair's odd-block P V (columns 0-255) is done: hand back its slot half and P
-            warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            _signal(free_lo.index(1))
-            mbarrier.arrive(bar_p_odd_free)
         mbarrier.wait(ready_hi.index(0), phase)
         sc = warpgroup_mma(q_hi.index(even), k_hi.index(even).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma(q_rope.index(even), k_rope.index(even).permute((1, 0)), sc, is_async=True)
-        sc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
+        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
         m_new, alpha, p, l_i = _softmax_step(_masked_scores(sc, ok, qk_scale), m_i, m_i, l_i)
         m_even.store(m_new)
         _signal(bar_m_even)
-        acc_t = acc_t * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), k_lo.index(even), acc_t, is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), k_lo.index(even), o, is_async=True)
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _signal(free_lo.index(0))  # the producer refills this half while the odd block's max is awaited
         # the shared max after the odd block: rescale this block's weights to it and hand them over
         mbarrier.wait(bar_m_odd, phase)
@@ -333,15 +334,17 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         k_rope.index(even).store((p * c[:, None]).to(dtype))  # over the RoPE columns S0 no longer needs
         fence_async_shared()
         _signal(bar_p_even)
-        acc_t = acc_t * gl.convert_layout(c, gl.SliceLayout(1, o_l))[:, None]
+        o = o * gl.convert_layout(c, gl.SliceLayout(1, o_l))[:, None]
         l_i = l_i * c
         m_i = m_odd_new
         mbarrier.wait(bar_p_odd, phase)
-        acc = warpgroup_mma(p_odd, k_lo.index(odd), acc_t, is_async=True)
+        acc = warpgroup_mma(p_odd, k_lo.index(odd), o, is_async=True)
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _signal(free_lo.index(1))  # the odd block's slot half and P1 are read
+        mbarrier.arrive(bar_p_odd_free)
         j += 1
         go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
-    acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    _epilogue(acc_t, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+    _epilogue(o, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
@@ -361,8 +364,8 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
     p_l: gl.constexpr = P_L
     row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
-    qk_scale, offs_n, nrows, m_i, l_i, acc, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
-                                                                     BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
+    qk_scale, offs_n, nrows, m_i, l_i, o, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
+                                                                   BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
     j = num_pairs * 0
     go = _go_on(j, num_pairs, ready_hi.index(1), redo_smem, KV_FMT)
     while go:
@@ -375,7 +378,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         sc = warpgroup_mma(q_rope.index(even), k_rope.index(odd).permute((1, 0)), sc, is_async=True)
         mbarrier.wait(ready_lo.index(1), phase)
         sc = warpgroup_mma(q_lo.index(even), k_lo.index(odd).permute((1, 0)), sc, is_async=True)
-        sc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
+        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
         s = _masked_scores(sc, ok, qk_scale)
         mbarrier.wait(bar_m_even, phase)
         # the max consumer 0 published is >= this consumer's previous max
@@ -383,25 +386,26 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         m_odd.store(m_new)
         _signal(bar_m_odd)
         m_i = m_new
-        acc_t = acc_t * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         p_h = p.to(dtype)
-        acc = warpgroup_mma(gl.convert_layout(p_h, p_l), k_hi.index(odd), acc_t, is_async=True)
+        # P1 is handed over before its own P V is issued (the A operand of that wgmma: not read in flight)
         mbarrier.wait(bar_p_odd_free, phase ^ 1)  # consumer 0 has read the previous pair's P1
         p_odd.store(p_h)
         fence_async_shared()
         _signal(bar_p_odd)
+        acc = warpgroup_mma(gl.convert_layout(p_h, p_l), k_hi.index(odd), o, is_async=True)
         mbarrier.wait(bar_p_even, phase)
         acc = warpgroup_mma(k_rope.index(even), k_hi.index(even), acc, is_async=True)  # P0, rescaled to m1
-        warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        # each wait rebinds what it waited on (see _consumer_even: ptxas and wgmma in flight)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         _signal(free_hi.index(1))  # this block's own P V is done: its slot half is refilled first
-        warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _signal(free_hi.index(0))
         j += 1
         go = _go_on(j, num_pairs, ready_hi.index(1), redo_smem, KV_FMT)
     if KV_FMT == KV_DS_MLA:  # 1 when the producer stopped before pair j (its word read above), else 0
         gl.store(redo_ptr, gl.where(j < num_pairs, 1, 0))
-    acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    _epilogue(acc_t, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+    _epilogue(o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)

@@ -1,0 +1,97 @@
+"""A/B of the seesaw kernel's wgmma pipelining (sixth session, 2026-12-01). Until this session ptxas
+serialised every wgmma of the kernel (C7515 / C7514: a wgmma's registers were copied or read while it was in
+flight), so each 16-deep step waited for the one before. Variants, on the same data through the library
+(``mla_sink.sparse_mla_decode``, the plan's own splits), CUDA-graph replay, L2 flushed, sinks on, topk 2048:
+
+* ``old``: the kernel before this session (the tree at ``ab_old/``, run in a child process);
+* ``new``: the wgmmas pipelined: every wait rebinds the values it waited on, consumer 0 runs as FlashMLA's
+  warpgroup 0 (the next pair's scores issued while the odd block's P V runs, all waited before the loop's
+  back edge), and the registers moved to consumer 0 (``WORKER_REGS``). ptxas (AOT for sm90) reports no
+  C7514 / C7515 and the SASS has no wait after each wgmma.
+
+(A first run of this session, with the old tree missing its tables, measured only the intermediate
+kernels: the waits fixed but consumer 0 waiting for its last P V inside the pair, with and without an L2
+prefetch of the next pair's rows and per-thread slot releases; the last two changed nothing, within 0.5 us,
+and were dropped.)
+
+It also checks each variant's output against ``old``'s on the same inputs (max abs difference of ``out``).
+
+    PYTHONPATH=. python3 -u benchmarks/seesaw_wgmma_ab.py benchmarks/seesaw_wgmma_ab_<date>.json [ab_old]
+
+``ab_old`` holds ``git archive <old commit> mla_sink dispatch tables`` (not committed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+D_QK, TOPK, N = 576, 2048, 3_500_000
+CASES = [("bf16", 64, 2), ("bf16", 128, 2), ("bf16", 64, 64), ("bf16", 128, 64), ("bf16", 64, 256),
+         ("bf16", 128, 256), ("fp8_e4m3", 128, 256), ("fp8_ds_mla", 64, 2), ("fp8_ds_mla", 128, 2),
+         ("fp8_ds_mla", 64, 64), ("fp8_ds_mla", 128, 64), ("fp8_ds_mla", 64, 256), ("fp8_ds_mla", 128, 256)]
+
+
+def run_variant(variant: str, dump: str) -> dict:
+    """Time every case with the current ``mla_sink`` (``variant`` sets the seesaw's switches) and save the
+    outputs to ``dump``."""
+    import mla_sink
+    from mla_sink import quantize_kv_cache
+    from mla_sink.tools.bench import GraphTimer
+    torch.manual_seed(0)
+    timer = GraphTimer(reps=10, replays=7)
+    kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
+    caches = {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
+              "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
+    res, outs = {}, {}
+    for kv_dtype, H, T in CASES:
+        g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
+        q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+        idx = torch.randint(0, N, (T, TOPK), device="cuda", dtype=torch.int32, generator=g)
+        sinks = torch.randn(H, device="cuda", generator=g) + 2.0
+        cache, sc = caches[kv_dtype]
+        fn = lambda: mla_sink.sparse_mla_decode(q, cache, idx, sinks, kv_scale=sc, return_lse=True)  # noqa: E731
+        o, _ = fn()
+        key = f"{kv_dtype}-h{H}-T{T}"
+        outs[key] = o.float().cpu()
+        res[key] = round(timer.time_us(fn), 2)
+        print(variant, key, res[key], flush=True)
+    torch.save(outs, dump)
+    return res
+
+
+def main(path: str, old_tree: str = "ab_old") -> None:
+    out_dir = os.path.dirname(os.path.abspath(path))
+    report: dict = {"cases": [f"{k}-h{h}-T{t}" for k, h, t in CASES], "us": {}, "max_abs_diff_vs_old": {}}
+    if os.path.isdir(old_tree):
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(old_tree))
+        code = (f"import sys, json; sys.path.insert(0, {os.path.abspath(os.path.dirname(__file__))!r}); "
+                f"import seesaw_wgmma_ab as m; print('OLDJSON', json.dumps(m.run_variant('old', "
+                f"{os.path.join(out_dir, 'ab_old.pt')!r})))")
+        r = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.abspath(old_tree), capture_output=True,
+                           text=True)
+        print(r.stdout[-3000:], r.stderr[-3000:])
+        line = [x for x in r.stdout.splitlines() if x.startswith("OLDJSON")]
+        if line:
+            report["us"]["old"] = json.loads(line[0][len("OLDJSON"):])
+    for variant in ("new",):
+        dump = os.path.join(out_dir, f"ab_{variant}.pt")
+        report["us"][variant] = run_variant(variant, dump)
+        old_pt = os.path.join(out_dir, "ab_old.pt")
+        if os.path.exists(old_pt):
+            a, b = torch.load(old_pt), torch.load(dump)
+            report["max_abs_diff_vs_old"][variant] = {k: float((a[k] - b[k]).abs().max()) for k in a}
+    for f in ("ab_old.pt", "ab_new.pt"):
+        if os.path.exists(os.path.join(out_dir, f)):
+            os.remove(os.path.join(out_dir, f))
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
