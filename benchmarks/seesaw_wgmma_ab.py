@@ -4,15 +4,17 @@ flight), so each 16-deep step waited for the one before. Variants, on the same d
 (``mla_sink.sparse_mla_decode``, the plan's own splits), CUDA-graph replay, L2 flushed, sinks on, topk 2048:
 
 * ``old``: the kernel before this session (the tree at ``ab_old/``, run in a child process);
-* ``new``: the wgmmas pipelined: every wait rebinds the values it waited on, consumer 0 runs as FlashMLA's
-  warpgroup 0 (the next pair's scores issued while the odd block's P V runs, all waited before the loop's
-  back edge), and the registers moved to consumer 0 (``WORKER_REGS``). ptxas (AOT for sm90) reports no
-  C7514 / C7515 and the SASS has no wait after each wgmma.
+* ``new``: the current tree.
 
-(A first run of this session, with the old tree missing its tables, measured only the intermediate
-kernels: the waits fixed but consumer 0 waiting for its last P V inside the pair, with and without an L2
-prefetch of the next pair's rows and per-thread slot releases; the last two changed nothing, within 0.5 us,
-and were dropped.)
+Runs of 2026-12-01 (BENCHMARKS.md, sixth session):
+
+* ``seesaw_wgmma_ab_first_2026-12-01.json``: ``fix`` is the kernel kept (the waits fixed; consumer 0 waits
+  for its last P V inside the pair), and ``fix+pf+fpt`` is the same kernel with an L2 prefetch of the next
+  pair's rows and per-thread slot releases. Those two changed nothing beyond 0.5 us and were dropped. The
+  ``old`` run failed there: its tree lacked its tables.
+* ``seesaw_wgmma_ab_pipelined_2026-12-01.json``: ``new`` was a software-pipelined consumer 0, which was
+  slower and was reverted. It issued the next pair's scores while the odd block's P V ran, as FlashMLA's
+  warpgroup 0 does, and took 232 registers from the other partitions.
 
 It also checks each variant's output against ``old``'s on the same inputs (max abs difference of ``out``).
 
@@ -37,8 +39,8 @@ CASES = [("bf16", 64, 2), ("bf16", 128, 2), ("bf16", 64, 64), ("bf16", 128, 64),
 
 
 def run_variant(variant: str, dump: str) -> dict:
-    """Time every case with the current ``mla_sink`` (``variant`` sets the seesaw's switches) and save the
-    outputs to ``dump``."""
+    """Time every case with the ``mla_sink`` on the path (``variant``: the label printed) and save the outputs
+    to ``dump``."""
     import mla_sink
     from mla_sink import quantize_kv_cache
     from mla_sink.tools.bench import GraphTimer
