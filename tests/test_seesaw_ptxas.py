@@ -41,11 +41,9 @@ KV_PTR = {"bf16": "*bf16", "fp8_e4m3": "*u8", "fp8_ds_mla": "*u8"}
 def _compile(kv_dtype: str, splits: int):
     """AOT-compile the kernel for sm90 with the constexprs the launcher gives a 64-head, 2048-id call."""
     q = torch.empty(2, 64, 576, dtype=torch.bfloat16)
-    rows = 4096
-    kv = torch.empty(rows, kv_layout.ROW_BYTES if kv_dtype == "fp8_ds_mla" else 576 * (2 if kv_dtype == "bf16" else 1),
+    # the cache as the launcher passes it: bf16 rows, or bytes (an fp8 cache is viewed as uint8)
+    kv = torch.empty(4096, kv_layout.ROW_BYTES if kv_dtype == "fp8_ds_mla" else 576,
                      dtype=torch.bfloat16 if kv_dtype == "bf16" else torch.uint8)
-    if kv_dtype == "bf16":
-        kv = kv[:, :576]
     idx = torch.empty(2, 2048, dtype=torch.int32)
     _, scalars, constexprs, options = gs.seesaw_launch_args(q, kv, idx, num_kv_splits=splits,
                                                             ids_per_split=2048 // splits, out_strides=(64 * 512, 512),

@@ -69,8 +69,8 @@ HALF_V = 256
 GATHER_ROWS = 64
 #: Registers per thread of the two worker partitions: consumer 1 (as many as consumer 0 gets) and the
 #: producer (bf16 / fp16: addresses and masks only; fp8: also a half block's codes, 16 KB, on their way
-#: through, and no more to take: more would come from the default consumer, whose wgmma then serialise,
-#: ptxas C7515). 12 warps share 64K registers.
+#: through). 12 warps share 64K registers, and the default consumer gets what the workers leave (216):
+#: moving registers to it (232, for a software-pipelined loop) measured slower (BENCHMARKS.md, sixth session).
 CONSUMER_REGS = 216
 PRODUCER_REGS = 72
 #: The consumers' register layouts: a score tile ``[64 heads, 64 ids]`` and an output half ``[64, 256]``
