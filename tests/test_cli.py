@@ -198,6 +198,8 @@ def test_explain_triton_launch(tokens, splits, kernel, capsys):
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "256"], "sm90_fp8_h16",
      "kernel gluon_fp8 (mla_sink/kernels/gluon/gluon_fp8.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "2"], "sm90_fp8_h16",
+     "kernel gluon_seesaw (mla_sink/kernels/gluon/gluon_seesaw.py)"),
+    (["--heads", "16", "--kv-dtype", "fp8_e4m3fnuz", "--tokens", "2"], "sm90_fp8_h16",
      "kernel portable (mla_sink/kernels/triton/portable.py)"),
 ])
 def test_explain_names_the_kernel_file(argv, row, kernel_file, capsys):

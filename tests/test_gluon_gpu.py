@@ -139,20 +139,24 @@ def test_adversarial_fp8(H, T, topk, kv_dtype, splits):
         check_budget(o, l, ro, rl, key)
 
 
+@pytest.mark.parametrize("H", [128, 16])
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3"])
-def test_fp8_public_call_routes_to_the_seesaw(kv_dtype):
-    """The library sends bf16 q with a per-tensor e4m3 cache at H > 32 to the seesaw kernel, split at T = 2."""
+def test_fp8_public_call_routes_to_the_seesaw(kv_dtype, H):
+    """The library sends bf16 q with a per-tensor e4m3 cache to the seesaw kernel at every head count when
+    the launch is split (T = 2 and 64 here; H = 16 padded to a 64-head block), and checks the result."""
     g = torch.Generator(device="cuda").manual_seed(11)
     N = 70000
     cache, kv_scale = fp8_cache(kv_dtype, N, g)
     for T in (2, 64):
-        q = torch.randn(T, 128, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+        q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
         idx = adversarial_ids(T, 2048, N, g)
-        launch = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype=kv_dtype, num_heads=128, num_tokens=T,
+        launch = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype=kv_dtype, num_heads=H, num_tokens=T,
                                     topk=2048, logit_cap=0.0, gluon=True,
                                     num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
         assert launch.kernel == "gluon_seesaw", launch
-        sinks = torch.randn(128, device="cuda", generator=g)
+        if H < 64:
+            assert launch.num_kv_splits > 1, launch
+        sinks = torch.randn(H, device="cuda", generator=g)
         o, l = sparse_mla_decode_triton(q, cache, idx, sinks, kv_scale=kv_scale)
         ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, kv_scale=kv_scale)
         check_budget(o, l, ro, rl, "bf16")

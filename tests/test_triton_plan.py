@@ -58,7 +58,9 @@ def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, g
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
     if kernel == "gluon_fp8" and splits != 1:  # gluon_fp8 has no split-KV stage; gluon_seesaw has
-        return "portable"
+        # since 2026-12-01 (seventh session): split e4m3 launches at <= 16 heads go to the seesaw, padded
+        split_e4m3 = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16")
+        return "gluon_seesaw" if split_e4m3 else "portable"
     if kernel == "gluon_seesaw":
         ok = q_dtype in ("bf16", "fp16") and (
             (block_h == 64 and (q_dtype == kv_dtype or kv_dtype == "fp8_e4m3"))
@@ -127,7 +129,10 @@ def test_where_the_gluon_kernels_serve():
     assert plan(q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=3).kernel == "gluon_fp8"
     f8_17 = plan(kv_dtype="fp8_e4m3", num_heads=17)  # 17-32 heads: the seesaw, padded to a 64-head block
     assert (f8_17.kernel, f8_17.kernel_row, f8_17.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw", "sm90_fp8_h32")
-    assert plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2).kernel == "portable"  # split at 16 heads
+    f8_split = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2)  # split at 16 heads: the seesaw, padded
+    assert (f8_split.kernel, f8_split.kernel_row, f8_split.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw",
+                                                                           "sm90_fp8_h16")
+    assert f8_split.num_kv_splits > 1
     assert plan(q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3", num_heads=16).kernel == "portable"
     for arch in ("sm80", "sm100", "gfx942", "gfx950", "sm120"):
         assert plan(arch=arch).kernel == "portable"

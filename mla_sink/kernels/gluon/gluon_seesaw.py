@@ -8,7 +8,7 @@ Same semantics as :mod:`mla_sink.kernels.triton.portable` (float64 reference in
 ``lse = -inf``, unreferenced KV rows never read, 64-bit row offsets. With ``SPLIT`` a program covers one
 range of ids and writes an fp32 partial state (``out`` normalised by its own sum, base-2 LSE) that the
 combine kernel (:mod:`mla_sink.kernels.triton.combine`) merges, applying the sink once. bf16 or fp16 q
-with KV of the same dtype, or an fp8 cache through the fp8 producer (:mod:`mla_sink.kernels.gluon.seesaw_fp8`:
+with KV of the same dtype, or an fp8 cache through the fp8 producer and decoder (:mod:`mla_sink.kernels.gluon.seesaw_fp8`:
 per-tensor e4m3fn, or the 656-byte V3.2 rows, whose tokens with scales that bf16 cannot hold exactly are
 flagged in ``REDO`` and left to the launcher's exact recompute); no soft cap (``tables/triton_tuning.yaml``
 sends everything else elsewhere).
@@ -19,7 +19,8 @@ One CTA = one token x 64 heads x one range of ids, three warpgroups:
   two slots, slot 0 for the even blocks of 64 ids and slot 1 for the odd ones. Each slot is two halves with
   their own ``ready`` / ``free`` mbarriers: ``lo`` (value columns 0-255) and ``hi`` (columns 256-511 and
   the 64 RoPE columns), so a half is refilled as soon as its last reader is done with it. q is gathered
-  once, first;
+  once, first. An fp8 cache's raw bytes are copied the same way, and each consumer decodes its own
+  block's halves in place before its scores (:func:`~mla_sink.kernels.gluon.seesaw_fp8.decode_half`);
 * consumer 0 (the default partition) computes ``S0 = q K0^T`` (64 heads x 64 ids, 576 deep) of the even
   block, consumer 1 (a worker partition) ``S1`` of the odd block, at the same time;
 * the running max is shared: consumer 0 publishes ``m0 = max(m, rowmax S0)``, consumer 1 takes
@@ -56,7 +57,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mla_sink.kernels.gluon.gather import gather_q, ids_ok, pair_ids
 from mla_sink.kernels.gluon.math import LOG2E, sink_scale
-from mla_sink.kernels.gluon.seesaw_fp8 import KV_DS_MLA, KV_E4M3, KV_HALF, fp8_producer, stop_flag
+from mla_sink.kernels.gluon.seesaw_fp8 import (
+    COPIERS,
+    FIRST_HALF_ARRIVALS,
+    KV_DS_MLA,
+    KV_E4M3,
+    KV_HALF,
+    decode_half,
+    fp8_producer,
+    stop_flag,
+)
 
 #: Heads of one CTA: the wgmma M of the score and output tiles (one warpgroup: 4 warps x 16 rows).
 HEAD_BLOCK = 64
@@ -68,9 +78,10 @@ HALF_V = 256
 #: T=256: Triton separates calls into one buffer by a barrier).
 GATHER_ROWS = 64
 #: Registers per thread of the two worker partitions: consumer 1 (as many as consumer 0 gets) and the
-#: producer (bf16 / fp16: addresses and masks only; fp8: also a half block's codes, 16 KB, on their way
-#: through). 12 warps share 64K registers, and the default consumer gets what the workers leave (216):
-#: moving registers to it (232, for a software-pipelined loop) measured slower (BENCHMARKS.md, sixth session).
+#: producer (addresses and masks; it only copies, for fp8 caches too). 12 warps share 64K registers, and
+#: the default consumer gets what the workers leave (216): moving registers to it (232, for a
+#: software-pipelined loop) measured slower (BENCHMARKS.md, sixth session). With an fp8 cache the
+#: consumers' decoding spills a few scalars (ptxas: 32-76 bytes, a few loads per block pair).
 CONSUMER_REGS = 216
 PRODUCER_REGS = 72
 #: The consumers' register layouts: a score tile ``[64 heads, 64 ids]`` and an output half ``[64, 256]``
@@ -135,21 +146,21 @@ def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_re
 
 
 @gluon.jit
-def _any_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready, landed_lo,
-                  landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
+def _any_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready,
+                  ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
                   num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
                   ROWS: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
     """The producer partition of the cache's format: :func:`_producer` (bf16 / fp16 rows by cp.async
-    straight into the slots) or :func:`~mla_sink.kernels.gluon.seesaw_fp8.fp8_producer` (fp8 bytes decoded
-    in the slots)."""
+    straight into the slots) or :func:`~mla_sink.kernels.gluon.seesaw_fp8.fp8_producer` (fp8 bytes into the
+    slots, which the consumers decode)."""
     if KV_FMT == KV_HALF:
         _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi,
                   free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows,
                   stride_qt, stride_qh, stride_kv, BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS)
     else:
-        fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready, landed_lo,
-                     landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
+        fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready,
+                     ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
                      num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                      BLOCK_H, BLOCK_N, HALF_V, D_ROPE, KV_FMT, ROW_BYTES)
 
@@ -315,6 +326,11 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         odd = even + 1
         _, ok = ids_ok(IDX, idx_base, start + 2 * j * BLOCK_N + offs_n, end, nrows)
         mbarrier.wait(ready_lo.index(0), phase)
+        if KV_FMT != KV_HALF:  # fp8: this consumer decodes its own block (both halves before the first
+            # wgmma: decoding the second while the first half's wgmma runs spilled and measured 5-8% slower)
+            decode_half(k_lo.index(even), k_rope.index(even), False, KV_FMT)
+            mbarrier.wait(ready_hi.index(0), phase)
+            decode_half(k_hi.index(even), k_rope.index(even), True, KV_FMT)
         sc = warpgroup_mma(q_lo.index(even), k_lo.index(even).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         mbarrier.wait(ready_hi.index(0), phase)
         sc = warpgroup_mma(q_hi.index(even), k_hi.index(even).permute((1, 0)), sc, is_async=True)
@@ -374,6 +390,10 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         odd = even + 1
         _, ok = ids_ok(IDX, idx_base, start + (2 * j + 1) * BLOCK_N + offs_n, end, nrows)
         mbarrier.wait(ready_hi.index(1), phase)  # the producer fills the odd slot's hi half first
+        if KV_FMT != KV_HALF:
+            decode_half(k_hi.index(odd), k_rope.index(odd), True, KV_FMT)
+            mbarrier.wait(ready_lo.index(1), phase)
+            decode_half(k_lo.index(odd), k_rope.index(odd), False, KV_FMT)
         sc = warpgroup_mma(q_hi.index(even), k_hi.index(odd).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope.index(even), k_rope.index(odd).permute((1, 0)), sc, is_async=True)
         mbarrier.wait(ready_lo.index(1), phase)
@@ -472,17 +492,16 @@ def sparse_mla_decode_seesaw_kernel(
     bar_p_odd_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     bar_l_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     bar_l_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    landed_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)  # fp8: raw bytes in a half
-    landed_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-    # every producer thread arrives once its copies land; a decoded fp8 half is ready after one arrive
-    copiers: gl.constexpr = 32 * 4
-    ready_count: gl.constexpr = copiers if KV_FMT == KV_HALF else 1
+    # every producer thread arrives once its copies land (fp8: the raw bytes, decoded by a consumer); a
+    # V3.2 pair's first halves also wait for the release of its stop decision (seesaw_fp8.FIRST_HALF_ARRIVALS)
+    copiers: gl.constexpr = COPIERS
+    first: gl.constexpr = FIRST_HALF_ARRIVALS if KV_FMT == KV_DS_MLA else COPIERS
     mbarrier.init(q_ready, count=copiers)
+    mbarrier.init(ready_lo.index(0), count=first)
+    mbarrier.init(ready_hi.index(1), count=first)
+    mbarrier.init(ready_lo.index(1), count=copiers)
+    mbarrier.init(ready_hi.index(0), count=copiers)
     for s in gl.static_range(2):
-        mbarrier.init(ready_lo.index(s), count=ready_count)
-        mbarrier.init(ready_hi.index(s), count=ready_count)
-        mbarrier.init(landed_lo.index(s), count=copiers)
-        mbarrier.init(landed_hi.index(s), count=copiers)
         mbarrier.init(free_lo.index(s), count=1)  # one arrive from the consumer that reads the half last
         mbarrier.init(free_hi.index(s), count=1)
     mbarrier.init(bar_m_even, count=1)
@@ -506,7 +525,7 @@ def sparse_mla_decode_seesaw_kernel(
                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                         stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
         (_any_producer, (Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready,
-                         landed_lo, landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start,
+                         ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start,
                          end, num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                          BLOCK_H, BLOCK_N, HALF_V, D_ROPE, ROWS, KV_FMT, ROW_BYTES)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])

@@ -1,5 +1,6 @@
 """The fp8 producer of the seesaw kernel (:mod:`mla_sink.kernels.gluon.gluon_seesaw`): one warpgroup that
-fills the same two slots of half tiles, in q's dtype, from an fp8 KV cache.
+copies an fp8 cache's raw bytes into the same two slots of half tiles, and the decoder
+(:func:`decode_half`) with which each consumer turns the halves of its own block into q's dtype in place.
 
 Two fp8 caches (``KV_FMT``), both read as bytes:
 
@@ -15,15 +16,19 @@ Two fp8 caches (``KV_FMT``), both read as bytes:
   Rows ``[N, 656]`` or pages ``[blocks, block_size, 656]`` with any block stride: id ``i`` is at byte
   ``(i // block_size) * stride_kv + (i % block_size) * 656``.
 
-Why this way. Decoding a block costs more issue slots than its MMAs (FlashMLA's notes: about 50 cycles
-per token against 34 at 64 heads), and the producer has the 72 registers the two consumer warpgroups leave
-(a fourth warpgroup caps the kernel at 128 registers before ``setmaxnreg``, too few for the consumers'
-m64n256 wgmma), too few to keep a block's bytes in flight in registers. So the bytes travel by
-``cp.async`` (no registers) into the very half of the slot that will hold their decoded tile, which is
-twice as large, and an mbarrier (``landed``) says when they are there; the producer then reads all the raw
-bytes of the half into registers, synchronises its warpgroup (no thread writes before every thread has
-read), decodes, writes the tile in the wgmma layout and signals ``ready`` once. Masked (skipped) ids
-zero-fill: their codes and scales decode to 0 and the consumers give them weight 0.
+Why this way. The bytes travel by ``cp.async`` (no registers) into the very half of the slot that will hold
+their decoded tile, which is twice as large: shared memory (q 72 KB, two 72 KB slots, one P buffer) has no
+room for a staging buffer, and the producer has only the 72 registers the two consumer warpgroups leave (a
+fourth warpgroup caps the kernel at 128 registers before ``setmaxnreg``, too few for the consumers'
+m64n256 wgmma). The producer only copies, as the bf16 / fp16 producer does: each half as soon as the
+consumers free it, ``ready`` completing when its bytes land, so the next halves' copies are in flight while
+earlier ones are decoded. The consumer that reads a half first decodes it (:func:`decode_half`): reads all
+its raw bytes into registers, synchronises its warpgroup (no thread writes before every thread has read),
+writes the tile in the wgmma layout and fences it for wgmma. Consumer 0 decodes the even block's halves,
+consumer 1 the odd block's, at the same time. Decoding in the producer instead (its copies of the next half
+waited for each decode) took 480 against 398 us at H=128, T=256 for e4m3 and 550 against 433 for V3.2
+(BENCHMARKS.md, seventh session). Masked (skipped) ids zero-fill: their codes and scales decode to 0 and the
+consumers give them weight 0.
 
 Source: FlashMLA's sm90 sparse fp8 decode (``csrc/sm90/decode/sparse_fp8/``, deepseek-ai/FlashMLA 9241ae3:
 dequantisation in a warpgroup of its own, 128-bit loads), read, not copied; the Gluon primitives of
@@ -55,6 +60,11 @@ E4M3_ROPE_AT = gl.constexpr(kv_layout.D_NOPE)
 #: (``mla_sink.core.kv_layout.BF16_EXACT_SCALE_EXP``; float32 bias 127).
 DS_EXACT_EXP_LO = gl.constexpr(kv_layout.BF16_EXACT_SCALE_EXP[0] + 127)
 DS_EXACT_EXP_HI = gl.constexpr(kv_layout.BF16_EXACT_SCALE_EXP[1] + 127)
+#: Arrivals that complete a consumer's first half of a V3.2 pair (``ready_lo[0]``, ``ready_hi[1]``): one per
+#: producer thread when its copies land, and one (release) after the pair's stop decision is written, which
+#: the consumer reads once the half is ready (:func:`stop_flag`). The other halves take the copies' only.
+COPIERS = gl.constexpr(32 * 4)  # the producer warpgroup's threads
+FIRST_HALF_ARRIVALS = gl.constexpr(COPIERS.value + 1)
 #: Layout of a half tile's codes as the converter reads them: [64, 128] codes, 16 bytes a lane.
 TILE_L = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
 #: The stop flags of the two pair parities (words 0 and 64 of the flag buffer), read by every thread.
@@ -87,12 +97,12 @@ def _raw_views(buf):
 
 
 @gluon.jit
-def _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed,
+def _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, ready,
                COL0: gl.constexpr, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
     """Loader: cp.async the raw bytes of one half block (ids ``ids_smem[id0 .. id0 + 64]``, ``-1`` zero-fills):
     latent codes ``COL0 .. COL0 + 256``, the rows' two scales of those columns (V3.2) and, for the half with
     ``WITH_ROPE``, the RoPE (V3.2: bf16 straight into ``k_rope``; e4m3: codes beside the latent ones); then
-    one arrive per thread on ``landed`` when they land."""
+    one arrive per thread on ``ready`` when they land."""
     codes_l: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # 16-byte copies
     codes, scales, rope_codes = _raw_views(buf)
     ids = ids_smem.slice(id0, 64).load(gl.SliceLayout(1, codes_l))
@@ -121,7 +131,7 @@ def _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed,
         cols_r = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_l))
         async_copy.async_copy_global_to_shared(rope_codes, rows_r[:, None] + cols_r[None, :],
                                                mask=(ids_r >= 0)[:, None])
-    async_copy.mbarrier_arrive(landed, increment_count=False)
+    async_copy.mbarrier_arrive(ready, increment_count=False)
 
 
 @gluon.jit
@@ -177,15 +187,15 @@ def _publish(redo_smem, j, stop):
 
 
 @gluon.jit
-def _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr):
-    """Converter: wait for a half's raw bytes, read them all (and its scales), synchronise the warpgroup,
-    then write the decoded ``[64, 256]`` tile (and the decoded RoPE of an e4m3 cache) over them, make the
-    writes visible to wgmma and signal ``ready`` once."""
+def decode_half(buf, k_rope, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr):
+    """Consumer side, once a half's raw bytes have landed (its ``ready`` barrier): read them all (and its
+    scales) into registers, synchronise the consumer's warpgroup, then write the decoded ``[64, 256]`` tile
+    (and, with ``WITH_ROPE``, the decoded RoPE of an e4m3 cache into ``k_rope``) over them, and make the
+    writes visible to wgmma: this warpgroup's own, and the other consumer's once it is signalled later."""
     tile_l: gl.constexpr = TILE_L
     rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
     dtype: gl.constexpr = buf.dtype
     codes, scales, rope_codes = _raw_views(buf)
-    mbarrier.wait(landed, phase)
     c0 = codes.slice(0, DS_TILE, dim=1).load(tile_l)
     c1 = codes.slice(DS_TILE, DS_TILE, dim=1).load(tile_l)
     s0 = gl.full([64], 1.0, gl.float32, layout=gl.SliceLayout(1, tile_l))
@@ -203,41 +213,38 @@ def _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE: gl.constexpr, KV
     if WITH_ROPE and KV_FMT == KV_E4M3:
         k_rope.store(cr.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype))
     fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(ready)
+    gl.thread_barrier()  # every thread's part of the tile is written before the warpgroup's wgmma reads it
 
 
 @gluon.jit
-def _fill(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed, ready, free, free_phase, phase,
+def _fill(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, ready, free, free_phase,
           COL0: gl.constexpr, WITH_ROPE: gl.constexpr, KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
-    """One half block: wait until the consumers free it, copy its raw bytes, decode them as soon as they
-    land, signal ``ready``."""
+    """One half block: wait until the consumers free it, then copy its raw bytes; ``ready`` completes when
+    they land (one arrive per thread), and the consumer that reads the half first decodes it
+    (:func:`decode_half`)."""
     mbarrier.wait(free, free_phase)
-    _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, landed, COL0, WITH_ROPE, KV_FMT, ROW_BYTES)
-    _convert_half(buf, k_rope, landed, ready, phase, WITH_ROPE, KV_FMT)
+    _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, ready, COL0, WITH_ROPE, KV_FMT, ROW_BYTES)
 
 
 @gluon.jit
-def _release(ready, free, free_phase):
+def _release(ready, free, free_phase, COUNT: gl.constexpr):
     """Hand a consumer the half it waits on first in a pair, unfilled, once it is free (the same order of
-    phases as a fill): the consumer reads the stop decision and leaves."""
+    phases as a fill): all ``COUNT`` arrivals at once, after the warpgroup's barrier, so they release the
+    stop decision the consumer then reads before it leaves."""
     mbarrier.wait(free, free_phase)
     gl.thread_barrier()
-    mbarrier.arrive(ready)
+    mbarrier.arrive(ready, count=COUNT)
 
 
 @gluon.jit
-def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready, landed_lo,
-                 landed_hi, ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
+def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, redo_smem, q_ready,
+                 ready_lo, ready_hi, free_lo, free_hi, pid_h, pid_t, idx_base, start, end, num_pairs,
                  num_heads, num_rows, stride_qt, stride_qh, stride_kv, kv_block_size,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
                  KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr):
     """Worker partition (one warpgroup): q once, then each pair of blocks half by half, in the order the
-    consumers free the halves (even lo, odd hi, even hi, odd lo). Each half's raw bytes are copied as
-    soon as the consumers free it and decoded as soon as they land, so no decode waits for a free half.
-    Measured against decoding one step behind (the next half's bytes in flight meanwhile, but each decode
-    then waits until the consumers free the next half): 501 vs 547 us at H=128, T=256 and 261 vs 283 at
-    H=64 (BENCHMARKS.md, 2026-12-01 third session).
+    consumers free the halves (even lo, odd hi, even hi, odd lo). Each half's raw bytes are copied as soon
+    as the consumers free it; the consumers decode them (:func:`decode_half`).
 
     V3.2 rows: the tiles are bf16, exact only for the scales :func:`_inexact` accepts. The scales of each
     pair's ids are loaded a pair ahead, with its ids (16 bytes an id, one id a thread), and checked before
@@ -272,18 +279,20 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, r
         if ds:
             scales_next = _pair_scales(KV, ids_next, kv_block_size, stride_kv, ROW_BYTES)
         if stop == 0:
-            _fill(KV, k_lo.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_lo.index(0),
-                  ready_lo.index(0), free_lo.index(0), free_phase, phase, 0, False, KV_FMT, ROW_BYTES)
-            _fill(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
-                  landed_hi.index(1), ready_hi.index(1), free_hi.index(1), free_phase, phase,
-                  HALF_V, True, KV_FMT, ROW_BYTES)
-            _fill(KV, k_hi.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, landed_hi.index(0),
-                  ready_hi.index(0), free_hi.index(0), free_phase, phase, HALF_V, True, KV_FMT, ROW_BYTES)
-            _fill(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size,
-                  landed_lo.index(1), ready_lo.index(1), free_lo.index(1), free_phase, phase,
-                  0, False, KV_FMT, ROW_BYTES)
+            _fill(KV, k_lo.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, ready_lo.index(0),
+                  free_lo.index(0), free_phase, 0, False, KV_FMT, ROW_BYTES)
+            if ds:  # the decision, written before the barrier above, is released with the first halves
+                mbarrier.arrive(ready_lo.index(0))
+            _fill(KV, k_hi.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size, ready_hi.index(1),
+                  free_hi.index(1), free_phase, HALF_V, True, KV_FMT, ROW_BYTES)
+            if ds:
+                mbarrier.arrive(ready_hi.index(1))
+            _fill(KV, k_hi.index(0), k_rope.index(0), ids_smem, 0, stride_kv, kv_block_size, ready_hi.index(0),
+                  free_hi.index(0), free_phase, HALF_V, True, KV_FMT, ROW_BYTES)
+            _fill(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size, ready_lo.index(1),
+                  free_lo.index(1), free_phase, 0, False, KV_FMT, ROW_BYTES)
         else:
-            _release(ready_lo.index(0), free_lo.index(0), free_phase)  # consumer 0's first half
-            _release(ready_hi.index(1), free_hi.index(1), free_phase)  # consumer 1's first half
+            _release(ready_lo.index(0), free_lo.index(0), free_phase, FIRST_HALF_ARRIVALS)  # consumer 0's first half
+            _release(ready_hi.index(1), free_hi.index(1), free_phase, FIRST_HALF_ARRIVALS)  # consumer 1's first half
         j += 1
         go = (j < num_pairs) & (stop == 0)
