@@ -5,7 +5,7 @@ every variant's ``out`` is compared with the first one's (max abs difference).
 
     PYTHONPATH=. python3 -u benchmarks/fp8_decode_ab.py OUT.json NAME=TREE [NAME=TREE ...]
 
-``TREE`` holds ``git archive <commit> mla_sink dispatch tables`` (or ``.`` for the working tree).
+``TREE`` holds ``git archive <commit> mla_sink dispatch tables pyproject.toml`` (or ``.`` for the working tree).
 """
 
 from __future__ import annotations
@@ -17,39 +17,19 @@ import sys
 
 import torch
 
-D_QK, TOPK, N = 576, 2048, 3_500_000
 CASES = [(kv, h, t) for kv in ("fp8_e4m3", "fp8_ds_mla") for h in (64, 128) for t in (2, 64, 256)]
 CASES += [("bf16", 64, 256), ("bf16", 128, 256)]
 
 
 def run_variant(variant: str, dump: str) -> dict:
-    """Time every case with the ``mla_sink`` on the path and save the outputs to ``dump``."""
-    import mla_sink
-    from mla_sink import quantize_kv_cache
-    from mla_sink.tools.bench import GraphTimer
-    torch.manual_seed(0)
-    timer = GraphTimer(reps=10, replays=7)
-    kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
-    caches = {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
-              "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
-    res, outs = {}, {}
-    for kv_dtype, H, T in CASES:
-        g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
-        q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-        idx = torch.randint(0, N, (T, TOPK), device="cuda", dtype=torch.int32, generator=g)
-        sinks = torch.randn(H, device="cuda", generator=g) + 2.0
-        cache, sc = caches[kv_dtype]
-        fn = lambda: mla_sink.sparse_mla_decode(q, cache, idx, sinks, kv_scale=sc, return_lse=True)  # noqa: E731
-        o, _ = fn()
-        key = f"{kv_dtype}-h{H}-T{T}"
-        outs[key] = o.float().cpu()
-        res[key] = round(timer.time_us(fn), 2)
-        print(variant, key, res[key], flush=True)
-    torch.save(outs, dump)
-    return res
+    """Time every case with the ``mla_sink`` on the path and save the outputs to ``dump`` (the timing loop of
+    :mod:`seesaw_wgmma_ab`, on this script's cases)."""
+    import seesaw_wgmma_ab
+    return seesaw_wgmma_ab.run_variant(variant, dump, CASES)
 
 
 def main(path: str, *variants: str) -> None:
+    """Run each ``NAME=TREE`` variant in a child process, compare the outputs, write the report to ``path``."""
     out_dir = os.path.dirname(os.path.abspath(path))
     here = os.path.abspath(os.path.dirname(__file__))
     report: dict = {"cases": [f"{k}-h{h}-T{t}" for k, h, t in CASES], "us": {}, "max_abs_diff_vs_first": {}}

@@ -20,7 +20,7 @@ It also checks each variant's output against ``old``'s on the same inputs (max a
 
     PYTHONPATH=. python3 -u benchmarks/seesaw_wgmma_ab.py benchmarks/seesaw_wgmma_ab_<date>.json [ab_old]
 
-``ab_old`` holds ``git archive <old commit> mla_sink dispatch tables`` (not committed).
+``ab_old`` holds ``git archive <old commit> mla_sink dispatch tables pyproject.toml`` (not committed).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ CASES = [("bf16", 64, 2), ("bf16", 128, 2), ("bf16", 64, 64), ("bf16", 128, 64),
          ("fp8_ds_mla", 64, 64), ("fp8_ds_mla", 128, 64), ("fp8_ds_mla", 64, 256), ("fp8_ds_mla", 128, 256)]
 
 
-def run_variant(variant: str, dump: str) -> dict:
-    """Time every case with the ``mla_sink`` on the path (``variant``: the label printed) and save the outputs
-    to ``dump``."""
+def run_variant(variant: str, dump: str, cases: list = CASES) -> dict:
+    """Time every case of ``cases`` (``(kv_dtype, H, T)``) with the ``mla_sink`` on the path (``variant``: the
+    label printed) and save the outputs to ``dump``."""
     import mla_sink
     from mla_sink import quantize_kv_cache
     from mla_sink.tools.bench import GraphTimer
@@ -50,7 +50,7 @@ def run_variant(variant: str, dump: str) -> dict:
     caches = {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
               "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
     res, outs = {}, {}
-    for kv_dtype, H, T in CASES:
+    for kv_dtype, H, T in cases:
         g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
         q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
         idx = torch.randint(0, N, (T, TOPK), device="cuda", dtype=torch.int32, generator=g)

@@ -34,12 +34,8 @@ def _sparse_mla_combine_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
 
-    pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
-    lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
-    m = tl.max(lses, 0)  # [BLOCK_H]
-    empty = m == float("-inf")
-    m_safe = tl.where(empty, 0.0, m)
-    l_sum = tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
+    m_safe, empty, l_sum = kmath.splits_max_and_sum(PART_LSE, pid_t, offs_s, offs_h, mask_h, num_splits,
+                                                    stride_plt, stride_pls)
 
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for s in range(0, num_splits):
@@ -49,16 +45,8 @@ def _sparse_mla_combine_kernel(
         o = tl.load(po, mask=mask_h[:, None] & (w[:, None] > 0.0), other=0.0)
         acc += w[:, None] * o
 
-    l_safe = tl.where(empty, 1.0, l_sum)
-    out = acc / l_safe[:, None]
-    lse2 = tl.where(empty, float("-inf"), m_safe + tl.log2(l_safe))
-    if HAS_SINKS:
-        sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
-        out = out * kmath.sink_scale(1.0, sink, lse2, empty)[:, None]
-    o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
-    if pid_d == 0:
-        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
+    kmath.combine_store(acc, m_safe, empty, l_sum, SINKS, OUT, LSE, pid_t, pid_d, offs_h, offs_d, mask_h,
+                        stride_ot, stride_oh, stride_lt, stride_lh, HAS_SINKS)
 
 
 combine_jit = triton.jit(_sparse_mla_combine_kernel)

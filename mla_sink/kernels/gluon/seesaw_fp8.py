@@ -65,7 +65,7 @@ DS_EXACT_EXP_HI = gl.constexpr(kv_layout.BF16_EXACT_SCALE_EXP[1] + 127)
 #: the consumer reads once the half is ready (:func:`stop_flag`). The other halves take the copies' only.
 COPIERS = gl.constexpr(32 * 4)  # the producer warpgroup's threads
 FIRST_HALF_ARRIVALS = gl.constexpr(COPIERS.value + 1)
-#: Layout of a half tile's codes as the converter reads them: [64, 128] codes, 16 bytes a lane.
+#: Layout of a half tile's codes as the decoder (decode_half) reads them: [64, 128] codes, 16 bytes a lane.
 TILE_L = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
 #: The stop flags of the two pair parities (words 0 and 64 of the flag buffer), read by every thread.
 ONE_L = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))

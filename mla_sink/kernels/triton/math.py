@@ -165,6 +165,37 @@ def gate_words(GATE, pid_t, gate_n, GATE_BLOCK: tl.constexpr):
 
 
 @triton.jit
+def splits_max_and_sum(PART_LSE, pid_t, offs_s, offs_h, mask_h, num_splits, stride_plt, stride_pls):
+    """The combine kernel's first read: the base-2 LSEs of a token's splits (``offs_s`` split slots,
+    ``-inf`` past ``num_splits`` and on padded heads) reduced per head to ``(m_safe, empty, l_sum)``: the
+    largest LSE (0 on an empty row), whether every split is empty, and ``sum 2^(lse - m_safe)``."""
+    pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
+    lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
+    m = tl.max(lses, 0)  # [BLOCK_H]
+    empty = m == float("-inf")
+    m_safe = tl.where(empty, 0.0, m)
+    return m_safe, empty, tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
+
+
+@triton.jit
+def combine_store(acc, m_safe, empty, l_sum, SINKS, OUT, LSE, pid_t, pid_d, offs_h, offs_d, mask_h,
+                  stride_ot, stride_oh, stride_lt, stride_lh, HAS_SINKS: tl.constexpr):
+    """The combine kernel's epilogue: ``out = acc / l_sum`` times the sink factor (:func:`sink_scale`, the
+    sink applied once), 0 on empty rows; the first column block (``pid_d == 0``) also writes the natural-log
+    LSE (``-inf`` on empty rows)."""
+    l_safe = tl.where(empty, 1.0, l_sum)
+    out = acc / l_safe[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_safe + tl.log2(l_safe))
+    if HAS_SINKS:
+        sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
+        out = out * sink_scale(1.0, sink, lse2, empty)[:, None]
+    o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
+    if pid_d == 0:
+        tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=mask_h)
+
+
+@triton.jit
 def split_state(base_o, base_l, s, stride_ps, stride_pls, live):
     """The combine kernel's read of split ``s``: its partial output tile ``[BLOCK_H, BLOCK_D]`` and its
     base-2 LSE as a ``[BLOCK_H, 1]`` column; where ``live`` (``[BLOCK_H, 1]``) is false nothing is read
