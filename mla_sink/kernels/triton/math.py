@@ -61,6 +61,20 @@ def e4m3fn_to_f32_interpreted(x):
 
 
 @triton.jit
+def fp8_tile(x, FNUZ: tl.constexpr, UPCAST: tl.constexpr, dtype: tl.constexpr):
+    """An fp8 tile (e4m3fn, or e4m3fnuz codes with ``FNUZ``) in the dtype the kernel computes in: fp32 under
+    the interpreter's ``UPCAST`` (its e4m3fn NaN codes decoded as NaN), else ``dtype``. e4m3fn converts
+    directly (exact into fp16 / bf16); fnuz through :func:`fnuz_to_f32`."""
+    if FNUZ:
+        x = fnuz_to_f32(x)
+    elif UPCAST:
+        x = e4m3fn_to_f32_interpreted(x)
+    if UPCAST:
+        return x.to(tl.float32)
+    return x.to(dtype)
+
+
+@triton.jit
 def e4m3_codes(ptr, offs, valid, dtype: tl.constexpr, UPCAST: tl.constexpr):
     """A ``[BLOCK_N, TILE]`` tile of float8 e4m3fn codes read from byte pointers ``ptr[:, None] + offs[None, :]``
     (``ptr`` ``[BLOCK_N]``, uint8; rows where ``valid`` is False are not read and give 0), converted exactly to

@@ -104,21 +104,9 @@ def _sparse_mla_decode_kernel(
         qk_scale = qk_scale * kv_s
 
     if Q_FP8:
-        if Q_FNUZ:
-            q_nope = kmath.fnuz_to_f32(q_nope)
-            q_rope = kmath.fnuz_to_f32(q_rope)
-        elif UPCAST:  # the interpreter reads e4m3fn NaN codes as +-480
-            q_nope = kmath.e4m3fn_to_f32_interpreted(q_nope)
-            q_rope = kmath.e4m3fn_to_f32_interpreted(q_rope)
-        if UPCAST:
-            q_nope = q_nope.to(tl.float32)
-            q_rope = q_rope.to(tl.float32)
-        elif FP8_F16:
-            q_nope = q_nope.to(tl.float16)
-            q_rope = q_rope.to(tl.float16)
-        else:
-            q_nope = q_nope.to(tl.bfloat16)
-            q_rope = q_rope.to(tl.bfloat16)
+        q_dtype: tl.constexpr = tl.float16 if FP8_F16 else tl.bfloat16
+        q_nope = kmath.fp8_tile(q_nope, Q_FNUZ, UPCAST, q_dtype)
+        q_rope = kmath.fp8_tile(q_rope, Q_FNUZ, UPCAST, q_dtype)
     elif ROW_SCALE:
         # bf16 q with fp8 KV computed in fp16 (fp8 -> fp16 is one instruction, fp8 -> bf16 several):
         # scale each head row by a power of two so that its largest |q| is 2^14 (fits fp16, exact
@@ -250,18 +238,8 @@ def _sparse_mla_decode_kernel(
             k_nope = tl.load(row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
             k_rope = tl.load(row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
             if KV_FP8:
-                if KV_FNUZ:
-                    k_nope = kmath.fnuz_to_f32(k_nope)
-                    k_rope = kmath.fnuz_to_f32(k_rope)
-                elif UPCAST:  # the interpreter reads e4m3fn NaN codes as +-480
-                    k_nope = kmath.e4m3fn_to_f32_interpreted(k_nope)
-                    k_rope = kmath.e4m3fn_to_f32_interpreted(k_rope)
-                if UPCAST:
-                    k_nope = k_nope.to(tl.float32)
-                    k_rope = k_rope.to(tl.float32)
-                else:
-                    k_nope = k_nope.to(q_nope.dtype)
-                    k_rope = k_rope.to(q_nope.dtype)
+                k_nope = kmath.fp8_tile(k_nope, KV_FNUZ, UPCAST, q_nope.dtype)
+                k_rope = kmath.fp8_tile(k_rope, KV_FNUZ, UPCAST, q_nope.dtype)
             elif UPCAST:
                 k_nope = k_nope.to(tl.float32)
                 k_rope = k_rope.to(tl.float32)
