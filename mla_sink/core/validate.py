@@ -349,7 +349,8 @@ def check_inputs(
     if kv_key in DS_MLA_KEYS:
         check_ds_mla_cache(kv_cache, allow_empty_pool=allow_empty_pool)
     elif kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK or kv_cache.shape[0] < (0 if allow_empty_pool else 1):
-        hint = " (a paged cache with page size 1 can be passed as kv_cache.view(-1, 576))" if kv_cache.dim() > 2 else ""
+        hint = (" (a contiguous paged cache [num_blocks, block_size, 576] can be passed as kv_cache.view(-1, 576), "
+                "with ids block * block_size + offset)") if kv_cache.dim() > 2 else ""
         if kv_cache.dim() >= 2 and kv_cache.shape[-1] == kv_layout.ROW_BYTES:
             hint = (f" ({kv_layout.ROW_BYTES}-byte rows are the {kv_layout.LAYOUT} layout: pass them as torch.uint8, "
                     f"e.g. kv_cache.view(torch.uint8), not {kv_cache.dtype})")
