@@ -444,8 +444,8 @@ def sparse_mla_decode_seesaw_kernel(
     KV_FMT: gl.constexpr, ROW_BYTES: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
 ):
     """One CTA = (head block, id range, token). See the module docstring. ``LAUNCH_DEPENDENTS``: let the
-    next kernel, launched as a programmatic dependent (the combine, or the V3.2 recompute), start at once
-    on the SMs this grid leaves idle; it waits for this grid's completion before reading what it wrote."""
+    next kernel, launched as a programmatic dependent (the combine), start at once on the SMs this grid
+    leaves idle; it waits for this grid's completion before reading what it wrote."""
     if LAUNCH_DEPENDENTS:
         _launch_dependents(gl.program_id(0))
     pid_h = gl.program_id(0)
@@ -494,13 +494,12 @@ def sparse_mla_decode_seesaw_kernel(
     bar_l_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     # every producer thread arrives once its copies land (fp8: the raw bytes, decoded by a consumer); a
     # V3.2 pair's first halves also wait for the release of its stop decision (seesaw_fp8.FIRST_HALF_ARRIVALS)
-    copiers: gl.constexpr = COPIERS
     first: gl.constexpr = FIRST_HALF_ARRIVALS if KV_FMT == KV_DS_MLA else COPIERS
-    mbarrier.init(q_ready, count=copiers)
+    mbarrier.init(q_ready, count=COPIERS)
     mbarrier.init(ready_lo.index(0), count=first)
     mbarrier.init(ready_hi.index(1), count=first)
-    mbarrier.init(ready_lo.index(1), count=copiers)
-    mbarrier.init(ready_hi.index(0), count=copiers)
+    mbarrier.init(ready_lo.index(1), count=COPIERS)
+    mbarrier.init(ready_hi.index(0), count=COPIERS)
     for s in gl.static_range(2):
         mbarrier.init(free_lo.index(s), count=1)  # one arrive from the consumer that reads the half last
         mbarrier.init(free_hi.index(s), count=1)
@@ -566,7 +565,9 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, KV_FMT=kv_fmt,
                       ROW_BYTES=kv_layout.ROW_BYTES if kv_fmt == KV_DS_MLA.value else d_qk,
-                      LAUNCH_DEPENDENTS=splits > 1 or kv_fmt == KV_DS_MLA.value)
+                      # the library's combine follows a split launch as a programmatic dependent; after V3.2
+                      # rows the recompute, launched plainly, comes between (paths/triton/launch.py)
+                      LAUNCH_DEPENDENTS=splits > 1 and kv_fmt != KV_DS_MLA.value)
     grid = (-(-H // HEAD_BLOCK), splits, T)
     return grid, scalars, constexprs, dict(num_warps=4)
 

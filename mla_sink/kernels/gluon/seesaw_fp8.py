@@ -227,13 +227,13 @@ def _fill(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, ready, free,
 
 
 @gluon.jit
-def _release(ready, free, free_phase, COUNT: gl.constexpr):
+def _release(ready, free, free_phase):
     """Hand a consumer the half it waits on first in a pair, unfilled, once it is free (the same order of
-    phases as a fill): all ``COUNT`` arrivals at once, after the warpgroup's barrier, so they release the
-    stop decision the consumer then reads before it leaves."""
+    phases as a fill): all :data:`FIRST_HALF_ARRIVALS` at once, after the warpgroup's barrier, so they
+    release the stop decision the consumer then reads before it leaves."""
     mbarrier.wait(free, free_phase)
     gl.thread_barrier()
-    mbarrier.arrive(ready, count=COUNT)
+    mbarrier.arrive(ready, count=FIRST_HALF_ARRIVALS)
 
 
 @gluon.jit
@@ -292,7 +292,7 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, r
             _fill(KV, k_lo.index(1), k_rope.index(1), ids_smem, BLOCK_N, stride_kv, kv_block_size, ready_lo.index(1),
                   free_lo.index(1), free_phase, 0, False, KV_FMT, ROW_BYTES)
         else:
-            _release(ready_lo.index(0), free_lo.index(0), free_phase, FIRST_HALF_ARRIVALS)  # consumer 0's first half
-            _release(ready_hi.index(1), free_hi.index(1), free_phase, FIRST_HALF_ARRIVALS)  # consumer 1's first half
+            _release(ready_lo.index(0), free_lo.index(0), free_phase)  # consumer 0's first half
+            _release(ready_hi.index(1), free_hi.index(1), free_phase)  # consumer 1's first half
         j += 1
         go = (j < num_pairs) & (stop == 0)

@@ -29,9 +29,11 @@ adjacent in launch order so their identical gathers hit L2):
   dtype, and its 64 bf16 RoPE values (bytes 528..655) are converted to q's dtype; no per-tensor scale;
 * ``GATED``: only the tokens flagged in ``GATE`` (int32 ``[T, gate_n]``, any nonzero word) are computed;
   the others read and write nothing. The launcher recomputes this way the tokens whose V3.2 scales the
-  sm90 seesaw kernel could not decode exactly (:mod:`mla_sink.kernels.gluon.seesaw_fp8`), launched with
-  ``PDL`` as a programmatic dependent of the seesaw (``griddepcontrol``: it waits for the seesaw's grid
-  before anything else, and lets the combine after it launch early in turn);
+  sm90 seesaw kernel could not decode exactly (:mod:`mla_sink.kernels.gluon.seesaw_fp8`), in a plain launch
+  after the seesaw;
+* ``PDL`` (sm90+, no library launch sets it; ``benchmarks/ds_t2_parts.py`` times it): launched as a
+  programmatic dependent (``griddepcontrol``), the kernel waits for the grid before it before anything else,
+  and lets the combine after it launch early in turn;
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
