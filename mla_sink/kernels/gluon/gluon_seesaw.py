@@ -24,7 +24,7 @@ One CTA = one token x 64 heads x one range of ids, three warpgroups:
 * consumer 0 (the default partition) computes ``S0 = q K0^T`` (64 heads x 64 ids, 576 deep) of the even
   block, consumer 1 (a worker partition) ``S1`` of the odd block, at the same time;
 * the running max is shared: consumer 0 publishes ``m0 = max(m, rowmax S0)``, consumer 1 takes
-  ``m1 = max(m0, rowmax S1)`` and publishes it back (two small shared-memory buffers, one mbarrier each
+  ``m1 = max(m0, rowmax S1)`` and publishes it back (two small shared-memory buffers, one named barrier each
   way); consumer 0 rescales its weights ``P0 = 2^(S0 - m0)`` by ``2^(m0 - m1)`` once ``m1`` is known;
 * consumer 0 owns ``O[:, 0:256]``, consumer 1 ``O[:, 256:512]``: each applies its own ``P`` from registers
   (``wgmma`` with A in registers) and the other's ``P`` from shared memory. ``P0`` is written over the
@@ -182,6 +182,33 @@ def _launch_dependents(x):
                               is_pure=False, pack=1)
 
 
+#: Hardware named barriers (``bar.arrive`` / ``bar.sync`` IDs) through which the two consumers (8 warps,
+#: 256 threads) hand each other the maxima and the weights, as FlashMLA's sm90 kernels do: an arrive does
+#: not wait and needs no warpgroup barrier before it, a sync waits for the other side's 128 arrivals. Triton
+#: uses IDs 0-3 in this kernel (its partitions' ``bar.sync 0/2/3, 128`` and the CTA's ``barrier.sync 1``).
+NB_M_EVEN = gl.constexpr(8)
+NB_M_ODD = gl.constexpr(9)
+NB_P_EVEN = gl.constexpr(10)
+NB_P_ODD = gl.constexpr(11)
+NB_P_ODD_FREE = gl.constexpr(12)
+
+
+@gluon.jit
+def _named_arrive(bar_id):
+    """``bar.arrive bar_id, 256``: this warpgroup's 128 threads count towards the two consumers' barrier
+    ``bar_id`` (an int32 scalar) and go on; their earlier shared-memory writes are visible to the threads
+    that complete the matching :func:`_named_sync`."""
+    gl.inline_asm_elementwise("bar.arrive $1, 256; // $0", "=r,r", [bar_id], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _named_sync(bar_id):
+    """``bar.sync bar_id, 256``: wait until the other consumer's 128 threads have arrived at ``bar_id``."""
+    gl.inline_asm_elementwise("bar.sync $1, 256; // $0", "=r,r", [bar_id], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
 @gluon.jit
 def _signal(bar):
     """Every thread of this warpgroup is past this point (its shared-memory writes visible): one arrive."""
@@ -300,7 +327,7 @@ def _epilogue(acc, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_t
 @gluon.jit
 def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
                    redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                   bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                   bar_l_even, bar_l_odd,
                    pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
                    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
@@ -338,26 +365,27 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
         m_new, alpha, p, l_i = _softmax_step(_masked_scores(sc, ok, qk_scale), m_i, m_i, l_i)
         m_even.store(m_new)
-        _signal(bar_m_even)
+        _named_arrive(NB_M_EVEN + j * 0)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), k_lo.index(even), o, is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _signal(free_lo.index(0))  # the producer refills this half while the odd block's max is awaited
         # the shared max after the odd block: rescale this block's weights to it and hand them over
-        mbarrier.wait(bar_m_odd, phase)
+        _named_sync(NB_M_ODD + j * 0)
         m_odd_new = m_odd.load(row_l)
         c = gl.exp2(m_new - _safe(m_odd_new))  # 0 when this block had no valid id (p is 0 then)
         k_rope.index(even).store((p * c[:, None]).to(dtype))  # over the RoPE columns S0 no longer needs
         fence_async_shared()
-        _signal(bar_p_even)
+        _named_arrive(NB_P_EVEN + j * 0)
         o = o * gl.convert_layout(c, gl.SliceLayout(1, o_l))[:, None]
         l_i = l_i * c
         m_i = m_odd_new
-        mbarrier.wait(bar_p_odd, phase)
+        _named_sync(NB_P_ODD + j * 0)
         acc = warpgroup_mma(p_odd, k_lo.index(odd), o, is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _signal(free_lo.index(1))  # the odd block's slot half and P1 are read
-        mbarrier.arrive(bar_p_odd_free)
+        if j + 1 < num_pairs:  # consumer 1 waits for it before the next pair's P1 (none after the last)
+            _named_arrive(NB_P_ODD_FREE + j * 0)
         j += 1
         go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
     _epilogue(o, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
@@ -369,7 +397,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
 @gluon.jit
 def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
                   redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                  bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                  bar_l_even, bar_l_odd,
                   pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                   stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
@@ -400,21 +428,22 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         sc = warpgroup_mma(q_lo.index(even), k_lo.index(odd).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
         s = _masked_scores(sc, ok, qk_scale)
-        mbarrier.wait(bar_m_even, phase)
+        _named_sync(NB_M_EVEN + j * 0)
         # the max consumer 0 published is >= this consumer's previous max
         m_new, alpha, p, l_i = _softmax_step(s, m_even.load(row_l), m_i, l_i)
         m_odd.store(m_new)
-        _signal(bar_m_odd)
+        _named_arrive(NB_M_ODD + j * 0)
         m_i = m_new
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         p_h = p.to(dtype)
         # P1 is handed over before its own P V is issued (the A operand of that wgmma: not read in flight)
-        mbarrier.wait(bar_p_odd_free, phase ^ 1)  # consumer 0 has read the previous pair's P1
+        if j > 0:  # consumer 0 has read the previous pair's P1
+            _named_sync(NB_P_ODD_FREE + j * 0)
         p_odd.store(p_h)
         fence_async_shared()
-        _signal(bar_p_odd)
+        _named_arrive(NB_P_ODD + j * 0)
         acc = warpgroup_mma(gl.convert_layout(p_h, p_l), k_hi.index(odd), o, is_async=True)
-        mbarrier.wait(bar_p_even, phase)
+        _named_sync(NB_P_EVEN + j * 0)
         acc = warpgroup_mma(k_rope.index(even), k_hi.index(even), acc, is_async=True)  # P0, rescaled to m1
         # each wait rebinds what it waited on (see _consumer_even: ptxas and wgmma in flight)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
@@ -485,11 +514,6 @@ def sparse_mla_decode_seesaw_kernel(
     ready_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     free_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     free_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-    bar_m_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    bar_m_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    bar_p_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    bar_p_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    bar_p_odd_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     bar_l_even = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     bar_l_odd = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     # every producer thread arrives once its copies land (fp8: the raw bytes, decoded by a consumer); a
@@ -503,23 +527,18 @@ def sparse_mla_decode_seesaw_kernel(
     for s in gl.static_range(2):
         mbarrier.init(free_lo.index(s), count=1)  # one arrive from the consumer that reads the half last
         mbarrier.init(free_hi.index(s), count=1)
-    mbarrier.init(bar_m_even, count=1)
-    mbarrier.init(bar_m_odd, count=1)
-    mbarrier.init(bar_p_even, count=1)
-    mbarrier.init(bar_p_odd, count=1)
-    mbarrier.init(bar_p_odd_free, count=1)
     mbarrier.init(bar_l_even, count=1)
     mbarrier.init(bar_l_odd, count=1)
     gl.warp_specialize([
         (_consumer_even, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
                          p_odd, redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                         bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                         bar_l_even, bar_l_odd,
                          pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
         (_consumer_odd, (IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
                         p_odd, redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                        bar_m_even, bar_m_odd, bar_p_even, bar_p_odd, bar_p_odd_free, bar_l_even, bar_l_odd,
+                        bar_l_even, bar_l_odd,
                         pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                         stride_pls, BLOCK_H, BLOCK_N, HALF_V, HAS_SINKS, SPLIT, KV_FMT)),
