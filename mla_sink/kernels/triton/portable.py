@@ -31,9 +31,12 @@ adjacent in launch order so their identical gathers hit L2):
   the others read and write nothing. The launcher recomputes this way the tokens whose V3.2 scales the
   sm90 seesaw kernel could not decode exactly (:mod:`mla_sink.kernels.gluon.seesaw_fp8`), in a plain launch
   after the seesaw;
-* ``PDL`` (sm90+, no library launch sets it; ``benchmarks/ds_t2_parts.py`` times it): launched as a
-  programmatic dependent (``griddepcontrol``), the kernel waits for the grid before it before anything else,
-  and lets the combine after it launch early in turn;
+* ``TRIGGER`` (sm90+): the kernel's first instruction lets a programmatic dependent launched after it (the
+  combine after the gated recompute of a split launch) launch at once, overlapping its launch with this
+  grid; the dependent still waits for the whole grid (``griddepcontrol.wait``) before it reads anything;
+* ``PDL`` (sm90+, with ``TRIGGER``; no library launch sets it, ``benchmarks/ds_t2_parts.py`` times it):
+  launched as a programmatic dependent (``griddepcontrol``), the kernel waits for the grid before it before
+  anything else;
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
@@ -53,7 +56,7 @@ import triton.language as tl
 
 from mla_sink.kernels.triton import math as kmath
 
-try:  # griddepcontrol (sm90+); only traced with PDL
+try:  # griddepcontrol (sm90+); only traced with TRIGGER / PDL
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - older Triton
     gdc_launch_dependents = gdc_wait = None
@@ -73,11 +76,12 @@ def _sparse_mla_decode_kernel(
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
     EVEN: tl.constexpr, KV_DS_MLA: tl.constexpr, DS_TILE: tl.constexpr,
-    GATED: tl.constexpr, GATE_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    GATED: tl.constexpr, GATE_BLOCK: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
-    if PDL:  # launched as a programmatic dependent (sm90+): let the next dependent (the combine) launch
-        gdc_launch_dependents()  # now, then wait for the primary grid and its writes before any load
+    if TRIGGER:  # sm90+: let the next programmatic dependent (the combine) launch now; it waits for this
+        gdc_launch_dependents()  # whole grid and its writes before it reads anything
+    if PDL:  # launched as a programmatic dependent: wait for the primary grid and its writes before any load
         gdc_wait()
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)

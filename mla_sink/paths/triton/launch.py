@@ -234,19 +234,21 @@ def _outputs(x: DecodeInputs, th: tuple, out_dtype: torch.dtype, device: torch.d
 
 
 def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device, gate_n: int = 0,
-                     pdl: bool = False):
+                     pdl: bool = False, trigger: bool = False):
     """A runner of the portable kernel (with the combine when split). ``gate_n > 0``: a gated runner,
     ``run(x, lse, out=out, gate=flags, parts=...)``, that computes only the tokens flagged in ``flags``
     (int32 ``[T, gate_n]``) and leaves the others as they are: unsplit into the given ``out`` / ``lse``;
     split into ``parts=(part_out, part_lse)`` (fp32 ``[T, splits, H, 512]`` / ``[T, splits, H]``, another
     kernel's partials of the same split plan), leaving the one combine of every token to the caller.
     ``pdl`` (CUDA sm90+ only): the kernel is launched as a programmatic dependent of the kernel before it
-    (``launch_pdl``), waiting for that grid before it reads anything."""
+    (``launch_pdl``), waiting for that grid before it reads anything; ``trigger`` (CUDA sm90+ only, implied by
+    ``pdl``): the kernel lets a programmatic dependent launched after it (the caller's combine) launch at once."""
     spec = plan.spec
     T, H, _ = x.q.shape
     topk = x.indices.shape[1]
     interp = device.type == "cpu"
     pdl = pdl and not interp
+    trigger = (trigger or pdl) and not interp
     splits = launch.num_kv_splits
     split = splits > 1
     q_fp8, kv_fp8 = spec.q_dtype in FP8_KEYS, spec.kv_dtype in FP8_KEYS
@@ -262,7 +264,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=spec.q_dtype in FNUZ_KEYS, KV_FNUZ=spec.kv_dtype in FNUZ_KEYS,
         SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and spec.q_dtype not in FP16_EXACT_KEYS,
         EVEN=not has_len and topk % launch.block_n == 0, KV_DS_MLA=ds, DS_TILE=kv_layout.TILE,
-        GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n), PDL=pdl,
+        GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n), PDL=pdl, TRIGGER=trigger,
     )
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
     if pdl:
@@ -423,10 +425,12 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     # V3.2 rows: the seesaw decodes tiles into bf16, exact only for power-of-two scales; it flags (and
     # stops on) the tokens with any other scale, and the gated portable kernel recomputes exactly those.
     # It is launched plainly, which measured faster than as a programmatic dependent of the seesaw (T=2:
-    # 24.2 vs 27.1 us at H=128, 22.0 vs 23.5 at H=64; BENCHMARKS.md, seventh session)
+    # 24.2 vs 27.1 us at H=128, 22.0 vs 23.5 at H=64; BENCHMARKS.md, seventh session), and lets the combine
+    # after it launch at once: that cannot cost (the combine waits for its whole grid either way) and took
+    # 0.4-0.8 us off T=2 in one A/B, within the noise between calls (BENCHMARKS.md, eighth session)
     redo_n = grid[0] * grid[1] if ds else 0
     redo_portable = (_portable_runner(plan, attrs.evolve(launch, kernel="portable"), x, out_dtype, device,
-                                      gate_n=redo_n, pdl=False) if ds else None)
+                                      gate_n=redo_n, pdl=False, trigger=split) if ds else None)
     errors = _compile_errors()
     unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
 
