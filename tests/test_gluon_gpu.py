@@ -162,6 +162,31 @@ def test_fp8_public_call_routes_to_the_seesaw(kv_dtype, H):
         check_budget(o, l, ro, rl, "bf16")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("H", [32, 17])
+def test_half_public_call_at_17_to_32_heads_routes_to_the_seesaw(H, dtype):
+    """The library sends bf16 / fp16 q and KV at 17-32 heads to the seesaw kernel, padded to a 64-head block
+    (split at T = 2 and 64, unsplit at T = 132), on adversarial ids and sinks; checked against the float64
+    reference."""
+    g = torch.Generator(device="cuda").manual_seed(H * 13 + dtype.itemsize)
+    N = 70000
+    kv = torch.randn(N, D_QK, device="cuda", generator=g).to(dtype)
+    kv[3] = float("nan")
+    key = "bf16" if dtype == torch.bfloat16 else "fp16"
+    for T in (2, 64, 132):
+        q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(dtype)
+        idx = adversarial_ids(T, 2048, N, g)
+        launch = plan_triton_launch(arch="sm90", q_dtype=key, kv_dtype=key, num_heads=H, num_tokens=T,
+                                    topk=2048, logit_cap=0.0, gluon=True,
+                                    num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+        assert launch.kernel == "gluon_seesaw", launch
+        sinks = adversarial_sinks(H, g)
+        o, l = sparse_mla_decode_triton(q, kv, idx, sinks)
+        ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks)
+        assert not torch.isnan(o).any() and not torch.isnan(l).any()
+        check_budget(o, l, ro, rl, key)
+
+
 def test_odd_block_count_per_split():
     """Ranges of 3 blocks (the public plan rounds ranges to 64 ids, not to the 128 of a block pair): the last
     pair of each range has a masked odd block, which must neither read the next range's ids nor count."""

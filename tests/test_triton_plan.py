@@ -54,7 +54,7 @@ def _old_splits(cfg, T, H, topk, sms, requested=None):
 def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, gluon, block_h):
     """The tuning row's ``kernel`` param, then kernel_for, as they were."""
     kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8",
-              "sm90_fp8_h32": "gluon_seesaw"}.get(row, "portable")
+              "sm90_fp8_h32": "gluon_seesaw", "sm90_h32": "gluon_seesaw"}.get(row, "portable")
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
     if kernel == "gluon_fp8" and splits != 1:  # gluon_fp8 has no split-KV stage; gluon_seesaw has
@@ -64,7 +64,8 @@ def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, g
     if kernel == "gluon_seesaw":
         ok = q_dtype in ("bf16", "fp16") and (
             (block_h == 64 and (q_dtype == kv_dtype or kv_dtype == "fp8_e4m3"))
-            or (kv_dtype == "fp8_e4m3" and num_heads > 16))  # since 2026-12-01: e4m3 at 17-32 heads, padded
+            or (kv_dtype == "fp8_e4m3" and num_heads > 16)  # since 2026-12-01: e4m3 at 17-32 heads, padded
+            or (q_dtype == kv_dtype and num_heads > 16))  # since the eighth session: bf16 / fp16 too
     else:
         ok = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and num_heads <= 16
     return kernel if ok else "portable"
@@ -122,7 +123,11 @@ def test_where_the_gluon_kernels_serve():
     assert plan(q_dtype="fp16", kv_dtype="fp16", num_heads=33).kernel == "gluon_seesaw"
     small = plan(num_tokens=2)  # split: the seesaw kernel and the combine
     assert small.kernel == "gluon_seesaw" and small.num_kv_splits > 1
-    assert plan(num_heads=32).kernel == "portable"  # 32-head block: the portable row's
+    h32 = plan(num_heads=32)  # 17-32 heads: the seesaw, padded to a 64-head block; the split policy stays the
+    assert (h32.kernel, h32.kernel_row, h32.tuning_row) == ("gluon_seesaw", "sm90_bf16_gluon_seesaw", "sm90_h32")
+    assert plan(q_dtype="fp16", kv_dtype="fp16", num_heads=17).kernel == "gluon_seesaw"  # 32-head row's
+    assert plan(num_heads=16).kernel == "portable"  # 16-head blocks: the portable row's
+    assert plan(q_dtype="fp16", kv_dtype="fp16", num_heads=16, num_tokens=2).kernel == "portable"
     assert plan(q_dtype="bf16", kv_dtype="fp16").kernel == "portable"  # q and KV of one dtype
     f8 = plan(kv_dtype="fp8_e4m3", num_heads=16)
     assert (f8.kernel, f8.kernel_row, f8.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon", "sm90_fp8_h16")
