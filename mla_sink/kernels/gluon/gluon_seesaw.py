@@ -186,6 +186,10 @@ def _launch_dependents(x):
 #: 256 threads) hand each other the maxima and the weights, as FlashMLA's sm90 kernels do: an arrive does
 #: not wait and needs no warpgroup barrier before it, a sync waits for the other side's 128 arrivals. Triton
 #: uses IDs 0-3 in this kernel (its partitions' ``bar.sync 0/2/3, 128`` and the CTA's ``barrier.sync 1``).
+#: Every arrive has its sync in the same pair, except one: a V3.2 program that stops before pair j + 1 leaves
+#: consumer 0's arrive on ``NB_P_ODD_FREE`` of pair j unmatched (both consumers stop at the same pair); the
+#: CTA exits with it pending, and the tests with stopped programs pass on the H200 (BENCHMARKS.md, eighth
+#: session).
 NB_M_EVEN = gl.constexpr(8)
 NB_M_ODD = gl.constexpr(9)
 NB_P_EVEN = gl.constexpr(10)

@@ -136,8 +136,9 @@ def _load_half(KV, buf, k_rope, ids_smem, id0, stride_kv, kv_block_size, ready,
 
 @gluon.jit
 def _decode(codes, scale, KV_FMT: gl.constexpr, dtype: gl.constexpr):
-    """Codes (uint8 e4m3fn bits) -> ``dtype``: exactly (per-tensor cache), or times their float32 tile
-    ``scale`` per row in fp32 and rounded once (V3.2)."""
+    """Codes (uint8 e4m3fn bits) -> ``dtype``: exactly (per-tensor cache), or times their tile ``scale`` per
+    row in ``dtype`` (V3.2): exact for the power-of-two scales :func:`_inexact` accepts, which ``dtype`` (bf16)
+    holds exactly; the tokens with other scales are flagged and recomputed."""
     v = codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype)  # exact: e4m3 fits bf16 / fp16
     if KV_FMT == KV_DS_MLA:  # in bf16x2: exact for the power-of-two scales _inexact accepts (others are
         v = v * scale.to(dtype)[:, None]  # flagged and recomputed, so their rounding does not matter)
