@@ -126,17 +126,18 @@ def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
     """
     from mla_sink.core.dtypes import DTYPE_KEYS, kv_dtype_key
 
-    got = {
-        "q_dtype": DTYPE_KEYS.get(x.q.dtype),
-        "kv_dtype": kv_dtype_key(x.kv_cache),
-        "num_heads": x.q.shape[1],
-        "topk": x.indices.shape[1],
-        "sinks": x.sinks is not None,
-        "logit_cap": max(x.logit_cap, 0.0),
+    got = {  # field: (the argument it comes from, its value there)
+        "q_dtype": ("q", DTYPE_KEYS.get(x.q.dtype)),
+        "kv_dtype": ("kv_cache", kv_dtype_key(x.kv_cache)),
+        "num_heads": ("q", x.q.shape[1]),
+        "topk": ("indices", x.indices.shape[1]),
+        "sinks": ("sinks", x.sinks is not None),
+        "logit_cap": ("logit_cap", max(x.logit_cap, 0.0)),
     }
-    for name, value in got.items():
+    for name, (arg, value) in got.items():
         if getattr(spec, name) != value:
-            raise ValueError(f"the tensors give {name}={value!r} but spec.{name}={getattr(spec, name)!r}")
+            raise ValueError(f"'{arg}' gives {name}={value!r} but spec.{name}={getattr(spec, name)!r} (the tensors "
+                             "must be those the spec, or the layer, was built for)")
 
 
 def as_inputs(inputs: Any) -> DecodeInputs:

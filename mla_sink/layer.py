@@ -39,7 +39,9 @@ class SparseMLADecode:
             ``kv_dtype`` also ``fp8_ds_mla``, the 656-byte V3.2 rows) or the matching torch dtypes.
         topk: ids per token in ``indices [T, topk]``.
         sinks: optional fp32 ``[H]`` learned sink logits (natural log, not scaled by ``sm_scale``),
-            checked now (dtype, shape, contiguity, device) and used by every call.
+            checked now (dtype, shape, contiguity, device) and used by every call. A parameter that
+            requires grad is held detached (the decode has no backward), sharing its memory, so a later
+            in-place load of the weights is seen and no call is refused for it.
         sm_scale: default ``576 ** -0.5``.
         dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md).
         return_lse: return the LSE from every call.
@@ -69,7 +71,7 @@ class SparseMLADecode:
         check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         self.plan: LaunchPlan = prepare(self.spec, platform, path=path, sinks=sinks, sm_scale=self.sm_scale)
         self.platform = self.plan.platform
-        self.sinks = sinks
+        self.sinks = sinks.detach() if isinstance(sinks, torch.Tensor) else sinks
         self.path = path
         self._dcp = (dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
                      if dcp_world_size > 1 else None)

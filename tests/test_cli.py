@@ -152,6 +152,9 @@ def test_help(argv, capsys):
     (["explain", "--path", "garbage"], "'path' must be one of"),
     (["explain", "--arch", "cpu", "--aiter", "0.1.20"], "'aiter_version' must be None"),
     (["explain", "--tokens", "0"], "'--tokens' must be >= 1"),
+    (["explain", "--heads", "0"], "'--heads' must be >= 1 (got 0)"),
+    (["explain", "--topk", "-3"], "'--topk' must be >= 1 (got -3)"),
+    (["explain", "--dcp", "0"], "'--dcp' must be >= 1 (got 0)"),
     (["explain", "--arch", "sm90", "--sms", "-1"], "'--sms' must be >= 1"),
     (["demo", "--device", "tpu"], "'--device' must be cpu or cuda"),
 ])

@@ -107,6 +107,23 @@ def test_run_takes_a_mapping_and_the_layer_matches_the_function():
     assert torch.equal(out, lo) and torch.equal(out, fo) and torch.equal(lse, ll)
 
 
+def test_layer_holds_parameter_sinks_detached_and_sees_later_loads():
+    """Engines keep sinks as an nn.Parameter (requires grad): the layer runs with grad enabled, sees an
+    in-place load of the weights made after construction, and the function refuses such sinks (no
+    backward) with a message that names them."""
+    q, kv, idx, sinks = _case(seed=5)
+    param = torch.nn.Parameter(torch.zeros_like(sinks))
+    layer = SparseMLADecode(num_heads=4, q_dtype="fp16", kv_dtype="fp16", topk=16, sinks=param)
+    with torch.no_grad():
+        param.copy_(sinks)  # the weights are loaded after the layer is built
+    assert torch.is_grad_enabled()
+    lo, ll = layer(q, kv, idx)
+    fo, fl = sparse_mla_decode(q, kv, idx, sinks)
+    assert torch.equal(lo, fo) and torch.equal(ll, fl) and not lo.requires_grad
+    with pytest.raises(ValueError, match="'sinks'.*require grad"):
+        sparse_mla_decode(q, kv, idx, param)
+
+
 def test_shape_inference_under_fake_tensor_mode_outside_compile():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -579,7 +579,7 @@ def test_run_and_describe():
                                        "sinks": x.sinks, "sm_scale": SM_SCALE})
     torch.testing.assert_close(out_p, out, atol=0, rtol=0)  # the same rows, paged
     wrong = mla_sink.CallSpec(q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=5, topk=24, sinks=True)
-    with pytest.raises(ValueError, match="the tensors give kv_dtype='fp8_ds_mla' but spec.kv_dtype='fp8_e4m3'"):
+    with pytest.raises(ValueError, match="'kv_cache' gives kv_dtype='fp8_ds_mla' but spec.kv_dtype='fp8_e4m3'"):
         mla_sink.run(wrong, x)
 
 

@@ -45,6 +45,9 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
 
 
 def _spec_from_args(args: argparse.Namespace) -> CallSpec:
+    for flag, value in (("--heads", args.heads), ("--topk", args.topk), ("--dcp", args.dcp)):
+        if value < 1:  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
+            raise ValueError(f"'{flag}' must be >= 1 (got {value})")
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
                     topk=args.topk, sinks=args.sinks, dcp_world_size=args.dcp,
                     need_lse=args.return_lse, logit_cap=args.logit_cap)
