@@ -1,8 +1,9 @@
 """Where the time of a V3.2 (656-byte) call at T=2 goes (fifth session, 2026-12-01): the library's chain
 (seesaw, gated recompute, combine) against the seesaw and combine alone (no recompute launch), the same
-for the per-tensor e4m3 cache, and the chain with the recompute launched plainly instead of as a
-programmatic dependent. Same data per row; CUDA-graph replay, L2 flushed; power-of-two scales (nothing
-is recomputed). One H200 call, under a minute.
+for the per-tensor e4m3 cache, and the chain with the recompute launched plainly (the library's launch
+since the seventh session) against the recompute launched as a programmatic dependent (the library's
+launch when this script was written, forced here). Same data per row; CUDA-graph replay, L2 flushed;
+power-of-two scales (nothing is recomputed). One H200 call, under a minute.
 
     PYTHONPATH=. python3 -u benchmarks/ds_t2_parts.py benchmarks/ds_t2_parts_<date>.json
 """
@@ -45,14 +46,15 @@ def main(path: str) -> None:
                                                                                           kv_scale=kv_scale))
         e["us"]["e4m3_seesaw_combine"] = timer.time_us(lambda: sparse_mla_decode_seesaw(
             q, e4m3, idx, sinks, num_kv_splits=16, kv_dtype="fp8_e4m3", kv_scale=kv_scale, combine_tile=(16, 32)))
+        e["us"]["ds_chain_plain_recompute"] = timer.time_us(lambda: launch.sparse_mla_decode_triton(
+            q, ds, idx, sinks))
         original = launch._portable_runner
-        try:  # the recompute launched plainly (a fresh runner: the triton launcher prepares per call here)
-            launch._portable_runner = lambda *a, **k: original(*a, **{**k, "pdl": False})
-            e["us"]["ds_chain_plain_recompute"] = timer.time_us(lambda: launch.sparse_mla_decode_triton(
+        try:  # the recompute as a programmatic dependent (a fresh runner: the triton launcher prepares per call)
+            launch._portable_runner = lambda *a, **k: original(*a, **{**k, "pdl": True})
+            e["us"]["ds_chain_pdl_recompute"] = timer.time_us(lambda: launch.sparse_mla_decode_triton(
                 q, ds, idx, sinks))
         finally:
             launch._portable_runner = original
-        e["us"]["ds_chain_pdl_recompute"] = timer.time_us(lambda: launch.sparse_mla_decode_triton(q, ds, idx, sinks))
         e["us"] = {k: round(v, 2) for k, v in e["us"].items()}
         rows.append(e)
         print(e, flush=True)

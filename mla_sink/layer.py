@@ -71,7 +71,7 @@ class SparseMLADecode:
         check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         self.plan: LaunchPlan = prepare(self.spec, platform, path=path, sinks=sinks, sm_scale=self.sm_scale)
         self.platform = self.plan.platform
-        self.sinks = sinks.detach() if isinstance(sinks, torch.Tensor) else sinks
+        self.sinks = sinks.detach() if sinks is not None else None  # a tensor: prepare() checked it
         self.path = path
         self._dcp = (dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
                      if dcp_world_size > 1 else None)

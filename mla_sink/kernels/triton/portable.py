@@ -34,7 +34,7 @@ adjacent in launch order so their identical gathers hit L2):
 * ``TRIGGER`` (sm90+): the kernel's first instruction lets a programmatic dependent launched after it (the
   combine after the gated recompute of a split launch) launch at once, overlapping its launch with this
   grid; the dependent still waits for the whole grid (``griddepcontrol.wait``) before it reads anything;
-* ``PDL`` (sm90+, with ``TRIGGER``; no library launch sets it, ``benchmarks/ds_t2_parts.py`` times it):
+* ``PDL`` (sm90+, with ``TRIGGER``; no library launch sets it, ``benchmarks/ds_t2_parts.py`` forces it):
   launched as a programmatic dependent (``griddepcontrol``), the kernel waits for the grid before it before
   anything else;
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
