@@ -186,10 +186,8 @@ def _launch_dependents(x):
 #: 256 threads) hand each other the maxima and the weights, as FlashMLA's sm90 kernels do: an arrive does
 #: not wait and needs no warpgroup barrier before it, a sync waits for the other side's 128 arrivals. Triton
 #: uses IDs 0-3 in this kernel (its partitions' ``bar.sync 0/2/3, 128`` and the CTA's ``barrier.sync 1``).
-#: Every arrive has its sync in the same pair, except one: a V3.2 program that stops before pair j + 1 leaves
-#: consumer 0's arrive on ``NB_P_ODD_FREE`` of pair j unmatched (both consumers stop at the same pair); the
-#: CTA exits with it pending, and the tests with stopped programs pass on the H200 (BENCHMARKS.md, eighth
-#: session).
+#: Every arrive has its sync: consumer 0's arrive on ``NB_P_ODD_FREE`` after pair j, made when j + 1 < the
+#: pair count, is taken by consumer 1 before pair j + 1, or after its loop when a V3.2 program stopped there.
 NB_M_EVEN = gl.constexpr(8)
 NB_M_ODD = gl.constexpr(9)
 NB_P_EVEN = gl.constexpr(10)
@@ -458,6 +456,8 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         go = _go_on(j, num_pairs, ready_hi.index(1), redo_smem, KV_FMT)
     if KV_FMT == KV_DS_MLA:  # 1 when the producer stopped before pair j (its word read above), else 0
         gl.store(redo_ptr, gl.where(j < num_pairs, 1, 0))
+        if (j > 0) & (j < num_pairs):  # stopped: consumer 0 arrived on NB_P_ODD_FREE after pair j - 1 (it
+            _named_sync(NB_P_ODD_FREE + j * 0)  # saw j < num_pairs): take it, so no arrive outlives the CTA
     _epilogue(o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
