@@ -1,12 +1,13 @@
-"""The sm90 Gluon kernel for fp8 (e4m3fn) KV at H <= 16 (mla_sink/kernels/gluon_fp8_decode.py) against
-the float64 reference (which sees the same fp8 values and scale, so quantisation is not an error).
+"""The sm90 Gluon kernel for fp8 (e4m3fn) KV at H <= 16 (mla_sink/kernels/gluon/gluon_fp8.py), split or not,
+against the float64 reference (which sees the same fp8 values and scale, so quantisation is not an error).
 
 Budget of tests/test_triton_gpu.py (bf16 q: ``1e-3 or 2/128``, cosine < 1e-5; LSE ``1e-5 or 1e-5``) at
 topk 2048; with fewer ids the few-id bf16 budget of tests/test_gluon_gpu.py. Adversarial inputs: ids
 ``-1`` (a leading run and scattered), ``N``, ``2^31 - 1``, negative, rows with no valid id,
 ``topk_length``, topk not a multiple of 64, sinks ``±inf / 0 / 20 / 100``, fp8 NaN codes in KV rows
-nobody references, head counts below 16, fp16 q, a pool beyond 2^31 bytes, CUDA-graph replay with
-new ids and sinks through the public launcher. Needs an sm90 GPU.
+nobody references, odd head counts below 16, split-KV launches (with splits that get no ids), fp16 q, a
+pool beyond 2^31 bytes, CUDA-graph replay with new ids and sinks through the public launcher (unsplit and
+in two splits). Needs an sm90 GPU.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def fp8_kernel():
     return sparse_mla_decode_fp8_gluon
 
 
+@pytest.mark.parametrize("splits", [1, 3, 16], ids=["unsplit", "s3", "s16"])
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16q", "fp16q"])
 @pytest.mark.parametrize("H,T,topk", [(16, 3, 2048), (16, 2, 1000), (5, 2, 37), (1, 1, 64), (12, 4, 130),
-                                      (16, 2, 0)])
-def test_adversarial(H, T, topk, q_dtype):
+                                      (16, 2, 0), (7, 2, 2048)])
+def test_adversarial(H, T, topk, q_dtype, splits):
     g = torch.Generator(device="cuda").manual_seed(H * 31 + T * 7 + topk)
     N = 4099
     kv = (torch.randn(N, D_QK, device="cuda", generator=g) * 0.7).to(torch.float8_e4m3fn)
@@ -51,36 +53,38 @@ def test_adversarial(H, T, topk, q_dtype):
     sinks = adversarial_sinks(H, g)
     key = "fp8_e4m3" if topk >= 2048 else "bf16_few_ids"
     for s in (sinks, None):
-        o, l = fp8_kernel()(q, kv, idx, s, kv_scale=kv_scale)
+        o, l = fp8_kernel()(q, kv, idx, s, kv_scale=kv_scale, num_kv_splits=splits)
         ro, rl = sparse_mla_decode_reference(q, kv, idx, s, kv_scale=kv_scale)
         assert not torch.isnan(o).any() and not torch.isnan(l).any()
         check_budget(o, l, ro, rl, key)
 
 
-def test_empty_rows_topk_length_and_strided_q():
+@pytest.mark.parametrize("H,splits", [(16, 1), (16, 4), (9, 2)])
+def test_empty_rows_topk_length_and_strided_q(H, splits):
     g = torch.Generator(device="cuda").manual_seed(5)
     N = 5000
     kv = (torch.randn(N, D_QK, device="cuda", generator=g) * 0.7).to(torch.float8_e4m3fn)
-    base = torch.randn(4, 32, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    base = torch.randn(4, 2 * H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     q = base[:, ::2]  # non-contiguous heads
     idx = adversarial_ids(4, 2048, N, g)
     idx[1] = -1
     topk_length = torch.tensor([2048, 5, 0, 1029], device="cuda", dtype=torch.int32)
-    sinks = torch.randn(16, device="cuda", generator=g)
-    o, l = fp8_kernel()(q, kv, idx, sinks, topk_length=topk_length)
+    sinks = torch.randn(H, device="cuda", generator=g)
+    o, l = fp8_kernel()(q, kv, idx, sinks, topk_length=topk_length, num_kv_splits=splits)
     ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, topk_length=topk_length)
     assert (o[1] == 0).all() and torch.isneginf(l[1]).all() and (o[2] == 0).all()
     check_budget(o, l, ro, rl, "fp8_e4m3")
 
 
-def test_routed_big_pool_and_cuda_graph():
-    """T=256, H=16 through the public launcher (routed here), ids in a pool beyond 2^31 bytes, then
-    CUDA-graph replays with new ids and sinks."""
+@pytest.mark.parametrize("T", [256, 64])
+def test_routed_big_pool_and_cuda_graph(T):
+    """H=16 through the public launcher (routed here: unsplit at T=256, two splits and the combine at T=64),
+    ids in a pool beyond 2^31 bytes, then CUDA-graph replays with new ids and sinks."""
     g = torch.Generator(device="cuda").manual_seed(9)
     rows = ((1 << 31) + (64 << 20)) // D_QK + 1
     kv = (torch.randn(rows, D_QK, device="cuda", generator=g) * 0.5).to(torch.float8_e4m3fn)
     kv_scale = torch.tensor([1.1], device="cuda")
-    T, H = 256, 16
+    H = 16
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(rows - (1 << 20), rows, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
     sinks = torch.randn(H, device="cuda", generator=g) + 8.0
@@ -88,6 +92,7 @@ def test_routed_big_pool_and_cuda_graph():
                               logit_cap=0.0, gluon=gluon_available(),
                               num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
     assert plan.kernel == ("gluon_fp8" if gluon_available() else "portable")
+    assert plan.num_kv_splits == (1 if T == 256 else 2)
     out = torch.empty(T, H, D_V, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(T, H, device="cuda")
     sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out, lse=lse)

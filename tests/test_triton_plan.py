@@ -57,8 +57,8 @@ def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, g
               "sm90_fp8_h32": "gluon_seesaw", "sm90_h32": "gluon_seesaw"}.get(row, "portable")
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
-    if kernel == "gluon_fp8" and splits != 1:  # gluon_fp8 has no split-KV stage; gluon_seesaw has
-        # since 2026-12-01 (seventh session): split e4m3 launches at <= 16 heads go to the seesaw, padded
+    if kernel == "gluon_fp8" and splits > 2:  # gluon_fp8 splits since the ninth session, up to 2 splits; since
+        # the seventh session e4m3 launches of more splits at <= 16 heads go to the seesaw, padded
         split_e4m3 = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16")
         return "gluon_seesaw" if split_e4m3 else "portable"
     if kernel == "gluon_seesaw":
@@ -105,14 +105,14 @@ def test_gluon_never_on_cpu_capped_without_gluon_or_fnuz(field, value):
         assert plan(**kw).kernel == "portable", kw
 
 
-def test_only_the_seesaw_kernel_splits():
+def test_gluon_fp8_splits_at_most_twice():
     for q, kv, H, T, sms in itertools.product(DTYPES, DTYPES, HEADS, TOKENS, SMS):
         got = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms)
-        if got.num_kv_splits > 1:
-            assert got.kernel in ("portable", "gluon_seesaw")
-        forced = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms, num_kv_splits=2)
-        # topk < 2 blocks: one split anyway
-        assert forced.kernel in ("portable", "gluon_seesaw") or forced.num_kv_splits == 1
+        if got.kernel == "gluon_fp8":
+            assert got.num_kv_splits <= 2 and kv == "fp8_e4m3" and H <= 16
+        forced = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms, num_kv_splits=3)
+        # topk < 3 blocks: fewer splits
+        assert forced.kernel in ("portable", "gluon_seesaw") or forced.num_kv_splits < 3
 
 
 def test_where_the_gluon_kernels_serve():
@@ -137,7 +137,9 @@ def test_where_the_gluon_kernels_serve():
     f8_split = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2)  # split at 16 heads: the seesaw, padded
     assert (f8_split.kernel, f8_split.kernel_row, f8_split.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw",
                                                                            "sm90_fp8_h16")
-    assert f8_split.num_kv_splits > 1
+    assert f8_split.num_kv_splits > 2
+    f8_two = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=64)  # two splits at 16 heads: gluon_fp8
+    assert (f8_two.kernel, f8_two.kernel_row, f8_two.num_kv_splits) == ("gluon_fp8", "sm90_fp8_gluon", 2)
     assert plan(q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3", num_heads=16).kernel == "portable"
     for arch in ("sm80", "sm100", "gfx942", "gfx950", "sm120"):
         assert plan(arch=arch).kernel == "portable"
@@ -146,11 +148,10 @@ def test_where_the_gluon_kernels_serve():
 def test_rejected_kernels_say_why():
     split = plan(num_tokens=2, q_dtype="bf16", kv_dtype="fp16")  # 2 programs on 132 SMs: split
     assert split.kernel == "portable" and split.num_kv_splits > 1
-    # the unsplit Gluon paths' shared requirement fails: one entry names that path and its row, said once
+    # every Gluon path serves split launches: each row says its own mismatches, its split bound among them
     rejected = dict(split.rejected_kernels)
-    assert rejected["gluon_fp8 (row sm90_fp8_gluon)"] == (
-        f"num_kv_splits={split.num_kv_splits}, needs 1 (no split-KV stage - a grid that does not fill "
-        "the GPU is split and runs the portable kernel and the combine)")
+    assert rejected["sm90_fp8_gluon"].startswith("kv_dtype=fp16, needs fp8_e4m3")
+    assert f"num_kv_splits={split.num_kv_splits}, needs <= 2 (" in rejected["sm90_fp8_gluon"]
     assert "q_dtype=bf16, needs fp16" in rejected["sm90_fp16_gluon_seesaw"]
     unsplit = dict(plan(num_tokens=256).rejected_kernels)  # requirements hold: each row says its own mismatch
     assert set(unsplit) == {"sm90_fp8_gluon"} and "kv_dtype=bf16, needs fp8_e4m3" in unsplit["sm90_fp8_gluon"]
@@ -169,14 +170,14 @@ def test_failed_kernel_falls_back_to_portable():
     other = plan(failed={"gluon_fp8": "boom"})  # another kernel's failure changes nothing here
     assert other.kernel == "gluon_seesaw" and other.fallback is None
     assert plan(num_tokens=2, kv_dtype="fp8_e4m3", num_heads=16,
-                failed={"gluon_fp8": "boom"}).fallback is None  # portable anyway (split)
+                failed={"gluon_fp8": "boom"}).fallback is None  # the seesaw anyway (16 splits)
 
 
 def test_unknown_sm_count_leaves_splits_and_kernel_open():
     got = plan(num_sms=None)
     assert (got.num_kv_splits, got.ids_per_split, got.kernel) == (None, None, "portable")
     assert got.tuning_row == "sm90_default" and got.kernel_row == "sm90_default" and got.block_h == 64
-    assert any(label.startswith("gluon_fp8") and why.startswith("num_kv_splits=None, needs 1")
+    assert any(label.startswith("gluon_fp8") and why.startswith("num_kv_splits=None, needs >= 1")
                for label, why in got.rejected_kernels)
     forced = plan(num_sms=None, num_kv_splits=1)  # a forced count needs no SM count
     assert (forced.num_kv_splits, forced.kernel) == (1, "gluon_seesaw")
@@ -237,7 +238,9 @@ def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tm
 @pytest.mark.parametrize("edit,message", [
     (("    when: {arch: sm90, num_heads: {le: 16}}\n",
       "    when: {arch: sm90, num_heads: {le: 16}, num_kv_splits: 1}\n"), "must not test num_kv_splits"),
-    (("      num_kv_splits: {eq: 1, because", "      num_heads: {ge: 1, because"), "must need a split count"),
+    (("      num_kv_splits: {ge: 1, because: \"the split count is planned first (the portable row's split policy); every",
+      "      num_heads: {ge: 1, because: \"the split count is planned first (the portable row's split policy); every"),
+     "must need a split count"),
     (("combine_block_d: 512, fp8_f16: true}", "combine_block_d: 512}"), "missing \\['fp8_f16'\\]"),
     (("    path: gluon_fp8\n", "    path: gluon_fp8\n    params: {BLOCK_H: 16}\n"), "takes no params"),
 ])

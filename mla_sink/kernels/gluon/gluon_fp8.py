@@ -1,12 +1,14 @@
 """Warp-specialised sparse MLA decode with fp8 (e4m3fn) KV and few heads (H <= 16), sm90, in Gluon.
 
 Semantics of :mod:`mla_sink.paths.triton.launch` (float64 reference in :mod:`mla_sink.core.reference`).
-At H <= 16 the portable kernel is bound by converting fp8 tiles inside its MMA loop (once per operand
-layout) and by mma.sync's 16-row tiles re-reading q from shared memory in every warp. Here (one CTA =
-one token, all of its <= 16 heads):
+At few heads the portable kernel is bound by converting fp8 tiles inside its MMA loop (once per operand
+layout) and by mma.sync's 16-row tiles re-reading q from shared memory in every warp, and the seesaw
+kernel pads the heads to its 64-row wgmma tiles. Here one CTA = one token (all of its heads, padded to
+``BLOCK_H`` = 16) and one id range (``SPLIT``: the range of ``pid_s``; fp32 partials and base-2 LSEs for
+the combine kernel, which applies the sink, launched as a programmatic dependent):
 
-* roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = 16
-  heads, K = 576) and ``O^T += V^T P^T`` (M = 512 value columns, N = 16, K = 64 ids); the tiles
+* roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = BLOCK_H
+  heads, K = 576) and ``O^T += V^T P^T`` (M = 512 value columns, N = BLOCK_H, K = 64 ids); the tiles
   are read by the tensor cores straight from shared memory, q and P are the small N-side operands;
 * a producer warpgroup gathers each block's 64 fp8 rows into registers (16-byte loads, the ids loaded
   one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3 -> f16: exact) and
@@ -15,14 +17,17 @@ one token, all of its <= 16 heads):
   chunks of the 128-byte swizzle (no bank conflicts; one lane per 512-byte row conflicts 2-way);
 * two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
-  shared memory at the end, which merges them, applies the sink and the per-tensor ``kv_scale`` and
-  stores ``out`` and the natural-log LSE. q sits in shared memory as fp16, each head row scaled by a
-  power of two so its largest ``|q|`` is 2^14 (exact for bf16 mantissas; undone on the scores).
+  shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
+  merges them 64 value columns at a time, applies the sink and the per-tensor ``kv_scale`` and stores
+  ``out`` and the natural-log LSE (split: the partial output and its base-2 LSE). q sits in shared
+  memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
+  mantissas; undone on the scores).
 
 Measured on an H200 (BENCHMARKS.md; benchmarks/fp8_pingpong_probe_r*_2026-11-30.json): one consumer was
 bound by its serial chain (2.7 us per 64-id block); two take 1.35 us per block, and the producer (2.1-2.5
 us per block: one 36 KB block of rows in flight per SM) is now the limit: 157-159 us at H=16, T=256,
-against 176-180 with one consumer and 162-166 for bf16 KV.
+against 176-180 with one consumer and 162-166 for bf16 KV. With each consumer's ring stage fixed at compile
+time (ninth session) 154 us at T=256, and at T=64 in two splits 47.8 us (bf16 KV 50.8).
 
 Source: the swapped ("transposed") decode GEMMs of FlashInfer/FlashMLA small-head decode kernels,
 FlashMLA's fp8 dequantisation outside the MMA warps and FlashAttention-3's two consumer warpgroups;
@@ -41,10 +46,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mla_sink.kernels.gluon.math import LOG2E, sink_scale
+from mla_sink.kernels.gluon.pdl import launch_dependents
 
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
-#: Heads of one CTA (every head of a token): the wgmma N dimension of both swapped GEMMs.
-HEADS_PER_CTA = 16
+#: Head blocks of one CTA (every head of a token, padded): the wgmma N dimension of both swapped GEMMs. A
+#: call takes the smallest that holds its heads. 32-head blocks (N = 32, ``WORKER_REGS`` 208 / 96) were
+#: correct but bound by the consumers' doubled ``O^T`` and scores (H200, ninth session: 226 us at H=32,
+#: T=256 against 166 for bf16 KV on the seesaw; benchmarks/fp8_few_heads_sweep_2026-12-01.json), so 17-32
+#: heads stay on the seesaw kernel and only 16 is offered.
+HEAD_BLOCKS = (16,)
+#: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
+BLOCK_N = 64
+#: Registers per thread of the second consumer and of the producer, per head block (``setmaxnreg``; the first
+#: consumer, the default partition, gets the rest of the 512 per thread-slot of the three warpgroups): the
+#: consumers hold ``O^T`` (``512 x BLOCK_H`` fp32: 64 registers at 16 heads), the producer one block of fp8
+#: rows (72 registers) and its fp16 conversion; ptxas spills nothing here.
+WORKER_REGS = {16: (136, 152)}
 
 
 @gluon.jit
@@ -70,19 +87,28 @@ def _checked(raw, nrows):
 
 
 @gluon.jit
-def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
+def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end, num_blocks,
               BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (once) -> the shared-memory ring. The next block's
-    ids are loaded before this block's rows and checked after its store, off the gather's critical path."""
+    ids are loaded before this block's rows and checked after its store, off the gather's critical path.
+    Three other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
+    rows copied by cp.async into a staging block with the next block's copy issued before this one is
+    converted (151.6 us at H=16, T=256 against 152.6 for bf16 KV in the same run; 49.9 us at T=64 in two
+    splits against 47.8 before), the rows of block i + 2 prefetched into L2 (``prefetch.global.L2``) after
+    block i is stored (154.2 against 153.4 for bf16; 50.3 at T=64), and converting before waiting for the
+    ring stage, which the compiler moves back after the wait. ncu at H=16, T=256 (166.8 us under the
+    profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible warp; the consumers' top stall
+    is their wait for a filled stage and the producer's is the first use of the gathered bytes (long
+    scoreboard): the producer's gather is the limit, and neither more bytes in flight nor L2 hits moved it."""
     nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
-    ids_n = _checked(_raw_ids(IDX, idx_base, t_end, 0, BLOCK_N, nope_l), nrows)
-    ids_r = _checked(_raw_ids(IDX, idx_base, t_end, 0, BLOCK_N, rope_l), nrows)
+    ids_n = _checked(_raw_ids(IDX, idx_base, end, start, BLOCK_N, nope_l), nrows)
+    ids_r = _checked(_raw_ids(IDX, idx_base, end, start, BLOCK_N, rope_l), nrows)
     for i in range(num_blocks):
         s = i % STAGES
-        next_n = _raw_ids(IDX, idx_base, t_end, (i + 1) * BLOCK_N, BLOCK_N, nope_l)
-        next_r = _raw_ids(IDX, idx_base, t_end, (i + 1) * BLOCK_N, BLOCK_N, rope_l)
+        next_n = _raw_ids(IDX, idx_base, end, start + (i + 1) * BLOCK_N, BLOCK_N, nope_l)
+        next_r = _raw_ids(IDX, idx_base, end, start + (i + 1) * BLOCK_N, BLOCK_N, rope_l)
         x_n = _gather(KV, ids_n, stride_kv, 0, D_NOPE, nope_l)
         x_r = _gather(KV, ids_r, stride_kv, D_NOPE, D_ROPE, rope_l)
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -96,16 +122,22 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_
 
 
 @gluon.jit
-def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
-              scale_smem, m_smem, l_smem, acc_smem, merged,
-              pid_t, idx_base, num_heads, num_rows, t_end, num_blocks,
-              stride_ot, stride_oh, stride_lt, stride_lh,
+def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
+              scale_smem, m_smem, l_smem, merged,
+              pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+              stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-              HAS_SINKS: gl.constexpr, FIRST: gl.constexpr):
-    """One consumer warpgroup: blocks FIRST, FIRST + 2, ... (ring stage FIRST). FIRST = 0 (the default
-    partition) merges the other's state and runs the epilogue."""
+              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr):
+    """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
+    (the default partition) merges the other's state and runs the epilogue."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
+    # each consumer's O^T, handed over in its own ring stage (``stage s`` holds only the blocks of consumer s,
+    # so after a consumer's last block the producer has nothing left to write there); 128-byte swizzled rows,
+    # so that the accumulator layout's 8-byte stores and loads do not conflict in banks
+    acc_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D_NOPE, BLOCK_H], gl.float32)
+    acc_self = kn_smem.index(FIRST)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
+    acc_other = kn_smem.index(1)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
     col_scale = scale_smem.load(gl.SliceLayout(0, acc_l))  # per head: q scaling, sm_scale, kv_scale, log2(e)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
     nrows = num_rows.to(gl.uint32)
@@ -113,11 +145,11 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p_smem, kn_smem, kr_smem
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
     acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=acc_l)  # O^T
     s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    s: gl.constexpr = FIRST  # this consumer's stage, fixed: its wgmma descriptors stay compile-time offsets
     for i in range(FIRST, num_blocks, STAGES):
-        s = i % STAGES
-        pos = i * BLOCK_N + offs_n
-        ids = gl.load(IDX + idx_base + pos, mask=pos < t_end, other=-1)
-        ok = (ids.to(gl.uint32, bitcast=True) < nrows) & (pos < t_end)
+        pos = start + i * BLOCK_N + offs_n
+        ids = gl.load(IDX + idx_base + pos, mask=pos < end, other=-1)
+        ok = (ids.to(gl.uint32, bitcast=True) < nrows) & (pos < end)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         kn = kn_smem.index(s)
         kr = kr_smem.index(s)
@@ -142,10 +174,11 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p_smem, kn_smem, kr_smem
     if FIRST == 1:
         m_smem.store(m_i)
         l_smem.store(l_i)
-        acc_smem.store(acc)
+        acc_other.store(acc)
         gl.thread_barrier()
         mbarrier.arrive(merged)
     else:
+        acc_self.store(acc)  # frees O^T's registers for the merge below
         mbarrier.wait(merged, 0)
         m_o = m_smem.load(gl.SliceLayout(0, acc_l))
         l_o = l_smem.load(gl.SliceLayout(0, acc_l))
@@ -154,40 +187,58 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p_smem, kn_smem, kr_smem
         a_self = gl.exp2(m_i - m_safe)
         a_other = gl.exp2(m_o - m_safe)
         l_i = l_i * a_self + l_o * a_other
-        m_i = m_new
-        acc = acc * a_self[None, :] + acc_smem.load(acc_l) * a_other[None, :]
-
-        kv_s = gl.load(KV_SCALE)
         empty_row = l_i == 0.0
         l_safe = gl.where(empty_row, 1.0, l_i)
-        lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(l_safe))
+        lse2 = gl.where(empty_row, float("-inf"), m_new + gl.log2(l_safe))
         offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, acc_l))
-        scale = kv_s / l_safe
-        if HAS_SINKS:
-            sink = gl.load(SINKS + offs_h, mask=offs_h < num_heads, other=float("-inf"))
+        hmask = offs_h < num_heads
+        scale = gl.load(KV_SCALE) / l_safe
+        if HAS_SINKS and not SPLIT:  # a split launch's combine applies the sink once
+            sink = gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
             scale = sink_scale(scale, sink, lse2, empty_row)
-        gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=offs_h < num_heads)
-        out = acc * scale[None, :]
-        offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, acc_l))
-        o_ptr = OUT + pid_t * stride_ot + offs_h.to(gl.int64)[None, :] * stride_oh + offs_d[:, None]
-        gl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(offs_h < num_heads)[None, :])
+        f_self = a_self * scale
+        f_other = a_other * scale
+        if SPLIT:
+            gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=hmask)
+            o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64)[None, :] * stride_ph
+        else:
+            gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
+            o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64)[None, :] * stride_oh
+        offs_d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+        gl.thread_barrier()  # every warp's rows of O^T stored before any warp reads them
+        for c in gl.static_range(D_NOPE // BLOCK_N):  # 64 value columns at a time: no second O^T in registers
+            rows = acc_self.slice(c * BLOCK_N, BLOCK_N).load(acc_l) * f_self[None, :]
+            rows = rows + acc_other.slice(c * BLOCK_N, BLOCK_N).load(acc_l) * f_other[None, :]
+            o_ptr = o_row + (c * BLOCK_N + offs_d)[:, None]
+            if SPLIT:
+                gl.store(o_ptr, rows, mask=hmask[None, :])
+            else:
+                gl.store(o_ptr, rows.to(OUT.dtype.element_ty), mask=hmask[None, :])
 
 
 @gluon.jit
 def sparse_mla_decode_fp8_ws_kernel(
-    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE,
-    sm_scale, num_heads, num_rows, topk,
+    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,
+    num_heads, num_rows, topk, ids_per_split,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
+    stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-    HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr,
+    HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
-    """One CTA = one token (all of its <= 16 heads). See the module docstring."""
+    """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
+    ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once."""
+    if LAUNCH_DEPENDENTS:
+        launch_dependents(gl.program_id(1))
+    pid_s = gl.program_id(1)
     pid_t = gl.program_id(2).to(gl.int64)
     t_end = topk
     if HAS_TOPK_LEN:
         t_end = gl.minimum(gl.maximum(gl.load(TOPK_LEN + pid_t), 0), topk)
-    num_blocks = gl.cdiv(t_end, BLOCK_N)
+    start = pid_s * ids_per_split
+    end = gl.minimum(start + ids_per_split, t_end)
+    num_blocks = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
     idx_base = pid_t * stride_it
     q_n = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_NOPE],
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_NOPE], gl.float16))
@@ -204,7 +255,6 @@ def sparse_mla_decode_fp8_ws_kernel(
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
     m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
     l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
-    acc_smem = gl.allocate_shared_memory(gl.float32, [D_NOPE, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -233,24 +283,56 @@ def sparse_mla_decode_fp8_ws_kernel(
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p0, kn_smem, kr_smem, ready, empty,
-                     scale_smem, m_smem, l_smem, acc_smem, merged,
-                     pid_t, idx_base, num_heads, num_rows, t_end, num_blocks,
-                     stride_ot, stride_oh, stride_lt, stride_lh,
-                     BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, 0)),
-        (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p1, kn_smem, kr_smem, ready, empty,
-                     scale_smem, m_smem, l_smem, acc_smem, merged,
-                     pid_t, idx_base, num_heads, num_rows, t_end, num_blocks,
-                     stride_ot, stride_oh, stride_lt, stride_lh,
-                     BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, 1)),
-        (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, t_end, num_blocks,
+        (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem, ready, empty,
+                     scale_smem, m_smem, l_smem, merged,
+                     pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                     stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                     stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0)),
+        (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem, ready, empty,
+                     scale_smem, m_smem, l_smem, merged,
+                     pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                     stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                     stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1)),
+        (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end, num_blocks,
                      BLOCK_N, D_NOPE, D_ROPE)),
-    ], [4, 4], [136, 152])  # second consumer 136 registers, producer 152 (one block of fp8 rows in flight)
+    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple):
+    """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_fp8_ws_kernel` launch on these
+    tensors' metadata (shared by :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of
+    :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name; ``out_strides``
+    the ``(token, head)`` strides of ``out``. Split launches (``num_kv_splits > 1``) write fp32 partials
+    ``[T, splits, H, 512]`` and base-2 LSEs ``[T, splits, H]`` and let the combine launch early.
+
+    Raises:
+        ValueError: ``num_heads`` above the largest head block.
+    """
+    T, H, d_qk = q.shape
+    d_v = 512
+    block_h = next((b for b in HEAD_BLOCKS if H <= b), None)
+    if block_h is None:
+        raise ValueError(f"the gluon_fp8 kernel serves at most {HEAD_BLOCKS[-1]} heads, got num_heads={H}")
+    splits = num_kv_splits
+    scalars = dict(
+        num_heads=H, num_rows=min(kv_cache.shape[0], 2 ** 31), topk=indices.shape[1], ids_per_split=ids_per_split,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=kv_cache.stride(0), stride_it=indices.stride(0),
+        stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
+        stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
+    )
+    consumer_regs, producer_regs = WORKER_REGS[block_h]
+    constexprs = dict(BLOCK_H=block_h, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
+                      HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
+                      CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs)
+    return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,
-                                kv_scale=None, out=None, lse=None):
-    """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 16``; e4m3fn KV; bf16/fp16 q).
+                                kv_scale=None, out=None, lse=None, num_kv_splits: int = 1, ids_per_split=None,
+                                combine_tile: tuple = (16, 128)):
+    """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 16``; e4m3fn KV; bf16/fp16 q), with
+    the combine kernel (a programmatic dependent) when split; for tests and benchmarks (the library's
+    runner, :mod:`mla_sink.paths.triton.launch`, launches the same kernels with the plan's splits).
 
     Args:
         q: ``[T, H, 576]`` bf16 / fp16, innermost stride 1. kv_cache: ``[N, 576]`` float8_e4m3fn,
@@ -258,7 +340,9 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
             ``>= N`` skipped). sinks: optional fp32 ``[H]``. sm_scale: default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]`` (contiguous). kv_scale: fp32 ``[1]`` (value = stored *
             scale); ``None`` means 1. out, lse: optional ``[T, H, 512]`` (innermost stride 1) and fp32
-            ``[T, H]`` buffers.
+            ``[T, H]`` buffers. num_kv_splits: programs per token, each over ``ids_per_split`` ids (default:
+            ``topk`` split evenly in multiples of 64). combine_tile: ``(heads, value columns)`` of one
+            combine program.
 
     Returns:
         ``(out, lse)`` as :func:`mla_sink.paths.triton.launch.sparse_mla_decode_triton` returns them.
@@ -269,25 +353,32 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
     import torch
 
     from mla_sink.kernels.gluon import launch_buffers
+    from mla_sink.kernels.triton.combine import combine_jit, combine_launch_args
 
     T, H, _ = q.shape
-    if H > HEADS_PER_CTA:
-        raise ValueError(f"sparse_mla_decode_fp8_gluon serves at most {HEADS_PER_CTA} heads, got num_heads={H}")
     topk = indices.shape[1]
     out, lse, sm_scale = launch_buffers(q, out, lse, sm_scale)
+    if ids_per_split is None:
+        ids_per_split = -(-(-(-max(topk, 1) // num_kv_splits)) // BLOCK_N) * BLOCK_N
+    grid, scalars, constexprs, options = fp8_launch_args(q, kv_cache, indices, num_kv_splits=num_kv_splits,
+                                                         ids_per_split=ids_per_split,
+                                                         out_strides=(out.stride(0), out.stride(1)))
     if T == 0 or H == 0:
         return out, lse
     if kv_scale is None:
         kv_scale = torch.ones(1, dtype=torch.float32, device=q.device)
-    sparse_mla_decode_fp8_ws_kernel[(1, 1, T)](
+    split = num_kv_splits > 1
+    part_out = torch.empty((T, num_kv_splits, H, 512), dtype=torch.float32, device=q.device) if split else lse
+    part_lse = torch.empty((T, num_kv_splits, H), dtype=torch.float32, device=q.device) if split else lse
+    constexprs.update(HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None)
+    sparse_mla_decode_fp8_ws_kernel[grid](
         q, kv_cache, indices, sinks if sinks is not None else lse,
-        topk_length if topk_length is not None else indices, kv_scale,
-        out, lse,
-        float(sm_scale), H, min(kv_cache.shape[0], 2 ** 31), topk,
-        q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        BLOCK_H=HEADS_PER_CTA, BLOCK_N=64, D_NOPE=512, D_ROPE=64,
-        HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None,
-        num_warps=4,
-    )
+        topk_length if topk_length is not None else indices, kv_scale, out, lse, part_out, part_lse,
+        float(sm_scale), **scalars, **constexprs, **options)
+    if split:
+        c_grid, c_const, c_static = combine_launch_args(T, H, num_kv_splits, (out.stride(0), out.stride(1)),
+                                                        sinks is not None, combine_tile[0], combine_tile[1],
+                                                        wait_primary=True)
+        combine_jit[c_grid](part_out, part_lse, sinks if sinks is not None else lse, out, lse, **c_static,
+                            **c_const, num_warps=4, num_stages=1, launch_pdl=True)
     return out, lse

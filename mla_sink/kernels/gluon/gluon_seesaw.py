@@ -57,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mla_sink.kernels.gluon.gather import gather_q, ids_ok, pair_ids
 from mla_sink.kernels.gluon.math import LOG2E, sink_scale
+from mla_sink.kernels.gluon.pdl import launch_dependents
 from mla_sink.kernels.gluon.seesaw_fp8 import (
     COPIERS,
     FIRST_HALF_ARRIVALS,
@@ -172,14 +173,6 @@ def _opaque_zero(j):
     16-deep step, about a hundred) is loop-invariant, gets hoisted out of the loop and spills; computed
     per iteration they stay in uniform registers, as in a ring indexed by the iteration."""
     return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _launch_dependents(x):
-    """``griddepcontrol.launch_dependents`` (sm90+): this CTA no longer holds back the launch of a
-    programmatic dependent grid (``x``: any scalar; the instruction takes no operand)."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0 $1", "=r,r", [x], dtype=gl.int32,
-                              is_pure=False, pack=1)
 
 
 #: Hardware named barriers (``bar.arrive`` / ``bar.sync`` IDs) through which the two consumers (8 warps,
@@ -480,7 +473,7 @@ def sparse_mla_decode_seesaw_kernel(
     next kernel, launched as a programmatic dependent (the combine), start at once on the SMs this grid
     leaves idle; it waits for this grid's completion before reading what it wrote."""
     if LAUNCH_DEPENDENTS:
-        _launch_dependents(gl.program_id(0))
+        launch_dependents(gl.program_id(0))
     pid_h = gl.program_id(0)
     pid_s = gl.program_id(1)
     pid_t = gl.program_id(2).to(gl.int64)

@@ -181,6 +181,8 @@ def _compiled(kernel: str, device_index: int, dtypes: tuple, grid: tuple, conste
 
     if kernel == "gluon_seesaw":
         from mla_sink.kernels.gluon.gluon_seesaw import sparse_mla_decode_seesaw_kernel as jit_fn
+    elif kernel == "gluon_fp8":
+        from mla_sink.kernels.gluon.gluon_fp8 import sparse_mla_decode_fp8_ws_kernel as jit_fn
     else:
         jit_fn = {"portable": portable_jit, "combine": combine_jit}[kernel]
     return CompiledLaunch(jit_fn, grid, dict(constexprs), dict(options), dynamic, dict(static), device_index)
@@ -191,6 +193,7 @@ _PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE
 _COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
 _SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "KV_SCALE", "REDO",
                    "sm_scale")
+_FP8_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "KV_SCALE", "OUT", "LSE", "PART_OUT", "PART_LSE", "sm_scale")
 #: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
 #: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements.
 _STRIDE_ALIGN = 16
@@ -224,7 +227,7 @@ def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Resul
     if launch.kernel == "gluon_seesaw":
         return _seesaw_runner(plan, launch, x, out_dtype, device)
     if launch.kernel == "gluon_fp8":
-        return _gluon_fp8_runner(plan, launch, out_dtype, device)
+        return _gluon_fp8_runner(plan, launch, x, out_dtype, device)
     return _portable_runner(plan, launch, x, out_dtype, device)
 
 
@@ -470,28 +473,56 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     return run
 
 
-def _gluon_fp8_runner(plan, launch, out_dtype: torch.dtype, device: torch.device):
-    """A runner for the sm90 fp8 kernel (:mod:`mla_sink.kernels.gluon.gluon_fp8`); a compile failure falls
-    back to the portable kernel."""
+def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
+    """A runner for the sm90 fp8 kernel (:mod:`mla_sink.kernels.gluon.gluon_fp8`), with the split-KV combine
+    (a programmatic dependent) when split; a compile failure falls back to the portable kernel."""
+    from mla_sink.kernels.gluon.gluon_fp8 import fp8_launch_args
+
+    T, H, _ = x.q.shape
+    splits = launch.num_kv_splits
+    split = splits > 1
+    out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
+    grid, static, constexprs, options = fp8_launch_args(x.q, x.kv_cache, x.indices, num_kv_splits=splits,
+                                                        ids_per_split=launch.ids_per_split, out_strides=out_strides)
+    constexprs.update(HAS_SINKS=x.sinks is not None, HAS_TOPK_LEN=x.topk_length is not None)
+    dtypes = tuple(None if t is None else t.dtype for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.out))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    decode = _compiled("gluon_fp8", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
+                       _FP8_DYNAMIC, tuple(static.items()))
+    combine = _combine_launch(launch, x, index, dtypes, splits, out_strides, pdl=True) if split else None
     errors = _compile_errors()
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
-        from mla_sink.kernels.gluon.gluon_fp8 import sparse_mla_decode_fp8_gluon
-
-        q = x.q
-        T, H, _ = q.shape
-        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
+        topk_length = x.topk_length
+        if topk_length is not None and topk_length.stride(0) != 1:
+            topk_length = topk_length.contiguous()
+        align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out)
+        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=x.q.device)
         if lse is None:
-            lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
-        topk_length = x.topk_length.contiguous() if x.topk_length is not None else None
+            lse = torch.empty((T, H), dtype=torch.float32, device=x.q.device)
+        if split:
+            part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32, device=x.q.device)
+            part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=x.q.device)
+        else:
+            part_out = part_lse = lse
+        sinks = x.sinks if x.sinks is not None else lse
+        kv_scale = x.kv_scale if x.kv_scale is not None else _ones(x.q.device)
         try:
-            sparse_mla_decode_fp8_gluon(q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=topk_length,
-                                        kv_scale=x.kv_scale, out=out, lse=lse)
+            decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
+                   kv_scale, out, lse, part_out, part_lse, x.sm_scale)
         except errors as e:
             return _fall_back(plan, launch.kernel, e, x)
+        if split:
+            combine(align, part_out, part_lse, sinks, out, lse)
         return out, lse
 
     return run
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(device: torch.device) -> torch.Tensor:
+    """A float32 ``[1]`` one on ``device`` (the fp8 kernel's ``kv_scale`` when the call gives none), made once."""
+    return torch.ones(1, dtype=torch.float32, device=device)
 
 
 def _fall_back(plan, kernel: str, error: BaseException, x: DecodeInputs) -> Result:
