@@ -14,8 +14,9 @@ Runs of 2026-12-01 (BENCHMARKS.md, ninth session): ``fp8_few_heads_sweep_2026-12
 its producer loading rows into registers and 32-head blocks offered (``REGS_32``: their register splits;
 they lost, and the kernel now takes 16-head blocks only); ``fp8_few_heads_staged_2026-12-01.json``, heads
 16 only, the producer copying rows into a staging block by cp.async; ``fp8_few_heads_prefetch_2026-12-01.json``,
-heads 16 only, the producer loading rows into registers again and prefetching block i + 2 into L2. Neither
-change was kept.
+heads 16 only, the producer loading rows into registers again and prefetching block i + 2 into L2;
+``fp8_few_heads_two_producers_2026-12-01.json``, heads 16 only, two producer warpgroups, one per ring stage.
+None of the three was kept.
 
     PYTHONPATH=. python3 -u benchmarks/fp8_few_heads_sweep.py OUT.json [HEADS, e.g. 16,32]
 """

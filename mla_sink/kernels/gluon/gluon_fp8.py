@@ -91,15 +91,17 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_
               BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (once) -> the shared-memory ring. The next block's
     ids are loaded before this block's rows and checked after its store, off the gather's critical path.
-    Three other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
+    Four other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
     rows copied by cp.async into a staging block with the next block's copy issued before this one is
     converted (151.6 us at H=16, T=256 against 152.6 for bf16 KV in the same run; 49.9 us at T=64 in two
     splits against 47.8 before), the rows of block i + 2 prefetched into L2 (``prefetch.global.L2``) after
-    block i is stored (154.2 against 153.4 for bf16; 50.3 at T=64), and converting before waiting for the
-    ring stage, which the compiler moves back after the wait. ncu at H=16, T=256 (166.8 us under the
+    block i is stored (154.2 against 153.4 for bf16; 50.3 at T=64), two producer warpgroups, one per ring
+    stage, at 104 registers each (162.4 against 153.9 for bf16, 84.3 at T=128 against 78.9 before; ptxas
+    spills in both producers and in the first consumer), and converting before waiting for the ring stage,
+    which the compiler moves back after the wait. ncu at H=16, T=256 (166.8 us under the
     profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible warp; the consumers' top stall
     is their wait for a filled stage and the producer's is the first use of the gathered bytes (long
-    scoreboard): the producer's gather is the limit, and neither more bytes in flight nor L2 hits moved it."""
+    scoreboard), yet neither more bytes in flight, nor L2 hits, nor a second producer moved it."""
     nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
