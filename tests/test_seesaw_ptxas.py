@@ -11,25 +11,14 @@ Runs on the device, or here with Triton 3.6 on the path.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-gluon_lang = pytest.importorskip("triton.experimental.gluon.language")
-if not hasattr(gluon_lang, "thread_barrier"):
-    pytest.skip(f"Triton {triton.__version__}: not the Gluon API the seesaw kernel is written for",
-                allow_module_level=True)
+from aot_sm90 import assemble, compile_sm90, require
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-if not (os.path.exists(os.path.join(BIN, "ptxas")) and os.path.exists(os.path.join(BIN, "cuobjdump"))):
-    pytest.skip("Triton's bundled ptxas / cuobjdump are missing", allow_module_level=True)
-
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+triton, BIN = require()
 
 from mla_sink.core import kv_layout  # noqa: E402
 from mla_sink.kernels.gluon import gluon_seesaw as gs  # noqa: E402
@@ -49,38 +38,16 @@ def _compile(kv_dtype: str, splits: int):
                                                             ids_per_split=2048 // splits, out_strides=(64 * 512, 512),
                                                             kv_dtype=kv_dtype)
     constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=False)
-    fn = gs.sparse_mla_decode_seesaw_kernel
     ptrs = {"Q": "*bf16", "KV": KV_PTR[kv_dtype], "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32",
             "OUT": "*bf16", "LSE": "*fp32", "PART_OUT": "*fp32", "PART_LSE": "*fp32", "KV_SCALE": "*fp32",
             "REDO": "*i32"}
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ptrs:
-            signature[name] = ptrs[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "sm_scale":
-            signature[name] = "fp32"
-        else:
-            assert name in scalars, name
-            signature[name] = "i32"
-            if scalars[name] % 16 == 0:  # as the launcher's specialisation sees these values
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": options["num_warps"]})
+    return compile_sm90(gs.sparse_mla_decode_seesaw_kernel, constexprs, scalars, ptrs, options["num_warps"])
 
 
 @pytest.mark.parametrize("kv_dtype,splits", [("bf16", 1), ("bf16", 4), ("fp8_e4m3", 1), ("fp8_ds_mla", 1)])
 def test_wgmmas_are_not_serialised(kv_dtype, splits, tmp_path):
-    kernel = _compile(kv_dtype, splits)
-    ptx = tmp_path / "k.ptx"
-    ptx.write_text(kernel.asm["ptx"])
-    log = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", str(ptx), "-o", str(tmp_path / "k.cubin")],
-                         capture_output=True, text=True, check=True).stderr
+    log, sass = assemble(_compile(kv_dtype, splits), BIN, tmp_path)
     assert not re.search(r"C751[0-9]", log), log  # C7510-C7519: the wgmma serialisation warnings
-    sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", str(tmp_path / "k.cubin")],
-                          capture_output=True, text=True, check=True).stdout
     hgmma = sass.count("HGMMA")
     waits = len(re.findall(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0", sass))
     assert hgmma >= 80, hgmma  # 36 score steps and 8 P V steps per consumer

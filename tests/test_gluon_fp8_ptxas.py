@@ -1,0 +1,49 @@
+"""The few-heads fp8 kernel (mla_sink/kernels/gluon/gluon_fp8.py) fits its register and shared-memory budgets:
+compiled ahead of time for sm90 (no GPU needed) with the constexprs its launcher gives a call, unsplit and
+split, ptxas must report no spill (``WORKER_REGS`` gives each partition what it needs; 32-head blocks, the
+second producer and other splits spilled, BENCHMARKS.md ninth session), no wgmma serialisation warning
+(C7510-C7519), and the kernel must fit in the 227 KB of shared memory an sm90 CTA may hold.
+
+Needs Triton 3.6 with its bundled ptxas and cuobjdump (:mod:`aot_sm90`); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from aot_sm90 import assemble, compile_sm90, require
+
+triton, BIN = require()
+
+from mla_sink.kernels.gluon import gluon_fp8 as gf  # noqa: E402
+
+#: Shared memory one sm90 CTA may allocate (bytes): 227 KB (CUDA C Programming Guide, compute capability 9.0).
+SM90_SMEM_PER_CTA = 227 * 1024
+
+
+@pytest.mark.parametrize("H,splits", [(16, 1), (16, 2), (5, 16)])
+def test_no_spills_and_shared_memory_fits(H, splits, tmp_path):
+    q = torch.empty(3, H, 576, dtype=torch.bfloat16)
+    kv = torch.empty(4096, 576, dtype=torch.uint8)  # its element type is given below (e4m3)
+    idx = torch.empty(3, 2048, dtype=torch.int32)
+    _, scalars, constexprs, options = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits,
+                                                         ids_per_split=2048 // splits, out_strides=(H * 512, 512))
+    constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=True)
+    ptrs = {"Q": "*bf16", "KV": "*fp8e4nv", "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32",
+            "KV_SCALE": "*fp32", "OUT": "*bf16", "LSE": "*fp32", "PART_OUT": "*fp32", "PART_LSE": "*fp32"}
+    kernel = compile_sm90(gf.sparse_mla_decode_fp8_ws_kernel, constexprs, scalars, ptrs, options["num_warps"])
+    log, sass = assemble(kernel, BIN, tmp_path)
+    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), log
+    assert not re.search(r"C751[0-9]", log), log
+    assert kernel.metadata.shared <= SM90_SMEM_PER_CTA, kernel.metadata.shared
+    assert sass.count("HGMMA.64x16x16") >= 2 * (36 + 32)  # both consumers: 36 score and 32 P V steps a block
+
+
+def test_more_heads_than_a_block_are_refused():
+    q = torch.empty(1, 17, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 16 heads, got num_heads=17"):
+        gf.fp8_launch_args(q, torch.empty(8, 576, dtype=torch.uint8), torch.empty(1, 64, dtype=torch.int32),
+                           num_kv_splits=1, ids_per_split=64, out_strides=(17 * 512, 512))
