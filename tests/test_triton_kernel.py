@@ -308,3 +308,26 @@ def test_cpu_calls_from_several_threads():
     assert errors == [] and len(results) == 4
     for out, ref in results.values():
         assert (out.double() - ref).abs().max() < 2e-2
+
+
+def test_gluon_runners_buffers_and_topk_length():
+    """The per-call buffers the Gluon runners share (mla_sink/paths/triton/launch.py), on CPU tensors: fresh
+    ``out`` / ``lse`` unless given, fp32 partials only when split, and ``topk_length`` made unit-stride."""
+    from mla_sink.core.inputs import DecodeInputs
+    from mla_sink.paths.triton.launch import _call_buffers, _contiguous_topk_length
+
+    q = torch.zeros(3, 5, 576, dtype=torch.bfloat16)
+    x = DecodeInputs(q=q, kv_cache=torch.zeros(8, 576, dtype=torch.bfloat16),
+                     indices=torch.zeros(3, 64, dtype=torch.int32),
+                     topk_length=torch.arange(6, dtype=torch.int32)[::2])
+    topk_length = _contiguous_topk_length(x)
+    assert topk_length.stride(0) == 1 and topk_length.tolist() == [0, 2, 4]
+    out, lse, part_out, part_lse = _call_buffers(x, None, 4, torch.bfloat16)
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((3, 5, 512), torch.bfloat16, (3, 5), torch.float32)
+    assert (part_out.shape, part_out.dtype, part_lse.shape) == ((3, 4, 5, 512), torch.float32, (3, 4, 5))
+    given_out = torch.empty(3, 5, 512, dtype=torch.bfloat16)
+    given_lse = torch.empty(3, 5)
+    x2 = DecodeInputs(q=q, kv_cache=x.kv_cache, indices=x.indices, out=given_out)
+    out, lse, part_out, part_lse = _call_buffers(x2, given_lse, 1, torch.bfloat16)
+    assert out is given_out and lse is given_lse and part_out is given_lse and part_lse is given_lse
+    assert _contiguous_topk_length(x2) is None

@@ -440,22 +440,13 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
         if ds:
             check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
-        topk_length = x.topk_length
-        if topk_length is not None and topk_length.stride(0) != 1:
-            topk_length = topk_length.contiguous()
+        topk_length = _contiguous_topk_length(x)
         align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out)
         if align is not True:
             if not unaligned:
                 unaligned.append(_portable_instead(plan, x, out_dtype, device))
             return unaligned[0](x, lse)
-        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=x.q.device)
-        if lse is None:
-            lse = torch.empty((T, H), dtype=torch.float32, device=x.q.device)
-        if split:
-            part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32, device=x.q.device)
-            part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=x.q.device)
-        else:
-            part_out = part_lse = lse
+        out, lse, part_out, part_lse = _call_buffers(x, lse, splits, out_dtype)
         sinks = x.sinks if x.sinks is not None else lse
         redo = torch.empty((T, redo_n), dtype=torch.int32, device=x.q.device) if ds else lse
         try:
@@ -478,7 +469,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
     (a programmatic dependent) when split; a compile failure falls back to the portable kernel."""
     from mla_sink.kernels.gluon.gluon_fp8 import fp8_launch_args
 
-    T, H, _ = x.q.shape
+    H = x.q.shape[1]
     splits = launch.num_kv_splits
     split = splits > 1
     out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
@@ -493,18 +484,9 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
     errors = _compile_errors()
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
-        topk_length = x.topk_length
-        if topk_length is not None and topk_length.stride(0) != 1:
-            topk_length = topk_length.contiguous()
+        topk_length = _contiguous_topk_length(x)
         align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out)
-        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=x.q.device)
-        if lse is None:
-            lse = torch.empty((T, H), dtype=torch.float32, device=x.q.device)
-        if split:
-            part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32, device=x.q.device)
-            part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=x.q.device)
-        else:
-            part_out = part_lse = lse
+        out, lse, part_out, part_lse = _call_buffers(x, lse, splits, out_dtype)
         sinks = x.sinks if x.sinks is not None else lse
         kv_scale = x.kv_scale if x.kv_scale is not None else _ones(x.q.device)
         try:
@@ -517,6 +499,30 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
         return out, lse
 
     return run
+
+
+def _contiguous_topk_length(x: DecodeInputs) -> Optional[torch.Tensor]:
+    """The call's ``topk_length`` with unit stride, as the Gluon kernels read it (a copy only when strided)."""
+    topk_length = x.topk_length
+    if topk_length is not None and topk_length.stride(0) != 1:
+        topk_length = topk_length.contiguous()
+    return topk_length
+
+
+def _call_buffers(x: DecodeInputs, lse: Optional[torch.Tensor], splits: int, out_dtype: torch.dtype) -> tuple:
+    """``(out, lse, part_out, part_lse)`` of one Gluon launch: ``out [T, H, 512]`` (``x.out`` when given) and
+    fp32 ``lse [T, H]`` (``lse`` when given); with ``splits > 1`` fresh fp32 partials ``[T, splits, H, 512]``
+    and base-2 LSEs ``[T, splits, H]`` for the combine, else ``lse`` twice (a placeholder the kernel never
+    reads)."""
+    T, H, _ = x.q.shape
+    dev = x.q.device
+    out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=dev)
+    if lse is None:
+        lse = torch.empty((T, H), dtype=torch.float32, device=dev)
+    if splits > 1:
+        return (out, lse, torch.empty((T, splits, H, D_V), dtype=torch.float32, device=dev),
+                torch.empty((T, splits, H), dtype=torch.float32, device=dev))
+    return out, lse, lse, lse
 
 
 @functools.lru_cache(maxsize=16)
