@@ -331,7 +331,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         else:
             part_out = part_lse = lse
         sinks = x.sinks if x.sinks is not None else lse
-        align = alignment_key(q, x.kv_cache, indices, x.sinks, topk_length, x.q_scale, x.kv_scale, x.out)
+        align = alignment_key(q, x.kv_cache, indices, x.sinks, topk_length, x.q_scale, x.kv_scale, x.out, lse)
         decode(align, q.view(torch.uint8) if q_bits else q, kv_cache, indices, sinks,
                topk_length if topk_length is not None else lse, x.q_scale if q_fp8 else lse,
                x.kv_scale if kv_fp8 else lse, out_k, lse, part_out, part_lse, gate if gate is not None else lse,
@@ -441,7 +441,7 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
         if ds:
             check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         topk_length = _contiguous_topk_length(x)
-        align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out)
+        align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out, lse)
         if align is not True:
             if not unaligned:
                 unaligned.append(_portable_instead(plan, x, out_dtype, device))
@@ -466,7 +466,10 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
 
 def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
     """A runner for the sm90 fp8 kernel (:mod:`mla_sink.kernels.gluon.gluon_fp8`), with the split-KV combine
-    (a programmatic dependent) when split; a compile failure falls back to the portable kernel."""
+    (a programmatic dependent) when split; a compile failure falls back to the portable kernel, as does a
+    call whose q, kv_cache or indices rows are not unit-stride."""
+    if not all(t.stride(-1) == 1 for t in (x.q, x.kv_cache, x.indices)):  # the kernel reads rows as unit-stride
+        return _portable_instead(plan, x, out_dtype, device)
     from mla_sink.kernels.gluon.gluon_fp8 import fp8_launch_args
 
     H = x.q.shape[1]
@@ -485,10 +488,12 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
         topk_length = _contiguous_topk_length(x)
-        align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out)
+        align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out, lse)
         out, lse, part_out, part_lse = _call_buffers(x, lse, splits, out_dtype)
         sinks = x.sinks if x.sinks is not None else lse
-        kv_scale = x.kv_scale if x.kv_scale is not None else _ones(x.q.device)
+        # validated calls always carry kv_scale with an e4m3 cache; a one made per call (not cached) is
+        # filled in a CUDA graph's replay too
+        kv_scale = x.kv_scale if x.kv_scale is not None else torch.ones(1, dtype=torch.float32, device=x.q.device)
         try:
             decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
                    kv_scale, out, lse, part_out, part_lse, x.sm_scale)
@@ -523,12 +528,6 @@ def _call_buffers(x: DecodeInputs, lse: Optional[torch.Tensor], splits: int, out
         return (out, lse, torch.empty((T, splits, H, D_V), dtype=torch.float32, device=dev),
                 torch.empty((T, splits, H), dtype=torch.float32, device=dev))
     return out, lse, lse, lse
-
-
-@functools.lru_cache(maxsize=16)
-def _ones(device: torch.device) -> torch.Tensor:
-    """A float32 ``[1]`` one on ``device`` (the fp8 kernel's ``kv_scale`` when the call gives none), made once."""
-    return torch.ones(1, dtype=torch.float32, device=device)
 
 
 def _fall_back(plan, kernel: str, error: BaseException, x: DecodeInputs) -> Result:
