@@ -112,3 +112,19 @@ def test_routed_big_pool_and_cuda_graph(T):
         torch.cuda.synchronize()
         ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, kv_scale=kv_scale)
         check_budget(out, lse, ro, rl, "fp8_e4m3")
+
+
+def test_strided_indices_take_the_portable_kernel():
+    """Indices whose rows are not unit-stride (a view of every other column) are valid input; the routed
+    gluon_fp8 call reads rows as unit-stride, so the runner sends them to the portable kernel, and the
+    result matches the reference."""
+    g = torch.Generator(device="cuda").manual_seed(21)
+    N, T, H = 6000, 64, 16
+    kv = (torch.randn(N, D_QK, device="cuda", generator=g) * 0.5).to(torch.float8_e4m3fn)
+    kv_scale = torch.tensor([0.9], device="cuda")
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = adversarial_ids(T, 4096, N, g)[:, ::2]  # [T, 2048], column stride 2
+    sinks = torch.randn(H, device="cuda", generator=g)
+    o, l = sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale)
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, kv_scale=kv_scale)
+    check_budget(o, l, ro, rl, "fp8_e4m3")
