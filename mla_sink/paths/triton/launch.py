@@ -384,18 +384,41 @@ def _interpreted_combine(launch, x: DecodeInputs, splits: int, out_strides: tupl
     return InterpretedLaunch("combine", grid, constexprs, _COMBINE_DYNAMIC, static)
 
 
+def _unit_rows(x: DecodeInputs) -> bool:
+    """Whether the rows of q, kv_cache and indices are unit-stride, as the Gluon kernels read them."""
+    return all(t.stride(-1) == 1 for t in (x.q, x.kv_cache, x.indices))
+
+
 def _gather_aligned(x: DecodeInputs) -> bool:
     """Whether the strides the Gluon kernels gather with are multiples of 16 elements (see
-    :data:`_STRIDE_ALIGN`) and every innermost stride is 1; pointer alignment is checked per call."""
+    :data:`_STRIDE_ALIGN`) and the rows are unit-stride (:func:`_unit_rows`); pointer alignment is checked
+    per call."""
     strides = (x.q.stride(0), x.q.stride(1), x.kv_cache.stride(0), x.indices.stride(0))
-    inner = (x.q.stride(-1), x.kv_cache.stride(-1), x.indices.stride(-1))
-    return all(s % _STRIDE_ALIGN == 0 for s in strides) and all(s == 1 for s in inner)
+    return all(s % _STRIDE_ALIGN == 0 for s in strides) and _unit_rows(x)
 
 
 def _portable_instead(plan, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
     """The portable kernel's runner for a call the planned Gluon kernel cannot gather (its split count:
     the tuning row's, which the portable kernel shares)."""
     return _portable_runner(plan, attrs.evolve(plan.launch, kernel="portable"), x, out_dtype, device)
+
+
+def _gluon_launches(kernel: str, dynamic: tuple, launch, x: DecodeInputs, device: torch.device, grid: tuple,
+                    static: dict, constexprs: dict, options: dict, out_strides: tuple) -> tuple:
+    """``(decode, combine)`` of a Gluon kernel's runner: the compiled ``kernel`` launch (``dynamic`` its
+    per-call arguments; ``grid``, ``static``, ``constexprs``, ``options`` from its launch-args function,
+    completed here with the call's sinks and ``topk_length`` flags) and, for a split launch, the compiled
+    combine (else ``None``). The combine is launched as a programmatic dependent of the kernel before it:
+    the Gluon kernels let it launch as soon as all their CTAs run (``LAUNCH_DEPENDENTS``), so its launch
+    overlaps their work; it waits for the grid before it (``griddepcontrol.wait``) first."""
+    constexprs.update(HAS_SINKS=x.sinks is not None, HAS_TOPK_LEN=x.topk_length is not None)
+    dtypes = tuple(None if t is None else t.dtype for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.out))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    decode = _compiled(kernel, index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()), dynamic,
+                       tuple(static.items()))
+    splits = launch.num_kv_splits
+    combine = _combine_launch(launch, x, index, dtypes, splits, out_strides, pdl=True) if splits > 1 else None
+    return decode, combine
 
 
 def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
@@ -416,15 +439,8 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     grid, static, constexprs, options = seesaw_launch_args(
         x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, num_kv_splits=splits,
         ids_per_split=launch.ids_per_split, out_strides=out_strides, kv_dtype=kv_dtype)
-    constexprs.update(HAS_SINKS=x.sinks is not None, HAS_TOPK_LEN=x.topk_length is not None)
-    dtypes = tuple(None if t is None else t.dtype for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.out))
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    decode = _compiled("gluon_seesaw", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
-                       _SEESAW_DYNAMIC, tuple(static.items()))
-    # the combine is launched as a programmatic dependent of the kernel before it: the seesaw lets it launch
-    # as soon as all its CTAs run (LAUNCH_DEPENDENTS), so its launch overlaps the seesaw's work; it waits for
-    # the grid before it (griddepcontrol.wait) first
-    combine = _combine_launch(launch, x, index, dtypes, splits, out_strides, pdl=True) if split else None
+    decode, combine = _gluon_launches("gluon_seesaw", _SEESAW_DYNAMIC, launch, x, device, grid, static, constexprs,
+                                      options, out_strides)
     # V3.2 rows: the seesaw decodes tiles into bf16, exact only for power-of-two scales; it flags (and
     # stops on) the tokens with any other scale, and the gated portable kernel recomputes exactly those.
     # It is launched plainly, which measured faster than as a programmatic dependent of the seesaw (T=2:
@@ -468,7 +484,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
     """A runner for the sm90 fp8 kernel (:mod:`mla_sink.kernels.gluon.gluon_fp8`), with the split-KV combine
     (a programmatic dependent) when split; a compile failure falls back to the portable kernel, as does a
     call whose q, kv_cache or indices rows are not unit-stride."""
-    if not all(t.stride(-1) == 1 for t in (x.q, x.kv_cache, x.indices)):  # the kernel reads rows as unit-stride
+    if not _unit_rows(x):
         return _portable_instead(plan, x, out_dtype, device)
     from mla_sink.kernels.gluon.gluon_fp8 import fp8_launch_args
 
@@ -478,12 +494,8 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
     out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
     grid, static, constexprs, options = fp8_launch_args(x.q, x.kv_cache, x.indices, num_kv_splits=splits,
                                                         ids_per_split=launch.ids_per_split, out_strides=out_strides)
-    constexprs.update(HAS_SINKS=x.sinks is not None, HAS_TOPK_LEN=x.topk_length is not None)
-    dtypes = tuple(None if t is None else t.dtype for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.out))
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    decode = _compiled("gluon_fp8", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
-                       _FP8_DYNAMIC, tuple(static.items()))
-    combine = _combine_launch(launch, x, index, dtypes, splits, out_strides, pdl=True) if split else None
+    decode, combine = _gluon_launches("gluon_fp8", _FP8_DYNAMIC, launch, x, device, grid, static, constexprs, options,
+                                      out_strides)
     errors = _compile_errors()
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
