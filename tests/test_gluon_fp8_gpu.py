@@ -1,11 +1,11 @@
-"""The sm90 Gluon kernel for fp8 (e4m3fn) KV at H <= 16 (mla_sink/kernels/gluon/gluon_fp8.py), split or not,
+"""The sm90 Gluon kernel for fp8 (e4m3fn) KV at H <= 32 (mla_sink/kernels/gluon/gluon_fp8.py), split or not,
 against the float64 reference (which sees the same fp8 values and scale, so quantisation is not an error).
 
 Budget of tests/test_triton_gpu.py (bf16 q: ``1e-3 or 2/128``, cosine < 1e-5; LSE ``1e-5 or 1e-5``) at
 topk 2048; with fewer ids the few-id bf16 budget of tests/test_gluon_gpu.py. Adversarial inputs: ids
 ``-1`` (a leading run and scattered), ``N``, ``2^31 - 1``, negative, rows with no valid id,
 ``topk_length``, topk not a multiple of 64, sinks ``±inf / 0 / 20 / 100``, fp8 NaN codes in KV rows
-nobody references, odd head counts below 16, split-KV launches (with splits that get no ids), fp16 q, a
+nobody references, odd head counts below 16 and 32, split-KV launches (with splits that get no ids), fp16 q, a
 pool beyond 2^31 bytes, CUDA-graph replay with new ids and sinks through the public launcher (unsplit and
 in two splits). Needs an sm90 GPU.
 """
@@ -41,7 +41,7 @@ def fp8_kernel():
 @pytest.mark.parametrize("splits", [1, 3, 16], ids=["unsplit", "s3", "s16"])
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16q", "fp16q"])
 @pytest.mark.parametrize("H,T,topk", [(16, 3, 2048), (16, 2, 1000), (5, 2, 37), (1, 1, 64), (12, 4, 130),
-                                      (16, 2, 0), (7, 2, 2048)])
+                                      (16, 2, 0), (7, 2, 2048), (32, 3, 2048), (17, 2, 1000), (27, 2, 130)])
 def test_adversarial(H, T, topk, q_dtype, splits):
     g = torch.Generator(device="cuda").manual_seed(H * 31 + T * 7 + topk)
     N = 4099
@@ -59,7 +59,7 @@ def test_adversarial(H, T, topk, q_dtype, splits):
         check_budget(o, l, ro, rl, key)
 
 
-@pytest.mark.parametrize("H,splits", [(16, 1), (16, 4), (9, 2)])
+@pytest.mark.parametrize("H,splits", [(16, 1), (16, 4), (9, 2), (32, 1), (32, 4)])
 def test_empty_rows_topk_length_and_strided_q(H, splits):
     g = torch.Generator(device="cuda").manual_seed(5)
     N = 5000

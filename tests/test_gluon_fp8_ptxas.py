@@ -1,7 +1,8 @@
 """The few-heads fp8 kernel (mla_sink/kernels/gluon/gluon_fp8.py) fits its register and shared-memory budgets:
 compiled ahead of time for sm90 (no GPU needed) with the constexprs its launcher gives a call, unsplit and
-split, ptxas must report no spill (``WORKER_REGS`` gives each partition what it needs; 32-head blocks, the
-second producer and other splits spilled, BENCHMARKS.md ninth session), no wgmma serialisation warning
+split, at 16 and 32 heads, ptxas must report no spill beyond ``SPILL_BYTES`` (``WORKER_REGS`` gives each
+partition what it needs; other register splits and the second producer spilled, BENCHMARKS.md ninth
+session), no wgmma serialisation warning
 (C7510-C7519), and the kernel must fit in the 227 KB of shared memory an sm90 CTA may hold.
 
 Needs Triton 3.6 with its bundled ptxas and cuobjdump (:mod:`aot_sm90`); skipped elsewhere.
@@ -24,7 +25,11 @@ from mla_sink.kernels.gluon import gluon_fp8 as gf  # noqa: E402
 SM90_SMEM_PER_CTA = 227 * 1024
 
 
-@pytest.mark.parametrize("H,splits", [(16, 1), (16, 2), (5, 16)])
+#: Spill bytes ptxas may report, per head block: none at 16 heads; at 32 the producer's 8 (WORKER_REGS).
+SPILL_BYTES = {16: 0, 32: 8}
+
+
+@pytest.mark.parametrize("H,splits", [(16, 1), (16, 2), (5, 16), (32, 1), (17, 2)])
 def test_no_spills_and_shared_memory_fits(H, splits, tmp_path):
     q = torch.empty(3, H, 576, dtype=torch.bfloat16)
     kv = torch.empty(4096, 576, dtype=torch.uint8)  # its element type is given below (e4m3)
@@ -36,14 +41,16 @@ def test_no_spills_and_shared_memory_fits(H, splits, tmp_path):
             "KV_SCALE": "*fp32", "OUT": "*bf16", "LSE": "*fp32", "PART_OUT": "*fp32", "PART_LSE": "*fp32"}
     kernel = compile_sm90(gf.sparse_mla_decode_fp8_ws_kernel, constexprs, scalars, ptrs, options["num_warps"])
     log, sass = assemble(kernel, BIN, tmp_path)
-    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), log
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills and max(map(int, spills.groups())) <= SPILL_BYTES[constexprs["BLOCK_H"]], log
     assert not re.search(r"C751[0-9]", log), log
     assert kernel.metadata.shared <= SM90_SMEM_PER_CTA, kernel.metadata.shared
-    assert sass.count("HGMMA.64x16x16") >= 2 * (36 + 32)  # both consumers: 36 score and 32 P V steps a block
+    n = constexprs["BLOCK_H"]
+    assert sass.count(f"HGMMA.64x{n}x16") >= 2 * (36 + 32)  # both consumers: 36 score and 32 P V steps a block
 
 
 def test_more_heads_than_a_block_are_refused():
-    q = torch.empty(1, 17, 576, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="at most 16 heads, got num_heads=17"):
+    q = torch.empty(1, 33, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 32 heads, got num_heads=33"):
         gf.fp8_launch_args(q, torch.empty(8, 576, dtype=torch.uint8), torch.empty(1, 64, dtype=torch.int32),
-                           num_kv_splits=1, ids_per_split=64, out_strides=(17 * 512, 512))
+                           num_kv_splits=1, ids_per_split=64, out_strides=(33 * 512, 512))

@@ -1,4 +1,4 @@
-"""Warp-specialised sparse MLA decode with fp8 (e4m3fn) KV and few heads (H <= 16), sm90, in Gluon.
+"""Warp-specialised sparse MLA decode with fp8 (e4m3fn) KV and few heads (H <= 32), sm90, in Gluon.
 
 Semantics of :mod:`mla_sink.paths.triton.launch` (float64 reference in :mod:`mla_sink.core.reference`).
 At few heads the portable kernel is bound by converting fp8 tiles inside its MMA loop (once per operand
@@ -46,22 +46,32 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mla_sink.kernels.gluon.math import LOG2E, sink_scale
+from mla_sink.kernels.gluon.gluon_seesaw import _opaque_zero
 from mla_sink.kernels.gluon.pdl import launch_dependents
 
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
 #: Head blocks of one CTA (every head of a token, padded): the wgmma N dimension of both swapped GEMMs. A
-#: call takes the smallest that holds its heads. 32-head blocks (N = 32, ``WORKER_REGS`` 208 / 96) were
-#: correct but bound by the consumers' doubled ``O^T`` and scores (H200, ninth session: 226 us at H=32,
-#: T=256 against 166 for bf16 KV on the seesaw; benchmarks/fp8_few_heads_sweep_2026-12-01.json), so 17-32
-#: heads stay on the seesaw kernel and only 16 is offered.
-HEAD_BLOCKS = (16,)
+#: call takes the smallest that holds its heads. 32-head blocks, first measured with the first consumer as
+#: the default partition, a constant stage index and a whole-block producer (ptxas spilled 0.5-1 KB at
+#: every register split), took 226 us at H=32, T=256 against 166 for bf16 KV on the seesaw (H200, ninth
+#: session; benchmarks/fp8_few_heads_sweep_2026-12-01.json); this version spills 8 bytes (AOT sm90) and is
+#: not yet measured (the table sends 17-32 heads to the seesaw).
+HEAD_BLOCKS = (16, 32)
 #: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
 BLOCK_N = 64
-#: Registers per thread of the second consumer and of the producer, per head block (``setmaxnreg``; the first
-#: consumer, the default partition, gets the rest of the 512 per thread-slot of the three warpgroups): the
-#: consumers hold ``O^T`` (``512 x BLOCK_H`` fp32: 64 registers at 16 heads), the producer one block of fp8
-#: rows (72 registers) and its fp16 conversion; ptxas spills nothing here.
-WORKER_REGS = {16: (136, 152)}
+#: Registers per thread of the consumers and of the producer, per head block (``setmaxnreg``; of 512 per
+#: thread-slot of the three warpgroups, the default partition gets what the two workers leave): the
+#: consumers hold ``O^T`` (``512 x BLOCK_H`` fp32: 64 registers at 16 heads, 128 at 32), the producer
+#: ``PRODUCER_ROWS`` fp8 rows (72 registers for 64) and their fp16 conversion. At 16 heads the second
+#: consumer and the producer are the workers and ptxas spills nothing; at 32 both consumers are (224 each)
+#: and the producer, the default partition, gets 56 and spills 8 bytes.
+WORKER_REGS = {16: (136, 152), 32: (224, 64)}
+#: Rows the producer gathers per step, per head block: a whole block, or half of one at 32 heads, where the
+#: consumers' ``O^T`` leaves the producer 56 registers (16 rows a step spilled more).
+PRODUCER_ROWS = {16: 64, 32: 32}
+#: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[0]``
+#: registers each; the producer gets the rest, ``WORKER_REGS[1]`` is then only what that comes to).
+PRODUCER_DEFAULT = (32,)
 
 
 @gluon.jit
@@ -88,9 +98,11 @@ def _checked(raw, nrows):
 
 @gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end, num_blocks,
-              BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
-    """Worker partition: fp8 rows -> registers -> fp16 (once) -> the shared-memory ring. The next block's
-    ids are loaded before this block's rows and checked after its store, off the gather's critical path.
+              BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr):
+    """Worker partition: fp8 rows -> registers -> fp16 (once) -> the shared-memory ring, ``ROWS`` rows of a
+    block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head blocks). The
+    next step's ids are loaded before this step's rows and checked after its store, off the gather's
+    critical path.
     Four other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
     rows copied by cp.async into a staging block with the next block's copy issued before this one is
     converted (151.6 us at H=16, T=256 against 152.6 for bf16 KV in the same run; 49.9 us at T=64 in two
@@ -105,22 +117,25 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_
     nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
-    ids_n = _checked(_raw_ids(IDX, idx_base, end, start, BLOCK_N, nope_l), nrows)
-    ids_r = _checked(_raw_ids(IDX, idx_base, end, start, BLOCK_N, rope_l), nrows)
+    ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
+    ids_r = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, rope_l), nrows)
     for i in range(num_blocks):
         s = i % STAGES
-        next_n = _raw_ids(IDX, idx_base, end, start + (i + 1) * BLOCK_N, BLOCK_N, nope_l)
-        next_r = _raw_ids(IDX, idx_base, end, start + (i + 1) * BLOCK_N, BLOCK_N, rope_l)
-        x_n = _gather(KV, ids_n, stride_kv, 0, D_NOPE, nope_l)
-        x_r = _gather(KV, ids_r, stride_kv, D_NOPE, D_ROPE, rope_l)
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        kn_smem.index(s).store(x_n.to(gl.float16))
-        kr_smem.index(s).store(x_r.to(gl.float16))
+        for h in gl.static_range(BLOCK_N // ROWS):
+            # the next step's ids: this block's next rows, or (after its last) the next block's first
+            next_n = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, nope_l)
+            next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
+            x_n = _gather(KV, ids_n, stride_kv, 0, D_NOPE, nope_l)
+            x_r = _gather(KV, ids_r, stride_kv, D_NOPE, D_ROPE, rope_l)
+            if h == 0:
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            kn_smem.index(s).slice(h * ROWS, ROWS).store(x_n.to(gl.float16))
+            kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(gl.float16))
+            ids_n = _checked(next_n, nrows)
+            ids_r = _checked(next_r, nrows)
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         gl.thread_barrier()
         mbarrier.arrive(ready.index(s))
-        ids_n = _checked(next_n, nrows)
-        ids_r = _checked(next_r, nrows)
 
 
 @gluon.jit
@@ -147,16 +162,18 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_sm
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
     acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=acc_l)  # O^T
     s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
-    s: gl.constexpr = FIRST  # this consumer's stage, fixed: its wgmma descriptors stay compile-time offsets
     for i in range(FIRST, num_blocks, STAGES):
+        # this consumer's stage (FIRST), through an index the compiler cannot see through: a constant one
+        # lets it hoist every wgmma descriptor of the loop out of it, which spills at 32 heads
+        s = _opaque_zero(i) + FIRST
         pos = start + i * BLOCK_N + offs_n
         ids = gl.load(IDX + idx_base + pos, mask=pos < end, other=-1)
         ok = (ids.to(gl.uint32, bitcast=True) < nrows) & (pos < end)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         kn = kn_smem.index(s)
         kr = kr_smem.index(s)
-        st = warpgroup_mma(kn, q_n.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        st = warpgroup_mma(kr, q_r.permute((1, 0)), st, is_async=True)
+        st = warpgroup_mma(kn, q_n.index(s - FIRST).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma(kr, q_r.index(s - FIRST).permute((1, 0)), st, is_async=True)
         st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
         st = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
         m_new = gl.maximum(m_i, gl.max(st, axis=0))
@@ -227,7 +244,8 @@ def sparse_mla_decode_fp8_ws_kernel(
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
+    PRODUCER_DEFAULT: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once."""
@@ -242,9 +260,11 @@ def sparse_mla_decode_fp8_ws_kernel(
     end = gl.minimum(start + ids_per_split, t_end)
     num_blocks = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
     idx_base = pid_t * stride_it
-    q_n = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_NOPE],
+    # [1, ..]: indexed like the ring stages, through the consumers' opaque index, so that the scores' wgmma
+    # descriptors of q are computed in the loop rather than hoisted out of it (and spilled)
+    q_n = gl.allocate_shared_memory(gl.float16, [1, BLOCK_H, D_NOPE],
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_NOPE], gl.float16))
-    q_r = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_ROPE],
+    q_r = gl.allocate_shared_memory(gl.float16, [1, BLOCK_H, D_ROPE],
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], gl.float16))
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.float16)
     p0 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H], p_layout)
@@ -278,26 +298,46 @@ def sparse_mla_decode_fp8_ws_kernel(
     qr = qr.to(gl.float32)
     qmax = gl.maximum(gl.max(gl.abs(qn), axis=1), gl.max(gl.abs(qr), axis=1))
     row_exp = gl.ceil(gl.log2(gl.maximum(qmax, 1e-30)))
-    q_n.store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
-    q_r.store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
+    q_n.index(0).store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
+    q_r.index(0).store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
     scale_smem.store(gl.exp2(row_exp - 14.0) * (sm_scale * gl.load(KV_SCALE) * LOG2E))
     fence_async_shared()
     gl.thread_barrier()
 
-    gl.warp_specialize([
-        (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem, ready, empty,
-                     scale_smem, m_smem, l_smem, merged,
-                     pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
-                     stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                     stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0)),
-        (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem, ready, empty,
-                     scale_smem, m_smem, l_smem, merged,
-                     pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
-                     stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                     stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1)),
-        (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end, num_blocks,
-                     BLOCK_N, D_NOPE, D_ROPE)),
-    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    # 16 heads: the first consumer is the default partition (the rest of the registers), the second consumer
+    # and the producer workers; 32 heads: the producer is the default partition and both consumers workers
+    # with the same registers (as the default partition, the first consumer spilled the loop's wgmma
+    # descriptors at any register split that left the producer room)
+    if PRODUCER_DEFAULT:
+        gl.warp_specialize([
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end,
+                         num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS)),
+            (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem, ready,
+                         empty, scale_smem, m_smem, l_smem, merged,
+                         pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0)),
+            (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem, ready,
+                         empty, scale_smem, m_smem, l_smem, merged,
+                         pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem, ready,
+                         empty, scale_smem, m_smem, l_smem, merged,
+                         pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0)),
+            (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem, ready,
+                         empty, scale_smem, m_smem, l_smem, merged,
+                         pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end,
+                         num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple):
@@ -325,14 +365,15 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     consumer_regs, producer_regs = WORKER_REGS[block_h]
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
-                      CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs)
+                      CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, PRODUCER_ROWS=PRODUCER_ROWS[block_h],
+                      PRODUCER_DEFAULT=block_h in PRODUCER_DEFAULT)
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,
                                 kv_scale=None, out=None, lse=None, num_kv_splits: int = 1, ids_per_split=None,
                                 combine_tile: tuple = (16, 128)):
-    """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 16``; e4m3fn KV; bf16/fp16 q), with
+    """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 32``; e4m3fn KV; bf16/fp16 q), with
     the combine kernel (a programmatic dependent) when split; for tests and benchmarks (the library's
     runner, :mod:`mla_sink.paths.triton.launch`, launches the same kernels with the plan's splits).
 
@@ -350,7 +391,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
         ``(out, lse)`` as :func:`mla_sink.paths.triton.launch.sparse_mla_decode_triton` returns them.
 
     Raises:
-        ValueError: ``num_heads > 16``.
+        ValueError: ``num_heads > 32``.
     """
     import torch
 
