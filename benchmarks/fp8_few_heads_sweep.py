@@ -31,7 +31,7 @@ import torch
 D_QK, TOPK, N = 576, 2048, 3_500_000
 SHAPES = [(h, t) for h in (16, 32) for t in (2, 64, 128, 256)]
 SPLITS = {2: (8, 16, 32), 64: (1, 2, 3), 128: (1, 2), 256: (1,)}
-REGS_32 = [None, (216, 80)]
+REGS_32 = [None, (216, 80)]  # at 32 heads (producer the default partition) only the consumers' value is set
 
 
 def main(path: str, heads: str = "16,32") -> None:

@@ -69,8 +69,9 @@ WORKER_REGS = {16: (136, 152), 32: (224, 64)}
 #: Rows the producer gathers per step, per head block: a whole block, or half of one at 32 heads, where the
 #: consumers' ``O^T`` leaves the producer 56 registers (16 rows a step spilled more).
 PRODUCER_ROWS = {16: 64, 32: 32}
-#: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[0]``
-#: registers each; the producer gets the rest, ``WORKER_REGS[1]`` is then only what that comes to).
+#: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[h][0]``
+#: registers each; the producer gets the rest: ``WORKER_REGS[h][1]`` is then not passed to the compiler and
+#: only records ``512 - 2 * WORKER_REGS[h][0]``, of which the SASS's ``setmaxnreg`` keeps 56).
 PRODUCER_DEFAULT = (32,)
 
 
@@ -163,9 +164,13 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_sm
     acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=acc_l)  # O^T
     s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
     for i in range(FIRST, num_blocks, STAGES):
-        # this consumer's stage (FIRST), through an index the compiler cannot see through: a constant one
-        # lets it hoist every wgmma descriptor of the loop out of it, which spills at 32 heads
-        s = _opaque_zero(i) + FIRST
+        # this consumer's stage (FIRST); at 32 heads through an index the compiler cannot see through: a
+        # constant one lets it hoist every wgmma descriptor of the loop out of it, which spills there (at 16
+        # heads the hoisted descriptors fit, and measured faster: 154 against 157-159 us at T=256)
+        if BLOCK_H > 16:
+            s = _opaque_zero(i) + FIRST
+        else:
+            s = FIRST + i * 0
         pos = start + i * BLOCK_N + offs_n
         ids = gl.load(IDX + idx_base + pos, mask=pos < end, other=-1)
         ok = (ids.to(gl.uint32, bitcast=True) < nrows) & (pos < end)
