@@ -57,6 +57,8 @@ def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, g
               "sm90_fp8_h32": "gluon_seesaw", "sm90_h32": "gluon_seesaw"}.get(row, "portable")
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
+    if row == "sm90_fp8_h32" and kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and splits <= 2:
+        return "gluon_fp8"  # since the tenth session: 32-head blocks of gluon_fp8, unsplit or in two splits
     if kernel == "gluon_fp8" and splits > 2:  # gluon_fp8 splits since the ninth session, up to 2 splits; since
         # the seventh session e4m3 launches of more splits at <= 16 heads go to the seesaw, padded
         split_e4m3 = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16")
@@ -109,7 +111,7 @@ def test_gluon_fp8_splits_at_most_twice():
     for q, kv, H, T, sms in itertools.product(DTYPES, DTYPES, HEADS, TOKENS, SMS):
         got = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms)
         if got.kernel == "gluon_fp8":
-            assert got.num_kv_splits <= 2 and kv == "fp8_e4m3" and H <= 16
+            assert got.num_kv_splits <= 2 and kv == "fp8_e4m3" and H <= 32
         forced = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms, num_kv_splits=3)
         # topk < 3 blocks: fewer splits
         assert forced.kernel in ("portable", "gluon_seesaw") or forced.num_kv_splits < 3
@@ -132,8 +134,13 @@ def test_where_the_gluon_kernels_serve():
     f8 = plan(kv_dtype="fp8_e4m3", num_heads=16)
     assert (f8.kernel, f8.kernel_row, f8.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon", "sm90_fp8_h16")
     assert plan(q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=3).kernel == "gluon_fp8"
-    f8_17 = plan(kv_dtype="fp8_e4m3", num_heads=17)  # 17-32 heads: the seesaw, padded to a 64-head block
-    assert (f8_17.kernel, f8_17.kernel_row, f8_17.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw", "sm90_fp8_h32")
+    f8_17 = plan(kv_dtype="fp8_e4m3", num_heads=17)  # 17-32 heads: gluon_fp8's 32-head blocks
+    assert (f8_17.kernel, f8_17.kernel_row, f8_17.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon", "sm90_fp8_h32")
+    f8_32 = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=64)  # two splits at 32 heads: gluon_fp8
+    assert (f8_32.kernel, f8_32.num_kv_splits) == ("gluon_fp8", 2)
+    f8_32_split = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=2)  # more splits: the seesaw, padded
+    assert (f8_32_split.kernel, f8_32_split.kernel_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw")
+    assert plan(kv_dtype="fp8_e4m3", num_heads=33).kernel == "gluon_seesaw"
     f8_split = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2)  # split at 16 heads: the seesaw, padded
     assert (f8_split.kernel, f8_split.kernel_row, f8_split.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw",
                                                                            "sm90_fp8_h16")

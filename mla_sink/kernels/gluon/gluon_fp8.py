@@ -51,11 +51,12 @@ from mla_sink.kernels.gluon.pdl import launch_dependents
 
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
 #: Head blocks of one CTA (every head of a token, padded): the wgmma N dimension of both swapped GEMMs. A
-#: call takes the smallest that holds its heads. 32-head blocks, first measured with the first consumer as
-#: the default partition, a constant stage index and a whole-block producer (ptxas spilled 0.5-1 KB at
-#: every register split), took 226 us at H=32, T=256 against 166 for bf16 KV on the seesaw (H200, ninth
-#: session; benchmarks/fp8_few_heads_sweep_2026-12-01.json); this version spills 8 bytes (AOT sm90) and is
-#: not yet measured (the table sends 17-32 heads to the seesaw).
+#: call takes the smallest that holds its heads. 32-head blocks first took 226 us at H=32, T=256 (against 166
+#: for bf16 KV), with the first consumer as the default partition, a constant stage index and a whole-block
+#: producer: ptxas spilled 0.5-1 KB at every register split. With the stage and q indexed through an opaque
+#: zero, both consumers as workers and a half-block producer (8 bytes spilled) they take 177 / 92 / 56 us at
+#: T = 256 / 128 / 64 (two splits) against 195 / 100 / 66 on the padded seesaw (H200, tenth session;
+#: benchmarks/fp8_few_heads_h32_2026-12-01.json).
 HEAD_BLOCKS = (16, 32)
 #: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
 BLOCK_N = 64
