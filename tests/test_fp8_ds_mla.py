@@ -490,7 +490,8 @@ def test_scale_is_read_as_float32_exactly():
 
 
 
-# ---- plans: the seesaw at 64-head blocks with bf16 q (the portable kernel recomputes what it flags) ----
+# ---- plans: bf16 q on gluon_fp8 at H <= 16, else on the seesaw at 64-head blocks (the portable kernel
+# recomputes what it flags) ----
 
 @pytest.mark.parametrize("H", [1, 16, 17, 32, 33, 64, 128])
 @pytest.mark.parametrize("T", [1, 2, 64, 256])
@@ -500,7 +501,11 @@ def test_sm90_plans(H, T):
     for q in ("bf16", "fp16"):
         launch = plan_triton_launch(arch="sm90", q_dtype=q, kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
                                     topk=2048, logit_cap=0.0, gluon=True, num_sms=132)
-        if q == "bf16":  # every head count: 64-head blocks, H <= 32 padded
+        if q == "bf16" and H <= 16:
+            # few heads, split or not: gluon_fp8, every tile scale applied exactly
+            assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon", launch
+            assert launch.tuning_row == "sm90_ds_mla_h16"
+        elif q == "bf16":  # every other head count and split: 64-head blocks, H <= 32 padded
             # the seesaw decodes into bf16: exact for power-of-two scales, and it flags tokens with others
             assert launch.kernel == "gluon_seesaw" and launch.kernel_row == "sm90_ds_mla_gluon_seesaw", launch
             # the tiles and split policy of the recompute: the portable row of the head count

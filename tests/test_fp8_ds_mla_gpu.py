@@ -122,8 +122,9 @@ def test_against_float64(big_pools, H, T, scale, q_dtype):
     plan = triton_plan_for(q, pool, idx, sinks=sinks)
     assert plan.launch.tuning_row.startswith("sm90_ds_mla"), plan.launch
     if torch.cuda.get_device_capability() == (9, 0) and plan.platform.gluon:
-        seesaw = q_dtype == torch.bfloat16  # tables/triton_tuning.yaml sm90_ds_mla_gluon_seesaw
-        assert plan.launch.kernel == ("gluon_seesaw" if seesaw else "portable"), plan.launch
+        # tables/triton_tuning.yaml: sm90_ds_mla_gluon (H <= 16), sm90_ds_mla_gluon_seesaw
+        want = "portable" if q_dtype != torch.bfloat16 else "gluon_fp8" if H <= 16 else "gluon_seesaw"
+        assert plan.launch.kernel == want, plan.launch
     o, l = sparse_mla_decode_triton(q, pool, idx, sinks, SM_SCALE)
     ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE)
     check_budget(o, l, ro, rl)

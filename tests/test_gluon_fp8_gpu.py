@@ -1,5 +1,6 @@
-"""The sm90 Gluon kernel for fp8 (e4m3fn) KV at H <= 32 (mla_sink/kernels/gluon/gluon_fp8.py), split or not,
-against the float64 reference (which sees the same fp8 values and scale, so quantisation is not an error).
+"""The sm90 Gluon kernel for fp8 KV at few heads (mla_sink/kernels/gluon/gluon_fp8.py): e4m3fn at H <= 32 and
+the 656-byte V3.2 rows at H <= 16, split or not, against the float64 reference (which sees the same fp8 values
+and scales, so quantisation is not an error).
 
 Budget of tests/test_triton_gpu.py (bf16 q: ``1e-3 or 2/128``, cosine < 1e-5; LSE ``1e-5 or 1e-5``) at
 topk 2048; with fewer ids the few-id bf16 budget of tests/test_gluon_gpu.py. Adversarial inputs: ids
@@ -7,7 +8,10 @@ topk 2048; with fewer ids the few-id bf16 budget of tests/test_gluon_gpu.py. Adv
 ``topk_length``, topk not a multiple of 64, sinks ``±inf / 0 / 20 / 100``, fp8 NaN codes in KV rows
 nobody references, odd head counts below 16 and 32, split-KV launches (with splits that get no ids), fp16 q, a
 pool beyond 2^31 bytes, CUDA-graph replay with new ids and sinks through the public launcher (unsplit and
-in two splits). Needs an sm90 GPU.
+in two splits). V3.2 rows: both scale conventions (powers of two and vLLM's ``amax / 448``) and scales
+written byte by byte (tiny, zero, not powers of two), NaN bytes (codes and scales) in rows nobody
+references, a paged pool with FlashMLA's padded 65-row blocks, ``sm_scale = 576 ** -0.55``; their budget is
+the bf16 one (``P`` scaled per tile is rounded to bf16). Needs an sm90 GPU.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mla_sink import quantize_kv_cache
 from mla_sink.core.platform import gluon_available
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton
 from mla_sink.paths.triton.plan import plan_triton_launch
@@ -128,3 +133,111 @@ def test_strided_indices_take_the_portable_kernel():
     o, l = sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale)
     ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, kv_scale=kv_scale)
     check_budget(o, l, ro, rl, "fp8_e4m3")
+
+
+DS_ROW = 656
+DS_SM_SCALE = 576 ** -0.55
+
+
+def ds_pool(N, g, scale):
+    """``[N, 656]`` V3.2 rows of random KV (``quantize_kv_cache``, ``scale`` convention); row 3 all 0xFF
+    (NaN codes and NaN scales), never referenced by :func:`adversarial_ids`."""
+    cache = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g) * 0.7, scale=scale)
+    cache[3] = 0xFF
+    return cache
+
+
+def set_scales(cache, rows, values):
+    """Write float32 tile scales byte by byte: ``values`` (4 floats) into the scale bytes of ``rows``."""
+    b = torch.tensor(values, dtype=torch.float32).view(torch.uint8).to("cuda")
+    cache[rows, 512:528] = b
+
+
+@pytest.mark.parametrize("splits", [1, 3, 16], ids=["unsplit", "s3", "s16"])
+@pytest.mark.parametrize("scale", ["pow2", "amax"])
+@pytest.mark.parametrize("H,T,topk", [(16, 3, 2048), (16, 2, 1000), (5, 2, 37), (1, 1, 64), (12, 4, 130),
+                                      (16, 2, 0), (9, 2, 2048)])
+def test_ds_mla_adversarial(H, T, topk, scale, splits):
+    g = torch.Generator(device="cuda").manual_seed(H * 37 + T * 5 + topk)
+    N = 4099
+    cache = ds_pool(N, g, scale)
+    # scales written byte by byte on referenced rows: tiny (its P * scale far below fp16's range), zero, and
+    # two that are not powers of two near the rows' own (about 0.006)
+    set_scales(cache, torch.arange(10, 4000, 97, device="cuda"), [3.1e-30, 0.0, 1.0 / 300.0, 7.5e-3])
+    q = (torch.randn(T, H, D_QK, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    idx = adversarial_ids(T, topk, N, g)
+    sinks = adversarial_sinks(H, g)
+    key = "bf16" if topk >= 2048 else "bf16_few_ids"
+    for s in (sinks, None):
+        o, l = fp8_kernel()(q, cache, idx, s, DS_SM_SCALE, num_kv_splits=splits, kv_dtype="fp8_ds_mla")
+        ro, rl = sparse_mla_decode_reference(q, cache, idx, s, DS_SM_SCALE)
+        assert not torch.isnan(o).any() and not torch.isnan(l).any()
+        check_budget(o, l, ro, rl, key)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits):
+    """FlashMLA's test layout: blocks of 65 rows of which 64 are used (block stride 65 * 656 bytes), the 65th
+    NaN; the same bytes flat give the same result."""
+    g = torch.Generator(device="cuda").manual_seed(17)
+    blocks, block_size, H, T = 512, 64, 16, 4
+    storage = torch.full((blocks, block_size + 1, DS_ROW), 0xFF, dtype=torch.uint8, device="cuda")
+    paged = storage[:, :block_size]
+    n = blocks * block_size
+    paged.copy_(quantize_kv_cache(torch.randn(n, D_QK, device="cuda", generator=g), scale="amax")
+                .view(blocks, block_size, DS_ROW))
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = adversarial_ids(T, 2048, n, g)
+    idx[:, 7::131] = n  # the first pad row's id if the pool were read as flat 65-row blocks
+    idx[1] = -1
+    topk_length = torch.tensor([2048, 5, 0, 1029], device="cuda", dtype=torch.int32)
+    sinks = adversarial_sinks(H, g)
+    o, l = fp8_kernel()(q, paged, idx, sinks, DS_SM_SCALE, topk_length=topk_length, num_kv_splits=splits,
+                        kv_dtype="fp8_ds_mla")
+    ro, rl = sparse_mla_decode_reference(q, paged, idx, sinks, DS_SM_SCALE, topk_length=topk_length)
+    assert (o[1] == 0).all() and torch.isneginf(l[1]).all() and (o[2] == 0).all()
+    check_budget(o, l, ro, rl, "bf16")
+    fo, fl = fp8_kernel()(q, paged.reshape(n, DS_ROW).contiguous(), idx, sinks, DS_SM_SCALE,
+                          topk_length=topk_length, num_kv_splits=splits, kv_dtype="fp8_ds_mla")
+    torch.testing.assert_close(fo, o, rtol=0, atol=0)
+    torch.testing.assert_close(fl, l, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scale", ["pow2", "amax"])
+@pytest.mark.parametrize("T", [256, 64])
+def test_ds_mla_routed_big_pool_and_cuda_graph(T, scale):
+    """V3.2 rows at H=16 through the public launcher (routed to gluon_fp8: unsplit at T=256, two splits at
+    T=64), ids in a pool beyond 2^31 bytes, then CUDA-graph replays with new ids and sinks."""
+    g = torch.Generator(device="cuda").manual_seed(19)
+    rows = ((1 << 31) + (64 << 20)) // DS_ROW + 1
+    cache = torch.full((rows, DS_ROW), 0xFF, dtype=torch.uint8, device="cuda")
+    high = rows - (1 << 20)
+    cache[high:] = quantize_kv_cache(torch.randn(1 << 20, D_QK, device="cuda", generator=g), scale=scale)
+    H = 16
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(high, rows, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
+    sinks = torch.randn(H, device="cuda", generator=g) + 8.0
+    plan = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
+                              topk=2048, logit_cap=0.0, gluon=gluon_available(),
+                              num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert plan.kernel == ("gluon_fp8" if gluon_available() else "portable"), plan
+    out = torch.empty(T, H, D_V, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(T, H, device="cuda")
+    sparse_mla_decode_triton(q, cache, idx, sinks, DS_SM_SCALE, out=out, lse=lse)
+    ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, DS_SM_SCALE)
+    check_budget(out, lse, ro, rl, "bf16")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sparse_mla_decode_triton(q, cache, idx, sinks, DS_SM_SCALE, out=out, lse=lse)
+    for seed in range(2):
+        gg = torch.Generator(device="cuda").manual_seed(200 + seed)
+        new = torch.randint(high, rows, idx.shape, device="cuda", dtype=torch.int32, generator=gg)
+        new[:, ::9] = -1
+        idx.copy_(new)
+        sinks.copy_(torch.randn(H, device="cuda", generator=gg))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, DS_SM_SCALE)
+        check_budget(out, lse, ro, rl, "bf16")

@@ -1,6 +1,6 @@
 """The few-heads fp8 kernel (mla_sink/kernels/gluon/gluon_fp8.py) fits its register and shared-memory budgets:
 compiled ahead of time for sm90 (no GPU needed) with the constexprs its launcher gives a call, unsplit and
-split, at 16 and 32 heads, ptxas must report no spill beyond ``SPILL_BYTES`` (``WORKER_REGS`` gives each
+split, at 16 and 32 heads, for per-tensor e4m3 caches and V3.2 rows (flat and paged), ptxas must report no spill beyond ``SPILL_BYTES`` (``WORKER_REGS`` gives each
 partition what it needs; other register splits and the second producer spilled, BENCHMARKS.md ninth
 session), no wgmma serialisation warning
 (C7510-C7519), and the kernel must fit in the 227 KB of shared memory an sm90 CTA may hold.
@@ -29,15 +29,23 @@ SM90_SMEM_PER_CTA = 227 * 1024
 SPILL_BYTES = {16: 0, 32: 8}
 
 
-@pytest.mark.parametrize("H,splits", [(16, 1), (16, 2), (5, 16), (32, 1), (17, 2)])
-def test_no_spills_and_shared_memory_fits(H, splits, tmp_path):
+#: KV caches of the cases: (kv_dtype, shape, Triton pointer type of the kernel's KV).
+CACHES = {"e4m3": ("fp8_e4m3", (4096, 576), "*fp8e4nv"), "ds": ("fp8_ds_mla", (4096, 656), "*u8"),
+          "ds_paged": ("fp8_ds_mla", (64, 64, 656), "*u8")}
+
+
+@pytest.mark.parametrize("H,splits,cache", [(16, 1, "e4m3"), (16, 2, "e4m3"), (5, 16, "e4m3"), (32, 1, "e4m3"),
+                                            (17, 2, "e4m3"), (16, 1, "ds"), (16, 2, "ds_paged"), (9, 16, "ds")])
+def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
+    kv_dtype, shape, kv_ptr = CACHES[cache]
     q = torch.empty(3, H, 576, dtype=torch.bfloat16)
-    kv = torch.empty(4096, 576, dtype=torch.uint8)  # its element type is given below (e4m3)
+    kv = torch.empty(*shape, dtype=torch.uint8)  # its element type is given below
     idx = torch.empty(3, 2048, dtype=torch.int32)
     _, scalars, constexprs, options = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits,
-                                                         ids_per_split=2048 // splits, out_strides=(H * 512, 512))
+                                                         ids_per_split=2048 // splits, out_strides=(H * 512, 512),
+                                                         kv_dtype=kv_dtype)
     constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=True)
-    ptrs = {"Q": "*bf16", "KV": "*fp8e4nv", "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32",
+    ptrs = {"Q": "*bf16", "KV": kv_ptr, "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32",
             "KV_SCALE": "*fp32", "OUT": "*bf16", "LSE": "*fp32", "PART_OUT": "*fp32", "PART_LSE": "*fp32"}
     kernel = compile_sm90(gf.sparse_mla_decode_fp8_ws_kernel, constexprs, scalars, ptrs, options["num_warps"])
     log, sass = assemble(kernel, BIN, tmp_path)
@@ -47,10 +55,25 @@ def test_no_spills_and_shared_memory_fits(H, splits, tmp_path):
     assert kernel.metadata.shared <= SM90_SMEM_PER_CTA, kernel.metadata.shared
     n = constexprs["BLOCK_H"]
     assert sass.count(f"HGMMA.64x{n}x16") >= 2 * (36 + 32)  # both consumers: 36 score and 32 P V steps a block
+    if kv_dtype == "fp8_ds_mla":  # bf16 operands only
+        assert re.search(rf"HGMMA\.64x{n}x16\.F32\.BF16", sass) and not re.search(r"HGMMA\.\S+\.F16", sass)
+
+
+def test_v32_rows_need_bf16_q_and_unknown_caches_are_refused():
+    idx = torch.empty(1, 64, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"kv_dtype='fp8_ds_mla' with q of \['torch.bfloat16'\].*got q dtype torch.float16"):
+        gf.fp8_launch_args(torch.empty(1, 16, 576, dtype=torch.float16), torch.empty(8, 656, dtype=torch.uint8),
+                           idx, num_kv_splits=1, ids_per_split=64, out_strides=(16 * 512, 512), kv_dtype="fp8_ds_mla")
+    with pytest.raises(ValueError, match="at most 16 heads with kv_dtype='fp8_ds_mla', got num_heads=17"):
+        gf.fp8_launch_args(torch.empty(1, 17, 576, dtype=torch.bfloat16), torch.empty(8, 656, dtype=torch.uint8),
+                           idx, num_kv_splits=1, ids_per_split=64, out_strides=(17 * 512, 512), kv_dtype="fp8_ds_mla")
+    with pytest.raises(ValueError, match="kv_dtype='bf16'"):
+        gf.fp8_launch_args(torch.empty(1, 16, 576, dtype=torch.bfloat16), torch.empty(8, 576, dtype=torch.bfloat16),
+                           idx, num_kv_splits=1, ids_per_split=64, out_strides=(16 * 512, 512), kv_dtype="bf16")
 
 
 def test_more_heads_than_a_block_are_refused():
     q = torch.empty(1, 33, 576, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="at most 32 heads, got num_heads=33"):
+    with pytest.raises(ValueError, match="at most 32 heads with kv_dtype=.fp8_e4m3., got num_heads=33"):
         gf.fp8_launch_args(q, torch.empty(8, 576, dtype=torch.uint8), torch.empty(1, 64, dtype=torch.int32),
                            num_kv_splits=1, ids_per_split=64, out_strides=(33 * 512, 512))

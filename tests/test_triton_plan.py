@@ -249,7 +249,8 @@ def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tm
       "      num_heads: {ge: 1, because: \"the split count is planned first (the portable row's split policy); every"),
      "must need a split count"),
     (("combine_block_d: 512, fp8_f16: true}", "combine_block_d: 512}"), "missing \\['fp8_f16'\\]"),
-    (("    path: gluon_fp8\n", "    path: gluon_fp8\n    params: {BLOCK_H: 16}\n"), "takes no params"),
+    (("    path: gluon_fp8\n    why: e4m3fn", "    path: gluon_fp8\n    params: {BLOCK_H: 16}\n    why: e4m3fn"),
+     "takes no params"),
 ])
 def test_structure_check_refuses(edit, message):
     text = _shipped_text()

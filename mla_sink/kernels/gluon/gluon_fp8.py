@@ -36,6 +36,7 @@ Triton's Gluon tutorials for the primitives.
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -48,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mla_sink.kernels.gluon.math import LOG2E, sink_scale
 from mla_sink.kernels.gluon.gluon_seesaw import _opaque_zero
 from mla_sink.kernels.gluon.pdl import launch_dependents
+from mla_sink.kernels.gluon.seesaw_fp8 import DS_ROPE_AT, DS_SCALES_AT, DS_TILE, _row_offsets
 
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
 #: Head blocks of one CTA (every head of a token, padded): the wgmma N dimension of both swapped GEMMs. A
@@ -67,6 +69,15 @@ BLOCK_N = 64
 #: consumer and the producer are the workers and ptxas spills nothing; at 32 both consumers are (224 each)
 #: and the producer, the default partition, gets 56 and spills 8 bytes.
 WORKER_REGS = {16: (136, 152), 32: (224, 64)}
+#: The same for V3.2 rows, whose consumers also hold one score accumulator per tile scale (four, and the
+#: RoPE's): at 16 heads the second consumer needs 176 (AOT sm90: 136 spilled 176 bytes, 168 spilled 28) and
+#: the producer, converting through fp32, fits in 112. 32-head blocks spilled 440 bytes with two tiles'
+#: accumulators at a time, so V3.2 rows take 16-head blocks only (:data:`DS_HEAD_BLOCKS`).
+DS_WORKER_REGS = {16: (176, 112)}
+DS_HEAD_BLOCKS = tuple(DS_WORKER_REGS)
+#: The caches the kernel reads, by KV dtype key: (``KV_DS``, the q dtypes it computes with exactly). e4m3:
+#: q scaled per head row into fp16; V3.2: bf16 operands only (the rows' RoPE is bf16).
+KV_FORMATS = {"fp8_e4m3": (False, (torch.bfloat16, torch.float16)), "fp8_ds_mla": (True, (torch.bfloat16,))}
 #: Rows the producer gathers per step, per head block: a whole block, or half of one at 32 heads, where the
 #: consumers' ``O^T`` leaves the producer 56 registers (16 rows a step spilled more).
 PRODUCER_ROWS = {16: 64, 32: 32}
@@ -77,11 +88,31 @@ PRODUCER_DEFAULT = (32,)
 
 
 @gluon.jit
-def _gather(KV, ids, stride_kv, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
-    """fp8 rows ``ids`` x columns ``[col0, col0 + WIDTH)`` of KV (64-bit offsets); id -1 reads 0."""
-    rows = KV + ids.to(gl.int64) * stride_kv + col0
-    return gl.load(rows[:, None] + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))[None, :],
+def _rows(KV, ids, stride_kv, kv_block_size, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr):
+    """Pointers (64-bit offsets) to the rows ``ids`` of KV: ``id * stride_kv`` for an e4m3 cache, the V3.2
+    page arithmetic of :func:`_row_offsets` (bytes) for ``KV_DS``. Skipped ids (-1) point at row 0."""
+    if KV_DS:
+        return KV + _row_offsets(ids, kv_block_size, stride_kv, ROW_BYTES)
+    else:
+        return KV + ids.to(gl.int64) * stride_kv
+
+
+@gluon.jit
+def _gather(rows, ids, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
+    """Columns ``[col0, col0 + WIDTH)`` of the rows at ``rows`` (pointers of ``rows``' element type); id -1
+    reads 0."""
+    return gl.load((rows + col0)[:, None] + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))[None, :],
                    mask=(ids >= 0)[:, None], other=0.0)
+
+
+@gluon.jit
+def _to_tile(codes, dtype: gl.constexpr, KV_DS: gl.constexpr):
+    """e4m3fn codes -> the ring's dtype, exactly (one ``cvt`` per pair into fp16; V3.2 codes, read as bytes,
+    into bf16 through fp32: e4m3 fits both). The V3.2 tile scales stay out: the consumers apply them."""
+    if KV_DS:
+        return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype)
+    else:
+        return codes.to(dtype)
 
 
 @gluon.jit
@@ -99,12 +130,13 @@ def _checked(raw, nrows):
 
 
 @gluon.jit
-def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end, num_blocks,
-              BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr):
-    """Worker partition: fp8 rows -> registers -> fp16 (once) -> the shared-memory ring, ``ROWS`` rows of a
-    block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head blocks). The
-    next step's ids are loaded before this step's rows and checked after its store, off the gather's
-    critical path.
+def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
+              num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
+              KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr):
+    """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
+    rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
+    blocks). V3.2 rows: the latent codes without their scales, and the bf16 RoPE as it is. The next step's
+    ids are loaded before this step's rows and checked after its store, off the gather's critical path.
     Four other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
     rows copied by cp.async into a staging block with the next block's copy issued before this one is
     converted (151.6 us at H=16, T=256 against 152.6 for bf16 KV in the same run; 49.9 us at T=64 in two
@@ -116,8 +148,11 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_
     profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible warp; the consumers' top stall
     is their wait for a filled stage and the producer's is the first use of the gathered bytes (long
     scoreboard), yet neither more bytes in flight, nor L2 hits, nor a second producer moved it."""
-    nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
+    if KV_DS:
+        rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
+    else:
+        rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
     ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
     ids_r = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, rope_l), nrows)
@@ -127,12 +162,18 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_
             # the next step's ids: this block's next rows, or (after its last) the next block's first
             next_n = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, nope_l)
             next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
-            x_n = _gather(KV, ids_n, stride_kv, 0, D_NOPE, nope_l)
-            x_r = _gather(KV, ids_r, stride_kv, D_NOPE, D_ROPE, rope_l)
+            x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, 0, D_NOPE, nope_l)
+            if KV_DS:  # the bf16 RoPE after the scales
+                rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES) + DS_ROPE_AT).to(
+                    gl.pointer_type(gl.bfloat16), bitcast=True)
+                x_r = _gather(rows_r, ids_r, 0, D_ROPE, rope_l)
+            else:  # the RoPE codes after the latent ones
+                x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
+                              rope_l)
             if h == 0:
                 mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            kn_smem.index(s).slice(h * ROWS, ROWS).store(x_n.to(gl.float16))
-            kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(gl.float16))
+            kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS))
+            kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
             ids_n = _checked(next_n, nrows)
             ids_r = _checked(next_r, nrows)
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
@@ -141,14 +182,132 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_
 
 
 @gluon.jit
-def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
-              scale_smem, m_smem, l_smem, merged,
-              pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+def _stage(i, FIRST: gl.constexpr, OPAQUE: gl.constexpr):
+    """The ring stage of block ``i``: the consumer's own (``FIRST``). ``OPAQUE`` (32 heads, V3.2 rows) through
+    an index the compiler cannot see through: a constant one lets it hoist every wgmma descriptor of the loop
+    out of it, which spills there (for e4m3 at 16 heads the hoisted descriptors fit, and measured faster: 154
+    against 157-159 us at T=256)."""
+    s = FIRST + i * 0
+    if OPAQUE:
+        s = _opaque_zero(i) + FIRST
+    return s
+
+
+@gluon.jit
+def _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N: gl.constexpr):
+    """``(ids, ok)`` of block ``i`` of the id range: ids as loaded (``-1`` past ``end``) and whether each is
+    read (``0 <= id < N``: one unsigned compare)."""
+    pos = start + i * BLOCK_N + offs_n
+    ids = gl.load(IDX + idx_base + pos, mask=pos < end, other=-1)
+    return ids, (ids.to(gl.uint32, bitcast=True) < nrows) & (pos < end)
+
+
+@gluon.jit
+def _online_softmax(st, m_i, l_i):
+    """One block of the base-2 online softmax over ``S^T`` (``[ids, heads]``, skipped ids ``-inf``):
+    ``(P^T, alpha, m, l)``; an all ``-inf`` column keeps ``m = -inf`` and ``l = 0``."""
+    m_new = gl.maximum(m_i, gl.max(st, axis=0))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(st - m_safe[None, :])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=0)
+
+
+@gluon.jit
+def _tile_scores(kn, qn, s_zero, t: gl.constexpr):
+    """Issue ``K_t q_t^T`` (async wgmma, fresh fp32 accumulator): the scores of latent tile ``t`` (columns
+    ``128 t .. 128 t + 127``) before its scale."""
+    return warpgroup_mma(kn.slice(t * DS_TILE, DS_TILE, dim=1), qn.slice(t * DS_TILE, DS_TILE, dim=1).permute((1, 0)),
+                         s_zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, stride_kv,
+               kv_block_size, num_rows, start, end, num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr,
+               BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, FIRST: gl.constexpr):
+    """One consumer's blocks of V3.2 rows: ``(m, l, O^T)`` with ``O^T`` as its four 128-column tiles. The
+    ring holds exact bf16 codes; each row's four float32 tile scales (read in place, before the wait) are
+    applied exactly: to the scores as ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` (one fp32
+    wgmma accumulator per tile), and to ``P V`` by scaling ``P^T`` per tile (``P_t = P * scale_t`` rounded
+    once to bf16, as the bf16 kernels round ``P``), so every scale, power of two or not, decodes exactly."""
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+    nrows = num_rows.to(gl.uint32)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+    acc0 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)  # O^T, value columns 0-127
+    acc1 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    acc2 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    acc3 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    for i in range(FIRST, num_blocks, STAGES):
+        s = _stage(i, FIRST, True)
+        ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
+        sc = (_rows(KV, gl.where(ok, ids, -1), stride_kv, kv_block_size, True, ROW_BYTES) + DS_SCALES_AT).to(
+            gl.pointer_type(gl.float32), bitcast=True)
+        sc0 = gl.load(sc, mask=ok, other=0.0)  # skipped ids: 0 (their codes read 0 too)
+        sc1 = gl.load(sc + 1, mask=ok, other=0.0)
+        sc2 = gl.load(sc + 2, mask=ok, other=0.0)
+        sc3 = gl.load(sc + 3, mask=ok, other=0.0)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        kn = kn_smem.index(s)
+        qn = q_n.index(s - FIRST)
+        sr = warpgroup_mma(kr_smem.index(s), q_r.index(s - FIRST).permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)
+        s0 = _tile_scores(kn, qn, s_zero, 0)
+        s1 = _tile_scores(kn, qn, s_zero, 1)
+        if BLOCK_H > 16:  # two tiles' accumulators at a time: four of [64, 32] beside O^T spill
+            sr, s0, s1 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1))
+            st = sr + s0 * sc0[:, None] + s1 * sc1[:, None]
+            s2 = _tile_scores(kn, qn, s_zero, 2)
+            s3 = _tile_scores(kn, qn, s_zero, 3)
+            s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(s2, s3))
+            st = st + s2 * sc2[:, None] + s3 * sc3[:, None]
+        else:
+            s2 = _tile_scores(kn, qn, s_zero, 2)
+            s3 = _tile_scores(kn, qn, s_zero, 3)
+            sr, s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1, s2, s3))
+            st = sr + s0 * sc0[:, None] + s1 * sc1[:, None] + s2 * sc2[:, None] + s3 * sc3[:, None]
+        p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i)
+        p_smem.index(0).store((p * sc0[:, None]).to(p_smem.dtype))
+        p_smem.index(1).store((p * sc1[:, None]).to(p_smem.dtype))
+        p_smem.index(2).store((p * sc2[:, None]).to(p_smem.dtype))
+        p_smem.index(3).store((p * sc3[:, None]).to(p_smem.dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # every P_t^T complete in shared memory before the wgmmas read them
+        acc0 = warpgroup_mma(kn.slice(0 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(0),
+                             acc0 * alpha[None, :], is_async=True)
+        acc1 = warpgroup_mma(kn.slice(1 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(1),
+                             acc1 * alpha[None, :], is_async=True)
+        acc2 = warpgroup_mma(kn.slice(2 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(2),
+                             acc2 * alpha[None, :], is_async=True)
+        acc3 = warpgroup_mma(kn.slice(3 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(3),
+                             acc3 * alpha[None, :], is_async=True)
+        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
+        gl.thread_barrier()  # every warp of this consumer is done with stage s and with the P_t^T
+        mbarrier.arrive(empty.index(s))
+    return m_i, l_i, acc0, acc1, acc2, acc3
+
+
+@gluon.jit
+def _store_tiles(dst, acc0, acc1, acc2, acc3):
+    """The four 128-column tiles of a V3.2 consumer's ``O^T`` into ``dst`` (``[512, BLOCK_H]`` fp32)."""
+    dst.slice(0 * DS_TILE, DS_TILE).store(acc0)
+    dst.slice(1 * DS_TILE, DS_TILE).store(acc1)
+    dst.slice(2 * DS_TILE, DS_TILE).store(acc2)
+    dst.slice(3 * DS_TILE, DS_TILE).store(acc3)
+
+
+@gluon.jit
+def _consumer(IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_smem, kn_smem, kr_smem, ready,
+              empty, scale_smem, m_smem, l_smem, merged,
+              pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr):
+              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS: gl.constexpr,
+              ROW_BYTES: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
-    (the default partition) merges the other's state and runs the epilogue."""
+    (the default partition) merges the other's state and runs the epilogue. ``KV_DS``: V3.2 rows
+    (:func:`_blocks_ds`), else a per-tensor e4m3 cache (``kv_scale`` folded into the scores and the output)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
     # each consumer's O^T, handed over in its own ring stage (``stage s`` holds only the blocks of consumer s,
@@ -158,52 +317,50 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_sm
     acc_self = kn_smem.index(FIRST)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
     acc_other = kn_smem.index(1)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
     col_scale = scale_smem.load(gl.SliceLayout(0, acc_l))  # per head: q scaling, sm_scale, kv_scale, log2(e)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    nrows = num_rows.to(gl.uint32)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
-    acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=acc_l)  # O^T
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
-    for i in range(FIRST, num_blocks, STAGES):
-        # this consumer's stage (FIRST); at 32 heads through an index the compiler cannot see through: a
-        # constant one lets it hoist every wgmma descriptor of the loop out of it, which spills there (at 16
-        # heads the hoisted descriptors fit, and measured faster: 154 against 157-159 us at T=256)
-        if BLOCK_H > 16:
-            s = _opaque_zero(i) + FIRST
-        else:
-            s = FIRST + i * 0
-        pos = start + i * BLOCK_N + offs_n
-        ids = gl.load(IDX + idx_base + pos, mask=pos < end, other=-1)
-        ok = (ids.to(gl.uint32, bitcast=True) < nrows) & (pos < end)
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        kn = kn_smem.index(s)
-        kr = kr_smem.index(s)
-        st = warpgroup_mma(kn, q_n.index(s - FIRST).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        st = warpgroup_mma(kr, q_r.index(s - FIRST).permute((1, 0)), st, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
-        st = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(st, axis=0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(st - m_safe[None, :])
-        l_i = l_i * alpha + gl.sum(p, axis=0)
-        m_i = m_new
-        p_smem.store(p.to(gl.float16))
-        fence_async_shared()
-        gl.thread_barrier()  # P^T complete in shared memory before the wgmma reads it
-        acc = warpgroup_mma(kn.permute((1, 0)), p_smem, acc * alpha[None, :], is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.thread_barrier()  # every warp of this consumer is done with stage s and with P^T
-        mbarrier.arrive(empty.index(s))
+    if KV_DS:
+        m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
+                                                      col_scale, idx_base, stride_kv, kv_block_size, num_rows, start,
+                                                      end, num_blocks, acc_l, BLOCK_H, BLOCK_N, ROW_BYTES, FIRST)
+    else:
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+        nrows = num_rows.to(gl.uint32)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+        acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=acc_l)  # O^T
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+        for i in range(FIRST, num_blocks, STAGES):
+            s = _stage(i, FIRST, BLOCK_H > 16)
+            ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            kn = kn_smem.index(s)
+            kr = kr_smem.index(s)
+            st = warpgroup_mma(kn, q_n.index(s - FIRST).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            st = warpgroup_mma(kr, q_r.index(s - FIRST).permute((1, 0)), st, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+            p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i,
+                                                 l_i)
+            p_smem.index(0).store(p.to(gl.float16))
+            fence_async_shared()
+            gl.thread_barrier()  # P^T complete in shared memory before the wgmma reads it
+            acc = warpgroup_mma(kn.permute((1, 0)), p_smem.index(0), acc * alpha[None, :], is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # every warp of this consumer is done with stage s and with P^T
+            mbarrier.arrive(empty.index(s))
 
     if FIRST == 1:
         m_smem.store(m_i)
         l_smem.store(l_i)
-        acc_other.store(acc)
+        if KV_DS:
+            _store_tiles(acc_other, acc0, acc1, acc2, acc3)
+        else:
+            acc_other.store(acc)
         gl.thread_barrier()
         mbarrier.arrive(merged)
     else:
-        acc_self.store(acc)  # frees O^T's registers for the merge below
+        if KV_DS:  # frees O^T's registers for the merge below
+            _store_tiles(acc_self, acc0, acc1, acc2, acc3)
+        else:
+            acc_self.store(acc)
         mbarrier.wait(merged, 0)
         m_o = m_smem.load(gl.SliceLayout(0, acc_l))
         l_o = l_smem.load(gl.SliceLayout(0, acc_l))
@@ -217,7 +374,10 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_sm
         lse2 = gl.where(empty_row, float("-inf"), m_new + gl.log2(l_safe))
         offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, acc_l))
         hmask = offs_h < num_heads
-        scale = gl.load(KV_SCALE) / l_safe
+        if KV_DS:  # the tile scales were applied per block
+            scale = 1.0 / l_safe
+        else:
+            scale = gl.load(KV_SCALE) / l_safe
         if HAS_SINKS and not SPLIT:  # a split launch's combine applies the sink once
             sink = gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
             scale = sink_scale(scale, sink, lse2, empty_row)
@@ -244,17 +404,20 @@ def _consumer(IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_sm
 @gluon.jit
 def sparse_mla_decode_fp8_ws_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,
-    num_heads, num_rows, topk, ids_per_split,
+    num_heads, num_rows, topk, ids_per_split, kv_block_size,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
-    PRODUCER_DEFAULT: gl.constexpr,
+    PRODUCER_DEFAULT: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
-    ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once."""
+    ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS``:
+    KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
+    ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
+    ``stride_kv``-element rows, fp16 ring and scaled q."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
@@ -268,17 +431,23 @@ def sparse_mla_decode_fp8_ws_kernel(
     idx_base = pid_t * stride_it
     # [1, ..]: indexed like the ring stages, through the consumers' opaque index, so that the scores' wgmma
     # descriptors of q are computed in the loop rather than hoisted out of it (and spilled)
-    q_n = gl.allocate_shared_memory(gl.float16, [1, BLOCK_H, D_NOPE],
-                                    gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_NOPE], gl.float16))
-    q_r = gl.allocate_shared_memory(gl.float16, [1, BLOCK_H, D_ROPE],
-                                    gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], gl.float16))
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.float16)
-    p0 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H], p_layout)
-    p1 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H], p_layout)
-    kn_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_NOPE],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], gl.float16))
-    kr_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, D_ROPE],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], gl.float16))
+    # the operands' dtype: fp16 for e4m3 (exact codes; q scaled into range), bf16 for V3.2 (exact codes, the
+    # bf16 RoPE and q as they are; P_t = P * tile scale needs bf16's range)
+    if KV_DS:
+        dt: gl.constexpr = gl.bfloat16
+        p_tiles: gl.constexpr = D_NOPE // DS_TILE  # one P^T per tile scale
+    else:
+        dt: gl.constexpr = gl.float16
+        p_tiles: gl.constexpr = 1
+    q_n = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_NOPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_NOPE], dt))
+    q_r = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dt))
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dt)
+    p0 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
+    p1 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
+    kn_smem = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dt))
+    kr_smem = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, D_ROPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dt))
     vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
     m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
@@ -300,13 +469,18 @@ def sparse_mla_decode_fp8_ws_kernel(
     qn = gl.load(q_rows + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask, other=0.0)
     qr = gl.load(q_rows + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask,
                  other=0.0)
-    qn = qn.to(gl.float32)
-    qr = qr.to(gl.float32)
-    qmax = gl.maximum(gl.max(gl.abs(qn), axis=1), gl.max(gl.abs(qr), axis=1))
-    row_exp = gl.ceil(gl.log2(gl.maximum(qmax, 1e-30)))
-    q_n.index(0).store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
-    q_r.index(0).store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(gl.float16))
-    scale_smem.store(gl.exp2(row_exp - 14.0) * (sm_scale * gl.load(KV_SCALE) * LOG2E))
+    if KV_DS:  # bf16 q as it is
+        q_n.index(0).store(qn.to(dt))
+        q_r.index(0).store(qr.to(dt))
+        scale_smem.store(gl.full([BLOCK_H], sm_scale * LOG2E, gl.float32, gl.SliceLayout(1, ld_l)))
+    else:
+        qn = qn.to(gl.float32)
+        qr = qr.to(gl.float32)
+        qmax = gl.maximum(gl.max(gl.abs(qn), axis=1), gl.max(gl.abs(qr), axis=1))
+        row_exp = gl.ceil(gl.log2(gl.maximum(qmax, 1e-30)))
+        q_n.index(0).store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(dt))
+        q_r.index(0).store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(dt))
+        scale_smem.store(gl.exp2(row_exp - 14.0) * (sm_scale * gl.load(KV_SCALE) * LOG2E))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -316,88 +490,111 @@ def sparse_mla_decode_fp8_ws_kernel(
     # descriptors at any register split that left the producer room)
     if PRODUCER_DEFAULT:
         gl.warp_specialize([
-            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end,
-                         num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS)),
-            (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem, ready,
-                         empty, scale_smem, m_smem, l_smem, merged,
-                         pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES)),
+            (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged,
+                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0)),
-            (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem, ready,
-                         empty, scale_smem, m_smem, l_smem, merged,
-                         pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES)),
+            (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged,
+                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1)),
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem, ready,
-                         empty, scale_smem, m_smem, l_smem, merged,
-                         pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+            (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged,
+                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0)),
-            (_consumer, (IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem, ready,
-                         empty, scale_smem, m_smem, l_smem, merged,
-                         pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES)),
+            (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged,
+                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1)),
-            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, num_rows, start, end,
-                         num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS)),
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple):
+def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple,
+                    kv_dtype: str = "fp8_e4m3"):
     """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_fp8_ws_kernel` launch on these
     tensors' metadata (shared by :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of
     :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name; ``out_strides``
     the ``(token, head)`` strides of ``out``. Split launches (``num_kv_splits > 1``) write fp32 partials
     ``[T, splits, H, 512]`` and base-2 LSEs ``[T, splits, H]`` and let the combine launch early.
+    ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
+    the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
 
     Raises:
-        ValueError: ``num_heads`` above the largest head block.
+        ValueError: ``num_heads`` above the largest head block (32; 16 for V3.2 rows); ``kv_dtype`` not one
+            of the two; V3.2 rows with q not bf16.
     """
+    from mla_sink.core import kv_layout
+
     T, H, d_qk = q.shape
     d_v = 512
-    block_h = next((b for b in HEAD_BLOCKS if H <= b), None)
+    if kv_dtype not in KV_FORMATS:
+        raise ValueError(f"the gluon_fp8 kernel reads kv_dtype {' or '.join(map(repr, KV_FORMATS))}, got "
+                         f"kv_dtype={kv_dtype!r}")
+    ds, q_dtypes = KV_FORMATS[kv_dtype]
+    if q.dtype not in q_dtypes:
+        raise ValueError(f"the gluon_fp8 kernel reads kv_dtype={kv_dtype!r} with q of {[str(t) for t in q_dtypes]} "
+                         f"(V3.2 rows: the bf16 RoPE and q as they are), got q dtype {q.dtype}")
+    blocks = DS_HEAD_BLOCKS if ds else HEAD_BLOCKS
+    block_h = next((b for b in blocks if H <= b), None)
     if block_h is None:
-        raise ValueError(f"the gluon_fp8 kernel serves at most {HEAD_BLOCKS[-1]} heads, got num_heads={H}")
+        raise ValueError(f"the gluon_fp8 kernel serves at most {blocks[-1]} heads with kv_dtype={kv_dtype!r}, "
+                         f"got num_heads={H}")
+    paged = ds and kv_cache.dim() == 3
+    num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
     splits = num_kv_splits
     scalars = dict(
-        num_heads=H, num_rows=min(kv_cache.shape[0], 2 ** 31), topk=indices.shape[1], ids_per_split=ids_per_split,
+        num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=indices.shape[1], ids_per_split=ids_per_split,
+        kv_block_size=kv_cache.shape[1] if paged else 1,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=kv_cache.stride(0), stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
     )
-    consumer_regs, producer_regs = WORKER_REGS[block_h]
+    consumer_regs, producer_regs = (DS_WORKER_REGS if ds else WORKER_REGS)[block_h]
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
                       CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, PRODUCER_ROWS=PRODUCER_ROWS[block_h],
-                      PRODUCER_DEFAULT=block_h in PRODUCER_DEFAULT)
+                      PRODUCER_DEFAULT=block_h in PRODUCER_DEFAULT, KV_DS=ds,
+                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk)
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,
                                 kv_scale=None, out=None, lse=None, num_kv_splits: int = 1, ids_per_split=None,
-                                combine_tile: tuple = (16, 128)):
-    """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 32``; e4m3fn KV; bf16/fp16 q), with
+                                combine_tile: tuple = (16, 128), kv_dtype: str = "fp8_e4m3"):
+    """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 32``; e4m3fn KV with bf16/fp16 q, or
+    the 656-byte V3.2 rows with bf16 q), with
     the combine kernel (a programmatic dependent) when split; for tests and benchmarks (the library's
     runner, :mod:`mla_sink.paths.triton.launch`, launches the same kernels with the plan's splits).
 
     Args:
-        q: ``[T, H, 576]`` bf16 / fp16, innermost stride 1. kv_cache: ``[N, 576]`` float8_e4m3fn,
-            innermost stride 1. indices: int32 ``[T, topk]``, innermost stride 1 (``-1`` / negative /
+        q: ``[T, H, 576]`` bf16 / fp16 (V3.2: bf16), innermost stride 1. kv_cache: ``[N, 576]``
+            float8_e4m3fn, innermost stride 1; with ``kv_dtype="fp8_ds_mla"`` uint8 ``[N, 656]`` or
+            ``[blocks, block_size, 656]`` (rows contiguous, 16-byte aligned block stride). indices: int32 ``[T, topk]``, innermost stride 1 (``-1`` / negative /
             ``>= N`` skipped). sinks: optional fp32 ``[H]``. sm_scale: default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]`` (contiguous). kv_scale: fp32 ``[1]`` (value = stored *
             scale); ``None`` means 1. out, lse: optional ``[T, H, 512]`` (innermost stride 1) and fp32
             ``[T, H]`` buffers. num_kv_splits: programs per token, each over ``ids_per_split`` ids (default:
             ``topk`` split evenly in multiples of 64). combine_tile: ``(heads, value columns)`` of one
-            combine program.
+            combine program. kv_dtype: ``"fp8_e4m3"`` or ``"fp8_ds_mla"`` (no ``kv_scale``: the rows carry
+            theirs).
 
     Returns:
         ``(out, lse)`` as :func:`mla_sink.paths.triton.launch.sparse_mla_decode_triton` returns them.
 
     Raises:
-        ValueError: ``num_heads > 32``.
+        ValueError: ``num_heads > 32`` (V3.2 rows: ``> 16``); an unknown ``kv_dtype``; V3.2 rows with q not
+            bf16.
     """
     import torch
 
@@ -411,7 +608,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
         ids_per_split = -(-(-(-max(topk, 1) // num_kv_splits)) // BLOCK_N) * BLOCK_N
     grid, scalars, constexprs, options = fp8_launch_args(q, kv_cache, indices, num_kv_splits=num_kv_splits,
                                                          ids_per_split=ids_per_split,
-                                                         out_strides=(out.stride(0), out.stride(1)))
+                                                         out_strides=(out.stride(0), out.stride(1)), kv_dtype=kv_dtype)
     if T == 0 or H == 0:
         return out, lse
     if kv_scale is None:

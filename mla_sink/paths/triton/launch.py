@@ -481,9 +481,10 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
 
 
 def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
-    """A runner for the sm90 fp8 kernel (:mod:`mla_sink.kernels.gluon.gluon_fp8`), with the split-KV combine
-    (a programmatic dependent) when split; a compile failure falls back to the portable kernel, as does a
-    call whose q, kv_cache or indices rows are not unit-stride."""
+    """A runner for the sm90 fp8 kernel (:mod:`mla_sink.kernels.gluon.gluon_fp8`: a per-tensor e4m3fn cache or
+    the 656-byte V3.2 rows, read exactly for every scale), with the split-KV combine (a programmatic
+    dependent) when split; a compile failure falls back to the portable kernel, as does a call whose q,
+    kv_cache or indices rows are not unit-stride."""
     if not _unit_rows(x):
         return _portable_instead(plan, x, out_dtype, device)
     from mla_sink.kernels.gluon.gluon_fp8 import fp8_launch_args
@@ -491,21 +492,28 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
     H = x.q.shape[1]
     splits = launch.num_kv_splits
     split = splits > 1
+    ds = plan.spec.kv_dtype in DS_MLA_KEYS  # the rows carry their scales: no kv_scale
     out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
     grid, static, constexprs, options = fp8_launch_args(x.q, x.kv_cache, x.indices, num_kv_splits=splits,
-                                                        ids_per_split=launch.ids_per_split, out_strides=out_strides)
+                                                        ids_per_split=launch.ids_per_split, out_strides=out_strides,
+                                                        kv_dtype=plan.spec.kv_dtype)
     decode, combine = _gluon_launches("gluon_fp8", _FP8_DYNAMIC, launch, x, device, grid, static, constexprs, options,
                                       out_strides)
     errors = _compile_errors()
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        if ds:
+            check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         topk_length = _contiguous_topk_length(x)
         align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out, lse)
         out, lse, part_out, part_lse = _call_buffers(x, lse, splits, out_dtype)
         sinks = x.sinks if x.sinks is not None else lse
         # validated calls always carry kv_scale with an e4m3 cache; a one made per call (not cached) is
-        # filled in a CUDA graph's replay too
-        kv_scale = x.kv_scale if x.kv_scale is not None else torch.ones(1, dtype=torch.float32, device=x.q.device)
+        # filled in a CUDA graph's replay too; V3.2 rows: a placeholder the kernel never reads
+        if ds:
+            kv_scale = lse
+        else:
+            kv_scale = x.kv_scale if x.kv_scale is not None else torch.ones(1, dtype=torch.float32, device=x.q.device)
         try:
             decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
                    kv_scale, out, lse, part_out, part_lse, x.sm_scale)
