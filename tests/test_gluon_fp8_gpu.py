@@ -175,12 +175,13 @@ def test_ds_mla_adversarial(H, T, topk, scale, splits):
         check_budget(o, l, ro, rl, key)
 
 
+@pytest.mark.parametrize("H", [16, 11])
 @pytest.mark.parametrize("splits", [1, 2])
-def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits):
+def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits, H):
     """FlashMLA's test layout: blocks of 65 rows of which 64 are used (block stride 65 * 656 bytes), the 65th
     NaN; the same bytes flat give the same result."""
     g = torch.Generator(device="cuda").manual_seed(17)
-    blocks, block_size, H, T = 512, 64, 16, 4
+    blocks, block_size, T = 512, 64, 4
     storage = torch.full((blocks, block_size + 1, DS_ROW), 0xFF, dtype=torch.uint8, device="cuda")
     paged = storage[:, :block_size]
     n = blocks * block_size

@@ -71,8 +71,10 @@ BLOCK_N = 64
 WORKER_REGS = {16: (136, 152), 32: (224, 64)}
 #: The same for V3.2 rows, whose consumers also hold one score accumulator per tile scale (four, and the
 #: RoPE's): at 16 heads the second consumer needs 176 (AOT sm90: 136 spilled 176 bytes, 168 spilled 28) and
-#: the producer, converting through fp32, fits in 112. 32-head blocks spilled 440 bytes with two tiles'
-#: accumulators at a time, so V3.2 rows take 16-head blocks only (:data:`DS_HEAD_BLOCKS`).
+#: the producer, converting through fp32, fits in 112. 32-head blocks (e4m3's partitions, two tiles' score
+#: accumulators at a time; the producer at 56 registers spilled 100-150 bytes) took 356 us at H=32, T=256
+#: against 206 on the seesaw (H200, tenth session; benchmarks/ds_few_heads_sweep_r2_2026-12-01.json), so V3.2
+#: rows take 16-head blocks only (:data:`DS_HEAD_BLOCKS`).
 DS_WORKER_REGS = {16: (176, 112)}
 DS_HEAD_BLOCKS = tuple(DS_WORKER_REGS)
 #: The caches the kernel reads, by KV dtype key: (``KV_DS``, the q dtypes it computes with exactly). e4m3:
@@ -250,7 +252,8 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
         sc3 = gl.load(sc + 3, mask=ok, other=0.0)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         kn = kn_smem.index(s)
-        qn = q_n.index(s - FIRST)
+        z = s - FIRST  # an opaque 0: P's tiles indexed through it too (their descriptors are not hoisted)
+        qn = q_n.index(z)
         sr = warpgroup_mma(kr_smem.index(s), q_r.index(s - FIRST).permute((1, 0)), s_zero, use_acc=False,
                            is_async=True)
         s0 = _tile_scores(kn, qn, s_zero, 0)
@@ -268,19 +271,19 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
             sr, s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1, s2, s3))
             st = sr + s0 * sc0[:, None] + s1 * sc1[:, None] + s2 * sc2[:, None] + s3 * sc3[:, None]
         p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i)
-        p_smem.index(0).store((p * sc0[:, None]).to(p_smem.dtype))
-        p_smem.index(1).store((p * sc1[:, None]).to(p_smem.dtype))
-        p_smem.index(2).store((p * sc2[:, None]).to(p_smem.dtype))
-        p_smem.index(3).store((p * sc3[:, None]).to(p_smem.dtype))
+        p_smem.index(z + 0).store((p * sc0[:, None]).to(p_smem.dtype))
+        p_smem.index(z + 1).store((p * sc1[:, None]).to(p_smem.dtype))
+        p_smem.index(z + 2).store((p * sc2[:, None]).to(p_smem.dtype))
+        p_smem.index(z + 3).store((p * sc3[:, None]).to(p_smem.dtype))
         fence_async_shared()
         gl.thread_barrier()  # every P_t^T complete in shared memory before the wgmmas read them
-        acc0 = warpgroup_mma(kn.slice(0 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(0),
+        acc0 = warpgroup_mma(kn.slice(0 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 0),
                              acc0 * alpha[None, :], is_async=True)
-        acc1 = warpgroup_mma(kn.slice(1 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(1),
+        acc1 = warpgroup_mma(kn.slice(1 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 1),
                              acc1 * alpha[None, :], is_async=True)
-        acc2 = warpgroup_mma(kn.slice(2 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(2),
+        acc2 = warpgroup_mma(kn.slice(2 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 2),
                              acc2 * alpha[None, :], is_async=True)
-        acc3 = warpgroup_mma(kn.slice(3 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(3),
+        acc3 = warpgroup_mma(kn.slice(3 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 3),
                              acc3 * alpha[None, :], is_async=True)
         acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
         gl.thread_barrier()  # every warp of this consumer is done with stage s and with the P_t^T
@@ -532,7 +535,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
 
     Raises:
         ValueError: ``num_heads`` above the largest head block (32; 16 for V3.2 rows); ``kv_dtype`` not one
-            of the two; V3.2 rows with q not bf16.
+            of the two; q of a dtype the cache is not read with (V3.2 rows: bf16 only).
     """
     from mla_sink.core import kv_layout
 
