@@ -242,3 +242,21 @@ def test_ds_mla_routed_big_pool_and_cuda_graph(T, scale):
         torch.cuda.synchronize()
         ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, DS_SM_SCALE)
         check_budget(out, lse, ro, rl, "bf16")
+
+
+def test_ds_mla_pool_at_4_byte_alignment_and_660_byte_rows():
+    """V3.2 rows whose pool starts 4 bytes past a 16-byte boundary, with a 660-byte row stride (both allowed:
+    multiples of 4), through the routed gluon_fp8 call: the kernel is compiled for that alignment and matches
+    the reference."""
+    g = torch.Generator(device="cuda").manual_seed(23)
+    N, T, H = 5000, 8, 16
+    storage = torch.full((N * 660 + 16,), 0xFF, dtype=torch.uint8, device="cuda")
+    pool = storage[4:4 + N * 660].view(N, 660)[:, :DS_ROW]
+    pool.copy_(quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="amax"))
+    assert pool.data_ptr() % 16 == 4 and pool.stride() == (660, 1)
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = adversarial_ids(T, 2048, N, g)
+    sinks = adversarial_sinks(H, g)
+    o, l = sparse_mla_decode_triton(q, pool, idx, sinks, DS_SM_SCALE)
+    ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, DS_SM_SCALE)
+    check_budget(o, l, ro, rl, "bf16")

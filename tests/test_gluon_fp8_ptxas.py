@@ -1,6 +1,7 @@
 """The few-heads fp8 kernel (mla_sink/kernels/gluon/gluon_fp8.py) fits its register and shared-memory budgets:
 compiled ahead of time for sm90 (no GPU needed) with the constexprs its launcher gives a call, unsplit and
-split, at 16 and 32 heads, for per-tensor e4m3 caches and V3.2 rows (flat and paged), ptxas must report no spill beyond ``SPILL_BYTES`` (``WORKER_REGS`` gives each
+split, at 16 and 32 heads, for per-tensor e4m3 caches and V3.2 rows (flat and paged), ptxas must report no
+spill beyond ``SPILL_BYTES`` (``WORKER_REGS`` gives each
 partition what it needs; other register splits and the second producer spilled, BENCHMARKS.md ninth
 session), no wgmma serialisation warning
 (C7510-C7519), and the kernel must fit in the 227 KB of shared memory an sm90 CTA may hold.
@@ -62,7 +63,8 @@ def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
 
 def test_v32_rows_need_bf16_q_and_unknown_caches_are_refused():
     idx = torch.empty(1, 64, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"kv_dtype='fp8_ds_mla' with q of \['torch.bfloat16'\].*got q dtype torch.float16"):
+    with pytest.raises(ValueError,
+                       match=r"kv_dtype='fp8_ds_mla' with q of \['torch.bfloat16'\].*got q dtype torch.float16"):
         gf.fp8_launch_args(torch.empty(1, 16, 576, dtype=torch.float16), torch.empty(8, 656, dtype=torch.uint8),
                            idx, num_kv_splits=1, ids_per_split=64, out_strides=(16 * 512, 512), kv_dtype="fp8_ds_mla")
     with pytest.raises(ValueError, match="at most 16 heads with kv_dtype='fp8_ds_mla', got num_heads=17"):

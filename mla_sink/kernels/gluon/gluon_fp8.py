@@ -1,11 +1,12 @@
-"""Warp-specialised sparse MLA decode with fp8 (e4m3fn) KV and few heads (H <= 32), sm90, in Gluon.
+"""Warp-specialised sparse MLA decode with fp8 KV and few heads, sm90, in Gluon: a per-tensor e4m3fn cache at
+H <= 32, or the 656-byte V3.2 rows (``fp8_ds_mla``, four float32 tile scales per row) at H <= 16.
 
 Semantics of :mod:`mla_sink.paths.triton.launch` (float64 reference in :mod:`mla_sink.core.reference`).
 At few heads the portable kernel is bound by converting fp8 tiles inside its MMA loop (once per operand
 layout) and by mma.sync's 16-row tiles re-reading q from shared memory in every warp, and the seesaw
 kernel pads the heads to its 64-row wgmma tiles. Here one CTA = one token (all of its heads, padded to
-``BLOCK_H`` = 16) and one id range (``SPLIT``: the range of ``pid_s``; fp32 partials and base-2 LSEs for
-the combine kernel, which applies the sink, launched as a programmatic dependent):
+``BLOCK_H``: 16, or 32 for e4m3) and one id range (``SPLIT``: the range of ``pid_s``; fp32 partials and
+base-2 LSEs for the combine kernel, which applies the sink, launched as a programmatic dependent):
 
 * roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = BLOCK_H
   heads, K = 576) and ``O^T += V^T P^T`` (M = 512 value columns, N = BLOCK_H, K = 64 ids); the tiles
@@ -22,6 +23,13 @@ the combine kernel, which applies the sink, launched as a programmatic dependent
   ``out`` and the natural-log LSE (split: the partial output and its base-2 LSE). q sits in shared
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
   mantissas; undone on the scores).
+* V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact) and the RoPE as it is; q is
+  bf16 as given. Each consumer loads its block's four tile scales per id (float32, in place) and applies
+  them exactly in fp32: ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` with one wgmma accumulator
+  per 128-column tile, and ``O^T_t += V_t^T (P^T * scale_t)`` with ``P^T`` stored once per tile, rounded to
+  bf16 (as every bf16 kernel rounds ``P``). Every scale convention (powers of two, ``amax / 448``) decodes
+  exactly in one launch. H=16 through the library: 14.8 / 54.4 / 91.7 / 178 us at T = 2 / 64 / 128 / 256
+  against 18.1 / 70.0 / 115 / 203 for the seesaw on power-of-two scales (tenth session).
 
 Measured on an H200 (BENCHMARKS.md; benchmarks/fp8_pingpong_probe_r*_2026-11-30.json): one consumer was
 bound by its serial chain (2.7 us per 64-id block); two take 1.35 us per block, and the producer (2.1-2.5
@@ -442,8 +450,10 @@ def sparse_mla_decode_fp8_ws_kernel(
     else:
         dt: gl.constexpr = gl.float16
         p_tiles: gl.constexpr = 1
-    q_n = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_NOPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_NOPE], dt))
-    q_r = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dt))
+    q_n = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_NOPE],
+                                    gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_NOPE], dt))
+    q_r = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_ROPE],
+                                    gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dt))
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dt)
     p0 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
     p1 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
@@ -583,7 +593,8 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
     Args:
         q: ``[T, H, 576]`` bf16 / fp16 (V3.2: bf16), innermost stride 1. kv_cache: ``[N, 576]``
             float8_e4m3fn, innermost stride 1; with ``kv_dtype="fp8_ds_mla"`` uint8 ``[N, 656]`` or
-            ``[blocks, block_size, 656]`` (rows contiguous, 16-byte aligned block stride). indices: int32 ``[T, topk]``, innermost stride 1 (``-1`` / negative /
+            ``[blocks, block_size, 656]`` (rows contiguous, any block stride that is a multiple of 4 bytes).
+            indices: int32 ``[T, topk]``, innermost stride 1 (``-1`` / negative /
             ``>= N`` skipped). sinks: optional fp32 ``[H]``. sm_scale: default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]`` (contiguous). kv_scale: fp32 ``[1]`` (value = stored *
             scale); ``None`` means 1. out, lse: optional ``[T, H, 512]`` (innermost stride 1) and fp32
