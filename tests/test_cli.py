@@ -213,6 +213,9 @@ def test_explain_names_the_kernel_file(argv, row, kernel_file, capsys):
 def test_explain_triton_launch_without_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm80", "--heads", "16", "--aiter", "none")
     assert code == 0 and "row sm80_sm100_default (tables/triton_tuning.yaml)" in out and "pass --sms N" in out
+    # without an SM count the kernel is not decided (a Gluon row needs the split count): not "portable"
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "16", "--kv-dtype", "fp8_ds_mla")
+    assert code == 0 and "(SM count unknown): kernel not decided" in out and "kernel portable" not in out
     code, out = run_cli(capsys, "explain", "--arch", "gfx942", "--aiter", "0.1.20", "--heads", "64", "--sinks")
     assert "row rocm_default (tables/triton_tuning.yaml)" in out  # AMD shapes without an AITER kernel run the portable kernel
 

@@ -164,6 +164,26 @@ def test_public_function_non_finite_q_same_on_both_paths():
     torch.testing.assert_close(a_out, b_out, atol=2e-3, rtol=1e-2, equal_nan=True)
 
 
+@interpreter
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+def test_nan_in_referenced_kv_gives_nan_without_warnings(num_kv_splits):
+    """NaN in a referenced KV column gives NaN out, as the reference says, and the interpreter's numpy
+    warnings ("All-NaN slice") stay inside the launch: under warnings-as-errors the call still returns."""
+    import warnings
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 16, 576, generator=g).bfloat16()
+    kv = torch.randn(128, 576, generator=g).bfloat16()
+    kv[:, 0] = NAN
+    idx = torch.randint(0, 128, (3, 64), generator=g, dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, lse = sparse_mla_decode_triton(q, kv, idx, num_kv_splits=num_kv_splits)
+    r_out, r_lse = ref(q, kv, idx)
+    assert torch.equal(out.isnan(), r_out.isnan()) and out.isnan().any()
+    assert torch.equal(lse.isnan(), r_lse.isnan())
+
+
 # --------------------------------------------------------------------------------------------
 # Bounds of sm_scale and logit_cap
 # --------------------------------------------------------------------------------------------

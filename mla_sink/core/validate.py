@@ -371,10 +371,12 @@ def check_inputs(
     if device.type not in ("cpu", "cuda") and not (allow_meta and device.type == "meta"):
         traced = " (meta tensors serve shape inference: torch.ops.mla_sink.sparse_mla_decode)" if device.type == "meta" else ""
         raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device{traced} (got {device})")
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
-                                       for t in (q, kv_cache, sinks, q_scale, kv_scale)):
-        raise ValueError("'q'/'kv_cache'/'sinks'/'q_scale'/'kv_scale' require grad: mla-sink is a decode (inference) op with no "
-                         "backward; call it under torch.no_grad() or torch.inference_mode()")
+    grads = [name for name, t in (("q", q), ("kv_cache", kv_cache), ("sinks", sinks), ("q_scale", q_scale),
+                                  ("kv_scale", kv_scale)) if getattr(t, "requires_grad", False)]
+    if torch.is_grad_enabled() and grads:
+        raise ValueError(f"{', '.join(repr(n) for n in grads)} must not require grad (got requires_grad=True): "
+                         "mla-sink is a decode (inference) op with no backward; call it under torch.no_grad() or "
+                         "torch.inference_mode(), or pass .detach()")
     for name, t in (("kv_cache", kv_cache), ("indices", indices)):
         if t.device != device:
             raise ValueError(f"'{name}' must be on {device}, like q (got {t.device})")

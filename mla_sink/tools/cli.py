@@ -69,7 +69,8 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--return-lse", action="store_true")
     p.add_argument("--logit-cap", type=float, default=0.0)
     p.add_argument("--path", default=None, help="consider only rows naming this path")
-    p.add_argument("--tokens", type=int, default=64, help="tokens T per call (Triton launch: tuning row, splits)")
+    p.add_argument("--tokens", type=int, default=64,
+                   help="tokens T per call (Triton launch: tuning row, splits; default 64)")
     p.add_argument("--sms", type=int, default=None,
                    help="SM/CU count for the split decision (default: this machine's GPU when it is that arch)")
 

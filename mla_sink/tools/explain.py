@@ -39,10 +39,14 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     T = plan.num_tokens
     sms = plan.platform.num_sms
     where = f"on {sms} SM(s)" if sms is not None else "SM count unknown"
-    lines = [f"  triton launch at T={T} ({where}): kernel {launch.kernel} ({KERNEL_FILES.get(launch.kernel, '?')})"]
-    if launch.num_kv_splits is None:
-        lines.append("    splits and kernel depend on the SM count: pass --sms N")
+    if launch.num_kv_splits is None:  # a Gluon row needs the split count: the kernel is not decided yet
+        lines = [f"  triton launch at T={T} ({where}): kernel not decided",
+                 "    splits and kernel depend on the SM count: pass --sms N (without it, the portable kernel's row "
+                 "and the Gluon rows' split requirement are shown)"]
     else:
+        lines = [f"  triton launch at T={T} ({where}): kernel {launch.kernel} "
+                 f"({KERNEL_FILES.get(launch.kernel, '?')})"]
+    if launch.num_kv_splits is not None:
         tiles = (f"BLOCK_H={launch.block_h} BLOCK_N={launch.block_n} num_warps={launch.num_warps} "
                  f"num_stages={launch.num_stages}")
         if launch.kernel != "portable":  # a Gluon kernel fixes its own tiles; the row's serve a fallback
