@@ -311,9 +311,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         q = x.q.contiguous() if copy_q else x.q
         kv_cache = x.kv_cache.view(torch.uint8) if kv_bits else x.kv_cache
         indices = x.indices.contiguous() if copy_idx else x.indices
-        topk_length = x.topk_length
-        if topk_length is not None and topk_length.stride(0) != 1:
-            topk_length = topk_length.contiguous()  # the kernel reads TOPK_LEN + t
+        topk_length = _contiguous_topk_length(x)  # the kernel reads TOPK_LEN + t
         if out is None:
             out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
         out_k = torch.empty((T, H, D_V), dtype=torch.float32, device=q.device) if stage_fp32 else out
@@ -527,7 +525,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
 
 
 def _contiguous_topk_length(x: DecodeInputs) -> Optional[torch.Tensor]:
-    """The call's ``topk_length`` with unit stride, as the Gluon kernels read it (a copy only when strided)."""
+    """The call's ``topk_length`` with unit stride, as every kernel here reads it (a copy only when strided)."""
     topk_length = x.topk_length
     if topk_length is not None and topk_length.stride(0) != 1:
         topk_length = topk_length.contiguous()
