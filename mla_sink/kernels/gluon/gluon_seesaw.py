@@ -30,7 +30,8 @@ One CTA = one token x 64 heads x one range of ids, three warpgroups:
   (``wgmma`` with A in registers) and the other's ``P`` from shared memory. ``P0`` is written over the
   RoPE columns of slot 0 (which ``S0`` no longer needs), ``P1`` into a buffer of its own;
 * the row sums are kept per consumer (each of its own ``P``, both relative to the shared max) and added
-  once at the end; each consumer writes its half of ``out``, consumer 1 the LSE.
+  once at the end; each consumer writes its half of ``out`` (through a slot half that only it reads, so
+  that whole rows go out in 16-byte stores), consumer 1 the LSE.
 
 Scores are kept in base 2 (``log2 e`` folded into the scale); a row still without a valid id keeps its
 max at ``-inf``, and every exponent is taken against a finite max (0 for such rows), so no ``inf - inf``
@@ -179,13 +180,12 @@ def _opaque_zero(j):
 #: 256 threads) hand each other the maxima and the weights, as FlashMLA's sm90 kernels do: an arrive does
 #: not wait and needs no warpgroup barrier before it, a sync waits for the other side's 128 arrivals. Triton
 #: uses IDs 0-3 in this kernel (its partitions' ``bar.sync 0/2/3, 128`` and the CTA's ``barrier.sync 1``).
-#: Every arrive has its sync: consumer 0's arrive on ``NB_P_ODD_FREE`` after pair j, made when j + 1 < the
-#: pair count, is taken by consumer 1 before pair j + 1, or after its loop when a V3.2 program stopped there.
+#: Every arrive has its sync in the same pair, and no barrier is arrived at twice before its sync: each
+#: arrive of pair j + 1 comes after a sync on the other consumer's later arrive of pair j.
 NB_M_EVEN = gl.constexpr(8)
 NB_M_ODD = gl.constexpr(9)
 NB_P_EVEN = gl.constexpr(10)
 NB_P_ODD = gl.constexpr(11)
-NB_P_ODD_FREE = gl.constexpr(12)
 
 
 @gluon.jit
@@ -279,13 +279,16 @@ def _softmax_step(s, m_ref, m_i, l_i):
 
 
 @gluon.jit
-def _epilogue(acc, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+def _epilogue(acc, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, stage, SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               COL0: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_H: gl.constexpr, HALF_V: gl.constexpr,
               HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
     """Add the other consumer's row sums, then write this consumer's half of ``out`` (or of the partial
-    output) and, with ``WRITE_LSE``, the LSE."""
+    output) and, with ``WRITE_LSE``, the LSE. ``out`` goes through ``stage``, a ``[64, 256]`` slot half that
+    only this consumer reads and that no copy fills any more: the accumulator layout would store 4 bytes a
+    thread, 16 bytes a row per warp instruction, which took 4-6 us a CTA (BENCHMARKS.md, eleventh session);
+    read back row-major, each warp stores whole 512-byte rows in 16-byte vectors."""
     row_l: gl.constexpr = ROW_L
     o_l: gl.constexpr = O_L
     l_mine.store(l_own)
@@ -313,8 +316,14 @@ def _epilogue(acc, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_t
         if WRITE_LSE:
             gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_hs, lse2, mask=hmask)
     else:
-        o_ptr = OUT + pid_t * stride_ot + offs_ho.to(gl.int64)[:, None] * stride_oh + offs_do[None, :]
-        gl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=omask)
+        stage.store(out.to(stage.dtype))
+        gl.thread_barrier()  # this warpgroup's rows are in shared memory
+        rows_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # a warp per 256-wide row
+        out = stage.load(rows_l)
+        offs_hr = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rows_l))
+        offs_dr = COL0 + gl.arange(0, HALF_V, layout=gl.SliceLayout(0, rows_l))
+        o_ptr = OUT + pid_t * stride_ot + offs_hr.to(gl.int64)[:, None] * stride_oh + offs_dr[None, :]
+        gl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(offs_hr < num_heads)[:, None])
         if WRITE_LSE:
             gl.store(LSE + pid_t * stride_lt + offs_hs * stride_lh, lse2 / LOG2E, mask=hmask)
 
@@ -379,11 +388,10 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         acc = warpgroup_mma(p_odd, k_lo.index(odd), o, is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _signal(free_lo.index(1))  # the odd block's slot half and P1 are read
-        if j + 1 < num_pairs:  # consumer 1 waits for it before the next pair's P1 (none after the last)
-            _named_arrive(NB_P_ODD_FREE + j * 0)
         j += 1
         go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
-    _epilogue(o, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+    # k_lo[0] is read by this consumer only (scores and P V of the even blocks): free once its loop is done
+    _epilogue(o, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, k_lo.index(0), SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
@@ -431,13 +439,13 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         m_i = m_new
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         p_h = p.to(dtype)
-        # P1 is handed over before its own P V is issued (the A operand of that wgmma: not read in flight)
-        if j > 0:  # consumer 0 has read the previous pair's P1
-            _named_sync(NB_P_ODD_FREE + j * 0)
+        # this block's own P V first, then P1 is handed over while it runs (a store reads the wgmma's A
+        # registers, which ptxas allows in flight). Consumer 0 has read the previous pair's P1: its wait for
+        # that P V came before its arrive on NB_M_EVEN of this pair, which this consumer took above.
+        acc = warpgroup_mma(gl.convert_layout(p_h, p_l), k_hi.index(odd), o, is_async=True)
         p_odd.store(p_h)
         fence_async_shared()
         _named_arrive(NB_P_ODD + j * 0)
-        acc = warpgroup_mma(gl.convert_layout(p_h, p_l), k_hi.index(odd), o, is_async=True)
         _named_sync(NB_P_EVEN + j * 0)
         acc = warpgroup_mma(k_rope.index(even), k_hi.index(even), acc, is_async=True)  # P0, rescaled to m1
         # each wait rebinds what it waited on (see _consumer_even: ptxas and wgmma in flight)
@@ -449,9 +457,8 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         go = _go_on(j, num_pairs, ready_hi.index(1), redo_smem, KV_FMT)
     if KV_FMT == KV_DS_MLA:  # 1 when the producer stopped before pair j (its word read above), else 0
         gl.store(redo_ptr, gl.where(j < num_pairs, 1, 0))
-        if (j > 0) & (j < num_pairs):  # stopped: consumer 0 arrived on NB_P_ODD_FREE after pair j - 1 (it
-            _named_sync(NB_P_ODD_FREE + j * 0)  # saw j < num_pairs): take it, so no arrive outlives the CTA
-    _epilogue(o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+    # k_hi[1] is read by this consumer only (scores and P V of the odd blocks): free once its loop is done
+    _epilogue(o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, k_hi.index(1), SINKS, OUT, LSE, PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
