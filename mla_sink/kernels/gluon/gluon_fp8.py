@@ -387,20 +387,27 @@ def _consumer(IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, 
         f_other = a_other * scale
         if SPLIT:
             gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=hmask)
-            o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64)[None, :] * stride_ph
+            o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
         else:
             gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
-            o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64)[None, :] * stride_oh
-        offs_d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+            o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64) * stride_oh
+        # out is stored from a layout in which a thread holds 8 consecutive value columns of one head (16
+        # bytes of bf16) and 8 threads cover one head's 64 columns: whole 128-byte lines. In the accumulator
+        # layout a thread holds 2-byte values of two heads, 1 KB apart in out (BENCHMARKS.md, eleventh session)
+        out_l: gl.constexpr = gl.BlockedLayout([8, 1], [32 // (BLOCK_H // 4), BLOCK_H // 4], [1, 4], [0, 1])
+        offs_d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
+        offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, out_l))
+        o_row = gl.convert_layout(o_row, gl.SliceLayout(0, out_l))
+        hmask_o = offs_ho < num_heads
         gl.thread_barrier()  # every warp's rows of O^T stored before any warp reads them
         for c in gl.static_range(D_NOPE // BLOCK_N):  # 64 value columns at a time: no second O^T in registers
             rows = acc_self.slice(c * BLOCK_N, BLOCK_N).load(acc_l) * f_self[None, :]
             rows = rows + acc_other.slice(c * BLOCK_N, BLOCK_N).load(acc_l) * f_other[None, :]
-            o_ptr = o_row + (c * BLOCK_N + offs_d)[:, None]
+            o_ptr = o_row[None, :] + (c * BLOCK_N + offs_d)[:, None]
             if SPLIT:
-                gl.store(o_ptr, rows, mask=hmask[None, :])
+                gl.store(o_ptr, gl.convert_layout(rows, out_l), mask=hmask_o[None, :])
             else:
-                gl.store(o_ptr, rows.to(OUT.dtype.element_ty), mask=hmask[None, :])
+                gl.store(o_ptr, gl.convert_layout(rows.to(OUT.dtype.element_ty), out_l), mask=hmask_o[None, :])
 
 
 @gluon.jit
