@@ -9,13 +9,14 @@ same data; the seesaw is called directly, unsplit. Also timed: every token with 
 loads q and writes zeros: launch, prologue and epilogue only). CUDA-graph replay, L2 flushed, sinks on.
 
     PYTHONPATH=.peers/FlashMLA:. python3 -u benchmarks/seesaw_fixed_cost.py OUT.json NAME=TREE [NAME=TREE ...]
+
+(the variants run through ``tree_ab.run_variants``; FlashMLA is timed in the first one only)
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import torch
@@ -79,36 +80,15 @@ def _fit(us: dict, prefix: str = "") -> dict:
 
 
 def main(path: str, *variants: str) -> None:
-    out_dir = os.path.dirname(os.path.abspath(path))
-    here = os.path.abspath(os.path.dirname(__file__))
-    report: dict = {"H": H, "cases": [f"T{t}-topk{k}" for t, k in CASES], "us": {}, "fit": {},
-                    "max_abs_diff_vs_first": {}}
-    dumps = []
-    for i, spec in enumerate(variants):
-        name, tree = spec.split("=", 1)
-        dump = os.path.join(out_dir, f"fixed_{name}.pt")
-        paths = [os.path.abspath(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(":") if "FlashMLA" in p]
-        env = dict(os.environ, PYTHONPATH=":".join(os.path.abspath(p) for p in paths))
-        code = (f"import sys, json; sys.path.insert(0, {here!r}); import seesaw_fixed_cost as m; "
-                f"print('JSON', json.dumps(m.run_variant({name!r}, {dump!r}, {i == 0})))")
-        r = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.abspath(tree), capture_output=True,
-                           text=True)
-        print(r.stdout[-4000:], r.stderr[-3000:], flush=True)
-        line = [x for x in r.stdout.splitlines() if x.startswith("JSON")]
-        if line:
-            us = json.loads(line[0][len("JSON"):])
-            report["us"][name] = us
-            report["fit"][name] = _fit(us)
-            if i == 0:
-                report["fit"]["flash_mla_sparse_fwd"] = _fit(us, "flash_mla_sparse_fwd/")
-            dumps.append((name, dump))
-    if dumps:
-        first = torch.load(dumps[0][1])
-        for name, dump in dumps[1:]:
-            other = torch.load(dump)
-            report["max_abs_diff_vs_first"][name] = {k: float((first[k] - other[k]).abs().max()) for k in first}
-    for _, dump in dumps:
-        os.remove(dump)
+    from tree_ab import run_variants
+    report: dict = {"H": H, "cases": [f"T{t}-topk{k}" for t, k in CASES], "us": {}, "fit": {}}
+    report["us"], report["max_abs_diff_vs_first"] = run_variants("seesaw_fixed_cost", variants,
+                                                                 os.path.dirname(os.path.abspath(path)), (True,),
+                                                                 (False,))
+    for i, (name, us) in enumerate(report["us"].items()):
+        report["fit"][name] = _fit(us)
+        if i == 0:
+            report["fit"]["flash_mla_sparse_fwd"] = _fit(us, "flash_mla_sparse_fwd/")
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps(report, indent=1))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -161,7 +160,6 @@ def timeline(gs, T: int, topk: int, runs: int = 5) -> dict:
 
 
 def graph_times(gs, fm) -> dict:
-    from mla_sink.tools import peers
     from mla_sink.tools.bench import GraphTimer
     timer = GraphTimer(reps=10, replays=7)
     res = {}

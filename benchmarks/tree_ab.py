@@ -1,0 +1,51 @@
+"""The A/B harness shared by the benchmark scripts that compare trees (``fp8_decode_ab.py``,
+``seesaw_fixed_cost.py``): each ``NAME=TREE`` variant runs in a child process with ``TREE`` (a ``git archive``
+of ``mla_sink``, ``dispatch``, ``tables``, ``pyproject.toml``, or ``.``) first on the path, times its cases and
+saves its outputs; the outputs of every variant are then compared with the first one's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+
+def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple = (), rest_args: tuple = ()) -> tuple:
+    """Call ``module.run_variant(name, dump, *args)`` (``module``: a script in this folder) once per ``NAME=TREE``
+    in a child process whose path starts with ``TREE`` (then any FlashMLA entries of ``PYTHONPATH``); ``args``
+    is ``first_args`` for the first variant, ``rest_args`` for the others. Returns ``({name: the returned
+    dict}, max_abs_diff)``, where ``max_abs_diff[name][key]`` compares each later variant's saved tensors with
+    the first one's (``run_variant`` saves ``{key: tensor}`` to ``dump``)."""
+    here = os.path.abspath(os.path.dirname(__file__))
+    results, dumps = {}, []
+    for i, spec in enumerate(variants):
+        name, tree = spec.split("=", 1)
+        dump = os.path.join(out_dir, f"ab_{name}.pt")
+        peers = [p for p in os.environ.get("PYTHONPATH", "").split(":") if "FlashMLA" in p]
+        env = dict(os.environ, PYTHONPATH=":".join(os.path.abspath(p) for p in [tree] + peers))
+        args = (name, dump) + (first_args if i == 0 else rest_args)
+        code = (f"import sys, json; sys.path.insert(0, {here!r}); import {module} as m; "
+                f"print('JSON', json.dumps(m.run_variant(*{args!r})))")
+        r = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.abspath(tree), capture_output=True,
+                           text=True)
+        print(r.stdout[-4000:], r.stderr[-3000:], flush=True)
+        line = [x for x in r.stdout.splitlines() if x.startswith("JSON")]
+        if line:
+            results[name] = json.loads(line[0][len("JSON"):])
+            dumps.append((name, dump))
+    diffs = {}
+    if dumps:
+        first = torch.load(dumps[0][1])
+        for name, dump in dumps[1:]:
+            other = torch.load(dump)
+            diffs[name] = {k: float((first[k] - other[k]).abs().max()) for k in first}
+    for _, dump in dumps:
+        os.remove(dump)
+    return results, diffs
+
+
+if __name__ == "__main__":
+    sys.exit("a helper module; run fp8_decode_ab.py or seesaw_fixed_cost.py")
