@@ -47,5 +47,17 @@ def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple =
     return results, diffs
 
 
+def main(path: str, module: str, *variants: str) -> None:
+    """Run ``module.run_variant`` (a script in this folder) in each ``NAME=TREE`` and write ``{"us": ...,
+    "max_abs_diff_vs_first": ...}`` to ``path``:
+
+        PYTHONPATH=. python3 -u benchmarks/tree_ab.py OUT.json fp8_decode_ab main=out/main new=.
+    """
+    us, diffs = run_variants(module, variants, os.path.dirname(os.path.abspath(path)))
+    with open(path, "w") as f:
+        json.dump({"module": module, "us": us, "max_abs_diff_vs_first": diffs}, f, indent=1)
+    print(json.dumps(diffs, indent=1))
+
+
 if __name__ == "__main__":
-    sys.exit("a helper module; run fp8_decode_ab.py or seesaw_fixed_cost.py")
+    main(*sys.argv[1:])
