@@ -22,7 +22,7 @@ from mla_sink.core.describe import spec_of
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
-from mla_sink.core.records import D_QK, CallSpec, Platform
+from mla_sink.core.records import D_QK, CallSpec, Platform, check_spec
 from mla_sink.core.validate import (
     FP32_SCALE_MAX,
     FP32_TINY,
@@ -83,9 +83,8 @@ def prepare(
 
 
 def _check_records(spec: Any, platform: Any, *, spec_given: bool = True) -> None:
-    if spec_given and not isinstance(spec, CallSpec):
-        raise ValueError(f"'spec' must be a mla_sink.CallSpec (got {type(spec).__name__}); build one with "
-                         "CallSpec(q_dtype='bf16', kv_dtype='bf16', num_heads=..., topk=...) or mla_sink.describe(...)")
+    if spec_given:
+        check_spec(spec)
     if platform is not None and not isinstance(platform, Platform):
         raise ValueError(f"'platform' must be a mla_sink.Platform or None (got {platform!r}); "
                          "build one with Platform('gfx942', aiter_version='0.1.20')")

@@ -118,6 +118,16 @@ def test_matrix_shows_every_path(capsys):
         assert abbrev in cells, abbrev
 
 
+def test_matrix_cells_sit_under_their_headers(capsys):
+    """Every row of the matrix is as long as its header, the longest dtype label included
+    (fp8_e4m3fnuz/fp8_e4m3fnuz), so each cell ends in its header's column."""
+    code, out = run_cli(capsys, "explain", "--matrix")
+    lines = out.splitlines()
+    header, rows = lines[1], [ln for ln in lines[3:] if ln and not ln.startswith("legend")]
+    assert code == 0 and rows and any("fp8_e4m3fnuz/fp8_e4m3fnuz" in r for r in rows)
+    assert all(len(r) == len(header) for r in rows), [r for r in rows if len(r) != len(header)][:2]
+
+
 def test_info_lists_paths(capsys):
     code, out = run_cli(capsys, "info")
     assert code == 0

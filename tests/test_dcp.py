@@ -24,6 +24,7 @@ from mla_sink.core.dcp import (
     compact_local_indices,
     dcp_sparse_mla_decode,
     global_row_ids,
+    group_size_rank,
     local_indices,
     shard_kv_cache,
     shard_num_rows,
@@ -608,3 +609,10 @@ def test_dcp_doc_example_runs_as_written(tmp_path):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(finite, torch.isfinite(r0["lse"]))
     torch.testing.assert_close(r0["lse"][finite], ref_lse[finite], atol=1e-4, rtol=1e-5)
+
+
+def test_a_group_that_is_no_process_group_is_named_as_such():
+    """A value that is not a ProcessGroup is refused as such, before the check that torch.distributed is
+    initialised (whose message would send the caller after init_process_group)."""
+    with pytest.raises(ValueError, match=r"'dcp_group' must be a torch.distributed ProcessGroup or None \(got 'g'\)"):
+        group_size_rank("g", "dcp_group")

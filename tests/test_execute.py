@@ -301,3 +301,15 @@ def test_a_registered_launch_hook_takes_tritons_runner(monkeypatch):
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert L._no_launch_hooks()
+
+
+def test_describe_pair_given_as_spec_says_to_unpack_it():
+    """``mla_sink.describe`` returns ``(spec, platform)``; passing the pair as ``spec`` is refused with the
+    unpacking to do."""
+    import mla_sink
+    q = torch.randn(1, 4, 576, dtype=torch.bfloat16)
+    kv = torch.randn(16, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(1, 16, dtype=torch.int32)
+    pair = mla_sink.describe(q, kv, idx)
+    with pytest.raises(ValueError, match=r"got tuple\).*spec, platform = mla_sink.describe"):
+        mla_sink.run(pair, mla_sink.DecodeInputs(q, kv, idx))

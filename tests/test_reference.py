@@ -147,3 +147,39 @@ def test_merge_property_split_ids_equals_whole(seed, topk, heads, split, sink):
         sinks = torch.full((heads,), sink)
         ws, _ = ref(q, kv, idx, sinks)
         torch.testing.assert_close(apply_sink(out.double(), lse, sinks), ws, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("ds_width", r"'kv_cache' must be uint8 \[N, 656\].*shape \(64, 655\)"),
+    ("tokens", r"'indices' must be integer \[T=2, topk\].*shape \(1, 16\)"),
+    ("sinks", r"'sinks' must be None or a \[H=16\] tensor \(got \(3,\)\)"),
+    ("kv_width", r"'kv_cache' must be \[N, 576\].*shape \(64, 512\)"),
+    ("float_ids", r"'indices' must be integer.*torch.float32"),
+    ("q_2d", r"'q' must be \[T, H, d_qk\] \(got shape \(16, 576\)\)"),
+    ("topk_length", r"'topk_length' must be None or a \[T=2\] tensor"),
+])
+def test_bad_shapes_name_the_argument_before_any_gather(case, match):
+    """The reference is public: a shape that does not fit raises a ValueError naming the argument and the
+    shape it got (not a reshape error, nor the shape of the gathered rows)."""
+    q = torch.randn(2, 16, 576)
+    kv = torch.randn(64, 576)
+    idx = torch.randint(0, 64, (2, 16), dtype=torch.int32)
+    sinks = torch.randn(16)
+    args = dict(q=q, kv_cache=kv, indices=idx, sinks=sinks)
+    kwargs = {}
+    if case == "ds_width":
+        args["kv_cache"] = torch.zeros(64, 655, dtype=torch.uint8)
+    elif case == "tokens":
+        args["indices"] = idx[:1]
+    elif case == "sinks":
+        args["sinks"] = sinks[:3]
+    elif case == "kv_width":
+        args["kv_cache"] = kv[:, :512]
+    elif case == "float_ids":
+        args["indices"] = idx.float()
+    elif case == "q_2d":
+        args["q"] = q[0]
+    else:
+        kwargs["topk_length"] = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        ref(args["q"], args["kv_cache"], args["indices"], args["sinks"], **kwargs)

@@ -249,6 +249,8 @@ def group_size_rank(group: Optional[dist.ProcessGroup], name: str = "group") -> 
         ValueError: naming the argument ``name``: torch.distributed is not initialised, or ``group``
             is not a process group this rank belongs to.
     """
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise ValueError(f"'{name}' must be a torch.distributed ProcessGroup or None (got {group!r})")
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(f"'{name}' needs an initialised torch.distributed default process group (call init_process_group first)")
     try:

@@ -143,7 +143,9 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
     return out.reshape(*lead, ROW_BYTES)
 
 
-def _check_cache(kv_cache: Any) -> None:
+def check_cache(kv_cache: Any) -> None:
+    """Raise ``ValueError`` (naming ``kv_cache``, its dtype and shape) unless it is a uint8 tensor of
+    656-byte rows, ``[N, 656]`` or ``[num_blocks, block_size, 656]``; strides are the callers' concern."""
     if not isinstance(kv_cache, torch.Tensor):
         raise ValueError(f"'kv_cache' must be a torch.Tensor (got {type(kv_cache).__name__})")
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != ROW_BYTES:
@@ -191,7 +193,7 @@ def dequantize_kv_cache(kv_cache: torch.Tensor, layout: str = LAYOUT) -> torch.T
             or an unknown ``layout``.
     """
     _check_layout(layout)
-    _check_cache(kv_cache)
+    check_cache(kv_cache)
     if kv_cache.device.type == "meta":
         raise ValueError("'kv_cache' must hold data to be decoded (got a tensor on the meta device)")
     rows = cache_rows(kv_cache)

@@ -204,12 +204,19 @@ class Platform:
         return detect_platform(device)
 
 
+def check_spec(spec: Any) -> None:
+    """Raises ValueError unless ``spec`` is a :class:`CallSpec` (the message says how to build one;
+    :func:`mla_sink.describe` returns the pair ``(spec, platform)``)."""
+    if not isinstance(spec, CallSpec):
+        raise ValueError(f"'spec' must be a mla_sink.CallSpec (got {type(spec).__name__}); build one with "
+                         "CallSpec(q_dtype='bf16', kv_dtype='bf16', num_heads=..., topk=...) or take the first of "
+                         "spec, platform = mla_sink.describe(...)")
+
+
 def check_records(spec: Any, platform: Any) -> None:
     """Raises ValueError unless ``spec`` is a :class:`CallSpec` and ``platform`` a :class:`Platform` (the
     message says how to build one)."""
-    if not isinstance(spec, CallSpec):
-        raise ValueError(f"'spec' must be a mla_sink.CallSpec (got {type(spec).__name__}); build one with "
-                         "CallSpec(q_dtype='bf16', kv_dtype='bf16', num_heads=..., topk=...) or mla_sink.describe(...)")
+    check_spec(spec)
     if not isinstance(platform, Platform):
         raise ValueError(f"'platform' must be a mla_sink.Platform (got {platform!r}); build one with "
                          "Platform('gfx942', aiter_version='0.1.20') or Platform.detect()")

@@ -70,6 +70,33 @@ def _normalise(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return out, shift + torch.log(denom)  # empty row: 0 + log(0) = -inf
 
 
+def _check_shapes(q, kv_cache, indices, sinks, topk_length) -> None:
+    """The shapes :func:`sparse_mla_decode_reference` computes with (its dtypes and strides are free): a
+    ``ValueError`` naming the argument, its shape and what is allowed, before anything is gathered."""
+    for name, x in (("q", q), ("kv_cache", kv_cache), ("indices", indices)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"'{name}' must be a torch.Tensor (got {type(x).__name__})")
+    if q.dim() != 3:
+        raise ValueError(f"'q' must be [T, H, d_qk] (got shape {tuple(q.shape)})")
+    T, H, d_qk = q.shape
+    if kv_cache.dtype == torch.uint8:
+        kv_layout.check_cache(kv_cache)
+        if d_qk != kv_layout.D_NOPE + kv_layout.D_ROPE:
+            raise ValueError(f"'q' must be [T, H, {kv_layout.D_NOPE + kv_layout.D_ROPE}] with a "
+                             f"{kv_layout.LAYOUT} cache (got shape {tuple(q.shape)})")
+    elif kv_cache.dim() != 2 or kv_cache.shape[1] != d_qk:
+        raise ValueError(f"'kv_cache' must be [N, {d_qk}] (q's d_qk), or a uint8 {kv_layout.LAYOUT} cache "
+                         f"(got shape {tuple(kv_cache.shape)})")
+    if indices.dim() != 2 or indices.shape[0] != T or indices.dtype.is_floating_point:
+        raise ValueError(f"'indices' must be integer [T={T}, topk] (got {indices.dtype} shape {tuple(indices.shape)})")
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (H,)):
+        got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise ValueError(f"'sinks' must be None or a [H={H}] tensor (got {got})")
+    if topk_length is not None and (not isinstance(topk_length, torch.Tensor) or tuple(topk_length.shape) != (T,)):
+        got = tuple(topk_length.shape) if isinstance(topk_length, torch.Tensor) else type(topk_length).__name__
+        raise ValueError(f"'topk_length' must be None or a [T={T}] tensor (got {got})")
+
+
 def sparse_mla_decode_reference(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -109,11 +136,18 @@ def sparse_mla_decode_reference(
         ``(out, lse)``: ``out [T, H, d_v]`` in ``out_dtype`` (0 on empty rows), ``lse`` fp32 ``[T, H]``
         natural log, sink excluded (``-inf`` on empty rows).
 
+    Raises:
+        ValueError: a shape that does not fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a
+            656-byte-row uint8 cache, indices not ``[T, topk]`` integers, sinks not ``[H]``, topk_length not
+            ``[T]``), before anything is gathered. Dtypes are not checked: the reference computes in
+            ``compute_dtype`` whatever it is given.
+
     Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
     """
+    _check_shapes(q, kv_cache, indices, sinks, topk_length)
     T, H, d_qk = q.shape
-    byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout (validated by the callers)
+    byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout
     N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
     if sm_scale is None:
         sm_scale = d_qk ** -0.5

@@ -181,12 +181,15 @@ def matrix_text(args: Optional[argparse.Namespace] = None) -> str:
     dcp = getattr(args, "dcp", 1) if args is not None else 1
     doc = matrix_dict(args)
     cols = [f"h{h}" + ("+s" if s else "") for h in MATRIX_HEADS for s in (False, True)]
-    header = f"{'platform':<26}{'q/kv':<24}" + "".join(f"{c:>7}" for c in cols)
+    # the label columns as wide as their longest entry plus a space, so every cell sits under its header
+    w_plat = max(len("platform"), *(len(p) for p in doc)) + 1
+    w_dt = max(len("q/kv"), *(len(d) for by in doc.values() for d in by)) + 1
+    header = f"{'platform':<{w_plat}}{'q/kv':<{w_dt}}" + "".join(f"{c:>7}" for c in cols)
     lines = [f"chosen path (dcp={dcp}; +s = with sinks)", header, "-" * len(header)]
     for platform, by_dtype in doc.items():
         for dtypes, row in by_dtype.items():
             cells = ["✗" if row[c] == "refused" else _ABBREV[row[c]] for c in cols]
-            lines.append(f"{platform:<26}{dtypes:<24}" + "".join(f"{c:>7}" for c in cells))
+            lines.append(f"{platform:<{w_plat}}{dtypes:<{w_dt}}" + "".join(f"{c:>7}" for c in cells))
     legend = ", ".join(f"{v}={k}" for k, v in _ABBREV.items())
     lines += ["", f"legend: {legend}, ✗=refused (run `mla-sink explain ...` for the reason)"]
     return "\n".join(lines)

@@ -51,7 +51,8 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
                  f"num_stages={launch.num_stages}")
         if launch.kernel != "portable":  # a Gluon kernel fixes its own tiles; the row's serve a fallback
             tiles = f"the kernel's own tiles (on a fallback to the portable kernel: {tiles})"
-        lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids; {tiles}")
+        rounded = " (topk rounded up to whole blocks of ids)" if launch.ids_per_split > plan.spec.topk else ""
+        lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids{rounded}; {tiles}")
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")
     if launch.kernel_row != launch.tuning_row:
         lines.append(f"    kernel: row {launch.kernel_row}: {launch.kernel_why}")
