@@ -1,8 +1,8 @@
 """Where the few-heads fp8 kernel's time goes (``gluon_fp8``, H <= 16): a timeline of every CTA from
 ``%globaltimer`` (written in the eleventh session, 2026-12-01, for the next one; not yet run).
 
-As :mod:`seesaw_timeline`: the script copies the ``mla_sink`` package of a tree into a temporary directory and
-inserts timestamp stores into that copy of ``mla_sink/kernels/gluon/gluon_fp8.py`` (the library's kernel is not
+As :mod:`seesaw_timeline` (whose patch-and-import steps it uses): the script copies the ``mla_sink`` package of a
+tree into a temporary directory and inserts timestamp stores into that copy of ``mla_sink/kernels/gluon/gluon_fp8.py`` (the library's kernel is not
 changed). The stamps go to an extra int32-word buffer argument of the patched kernel, 256 words per CTA:
 0 kernel entry, 1 prologue done (q in shared memory), 4 / 5 consumer 0 / 1 past its loop, 6 epilogue done;
 ``16 + 3 i + {0, 1, 2}`` the producer at block i's start, past its wait for a free stage, and past the
@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
-import tempfile
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from seesaw_timeline import load_patched, relative_stamps, sub  # noqa: E402  (the shared patch-and-import steps)
 
 D_QK, D_V, N, H = 576, 512, 1 << 20, 16
 WORDS = 256
@@ -42,11 +44,6 @@ def _now(x):
 '''
 
 
-def _sub(s: str, old: str, new: str, count: int = 1) -> str:
-    assert s.count(old) >= count, old
-    return s.replace(old, new) if count == -1 else s.replace(old, new, count)
-
-
 def _after(body: str, pattern: str, lines: list) -> str:
     """``lines`` inserted after the first line of ``body`` matching ``pattern`` (after its indentation), at
     that line's indentation."""
@@ -62,35 +59,35 @@ def _cta(tlb: str) -> str:
 
 def patch(src: str) -> str:
     """The kernel source with the timeline stores (see the module docstring)."""
-    s = _sub(src, "STAGES = gl.constexpr(2)", HELPER + "\nSTAGES = gl.constexpr(2)")
+    s = sub(src, "STAGES = gl.constexpr(2)", HELPER + "\nSTAGES = gl.constexpr(2)")
     # the buffer as the kernel's, the producer's and the consumers' first argument
-    s = _sub(s, "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,",
+    s = sub(s, "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,",
              "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, TLB, sm_scale,")
-    s = _sub(s, "kv_scale, out, lse, part_out, part_lse,\n        float(sm_scale)",
+    s = sub(s, "kv_scale, out, lse, part_out, part_lse,\n        float(sm_scale)",
              "kv_scale, out, lse, part_out, part_lse, _TL_BUF[0],\n        float(sm_scale)")
-    s = _sub(s, "def _producer(IDX, KV, kn_smem,", "def _producer(TLB, IDX, KV, kn_smem,")
-    s = _sub(s, "def _consumer(IDX, KV, SINKS,", "def _consumer(TLB, IDX, KV, SINKS,")
-    s = _sub(s, "def _blocks_ds(IDX, KV,", "def _blocks_ds(TLB, IDX, KV,")
-    s = _sub(s, "_blocks_ds(IDX, KV, q_n,", "_blocks_ds(TLB, IDX, KV, q_n,")
-    s = _sub(s, "(_producer, (IDX, KV, kn_smem", "(_producer, (TLB, IDX, KV, kn_smem", -1)
-    s = _sub(s, "(_consumer, (IDX, KV, SINKS", "(_consumer, (TLB, IDX, KV, SINKS", -1)
+    s = sub(s, "def _producer(IDX, KV, kn_smem,", "def _producer(TLB, IDX, KV, kn_smem,")
+    s = sub(s, "def _consumer(IDX, KV, SINKS,", "def _consumer(TLB, IDX, KV, SINKS,")
+    s = sub(s, "def _blocks_ds(IDX, KV,", "def _blocks_ds(TLB, IDX, KV,")
+    s = sub(s, "_blocks_ds(IDX, KV, q_n,", "_blocks_ds(TLB, IDX, KV, q_n,")
+    s = sub(s, "(_producer, (IDX, KV, kn_smem", "(_producer, (TLB, IDX, KV, kn_smem", -1)
+    s = sub(s, "(_consumer, (IDX, KV, SINKS", "(_consumer, (TLB, IDX, KV, SINKS", -1)
     tl = _cta("TLB")
     # kernel entry and the end of the prologue
-    s = _sub(s, "    if LAUNCH_DEPENDENTS:\n        launch_dependents(gl.program_id(1))",
+    s = sub(s, "    if LAUNCH_DEPENDENTS:\n        launch_dependents(gl.program_id(1))",
              f"    gl.store({tl}, _now(gl.program_id(1)))\n"
              "    if LAUNCH_DEPENDENTS:\n        launch_dependents(gl.program_id(1))")
-    s = _sub(s, "    # 16 heads: the first consumer is the default partition",
+    s = sub(s, "    # 16 heads: the first consumer is the default partition",
              f"    gl.store({tl} + 1, _now(gl.program_id(1)))\n    # 16 heads: the first consumer is the default partition")
     # producer
     p0 = s.index("def _producer(")
     p1 = s.index("@gluon.jit", p0)
     prod = s[p0:p1]
-    new = _sub(prod, "        s = i % STAGES\n", f"        s = i % STAGES\n        TL = {tl}\n"
+    new = sub(prod, "        s = i % STAGES\n", f"        s = i % STAGES\n        TL = {tl}\n"
                "        gl.store(TL + 16 + 3 * i, _now(i), mask=i < 32)\n")
-    new = _sub(new, "                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)\n",
+    new = sub(new, "                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)\n",
                "                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)\n"
                "                gl.store(TL + 17 + 3 * i, _now(i), mask=i < 32)\n")
-    new = _sub(new, "        mbarrier.arrive(ready.index(s))\n",
+    new = sub(new, "        mbarrier.arrive(ready.index(s))\n",
                "        mbarrier.arrive(ready.index(s))\n        gl.store(TL + 18 + 3 * i, _now(i), mask=i < 32)\n")
     s = s.replace(prod, new)
     # consumers: both loops (e4m3 in _consumer, V3.2 in _blocks_ds), each line at its anchor's indentation
@@ -104,33 +101,13 @@ def patch(src: str) -> str:
                      ["gl.store(TL + 1, _now(i), mask=i < 32)"])
         new = _after(new, r"mbarrier\.arrive\(empty\.index\(s\)\)", ["gl.store(TL + 2, _now(i), mask=i < 32)"])
         if name == "def _consumer(":
-            new = _sub(new, "    if FIRST == 1:\n        m_smem.store(m_i)",
+            new = sub(new, "    if FIRST == 1:\n        m_smem.store(m_i)",
                        f"    gl.store({tl} + 4 + FIRST, _now(pid_s))\n    if FIRST == 1:\n        m_smem.store(m_i)")
             tail = "mask=hmask_o[None, :])\n"
             at = new.rindex(tail) + len(tail)
             new = new[:at] + f"        gl.store({tl} + 6, _now(pid_s))\n" + new[at:]
         s = s.replace(body, new)
     return s
-
-
-def load_patched(tree: str):
-    """Import the patched module from a copy of ``tree``'s package (as :func:`seesaw_timeline.load_patched`)."""
-    tmp = tempfile.mkdtemp(prefix="gluon_fp8_tl_")
-    shutil.copytree(os.path.join(tree, "mla_sink"), os.path.join(tmp, "mla_sink"))
-    for d in ("dispatch", "tables"):
-        shutil.copytree(os.path.join(tree, d), os.path.join(tmp, d))
-    shutil.copy(os.path.join(tree, "pyproject.toml"), tmp)
-    path = os.path.join(tmp, "mla_sink", "kernels", "gluon", "gluon_fp8.py")
-    with open(path) as f:
-        src = f.read()
-    with open(path, "w") as f:
-        f.write(patch(src))
-    sys.path.insert(0, tmp)
-    for m in [m for m in sys.modules if m == "mla_sink" or m.startswith("mla_sink.")]:
-        del sys.modules[m]
-    from mla_sink.kernels.gluon import gluon_fp8
-    assert gluon_fp8.__file__.startswith(tmp), gluon_fp8.__file__
-    return gluon_fp8
 
 
 def _phases(tl: torch.Tensor, blocks: int) -> dict:
@@ -180,15 +157,14 @@ def timeline(gf, kv_dtype: str, T: int, topk: int, runs: int = 5) -> dict:
         flush.sum()
         gf.sparse_mla_decode_fp8_gluon(q, cache, idx, sinks, kv_scale=scale, kv_dtype=kv_dtype)
         torch.cuda.synchronize()
-        raw = buf.view(T, WORDS).to(torch.int64) & 0xFFFFFFFF
-        tl = (raw - raw[:, 0].min()) % (1 << 32)
+        tl = relative_stamps(buf.view(T, WORDS))
         if r:  # the first run compiles
             per_run.append(_phases(tl, blocks))
     return {k: round(statistics.median(p[k] for p in per_run) / 1e3, 3) for k in per_run[0]}
 
 
 def main(path: str, tree: str = ".") -> None:
-    gf = load_patched(os.path.abspath(tree))
+    gf = load_patched(os.path.abspath(tree), "gluon_fp8", patch)
     report = {"H": H, "timeline_us": {}}
     for kv_dtype in ("fp8_e4m3", "fp8_ds_mla"):
         for T, topk in ((256, 2048), (64, 2048)):

@@ -39,29 +39,31 @@ def _now(x):
 '''
 
 
-def _sub(s: str, old: str, new: str, count: int = 1) -> str:
-    assert s.count(old) >= count, old
+def sub(s: str, old: str, new: str, count: int = 1) -> str:
+    """``s`` with ``old`` replaced by ``new`` ``count`` times (-1: everywhere); ``old`` must occur (the kernel
+    source changed otherwise)."""
+    assert s.count(old) >= max(count, 1), old
     return s.replace(old, new, count)
 
 
 def patch(src: str) -> str:
     """The kernel source with the timeline stores (see the module docstring)."""
-    s = _sub(src, "#: Heads of one CTA", HELPER + "#: Heads of one CTA")
+    s = sub(src, "#: Heads of one CTA", HELPER + "#: Heads of one CTA")
     tl = "TL = KV_SCALE + (pid_t * gl.num_programs(0) + pid_h) * 64"
     # producer: KV_SCALE passed through
-    s = _sub(s, "def _producer(Q, KV, IDX,", "def _producer(KV_SCALE, Q, KV, IDX,")
-    s = _sub(s, "        _producer(Q, KV, IDX,", "        _producer(KV_SCALE, Q, KV, IDX,")
-    s = _sub(s, "def _any_producer(Q, KV, IDX,", "def _any_producer(KV_SCALE, Q, KV, IDX,")
-    s = _sub(s, "(_any_producer, (Q, KV, IDX,", "(_any_producer, (KV_SCALE, Q, KV, IDX,")
-    s = _sub(s, "    nrows = num_rows.to(gl.uint32)\n    gather_q(",
+    s = sub(s, "def _producer(Q, KV, IDX,", "def _producer(KV_SCALE, Q, KV, IDX,")
+    s = sub(s, "        _producer(Q, KV, IDX,", "        _producer(KV_SCALE, Q, KV, IDX,")
+    s = sub(s, "def _any_producer(Q, KV, IDX,", "def _any_producer(KV_SCALE, Q, KV, IDX,")
+    s = sub(s, "(_any_producer, (Q, KV, IDX,", "(_any_producer, (KV_SCALE, Q, KV, IDX,")
+    s = sub(s, "    nrows = num_rows.to(gl.uint32)\n    gather_q(",
              f"    nrows = num_rows.to(gl.uint32)\n    {tl}\n    gl.store(TL + 1, _now(pid_h))\n    gather_q(")
-    s = _sub(s, "              BLOCK_H, HALF_V, D_ROPE, ROWS, half_l, rope_l)\n",
+    s = sub(s, "              BLOCK_H, HALF_V, D_ROPE, ROWS, half_l, rope_l)\n",
              "              BLOCK_H, HALF_V, D_ROPE, ROWS, half_l, rope_l)\n    gl.store(TL + 2, _now(pid_h))\n")
-    s = _sub(s, "        async_copy.mbarrier_arrive(ready_lo.index(1), increment_count=False)\n",
+    s = sub(s, "        async_copy.mbarrier_arrive(ready_lo.index(1), increment_count=False)\n",
              "        async_copy.mbarrier_arrive(ready_lo.index(1), increment_count=False)\n"
              "        if j == 0:\n            gl.store(TL + 3, _now(j))\n")
     # kernel entry
-    s = _sub(s, "    if LAUNCH_DEPENDENTS:\n        launch_dependents",
+    s = sub(s, "    if LAUNCH_DEPENDENTS:\n        launch_dependents",
              "    gl.store(KV_SCALE + (gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)) * 64, _now(gl.program_id(0)))\n"
              "    if LAUNCH_DEPENDENTS:\n        launch_dependents")
     c0_at = s.index("def _consumer_even")
@@ -70,36 +72,46 @@ def patch(src: str) -> str:
     c0, c1 = s[c0_at:c1_at], s[c1_at:k_at]
     for body, me, first, exit_, done, ret in ((c0, 4, 6, 7, 9, "0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)\n"),
                                               (c1, 5, 11, 8, 10, "HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)\n")):
-        new = _sub(body, "    j = num_pairs * 0\n", f"    j = num_pairs * 0\n    {tl}\n    gl.store(TL + {me}, _now(j))\n")
-        new = _sub(new, "        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))\n",
+        new = sub(body, "    j = num_pairs * 0\n", f"    j = num_pairs * 0\n    {tl}\n    gl.store(TL + {me}, _now(j))\n")
+        new = sub(new, "        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))\n",
                    "        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))\n"
                    f"        if j == 0:\n            gl.store(TL + {first}, _now(j))\n")
         if me == 4:
-            new = _sub(new, "        phase = j & 1\n", "        phase = j & 1\n        gl.store(TL + 16 + j, _now(j), mask=j < 48)\n")
-        new = _sub(new, "    _epilogue(o, m_i,", f"    gl.store(TL + {exit_}, _now(j))\n    _epilogue(o, m_i,")
-        new = _sub(new, ret, ret + f"    gl.store(TL + {done}, _now(j))\n")
+            new = sub(new, "        phase = j & 1\n", "        phase = j & 1\n        gl.store(TL + 16 + j, _now(j), mask=j < 48)\n")
+        new = sub(new, "    _epilogue(o, m_i,", f"    gl.store(TL + {exit_}, _now(j))\n    _epilogue(o, m_i,")
+        new = sub(new, ret, ret + f"    gl.store(TL + {done}, _now(j))\n")
         s = s.replace(body, new)
     return s
 
 
-def load_patched(tree: str):
-    """Import the patched seesaw module from a copy of ``tree``'s package."""
-    tmp = tempfile.mkdtemp(prefix="seesaw_tl_")
+def load_patched(tree: str, module: str = "gluon_seesaw", patcher=None):
+    """Import ``mla_sink.kernels.gluon.<module>`` from a copy of ``tree``'s package (``mla_sink``, ``dispatch``,
+    ``tables``, ``pyproject.toml``) in which that module's source went through ``patcher`` (default: this
+    script's :func:`patch`); the library's own files are not changed."""
+    import importlib
+    tmp = tempfile.mkdtemp(prefix=f"{module}_tl_")
     shutil.copytree(os.path.join(tree, "mla_sink"), os.path.join(tmp, "mla_sink"))
     for d in ("dispatch", "tables"):
         shutil.copytree(os.path.join(tree, d), os.path.join(tmp, d))
     shutil.copy(os.path.join(tree, "pyproject.toml"), tmp)
-    path = os.path.join(tmp, "mla_sink", "kernels", "gluon", "gluon_seesaw.py")
+    path = os.path.join(tmp, "mla_sink", "kernels", "gluon", f"{module}.py")
     with open(path) as f:
         src = f.read()
     with open(path, "w") as f:
-        f.write(patch(src))
+        f.write((patcher or patch)(src))
     sys.path.insert(0, tmp)
     for m in [m for m in sys.modules if m == "mla_sink" or m.startswith("mla_sink.")]:
         del sys.modules[m]
-    from mla_sink.kernels.gluon import gluon_seesaw
-    assert gluon_seesaw.__file__.startswith(tmp), gluon_seesaw.__file__
-    return gluon_seesaw
+    mod = importlib.import_module(f"mla_sink.kernels.gluon.{module}")
+    assert mod.__file__.startswith(tmp), mod.__file__
+    return mod
+
+
+def relative_stamps(words: torch.Tensor) -> torch.Tensor:
+    """``%globaltimer_lo`` words ``[CTAs, slots]`` (int32 bits) as int64 ns after the earliest kernel entry
+    (slot 0), across the 32-bit wrap."""
+    raw = words.to(torch.int64) & 0xFFFFFFFF
+    return (raw - raw[:, 0].min()) % (1 << 32)
 
 
 def _phases(tl: torch.Tensor, pairs: int) -> dict:
@@ -151,9 +163,7 @@ def timeline(gs, T: int, topk: int, runs: int = 5) -> dict:
         flush.sum()
         gs.sparse_mla_decode_seesaw(q, kv, idx, sinks, out=out, lse=lse, kv_scale=buf)
         torch.cuda.synchronize()
-        raw = buf.view(torch.int32).view(ctas, SLOTS).to(torch.int64) & 0xFFFFFFFF
-        base = raw[:, 0].min()
-        tl = (raw - base) % (1 << 32)
+        tl = relative_stamps(buf.view(torch.int32).view(ctas, SLOTS))
         if r:  # the first run compiles
             per_run.append(_phases(tl, pairs))
     return {k: round(statistics.median(p[k] for p in per_run) / 1e3, 3) for k in per_run[0]}
