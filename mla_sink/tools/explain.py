@@ -46,7 +46,6 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     else:
         lines = [f"  triton launch at T={T} ({where}): kernel {launch.kernel} "
                  f"({KERNEL_FILES.get(launch.kernel, '?')})"]
-    if launch.num_kv_splits is not None:
         tiles = (f"BLOCK_H={launch.block_h} BLOCK_N={launch.block_n} num_warps={launch.num_warps} "
                  f"num_stages={launch.num_stages}")
         if launch.kernel != "portable":  # a Gluon kernel fixes its own tiles; the row's serve a fallback
