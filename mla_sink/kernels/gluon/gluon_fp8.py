@@ -11,8 +11,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
 * roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = BLOCK_H
   heads, K = 576) and ``O^T += V^T P^T`` (M = 512 value columns, N = BLOCK_H, K = 64 ids); the tiles
   are read by the tensor cores straight from shared memory, q and P are the small N-side operands;
-* a producer warpgroup gathers each block's 64 fp8 rows into registers (16-byte loads, the ids loaded
-  one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3 -> f16: exact) and
+* a producer warpgroup gathers each block's 64 fp8 rows into registers (16-byte loads with the L2's 256-byte
+  prefetch, the ids loaded one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3 -> f16: exact) and
   stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes sit 4 to a
   row and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the 8 distinct 16-byte
   chunks of the 128-byte swizzle (no bank conflicts; one lane per 512-byte row conflicts 2-way);
@@ -115,6 +115,37 @@ def _gather(rows, ids, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
                    mask=(ids >= 0)[:, None], other=0.0)
 
 
+#: The gather's load of 16 bytes a lane (one ``ld.global.v4.b32``; lanes of skipped ids read 0) with the L2's
+#: 256-byte prefetch (``.L2::256B``), which FlashMLA's sparse fp8 decode also asks for: a row's first miss brings
+#: in the lines its next loads read. On the H200 (twelfth session, benchmarks/few_heads_l2_hint_ab_2026-12-01.json,
+#: same run, us): e4m3 H=16 T=256 160.4 against 164.2 for ``gl.load`` (the same load without the hint, in this
+#: asm: 164.5; ``.L2::128B`` 161.8), V3.2 rows 192.4 against 198.9, e4m3 H=32 T=256 176.0 against 182.3. FlashMLA's
+#: full form, ``ld.global.nc.L1::no_allocate.L2::256B``, took 193.6 and 244.1 (the read-only path and no L1
+#: allocation cost, rather than save). Operands (``pack=16``, one asm per lane's 16 bytes): ``$0-$3`` the bytes,
+#: ``$4-$19`` their addresses (the first one read), ``$20-$35`` their row's mask (the first one read).
+_LD_ROW_CHUNK = gl.constexpr("""{
+.reg .pred p;
+setp.ne.b32 p, $20, 0;
+mov.b32 $0, 0;
+mov.b32 $1, 0;
+mov.b32 $2, 0;
+mov.b32 $3, 0;
+@p ld.global.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];
+}""")
+_LD_ROW_CHUNK_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["l"] * 16) + "," + ",".join(["r"] * 16))
+
+
+@gluon.jit
+def _gather_bytes(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr):
+    """Bytes ``[0, WIDTH)`` of the rows at ``rows`` as uint8 (``layout``: 16 consecutive bytes a lane), by
+    :data:`_LD_ROW_CHUNK`; id -1 reads 0."""
+    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    addr = (rows.to(gl.pointer_type(gl.uint8), bitcast=True)[:, None] + cols[None, :]).to(gl.int64, bitcast=True)
+    ok = gl.zeros([rows.shape[0], WIDTH], gl.int32, layout=layout) + (ids >= 0).to(gl.int32)[:, None]
+    return gl.inline_asm_elementwise(_LD_ROW_CHUNK, _LD_ROW_CHUNK_CONSTRAINTS, [addr, ok], dtype=gl.uint8,
+                                     is_pure=True, pack=16)
+
+
 @gluon.jit
 def _to_tile(codes, dtype: gl.constexpr, KV_DS: gl.constexpr):
     """e4m3fn codes -> the ring's dtype, exactly (one ``cvt`` per pair into fp16; V3.2 codes, read as bytes,
@@ -154,7 +185,9 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     block i is stored (154.2 against 153.4 for bf16; 50.3 at T=64), two producer warpgroups, one per ring
     stage, at 104 registers each (162.4 against 153.9 for bf16, 84.3 at T=128 against 78.9 before; ptxas
     spills in both producers and in the first consumer), and converting before waiting for the ring stage,
-    which the compiler moves back after the wait. ncu at H=16, T=256 (166.8 us under the
+    which the compiler moves back after the wait. Twelfth session: the codes decoded by integer instructions
+    instead of ``cvt`` (byte permutes, shifts and masks; branch ``wip/e4m3-int-decode``) took 172.0 against 164.2
+    us (V3.2 rows 225.3 against 198.9; benchmarks/few_heads_int_decode_ab_2026-12-01.json). ncu at H=16, T=256 (166.8 us under the
     profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible warp; the consumers' top stall
     is their wait for a filled stage and the producer's is the first use of the gathered bytes (long
     scoreboard), yet neither more bytes in flight, nor L2 hits, nor a second producer moved it."""
@@ -172,7 +205,9 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             # the next step's ids: this block's next rows, or (after its last) the next block's first
             next_n = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, nope_l)
             next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
-            x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, 0, D_NOPE, nope_l)
+            x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE, nope_l)
+            if not KV_DS:
+                x_n = x_n.to(gl.float8e4nv, bitcast=True)
             if KV_DS:  # the bf16 RoPE after the scales
                 rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES) + DS_ROPE_AT).to(
                     gl.pointer_type(gl.bfloat16), bitcast=True)
