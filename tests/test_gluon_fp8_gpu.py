@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import mla_sink
 from mla_sink import quantize_kv_cache
 from mla_sink.core.platform import gluon_available
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton
@@ -260,3 +261,22 @@ def test_ds_mla_pool_at_4_byte_alignment_and_660_byte_rows():
     o, l = sparse_mla_decode_triton(q, pool, idx, sinks, DS_SM_SCALE)
     ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, DS_SM_SCALE)
     check_budget(o, l, ro, rl, "bf16")
+
+
+def test_ds_mla_runner_reused_for_a_pool_4_bytes_off_a_boundary():
+    """The same call metadata (shapes, strides) first on a 16-byte aligned pool, then on one 4 bytes past a
+    boundary: the prepared runner must not take its hinted 16-byte loads there (gluon_fp8.rows_16b), and both
+    match the reference."""
+    g = torch.Generator(device="cuda").manual_seed(29)
+    N, T, H = 5000, 4, 16
+    rows = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="pow2")
+    storage = torch.zeros(N * DS_ROW + 16, dtype=torch.uint8, device="cuda")
+    shifted = storage[4:4 + N * DS_ROW].view(N, DS_ROW)
+    shifted.copy_(rows)
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = adversarial_ids(T, 2048, N, g)
+    sinks = adversarial_sinks(H, g)
+    for pool in (rows, shifted):
+        o, l = mla_sink.sparse_mla_decode(q, pool, idx, sinks, return_lse=True)
+        ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks)
+        check_budget(o, l, ro, rl, "bf16")

@@ -173,7 +173,7 @@ def _checked(raw, nrows):
 @gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
-              KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr):
+              KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
     blocks). V3.2 rows: the latent codes without their scales, and the bf16 RoPE as it is. The next step's
@@ -205,9 +205,13 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             # the next step's ids: this block's next rows, or (after its last) the next block's first
             next_n = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, nope_l)
             next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
-            x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE, nope_l)
-            if not KV_DS:
-                x_n = x_n.to(gl.float8e4nv, bitcast=True)
+            if ROWS_16B:  # the hinted 16-byte loads need 16-byte aligned rows
+                x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE,
+                                    nope_l)
+                if not KV_DS:
+                    x_n = x_n.to(gl.float8e4nv, bitcast=True)
+            else:
+                x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, 0, D_NOPE, nope_l)
             if KV_DS:  # the bf16 RoPE after the scales
                 rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES) + DS_ROPE_AT).to(
                     gl.pointer_type(gl.bfloat16), bitcast=True)
@@ -455,7 +459,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
-    PRODUCER_DEFAULT: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr,
+    PRODUCER_DEFAULT: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS``:
@@ -537,7 +541,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     if PRODUCER_DEFAULT:
         gl.warp_specialize([
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES)),
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B)),
             (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
@@ -562,7 +566,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES)),
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -575,6 +579,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ``[T, splits, H, 512]`` and base-2 LSEs ``[T, splits, H]`` and let the combine launch early.
     ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
     the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
+    ``ROWS_16B`` (:func:`rows_16b`) is this ``kv_cache``'s: a runner reused for other pools checks it per call.
 
     Raises:
         ValueError: ``num_heads`` above the largest head block (32; 16 for V3.2 rows); ``kv_dtype`` not one
@@ -611,8 +616,17 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
                       CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, PRODUCER_ROWS=PRODUCER_ROWS[block_h],
                       PRODUCER_DEFAULT=block_h in PRODUCER_DEFAULT, KV_DS=ds,
-                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk)
+                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache))
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
+
+
+def rows_16b(kv_cache) -> bool:
+    """Whether every row of ``kv_cache`` starts at a multiple of 16 bytes (pool pointer and row / block strides),
+    as the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`) need; otherwise it gathers with ``gl.load``,
+    which Triton compiles for the alignment it sees (a V3.2 pool may sit 4 bytes past a boundary, with 660-byte
+    rows). The per-row stride of a paged cache is the row size (656 bytes: a multiple of 16)."""
+    size = kv_cache.element_size()
+    return kv_cache.data_ptr() % 16 == 0 and all(st * size % 16 == 0 for st in kv_cache.stride()[:-1])
 
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,

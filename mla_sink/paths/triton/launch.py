@@ -497,6 +497,11 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
                                                         kv_dtype=plan.spec.kv_dtype)
     decode, combine = _gluon_launches("gluon_fp8", _FP8_DYNAMIC, launch, x, device, grid, static, constexprs, options,
                                       out_strides)
+    # the producer's hinted loads need 16-byte aligned rows (rows_16b): a pool whose pointer is not (the strides
+    # are the plan's) takes the same kernel gathering with gl.load (compiled at its first such call)
+    unaligned, _ = (_gluon_launches("gluon_fp8", _FP8_DYNAMIC, launch, x, device, grid, static,
+                                    dict(constexprs, ROWS_16B=False), options, out_strides)
+                    if constexprs["ROWS_16B"] else (decode, None))
     errors = _compile_errors()
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
@@ -512,9 +517,10 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
             kv_scale = lse
         else:
             kv_scale = x.kv_scale if x.kv_scale is not None else torch.ones(1, dtype=torch.float32, device=x.q.device)
+        launch_decode = decode if align is True or x.kv_cache.data_ptr() % 16 == 0 else unaligned
         try:
-            decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
-                   kv_scale, out, lse, part_out, part_lse, x.sm_scale)
+            launch_decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
+                          kv_scale, out, lse, part_out, part_lse, x.sm_scale)
         except errors as e:
             return _fall_back(plan, launch.kernel, e, x)
         if split:
