@@ -11,11 +11,11 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
 * roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = BLOCK_H
   heads, K = 576) and ``O^T += V^T P^T`` (M = 512 value columns, N = BLOCK_H, K = 64 ids); the tiles
   are read by the tensor cores straight from shared memory, q and P are the small N-side operands;
-* a producer warpgroup gathers each block's 64 fp8 rows into registers (16-byte loads with the L2's 256-byte
-  prefetch, the ids loaded one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3 -> f16: exact) and
-  stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes sit 4 to a
-  row and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the 8 distinct 16-byte
-  chunks of the 128-byte swizzle (no bank conflicts; one lane per 512-byte row conflicts 2-way);
+* a producer warpgroup gathers each block's 64 fp8 rows into registers (16-byte loads with the L2's
+  256-byte prefetch, the ids loaded one block ahead, masked lanes read 0), converts them to fp16 once
+  (``cvt`` e4m3 -> f16: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16
+  tiles. Its lanes sit 4 to a row and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers
+  the 8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts; one lane per 512-byte row conflicts 2-way);
 * two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
   shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
@@ -186,9 +186,9 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     stage, at 104 registers each (162.4 against 153.9 for bf16, 84.3 at T=128 against 78.9 before; ptxas
     spills in both producers and in the first consumer), and converting before waiting for the ring stage,
     which the compiler moves back after the wait. Twelfth session: the codes decoded by integer instructions
-    instead of ``cvt`` (byte permutes, shifts and masks; branch ``wip/e4m3-int-decode``) took 172.0 against 164.2
-    us (V3.2 rows 225.3 against 198.9; benchmarks/few_heads_int_decode_ab_2026-12-01.json). ncu at H=16, T=256 (166.8 us under the
-    profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible warp; the consumers' top stall
+    instead of ``cvt`` (byte permutes, shifts and masks; branch ``wip/e4m3-int-decode``) took 172.0 against
+    164.2 us (V3.2 rows 225.3 against 198.9; benchmarks/few_heads_int_decode_ab_2026-12-01.json). ncu at
+    H=16, T=256 (166.8 us under the profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible warp; the consumers' top stall
     is their wait for a filled stage and the producer's is the first use of the gathered bytes (long
     scoreboard), yet neither more bytes in flight, nor L2 hits, nor a second producer moved it."""
     nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
