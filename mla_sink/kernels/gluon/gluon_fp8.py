@@ -188,9 +188,10 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     which the compiler moves back after the wait. Twelfth session: the codes decoded by integer instructions
     instead of ``cvt`` (byte permutes, shifts and masks; branch ``wip/e4m3-int-decode``) took 172.0 against
     164.2 us (V3.2 rows 225.3 against 198.9; benchmarks/few_heads_int_decode_ab_2026-12-01.json). ncu at
-    H=16, T=256 (166.8 us under the profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible warp; the consumers' top stall
-    is their wait for a filled stage and the producer's is the first use of the gathered bytes (long
-    scoreboard), yet neither more bytes in flight, nor L2 hits, nor a second producer moved it."""
+    H=16, T=256 (166.8 us under the profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible
+    warp; the consumers' top stall is their wait for a filled stage and the producer's is the first use of the
+    gathered bytes (long scoreboard), yet neither more bytes in flight, nor L2 hits, nor a second producer moved
+    it; the L2's 256-byte prefetch on the gather's loads (:data:`_LD_ROW_CHUNK`) did, by 2-3.5%."""
     nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
     if KV_DS:
         rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
