@@ -325,3 +325,11 @@ def test_explain_does_not_give_a_gluon_kernel_the_portable_tiles(capsys):
     assert "1 KV split(s) of 2048 ids; the kernel's own tiles (on a fallback to the portable kernel: BLOCK_H=64" in out
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "16", "--tokens", "256", "--sms", "132")
     assert code == 0 and "kernel portable" in out and "ids; BLOCK_H=16 BLOCK_N=64" in out
+
+
+def test_explain_on_the_cpu_names_the_interpreter_not_sms(capsys):
+    """The CPU runs the Triton kernels through the interpreter: explain says so instead of an SM count."""
+    code, out = run_cli(capsys, "explain", "--arch", "cpu", "--aiter", "none", "--triton", "--heads", "16")
+    assert code == 0
+    assert "triton launch at T=64 (Triton's CPU interpreter): kernel portable" in out
+    assert "SM(s)" not in out

@@ -48,8 +48,8 @@ def check_ds_mla_pointer(kv_cache: torch.Tensor) -> None:
     pointer is not part of a call's signature."""
     if kv_cache.data_ptr() % DS_MLA_ALIGN:
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must start at a multiple of {DS_MLA_ALIGN} bytes: its rows' float32 "
-                         f"scales are read in place (got a data pointer {kv_cache.data_ptr() % DS_MLA_ALIGN} bytes past "
-                         "one, e.g. a view at an odd byte offset)")
+                         f"scales are read in place (got a data pointer at {kv_cache.data_ptr() % DS_MLA_ALIGN} modulo "
+                         f"{DS_MLA_ALIGN}, e.g. a view at an odd byte offset)")
 
 
 def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False) -> None:

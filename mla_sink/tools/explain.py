@@ -38,7 +38,10 @@ def launch_lines(plan: Any) -> list[str]:
 def _triton_lines(plan: Any, launch: Any) -> list[str]:
     T = plan.num_tokens
     sms = plan.platform.num_sms
-    where = f"on {sms} SM(s)" if sms is not None else "SM count unknown"
+    if plan.platform.arch == "cpu":  # Triton's interpreter: one program at a time, no SMs
+        where = "Triton's CPU interpreter"
+    else:
+        where = f"on {sms} SM(s)" if sms is not None else "SM count unknown"
     if launch.num_kv_splits is None:  # a Gluon row needs the split count: the kernel is not decided yet
         lines = [f"  triton launch at T={T} ({where}): kernel not decided",
                  "    splits and kernel depend on the SM count: pass --sms N (without it, the portable kernel's row "
