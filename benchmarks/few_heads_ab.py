@@ -10,8 +10,6 @@ H in {16, 32} x T in {2, 64, 256}.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 CASES = [(kv, h, t) for h in (16, 32) for t in (2, 64, 256) for kv in ("bf16", "fp8_e4m3", "fp8_ds_mla")]
@@ -25,15 +23,10 @@ def run_variant(variant: str, dump: str) -> dict:
 
 
 def main(path: str, *variants: str) -> None:
-    """Run each ``NAME=TREE`` variant in a child process (``tree_ab.run_variants``), compare the outputs, write
+    """Run each ``NAME=TREE`` variant in a child process (``tree_ab.cases_report``), compare the outputs, write
     the report to ``path``."""
-    from tree_ab import run_variants
-    report: dict = {"cases": [f"{k}-h{h}-T{t}" for k, h, t in CASES]}
-    report["us"], report["max_abs_diff_vs_first"] = run_variants("few_heads_ab", variants,
-                                                                 os.path.dirname(os.path.abspath(path)))
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(json.dumps(report, indent=1))
+    from tree_ab import cases_report
+    cases_report(path, "few_heads_ab", CASES, variants)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,18 @@ def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple =
     return results, diffs
 
 
+def cases_report(path: str, module: str, cases: list, variants: tuple) -> None:
+    """The ``main`` of a script whose ``run_variant`` times a list of ``(kv_dtype, H, T)`` ``cases``
+    (``fp8_decode_ab.py``, ``few_heads_ab.py``): run its variants, compare their outputs, and write ``{"cases",
+    "us", "max_abs_diff_vs_first"}`` to ``path`` (and print it)."""
+    report: dict = {"cases": [f"{k}-h{h}-T{t}" for k, h, t in cases]}
+    report["us"], report["max_abs_diff_vs_first"] = run_variants(module, variants,
+                                                                 os.path.dirname(os.path.abspath(path)))
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps(report, indent=1))
+
+
 def main(path: str, module: str, *variants: str) -> None:
     """Run ``module.run_variant`` (a script in this folder) in each ``NAME=TREE`` and write ``{"us": ...,
     "max_abs_diff_vs_first": ...}`` to ``path``:
