@@ -191,7 +191,11 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     H=16, T=256 (166.8 us under the profiler): DRAM 38% busy, tensor pipe 11%, 79% of cycles with no eligible
     warp; the consumers' top stall is their wait for a filled stage and the producer's is the first use of the
     gathered bytes (long scoreboard), yet neither more bytes in flight, nor L2 hits, nor a second producer moved
-    it; the L2's 256-byte prefetch on the gather's loads (:data:`_LD_ROW_CHUNK`) did, by 2-3.5%."""
+    it; the L2's 256-byte prefetch on the gather's loads (:data:`_LD_ROW_CHUNK`) did, by 2-3.5%. Thirteenth
+    session (BENCHMARKS.md): 16-row steps whose loads are issued one step ahead took 186.4 against 159.4 us (fewer
+    rows in flight), V3.2 codes decoded into an fp16 ring with one ``cvt`` a pair 190.7 against 191.6 (the
+    conversion is not the limit), and the pool's size and the ids' order move the time by 4-6% only: the period
+    is one block's slowest load, with one block in flight."""
     nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
     if KV_DS:
         rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
