@@ -194,8 +194,10 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     it; the L2's 256-byte prefetch on the gather's loads (:data:`_LD_ROW_CHUNK`) did, by 2-3.5%. Thirteenth
     session (BENCHMARKS.md): 16-row steps whose loads are issued one step ahead took 186.4 against 159.4 us (fewer
     rows in flight), V3.2 codes decoded into an fp16 ring with one ``cvt`` a pair 190.7 against 191.6 (the
-    conversion is not the limit), and the pool's size and the ids' order move the time by 4-6% only: the period
-    is one block's slowest load, with one block in flight."""
+    conversion is not the limit), a second block in flight (cp.async staging) 157.9 against 159.8, and the
+    pool's size and the ids' order move the time by 4-6% only. Loads of whole 128-byte lines (8 bytes a lane, 16
+    lanes a row; branch ``wip/gather-8b``) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the
+    period."""
     nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
     if KV_DS:
         rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
