@@ -196,7 +196,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     rows in flight), V3.2 codes decoded into an fp16 ring with one ``cvt`` a pair 190.7 against 191.6 (the
     conversion is not the limit), a second block in flight (cp.async staging) 157.9 against 159.8, and the
     pool's size and the ids' order move the time by 4-6% only. Loads of whole 128-byte lines (8 bytes a lane, 16
-    lanes a row; branch ``wip/gather-8b``) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the
+    lanes a row; branch ``wip/gather-lines``) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the
     period."""
     nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
     if KV_DS:
