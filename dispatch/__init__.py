@@ -2,7 +2,9 @@
 
 A table (YAML) declares typed ``fields`` with domains, named ``paths`` and
 ordered ``rows``; the first row whose conditions (and its path's ``requires``) hold chooses a path, with
-the path's default ``params`` under the row's own, or refuses. ``explain`` says
+the path's default ``params`` under the row's own, or refuses. A call may request a path: rows of other
+paths are then skipped, and so are refusal rows, except those whose ``paths`` name the requested one (a
+refusal about that path's kernels). ``explain`` says
 why every earlier row was rejected, grouped by path and each mismatch once;
 ``check_table`` proves over the product of the domains that every combination is
 answered and every row can win. Knows nothing about any particular application.

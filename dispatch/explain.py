@@ -189,7 +189,7 @@ def selection_to_dict(selection: Selection) -> dict:
         ``{"table", "values", "path", "params", "refused", "reason", "row",
         "rejected_paths", "rejected"}``. ``params`` are the merged parameters
         (path defaults overridden by the row's own); ``row`` is ``{"id",
-        "path", "refuse", "params", "why", "source", "line"}`` (``params``: the
+        "path", "refuse", "paths", "params", "why", "source", "line"}`` (``params``: the
         row's own) or ``None``. Each ``rejected_paths`` item is ``{"path",
         "rows", "failures", "text"}``: a path whose ``requires`` failed, the ids
         of the rejected rows naming it, and those failures (stated once in
@@ -231,6 +231,7 @@ def selection_to_dict(selection: Selection) -> dict:
             "id": row.id,
             "path": row.path,
             "refuse": row.refuse,
+            "paths": list(row.paths),
             "params": _json(row.params),
             "why": row.why,
             "source": row.source,

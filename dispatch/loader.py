@@ -22,7 +22,7 @@ from .yaml_lines import LineDict, LineList, load_yaml
 TOP_KEYS = ("table", "description", "fields", "paths", "rows")
 FIELD_KEYS = ("type", "domain", "nullable", "description", "closed")
 PATH_KEYS = ("description", "requires", "params", "source")
-ROW_KEYS = ("id", "when", "path", "refuse", "params", "why", "source")
+ROW_KEYS = ("id", "when", "path", "refuse", "paths", "params", "why", "source")
 NAME_RE = re.compile(r"[a-z_][a-z0-9_]*\Z")
 ID_RE = re.compile(r"[a-z0-9_]+\Z")
 
@@ -234,14 +234,18 @@ def _parse_row(ctx: _Ctx, raw: Any, line: int, fields: dict, paths: dict, seen: 
     if has_path == has_refuse:
         raise ctx.error(raw.line, "a row needs exactly one of 'path' or 'refuse'")
     path = refuse = None
+    bound: tuple = ()
     if has_path:
         path = raw["path"]
         if path not in paths:
             raise ctx.error(raw.line_of("path"), f"undeclared path {path!r} (paths: {_allowed(tuple(paths))})")
+        if "paths" in raw:
+            raise ctx.error(raw.line_of("paths"), "'paths' names the paths a refusal row binds; a path row has none")
     else:
         refuse = _text(ctx, raw, "refuse", required=True)
         if "params" in raw:
             raise ctx.error(raw.line_of("params"), "params are not allowed on a refusal row")
+        bound = _refused_paths(ctx, raw, paths)
     params = _parse_params(ctx, raw, raw.line)
     when = _parse_conditions(ctx, raw.get("when"), fields, raw.line_of("when"), "when")
     row = Row(
@@ -249,6 +253,7 @@ def _parse_row(ctx: _Ctx, raw: Any, line: int, fields: dict, paths: dict, seen: 
         when=when,
         path=path,
         refuse=refuse,
+        paths=bound,
         params=params,
         why=_text(ctx, raw, "why", required=True),
         source=_text(ctx, raw, "source", required=True),
@@ -256,6 +261,23 @@ def _parse_row(ctx: _Ctx, raw: Any, line: int, fields: dict, paths: dict, seen: 
     )
     ctx.where = ""
     return row
+
+
+def _refused_paths(ctx: _Ctx, raw: LineDict, paths: dict) -> tuple:
+    """A refusal row's ``paths``: the declared paths whose kernels it refuses, so that a call requesting one of
+    them is refused too (an empty tuple when absent: such a row refuses only calls that request no path)."""
+    if "paths" not in raw:
+        return ()
+    bound = raw["paths"]
+    line = raw.line_of("paths")
+    if not isinstance(bound, list) or not bound or not all(isinstance(p, str) for p in bound):
+        raise ctx.error(line, f"'paths' must be a non-empty list of path names, got {_plain(bound)!r}")
+    for p in bound:
+        if p not in paths:
+            raise ctx.error(line, f"'paths' names undeclared path {p!r} (paths: {_allowed(tuple(paths))})")
+    if len(set(bound)) != len(bound):
+        raise ctx.error(line, f"'paths' repeats a path: {_plain(bound)!r}")
+    return tuple(bound)
 
 
 def _plain(value: Any) -> Any:

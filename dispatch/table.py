@@ -19,6 +19,9 @@ class Row:
         when: ``Condition`` records, all of which must hold (empty = always).
         path: The chosen path, or ``None`` for a refusal row.
         refuse: The refusal text, or ``None`` for a path row.
+        paths: For a refusal row, the paths whose kernels it refuses: a call that requests one of them
+            (``RuleTable.select``'s ``only_paths``) meets the row too. Empty for a path row, and for a
+            refusal row that binds only calls requesting no path.
         params: Read-only mapping of the row's own parameters; they override
             the defaults of its path (``PathSpec.params``).
         why: Why the rule exists.
@@ -30,6 +33,7 @@ class Row:
     when: tuple = ()
     path: str | None = None
     refuse: str | None = None
+    paths: tuple = ()
     params: Mapping = attrs.field(factory=dict, converter=_readonly, hash=False)
     why: str = ""
     source: str = ""
@@ -172,8 +176,9 @@ class RuleTable:
 
         Args:
             values: A value for every declared field; extra keys are ignored.
-            only_paths: When given, rows naming other paths, and refusal rows,
-                are skipped (reported as rejected with "its path X is not the requested path Y").
+            only_paths: When given, rows naming other paths, and refusal rows that bind none of
+                them (``Row.paths``), are skipped (reported as rejected with "its path X is not
+                the requested path Y").
 
         Returns:
             A ``Selection``; ``refused`` is true for a refusal row or when no
@@ -189,7 +194,7 @@ class RuleTable:
         rejected = []
         required: dict = {}  # path -> failures of its requires (each path evaluated once)
         for row in self.rows:
-            if wanted is not None and (row.path is None or row.path not in wanted):
+            if wanted is not None and (wanted.isdisjoint(row.paths) if row.is_refusal else row.path not in wanted):
                 skip = Failure("path", "requested", row.path, tuple(sorted(wanted)), None)
                 rejected.append((row, (skip,)))
                 continue

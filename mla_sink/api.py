@@ -265,8 +265,11 @@ def sparse_mla_decode(
     """
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
-    if not (type(sm_scale) is float and type(logit_cap) is float and type(return_lse) is bool  # the common case,
-            and FP32_TINY <= sm_scale <= FP32_SCALE_MAX  # checked inline (the hot path)
+    # the common case checked inline (the hot path); torch.compile's tracing first, where a float is symbolic and
+    # comparing a NaN one raises inside the tracer (call_scalars leaves it to the operator's real implementation)
+    if torch.compiler.is_compiling() or not (
+            type(sm_scale) is float and type(logit_cap) is float and type(return_lse) is bool
+            and FP32_TINY <= sm_scale <= FP32_SCALE_MAX
             and (-math.inf < logit_cap <= 0.0 or FP32_TINY <= logit_cap <= FP32_SCALE_MAX)):
         sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
     x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)

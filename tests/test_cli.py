@@ -166,6 +166,8 @@ def test_help(argv, capsys):
     (["explain", "--topk", "-3"], "'--topk' must be >= 1 (got -3)"),
     (["explain", "--dcp", "0"], "'--dcp' must be >= 1 (got 0)"),
     (["explain", "--arch", "sm90", "--sms", "-1"], "'--sms' must be >= 1"),
+    (["explain", "--arch", ""], "'--arch' must not be empty"),  # was this machine's, silently
+    (["explain", "--arch", "sm90", "--aiter", " "], "'--aiter' must not be empty"),  # was 'none', silently
     (["demo", "--device", "tpu"], "'--device' must be cpu or cuda"),
 ])
 def test_bad_flags_give_one_line_and_exit_2(argv, text, capsys):

@@ -207,6 +207,22 @@ def test_only_paths_skips_other_paths_and_refusals(table):
     }
 
 
+def test_a_refusal_row_binding_a_path_refuses_calls_requesting_it():
+    """A refusal row with ``paths`` (the kernels it is about) still refuses a call that requests one of them,
+    and is skipped for a call requesting another path (found by a break test: forcing path="triton" on sm80
+    skipped the fp8-needs-sm89 refusal)."""
+    table = load_table(ROWS.replace("    refuse: cpu is not supported\n",
+                                    "    refuse: cpu is not supported\n    paths: [slow]\n"))
+    values = {**BASE, "arch": "cpu", "num_heads": 16}
+    sel = table.select(values, only_paths=["slow"])
+    assert sel.refused and sel.row.id == "no_cpu" and sel.row.paths == ("slow",)
+    assert sel.reason == "cpu is not supported"
+    sel = table.select(values, only_paths=["fast"])
+    assert not sel.refused or sel.row is None  # no fast row matches on cpu with 16 heads
+    assert "no_cpu" in {r.id for r, _ in sel.rejected}
+    assert table.select(values).row.id == "no_cpu"  # no path requested: as before
+
+
 def test_missing_field_is_value_error(table):
     values = dict(BASE)
     del values["sinks"]
@@ -347,6 +363,16 @@ SCHEMA_ERRORS = [
     (_row_table("- id: bad\n  why: w\n  source: s\n"), ["row 'bad'", "exactly one of 'path' or 'refuse'"], 14),
     (_row_table("- id: bad\n  refuse: nope\n  params: {a: 1}\n  why: w\n  source: s\n"),
      ["row 'bad'", "params are not allowed on a refusal row"], 16),
+    (_row_table("- id: bad\n  refuse: nope\n  paths: [quick]\n  why: w\n  source: s\n"),
+     ["row 'bad'", "'paths' names undeclared path 'quick'"], 16),
+    (_row_table("- id: bad\n  refuse: nope\n  paths: slow\n  why: w\n  source: s\n"),
+     ["row 'bad'", "'paths' must be a non-empty list of path names, got 'slow'"], 16),
+    (_row_table("- id: bad\n  refuse: nope\n  paths: []\n  why: w\n  source: s\n"),
+     ["row 'bad'", "'paths' must be a non-empty list"], 16),
+    (_row_table("- id: bad\n  refuse: nope\n  paths: [slow, slow]\n  why: w\n  source: s\n"),
+     ["row 'bad'", "'paths' repeats a path"], 16),
+    (_row_table("- id: bad\n  path: slow\n  paths: [slow]\n  why: w\n  source: s\n"),
+     ["row 'bad'", "a path row has none"], 16),
     (_row_table("- id: bad\n  path: slow\n  source: s\n"), ["row 'bad'", "missing 'why'"], 14),
     (_row_table("- id: bad\n  path: slow\n  why: w\n  source: ''\n"), ["row 'bad'", "'source' must be a non-empty"], 17),
     (_row_table("- id: Bad-Row\n  path: slow\n  why: w\n  source: s\n"), ["must be a string matching [a-z0-9_]+"], 14),

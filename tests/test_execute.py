@@ -215,6 +215,22 @@ def test_compile_with_dynamic_shapes_and_default_scalars():
     torch.testing.assert_close(out, ref)
 
 
+def test_compile_with_dynamic_scalars_names_a_nan_or_infinite_scale():
+    """Under ``torch.compile(dynamic=True)`` a float argument is symbolic, and comparing one whose value is NaN
+    raised inside the tracer ("Invalid NaN comparison", found by a fresh user's break test): a NaN or infinite
+    ``sm_scale`` / ``logit_cap`` is named by a ValueError, as in eager mode."""
+    q, kv, idx, sinks = _case(seed=9)
+    f = torch.compile(lambda q, kv, idx, s, sc, cap: sparse_mla_decode(q, kv, idx, s, sm_scale=sc, logit_cap=cap),
+                      fullgraph=True, dynamic=True)
+    out, _ = f(q, kv, idx, sinks, 0.05, 0.0)
+    torch.testing.assert_close(out, sparse_mla_decode(q, kv, idx, sinks, sm_scale=0.05)[0])
+    for sc, cap, name in ((float("nan"), 0.0, "sm_scale"), (float("inf"), 0.0, "sm_scale"),
+                          (0.05, float("nan"), "logit_cap"), (0.05, float("inf"), "logit_cap")):
+        with pytest.raises(ValueError, match=f"'{name}'") as info:
+            f(q, kv, idx, sinks, sc, cap)
+        assert "Invalid NaN comparison" not in str(info.value)
+
+
 def test_layouts_views_and_records_that_cannot_be_computed_on_are_value_errors():
     from mla_sink import call_key, explain_call, plan_call, select
 

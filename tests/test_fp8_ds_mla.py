@@ -852,3 +852,23 @@ def test_quantizer_refuses_values_the_layout_cannot_hold_and_meta_tensors():
         mla_sink.quantize_kv_cache(torch.empty(4, 576, device="meta", dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="'kv_cache' must hold data"):
         mla_sink.dequantize_kv_cache(torch.empty(4, 656, device="meta", dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_ds_mla", "fp8_e4m3"])
+def test_forcing_the_triton_path_keeps_the_fp8_refusal_below_sm89(kv_dtype, capsys):
+    """Ampere has no fp8 conversions Triton can use (tables/mla_decode.yaml row fp8_needs_sm89, which binds the
+    triton path): forcing ``path="triton"`` is refused as the unforced call is, by the plan, the layer's
+    constructor and the CLI; forcing the float64 reference is not (found by a fresh user's break test)."""
+    from mla_sink import NoKernelError, Platform, SparseMLADecode, plan_call
+    from mla_sink.tools.cli import main
+
+    spec = CallSpec(q_dtype="bf16", kv_dtype=kv_dtype, num_heads=16, topk=2048)
+    sm80 = Platform("sm80", num_sms=108)
+    for path in (None, "triton"):
+        with pytest.raises(NoKernelError, match="sm89"):
+            plan_call(spec, sm80, path=path)
+    with pytest.raises(NoKernelError, match="sm89"):
+        SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype=kv_dtype, topk=2048, platform=sm80, path="triton")
+    assert plan_call(spec, sm80, path="reference").path == "reference"
+    assert main(["explain", "--arch", "sm80", "--kv-dtype", kv_dtype, "--path", "triton"]) == 2
+    assert "refused: fp8 KV needs sm89" in capsys.readouterr().out

@@ -32,12 +32,15 @@ _ABBREV = {
 def _platform_from_args(args: argparse.Namespace) -> Platform:
     from mla_sink.core.platform import detect_platform
 
+    for flag, value in (("--arch", args.arch), ("--aiter", args.aiter)):
+        if value is not None and not value.strip():  # an empty value is a mistake, not "this machine" / "none"
+            raise ValueError(f"'{flag}' must not be empty (got {value!r}); leave it out for this machine's")
     here = detect_platform()
     arch = args.arch or here.arch
     if args.aiter is None:
         aiter = here.aiter_version if arch == here.arch else None
     else:
-        aiter = None if args.aiter.lower() in ("none", "no", "absent", "") else args.aiter
+        aiter = None if args.aiter.lower() in ("none", "no", "absent") else args.aiter
     triton = here.triton if args.triton is None else args.triton
     gluon = here.gluon if arch == here.arch and args.triton is None else None  # None: as triton
     sms = args.sms if getattr(args, "sms", None) is not None else _local_sms(arch)
