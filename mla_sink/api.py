@@ -265,15 +265,17 @@ def sparse_mla_decode(
     """
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
-    # the common case checked inline (the hot path); torch.compile's tracing first, where a float is symbolic and
-    # comparing a NaN one raises inside the tracer (call_scalars leaves it to the operator's real implementation)
-    if torch.compiler.is_compiling() or not (
-            type(sm_scale) is float and type(logit_cap) is float and type(return_lse) is bool
-            and FP32_TINY <= sm_scale <= FP32_SCALE_MAX
+    if torch.compiler.is_compiling():  # a traced float is symbolic: comparing a NaN one raises in the tracer, so
+        # call_scalars leaves its range to the operator's real implementation
+        sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
+        x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)
+        return _traced(x, None, return_lse, platform, path)
+    if not (type(sm_scale) is float and type(logit_cap) is float and type(return_lse) is bool  # the common case,
+            and FP32_TINY <= sm_scale <= FP32_SCALE_MAX  # checked inline (the hot path)
             and (-math.inf < logit_cap <= 0.0 or FP32_TINY <= logit_cap <= FP32_SCALE_MAX)):
         sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
     x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)
-    return execute(x, spec=None, need_lse=return_lse, platform=platform, path=path)
+    return _execute_eager(x, None, return_lse, platform, path)
 
 
 # ---- the one execute -----------------------------------------------------------------------------
@@ -335,6 +337,13 @@ def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platfo
     """
     if torch.compiler.is_compiling():
         return _traced(x, spec, need_lse, platform, path)
+    return _execute_eager(x, spec, need_lse, platform, path)
+
+
+def _execute_eager(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],
+                   path: Optional[str]) -> Result:
+    """:func:`execute` outside torch.compile's tracing: the prepared runner of the call's signature (prepared on
+    its first call), or the operator for tensors without data (meta, fake)."""
     if _fake(x.q):
         return _traced(x, spec, need_lse, platform, path)
     try:
