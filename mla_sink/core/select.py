@@ -128,7 +128,8 @@ def plan_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = None)
     """select + plan: the :class:`LaunchPlan` of a call.
 
     ``path='reference'`` is always honoured (the reference runs anywhere; ``row_id='forced'``);
-    any other forced path must be named by a row that accepts the call.
+    any other forced path must be named by a row that accepts the call, and refusal rows binding that path
+    (``paths`` in the table) still refuse it.
 
     Raises:
         NoKernelError: the table refuses the call or no row accepts it (message = full explanation).
