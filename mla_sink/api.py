@@ -265,16 +265,16 @@ def sparse_mla_decode(
     """
     if sm_scale is None:
         sm_scale = D_QK ** -0.5
-    if torch.compiler.is_compiling():  # a traced float is symbolic: comparing a NaN one raises in the tracer, so
-        # call_scalars leaves its range to the operator's real implementation
-        sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
-        x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)
-        return _traced(x, None, return_lse, platform, path)
-    if not (type(sm_scale) is float and type(logit_cap) is float and type(return_lse) is bool  # the common case,
-            and FP32_TINY <= sm_scale <= FP32_SCALE_MAX  # checked inline (the hot path)
-            and (-math.inf < logit_cap <= 0.0 or FP32_TINY <= logit_cap <= FP32_SCALE_MAX)):
+    # under torch.compile's tracing a float is symbolic and comparing a NaN one raises in the tracer: call_scalars
+    # leaves its range to the operator's real implementation; eagerly the common case is checked inline (hot path)
+    compiling = torch.compiler.is_compiling()
+    if compiling or not (type(sm_scale) is float and type(logit_cap) is float and type(return_lse) is bool
+                         and FP32_TINY <= sm_scale <= FP32_SCALE_MAX
+                         and (-math.inf < logit_cap <= 0.0 or FP32_TINY <= logit_cap <= FP32_SCALE_MAX)):
         sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
     x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)
+    if compiling:
+        return _traced(x, None, return_lse, platform, path)
     return _execute_eager(x, None, return_lse, platform, path)
 
 

@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import attrs
 
+from mla_sink.core.platform import arch_of
+
 #: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
 KERNEL_FILES = {
     "portable": "mla_sink/kernels/triton/portable.py",
@@ -38,7 +40,7 @@ def launch_lines(plan: Any) -> list[str]:
 def _triton_lines(plan: Any, launch: Any) -> list[str]:
     T = plan.num_tokens
     sms = plan.platform.num_sms
-    if plan.platform.arch == "cpu":  # Triton's interpreter: one program at a time, no SMs
+    if plan.platform.arch == arch_of("cpu"):  # Triton's interpreter: one program at a time, no SMs
         where = "Triton's CPU interpreter"
     else:
         where = f"on {sms} SM(s)" if sms is not None else "SM count unknown"

@@ -627,13 +627,17 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 
+#: Bytes a row's start must be a multiple of for the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`).
+ROW_ALIGN = 16
+
+
 def rows_16b(kv_cache) -> bool:
     """Whether every row of ``kv_cache`` starts at a multiple of 16 bytes (pool pointer and row / block strides),
     as the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`) need; otherwise it gathers with ``gl.load``,
     which Triton compiles for the alignment it sees (a V3.2 pool may sit 4 bytes past a boundary, with 660-byte
     rows). The per-row stride of a paged cache is the row size (656 bytes: a multiple of 16)."""
     size = kv_cache.element_size()
-    return kv_cache.data_ptr() % 16 == 0 and all(st * size % 16 == 0 for st in kv_cache.stride()[:-1])
+    return kv_cache.data_ptr() % ROW_ALIGN == 0 and all(st * size % ROW_ALIGN == 0 for st in kv_cache.stride()[:-1])
 
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,

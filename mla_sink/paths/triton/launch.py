@@ -485,7 +485,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
     kv_cache or indices rows are not unit-stride."""
     if not _unit_rows(x):
         return _portable_instead(plan, x, out_dtype, device)
-    from mla_sink.kernels.gluon.gluon_fp8 import fp8_launch_args
+    from mla_sink.kernels.gluon.gluon_fp8 import ROW_ALIGN, fp8_launch_args
 
     H = x.q.shape[1]
     splits = launch.num_kv_splits
@@ -517,7 +517,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
             kv_scale = lse
         else:
             kv_scale = x.kv_scale if x.kv_scale is not None else torch.ones(1, dtype=torch.float32, device=x.q.device)
-        launch_decode = decode if align is True or x.kv_cache.data_ptr() % 16 == 0 else unaligned
+        launch_decode = decode if align is True or x.kv_cache.data_ptr() % ROW_ALIGN == 0 else unaligned
         try:
             launch_decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
                           kv_scale, out, lse, part_out, part_lse, x.sm_scale)
