@@ -16,6 +16,7 @@ import torch
 
 D_QK, TOPK, H = 576, 2048, 16
 POOLS = (1 << 18, 1 << 20, 3_500_000, 12_000_000)
+CHUNK = 1 << 20  # rows quantised at a time
 CASES = [(kv, t) for t in (256, 64) for kv in ("bf16", "fp8_e4m3", "fp8_ds_mla")]
 
 
@@ -25,9 +26,10 @@ def _caches(n: int) -> dict:
     from mla_sink import quantize_kv_cache
     kv = torch.empty(n, D_QK, dtype=torch.bfloat16, device="cuda")
     ds = torch.empty(n, 656, dtype=torch.uint8, device="cuda")
-    for a in range(0, n, 1 << 20):
-        kv[a:a + (1 << 20)] = (torch.randn(min(1 << 20, n - a), D_QK, device="cuda") * 0.5).to(torch.bfloat16)
-        ds[a:a + (1 << 20)] = quantize_kv_cache(kv[a:a + (1 << 20)], scale="pow2")
+    for a in range(0, n, CHUNK):
+        rows = slice(a, min(a + CHUNK, n))
+        kv[rows] = (torch.randn(rows.stop - a, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
+        ds[rows] = quantize_kv_cache(kv[rows], scale="pow2")
     return {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
             "fp8_ds_mla": (ds, None)}
 
