@@ -11,11 +11,13 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
 * roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = BLOCK_H
   heads, K = 576) and ``O^T += V^T P^T`` (M = 512 value columns, N = BLOCK_H, K = 64 ids); the tiles
   are read by the tensor cores straight from shared memory, q and P are the small N-side operands;
-* a producer warpgroup gathers each block's 64 fp8 rows into registers (16-byte loads with the L2's
-  256-byte prefetch, the ids loaded one block ahead, masked lanes read 0), converts them to fp16 once
-  (``cvt`` e4m3 -> f16: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16
-  tiles. Its lanes sit 4 to a row and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers
-  the 8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts; one lane per 512-byte row conflicts 2-way);
+* a producer warpgroup gathers each block's 64 fp8 rows into registers (loads with the L2's 256-byte
+  prefetch, the ids loaded one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3
+  -> f16: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes
+  sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
+  8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); e4m3 at 16 heads
+  (:data:`LINE_GATHER`) 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte
+  lines and each 8-lane phase of a store one swizzle row;
 * two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
   shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
@@ -91,6 +93,13 @@ KV_FORMATS = {"fp8_e4m3": (False, (torch.bfloat16, torch.float16)), "fp8_ds_mla"
 #: Rows the producer gathers per step, per head block: a whole block, or half of one at 32 heads, where the
 #: consumers' ``O^T`` leaves the producer 56 registers (16 rows a step spilled more).
 PRODUCER_ROWS = {16: 64, 32: 32}
+#: Head blocks, per KV format, whose producer loads whole 128-byte lines: 8 codes a lane and 16 lanes a row, where
+#: 16 bytes a lane and 4 lanes a row read 64 bytes of 8 rows per instruction (8 half-line wavefronts of the L1, the
+#: busiest unit: 60% of cycles under ncu). Whole-block steps only (8 rows a thread). H200 (thirteenth session,
+#: benchmarks/few_heads_gather8_ab_2026-12-01.json): e4m3 H=16 150.0 / 47.0 / 14.3 us at T = 256 / 64 / 2 against
+#: 160.4 / 50.4 / 14.6; V3.2 rows 189.5 / 57.4 / 16.2 against 191.1 / 59.1 / 15.4 (their per-row address
+#: arithmetic grows with 8 rows a thread), so they keep 4 lanes a row.
+LINE_GATHER = {"fp8_e4m3": (16,), "fp8_ds_mla": ()}
 #: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[h][0]``
 #: registers each; the producer gets the rest: ``WORKER_REGS[h][1]`` is then not passed to the compiler and
 #: only records ``512 - 2 * WORKER_REGS[h][0]``, of which the SASS's ``setmaxnreg`` keeps 56).
@@ -146,6 +155,28 @@ def _gather_bytes(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr):
                                      is_pure=True, pack=16)
 
 
+#: :data:`_LD_ROW_CHUNK` for 8 bytes a lane (``pack=8``): ``$0-$1`` the bytes, ``$2-$9`` their addresses,
+#: ``$10-$17`` their row's mask.
+_LD_ROW_CHUNK8 = gl.constexpr("""{
+.reg .pred p;
+setp.ne.b32 p, $10, 0;
+mov.b32 $0, 0;
+mov.b32 $1, 0;
+@p ld.global.L2::256B.v2.b32 {$0, $1}, [$2];
+}""")
+_LD_ROW_CHUNK8_CONSTRAINTS = gl.constexpr("=r,=r," + ",".join(["l"] * 8) + "," + ",".join(["r"] * 8))
+
+
+@gluon.jit
+def _gather_bytes8(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr):
+    """:func:`_gather_bytes` with 8 consecutive bytes a lane (:data:`_LD_ROW_CHUNK8`)."""
+    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    addr = (rows.to(gl.pointer_type(gl.uint8), bitcast=True)[:, None] + cols[None, :]).to(gl.int64, bitcast=True)
+    ok = gl.zeros([rows.shape[0], WIDTH], gl.int32, layout=layout) + (ids >= 0).to(gl.int32)[:, None]
+    return gl.inline_asm_elementwise(_LD_ROW_CHUNK8, _LD_ROW_CHUNK8_CONSTRAINTS, [addr, ok], dtype=gl.uint8,
+                                     is_pure=True, pack=8)
+
+
 @gluon.jit
 def _to_tile(codes, dtype: gl.constexpr, KV_DS: gl.constexpr):
     """e4m3fn codes -> the ring's dtype, exactly (one ``cvt`` per pair into fp16; V3.2 codes, read as bytes,
@@ -171,9 +202,19 @@ def _checked(raw, nrows):
 
 
 @gluon.jit
+def _ids_like(IDX, idx_base, end, start, ROWS: gl.constexpr, ids_n, nrows, SAME: gl.constexpr, layout: gl.constexpr):
+    """The checked ids of a step in ``layout``'s rows: ``ids_n`` as they are where both layouts spread the rows
+    alike (``SAME``: a free conversion), else loaded again."""
+    if SAME:
+        return gl.convert_layout(ids_n, gl.SliceLayout(1, layout))
+    else:
+        return _checked(_raw_ids(IDX, idx_base, end, start, ROWS, layout), nrows)
+
+
+@gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
-              KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr):
+              KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
     blocks). V3.2 rows: the latent codes without their scales, and the bf16 RoPE as it is. The next step's
@@ -196,25 +237,36 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     rows in flight), V3.2 codes decoded into an fp16 ring with one ``cvt`` a pair 190.7 against 191.6 (the
     conversion is not the limit), a second block in flight (cp.async staging) 157.9 against 159.8, and the
     pool's size and the ids' order move the time by 4-6% only. Loads of whole 128-byte lines (8 bytes a lane, 16
-    lanes a row; branch ``wip/gather-lines``) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the
-    period."""
-    nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
-    if KV_DS:
-        rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
+    lanes a row: :data:`LINE_GATHER`) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the period."""
+    if LINES:  # 8 codes a lane, 16 lanes a row: each load instruction reads whole 128-byte lines
+        nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        if KV_DS:
+            rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 4 bf16 (8 bytes) a lane
+        else:
+            rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 4 codes a lane
     else:
-        rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
+        if KV_DS:
+            rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
+        else:
+            rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
     ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
-    ids_r = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, rope_l), nrows)
+    ids_r = _ids_like(IDX, idx_base, end, start, ROWS, ids_n, nrows, LINES, rope_l)
     for i in range(num_blocks):
         s = i % STAGES
         for h in gl.static_range(BLOCK_N // ROWS):
             # the next step's ids: this block's next rows, or (after its last) the next block's first
             next_n = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, nope_l)
-            next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
+            if not LINES:
+                next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
             if ROWS_16B:  # the hinted 16-byte loads need 16-byte aligned rows
-                x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE,
-                                    nope_l)
+                if LINES:
+                    x_n = _gather_bytes8(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE,
+                                         nope_l)
+                else:
+                    x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE,
+                                        nope_l)
                 if not KV_DS:
                     x_n = x_n.to(gl.float8e4nv, bitcast=True)
             else:
@@ -231,7 +283,10 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS))
             kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
             ids_n = _checked(next_n, nrows)
-            ids_r = _checked(next_r, nrows)
+            if LINES:  # the latent's rows, spread as the RoPE's are
+                ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
+            else:
+                ids_r = _checked(next_r, nrows)
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         gl.thread_barrier()
         mbarrier.arrive(ready.index(s))
@@ -467,6 +522,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     PRODUCER_DEFAULT: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
+    LINES: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS``:
@@ -548,7 +604,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     if PRODUCER_DEFAULT:
         gl.warp_specialize([
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B)),
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
             (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
@@ -573,7 +629,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B)),
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -623,7 +679,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
                       CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, PRODUCER_ROWS=PRODUCER_ROWS[block_h],
                       PRODUCER_DEFAULT=block_h in PRODUCER_DEFAULT, KV_DS=ds,
-                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache))
+                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache),
+                      LINES=block_h in LINE_GATHER[kv_dtype])
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 
