@@ -333,6 +333,30 @@ def _tile_scores(kn, qn, s_zero, t: gl.constexpr):
 
 
 @gluon.jit
+def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, BLOCK_N: gl.constexpr,
+                 ROW_BYTES: gl.constexpr):
+    """The four float32 tile scales of a block's ids (``ids``, ``ok`` in the rows of ``acc_l``), each ``[BLOCK_N]``
+    in those rows (skipped ids 0; their codes read 0 too). One 16-byte load a row: a layout whose rows sit where ``acc_l``'s do (a lane's
+    row ``lane // 4``, one more 8 rows on, 16 rows a warp) and whose 4 columns sit in each thread's registers, so
+    that picking a column is an in-thread sum and its conversion to ``acc_l``'s rows moves no data. Four 4-byte
+    loads a row, as before, took 4 L1 wavefronts where this takes one (the L1's load pipe is the producer's
+    limit: BENCHMARKS.md, thirteenth session)."""
+    sc4_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BLOCK_N, 4])
+    ok = gl.convert_layout(ok, gl.SliceLayout(1, sc4_l))
+    rows = (_rows(KV, gl.where(ok, gl.convert_layout(ids, gl.SliceLayout(1, sc4_l)), -1), stride_kv, kv_block_size, True, ROW_BYTES) + DS_SCALES_AT).to(
+        gl.pointer_type(gl.float32), bitcast=True)
+    t = gl.arange(0, 4, layout=gl.SliceLayout(0, sc4_l))
+    sc = gl.load(rows[:, None] + t[None, :], mask=ok[:, None], other=0.0)
+    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
+    return (gl.convert_layout(gl.sum(gl.where(t[None, :] == 0, sc, 0.0), axis=1), row_l),
+            gl.convert_layout(gl.sum(gl.where(t[None, :] == 1, sc, 0.0), axis=1), row_l),
+            gl.convert_layout(gl.sum(gl.where(t[None, :] == 2, sc, 0.0), axis=1), row_l),
+            gl.convert_layout(gl.sum(gl.where(t[None, :] == 3, sc, 0.0), axis=1), row_l))
+
+
+@gluon.jit
 def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, stride_kv,
                kv_block_size, num_rows, start, end, num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr,
                BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, FIRST: gl.constexpr):
@@ -353,12 +377,7 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
     for i in range(FIRST, num_blocks, STAGES):
         s = _stage(i, FIRST, True)
         ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
-        sc = (_rows(KV, gl.where(ok, ids, -1), stride_kv, kv_block_size, True, ROW_BYTES) + DS_SCALES_AT).to(
-            gl.pointer_type(gl.float32), bitcast=True)
-        sc0 = gl.load(sc, mask=ok, other=0.0)  # skipped ids: 0 (their codes read 0 too)
-        sc1 = gl.load(sc + 1, mask=ok, other=0.0)
-        sc2 = gl.load(sc + 2, mask=ok, other=0.0)
-        sc3 = gl.load(sc + 3, mask=ok, other=0.0)
+        sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         kn = kn_smem.index(s)
         z = s - FIRST  # an opaque 0: q and P's tiles indexed through it too (their descriptors are not hoisted)
