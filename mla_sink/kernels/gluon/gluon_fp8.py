@@ -85,7 +85,7 @@ WORKER_REGS = {16: (136, 152), 32: (224, 64)}
 #: accumulators at a time; the producer at 56 registers spilled 100-150 bytes) took 356 us at H=32, T=256
 #: against 206 on the seesaw (H200, tenth session; benchmarks/ds_few_heads_sweep_r2_2026-12-01.json), so V3.2
 #: rows take 16-head blocks only (:data:`DS_HEAD_BLOCKS`).
-DS_WORKER_REGS = {16: (176, 112)}
+DS_WORKER_REGS = {16: (176, 120)}
 DS_HEAD_BLOCKS = tuple(DS_WORKER_REGS)
 #: The caches the kernel reads, by KV dtype key: (``KV_DS``, the q dtypes it computes with exactly). e4m3:
 #: q scaled per head row into fp16; V3.2: bf16 operands only (the rows' RoPE is bf16).
@@ -99,7 +99,7 @@ PRODUCER_ROWS = {16: 64, 32: 32}
 #: benchmarks/few_heads_gather8_ab_2026-12-01.json): e4m3 H=16 150.0 / 47.0 / 14.3 us at T = 256 / 64 / 2 against
 #: 160.4 / 50.4 / 14.6; V3.2 rows 189.5 / 57.4 / 16.2 against 191.1 / 59.1 / 15.4 (their per-row address
 #: arithmetic grows with 8 rows a thread), so they keep 4 lanes a row.
-LINE_GATHER = {"fp8_e4m3": (16,), "fp8_ds_mla": ()}
+LINE_GATHER = {"fp8_e4m3": (16,), "fp8_ds_mla": (16,)}
 #: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[h][0]``
 #: registers each; the producer gets the rest: ``WORKER_REGS[h][1]`` is then not passed to the compiler and
 #: only records ``512 - 2 * WORKER_REGS[h][0]``, of which the SASS's ``setmaxnreg`` keeps 56).
