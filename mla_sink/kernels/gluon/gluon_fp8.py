@@ -15,9 +15,9 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   prefetch, the ids loaded one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3
   -> f16: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes
   sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
-  8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); e4m3 at 16 heads
-  (:data:`LINE_GATHER`) 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte
-  lines and each 8-lane phase of a store one swizzle row;
+  8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); at 16 heads (:data:`LINE_GATHER`)
+  16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each 8-lane phase
+  of a store one swizzle row;
 * two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
   shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
@@ -81,10 +81,11 @@ BLOCK_N = 64
 WORKER_REGS = {16: (136, 152), 32: (224, 64)}
 #: The same for V3.2 rows, whose consumers also hold one score accumulator per tile scale (four, and the
 #: RoPE's): at 16 heads the second consumer needs 176 (AOT sm90: 136 spilled 176 bytes, 168 spilled 28) and
-#: the producer, converting through fp32, fits in 112. 32-head blocks (e4m3's partitions, two tiles' score
-#: accumulators at a time; the producer at 56 registers spilled 100-150 bytes) took 356 us at H=32, T=256
-#: against 206 on the seesaw (H200, tenth session; benchmarks/ds_few_heads_sweep_r2_2026-12-01.json), so V3.2
-#: rows take 16-head blocks only (:data:`DS_HEAD_BLOCKS`).
+#: the producer, loading whole lines (:data:`LINE_GATHER`, 8 rows a thread) and converting through fp32, fits
+#: in 120 (112 with 4 lanes a row). 32-head blocks (e4m3's partitions, two tiles' score accumulators at a time;
+#: the producer at 56 registers spilled 100-150 bytes) took 356 us at H=32, T=256 against 206 on the seesaw
+#: (H200, tenth session; benchmarks/ds_few_heads_sweep_r2_2026-12-01.json), so V3.2 rows take 16-head blocks
+#: only (:data:`DS_HEAD_BLOCKS`).
 DS_WORKER_REGS = {16: (176, 120)}
 DS_HEAD_BLOCKS = tuple(DS_WORKER_REGS)
 #: The caches the kernel reads, by KV dtype key: (``KV_DS``, the q dtypes it computes with exactly). e4m3:
@@ -95,10 +96,13 @@ KV_FORMATS = {"fp8_e4m3": (False, (torch.bfloat16, torch.float16)), "fp8_ds_mla"
 PRODUCER_ROWS = {16: 64, 32: 32}
 #: Head blocks, per KV format, whose producer loads whole 128-byte lines: 8 codes a lane and 16 lanes a row, where
 #: 16 bytes a lane and 4 lanes a row read 64 bytes of 8 rows per instruction (8 half-line wavefronts of the L1, the
-#: busiest unit: 60% of cycles under ncu). Whole-block steps only (8 rows a thread). H200 (thirteenth session,
-#: benchmarks/few_heads_gather8_ab_2026-12-01.json): e4m3 H=16 150.0 / 47.0 / 14.3 us at T = 256 / 64 / 2 against
-#: 160.4 / 50.4 / 14.6; V3.2 rows 189.5 / 57.4 / 16.2 against 191.1 / 59.1 / 15.4 (their per-row address
-#: arithmetic grows with 8 rows a thread), so they keep 4 lanes a row.
+#: busiest unit: 60% of cycles under ncu). Whole-block steps only (8 rows a thread). H200, one run each
+#: (benchmarks/few_heads_gather8_ab_2026-12-01.json, benchmarks/few_heads_lines_scales_ab_2026-12-02.json): e4m3
+#: H=16 150.7 / 47.5 / 14.3 us at T = 256 / 64 / 2 against 160.5 / 50.4 / 14.6 with 4 lanes a row. V3.2 rows alone
+#: gained nothing (189.5 / 57.4 / 16.2 against 191.1 / 59.1 / 15.4); with their consumers' tile scales in one
+#: 16-byte load a row (:func:`_tile_scales`) 183.6 / 56.8 / 15.1 against 192.2 / 58.8 / 15.8 (the scales alone
+#: 193.7 / 59.2 / 15.6): both cut the L1's wavefronts, and only together does the period move. 32-head blocks
+#: (32-row steps) with whole lines took 177.1 against 175.8 at T=256 and spilled 12 bytes, so they keep 4 lanes.
 LINE_GATHER = {"fp8_e4m3": (16,), "fp8_ds_mla": (16,)}
 #: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[h][0]``
 #: registers each; the producer gets the rest: ``WORKER_REGS[h][1]`` is then not passed to the compiler and
@@ -240,10 +244,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     lanes a row: :data:`LINE_GATHER`) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the period."""
     if LINES:  # 8 codes a lane, 16 lanes a row: each load instruction reads whole 128-byte lines
         nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-        if KV_DS:
-            rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 4 bf16 (8 bytes) a lane
-        else:
-            rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 4 codes a lane
+        rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 4 codes or 4 bf16 a lane
     else:
         nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
         if KV_DS:
@@ -335,18 +336,19 @@ def _tile_scores(kn, qn, s_zero, t: gl.constexpr):
 @gluon.jit
 def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, BLOCK_N: gl.constexpr,
                  ROW_BYTES: gl.constexpr):
-    """The four float32 tile scales of a block's ids (``ids``, ``ok`` in the rows of ``acc_l``), each ``[BLOCK_N]``
-    in those rows (skipped ids 0; their codes read 0 too). One 16-byte load a row: a layout whose rows sit where ``acc_l``'s do (a lane's
-    row ``lane // 4``, one more 8 rows on, 16 rows a warp) and whose 4 columns sit in each thread's registers, so
-    that picking a column is an in-thread sum and its conversion to ``acc_l``'s rows moves no data. Four 4-byte
-    loads a row, as before, took 4 L1 wavefronts where this takes one (the L1's load pipe is the producer's
-    limit: BENCHMARKS.md, thirteenth session)."""
+    """The four float32 tile scales of a block's ids (``ids``, ``ok`` in the rows of ``acc_l``), each
+    ``[BLOCK_N]`` in those rows (skipped ids 0; their codes read 0 too). One 16-byte load a row: a layout whose
+    rows sit where ``acc_l``'s do (a lane's row ``lane // 4``, one more 8 rows on, 16 rows a warp) and whose 4
+    columns sit in each thread's registers, so that picking a column is an in-thread sum and its conversion to
+    ``acc_l``'s rows moves no data. Four 4-byte loads a row took 4 L1 wavefronts where this takes one (the L1's
+    load pipe is the producer's limit: BENCHMARKS.md, thirteenth and fourteenth sessions)."""
     sc4_l: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
         warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BLOCK_N, 4])
     ok = gl.convert_layout(ok, gl.SliceLayout(1, sc4_l))
-    rows = (_rows(KV, gl.where(ok, gl.convert_layout(ids, gl.SliceLayout(1, sc4_l)), -1), stride_kv, kv_block_size, True, ROW_BYTES) + DS_SCALES_AT).to(
-        gl.pointer_type(gl.float32), bitcast=True)
+    ids = gl.where(ok, gl.convert_layout(ids, gl.SliceLayout(1, sc4_l)), -1)
+    rows = (_rows(KV, ids, stride_kv, kv_block_size, True, ROW_BYTES) + DS_SCALES_AT).to(gl.pointer_type(gl.float32),
+                                                                                           bitcast=True)
     t = gl.arange(0, 4, layout=gl.SliceLayout(0, sc4_l))
     sc = gl.load(rows[:, None] + t[None, :], mask=ok[:, None], other=0.0)
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
