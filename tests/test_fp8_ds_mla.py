@@ -504,15 +504,17 @@ def test_sm90_plans(H, T):
         if q == "bf16" and H <= 16:
             # few heads, split or not: gluon_fp8, every tile scale applied exactly
             assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon", launch
-            assert launch.tuning_row == "sm90_ds_mla_h16"
+            # the split policy of bf16 q's own row (splits down to one 64-id block)
+            assert launch.tuning_row == "sm90_ds_mla_h16_bf16"
         elif q == "bf16":  # every other head count and split: 64-head blocks, H <= 32 padded
             # the seesaw decodes into bf16: exact for power-of-two scales, and it flags tokens with others
             assert launch.kernel == "gluon_seesaw" and launch.kernel_row == "sm90_ds_mla_gluon_seesaw", launch
             # the tiles and split policy of the recompute: the portable row of the head count
-            assert launch.tuning_row == ("sm90_ds_mla_h16" if H <= 16 else "sm90_ds_mla_h32" if H <= 32
-                                         else "sm90_ds_mla")
+            assert launch.tuning_row == ("sm90_ds_mla_h32_bf16" if H <= 32 else "sm90_ds_mla")
         else:  # fp16 tiles cannot hold e4m3 x 2^k exactly for FlashMLA's scales
-            assert launch.kernel == "portable" and launch.tuning_row.startswith("sm90_ds_mla"), launch
+            assert launch.kernel == "portable", launch  # the rows measured for the portable kernel
+            assert launch.tuning_row == ("sm90_ds_mla_h16" if H <= 16 else "sm90_ds_mla_h32" if H <= 32
+                                         else "sm90_ds_mla"), launch
         assert launch.fp8_f16 is False  # the split policy and the tiles of the gated recompute
         assert launch.num_kv_splits >= 1
         no_gluon = plan_triton_launch(arch="sm90", q_dtype=q, kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
