@@ -241,7 +241,10 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     rows in flight), V3.2 codes decoded into an fp16 ring with one ``cvt`` a pair 190.7 against 191.6 (the
     conversion is not the limit), a second block in flight (cp.async staging) 157.9 against 159.8, and the
     pool's size and the ids' order move the time by 4-6% only. Loads of whole 128-byte lines (8 bytes a lane, 16
-    lanes a row: :data:`LINE_GATHER`) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the period."""
+    lanes a row: :data:`LINE_GATHER`) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the period.
+    Fourteenth session: V3.2 rows on whole lines, with the consumers' scales in one load, 183.6 against 192.2; a
+    probe without the V3.2 RoPE gather took 163.5, one without it and the consumers' scale work 154.9 (e4m3:
+    150.5), so the bf16 RoPE's 128 bytes a row cost V3.2 about 19 us at T=256 (BENCHMARKS.md)."""
     if LINES:  # 8 codes a lane, 16 lanes a row: each load instruction reads whole 128-byte lines
         nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
         rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 4 codes or 4 bf16 a lane
