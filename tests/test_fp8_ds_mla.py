@@ -525,6 +525,21 @@ def test_sm90_plans(H, T):
     assert capped.kernel == "portable"  # no soft cap in the Gluon kernels
 
 
+@pytest.mark.parametrize("H,T,q,splits,ids", [
+    (16, 2, "bf16", 32, 64),  # sm90_ds_mla_h16_bf16: one 64-id Gluon block a split (14.3 us against 15.8 at 16)
+    (16, 2, "fp16", 16, 128),  # the portable kernel keeps its measured 128-id floor
+    (32, 64, "bf16", 2, 1024),  # sm90_ds_mla_h32_bf16: whole seesaw block pairs (67.3 us against 75.7 at 3)
+    (32, 2, "bf16", 16, 128),  # 32 splits on the seesaw were slower (21.8 against 19.1)
+])
+def test_sm90_ds_mla_split_counts(H, T, q, splits, ids):
+    """The split counts the H200 A/Bs of the fourteenth session chose (tables/triton_tuning.yaml)."""
+    from mla_sink.paths.triton.plan import plan_triton_launch
+
+    launch = plan_triton_launch(arch="sm90", q_dtype=q, kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,
+                                topk=2048, logit_cap=0.0, gluon=True, num_sms=132)
+    assert (launch.num_kv_splits, launch.ids_per_split) == (splits, ids), launch
+
+
 @pytest.mark.parametrize("arch", ["cpu", "gfx942", "gfx950", "sm100", "sm89"])
 def test_other_archs_plan_the_portable_kernel(arch):
     from mla_sink.paths.triton.plan import plan_triton_launch
