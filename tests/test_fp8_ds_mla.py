@@ -310,6 +310,34 @@ def test_kernel_against_float64(scale, q_dtype, split):
 
 
 @interp
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32], ids=["fp16", "fp32_upcast"])
+def test_rope_scores_keep_bf16_range_and_small_values(q_dtype):
+    """kmath.ds_mla_rope_scores, the RoPE product of the portable kernel's V3.2 rows, run by Triton's interpreter
+    on fp16 q as the GPU's tiles hold it (the kernel itself runs fp32 tiles under the interpreter, the second
+    case; the interpreter does no bf16 arithmetic, so bf16 q runs on the GPU only): bf16 RoPE values beyond
+    fp16's range (3e5, -1e30) and below its normal range (2^-20) against float64. Casting them to fp16 q's
+    dtype, as the kernel did, gave inf scores and NaN weights."""
+    from interp_kernels import rope_scores_kernel
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from mla_sink.kernels.triton.interpreter import interpreter_stdlib
+
+    g = torch.Generator().manual_seed(3)
+    H, N, D = 16, 16, kv_layout.D_ROPE
+    q = (torch.randn(H, D, generator=g) * 1e-3).to(q_dtype)
+    k = torch.randn(N, D, generator=g).to(torch.bfloat16)
+    k[0, 0], k[1, 1], k[2] = 3e5, -1e30, 2.0 ** -20
+    out = torch.full((H, N), float("nan"))
+    with interpreter_stdlib():
+        InterpretedFunction(rope_scores_kernel.fn)[(1,)](q, k, out, H=H, N=N, D=D)
+    ref = q.double() @ k.double().T
+    assert torch.isfinite(out).all()
+    # fp32 sums of exact products: a few fp32 ulps of the sum of |products|
+    bound = 1e-6 * (q.double().abs() @ k.double().abs().T)
+    assert ((out.double() - ref).abs() <= bound).all()
+
+
+@interp
 @pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
 def test_gated_recompute_touches_only_flagged_tokens(split):
     """The portable kernel gated on the seesaw's per-program flags, as the sm90 launcher runs it after the

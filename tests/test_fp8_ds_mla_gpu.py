@@ -221,6 +221,27 @@ def test_layer_and_cuda_graph_capture(big_pools):
     check_budget(out, lse, ro, rl)
 
 
+def test_fp16_q_reads_rope_beyond_fp16_range():
+    """fp16 q on V3.2 rows (the portable kernel): bf16 RoPE values beyond fp16's range (3e5, -1e30) and below its
+    normal range (2^-20) in referenced rows, against float64. The kernel cast them to fp16 (inf scores, NaN out)
+    before its RoPE product took fp32 products (kmath.ds_mla_rope_scores)."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    N, T, H = 4096, 4, 16
+    pool = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="amax")
+    rope = pool[:, 528:].view(torch.bfloat16)  # [N, 64], the rows' RoPE in place
+    rope[7, 0], rope[8, 1], rope[9] = 3e5, -1e30, 2.0 ** -20
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g)
+    q[..., 512:] *= 1e-3  # scores stay moderate: 3e5 x 1e-3 x sm_scale
+    q = q.to(torch.float16)
+    idx = torch.randint(0, N, (T, 256), device="cuda", generator=g, dtype=torch.int32)
+    idx[:, :3] = torch.tensor([7, 8, 9], device="cuda", dtype=torch.int32)
+    sinks = _sinks(H, g)
+    assert triton_plan_for(q, pool, idx, sinks=sinks).launch.kernel == "portable"
+    o, l = sparse_mla_decode_triton(q, pool, idx, sinks, SM_SCALE)
+    ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE)
+    check_budget(o, l, ro, rl)
+
+
 def test_misaligned_pool_is_refused_before_the_kernel(big_pools):
     pool = big_pools["pools"]["pow2"]
     shifted = pool.view(-1)[2: 2 + 1024 * ROW].view(1024, ROW)

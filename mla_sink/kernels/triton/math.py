@@ -89,6 +89,19 @@ def e4m3_codes(ptr, offs, valid, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def ds_mla_rope_scores(q_rope, k_rope):
+    """``q_rope @ k_rope^T`` (``[BLOCK_H, BLOCK_N]`` fp32) for the bf16 RoPE of ``fp8_ds_mla`` rows (``k_rope``
+    ``[BLOCK_N, D_ROPE]`` bf16; ``q_rope`` ``[BLOCK_H, D_ROPE]`` in the kernel's q dtype). With bf16 q (and fp32
+    under ``UPCAST``) in that dtype, which holds every bf16 value; with fp16 q in fp32 products
+    (``input_precision="ieee"``: fp16 x bf16 products are exact in fp32), because fp16 holds neither bf16's
+    range (a RoPE value above 65504 became inf) nor its small values (below 2^-14 fp16 has fewer bits)."""
+    if q_rope.dtype == tl.float16:
+        return tl.dot(q_rope.to(tl.float32), tl.trans(k_rope.to(tl.float32)), input_precision="ieee")
+    else:
+        return tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)))
+
+
+@triton.jit
 def ds_mla_pv(acc, p, scale, k):
     """``acc + (p * scale[None, :]) @ k``: the P.V product of one 128-column tile of ``fp8_ds_mla`` rows, whose
     values are the e4m3 tile ``k [BLOCK_N, TILE]`` times a float32 scale per row (``scale [BLOCK_N]``).

@@ -188,9 +188,9 @@ def _sparse_mla_decode_kernel(
             k2 = kmath.e4m3_codes(row + 2 * DS_TILE, offs_c, valid, q0.dtype, UPCAST)
             k3 = kmath.e4m3_codes(row + 3 * DS_TILE, offs_c, valid, q0.dtype, UPCAST)
             rope_ptr = (row + D_NOPE + 4 * (D_NOPE // DS_TILE)).to(tl.pointer_type(tl.bfloat16))  # bytes 528..655
-            k_rope = tl.load(rope_ptr[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0).to(q_rope.dtype)
+            k_rope = tl.load(rope_ptr[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
 
-            qk = tl.dot(q_rope, tl.trans(k_rope))
+            qk = kmath.ds_mla_rope_scores(q_rope, k_rope)
             qk += tl.dot(q0, tl.trans(k0)) * s0[None, :]
             qk += tl.dot(q1, tl.trans(k1)) * s1[None, :]
             qk += tl.dot(q2, tl.trans(k2)) * s2[None, :]
