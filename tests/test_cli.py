@@ -161,11 +161,16 @@ def test_help(argv, capsys):
     (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
     (["explain", "--path", "garbage"], "'path' must be one of"),
     (["explain", "--arch", "cpu", "--aiter", "0.1.20"], "'aiter_version' must be None"),
-    (["explain", "--tokens", "0"], "'--tokens' must be >= 1"),
-    (["explain", "--heads", "0"], "'--heads' must be >= 1 (got 0)"),
-    (["explain", "--topk", "-3"], "'--topk' must be >= 1 (got -3)"),
-    (["explain", "--dcp", "0"], "'--dcp' must be >= 1 (got 0)"),
-    (["explain", "--arch", "sm90", "--sms", "-1"], "'--sms' must be >= 1"),
+    (["explain", "--tokens", "0"], "'--tokens' must be in [1, 2147483647] (got 0)"),
+    (["explain", "--heads", "0"], "'--heads' must be in [1, 2147483647] (got 0)"),
+    (["explain", "--topk", "-3"], "'--topk' must be in [1, 2147483647] (got -3)"),
+    (["explain", "--dcp", "0"], "'--dcp' must be in [1, 2147483647] (got 0)"),
+    (["explain", "--arch", "sm90", "--sms", "-1"], "'--sms' must be in [1, 2147483647] (got -1)"),
+    # counts past int32 (the kernels' argument type) were accepted and explained
+    (["explain", "--heads", str(10 ** 20)], f"'--heads' must be in [1, 2147483647] (got {10 ** 20})"),
+    (["explain", "--topk", str(2 ** 31)], f"'--topk' must be in [1, 2147483647] (got {2 ** 31})"),
+    (["explain", "--tokens", str(10 ** 20)], "'--tokens' must be in [1, 2147483647]"),
+    (["explain", "--arch", "sm90", "--sms", str(2 ** 40)], "'--sms' must be in [1, 2147483647]"),
     (["explain", "--arch", ""], "'--arch' must not be empty"),  # was this machine's, silently
     (["explain", "--arch", "sm90", "--aiter", " "], "'--aiter' must not be empty"),  # was 'none', silently
     (["demo", "--device", "tpu"], "'--device' must be cpu or cuda"),

@@ -47,10 +47,19 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
     return Platform(arch=arch, aiter_version=aiter, triton=triton, gluon=gluon, num_sms=sms)
 
 
+#: The largest count a flag may give: the kernels take heads, topk, tokens and SM counts as int32 arguments.
+COUNT_MAX = 2 ** 31 - 1
+
+
+def _check_count(flag: str, value: int) -> None:
+    """A count flag's value in ``[1, COUNT_MAX]``, or a ValueError naming the flag."""
+    if not 1 <= value <= COUNT_MAX:
+        raise ValueError(f"'{flag}' must be in [1, {COUNT_MAX}] (got {value})")
+
+
 def _spec_from_args(args: argparse.Namespace) -> CallSpec:
     for flag, value in (("--heads", args.heads), ("--topk", args.topk), ("--dcp", args.dcp)):
-        if value < 1:  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
-            raise ValueError(f"'{flag}' must be >= 1 (got {value})")
+        _check_count(flag, value)  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
                     topk=args.topk, sinks=args.sinks, dcp_world_size=args.dcp,
                     need_lse=args.return_lse, logit_cap=args.logit_cap)
@@ -84,10 +93,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from mla_sink.core.select import NoKernelError, select
     from mla_sink.tools.explain import launch_lines, plan_to_dict
 
-    if args.tokens < 1:
-        raise ValueError(f"'--tokens' must be >= 1 (got {args.tokens})")
-    if args.sms is not None and args.sms < 1:
-        raise ValueError(f"'--sms' must be >= 1 (got {args.sms})")
+    _check_count("--tokens", args.tokens)
+    if args.sms is not None:
+        _check_count("--sms", args.sms)
 
     if args.matrix:
         if args.json:
