@@ -156,8 +156,8 @@ def test_help(argv, capsys):
 
 
 @pytest.mark.parametrize("argv,text", [
-    (["demo", "--tokens", "0"], "'--tokens' must be >= 1"),
-    (["demo", "--pool", "0"], "'--pool' must be >= 1"),
+    (["demo", "--tokens", "0"], "'--tokens' must be in [1, 2147483647] (got 0)"),
+    (["demo", "--pool", "0"], "'--pool' must be in [1, 2147483647] (got 0)"),
     (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
     (["explain", "--path", "garbage"], "'path' must be one of"),
     (["explain", "--arch", "cpu", "--aiter", "0.1.20"], "'aiter_version' must be None"),
@@ -174,6 +174,13 @@ def test_help(argv, capsys):
     (["explain", "--arch", ""], "'--arch' must not be empty"),  # was this machine's, silently
     (["explain", "--arch", "sm90", "--aiter", " "], "'--aiter' must not be empty"),  # was 'none', silently
     (["demo", "--device", "tpu"], "'--device' must be cpu or cuda"),
+    # sizes past int32, or beyond the machine's memory, gave an allocator's traceback
+    (["demo", "--pool", str(10 ** 12)], f"'--pool' must be in [1, 2147483647] (got {10 ** 12})"),
+    (["demo", "--topk", str(10 ** 10)], "'--topk' must be in [1, 2147483647]"),
+    (["demo", "--tokens", "2147483647", "--heads", "2147483647"], "GiB of demo tensors, more than cpu"),
+    (["demo", "--pool", "2000000000"], "'--pool' 2000000000 need about"),
+    (["demo", "--seed", str(10 ** 20)], "'--seed' must be in [0, 2**64 - 1]"),  # was an unnamed overflow
+    (["demo", "--device", ""], "'--device' must not be empty"),  # was the default device, silently
 ])
 def test_bad_flags_give_one_line_and_exit_2(argv, text, capsys):
     code = main(argv)

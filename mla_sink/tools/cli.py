@@ -16,6 +16,7 @@ import attrs
 
 from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
 from mla_sink.core.records import CallSpec, Platform, call_key
+from mla_sink.tools.flags import check_count, check_not_empty
 
 _DTYPES = sorted(DTYPE_KEYS.values())  # q (and 576-column KV) dtypes
 _KV_DTYPES = list(KV_DTYPE_KEYS)  # ... and the 656-byte V3.2 rows, fp8_ds_mla
@@ -33,8 +34,7 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
     from mla_sink.core.platform import detect_platform
 
     for flag, value in (("--arch", args.arch), ("--aiter", args.aiter)):
-        if value is not None and not value.strip():  # an empty value is a mistake, not "this machine" / "none"
-            raise ValueError(f"'{flag}' must not be empty (got {value!r}); leave it out for this machine's")
+        check_not_empty(flag, value, "this machine's")  # not silently "this machine" / "none"
     here = detect_platform()
     arch = args.arch or here.arch
     if args.aiter is None:
@@ -47,19 +47,9 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
     return Platform(arch=arch, aiter_version=aiter, triton=triton, gluon=gluon, num_sms=sms)
 
 
-#: The largest count a flag may give: the kernels take heads, topk, tokens and SM counts as int32 arguments.
-COUNT_MAX = 2 ** 31 - 1
-
-
-def _check_count(flag: str, value: int) -> None:
-    """A count flag's value in ``[1, COUNT_MAX]``, or a ValueError naming the flag."""
-    if not 1 <= value <= COUNT_MAX:
-        raise ValueError(f"'{flag}' must be in [1, {COUNT_MAX}] (got {value})")
-
-
 def _spec_from_args(args: argparse.Namespace) -> CallSpec:
     for flag, value in (("--heads", args.heads), ("--topk", args.topk), ("--dcp", args.dcp)):
-        _check_count(flag, value)  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
+        check_count(flag, value)  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
                     topk=args.topk, sinks=args.sinks, dcp_world_size=args.dcp,
                     need_lse=args.return_lse, logit_cap=args.logit_cap)
@@ -93,9 +83,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from mla_sink.core.select import NoKernelError, select
     from mla_sink.tools.explain import launch_lines, plan_to_dict
 
-    _check_count("--tokens", args.tokens)
+    check_count("--tokens", args.tokens)
     if args.sms is not None:
-        _check_count("--sms", args.sms)
+        check_count("--sms", args.sms)
 
     if args.matrix:
         if args.json:

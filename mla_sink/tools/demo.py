@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
 
 from mla_sink.core.dtypes import DS_MLA_KEYS, FP8_KEYS, HALF_KEYS, KV_DTYPE_KEYS, TORCH_DTYPES
 from mla_sink.core.records import call_key
+from mla_sink.tools.flags import check_count, check_not_empty, check_seed
 
 _DTYPES = list(KV_DTYPE_KEYS)
 _DEFAULT_Q_DTYPE = "bf16"  # the demo's q dtype unless --dtype or a half-precision --kv-dtype says otherwise
@@ -35,6 +37,24 @@ def demo_dtypes(args: argparse.Namespace) -> tuple:
     bf16 or fp16, else bf16) and ``--kv-dtype`` (default: the q dtype)."""
     q_dtype = args.dtype or (args.kv_dtype if args.kv_dtype in HALF_KEYS else _DEFAULT_Q_DTYPE)
     return q_dtype, args.kv_dtype or q_dtype
+
+
+def demo_bytes(tokens: int, heads: int, topk: int, pool: int) -> int:
+    """Bytes the demo allocates at most: :func:`make_inputs`'s tensors (fp32 staging of q and the pool, the pool
+    in its dtype, the ids and their drop mask) and the float64 reference's gathered rows, for the error of a
+    demo too large to allocate."""
+    return tokens * heads * 576 * (4 + 2) + pool * 576 * (4 + 2) + tokens * topk * (4 + 4 + 1 + 576 * 8)
+
+
+def memory_bytes(device: str):
+    """The memory of ``device`` in bytes (a CUDA device's total, the CPU's physical memory), or None where it
+    cannot be read (then only the allocation itself can fail)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX sysconf name here
+        return None
 
 
 def make_inputs(tokens: int, heads: int, topk: int, pool: int, dtype: str, kv_dtype: str, device: str,
@@ -72,7 +92,8 @@ def run_demo(args: argparse.Namespace) -> int:
         0 when the output has no NaN and empty rows give ``out = 0``, ``lse = -inf``; else 1.
 
     Raises:
-        ValueError: a shape option < 1 or an unusable ``--device``.
+        ValueError: a shape option outside ``[1, 2^31 - 1]``, a seed outside ``[0, 2^64 - 1]``, an empty or
+            unusable ``--device``, or shapes whose tensors cannot be allocated (naming the flags).
     """
     from mla_sink.core.reference import sparse_mla_decode_reference
     from mla_sink.api import sparse_mla_decode
@@ -80,8 +101,9 @@ def run_demo(args: argparse.Namespace) -> int:
     from mla_sink.core.describe import describe
 
     for flag in ("tokens", "heads", "topk", "pool"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"'--{flag}' must be >= 1 (got {getattr(args, flag)})")
+        check_count(f"--{flag}", getattr(args, flag))
+    check_seed("--seed", args.seed)
+    check_not_empty("--device", args.device, "cuda when available, else cpu")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         kind = torch.device(device).type
@@ -92,8 +114,19 @@ def run_demo(args: argparse.Namespace) -> int:
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"'--device' is {device!r} but this machine has no CUDA/ROCm GPU (use --device cpu)")
     q_dtype, kv_dtype = demo_dtypes(args)
-    x = make_inputs(args.tokens, args.heads, args.topk, args.pool, q_dtype, kv_dtype, device,
-                    not args.no_sinks, args.seed)
+    need = demo_bytes(args.tokens, args.heads, args.topk, args.pool)
+    too_big = (f"'--tokens' {args.tokens}, '--heads' {args.heads}, '--topk' {args.topk} and '--pool' {args.pool} "
+               f"need about {need / 2 ** 30:.3g} GiB of demo tensors, more than {device} %s: choose smaller sizes")
+    have = memory_bytes(device)
+    if have is not None and need > have:  # refused before allocating (an allocation that fits the address space
+        raise ValueError(too_big % f"has ({have / 2 ** 30:.3g} GiB)")  # but not memory can end in an OOM kill)
+    try:
+        x = make_inputs(args.tokens, args.heads, args.topk, args.pool, q_dtype, kv_dtype, device,
+                        not args.no_sinks, args.seed)
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not any(w in str(e).lower() for w in ("alloc", "out of memory", "overflow")):
+            raise
+        raise ValueError(too_big % "could allocate") from None
     spec, platform = describe(x["q"], x["kv_cache"], x["indices"], x.get("sinks"), return_lse=True)
     # One key for the call: call_key (the explanation below repeats it; that line is dropped).
     print(f"call: {call_key(spec, platform)} on {platform}; T={args.tokens} topk={args.topk} pool N={args.pool}")

@@ -1,0 +1,41 @@
+"""Range checks of the CLI's flags, shared by its commands: each error names the flag, the value and what is
+allowed, before anything is allocated or launched."""
+
+from __future__ import annotations
+
+#: The largest count a flag may give: the kernels take heads, topk, tokens, pool rows and SM counts as int32
+#: arguments.
+COUNT_MAX = 2 ** 31 - 1
+#: The seeds ``torch.Generator.manual_seed`` takes as unsigned 64-bit values.
+SEED_MAX = 2 ** 64 - 1
+
+
+def check_count(flag: str, value: int) -> None:
+    """``value`` in ``[1, COUNT_MAX]``.
+
+    Raises:
+        ValueError: naming ``flag`` (e.g. ``'--heads'``) and the allowed range.
+    """
+    if not 1 <= value <= COUNT_MAX:
+        raise ValueError(f"'{flag}' must be in [1, {COUNT_MAX}] (got {value})")
+
+
+def check_seed(flag: str, value: int) -> None:
+    """``value`` in ``[0, SEED_MAX]``.
+
+    Raises:
+        ValueError: naming ``flag`` and the allowed range.
+    """
+    if not 0 <= value <= SEED_MAX:
+        raise ValueError(f"'{flag}' must be in [0, 2**64 - 1] (got {value})")
+
+
+def check_not_empty(flag: str, value, default: str) -> None:
+    """A given string flag is not blank: leaving the flag out is how to ask for its ``default`` (named in the
+    message), and an empty value is a mistake, not a silent default.
+
+    Raises:
+        ValueError: naming ``flag``.
+    """
+    if value is not None and not value.strip():
+        raise ValueError(f"'{flag}' must not be empty (got {value!r}); leave it out for {default}")
