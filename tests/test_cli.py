@@ -159,8 +159,11 @@ def test_help(argv, capsys):
     (["demo", "--tokens", "0"], "'--tokens' must be in [1, 2147483647] (got 0)"),
     (["demo", "--pool", "0"], "'--pool' must be in [1, 2147483647] (got 0)"),
     (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
-    (["explain", "--path", "garbage"], "'path' must be one of"),
-    (["explain", "--arch", "cpu", "--aiter", "0.1.20"], "'aiter_version' must be None"),
+    (["explain", "--path", "garbage"], "--path: 'path' must be one of"),  # the flag named before the field
+    (["explain", "--arch", "cpu", "--aiter", "0.1.20"], "--aiter: 'aiter_version' must be None"),
+    (["explain", "--arch", "foo"], "--arch: 'arch' must be a compile target"),
+    (["explain", "--logit-cap", "nan"], "--logit-cap: 'logit_cap' must be a finite float"),
+    (["demo", "--path", "bogus"], "--path: 'path' must be one of"),
     (["explain", "--tokens", "0"], "'--tokens' must be in [1, 2147483647] (got 0)"),
     (["explain", "--heads", "0"], "'--heads' must be in [1, 2147483647] (got 0)"),
     (["explain", "--topk", "-3"], "'--topk' must be in [1, 2147483647] (got -3)"),

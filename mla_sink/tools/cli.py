@@ -16,7 +16,7 @@ import attrs
 
 from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
 from mla_sink.core.records import CallSpec, Platform, call_key
-from mla_sink.tools.flags import check_count, check_not_empty
+from mla_sink.tools.flags import check_count, check_not_empty, flag_named
 
 _DTYPES = sorted(DTYPE_KEYS.values())  # q (and 576-column KV) dtypes
 _KV_DTYPES = list(KV_DTYPE_KEYS)  # ... and the 656-byte V3.2 rows, fp8_ds_mla
@@ -326,8 +326,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except NoKernelError as e:  # a refusal: the explanation, exit 2
         rc = 2
         print(e.explanation)
-    except ValueError as e:  # bad input: one line naming the argument, exit 2
-        print(f"error: {e}", file=sys.stderr)
+    except ValueError as e:  # bad input: one line naming the argument (and the flag that gave it), exit 2
+        print(f"error: {flag_named(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like: keep the command's status
         pass

@@ -39,3 +39,18 @@ def check_not_empty(flag: str, value, default: str) -> None:
     """
     if value is not None and not value.strip():
         raise ValueError(f"'{flag}' must not be empty (got {value!r}); leave it out for {default}")
+
+
+#: The flag that gives each record field the library's errors name (``'arch' must be ...``), where the two differ.
+FIELD_FLAGS = {"arch": "--arch", "aiter_version": "--aiter", "logit_cap": "--logit-cap", "path": "--path",
+               "q_dtype": "--q-dtype", "kv_dtype": "--kv-dtype", "num_heads": "--heads", "topk": "--topk",
+               "dcp_world_size": "--dcp"}
+
+
+def flag_named(message: str) -> str:
+    """A library error raised for a flag's value, with that flag in front where the message starts with the record
+    field's name: ``'arch' must be ...`` -> ``--arch: 'arch' must be ...``; other messages as they are."""
+    for field, flag in FIELD_FLAGS.items():
+        if message.startswith(f"'{field}' "):
+            return f"{flag}: {message}"
+    return message
