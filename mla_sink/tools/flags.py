@@ -1,5 +1,6 @@
-"""Range checks of the CLI's flags, shared by its commands: each error names the flag, the value and what is
-allowed, before anything is allocated or launched."""
+"""The CLI's flag checks, shared by its commands: range checks whose errors name the flag, the value and what is
+allowed, raised before anything is allocated or launched; and the flag put in front of a library error raised
+for the record field that flag gave (:func:`flag_named`)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def check_not_empty(flag: str, value, default: str) -> None:
         raise ValueError(f"'{flag}' must not be empty (got {value!r}); leave it out for {default}")
 
 
-#: The flag that gives each record field the library's errors name (``'arch' must be ...``), where the two differ.
+#: The flag that gives each record field that the library's errors name (``'arch' must be ...``).
 FIELD_FLAGS = {"arch": "--arch", "aiter_version": "--aiter", "logit_cap": "--logit-cap", "path": "--path",
                "q_dtype": "--q-dtype", "kv_dtype": "--kv-dtype", "num_heads": "--heads", "topk": "--topk",
                "dcp_world_size": "--dcp"}
