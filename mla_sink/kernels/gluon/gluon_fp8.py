@@ -206,16 +206,6 @@ def _checked(raw, nrows):
 
 
 @gluon.jit
-def _ids_like(IDX, idx_base, end, start, ROWS: gl.constexpr, ids_n, nrows, SAME: gl.constexpr, layout: gl.constexpr):
-    """The checked ids of a step in ``layout``'s rows: ``ids_n`` as they are where both layouts spread the rows
-    alike (``SAME``: a free conversion), else loaded again."""
-    if SAME:
-        return gl.convert_layout(ids_n, gl.SliceLayout(1, layout))
-    else:
-        return _checked(_raw_ids(IDX, idx_base, end, start, ROWS, layout), nrows)
-
-
-@gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
               KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr):
@@ -256,7 +246,10 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
     ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
-    ids_r = _ids_like(IDX, idx_base, end, start, ROWS, ids_n, nrows, LINES, rope_l)
+    if LINES:  # the latent's rows, spread as the RoPE's are (a free conversion), as at the end of each step
+        ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
+    else:
+        ids_r = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, rope_l), nrows)
     for i in range(num_blocks):
         s = i % STAGES
         for h in gl.static_range(BLOCK_N // ROWS):
