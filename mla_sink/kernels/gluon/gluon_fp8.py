@@ -24,14 +24,19 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   merges them 64 value columns at a time, applies the sink and the per-tensor ``kv_scale`` and stores
   ``out`` and the natural-log LSE (split: the partial output and its base-2 LSE). q sits in shared
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
-  mantissas; undone on the scores).
-* V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact) and the RoPE as it is; q is
-  bf16 as given. Each consumer loads its block's four tile scales per id (float32, in place) and applies
-  them exactly in fp32: ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` with one wgmma accumulator
-  per 128-column tile, and ``O^T_t += V_t^T (P^T * scale_t)`` with ``P^T`` stored once per tile, rounded to
-  bf16 (as every bf16 kernel rounds ``P``). Every scale convention (powers of two, ``amax / 448``) decodes
+  mantissas; undone on the scores). At 16 heads the first consumer stages q (:func:`_stage_q`) while the
+  producer already gathers the first block; at 32 heads it is staged before the partitions start.
+* V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
+  consumer copies the bf16 RoPE of its next block by cp.async into its own ring stage's RoPE tile while it
+  computes this one (where the rows are 16-byte aligned; otherwise the producer gathers it). Each consumer
+  loads its block's four tile scales per id (float32, in place) and applies them exactly in fp32:
+  ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` with one wgmma accumulator per 128-column tile, and
+  ``O^T_t += V_t^T (P^T * scale_t)`` with ``P^T`` stored once per tile, rounded to bf16 (as every bf16 kernel
+  rounds ``P``). Every scale convention (powers of two, ``amax / 448``) decodes
   exactly in one launch. H=16 through the library: 14.8 / 54.4 / 91.7 / 178 us at T = 2 / 64 / 128 / 256
-  against 18.1 / 70.0 / 115 / 203 for the seesaw on power-of-two scales (tenth session).
+  against 18.1 / 70.0 / 115 / 203 for the seesaw on power-of-two scales (tenth session); with the RoPE copied
+  by the consumers and q staged by the first (fifteenth session, grid) 13.4 / 50.7 / 163.5 us at T = 2 / 64 /
+  256 (bf16 KV 14.8 / 54.4 / 162.7).
 
 Measured on an H200 (BENCHMARKS.md; benchmarks/fp8_pingpong_probe_r*_2026-11-30.json): one consumer was
 bound by its serial chain (2.7 us per 64-id block); two take 1.35 us per block, and the producer (2.1-2.5
@@ -50,6 +55,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
@@ -211,7 +217,8 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
               KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
-    blocks). V3.2 rows: the latent codes without their scales, and the bf16 RoPE as it is. The next step's
+    blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the rows are not
+    16-byte aligned (``ROWS_16B``; otherwise each consumer copies its own, :func:`_copy_rope`). The next step's
     ids are loaded before this step's rows and checked after its store, off the gather's critical path.
     Four other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
     rows copied by cp.async into a staging block with the next block's copy issued before this one is
@@ -234,7 +241,11 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     lanes a row: :data:`LINE_GATHER`) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the period.
     Fourteenth session: V3.2 rows on whole lines, with the consumers' scales in one load, 183.6 against 192.2; a
     probe without the V3.2 RoPE gather took 163.5, one without it and the consumers' scale work 154.9 (e4m3:
-    150.5), so the bf16 RoPE's 128 bytes a row cost V3.2 about 19 us at T=256 (BENCHMARKS.md)."""
+    150.5), so the bf16 RoPE's 128 bytes a row cost V3.2 about 19 us at T=256 (BENCHMARKS.md). Fifteenth
+    session: with the consumers copying it instead, 164.9 against 181.6 (outputs bitwise equal;
+    benchmarks/few_heads_rope_consumers_ab_2026-12-02.json); 16 bytes a lane over 256 bytes of two rows a warp
+    (fewer lines touched a row than :data:`LINE_GATHER`'s 128 bytes) took 161.4 against 150.0 for e4m3 and moved
+    V3.2 rows by nothing (benchmarks/few_heads_half_rows_ab_2026-12-02.json)."""
     if LINES:  # 8 codes a lane, 16 lanes a row: each load instruction reads whole 128-byte lines
         nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
         rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 4 codes or 4 bf16 a lane
@@ -268,17 +279,19 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
                     x_n = x_n.to(gl.float8e4nv, bitcast=True)
             else:
                 x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, 0, D_NOPE, nope_l)
-            if KV_DS:  # the bf16 RoPE after the scales
-                rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES) + DS_ROPE_AT).to(
-                    gl.pointer_type(gl.bfloat16), bitcast=True)
-                x_r = _gather(rows_r, ids_r, 0, D_ROPE, rope_l)
+            if KV_DS:  # the bf16 RoPE after the scales, unless the consumers copy it (16-byte aligned rows)
+                if not ROWS_16B:
+                    rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES) + DS_ROPE_AT).to(
+                        gl.pointer_type(gl.bfloat16), bitcast=True)
+                    x_r = _gather(rows_r, ids_r, 0, D_ROPE, rope_l)
             else:  # the RoPE codes after the latent ones
                 x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
                               rope_l)
             if h == 0:
                 mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS))
-            kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
+            if not (KV_DS and ROWS_16B):
+                kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
             ids_n = _checked(next_n, nrows)
             if LINES:  # the latent's rows, spread as the RoPE's are
                 ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
@@ -355,11 +368,27 @@ def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, BLO
 
 
 @gluon.jit
+def _copy_rope(KV, kr, ids, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr, layout: gl.constexpr):
+    """cp.async of the bf16 RoPE of the rows ``ids`` (``layout``'s rows; -1 fills 0) into ``kr`` (``[64, 64]``
+    bf16), committed as one group. 16-byte copies need 16-byte aligned rows: the RoPE of a pool 4 bytes off a
+    boundary is only 2-byte aligned, and cp.async copies 4 bytes at least (the caller's ``COPY_ROPE``)."""
+    rows = (_rows(KV, ids, stride_kv, kv_block_size, True, ROW_BYTES) + DS_ROPE_AT).to(gl.pointer_type(gl.bfloat16),
+                                                                                        bitcast=True)
+    cols = gl.arange(0, kr.shape[1], layout=gl.SliceLayout(0, layout))
+    async_copy.async_copy_global_to_shared(kr, rows[:, None] + cols[None, :], mask=(ids >= 0)[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, stride_kv,
                kv_block_size, num_rows, start, end, num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr,
-               BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, FIRST: gl.constexpr):
+               BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, FIRST: gl.constexpr, COPY_ROPE: gl.constexpr):
     """One consumer's blocks of V3.2 rows: ``(m, l, O^T)`` with ``O^T`` as its four 128-column tiles. The
-    ring holds exact bf16 codes; each row's four float32 tile scales (read in place, before the wait) are
+    ring holds exact bf16 codes. ``COPY_ROPE`` (16-byte aligned rows): the consumer copies the bf16 RoPE of its
+    blocks into its own stage's RoPE tile by cp.async, the next block's once this block's scores are read, so
+    the producer's period no longer holds the RoPE's loads and stores (H=16, T=256: 164.9 against 181.6 us,
+    fifteenth session; a consumer waits 2.7-3.5 us a block for the producer, so the copies fit in its slack).
+    Each row's four float32 tile scales (read in place, before the wait) are
     applied exactly: to the scores as ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` (one fp32
     wgmma accumulator per tile), and to ``P V`` by scaling ``P^T`` per tile (``P_t = P * scale_t`` rounded
     once to bf16, as the bf16 kernels round ``P``), so every scale, power of two or not, decodes exactly."""
@@ -372,11 +401,24 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
     acc2 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
     acc3 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
     s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    # each consumer copies the bf16 RoPE of its blocks into its own ring stage's RoPE tile (cp.async, 16 bytes a
+    # copy, 8 a row), the next block's as soon as this one's scores are read, off the producer's path
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    if COPY_ROPE and FIRST < num_blocks:
+        _copy_rope(KV, kr_smem.index(FIRST),
+                   _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, BLOCK_N, rope_l), nrows),
+                   stride_kv, kv_block_size, ROW_BYTES, rope_l)
     for i in range(FIRST, num_blocks, STAGES):
         s = _stage(i, FIRST, True)
         ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
+        if COPY_ROPE:
+            ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
         sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        if COPY_ROPE:
+            async_copy.wait_group(0)
+            fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
+            gl.thread_barrier()  # every warp's copies landed
         kn = kn_smem.index(s)
         z = s - FIRST  # an opaque 0: q and P's tiles indexed through it too (their descriptors are not hoisted)
         qn = q_n.index(z)
@@ -394,6 +436,9 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
         p_smem.index(z + 3).store((p * sc3[:, None]).to(p_smem.dtype))
         fence_async_shared()
         gl.thread_barrier()  # every P_t^T complete in shared memory before the wgmmas read them
+        if COPY_ROPE and i + STAGES < num_blocks:  # every warp waited for its scores before the barrier: tile read
+            _copy_rope(KV, kr_smem.index(FIRST), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
+                       rope_l)
         acc0 = warpgroup_mma(kn.slice(0 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 0),
                              acc0 * alpha[None, :], is_async=True)
         acc1 = warpgroup_mma(kn.slice(1 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 1),
@@ -418,15 +463,52 @@ def _store_tiles(dst, acc0, acc1, acc2, acc3):
 
 
 @gluon.jit
-def _consumer(IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_smem, kn_smem, kr_smem, ready,
-              empty, scale_smem, m_smem, l_smem, merged,
+def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads,
+             BLOCK_H: gl.constexpr, KV_DS: gl.constexpr):
+    """q of token ``pid_t`` into shared memory (at 16 heads by the first consumer, while the producer already
+    gathers the first block: H=16 T=256 e4m3 148.3 against 149.8 us, V3.2 163.7 against 166.1, T=64 46.4 / 50.4
+    against 47.7 / 50.9, fifteenth session; at 32 heads, where it took 195.4 against 175.3 for e4m3, before the
+    partitions start), with ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for
+    an e4m3 cache, each head row scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
+    (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for V3.2 rows."""
+    D_NOPE: gl.constexpr = q_n.shape[2]
+    D_ROPE: gl.constexpr = q_r.shape[2]
+    dt: gl.constexpr = q_n.dtype
+    ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_l))
+    q_rows = Q + pid_t * stride_qt + offs_hq.to(gl.int64)[:, None] * stride_qh
+    hmask = (offs_hq < num_heads)[:, None]
+    qn = gl.load(q_rows + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask, other=0.0)
+    qr = gl.load(q_rows + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask,
+                 other=0.0)
+    if KV_DS:  # bf16 q as it is
+        q_n.index(0).store(qn.to(dt))
+        q_r.index(0).store(qr.to(dt))
+        scale_smem.store(gl.full([BLOCK_H], sm_scale * LOG2E, gl.float32, gl.SliceLayout(1, ld_l)))
+    else:
+        qn = qn.to(gl.float32)
+        qr = qr.to(gl.float32)
+        qmax = gl.maximum(gl.max(gl.abs(qn), axis=1), gl.max(gl.abs(qr), axis=1))
+        row_exp = gl.ceil(gl.log2(gl.maximum(qmax, 1e-30)))
+        q_n.index(0).store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(dt))
+        q_r.index(0).store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(dt))
+        scale_smem.store(gl.exp2(row_exp - 14.0) * (sm_scale * gl.load(KV_SCALE) * LOG2E))
+    fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_smem, kn_smem, kr_smem, ready,
+              empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
               pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
               HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS: gl.constexpr,
-              ROW_BYTES: gl.constexpr):
+              ROW_BYTES: gl.constexpr, STAGE_Q: gl.constexpr, ROWS_16B: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
-    (the default partition) merges the other's state and runs the epilogue. ``KV_DS``: V3.2 rows
+    merges the other's state and runs the epilogue. ``STAGE_Q``: the first consumer stages q (:func:`_stage_q`)
+    and signals ``q_ready``, for which the second waits. ``ROWS_16B``: V3.2 rows 16-byte aligned, so that the
+    consumers copy their RoPE (:func:`_blocks_ds`). ``KV_DS``: V3.2 rows
     (:func:`_blocks_ds`), else a per-tensor e4m3 cache (``kv_scale`` folded into the scores and the output)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
@@ -436,11 +518,19 @@ def _consumer(IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, 
     acc_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D_NOPE, BLOCK_H], gl.float32)
     acc_self = kn_smem.index(FIRST)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
     acc_other = kn_smem.index(1)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
+    if STAGE_Q:  # q staged by the first consumer, so that the producer's first gather does not wait for q's loads
+        if FIRST == 0:
+            _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
+                     KV_DS)
+            mbarrier.arrive(q_ready)
+        else:
+            mbarrier.wait(q_ready, 0)
     col_scale = scale_smem.load(gl.SliceLayout(0, acc_l))  # per head: q scaling, sm_scale, kv_scale, log2(e)
     if KV_DS:
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
                                                       col_scale, idx_base, stride_kv, kv_block_size, num_rows, start,
-                                                      end, num_blocks, acc_l, BLOCK_H, BLOCK_N, ROW_BYTES, FIRST)
+                                                      end, num_blocks, acc_l, BLOCK_H, BLOCK_N, ROW_BYTES, FIRST,
+                                                      ROWS_16B)
     else:
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         nrows = num_rows.to(gl.uint32)
@@ -585,33 +675,15 @@ def sparse_mla_decode_fp8_ws_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     mbarrier.init(merged, count=1)
-
-    # q -> fp16 in shared memory, each head row scaled so that its largest |q| is 2^14; the per-head
-    # factor that undoes it (with sm_scale, kv_scale and log2(e)) goes to both consumers.
-    ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_l))
-    q_rows = Q + pid_t * stride_qt + offs_hq.to(gl.int64)[:, None] * stride_qh
-    hmask = (offs_hq < num_heads)[:, None]
-    qn = gl.load(q_rows + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask, other=0.0)
-    qr = gl.load(q_rows + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask,
-                 other=0.0)
-    if KV_DS:  # bf16 q as it is
-        q_n.index(0).store(qn.to(dt))
-        q_r.index(0).store(qr.to(dt))
-        scale_smem.store(gl.full([BLOCK_H], sm_scale * LOG2E, gl.float32, gl.SliceLayout(1, ld_l)))
-    else:
-        qn = qn.to(gl.float32)
-        qr = qr.to(gl.float32)
-        qmax = gl.maximum(gl.max(gl.abs(qn), axis=1), gl.max(gl.abs(qr), axis=1))
-        row_exp = gl.ceil(gl.log2(gl.maximum(qmax, 1e-30)))
-        q_n.index(0).store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(dt))
-        q_r.index(0).store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(dt))
-        scale_smem.store(gl.exp2(row_exp - 14.0) * (sm_scale * gl.load(KV_SCALE) * LOG2E))
-    fence_async_shared()
+    mbarrier.init(q_ready, count=1)
+    if PRODUCER_DEFAULT:  # 32 heads: q staged before the partitions (the consumers' registers hold O^T)
+        _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H, KV_DS)
+    fence_async_shared()  # the barriers' initialisation, before any partition uses them
     gl.thread_barrier()
 
     # 16 heads: the first consumer is the default partition (the rest of the registers), the second consumer
@@ -622,29 +694,33 @@ def sparse_mla_decode_fp8_ws_kernel(
         gl.warp_specialize([
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
-            (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
-                         ready, empty, scale_smem, m_smem, l_smem, merged,
+            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES)),
-            (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
-                         ready, empty, scale_smem, m_smem, l_smem, merged,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES,
+                         not PRODUCER_DEFAULT, ROWS_16B)),
+            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES)),
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
+                         not PRODUCER_DEFAULT, ROWS_16B)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
-                         ready, empty, scale_smem, m_smem, l_smem, merged,
+            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES)),
-            (_consumer, (IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
-                         ready, empty, scale_smem, m_smem, l_smem, merged,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES,
+                         not PRODUCER_DEFAULT, ROWS_16B)),
+            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES)),
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
+                         not PRODUCER_DEFAULT, ROWS_16B)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
