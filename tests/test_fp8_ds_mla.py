@@ -671,6 +671,27 @@ def test_meta_shapes_and_compile_fullgraph():
         bad(q, kv, idx)
 
 
+def test_misaligned_view_is_refused_while_tracing():
+    """A view at a byte offset that is not a multiple of 4 is refused on meta tensors and while torch.compile
+    traces (the view's storage offset), as a bad row stride is, not first at run time (break test, fifteenth
+    session)."""
+    case = small(T=2, H=3, topk=8, N=32)
+    q, kv, idx = case["q"], case["kv_cache"], case["indices"]
+    meta = torch.zeros(32 * ROW + 4, dtype=torch.uint8, device="meta")
+    with pytest.raises(ValueError, match=r"must start at a multiple of 4 bytes: .* \(got a view at byte offset 2 of "
+                                         r"its storage\)"):
+        mla_sink.sparse_mla_decode(q.to("meta"), meta[2:2 + 32 * ROW].view(32, ROW), idx.to("meta"))
+    ok, _ = mla_sink.sparse_mla_decode(q.to("meta"), meta[4:4 + 32 * ROW].view(32, ROW), idx.to("meta"))
+    assert ok.shape == (2, 3, D_V)
+    pool = torch.zeros(32 * ROW + 4, dtype=torch.uint8)
+    pool[2:2 + 32 * ROW] = kv.reshape(-1)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, kv, i: mla_sink.sparse_mla_decode(q, kv, i, path="reference"), fullgraph=True,
+                       backend="aot_eager")
+    with pytest.raises(Exception, match="byte offset 2 of its storage"):
+        fn(q, pool[2:2 + 32 * ROW].view(32, ROW), idx)
+
+
 def test_reference_decodes_only_the_gathered_rows(monkeypatch):
     """The reference dequantises the rows it gathers, never the whole pool (a pool beyond 2^31 bytes)."""
     seen = []

@@ -60,7 +60,8 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
     block contiguous (``stride(2) == 1``, ``stride(1) == 656``) and any block stride that is a multiple of 4
     bytes (FlashMLA's tests allocate ``block_size + 1`` rows per block and slice: stride ``65 * 656``);
     ``N`` (``num_blocks * block_size``) >= 1 unless ``allow_empty_pool``; a data pointer that is a multiple
-    of 4 bytes (real tensors).
+    of 4 bytes (real tensors; meta, fake and traced tensors: the view's byte offset into its storage, since
+    storages are allocated aligned, so that a misaligned view fails while tracing, not at its first run).
 
     Raises:
         ValueError: naming ``kv_cache``, the value and what is allowed.
@@ -82,8 +83,15 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
         what = "block" if kv_cache.dim() == 3 else "row"
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must have a {what} stride that is a multiple of {DS_MLA_ALIGN} "
                          f"bytes (its float32 scales are read in place; got strides {strides})")
-    if _has_memory(kv_cache) and kv_cache.numel():
-        check_ds_mla_pointer(kv_cache)
+    if _has_memory(kv_cache):
+        if kv_cache.numel():
+            check_ds_mla_pointer(kv_cache)
+        return
+    offset = kv_cache.storage_offset()
+    if isinstance(offset, int) and offset * kv_cache.element_size() % DS_MLA_ALIGN:
+        raise ValueError(f"'kv_cache' (fp8_ds_mla) must start at a multiple of {DS_MLA_ALIGN} bytes: its rows' float32 "
+                         f"scales are read in place (got a view at byte offset {offset * kv_cache.element_size()} of "
+                         f"its storage)")
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
