@@ -154,17 +154,6 @@ mov.b32 $3, 0;
 _LD_ROW_CHUNK_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["l"] * 16) + "," + ",".join(["r"] * 16))
 
 
-@gluon.jit
-def _gather_bytes(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr):
-    """Bytes ``[0, WIDTH)`` of the rows at ``rows`` as uint8 (``layout``: 16 consecutive bytes a lane), by
-    :data:`_LD_ROW_CHUNK`; id -1 reads 0."""
-    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-    addr = (rows.to(gl.pointer_type(gl.uint8), bitcast=True)[:, None] + cols[None, :]).to(gl.int64, bitcast=True)
-    ok = gl.zeros([rows.shape[0], WIDTH], gl.int32, layout=layout) + (ids >= 0).to(gl.int32)[:, None]
-    return gl.inline_asm_elementwise(_LD_ROW_CHUNK, _LD_ROW_CHUNK_CONSTRAINTS, [addr, ok], dtype=gl.uint8,
-                                     is_pure=True, pack=16)
-
-
 #: :data:`_LD_ROW_CHUNK` for 8 bytes a lane (``pack=8``): ``$0-$1`` the bytes, ``$2-$9`` their addresses,
 #: ``$10-$17`` their row's mask.
 _LD_ROW_CHUNK8 = gl.constexpr("""{
@@ -178,13 +167,18 @@ _LD_ROW_CHUNK8_CONSTRAINTS = gl.constexpr("=r,=r," + ",".join(["l"] * 8) + "," +
 
 
 @gluon.jit
-def _gather_bytes8(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr):
-    """:func:`_gather_bytes` with 8 consecutive bytes a lane (:data:`_LD_ROW_CHUNK8`)."""
+def _gather_bytes(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr, LANE_BYTES: gl.constexpr):
+    """Bytes ``[0, WIDTH)`` of the rows at ``rows`` as uint8 (``layout``: ``LANE_BYTES`` consecutive bytes a lane,
+    16 or 8), by :data:`_LD_ROW_CHUNK` or :data:`_LD_ROW_CHUNK8`; id -1 reads 0."""
     cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     addr = (rows.to(gl.pointer_type(gl.uint8), bitcast=True)[:, None] + cols[None, :]).to(gl.int64, bitcast=True)
     ok = gl.zeros([rows.shape[0], WIDTH], gl.int32, layout=layout) + (ids >= 0).to(gl.int32)[:, None]
-    return gl.inline_asm_elementwise(_LD_ROW_CHUNK8, _LD_ROW_CHUNK8_CONSTRAINTS, [addr, ok], dtype=gl.uint8,
-                                     is_pure=True, pack=8)
+    if LANE_BYTES == 8:
+        return gl.inline_asm_elementwise(_LD_ROW_CHUNK8, _LD_ROW_CHUNK8_CONSTRAINTS, [addr, ok], dtype=gl.uint8,
+                                         is_pure=True, pack=8)
+    else:
+        return gl.inline_asm_elementwise(_LD_ROW_CHUNK, _LD_ROW_CHUNK_CONSTRAINTS, [addr, ok], dtype=gl.uint8,
+                                         is_pure=True, pack=16)
 
 
 @gluon.jit
@@ -247,9 +241,11 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     (fewer lines touched a row than :data:`LINE_GATHER`'s 128 bytes) took 161.4 against 150.0 for e4m3 and moved
     V3.2 rows by nothing (benchmarks/few_heads_half_rows_ab_2026-12-02.json)."""
     if LINES:  # 8 codes a lane, 16 lanes a row: each load instruction reads whole 128-byte lines
+        lane_bytes: gl.constexpr = 8
         nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
         rope_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 4 codes or 4 bf16 a lane
     else:
+        lane_bytes: gl.constexpr = 16
         nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
         if KV_DS:
             rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
@@ -269,12 +265,8 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             if not LINES:
                 next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
             if ROWS_16B:  # the hinted 16-byte loads need 16-byte aligned rows
-                if LINES:
-                    x_n = _gather_bytes8(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE,
-                                         nope_l)
-                else:
-                    x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE,
-                                        nope_l)
+                x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE,
+                                    nope_l, lane_bytes)
                 if not KV_DS:
                     x_n = x_n.to(gl.float8e4nv, bitcast=True)
             else:
@@ -361,10 +353,14 @@ def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, BLO
     t = gl.arange(0, 4, layout=gl.SliceLayout(0, sc4_l))
     sc = gl.load(rows[:, None] + t[None, :], mask=ok[:, None], other=0.0)
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
-    return (gl.convert_layout(gl.sum(gl.where(t[None, :] == 0, sc, 0.0), axis=1), row_l),
-            gl.convert_layout(gl.sum(gl.where(t[None, :] == 1, sc, 0.0), axis=1), row_l),
-            gl.convert_layout(gl.sum(gl.where(t[None, :] == 2, sc, 0.0), axis=1), row_l),
-            gl.convert_layout(gl.sum(gl.where(t[None, :] == 3, sc, 0.0), axis=1), row_l))
+    return (_column(sc, t, 0, row_l), _column(sc, t, 1, row_l), _column(sc, t, 2, row_l), _column(sc, t, 3, row_l))
+
+
+@gluon.jit
+def _column(x, cols, c: gl.constexpr, row_l: gl.constexpr):
+    """Column ``c`` of ``x`` (``[rows, n]``, every column in each thread's registers: an in-thread sum), in the
+    row layout ``row_l``."""
+    return gl.convert_layout(gl.sum(gl.where(cols[None, :] == c, x, 0.0), axis=1), row_l)
 
 
 @gluon.jit
