@@ -47,9 +47,15 @@ def check_ds_mla_pointer(kv_cache: torch.Tensor) -> None:
     (each row's float32 scales are loaded in place; a GPU faults on a misaligned load). Per call: a data
     pointer is not part of a call's signature."""
     if kv_cache.data_ptr() % DS_MLA_ALIGN:
-        raise ValueError(f"'kv_cache' (fp8_ds_mla) must start at a multiple of {DS_MLA_ALIGN} bytes: its rows' float32 "
-                         f"scales are read in place (got a data pointer at {kv_cache.data_ptr() % DS_MLA_ALIGN} modulo "
-                         f"{DS_MLA_ALIGN}, e.g. a view at an odd byte offset)")
+        _misaligned_ds_mla(f"a data pointer at {kv_cache.data_ptr() % DS_MLA_ALIGN} modulo {DS_MLA_ALIGN}, e.g. a view "
+                           f"at an odd byte offset")
+
+
+def _misaligned_ds_mla(got: str) -> None:
+    """Raises the ValueError of an ``fp8_ds_mla`` ``kv_cache`` that does not start at a multiple of 4 bytes
+    (``got``: what it starts at)."""
+    raise ValueError(f"'kv_cache' (fp8_ds_mla) must start at a multiple of {DS_MLA_ALIGN} bytes: its rows' float32 "
+                     f"scales are read in place (got {got})")
 
 
 def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False) -> None:
@@ -89,9 +95,7 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
         return
     offset = kv_cache.storage_offset()
     if isinstance(offset, int) and offset * kv_cache.element_size() % DS_MLA_ALIGN:
-        raise ValueError(f"'kv_cache' (fp8_ds_mla) must start at a multiple of {DS_MLA_ALIGN} bytes: its rows' float32 "
-                         f"scales are read in place (got a view at byte offset {offset * kv_cache.element_size()} of "
-                         f"its storage)")
+        _misaligned_ds_mla(f"a view at byte offset {offset * kv_cache.element_size()} of its storage")
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
