@@ -57,8 +57,9 @@ def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, g
               "sm90_fp8_h32": "gluon_seesaw", "sm90_h32": "gluon_seesaw"}.get(row, "portable")
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
-    if row == "sm90_fp8_h32" and kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16") and splits <= 2:
-        return "gluon_fp8"  # since the tenth session: 32-head blocks of gluon_fp8, unsplit or in two splits
+    if row == "sm90_fp8_h32" and kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16"):
+        return "gluon_fp8"  # since the tenth session: 32-head blocks of gluon_fp8, unsplit or in two splits; since
+        # the sixteenth, at any split count (its column-split consumers)
     if kernel == "gluon_fp8" and splits > 2:  # gluon_fp8 splits since the ninth session, up to 2 splits; since
         # the seventh session e4m3 launches of more splits at <= 16 heads go to the seesaw, padded
         split_e4m3 = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16")
@@ -110,11 +111,12 @@ def test_gluon_never_on_cpu_capped_without_gluon_or_fnuz(field, value):
 def test_gluon_fp8_splits_at_most_twice():
     for q, kv, H, T, sms in itertools.product(DTYPES, DTYPES, HEADS, TOKENS, SMS):
         got = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms)
-        if got.kernel == "gluon_fp8":
-            assert got.num_kv_splits <= 2 and kv == "fp8_e4m3" and H <= 32
+        if got.kernel == "gluon_fp8":  # more splits at 17-32 heads only (the column-split consumers)
+            assert (got.num_kv_splits <= 2 or 16 < H) and kv == "fp8_e4m3" and H <= 32
         forced = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms, num_kv_splits=3)
-        # topk < 3 blocks: fewer splits
-        assert forced.kernel in ("portable", "gluon_seesaw") or forced.num_kv_splits < 3
+        # topk < 3 blocks: fewer splits; 17-32 heads: gluon_fp8's column-split consumers take any split count
+        assert (forced.kernel in ("portable", "gluon_seesaw") or forced.num_kv_splits < 3
+                or (forced.kernel == "gluon_fp8" and 16 < H <= 32))
 
 
 def test_where_the_gluon_kernels_serve():
@@ -138,8 +140,9 @@ def test_where_the_gluon_kernels_serve():
     assert (f8_17.kernel, f8_17.kernel_row, f8_17.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon", "sm90_fp8_h32")
     f8_32 = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=64)  # two splits at 32 heads: gluon_fp8
     assert (f8_32.kernel, f8_32.num_kv_splits) == ("gluon_fp8", 2)
-    f8_32_split = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=2)  # more splits: the seesaw, padded
-    assert (f8_32_split.kernel, f8_32_split.kernel_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw")
+    f8_32_split = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=2)  # more splits: its column-split consumers
+    assert (f8_32_split.kernel, f8_32_split.kernel_row) == ("gluon_fp8", "sm90_fp8_gluon_cols")
+    assert f8_32_split.num_kv_splits > 2
     assert plan(kv_dtype="fp8_e4m3", num_heads=33).kernel == "gluon_seesaw"
     f8_split = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2)  # split at 16 heads: the seesaw, padded
     assert (f8_split.kernel, f8_split.kernel_row, f8_split.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw",
@@ -161,7 +164,9 @@ def test_rejected_kernels_say_why():
     assert f"num_kv_splits={split.num_kv_splits}, needs <= 2 (" in rejected["sm90_fp8_gluon"]
     assert "q_dtype=bf16, needs fp16" in rejected["sm90_fp16_gluon_seesaw"]
     unsplit = dict(plan(num_tokens=256).rejected_kernels)  # requirements hold: each row says its own mismatch
-    assert set(unsplit) == {"sm90_fp8_gluon"} and "kv_dtype=bf16, needs fp8_e4m3" in unsplit["sm90_fp8_gluon"]
+    assert set(unsplit) == {"sm90_fp8_gluon", "sm90_fp8_gluon_cols"}
+    assert all(unsplit[row].startswith("kv_dtype=bf16, needs fp8_e4m3") for row in unsplit)
+    assert "num_heads=128, needs <= 32" in unsplit["sm90_fp8_gluon_cols"]
     assert plan(kv_dtype="fp8_e4m3", num_heads=16).rejected_kernels == ()  # the first row is the winner
     cpu = plan(arch="cpu", num_sms=1)
     assert cpu.kernel == "portable" and dict(cpu.rejected_kernels) == {}  # cpu_interpreter comes first

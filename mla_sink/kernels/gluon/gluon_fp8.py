@@ -26,6 +26,11 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
   mantissas; undone on the scores). At 16 heads the first consumer stages q (:func:`_stage_q`) while the
   producer already gathers the first block; at 32 heads it is staged before the partitions start.
+* split launches of 32-head blocks (e4m3, :data:`COL_SPLIT`) run the two consumers on every block instead, split
+  by value columns as FlashMLA's sm90 kernels split them: the first stages q, computes ``S^T``, the softmax and
+  ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511 with the first's ``P^T``; each
+  stores its own columns. Holding half of ``O^T`` each, they leave the producer the registers of 16 heads' whole
+  block steps (H=32 T=64 54.6 against 60.4 us; unsplit launches keep the alternate blocks: 179.1 against 174.4);
 * V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
   consumer copies the bf16 RoPE of its next block by cp.async into its own ring stage's RoPE tile while it
   computes this one (where the rows are 16-byte aligned; otherwise the producer gathers it). Each consumer
@@ -110,6 +115,17 @@ PRODUCER_ROWS = {16: 64, 32: 32}
 #: 193.7 / 59.2 / 15.6): both cut the L1's wavefronts, and only together does the period move. 32-head blocks
 #: (32-row steps) with whole lines took 177.1 against 175.8 at T=256 and spilled 12 bytes, so they keep 4 lanes.
 LINE_GATHER = {"fp8_e4m3": (16,), "fp8_ds_mla": (16,)}
+#: Head blocks, per KV format, whose split launches (``num_kv_splits > 1``) take the column-split consumers
+#: (:func:`_consumer_cols`): both read every block, the first computes the scores and ``P`` and accumulates value
+#: columns 0-255, the second columns 256-511 (FlashMLA's sm90 roles). Each holds half of ``O^T`` (64 registers at
+#: 32 heads), so the producer gets :data:`COL_SPLIT_REGS` and steps whole blocks of whole lines as at 16 heads. H200,
+#: e4m3 H=32, same run (sixteenth session, benchmarks/few_heads_col_split_ab_2026-12-02.json): T=64 (two splits)
+#: 54.6 against 60.4 us on the alternate-block consumers, T=2 (16 splits) 14.3 against 15.2 on the padded seesaw;
+#: unsplit T=256 179.1 against 174.4, so one-split launches keep the alternate blocks.
+COL_SPLIT = {"fp8_e4m3": (32,), "fp8_ds_mla": ()}
+#: Registers of the column split's workers per head block: the second consumer (``O^T``'s half) and the producer
+#: (whole-block steps of whole lines, as at 16 heads); the first consumer, the default partition, gets the rest.
+COL_SPLIT_REGS = {32: (104, 152)}
 #: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[h][0]``
 #: registers each; the producer gets the rest: ``WORKER_REGS[h][1]`` is then not passed to the compiler and
 #: only records ``512 - 2 * WORKER_REGS[h][0]``, of which the SASS's ``setmaxnreg`` keeps 56).
@@ -615,6 +631,99 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
 
 
 @gluon.jit
+def _consumer_cols(Q, IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, alpha_smem, kn_smem,
+                   kr_smem, ready, empty, p_ready, scale_smem, f_smem, merged, sm_scale, stride_qt, stride_qh,
+                   pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                   stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                   stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
+                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr):
+    """One of two consumers that split ``O^T`` by value columns (``COLS``, e4m3): both take every block. ROLE 0
+    stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
+    rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
+    waits for ``P^T`` and accumulates columns ``256 .. 511``. Each holds a ``[256, BLOCK_H]`` fp32 half, so the
+    producer gets the registers of whole-block, whole-line steps. A stage is freed when both have read it
+    (``empty`` counts two); ROLE 0 rewrites a stage's ``P^T`` and ``alpha`` only after that stage's next ``ready``,
+    which needs ROLE 1's release of it. ROLE 0 runs the epilogue's statistics and hands the per-head output factor
+    to ROLE 1 through ``f_smem``; each stores its own columns from the accumulator layout. ROLE 0 computing the
+    scores only (ROLE 1 all 512 columns at 176 registers) measured slower: 182.6 / 55.0 us against 179.1 / 54.6 at
+    H=32 T = 256 / 64 (benchmarks/few_heads_col_split_ab_2026-12-02.json). Source: the roles of FlashMLA's sm90
+    sparse fp8 decode (one warpgroup the scores, the softmax and half of ``P V``, one the other half)."""
+    NCOLS: gl.constexpr = D_NOPE // 2  # this consumer's value columns of O^T: the first or the second half
+    COL0: gl.constexpr = ROLE * NCOLS
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BLOCK_H, 16])
+    head_l: gl.constexpr = gl.SliceLayout(0, acc_l)
+    acc = gl.zeros([NCOLS, BLOCK_H], gl.float32, layout=acc_l)
+    offs_h = gl.arange(0, BLOCK_H, layout=head_l)
+    hmask = offs_h < num_heads
+    if ROLE == 0:
+        _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
+                 False)
+        col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+        nrows = num_rows.to(gl.uint32)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_l)
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=head_l)
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+        for i in range(num_blocks):
+            s = i % STAGES
+            phase = (i // STAGES) & 1
+            ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
+            mbarrier.wait(ready.index(s), phase)
+            kn = kn_smem.index(s)
+            z = _opaque_zero(i)  # q indexed through an opaque 0: its descriptors stay in the loop (not hoisted, spilled)
+            st = warpgroup_mma(kn, q_n.index(z).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            st = warpgroup_mma(kr_smem.index(s), q_r.index(z).permute((1, 0)), st, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+            p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i,
+                                                 l_i)
+            p_ring.index(s).store(p.to(gl.float16))
+            alpha_smem.index(s).store(alpha)
+            fence_async_shared()
+            gl.thread_barrier()  # P^T and alpha complete in shared memory before the wgmma and ROLE 1 read them
+            mbarrier.arrive(p_ready.index(s))
+            acc = warpgroup_mma(kn.slice(0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s), acc * alpha[None, :],
+                                is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # every warp of this consumer is done with stage s
+            mbarrier.arrive(empty.index(s))
+        empty_row = l_i == 0.0
+        l_safe = gl.where(empty_row, 1.0, l_i)
+        lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(l_safe))
+        scale = gl.load(KV_SCALE) / l_safe
+        if HAS_SINKS and not SPLIT:  # a split launch's combine applies the sink once
+            sink = gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
+            scale = sink_scale(scale, sink, lse2, empty_row)
+        f_smem.store(scale)
+        gl.thread_barrier()
+        mbarrier.arrive(merged)
+        if SPLIT:
+            gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=hmask)
+        else:
+            gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
+    else:
+        for i in range(num_blocks):
+            s = i % STAGES
+            mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
+            alpha = alpha_smem.index(s).load(head_l)
+            acc = warpgroup_mma(kn_smem.index(s).slice(COL0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s),
+                                acc * alpha[None, :], is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # every warp of this consumer is done with stage s and its P^T
+            mbarrier.arrive(empty.index(s))
+        mbarrier.wait(merged, 0)
+        scale = f_smem.load(head_l)
+    offs_d = COL0 + gl.arange(0, NCOLS, layout=gl.SliceLayout(1, acc_l))
+    rows = acc * scale[None, :]
+    if SPLIT:
+        o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
+        gl.store(o_row[None, :] + offs_d[:, None], rows, mask=hmask[None, :])
+    else:
+        o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64) * stride_oh
+        gl.store(o_row[None, :] + offs_d[:, None], rows.to(OUT.dtype.element_ty), mask=hmask[None, :])
+
+
+@gluon.jit
 def sparse_mla_decode_fp8_ws_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,
     num_heads, num_rows, topk, ids_per_split, kv_block_size,
@@ -625,13 +734,14 @@ def sparse_mla_decode_fp8_ws_kernel(
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     PRODUCER_DEFAULT: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
-    LINES: gl.constexpr,
+    LINES: gl.constexpr, COLS: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS``:
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
-    ``stride_kv``-element rows, fp16 ring and scaled q."""
+    ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
+    (:func:`_consumer_cols`; the producer a worker, whole-block steps)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
@@ -672,9 +782,12 @@ def sparse_mla_decode_fp8_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # COLS: P^T ready
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2 if COLS else 1)  # COLS: both consumers read every stage
+        if COLS:
+            mbarrier.init(p_ready.index(s), count=1)
     mbarrier.init(merged, count=1)
     mbarrier.init(q_ready, count=1)
     if PRODUCER_DEFAULT:  # 32 heads: q staged before the partitions (the consumers' registers hold O^T)
@@ -685,8 +798,26 @@ def sparse_mla_decode_fp8_ws_kernel(
     # 16 heads: the first consumer is the default partition (the rest of the registers), the second consumer
     # and the producer workers; 32 heads: the producer is the default partition and both consumers workers
     # with the same registers (as the default partition, the first consumer spilled the loop's wgmma
-    # descriptors at any register split that left the producer room)
-    if PRODUCER_DEFAULT:
+    # descriptors at any register split that left the producer room); COLS: the first (scores) consumer is the
+    # default partition, the second consumer and the producer workers (COL_SPLIT_REGS)
+    if COLS:
+        p_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_H], p_layout)
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
+        gl.warp_specialize([
+            (_consumer_cols, (Q, IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, alpha_smem,
+                              kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged, sm_scale,
+                              stride_qt, stride_qh, pid_t, pid_s, idx_base, num_heads, num_rows, start, end,
+                              num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
+                              stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0)),
+            (_consumer_cols, (Q, IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, alpha_smem,
+                              kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged, sm_scale,
+                              stride_qt, stride_qh, pid_t, pid_s, idx_base, num_heads, num_rows, start, end,
+                              num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
+                              stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    elif PRODUCER_DEFAULT:
         gl.warp_specialize([
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
@@ -763,13 +894,19 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
     )
-    consumer_regs, producer_regs = (DS_WORKER_REGS if ds else WORKER_REGS)[block_h]
+    cols = splits > 1 and block_h in COL_SPLIT[kv_dtype]
+    if cols:  # whole-block, whole-line producer steps as at 16 heads; the first consumer (default) stages q
+        (consumer_regs, producer_regs), rows, lines, producer_default = COL_SPLIT_REGS[block_h], BLOCK_N, True, False
+    else:
+        consumer_regs, producer_regs = (DS_WORKER_REGS if ds else WORKER_REGS)[block_h]
+        rows, lines = PRODUCER_ROWS[block_h], block_h in LINE_GATHER[kv_dtype]
+        producer_default = block_h in PRODUCER_DEFAULT
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
-                      CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, PRODUCER_ROWS=PRODUCER_ROWS[block_h],
-                      PRODUCER_DEFAULT=block_h in PRODUCER_DEFAULT, KV_DS=ds,
-                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache),
-                      LINES=block_h in LINE_GATHER[kv_dtype])
+                      CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, PRODUCER_ROWS=rows,
+                      PRODUCER_DEFAULT=producer_default, KV_DS=ds,
+                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=lines,
+                      COLS=cols)
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 
