@@ -518,7 +518,7 @@ def test_scale_is_read_as_float32_exactly():
 
 
 
-# ---- plans: bf16 q on gluon_fp8 at H <= 16, else on the seesaw at 64-head blocks (the portable kernel
+# ---- plans: bf16 q on gluon_fp8 at H <= 32, else on the seesaw at 64-head blocks (the portable kernel
 # recomputes what it flags) ----
 
 @pytest.mark.parametrize("H", [1, 16, 17, 32, 33, 64, 128])
@@ -534,11 +534,14 @@ def test_sm90_plans(H, T):
             assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon", launch
             # the split policy of bf16 q's own row (splits down to one 64-id block)
             assert launch.tuning_row == "sm90_ds_mla_h16_bf16"
-        elif q == "bf16":  # every other head count and split: 64-head blocks, H <= 32 padded
+        elif q == "bf16" and H <= 32:  # gluon_fp8's 32-head blocks on the column-split consumers, split or not
+            assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon_cols", launch
+            assert launch.tuning_row == "sm90_ds_mla_h32_bf16"
+        elif q == "bf16":  # more heads, split or not: 64-head blocks
             # the seesaw decodes into bf16: exact for power-of-two scales, and it flags tokens with others
             assert launch.kernel == "gluon_seesaw" and launch.kernel_row == "sm90_ds_mla_gluon_seesaw", launch
             # the tiles and split policy of the recompute: the portable row of the head count
-            assert launch.tuning_row == ("sm90_ds_mla_h32_bf16" if H <= 32 else "sm90_ds_mla")
+            assert launch.tuning_row == "sm90_ds_mla"
         else:  # fp16 tiles cannot hold e4m3 x 2^k exactly for FlashMLA's scales
             assert launch.kernel == "portable", launch  # the rows measured for the portable kernel
             assert launch.tuning_row == ("sm90_ds_mla_h16" if H <= 16 else "sm90_ds_mla_h32" if H <= 32
@@ -556,11 +559,11 @@ def test_sm90_plans(H, T):
 @pytest.mark.parametrize("H,T,q,splits,ids", [
     (16, 2, "bf16", 32, 64),  # sm90_ds_mla_h16_bf16: one 64-id Gluon block a split (14.3 us against 15.8 at 16)
     (16, 2, "fp16", 16, 128),  # the portable kernel keeps its measured 128-id floor
-    (32, 64, "bf16", 2, 1024),  # sm90_ds_mla_h32_bf16: whole seesaw block pairs (67.3 us against 75.7 at 3)
-    (32, 2, "bf16", 16, 128),  # 32 splits on the seesaw were slower (21.8 against 19.1)
+    (32, 64, "bf16", 2, 1024),  # sm90_ds_mla_h32_bf16: two splits (on the seesaw 67.3 us against 75.7 at 3)
+    (32, 2, "bf16", 32, 64),  # sm90_ds_mla_h32_bf16 on gluon_fp8's column split (14.5 us against 15.1 at 16)
 ])
 def test_sm90_ds_mla_split_counts(H, T, q, splits, ids):
-    """The split counts the H200 A/Bs of the fourteenth session chose (tables/triton_tuning.yaml)."""
+    """The split counts the H200 A/Bs of the fourteenth and sixteenth sessions chose (tables/triton_tuning.yaml)."""
     from mla_sink.paths.triton.plan import plan_triton_launch
 
     launch = plan_triton_launch(arch="sm90", q_dtype=q, kv_dtype="fp8_ds_mla", num_heads=H, num_tokens=T,

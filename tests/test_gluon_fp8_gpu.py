@@ -158,7 +158,7 @@ def set_scales(cache, rows, values):
 @pytest.mark.parametrize("splits", [1, 3, 16], ids=["unsplit", "s3", "s16"])
 @pytest.mark.parametrize("scale", ["pow2", "amax"])
 @pytest.mark.parametrize("H,T,topk", [(16, 3, 2048), (16, 2, 1000), (5, 2, 37), (1, 1, 64), (12, 4, 130),
-                                      (16, 2, 0), (9, 2, 2048)])
+                                      (16, 2, 0), (9, 2, 2048), (32, 3, 2048), (17, 2, 1000), (27, 2, 130)])
 def test_ds_mla_adversarial(H, T, topk, scale, splits):
     g = torch.Generator(device="cuda").manual_seed(H * 37 + T * 5 + topk)
     N = 4099
@@ -177,7 +177,7 @@ def test_ds_mla_adversarial(H, T, topk, scale, splits):
         check_budget(o, l, ro, rl, key)
 
 
-@pytest.mark.parametrize("H", [16, 11])
+@pytest.mark.parametrize("H", [16, 11, 32, 19])
 @pytest.mark.parametrize("splits", [1, 2])
 def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits, H):
     """FlashMLA's test layout: blocks of 65 rows of which 64 are used (block stride 65 * 656 bytes), the 65th
@@ -207,16 +207,16 @@ def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits, H):
 
 
 @pytest.mark.parametrize("scale", ["pow2", "amax"])
-@pytest.mark.parametrize("T", [256, 64])
-def test_ds_mla_routed_big_pool_and_cuda_graph(T, scale):
-    """V3.2 rows at H=16 through the public launcher (routed to gluon_fp8: unsplit at T=256, two splits at
-    T=64), ids in a pool beyond 2^31 bytes, then CUDA-graph replays with new ids and sinks."""
+@pytest.mark.parametrize("H,T", [(16, 256), (16, 64), (32, 256), (32, 64), (32, 2)])
+def test_ds_mla_routed_big_pool_and_cuda_graph(H, T, scale):
+    """V3.2 rows at H=16 and 32 through the public launcher (routed to gluon_fp8: unsplit at T=256, two splits at
+    T=64, 16 at T=2; 32 heads on the column-split consumers), ids in a pool beyond 2^31 bytes, then CUDA-graph
+    replays with new ids and sinks."""
     g = torch.Generator(device="cuda").manual_seed(19)
     rows = ((1 << 31) + (64 << 20)) // DS_ROW + 1
     cache = torch.full((rows, DS_ROW), 0xFF, dtype=torch.uint8, device="cuda")
     high = rows - (1 << 20)
     cache[high:] = quantize_kv_cache(torch.randn(1 << 20, D_QK, device="cuda", generator=g), scale=scale)
-    H = 16
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(high, rows, (T, 2048), device="cuda", dtype=torch.int32, generator=g)
     sinks = torch.randn(H, device="cuda", generator=g) + 8.0
@@ -246,12 +246,13 @@ def test_ds_mla_routed_big_pool_and_cuda_graph(T, scale):
         check_budget(out, lse, ro, rl, "bf16")
 
 
-def test_ds_mla_pool_at_4_byte_alignment_and_660_byte_rows():
+@pytest.mark.parametrize("H", [16, 32])
+def test_ds_mla_pool_at_4_byte_alignment_and_660_byte_rows(H):
     """V3.2 rows whose pool starts 4 bytes past a 16-byte boundary, with a 660-byte row stride (both allowed:
-    multiples of 4), through the routed gluon_fp8 call: the kernel is compiled for that alignment and matches
-    the reference."""
+    multiples of 4), through the routed gluon_fp8 call: the kernel is compiled for that alignment (the producer
+    gathers the RoPE) and matches the reference."""
     g = torch.Generator(device="cuda").manual_seed(23)
-    N, T, H = 5000, 8, 16
+    N, T = 5000, 8
     storage = torch.full((N * 660 + 16,), 0xFF, dtype=torch.uint8, device="cuda")
     pool = storage[4:4 + N * 660].view(N, 660)[:, :DS_ROW]
     pool.copy_(quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="amax"))

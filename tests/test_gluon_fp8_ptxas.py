@@ -27,9 +27,9 @@ SM90_SMEM_PER_CTA = 227 * 1024
 
 
 #: Spill bytes ptxas may report, per (KV dtype, head block, column-split consumers): none at 16 heads; at 32 the
-#: producer's 8 (WORKER_REGS), none in split launches (COL_SPLIT). V3.2 rows take 16-head blocks only.
+#: producer's 8 (WORKER_REGS), none on the column split (COL_SPLIT: e4m3's split launches, every V3.2 launch).
 SPILL_BYTES = {("fp8_e4m3", 16, False): 0, ("fp8_e4m3", 32, False): 8, ("fp8_e4m3", 32, True): 0,
-               ("fp8_ds_mla", 16, False): 0}
+               ("fp8_ds_mla", 16, False): 0, ("fp8_ds_mla", 32, True): 0}
 
 
 #: KV caches of the cases: (kv_dtype, shape, Triton pointer type of the kernel's KV).
@@ -39,7 +39,7 @@ CACHES = {"e4m3": ("fp8_e4m3", (4096, 576), "*fp8e4nv"), "ds": ("fp8_ds_mla", (4
 
 @pytest.mark.parametrize("H,splits,cache", [(16, 1, "e4m3"), (16, 2, "e4m3"), (5, 16, "e4m3"), (32, 1, "e4m3"),
                                             (17, 2, "e4m3"), (32, 16, "e4m3"), (16, 1, "ds"), (16, 2, "ds_paged"),
-                                            (9, 16, "ds")])
+                                            (9, 16, "ds"), (32, 1, "ds"), (27, 16, "ds_paged")])
 def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
     kv_dtype, shape, kv_ptr = CACHES[cache]
     q = torch.empty(3, H, 576, dtype=torch.bfloat16)
@@ -55,7 +55,8 @@ def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
     log, sass = assemble(kernel, BIN, tmp_path)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     cols = constexprs["COLS"]
-    assert cols == (splits > 1 and constexprs["BLOCK_H"] == 32)  # the column split serves 32-head split launches
+    # the column split serves 32-head blocks: e4m3's split launches, every V3.2 launch
+    assert cols == (constexprs["BLOCK_H"] == 32 and (splits > 1 or kv_dtype == "fp8_ds_mla"))
     assert spills and max(map(int, spills.groups())) <= SPILL_BYTES[kv_dtype, constexprs["BLOCK_H"], cols], log
     assert not re.search(r"C751[0-9]", log), log
     assert kernel.metadata.shared <= SM90_SMEM_PER_CTA, kernel.metadata.shared
@@ -73,9 +74,9 @@ def test_v32_rows_need_bf16_q_and_unknown_caches_are_refused():
                        match=r"kv_dtype='fp8_ds_mla' with q of \['torch.bfloat16'\].*got q dtype torch.float16"):
         gf.fp8_launch_args(torch.empty(1, 16, 576, dtype=torch.float16), torch.empty(8, 656, dtype=torch.uint8),
                            idx, num_kv_splits=1, ids_per_split=64, out_strides=(16 * 512, 512), kv_dtype="fp8_ds_mla")
-    with pytest.raises(ValueError, match="at most 16 heads with kv_dtype='fp8_ds_mla', got num_heads=17"):
-        gf.fp8_launch_args(torch.empty(1, 17, 576, dtype=torch.bfloat16), torch.empty(8, 656, dtype=torch.uint8),
-                           idx, num_kv_splits=1, ids_per_split=64, out_strides=(17 * 512, 512), kv_dtype="fp8_ds_mla")
+    with pytest.raises(ValueError, match="at most 32 heads with kv_dtype='fp8_ds_mla', got num_heads=33"):
+        gf.fp8_launch_args(torch.empty(1, 33, 576, dtype=torch.bfloat16), torch.empty(8, 656, dtype=torch.uint8),
+                           idx, num_kv_splits=1, ids_per_split=64, out_strides=(33 * 512, 512), kv_dtype="fp8_ds_mla")
     with pytest.raises(ValueError, match="kv_dtype='bf16'"):
         gf.fp8_launch_args(torch.empty(1, 16, 576, dtype=torch.bfloat16), torch.empty(8, 576, dtype=torch.bfloat16),
                            idx, num_kv_splits=1, ids_per_split=64, out_strides=(16 * 512, 512), kv_dtype="bf16")

@@ -1,5 +1,5 @@
 """Warp-specialised sparse MLA decode with fp8 KV and few heads, sm90, in Gluon: a per-tensor e4m3fn cache at
-H <= 32, or the 656-byte V3.2 rows (``fp8_ds_mla``, four float32 tile scales per row) at H <= 16.
+H <= 32, or the 656-byte V3.2 rows (``fp8_ds_mla``, four float32 tile scales per row) at H <= 32.
 
 Semantics of :mod:`mla_sink.paths.triton.launch` (float64 reference in :mod:`mla_sink.core.reference`).
 At few heads the portable kernel is bound by converting fp8 tiles inside its MMA loop (once per operand
@@ -26,11 +26,12 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
   mantissas; undone on the scores). At 16 heads the first consumer stages q (:func:`_stage_q`) while the
   producer already gathers the first block; at 32 heads it is staged before the partitions start.
-* split launches of 32-head blocks (e4m3, :data:`COL_SPLIT`) run the two consumers on every block instead, split
-  by value columns as FlashMLA's sm90 kernels split them: the first stages q, computes ``S^T``, the softmax and
-  ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511 with the first's ``P^T``; each
-  stores its own columns. Holding half of ``O^T`` each, they leave the producer the registers of 16 heads' whole
-  block steps (H=32 T=64 54.6 against 60.4 us; unsplit launches keep the alternate blocks: 179.1 against 174.4);
+* 32-head blocks of V3.2 rows, and e4m3's split launches of them (:data:`COL_SPLIT`), run the two consumers on
+  every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages q, computes
+  ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511 with the
+  first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
+  registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us; its unsplit launches keep the
+  alternate blocks: 179.1 against 174.4);
 * V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
   consumer copies the bf16 RoPE of its next block by cp.async into its own ring stage's RoPE tile while it
   computes this one (where the rows are 16-byte aligned; otherwise the producer gathers it). Each consumer
@@ -95,10 +96,10 @@ WORKER_REGS = {16: (136, 152), 32: (224, 64)}
 #: the producer, loading whole lines (:data:`LINE_GATHER`, 8 rows a thread) and converting through fp32, fits
 #: in 120 (112 with 4 lanes a row). 32-head blocks (e4m3's partitions, two tiles' score accumulators at a time;
 #: the producer at 56 registers spilled 100-150 bytes) took 356 us at H=32, T=256 against 206 on the seesaw
-#: (H200, tenth session; benchmarks/ds_few_heads_sweep_r2_2026-12-01.json), so V3.2 rows take 16-head blocks
-#: only (:data:`DS_HEAD_BLOCKS`).
+#: (H200, tenth session; benchmarks/ds_few_heads_sweep_r2_2026-12-01.json), so V3.2 rows take the alternate
+#: blocks at 16 heads only, and 32-head blocks on the column split (:data:`COL_SPLIT`).
 DS_WORKER_REGS = {16: (176, 120)}
-DS_HEAD_BLOCKS = tuple(DS_WORKER_REGS)
+DS_HEAD_BLOCKS = (16, 32)
 #: The caches the kernel reads, by KV dtype key: (``KV_DS``, the q dtypes it computes with exactly). e4m3:
 #: q scaled per head row into fp16; V3.2: bf16 operands only (the rows' RoPE is bf16).
 KV_FORMATS = {"fp8_e4m3": (False, (torch.bfloat16, torch.float16)), "fp8_ds_mla": (True, (torch.bfloat16,))}
@@ -115,14 +116,17 @@ PRODUCER_ROWS = {16: 64, 32: 32}
 #: 193.7 / 59.2 / 15.6): both cut the L1's wavefronts, and only together does the period move. 32-head blocks
 #: (32-row steps) with whole lines took 177.1 against 175.8 at T=256 and spilled 12 bytes, so they keep 4 lanes.
 LINE_GATHER = {"fp8_e4m3": (16,), "fp8_ds_mla": (16,)}
-#: Head blocks, per KV format, whose split launches (``num_kv_splits > 1``) take the column-split consumers
+#: Head blocks, per KV format, whose split launches (``num_kv_splits > 1``), and every launch where the alternate
+#: blocks have no registers (``WORKER_REGS`` / ``DS_WORKER_REGS``), take the column-split consumers
 #: (:func:`_consumer_cols`): both read every block, the first computes the scores and ``P`` and accumulates value
 #: columns 0-255, the second columns 256-511 (FlashMLA's sm90 roles). Each holds half of ``O^T`` (64 registers at
 #: 32 heads), so the producer gets :data:`COL_SPLIT_REGS` and steps whole blocks of whole lines as at 16 heads. H200,
-#: e4m3 H=32, same run (sixteenth session, benchmarks/few_heads_col_split_ab_2026-12-02.json): T=64 (two splits)
-#: 54.6 against 60.4 us on the alternate-block consumers, T=2 (16 splits) 14.3 against 15.2 on the padded seesaw;
-#: unsplit T=256 179.1 against 174.4, so one-split launches keep the alternate blocks.
-COL_SPLIT = {"fp8_e4m3": (32,), "fp8_ds_mla": ()}
+#: sixteenth session, H=32: e4m3 (benchmarks/few_heads_col_split_ab_2026-12-02.json) T=64 (two splits) 54.6 against
+#: 60.4 us on the alternate-block consumers, T=2 (16 splits) 14.3 against 15.2 on the padded seesaw, unsplit T=256
+#: 179.1 against 174.4 (so one-split e4m3 launches keep the alternate blocks); V3.2 rows
+#: (benchmarks/few_heads_ds_col_split_ab_2026-12-02.json) 14.5 / 58.4 / 193.0 us at T = 2 / 64 / 256 against
+#: 19.3 / 67.0 / 212.6 on the padded seesaw.
+COL_SPLIT = {"fp8_e4m3": (32,), "fp8_ds_mla": (32,)}
 #: Registers of the column split's workers per head block: the second consumer (``O^T``'s half) and the producer
 #: (whole-block steps of whole lines, as at 16 heads); the first consumer, the default partition, gets the rest.
 COL_SPLIT_REGS = {32: (104, 152)}
@@ -351,6 +355,50 @@ def _tile_scores(kn, qn, s_zero, t: gl.constexpr):
 
 
 @gluon.jit
+def _ds_scores(kn, kr, qn, qr, s_zero, sc0, sc1, sc2, sc3):
+    """``S^T`` of a block of V3.2 rows (``[ids, heads]`` fp32, before the per-head score scale):
+    ``K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)``, one wgmma accumulator per tile, ``sc_t`` the ids' tile
+    scales (in the accumulator's rows)."""
+    sr = warpgroup_mma(kr, qr.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s0 = _tile_scores(kn, qn, s_zero, 0)
+    s1 = _tile_scores(kn, qn, s_zero, 1)
+    s2 = _tile_scores(kn, qn, s_zero, 2)
+    s3 = _tile_scores(kn, qn, s_zero, 3)
+    sr, s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1, s2, s3))
+    return sr + s0 * sc0[:, None] + s1 * sc1[:, None] + s2 * sc2[:, None] + s3 * sc3[:, None]
+
+
+@gluon.jit
+def _store_p_tiles(p_smem, base, p, sc0, sc1, sc2, sc3):
+    """``P_t^T = P^T * scale_t`` (rounded once to ``p_smem``'s dtype) into ``p_smem[base + t]``, t = 0..3."""
+    p_smem.index(base + 0).store((p * sc0[:, None]).to(p_smem.dtype))
+    p_smem.index(base + 1).store((p * sc1[:, None]).to(p_smem.dtype))
+    p_smem.index(base + 2).store((p * sc2[:, None]).to(p_smem.dtype))
+    p_smem.index(base + 3).store((p * sc3[:, None]).to(p_smem.dtype))
+
+
+@gluon.jit
+def _tile_pv(kn, t: gl.constexpr, p_t, acc, alpha):
+    """Issue ``O^T_t = alpha * O^T_t + V_t^T P_t^T`` (async wgmma) for value tile ``t`` (columns ``128 t ..``)."""
+    return warpgroup_mma(kn.slice(t * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_t, acc * alpha[None, :],
+                         is_async=True)
+
+
+@gluon.jit
+def _tile_pair_pv(kn, T0: gl.constexpr, p_ring, base, acc, acc_b, alpha):
+    """A column-split consumer's ``P V`` of one block of V3.2 rows: tiles ``T0`` and ``T0 + 1`` (``acc``,
+    ``acc_b``) with their ``P_t^T`` at ``p_ring[base + t]``, waited for. Both accumulators are rescaled before
+    either wgmma is issued: rescaling the second while the first runs made ptxas serialise them (C7517)."""
+    acc = acc * alpha[None, :]
+    acc_b = acc_b * alpha[None, :]
+    acc = warpgroup_mma(kn.slice(T0 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_ring.index(base + T0), acc,
+                        is_async=True)
+    acc_b = warpgroup_mma(kn.slice((T0 + 1) * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_ring.index(base + T0 + 1),
+                          acc_b, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b))
+
+
+@gluon.jit
 def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, BLOCK_N: gl.constexpr,
                  ROW_BYTES: gl.constexpr):
     """The four float32 tile scales of a block's ids (``ids``, ``ok`` in the rows of ``acc_l``), each
@@ -433,32 +481,18 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
             gl.thread_barrier()  # every warp's copies landed
         kn = kn_smem.index(s)
         z = s - FIRST  # an opaque 0: q and P's tiles indexed through it too (their descriptors are not hoisted)
-        qn = q_n.index(z)
-        sr = warpgroup_mma(kr_smem.index(s), q_r.index(z).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s0 = _tile_scores(kn, qn, s_zero, 0)
-        s1 = _tile_scores(kn, qn, s_zero, 1)
-        s2 = _tile_scores(kn, qn, s_zero, 2)
-        s3 = _tile_scores(kn, qn, s_zero, 3)
-        sr, s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1, s2, s3))
-        st = sr + s0 * sc0[:, None] + s1 * sc1[:, None] + s2 * sc2[:, None] + s3 * sc3[:, None]
+        st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
         p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i)
-        p_smem.index(z + 0).store((p * sc0[:, None]).to(p_smem.dtype))
-        p_smem.index(z + 1).store((p * sc1[:, None]).to(p_smem.dtype))
-        p_smem.index(z + 2).store((p * sc2[:, None]).to(p_smem.dtype))
-        p_smem.index(z + 3).store((p * sc3[:, None]).to(p_smem.dtype))
+        _store_p_tiles(p_smem, z, p, sc0, sc1, sc2, sc3)
         fence_async_shared()
         gl.thread_barrier()  # every P_t^T complete in shared memory before the wgmmas read them
         if COPY_ROPE and i + STAGES < num_blocks:  # every warp waited for its scores before the barrier: tile read
             _copy_rope(KV, kr_smem.index(FIRST), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
                        rope_l)
-        acc0 = warpgroup_mma(kn.slice(0 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 0),
-                             acc0 * alpha[None, :], is_async=True)
-        acc1 = warpgroup_mma(kn.slice(1 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 1),
-                             acc1 * alpha[None, :], is_async=True)
-        acc2 = warpgroup_mma(kn.slice(2 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 2),
-                             acc2 * alpha[None, :], is_async=True)
-        acc3 = warpgroup_mma(kn.slice(3 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_smem.index(z + 3),
-                             acc3 * alpha[None, :], is_async=True)
+        acc0 = _tile_pv(kn, 0, p_smem.index(z + 0), acc0, alpha)
+        acc1 = _tile_pv(kn, 1, p_smem.index(z + 1), acc1, alpha)
+        acc2 = _tile_pv(kn, 2, p_smem.index(z + 2), acc2, alpha)
+        acc3 = _tile_pv(kn, 3, p_smem.index(z + 3), acc3, alpha)
         acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
         gl.thread_barrier()  # every warp of this consumer is done with stage s and with the P_t^T
         mbarrier.arrive(empty.index(s))
@@ -631,13 +665,14 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
 
 
 @gluon.jit
-def _consumer_cols(Q, IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, alpha_smem, kn_smem,
+def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, alpha_smem, kn_smem,
                    kr_smem, ready, empty, p_ready, scale_smem, f_smem, merged, sm_scale, stride_qt, stride_qh,
-                   pid_t, pid_s, idx_base, num_heads, num_rows, start, end, num_blocks,
+                   pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr):
-    """One of two consumers that split ``O^T`` by value columns (``COLS``, e4m3): both take every block. ROLE 0
+                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS: gl.constexpr,
+                   ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr):
+    """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
     waits for ``P^T`` and accumulates columns ``256 .. 511``. Each holds a ``[256, BLOCK_H]`` fp32 half, so the
@@ -646,51 +681,88 @@ def _consumer_cols(Q, IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q
     which needs ROLE 1's release of it. ROLE 0 runs the epilogue's statistics and hands the per-head output factor
     to ROLE 1 through ``f_smem``; each stores its own columns from the accumulator layout. ROLE 0 computing the
     scores only (ROLE 1 all 512 columns at 176 registers) measured slower: 182.6 / 55.0 us against 179.1 / 54.6 at
-    H=32 T = 256 / 64 (benchmarks/few_heads_col_split_ab_2026-12-02.json). Source: the roles of FlashMLA's sm90
-    sparse fp8 decode (one warpgroup the scores, the softmax and half of ``P V``, one the other half)."""
+    H=32 T = 256 / 64 (benchmarks/few_heads_col_split_ab_2026-12-02.json). V3.2 rows (``KV_DS``): ROLE 0 applies
+    the tile scales to the scores (:func:`_ds_scores`) and stores the four ``P_t^T`` (:func:`_store_p_tiles`);
+    each consumer accumulates two 128-column tiles; with ``COPY_ROPE`` ROLE 0, the only reader of the RoPE tiles,
+    copies the next block's RoPE into its stage by cp.async once this block's scores are read. Source: the roles
+    of FlashMLA's sm90 sparse fp8 decode (one warpgroup the scores, the softmax and half of ``P V``, one the other
+    half)."""
     NCOLS: gl.constexpr = D_NOPE // 2  # this consumer's value columns of O^T: the first or the second half
     COL0: gl.constexpr = ROLE * NCOLS
+    T0: gl.constexpr = COL0 // DS_TILE  # V3.2: this consumer's first value tile
+    P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
     head_l: gl.constexpr = gl.SliceLayout(0, acc_l)
-    acc = gl.zeros([NCOLS, BLOCK_H], gl.float32, layout=acc_l)
+    if KV_DS:  # this consumer's two value tiles
+        acc = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+        acc_b = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    else:
+        acc = gl.zeros([NCOLS, BLOCK_H], gl.float32, layout=acc_l)
     offs_h = gl.arange(0, BLOCK_H, layout=head_l)
     hmask = offs_h < num_heads
     if ROLE == 0:
         _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
-                 False)
+                 KV_DS)
         col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         nrows = num_rows.to(gl.uint32)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_l)
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=head_l)
         s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+        rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
+        if COPY_ROPE and num_blocks > 0:
+            _copy_rope(KV, kr_smem.index(0), _checked(_raw_ids(IDX, idx_base, end, start, BLOCK_N, rope_l), nrows),
+                       stride_kv, kv_block_size, ROW_BYTES, rope_l)
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1
             ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
+            if KV_DS:
+                if COPY_ROPE:
+                    ids_next = _raw_ids(IDX, idx_base, end, start + (i + 1) * BLOCK_N, BLOCK_N, rope_l)
+                sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
             kn = kn_smem.index(s)
             z = _opaque_zero(i)  # q indexed through an opaque 0: its descriptors stay in the loop (not hoisted, spilled)
-            st = warpgroup_mma(kn, q_n.index(z).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            st = warpgroup_mma(kr_smem.index(s), q_r.index(z).permute((1, 0)), st, is_async=True)
-            st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+            if KV_DS:
+                if COPY_ROPE:
+                    async_copy.wait_group(0)
+                    fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
+                    gl.thread_barrier()  # every warp's copies landed
+                st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
+            else:
+                st = warpgroup_mma(kn, q_n.index(z).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                st = warpgroup_mma(kr_smem.index(s), q_r.index(z).permute((1, 0)), st, is_async=True)
+                st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
             p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i,
                                                  l_i)
-            p_ring.index(s).store(p.to(gl.float16))
+            if KV_DS:
+                _store_p_tiles(p_ring, s * P_TILES, p, sc0, sc1, sc2, sc3)
+            else:
+                p_ring.index(s).store(p.to(gl.float16))
             alpha_smem.index(s).store(alpha)
             fence_async_shared()
             gl.thread_barrier()  # P^T and alpha complete in shared memory before the wgmma and ROLE 1 read them
             mbarrier.arrive(p_ready.index(s))
-            acc = warpgroup_mma(kn.slice(0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s), acc * alpha[None, :],
-                                is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if KV_DS:
+                if COPY_ROPE and i + 1 < num_blocks:  # the other stage's RoPE tile was last read by block i - 1
+                    _copy_rope(KV, kr_smem.index((i + 1) % STAGES), _checked(ids_next, nrows), stride_kv,
+                               kv_block_size, ROW_BYTES, rope_l)
+                acc, acc_b = _tile_pair_pv(kn, T0, p_ring, s * P_TILES, acc, acc_b, alpha)
+            else:
+                acc = warpgroup_mma(kn.slice(0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s), acc * alpha[None, :],
+                                    is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()  # every warp of this consumer is done with stage s
             mbarrier.arrive(empty.index(s))
         empty_row = l_i == 0.0
         l_safe = gl.where(empty_row, 1.0, l_i)
         lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(l_safe))
-        scale = gl.load(KV_SCALE) / l_safe
+        if KV_DS:  # the tile scales were applied per block
+            scale = 1.0 / l_safe
+        else:
+            scale = gl.load(KV_SCALE) / l_safe
         if HAS_SINKS and not SPLIT:  # a split launch's combine applies the sink once
             sink = gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
             scale = sink_scale(scale, sink, lse2, empty_row)
@@ -706,21 +778,38 @@ def _consumer_cols(Q, IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q
             s = i % STAGES
             mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
             alpha = alpha_smem.index(s).load(head_l)
-            acc = warpgroup_mma(kn_smem.index(s).slice(COL0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s),
-                                acc * alpha[None, :], is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            kn = kn_smem.index(s)
+            if KV_DS:
+                acc, acc_b = _tile_pair_pv(kn, T0, p_ring, s * P_TILES, acc, acc_b, alpha)
+            else:
+                acc = warpgroup_mma(kn.slice(COL0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s),
+                                    acc * alpha[None, :], is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()  # every warp of this consumer is done with stage s and its P^T
             mbarrier.arrive(empty.index(s))
         mbarrier.wait(merged, 0)
         scale = f_smem.load(head_l)
-    offs_d = COL0 + gl.arange(0, NCOLS, layout=gl.SliceLayout(1, acc_l))
-    rows = acc * scale[None, :]
     if SPLIT:
         o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
-        gl.store(o_row[None, :] + offs_d[:, None], rows, mask=hmask[None, :])
     else:
         o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64) * stride_oh
-        gl.store(o_row[None, :] + offs_d[:, None], rows.to(OUT.dtype.element_ty), mask=hmask[None, :])
+    if KV_DS:
+        _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
+        _store_cols(acc_b, o_row, COL0 + DS_TILE, scale, hmask, SPLIT)
+    else:
+        _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
+
+
+@gluon.jit
+def _store_cols(acc, o_row, col0, scale, hmask, SPLIT: gl.constexpr):
+    """Value columns ``col0 ..`` of ``O^T`` (``acc``, ``[columns, heads]`` in the accumulator layout) times the
+    per-head ``scale``, stored at ``o_row`` (per-head row pointers): fp32 partials when ``SPLIT``, else in the
+    output's dtype."""
+    offs_d = col0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    rows = acc * scale[None, :]
+    if not SPLIT:
+        rows = rows.to(o_row.dtype.element_ty)
+    gl.store(o_row[None, :] + offs_d[:, None], rows, mask=hmask[None, :])
 
 
 @gluon.jit
@@ -768,8 +857,11 @@ def sparse_mla_decode_fp8_ws_kernel(
     q_r = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_ROPE],
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dt))
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dt)
-    p0 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
-    p1 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
+    if COLS:  # one P^T ring read by both consumers (a stage's P^T per tile scale)
+        p_ring = gl.allocate_shared_memory(dt, [STAGES * p_tiles, BLOCK_N, BLOCK_H], p_layout)
+    else:  # each consumer's own P^T
+        p0 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
+        p1 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
     kn_smem = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, D_NOPE],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dt))
     kr_smem = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, D_ROPE],
@@ -801,19 +893,20 @@ def sparse_mla_decode_fp8_ws_kernel(
     # descriptors at any register split that left the producer room); COLS: the first (scores) consumer is the
     # default partition, the second consumer and the producer workers (COL_SPLIT_REGS)
     if COLS:
-        p_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_H], p_layout)
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
         gl.warp_specialize([
-            (_consumer_cols, (Q, IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, alpha_smem,
-                              kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged, sm_scale,
-                              stride_qt, stride_qh, pid_t, pid_s, idx_base, num_heads, num_rows, start, end,
-                              num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
-                              stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0)),
-            (_consumer_cols, (Q, IDX, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, alpha_smem,
-                              kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged, sm_scale,
-                              stride_qt, stride_qh, pid_t, pid_s, idx_base, num_heads, num_rows, start, end,
-                              num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
-                              stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1)),
+            (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
+                              alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                              sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
+                              num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
+                              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
+                              HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES, KV_DS and ROWS_16B)),
+            (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
+                              alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                              sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
+                              num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
+                              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
+                              HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES, KV_DS and ROWS_16B)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
@@ -865,8 +958,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ``ROWS_16B`` (:func:`rows_16b`) is this ``kv_cache``'s: a runner reused for other pools checks it per call.
 
     Raises:
-        ValueError: ``num_heads`` above the largest head block (32; 16 for V3.2 rows); ``kv_dtype`` not one
-            of the two; q of a dtype the cache is not read with (V3.2 rows: bf16 only).
+        ValueError: ``num_heads`` above the largest head block (32); ``kv_dtype`` not one of the two; q of a
+            dtype the cache is not read with (V3.2 rows: bf16 only).
     """
     from mla_sink.core import kv_layout
 
@@ -894,11 +987,12 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
     )
-    cols = splits > 1 and block_h in COL_SPLIT[kv_dtype]
+    alternate = DS_WORKER_REGS if ds else WORKER_REGS  # head blocks of the alternate-block consumers
+    cols = block_h in COL_SPLIT[kv_dtype] and (splits > 1 or block_h not in alternate)
     if cols:  # whole-block, whole-line producer steps as at 16 heads; the first consumer (default) stages q
         (consumer_regs, producer_regs), rows, lines, producer_default = COL_SPLIT_REGS[block_h], BLOCK_N, True, False
     else:
-        consumer_regs, producer_regs = (DS_WORKER_REGS if ds else WORKER_REGS)[block_h]
+        consumer_regs, producer_regs = alternate[block_h]
         rows, lines = PRODUCER_ROWS[block_h], block_h in LINE_GATHER[kv_dtype]
         producer_default = block_h in PRODUCER_DEFAULT
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
@@ -948,8 +1042,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
         ``(out, lse)`` as :func:`mla_sink.paths.triton.launch.sparse_mla_decode_triton` returns them.
 
     Raises:
-        ValueError: ``num_heads > 32`` (V3.2 rows: ``> 16``); an unknown ``kv_dtype``; V3.2 rows with q not
-            bf16.
+        ValueError: ``num_heads > 32``; an unknown ``kv_dtype``; V3.2 rows with q not bf16.
     """
     import torch
 
