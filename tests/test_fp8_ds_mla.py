@@ -535,7 +535,7 @@ def test_sm90_plans(H, T):
             # the split policy of bf16 q's own row (splits down to one 64-id block)
             assert launch.tuning_row == "sm90_ds_mla_h16_bf16"
         elif q == "bf16" and H <= 32:  # gluon_fp8's 32-head blocks on the column-split consumers, split or not
-            assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon_cols", launch
+            assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon_h32", launch
             assert launch.tuning_row == "sm90_ds_mla_h32_bf16"
         elif q == "bf16":  # more heads, split or not: 64-head blocks
             # the seesaw decodes into bf16: exact for power-of-two scales, and it flags tokens with others

@@ -1,5 +1,5 @@
-"""The sm90 Gluon kernel for fp8 KV at few heads (mla_sink/kernels/gluon/gluon_fp8.py): e4m3fn at H <= 32 and
-the 656-byte V3.2 rows at H <= 16, split or not, against the float64 reference (which sees the same fp8 values
+"""The sm90 Gluon kernel for fp8 KV at few heads (mla_sink/kernels/gluon/gluon_fp8.py): e4m3fn and the 656-byte
+V3.2 rows at H <= 32 (32-head blocks: the column-split consumers for V3.2 and e4m3's split launches), split or not, against the float64 reference (which sees the same fp8 values
 and scales, so quantisation is not an error).
 
 Budget of tests/test_triton_gpu.py (bf16 q: ``1e-3 or 2/128``, cosine < 1e-5; LSE ``1e-5 or 1e-5``) at
@@ -210,8 +210,8 @@ def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits, H):
 @pytest.mark.parametrize("H,T", [(16, 256), (16, 64), (32, 256), (32, 64), (32, 2)])
 def test_ds_mla_routed_big_pool_and_cuda_graph(H, T, scale):
     """V3.2 rows at H=16 and 32 through the public launcher (routed to gluon_fp8: unsplit at T=256, two splits at
-    T=64, 16 at T=2; 32 heads on the column-split consumers), ids in a pool beyond 2^31 bytes, then CUDA-graph
-    replays with new ids and sinks."""
+    T=64; 32 heads on the column-split consumers, at T=2 in 32 splits of one block), ids in a pool beyond 2^31
+    bytes, then CUDA-graph replays with new ids and sinks."""
     g = torch.Generator(device="cuda").manual_seed(19)
     rows = ((1 << 31) + (64 << 20)) // DS_ROW + 1
     cache = torch.full((rows, DS_ROW), 0xFF, dtype=torch.uint8, device="cuda")
@@ -224,6 +224,10 @@ def test_ds_mla_routed_big_pool_and_cuda_graph(H, T, scale):
                               topk=2048, logit_cap=0.0, gluon=gluon_available(),
                               num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
     assert plan.kernel == ("gluon_fp8" if gluon_available() else "portable"), plan
+    if gluon_available():
+        assert plan.kernel_row == ("sm90_ds_mla_gluon" if H <= 16 else "sm90_ds_mla_gluon_h32"), plan
+    # T=256 fills the H200 unsplit, T=64 splits in two on its 132 SMs, T=2 in one 64-id block a split
+    assert plan.num_kv_splits == 1 if T == 256 else plan.num_kv_splits <= 2 if T == 64 else plan.num_kv_splits == 32
     out = torch.empty(T, H, D_V, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(T, H, device="cuda")
     sparse_mla_decode_triton(q, cache, idx, sinks, DS_SM_SCALE, out=out, lse=lse)
@@ -265,12 +269,13 @@ def test_ds_mla_pool_at_4_byte_alignment_and_660_byte_rows(H):
     check_budget(o, l, ro, rl, "bf16")
 
 
-def test_ds_mla_runner_reused_for_a_pool_4_bytes_off_a_boundary():
+@pytest.mark.parametrize("H", [16, 32])
+def test_ds_mla_runner_reused_for_a_pool_4_bytes_off_a_boundary(H):
     """The same call metadata (shapes, strides) first on a 16-byte aligned pool, then on one 4 bytes past a
     boundary: the prepared runner must not take its hinted 16-byte loads there (gluon_fp8.rows_16b), and both
-    match the reference."""
+    match the reference (32 heads: the column-split consumers, whose first copies the RoPE only on aligned rows)."""
     g = torch.Generator(device="cuda").manual_seed(29)
-    N, T, H = 5000, 4, 16
+    N, T = 5000, 4
     rows = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="pow2")
     storage = torch.zeros(N * DS_ROW + 16, dtype=torch.uint8, device="cuda")
     shifted = storage[4:4 + N * DS_ROW].view(N, DS_ROW)

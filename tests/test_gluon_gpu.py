@@ -142,10 +142,10 @@ def test_adversarial_fp8(H, T, topk, kv_dtype, splits):
 @pytest.mark.parametrize("H", [128, 16])
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3"])
 def test_fp8_public_call_routes_to_the_seesaw(kv_dtype, H):
-    """The library sends bf16 q with a per-tensor e4m3 cache to the seesaw kernel at every head count when
-    the launch is split (T = 2 and 64 here; H = 16 padded to a 64-head block), except H <= 16 launches of at
-    most two splits (H = 16, T = 64), which take gluon_fp8 (tests/test_gluon_fp8_gpu.py), and checks the
-    result."""
+    """The library sends bf16 q with a per-tensor e4m3 cache to the seesaw kernel when the launch is split (T = 2
+    and 64 here; H = 16 padded to a 64-head block) at H > 32 and at H <= 16, except H <= 16 launches of at most
+    two splits (H = 16, T = 64), which take gluon_fp8 as 17-32 heads always do (tests/test_gluon_fp8_gpu.py), and
+    checks the result."""
     g = torch.Generator(device="cuda").manual_seed(11)
     N = 70000
     cache, kv_scale = fp8_cache(kv_dtype, N, g)

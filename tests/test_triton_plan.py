@@ -1,8 +1,9 @@
 """The Triton launch plan (mla_sink/paths/triton/plan.py) and its table (tables/triton_tuning.yaml), on the CPU.
 
-The kernel choice and the split counts are compared, on a grid of shapes, with a frozen copy of the
-rules the code had before the Gluon kernels became rows of the table (``kernel_for`` and the tuning
-rows' ``kernel`` param, commit 3f27c12); tests may spell those rules out, the package may not.
+The kernel choice and the split counts are compared, on a grid of shapes, with a copy of the rules the code
+had before the Gluon kernels became rows of the table (``kernel_for`` and the tuning rows' ``kernel`` param,
+commit 3f27c12), amended only by the routing changes measured since, each marked with its session; tests may
+spell those rules out, the package may not.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def plan(**kw):
     return P.plan_triton_launch(**args)
 
 
-# ---- frozen copy of the rules before this change (commit 3f27c12) ------------------------------------
+# ---- copy of the rules before this change (commit 3f27c12), with the later measured changes marked -----
 
 def _old_splits(cfg, T, H, topk, sms, requested=None):
     """num_kv_splits_for + split_plan as they were."""
@@ -108,7 +109,7 @@ def test_gluon_never_on_cpu_capped_without_gluon_or_fnuz(field, value):
         assert plan(**kw).kernel == "portable", kw
 
 
-def test_gluon_fp8_splits_at_most_twice():
+def test_gluon_fp8_splits_at_most_twice_at_16_heads():
     for q, kv, H, T, sms in itertools.product(DTYPES, DTYPES, HEADS, TOKENS, SMS):
         got = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms)
         if got.kernel == "gluon_fp8":  # more splits at 17-32 heads only (the column-split consumers)
@@ -137,11 +138,11 @@ def test_where_the_gluon_kernels_serve():
     assert (f8.kernel, f8.kernel_row, f8.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon", "sm90_fp8_h16")
     assert plan(q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=3).kernel == "gluon_fp8"
     f8_17 = plan(kv_dtype="fp8_e4m3", num_heads=17)  # 17-32 heads: gluon_fp8's 32-head blocks
-    assert (f8_17.kernel, f8_17.kernel_row, f8_17.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon", "sm90_fp8_h32")
+    assert (f8_17.kernel, f8_17.kernel_row, f8_17.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon_h32", "sm90_fp8_h32")
     f8_32 = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=64)  # two splits at 32 heads: gluon_fp8
     assert (f8_32.kernel, f8_32.num_kv_splits) == ("gluon_fp8", 2)
     f8_32_split = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=2)  # more splits: its column-split consumers
-    assert (f8_32_split.kernel, f8_32_split.kernel_row) == ("gluon_fp8", "sm90_fp8_gluon_cols")
+    assert (f8_32_split.kernel, f8_32_split.kernel_row) == ("gluon_fp8", "sm90_fp8_gluon_h32")
     assert f8_32_split.num_kv_splits > 2
     assert plan(kv_dtype="fp8_e4m3", num_heads=33).kernel == "gluon_seesaw"
     f8_split = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2)  # split at 16 heads: the seesaw, padded
@@ -164,9 +165,9 @@ def test_rejected_kernels_say_why():
     assert f"num_kv_splits={split.num_kv_splits}, needs <= 2 (" in rejected["sm90_fp8_gluon"]
     assert "q_dtype=bf16, needs fp16" in rejected["sm90_fp16_gluon_seesaw"]
     unsplit = dict(plan(num_tokens=256).rejected_kernels)  # requirements hold: each row says its own mismatch
-    assert set(unsplit) == {"sm90_fp8_gluon", "sm90_fp8_gluon_cols"}
+    assert set(unsplit) == {"sm90_fp8_gluon", "sm90_fp8_gluon_h32"}
     assert all(unsplit[row].startswith("kv_dtype=bf16, needs fp8_e4m3") for row in unsplit)
-    assert "num_heads=128, needs <= 32" in unsplit["sm90_fp8_gluon_cols"]
+    assert "num_heads=128, needs <= 32" in unsplit["sm90_fp8_gluon_h32"]
     assert plan(kv_dtype="fp8_e4m3", num_heads=16).rejected_kernels == ()  # the first row is the winner
     cpu = plan(arch="cpu", num_sms=1)
     assert cpu.kernel == "portable" and dict(cpu.rejected_kernels) == {}  # cpu_interpreter comes first

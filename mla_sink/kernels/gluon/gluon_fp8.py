@@ -5,7 +5,7 @@ Semantics of :mod:`mla_sink.paths.triton.launch` (float64 reference in :mod:`mla
 At few heads the portable kernel is bound by converting fp8 tiles inside its MMA loop (once per operand
 layout) and by mma.sync's 16-row tiles re-reading q from shared memory in every warp, and the seesaw
 kernel pads the heads to its 64-row wgmma tiles. Here one CTA = one token (all of its heads, padded to
-``BLOCK_H``: 16, or 32 for e4m3) and one id range (``SPLIT``: the range of ``pid_s``; fp32 partials and
+``BLOCK_H``: 16 or 32) and one id range (``SPLIT``: the range of ``pid_s``; fp32 partials and
 base-2 LSEs for the combine kernel, which applies the sink, launched as a programmatic dependent):
 
 * roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = BLOCK_H
@@ -18,14 +18,16 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); at 16 heads (:data:`LINE_GATHER`)
   16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each 8-lane phase
   of a store one swizzle row;
-* two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
+* at 16-head blocks, and in e4m3's unsplit launches of 32-head blocks, two consumer warpgroups take alternate
+  blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
   shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
   merges them 64 value columns at a time, applies the sink and the per-tensor ``kv_scale`` and stores
   ``out`` and the natural-log LSE (split: the partial output and its base-2 LSE). q sits in shared
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
   mantissas; undone on the scores). At 16 heads the first consumer stages q (:func:`_stage_q`) while the
-  producer already gathers the first block; at 32 heads it is staged before the partitions start.
+  producer already gathers the first block; in e4m3's unsplit launches of 32-head blocks it is staged before the
+  partitions start.
 * 32-head blocks of V3.2 rows, and e4m3's split launches of them (:data:`COL_SPLIT`), run the two consumers on
   every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages q, computes
   ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511 with the
@@ -33,9 +35,9 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us; its unsplit launches keep the
   alternate blocks: 179.1 against 174.4);
 * V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
-  consumer copies the bf16 RoPE of its next block by cp.async into its own ring stage's RoPE tile while it
-  computes this one (where the rows are 16-byte aligned; otherwise the producer gathers it). Each consumer
-  loads its block's four tile scales per id (float32, in place) and applies them exactly in fp32:
+  consumer that computes scores (both on alternate blocks, the first on the column split) copies the bf16 RoPE
+  of its next block by cp.async into that block's ring stage's RoPE tile while it computes this one (where the
+  rows are 16-byte aligned; otherwise the producer gathers it), and loads its block's four tile scales per id (float32, in place) and applies them exactly in fp32:
   ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` with one wgmma accumulator per 128-column tile, and
   ``O^T_t += V_t^T (P^T * scale_t)`` with ``P^T`` stored once per tile, rounded to bf16 (as every bf16 kernel
   rounds ``P``). Every scale convention (powers of two, ``amax / 448``) decodes
@@ -99,12 +101,12 @@ WORKER_REGS = {16: (136, 152), 32: (224, 64)}
 #: (H200, tenth session; benchmarks/ds_few_heads_sweep_r2_2026-12-01.json), so V3.2 rows take the alternate
 #: blocks at 16 heads only, and 32-head blocks on the column split (:data:`COL_SPLIT`).
 DS_WORKER_REGS = {16: (176, 120)}
-DS_HEAD_BLOCKS = (16, 32)
 #: The caches the kernel reads, by KV dtype key: (``KV_DS``, the q dtypes it computes with exactly). e4m3:
 #: q scaled per head row into fp16; V3.2: bf16 operands only (the rows' RoPE is bf16).
 KV_FORMATS = {"fp8_e4m3": (False, (torch.bfloat16, torch.float16)), "fp8_ds_mla": (True, (torch.bfloat16,))}
-#: Rows the producer gathers per step, per head block: a whole block, or half of one at 32 heads, where the
-#: consumers' ``O^T`` leaves the producer 56 registers (16 rows a step spilled more).
+#: Rows the producer gathers per step on the alternate-block consumers, per head block: a whole block, or half of
+#: one at 32 heads, where the consumers' ``O^T`` leaves the producer 56 registers (16 rows a step spilled more).
+#: The column split (:data:`COL_SPLIT`) steps whole blocks of whole lines at every head block.
 PRODUCER_ROWS = {16: 64, 32: 32}
 #: Head blocks, per KV format, whose producer loads whole 128-byte lines: 8 codes a lane and 16 lanes a row, where
 #: 16 bytes a lane and 4 lanes a row read 64 bytes of 8 rows per instruction (8 half-line wavefronts of the L1, the
@@ -114,7 +116,8 @@ PRODUCER_ROWS = {16: 64, 32: 32}
 #: gained nothing (189.5 / 57.4 / 16.2 against 191.1 / 59.1 / 15.4); with their consumers' tile scales in one
 #: 16-byte load a row (:func:`_tile_scales`) 183.6 / 56.8 / 15.1 against 192.2 / 58.8 / 15.8 (the scales alone
 #: 193.7 / 59.2 / 15.6): both cut the L1's wavefronts, and only together does the period move. 32-head blocks
-#: (32-row steps) with whole lines took 177.1 against 175.8 at T=256 and spilled 12 bytes, so they keep 4 lanes.
+#: (32-row steps) with whole lines took 177.1 against 175.8 at T=256 and spilled 12 bytes, so they keep 4 lanes
+#: on the alternate blocks (the column split loads whole lines).
 LINE_GATHER = {"fp8_e4m3": (16,), "fp8_ds_mla": (16,)}
 #: Head blocks, per KV format, whose split launches (``num_kv_splits > 1``), and every launch where the alternate
 #: blocks have no registers (``WORKER_REGS`` / ``DS_WORKER_REGS``), take the column-split consumers
@@ -231,8 +234,9 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
               KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
-    blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the rows are not
-    16-byte aligned (``ROWS_16B``; otherwise each consumer copies its own, :func:`_copy_rope`). The next step's
+    blocks on alternate blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
+    rows are not 16-byte aligned (``ROWS_16B``; otherwise the consumers that compute scores copy it,
+    :func:`_copy_rope`). The next step's
     ids are loaded before this step's rows and checked after its store, off the gather's critical path.
     Four other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
     rows copied by cp.async into a staging block with the next block's copy issued before this one is
@@ -513,8 +517,8 @@ def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stri
              BLOCK_H: gl.constexpr, KV_DS: gl.constexpr):
     """q of token ``pid_t`` into shared memory (at 16 heads by the first consumer, while the producer already
     gathers the first block: H=16 T=256 e4m3 148.3 against 149.8 us, V3.2 163.7 against 166.1, T=64 46.4 / 50.4
-    against 47.7 / 50.9, fifteenth session; at 32 heads, where it took 195.4 against 175.3 for e4m3, before the
-    partitions start), with ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for
+    against 47.7 / 50.9, fifteenth session; on the column split by its first consumer too; on e4m3's alternate
+    blocks at 32 heads, where the first consumer took 195.4 against 175.3, before the partitions start), with ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for
     an e4m3 cache, each head row scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
     (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for V3.2 rows."""
     D_NOPE: gl.constexpr = q_n.shape[2]
@@ -956,6 +960,11 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
     the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
     ``ROWS_16B`` (:func:`rows_16b`) is this ``kv_cache``'s: a runner reused for other pools checks it per call.
+    The consumers' arrangement (``COLS``) follows the call: the column split (:data:`COL_SPLIT`, with
+    :data:`COL_SPLIT_REGS` and whole-block, whole-line producer steps) for split launches of its head blocks and
+    for every launch of a head block without alternate-block registers (V3.2 at 32 heads); otherwise alternate
+    blocks (``WORKER_REGS`` / ``DS_WORKER_REGS``, :data:`PRODUCER_ROWS`, :data:`LINE_GATHER`,
+    :data:`PRODUCER_DEFAULT`).
 
     Raises:
         ValueError: ``num_heads`` above the largest head block (32); ``kv_dtype`` not one of the two; q of a
@@ -972,7 +981,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     if q.dtype not in q_dtypes:
         raise ValueError(f"the gluon_fp8 kernel reads kv_dtype={kv_dtype!r} with q of {[str(t) for t in q_dtypes]} "
                          f"(V3.2 rows: the bf16 RoPE and q as they are), got q dtype {q.dtype}")
-    blocks = DS_HEAD_BLOCKS if ds else HEAD_BLOCKS
+    blocks = HEAD_BLOCKS
     block_h = next((b for b in blocks if H <= b), None)
     if block_h is None:
         raise ValueError(f"the gluon_fp8 kernel serves at most {blocks[-1]} heads with kv_dtype={kv_dtype!r}, "
