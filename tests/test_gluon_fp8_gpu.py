@@ -1,6 +1,7 @@
 """The sm90 Gluon kernel for fp8 KV at few heads (mla_sink/kernels/gluon/gluon_fp8.py): e4m3fn and the 656-byte
-V3.2 rows at H <= 32 (32-head blocks: the column-split consumers for V3.2 and e4m3's split launches), split or not, against the float64 reference (which sees the same fp8 values
-and scales, so quantisation is not an error).
+V3.2 rows at H <= 32 (32-head blocks: the column-split consumers for V3.2 and e4m3's split launches), split or
+not, against the float64 reference (which sees the same fp8 values and scales, so quantisation is not an
+error).
 
 Budget of tests/test_triton_gpu.py (bf16 q: ``1e-3 or 2/128``, cosine < 1e-5; LSE ``1e-5 or 1e-5``) at
 topk 2048; with fewer ids the few-id bf16 budget of tests/test_gluon_gpu.py. Adversarial inputs: ids

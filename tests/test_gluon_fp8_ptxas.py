@@ -1,8 +1,8 @@
 """The few-heads fp8 kernel (mla_sink/kernels/gluon/gluon_fp8.py) fits its register and shared-memory budgets:
 compiled ahead of time for sm90 (no GPU needed) with the constexprs its launcher gives a call, unsplit and
-split (at 32 heads the column-split consumers), at 16 and 32 heads, for per-tensor e4m3 caches and V3.2 rows (flat and paged), ptxas must report no
-spill beyond ``SPILL_BYTES`` (``WORKER_REGS`` gives each
-partition what it needs; other register splits and the second producer spilled, BENCHMARKS.md ninth
+split (at 32 heads the column-split consumers), at 16 and 32 heads, for per-tensor e4m3 caches and V3.2 rows
+(flat and paged), ptxas must report no spill beyond ``SPILL_BYTES`` (``WORKER_REGS`` gives each partition what
+it needs; other register splits and the second producer spilled, BENCHMARKS.md ninth
 session), no wgmma serialisation warning
 (C7510-C7519), and the kernel must fit in the 227 KB of shared memory an sm90 CTA may hold.
 

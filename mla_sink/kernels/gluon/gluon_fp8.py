@@ -37,7 +37,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
 * V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
   consumer that computes scores (both on alternate blocks, the first on the column split) copies the bf16 RoPE
   of its next block by cp.async into that block's ring stage's RoPE tile while it computes this one (where the
-  rows are 16-byte aligned; otherwise the producer gathers it), and loads its block's four tile scales per id (float32, in place) and applies them exactly in fp32:
+  rows are 16-byte aligned; otherwise the producer gathers it), and loads its block's four tile scales per id
+  (float32, in place) and applies them exactly in fp32:
   ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` with one wgmma accumulator per 128-column tile, and
   ``O^T_t += V_t^T (P^T * scale_t)`` with ``P^T`` stored once per tile, rounded to bf16 (as every bf16 kernel
   rounds ``P``). Every scale convention (powers of two, ``amax / 448``) decodes
@@ -518,8 +519,8 @@ def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stri
     """q of token ``pid_t`` into shared memory (at 16 heads by the first consumer, while the producer already
     gathers the first block: H=16 T=256 e4m3 148.3 against 149.8 us, V3.2 163.7 against 166.1, T=64 46.4 / 50.4
     against 47.7 / 50.9, fifteenth session; on the column split by its first consumer too; on e4m3's alternate
-    blocks at 32 heads, where the first consumer took 195.4 against 175.3, before the partitions start), with ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for
-    an e4m3 cache, each head row scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
+    blocks at 32 heads, where the first consumer took 195.4 against 175.3, before the partitions start), with
+    ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for an e4m3 cache, each head row scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
     (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for V3.2 rows."""
     D_NOPE: gl.constexpr = q_n.shape[2]
     D_ROPE: gl.constexpr = q_r.shape[2]
@@ -728,7 +729,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
             kn = kn_smem.index(s)
-            z = _opaque_zero(i)  # q indexed through an opaque 0: its descriptors stay in the loop (not hoisted, spilled)
+            z = _opaque_zero(i)  # q indexed through an opaque 0: its descriptors stay in the loop (not hoisted)
             if KV_DS:
                 if COPY_ROPE:
                     async_copy.wait_group(0)
