@@ -135,8 +135,29 @@ def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
     }
     for name, (arg, value) in got.items():
         if getattr(spec, name) != value:
-            raise ValueError(f"'{arg}' gives {name}={value!r} but spec.{name}={getattr(spec, name)!r} (the tensors "
-                             "must be those the spec, or the layer, was built for)")
+            _mismatch(spec, name, arg, value)
+
+
+def _mismatch(spec: CallSpec, name: str, arg: str, value) -> None:
+    raise ValueError(f"'{arg}' gives {name}={value!r} but spec.{name}={getattr(spec, name)!r} (the tensors "
+                     "must be those the spec, or the layer, was built for)")
+
+
+def check_kv_dtype_matches(spec: CallSpec, x: DecodeInputs) -> None:
+    """Check, before the per-dtype input checks, that ``kv_cache`` is of the spec's KV dtype, so that a cache of
+    another dtype is named as such (a layer built for ``fp8_ds_mla`` given an e4m3 cache would otherwise be
+    told that its ``kv_scale`` is missing).
+
+    Raises:
+        ValueError: ``kv_cache``'s dtype key (:func:`mla_sink.core.dtypes.kv_dtype_key`, which also refuses
+            unknown dtypes and uint8 rows of no known size) is not ``spec.kv_dtype``.
+    """
+    from mla_sink.core.dtypes import kv_dtype_key
+
+    if isinstance(x.kv_cache, torch.Tensor):
+        value = kv_dtype_key(x.kv_cache)
+        if value != spec.kv_dtype:
+            _mismatch(spec, "kv_dtype", "kv_cache", value)
 
 
 def as_inputs(inputs: Any) -> DecodeInputs:
@@ -371,6 +392,8 @@ def _prepare_call(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pla
                   path: Optional[str]) -> _Prepared:
     """validate -> describe -> select -> plan -> the path's runner, for the first call of a signature."""
     _check_records(spec, platform, spec_given=spec is not None)
+    if spec is not None:
+        check_kv_dtype_matches(spec, x)
     check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
                  kv_scale=x.kv_scale, out=x.out)
     if spec is None:
@@ -404,6 +427,7 @@ def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Res
     """DCP: validate, plan, run this rank's shard and merge over the group (collectives: eager only)."""
     if torch.compiler.is_compiling():
         return _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
+    check_kv_dtype_matches(spec, x)
     check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
                  kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
     check_spec_matches(spec, x)

@@ -634,6 +634,10 @@ def test_run_and_describe():
     wrong = mla_sink.CallSpec(q_dtype="fp16", kv_dtype="fp8_e4m3", num_heads=5, topk=24, sinks=True)
     with pytest.raises(ValueError, match="'kv_cache' gives kv_dtype='fp8_ds_mla' but spec.kv_dtype='fp8_e4m3'"):
         mla_sink.run(wrong, x)
+    # the other way round, without a kv_scale: the cache's dtype is named, not the missing kv_scale
+    e4m3 = torch.zeros(64, 576, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="'kv_cache' gives kv_dtype='fp8_e4m3' but spec.kv_dtype='fp8_ds_mla'"):
+        mla_sink.run(spec, x._replace(kv_cache=e4m3))
 
 
 def _op_args(case, path):
