@@ -520,7 +520,8 @@ def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stri
     gathers the first block: H=16 T=256 e4m3 148.3 against 149.8 us, V3.2 163.7 against 166.1, T=64 46.4 / 50.4
     against 47.7 / 50.9, fifteenth session; on the column split by its first consumer too; on e4m3's alternate
     blocks at 32 heads, where the first consumer took 195.4 against 175.3, before the partitions start), with
-    ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for an e4m3 cache, each head row scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
+    ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for an e4m3 cache, each head row
+    scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
     (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for V3.2 rows."""
     D_NOPE: gl.constexpr = q_n.shape[2]
     D_ROPE: gl.constexpr = q_r.shape[2]
