@@ -514,6 +514,31 @@ def _store_tiles(dst, acc0, acc1, acc2, acc3):
 
 
 @gluon.jit
+def _final_lse2(m, l):
+    """``(empty_row, l_safe, lse2)`` per head from a consumer's final base-2 running max ``m`` and sum ``l``: rows
+    with no valid id (``l == 0``), ``l`` with those set to 1, and the sink-free base-2 LSE (``-inf`` on them)."""
+    empty_row = l == 0.0
+    l_safe = gl.where(empty_row, 1.0, l)
+    return empty_row, l_safe, gl.where(empty_row, float("-inf"), m + gl.log2(l_safe))
+
+
+@gluon.jit
+def _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS: gl.constexpr,
+               SPLIT: gl.constexpr, KV_DS: gl.constexpr):
+    """The per-head factor of the output (heads ``offs_h``, ``hmask`` the real ones): ``1 / l``, times the
+    per-tensor ``kv_scale`` for e4m3 (V3.2's tile scales were applied per block), times the sink's weight in
+    unsplit launches (a split launch's combine applies the sink once); 0 on empty rows with a sink."""
+    if KV_DS:
+        scale = 1.0 / l_safe
+    else:
+        scale = gl.load(KV_SCALE) / l_safe
+    if HAS_SINKS and not SPLIT:
+        sink = gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
+        scale = sink_scale(scale, sink, lse2, empty_row)
+    return scale
+
+
+@gluon.jit
 def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads,
              BLOCK_H: gl.constexpr, KV_DS: gl.constexpr):
     """q of token ``pid_t`` into shared memory (at 16 heads by the first consumer, while the producer already
@@ -631,18 +656,10 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
         a_self = gl.exp2(m_i - m_safe)
         a_other = gl.exp2(m_o - m_safe)
         l_i = l_i * a_self + l_o * a_other
-        empty_row = l_i == 0.0
-        l_safe = gl.where(empty_row, 1.0, l_i)
-        lse2 = gl.where(empty_row, float("-inf"), m_new + gl.log2(l_safe))
+        empty_row, l_safe, lse2 = _final_lse2(m_new, l_i)
         offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, acc_l))
         hmask = offs_h < num_heads
-        if KV_DS:  # the tile scales were applied per block
-            scale = 1.0 / l_safe
-        else:
-            scale = gl.load(KV_SCALE) / l_safe
-        if HAS_SINKS and not SPLIT:  # a split launch's combine applies the sink once
-            sink = gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
-            scale = sink_scale(scale, sink, lse2, empty_row)
+        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS)
         f_self = a_self * scale
         f_other = a_other * scale
         if SPLIT:
@@ -762,16 +779,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()  # every warp of this consumer is done with stage s
             mbarrier.arrive(empty.index(s))
-        empty_row = l_i == 0.0
-        l_safe = gl.where(empty_row, 1.0, l_i)
-        lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(l_safe))
-        if KV_DS:  # the tile scales were applied per block
-            scale = 1.0 / l_safe
-        else:
-            scale = gl.load(KV_SCALE) / l_safe
-        if HAS_SINKS and not SPLIT:  # a split launch's combine applies the sink once
-            sink = gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
-            scale = sink_scale(scale, sink, lse2, empty_row)
+        empty_row, l_safe, lse2 = _final_lse2(m_i, l_i)
+        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS)
         f_smem.store(scale)
         gl.thread_barrier()
         mbarrier.arrive(merged)
