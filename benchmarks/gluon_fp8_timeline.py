@@ -12,6 +12,9 @@ L2 flush, five times; medians over CTAs and runs, in microseconds. The stamps co
 patched e4m3 kernel spills 16 bytes, the V3.2 one none), so its times bound the library kernel's from above.
 
     PYTHONPATH=. python3 -u benchmarks/gluon_fp8_timeline.py OUT.json [TREE]
+
+Its stamps fit the kernel of its session; :mod:`cols_timeline` (seventeenth session) stamps the current one and
+uses this script's helper.
 """
 
 from __future__ import annotations

@@ -47,3 +47,21 @@ def test_every_benchmarks_file_cited_in_tables_code_and_docs_exists():
     files = [p.name for p in BENCH.iterdir()]
     missing = sorted(n for n in names if n and not any(fnmatch.fnmatch(f, n) for f in files))
     assert not missing, f"cited but not in benchmarks/: {missing}"
+
+
+def test_cols_timeline_patch_fits_the_current_kernel():
+    """``benchmarks/cols_timeline.py`` stamps the current ``gluon_fp8`` source: every anchor it patches is there
+    (its ``sub`` asserts each one), and every stamp it adds lands in the source (the stores of each part's words)."""
+    import sys
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("_bench_cols_timeline_patch", BENCH / "cols_timeline.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    src = (ROOT / "mla_sink" / "kernels" / "gluon" / "gluon_fp8.py").read_text()
+    patched = module.patch(src)
+    for words in ("+ 16 + 3 * i", "+ 128 + 64 * FIRST", "+ 256 + 4 * i", "+ 384 + 3 * i", "+ 6 + ROLE", "+ 8,"):
+        assert words in patched, words
+    assert patched.count("_now(") > src.count("_now(") + 20

@@ -264,7 +264,11 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     session: with the consumers copying it instead, 164.9 against 181.6 (outputs bitwise equal;
     benchmarks/few_heads_rope_consumers_ab_2026-12-02.json); 16 bytes a lane over 256 bytes of two rows a warp
     (fewer lines touched a row than :data:`LINE_GATHER`'s 128 bytes) took 161.4 against 150.0 for e4m3 and moved
-    V3.2 rows by nothing (benchmarks/few_heads_half_rows_ab_2026-12-02.json)."""
+    V3.2 rows by nothing (benchmarks/few_heads_half_rows_ab_2026-12-02.json). Seventeenth session: on e4m3's 32-head
+    alternate blocks, rows copied by cp.async into three 16-row staging slots two steps ahead and converted from
+    shared memory (bytes in flight without registers) took 199.5 against 176.1 us at T=256
+    (benchmarks/few_heads_t2_splits_staged_ab_2026-12-02.json); the timeline there (benchmarks/cols_timeline.py)
+    gives this producer a period of 2.34 us a block at 32 heads and 2.21 at 16."""
     if LINES:  # 8 codes a lane, 16 lanes a row: each load instruction reads whole 128-byte lines
         lane_bytes: gl.constexpr = 8
         nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -544,7 +548,9 @@ def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stri
     """q of token ``pid_t`` into shared memory (at 16 heads by the first consumer, while the producer already
     gathers the first block: H=16 T=256 e4m3 148.3 against 149.8 us, V3.2 163.7 against 166.1, T=64 46.4 / 50.4
     against 47.7 / 50.9, fifteenth session; on the column split by its first consumer too; on e4m3's alternate
-    blocks at 32 heads, where the first consumer took 195.4 against 175.3, before the partitions start), with
+    blocks at 32 heads, where the first consumer took 195.4 against 175.3, and half of the head rows in each
+    consumer 197.2 against 175.8 (seventeenth session, benchmarks/few_heads_q_halves_ab_2026-12-02.json), before
+    the partitions start), with
     ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for an e4m3 cache, each head row
     scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
     (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for V3.2 rows."""
@@ -704,7 +710,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     which needs ROLE 1's release of it. ROLE 0 runs the epilogue's statistics and hands the per-head output factor
     to ROLE 1 through ``f_smem``; each stores its own columns from the accumulator layout. ROLE 0 computing the
     scores only (ROLE 1 all 512 columns at 176 registers) measured slower: 182.6 / 55.0 us against 179.1 / 54.6 at
-    H=32 T = 256 / 64 (benchmarks/few_heads_col_split_ab_2026-12-02.json). V3.2 rows (``KV_DS``): ROLE 0 applies
+    H=32 T = 256 / 64 (benchmarks/few_heads_col_split_ab_2026-12-02.json); ROLE 0 software-pipelined (block i's
+    scores issued before block i - 1's ``P V``) took 53.9 against 55.1 us for e4m3 at T=64 and 212.6 against 193.4
+    for V3.2 at T=256 (benchmarks/few_heads_cols_pipelined_ab_2026-12-02.json). V3.2 rows (``KV_DS``): ROLE 0 applies
     the tile scales to the scores (:func:`_ds_scores`) and stores the four ``P_t^T`` (:func:`_store_p_tiles`);
     each consumer accumulates two 128-column tiles; with ``COPY_ROPE`` ROLE 0, the only reader of the RoPE tiles,
     copies the next block's RoPE into its stage by cp.async once this block's scores are read. Source: the roles
