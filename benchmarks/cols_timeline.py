@@ -29,21 +29,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_fp8_timeline import HELPER  # noqa: E402  (the %globaltimer helper)
+from gluon_fp8_timeline import add_buffer, case_inputs, cta_base  # noqa: E402  (the buffer, the inputs)
 from seesaw_timeline import load_patched, relative_stamps, sub  # noqa: E402
 
-D_QK, N = 576, 1 << 20
 WORDS = 512  # timeline words per CTA
 #: (KV dtype, H, T, splits): the misses of issue #12's last bar (H=32 at T = 2 and 256, V3.2 at H=16 T=256) and
 #: their neighbours, each with the library's split count; ``main``'s optional third argument picks H
 CASES = (("fp8_e4m3", 32, 256, 1), ("fp8_e4m3", 32, 256, 2), ("fp8_ds_mla", 32, 256, 1), ("fp8_e4m3", 32, 2, 16),
          ("fp8_ds_mla", 32, 2, 32), ("fp8_e4m3", 32, 64, 2), ("fp8_ds_mla", 32, 64, 2), ("fp8_e4m3", 16, 256, 1),
          ("fp8_ds_mla", 16, 256, 1))
-
-
-def _cta(tlb: str) -> str:
-    """The first timeline word of this CTA (program ``(0, pid_s, pid_t)``), as kernel source."""
-    return f"{tlb} + (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * {WORDS}"
 
 
 def _in(s: str, name: str, edit) -> str:
@@ -63,20 +57,18 @@ def _stamp_loop(body: str, ind: str, stage: str, wait: str, release: str, words:
 
 def patch(src: str) -> str:
     """The kernel source with the timeline stores (see the module docstring)."""
-    s = sub(src, "STAGES = gl.constexpr(2)", HELPER + "\nSTAGES = gl.constexpr(2)")
-    s = sub(s, "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,",
-            "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, TLB, sm_scale,")
-    s = sub(s, "kv_scale, out, lse, part_out, part_lse,\n        float(sm_scale)",
-            "kv_scale, out, lse, part_out, part_lse, _TL_BUF[0],\n        float(sm_scale)")
+    s = add_buffer(src)
     for fn in ("_producer(IDX, KV, kn_smem", "_consumer(Q, IDX, KV, SINKS", "_consumer_cols(Q, IDX,"):
         s = sub(s, f"def {fn}", f"def {fn.replace('(', '(TLB, ', 1)}")
         s = sub(s, f"({fn.replace('(', ', (', 1)}", f"({fn.replace('(', ', (TLB, ', 1)}", -1)
     s = sub(s, "def _blocks_ds(IDX, KV, q_n", "def _blocks_ds(TLB, IDX, KV, q_n")
     s = sub(s, "= _blocks_ds(IDX, KV, q_n", "= _blocks_ds(TLB, IDX, KV, q_n")
-    tl = _cta("TLB")
-    s = sub(s, "    if LAUNCH_DEPENDENTS:\n", f"    gl.store({tl}, _now(gl.program_id(1)))\n    if LAUNCH_DEPENDENTS:\n")
+    tl = cta_base("TLB", WORDS)
+    s = sub(s, "    if LAUNCH_DEPENDENTS:\n",
+            f"    gl.store({tl}, _now(gl.program_id(1)))\n    if LAUNCH_DEPENDENTS:\n")
     s = sub(s, "    # 16 heads: the first consumer is the default partition",
-            f"    gl.store({tl} + 1, _now(gl.program_id(1)))\n    # 16 heads: the first consumer is the default partition")
+            f"    gl.store({tl} + 1, _now(gl.program_id(1)))\n"
+            "    # 16 heads: the first consumer is the default partition")
     s = _in(s, "_producer", lambda b: _producer_stamps(b, tl))
     # the alternate-block consumers: V3.2's loop and e4m3's
     s = _in(s, "_blocks_ds", lambda b: _stamp_loop(
@@ -99,7 +91,8 @@ def patch(src: str) -> str:
                 f"            phase = (i // STAGES) & 1\n            TL = {tl} + 256 + 4 * i\n"
                 "            gl.store(TL, _now(i), mask=i < 32)\n")
         b = sub(b, "            mbarrier.wait(ready.index(s), phase)\n",
-                "            mbarrier.wait(ready.index(s), phase)\n            gl.store(TL + 1, _now(i), mask=i < 32)\n")
+                "            mbarrier.wait(ready.index(s), phase)\n"
+                "            gl.store(TL + 1, _now(i), mask=i < 32)\n")
         b = sub(b, "            mbarrier.arrive(p_ready.index(s))\n",
                 "            mbarrier.arrive(p_ready.index(s))\n            gl.store(TL + 2, _now(i), mask=i < 32)\n")
         b = sub(b, "            mbarrier.arrive(empty.index(s))\n        empty_row,",
@@ -172,17 +165,7 @@ def _phases(tl: torch.Tensor, blocks: int, cols: bool) -> dict:
 
 def timeline(gf, kv_dtype: str, H: int, T: int, splits: int, topk: int = 2048, runs: int = 5) -> dict:
     """The medians of :func:`_phases` over ``runs`` launches of one case (``splits`` programs a token)."""
-    from mla_sink import quantize_kv_cache
-    g = torch.Generator(device="cuda").manual_seed(T * 100 + splits)
-    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-    idx = torch.randint(0, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
-    sinks = torch.randn(H, device="cuda", generator=g) + 2.0
-    kv = (torch.randn(N, D_QK, device="cuda", generator=g) * 0.5).to(torch.bfloat16)
-    if kv_dtype == "fp8_e4m3":
-        cache, scale = kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")
-    else:
-        cache, scale = quantize_kv_cache(kv, scale="pow2"), None
-    del kv
+    q, idx, sinks, cache, scale = case_inputs(kv_dtype, H, T, topk, T * 100 + splits)
     ids_per_split = topk // splits
     _, _, constexprs, _ = gf.fp8_launch_args(q, cache, idx, num_kv_splits=splits, ids_per_split=ids_per_split,
                                              out_strides=(H * 512, 512), kv_dtype=kv_dtype)

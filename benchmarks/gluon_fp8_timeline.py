@@ -56,25 +56,32 @@ def _after(body: str, pattern: str, lines: list) -> str:
     return body[:m.end()] + "".join(f"{ind}{ln}\n" for ln in lines) + body[m.end():]
 
 
-def _cta(tlb: str) -> str:
-    return f"{tlb} + (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * {WORDS}"
+def cta_base(tlb: str, words: int = WORDS) -> str:
+    """The first timeline word of this CTA (program ``(0, pid_s, pid_t)``, ``words`` a CTA), as kernel source."""
+    return f"{tlb} + (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * {words}"
+
+
+def add_buffer(src: str) -> str:
+    """The kernel source with :data:`HELPER` and the timeline buffer ``TLB`` as the kernel's argument after
+    ``PART_LSE``, passed by the launcher from ``_TL_BUF[0]``."""
+    s = sub(src, "STAGES = gl.constexpr(2)", HELPER + "\nSTAGES = gl.constexpr(2)")
+    s = sub(s, "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,",
+            "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, TLB, sm_scale,")
+    return sub(s, "kv_scale, out, lse, part_out, part_lse,\n        float(sm_scale)",
+               "kv_scale, out, lse, part_out, part_lse, _TL_BUF[0],\n        float(sm_scale)")
 
 
 def patch(src: str) -> str:
     """The kernel source with the timeline stores (see the module docstring)."""
-    s = sub(src, "STAGES = gl.constexpr(2)", HELPER + "\nSTAGES = gl.constexpr(2)")
-    # the buffer as the kernel's, the producer's and the consumers' first argument
-    s = sub(s, "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,",
-             "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, TLB, sm_scale,")
-    s = sub(s, "kv_scale, out, lse, part_out, part_lse,\n        float(sm_scale)",
-             "kv_scale, out, lse, part_out, part_lse, _TL_BUF[0],\n        float(sm_scale)")
+    s = add_buffer(src)
+    # the buffer as the producer's and the consumers' first argument
     s = sub(s, "def _producer(IDX, KV, kn_smem,", "def _producer(TLB, IDX, KV, kn_smem,")
     s = sub(s, "def _consumer(IDX, KV, SINKS,", "def _consumer(TLB, IDX, KV, SINKS,")
     s = sub(s, "def _blocks_ds(IDX, KV,", "def _blocks_ds(TLB, IDX, KV,")
     s = sub(s, "_blocks_ds(IDX, KV, q_n,", "_blocks_ds(TLB, IDX, KV, q_n,")
     s = sub(s, "(_producer, (IDX, KV, kn_smem", "(_producer, (TLB, IDX, KV, kn_smem", -1)
     s = sub(s, "(_consumer, (IDX, KV, SINKS", "(_consumer, (TLB, IDX, KV, SINKS", -1)
-    tl = _cta("TLB")
+    tl = cta_base("TLB")
     # kernel entry and the end of the prologue
     s = sub(s, "    if LAUNCH_DEPENDENTS:\n        launch_dependents(gl.program_id(1))",
              f"    gl.store({tl}, _now(gl.program_id(1)))\n"
@@ -139,17 +146,23 @@ def _phases(tl: torch.Tensor, blocks: int) -> dict:
     return out
 
 
-def timeline(gf, kv_dtype: str, T: int, topk: int, runs: int = 5) -> dict:
+def case_inputs(kv_dtype: str, heads: int, T: int, topk: int, seed: int):
+    """``(q, indices, sinks, kv_cache, kv_scale)`` of one timeline case: bf16 q ``[T, heads, 576]``, ids uniform
+    over an ``N``-row pool, sinks around 2, and the pool as an e4m3 cache (``kv_scale`` 1) or V3.2 rows with
+    power-of-two scales (``kv_scale`` ``None``)."""
     from mla_sink import quantize_kv_cache
-    g = torch.Generator(device="cuda").manual_seed(T * 10000 + topk)
-    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(T, heads, D_QK, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(0, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
-    sinks = torch.randn(H, device="cuda", generator=g) + 2.0
+    sinks = torch.randn(heads, device="cuda", generator=g) + 2.0
     kv = (torch.randn(N, D_QK, device="cuda", generator=g) * 0.5).to(torch.bfloat16)
     if kv_dtype == "fp8_e4m3":
-        cache, scale = kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")
-    else:
-        cache, scale = quantize_kv_cache(kv, scale="pow2"), None
+        return q, idx, sinks, kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")
+    return q, idx, sinks, quantize_kv_cache(kv, scale="pow2"), None
+
+
+def timeline(gf, kv_dtype: str, T: int, topk: int, runs: int = 5) -> dict:
+    q, idx, sinks, cache, scale = case_inputs(kv_dtype, H, T, topk, T * 10000 + topk)
     flush = torch.ones(1 << 28, device="cuda")
     buf = torch.zeros(T * WORDS, dtype=torch.int32, device="cuda")
     gf._TL_BUF[0] = buf
