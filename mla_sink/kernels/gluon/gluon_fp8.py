@@ -15,8 +15,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   prefetch, the ids loaded one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3
   -> f16: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes
   sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
-  8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); at 16 heads (:data:`LINE_GATHER`)
-  16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each 8-lane phase
+  8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); at 16 heads, and on e4m3's 32-head
+  alternate blocks (:data:`LINE_GATHER`), 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each 8-lane phase
   of a store one swizzle row;
 * at 16-head blocks, and in e4m3's unsplit launches of 32-head blocks, two consumer warpgroups take alternate
   blocks (one ring stage each) and keep their own online
@@ -91,9 +91,12 @@ BLOCK_N = 64
 #: thread-slot of the three warpgroups, the default partition gets what the two workers leave): the
 #: consumers hold ``O^T`` (``512 x BLOCK_H`` fp32: 64 registers at 16 heads, 128 at 32), the producer
 #: ``PRODUCER_ROWS`` fp8 rows (72 registers for 64) and their fp16 conversion. At 16 heads the second
-#: consumer and the producer are the workers and ptxas spills nothing; at 32 both consumers are (224 each)
-#: and the producer, the default partition, gets 56 and spills 8 bytes.
-WORKER_REGS = {16: (136, 152), 32: (224, 64)}
+#: consumer and the producer are the workers and ptxas spills nothing; at 32 both consumers are (200 each)
+#: and the producer, the default partition, gets 104, where ptxas spills nothing (eighteenth session; at 224 /
+#: 56 the producer spilled 8 bytes in its loop, two stores and two loads a step). H200, one run
+#: (benchmarks/few_heads_h32_regs_ab_2026-12-02.json), e4m3 H=32 T=256: 172.7 us against 175.2, and 170.8
+#: with whole lines (:data:`LINE_GATHER`), which the producer's registers now hold (bf16 KV 169.6).
+WORKER_REGS = {16: (136, 152), 32: (200, 112)}
 #: The same for V3.2 rows, whose consumers also hold one score accumulator per tile scale (four, and the
 #: RoPE's): at 16 heads the second consumer needs 176 (AOT sm90: 136 spilled 176 bytes, 168 spilled 28) and
 #: the producer, loading whole lines (:data:`LINE_GATHER`, 8 rows a thread) and converting through fp32, fits
@@ -106,7 +109,9 @@ DS_WORKER_REGS = {16: (176, 120)}
 #: q scaled per head row into fp16; V3.2: bf16 operands only (the rows' RoPE is bf16).
 KV_FORMATS = {"fp8_e4m3": (False, (torch.bfloat16, torch.float16)), "fp8_ds_mla": (True, (torch.bfloat16,))}
 #: Rows the producer gathers per step on the alternate-block consumers, per head block: a whole block, or half of
-#: one at 32 heads, where the consumers' ``O^T`` leaves the producer 56 registers (16 rows a step spilled more).
+#: one at 32 heads, where the consumers' ``O^T`` leaves the producer 104 registers (whole blocks of whole lines
+#: spill 8 bytes there and took 174.2 us against 170.8 at T=256, eighteenth session; at 56 registers 16 rows a
+#: step spilled more).
 #: The column split (:data:`COL_SPLIT`) steps whole blocks of whole lines at every head block.
 PRODUCER_ROWS = {16: 64, 32: 32}
 #: Head blocks, per KV format, whose producer loads whole 128-byte lines: 8 codes a lane and 16 lanes a row, where
@@ -117,9 +122,10 @@ PRODUCER_ROWS = {16: 64, 32: 32}
 #: gained nothing (189.5 / 57.4 / 16.2 against 191.1 / 59.1 / 15.4); with their consumers' tile scales in one
 #: 16-byte load a row (:func:`_tile_scales`) 183.6 / 56.8 / 15.1 against 192.2 / 58.8 / 15.8 (the scales alone
 #: 193.7 / 59.2 / 15.6): both cut the L1's wavefronts, and only together does the period move. 32-head blocks
-#: (32-row steps) with whole lines took 177.1 against 175.8 at T=256 and spilled 12 bytes, so they keep 4 lanes
-#: on the alternate blocks (the column split loads whole lines).
-LINE_GATHER = {"fp8_e4m3": (16,), "fp8_ds_mla": (16,)}
+#: (32-row steps) with whole lines took 177.1 against 175.8 at T=256 and spilled 12 bytes with the producer at 56
+#: registers; at 104 (``WORKER_REGS``, eighteenth session) they spill nothing and took 170.8 against 172.7 with 4
+#: lanes a row (benchmarks/few_heads_h32_regs_ab_2026-12-02.json). The column split loads whole lines.
+LINE_GATHER = {"fp8_e4m3": (16, 32), "fp8_ds_mla": (16,)}
 #: Head blocks, per KV format, whose split launches (``num_kv_splits > 1``), and every launch where the alternate
 #: blocks have no registers (``WORKER_REGS`` / ``DS_WORKER_REGS``), take the column-split consumers
 #: (:func:`_consumer_cols`): both read every block, the first computes the scores and ``P`` and accumulates value
@@ -136,7 +142,8 @@ COL_SPLIT = {"fp8_e4m3": (32,), "fp8_ds_mla": (32,)}
 COL_SPLIT_REGS = {32: (104, 152)}
 #: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[h][0]``
 #: registers each; the producer gets the rest: ``WORKER_REGS[h][1]`` is then not passed to the compiler and
-#: only records ``512 - 2 * WORKER_REGS[h][0]``, of which the SASS's ``setmaxnreg`` keeps 56).
+#: only records ``512 - 2 * WORKER_REGS[h][0]``, of which the SASS's ``setmaxnreg`` keeps 104: the three
+#: warpgroups share 504 a thread-slot).
 PRODUCER_DEFAULT = (32,)
 
 

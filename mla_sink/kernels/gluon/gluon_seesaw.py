@@ -86,6 +86,13 @@ GATHER_ROWS = 64
 #: consumers' decoding spills a few scalars (ptxas: 32-76 bytes, a few loads per block pair).
 CONSUMER_REGS = 216
 PRODUCER_REGS = 72
+#: The producer's registers per KV dtype key where they differ from :data:`PRODUCER_REGS`. e4m3 caches: 80 (the
+#: default consumer, which gets what the workers leave, drops from 216 to 208), where ptxas spills nothing (at 72
+#: the consumers' decoding spilled 40 bytes, 24 reloaded); H200, eighteenth session, one run
+#: (benchmarks/seesaw_regs_ab_2026-12-02.json): 373.8 / 100.5 / 18.8 us at H=128, T = 256 / 64 / 2 against
+#: 382.3 / 102.6 / 18.8, and 195.6 / 66.0 / 16.2 against 199.5 / 68.1 / 17.0 at H=64. V3.2 rows keep 72: at 80
+#: they spill more (48 bytes against 24) and took 418.8 against 413.2 at H=128, T=256.
+PRODUCER_REGS_BY_KV = {"fp8_e4m3": 80}
 #: The consumers' register layouts: a score tile ``[64 heads, 64 ids]`` and an output half ``[64, 256]``
 #: as wgmma accumulators (one warpgroup), a block's weights as the A operand of P V, and per-head rows.
 S_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
@@ -586,7 +593,8 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     )
     constexprs = dict(BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
-                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, KV_FMT=kv_fmt,
+                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS_BY_KV.get(kv_dtype, PRODUCER_REGS),
+                      KV_FMT=kv_fmt,
                       ROW_BYTES=kv_layout.ROW_BYTES if kv_fmt == KV_DS_MLA.value else d_qk,
                       # the library's combine follows a split launch as a programmatic dependent; after V3.2
                       # rows the recompute, launched plainly, comes between (paths/triton/launch.py)
