@@ -16,8 +16,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   -> f16: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes
   sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
   8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); at 16 heads, and on e4m3's 32-head
-  alternate blocks (:data:`LINE_GATHER`), 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each 8-lane phase
-  of a store one swizzle row;
+  alternate blocks (:data:`LINE_GATHER`), 16 to a row with 8 bytes a lane, so each load instruction reads whole
+  128-byte lines and each 8-lane phase of a store one swizzle row;
 * at 16-head blocks, and in e4m3's unsplit launches of 32-head blocks, two consumer warpgroups take alternate
   blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
@@ -25,9 +25,9 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   merges them 64 value columns at a time, applies the sink and the per-tensor ``kv_scale`` and stores
   ``out`` and the natural-log LSE (split: the partial output and its base-2 LSE). q sits in shared
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
-  mantissas; undone on the scores). At 16 heads the first consumer stages q (:func:`_stage_q`) while the
-  producer already gathers the first block; in e4m3's unsplit launches of 32-head blocks it is staged before the
-  partitions start.
+  mantissas; undone on the scores). A consumer stages q (:func:`_stage_q`) while the producer already gathers
+  the first block: the first at 16 heads, the second (whose first block is the ring's second) in e4m3's unsplit
+  launches of 32-head blocks.
 * 32-head blocks of V3.2 rows, and e4m3's split launches of them (:data:`COL_SPLIT`), run the two consumers on
   every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages q, computes
   ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511 with the
@@ -92,8 +92,9 @@ BLOCK_N = 64
 #: consumers hold ``O^T`` (``512 x BLOCK_H`` fp32: 64 registers at 16 heads, 128 at 32), the producer
 #: ``PRODUCER_ROWS`` fp8 rows (72 registers for 64) and their fp16 conversion. At 16 heads the second
 #: consumer and the producer are the workers and ptxas spills nothing; at 32 both consumers are (200 each)
-#: and the producer, the default partition, gets 104, where ptxas spills nothing (eighteenth session; at 224 /
-#: 56 the producer spilled 8 bytes in its loop, two stores and two loads a step). H200, one run
+#: and the producer, the default partition, gets 104 (eighteenth session; at 224 / 56 it spilled 8 bytes in its
+#: loop, two stores and two loads a step; at 104 it spills none, or one register a block, stored and reloaded
+#: once, since the second consumer stages q, which measured faster: :func:`_stage_q`). H200, one run
 #: (benchmarks/few_heads_h32_regs_ab_2026-12-02.json), e4m3 H=32 T=256: 172.7 us against 175.2, and 170.8
 #: with whole lines (:data:`LINE_GATHER`), which the producer's registers now hold (bf16 KV 169.6).
 WORKER_REGS = {16: (136, 152), 32: (200, 112)}
@@ -555,9 +556,11 @@ def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stri
     """q of token ``pid_t`` into shared memory (at 16 heads by the first consumer, while the producer already
     gathers the first block: H=16 T=256 e4m3 148.3 against 149.8 us, V3.2 163.7 against 166.1, T=64 46.4 / 50.4
     against 47.7 / 50.9, fifteenth session; on the column split by its first consumer too; on e4m3's alternate
-    blocks at 32 heads, where the first consumer took 195.4 against 175.3, and half of the head rows in each
-    consumer 197.2 against 175.8 (seventeenth session, benchmarks/few_heads_q_halves_ab_2026-12-02.json), before
-    the partitions start), with
+    blocks at 32 heads by the second consumer, which waits for the ring's second block anyway: 170.0 and 170.7
+    against 171.6 and 172.3 us at T=256 staged before the partitions start, two runs, eighteenth session,
+    benchmarks/few_heads_q_by_consumer_ab_2026-12-02.json and benchmarks/few_heads_widen_ab_2026-12-02.json;
+    the first consumer took 177.7 there, and 195.4 against 175.3 with the fifteenth session's registers, half of
+    the head rows in each consumer 197.2 against 175.8, seventeenth session), with
     ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for an e4m3 cache, each head row
     scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
     (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for V3.2 rows."""
@@ -594,10 +597,10 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
               HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS: gl.constexpr,
-              ROW_BYTES: gl.constexpr, STAGE_Q: gl.constexpr, ROWS_16B: gl.constexpr):
+              ROW_BYTES: gl.constexpr, Q_BY: gl.constexpr, ROWS_16B: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
-    merges the other's state and runs the epilogue. ``STAGE_Q``: the first consumer stages q (:func:`_stage_q`)
-    and signals ``q_ready``, for which the second waits. ``ROWS_16B``: V3.2 rows 16-byte aligned, so that the
+    merges the other's state and runs the epilogue. The consumer ``FIRST == Q_BY`` stages q (:func:`_stage_q`)
+    and signals ``q_ready``, for which the other waits. ``ROWS_16B``: V3.2 rows 16-byte aligned, so that the
     consumers copy their RoPE (:func:`_blocks_ds`). ``KV_DS``: V3.2 rows
     (:func:`_blocks_ds`), else a per-tensor e4m3 cache (``kv_scale`` folded into the scores and the output)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -608,13 +611,12 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
     acc_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D_NOPE, BLOCK_H], gl.float32)
     acc_self = kn_smem.index(FIRST)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
     acc_other = kn_smem.index(1)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
-    if STAGE_Q:  # q staged by the first consumer, so that the producer's first gather does not wait for q's loads
-        if FIRST == 0:
-            _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
-                     KV_DS)
-            mbarrier.arrive(q_ready)
-        else:
-            mbarrier.wait(q_ready, 0)
+    # q staged by a consumer, so that the producer's first gather does not wait for q's loads
+    if FIRST == Q_BY:
+        _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H, KV_DS)
+        mbarrier.arrive(q_ready)
+    else:
+        mbarrier.wait(q_ready, 0)
     col_scale = scale_smem.load(gl.SliceLayout(0, acc_l))  # per head: q scaling, sm_scale, kv_scale, log2(e)
     if KV_DS:
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
@@ -912,8 +914,6 @@ def sparse_mla_decode_fp8_ws_kernel(
             mbarrier.init(p_ready.index(s), count=1)
     mbarrier.init(merged, count=1)
     mbarrier.init(q_ready, count=1)
-    if PRODUCER_DEFAULT:  # 32 heads: q staged before the partitions (the consumers' registers hold O^T)
-        _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H, KV_DS)
     fence_async_shared()  # the barriers' initialisation, before any partition uses them
     gl.thread_barrier()
 
@@ -949,13 +949,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES,
-                         not PRODUCER_DEFAULT, ROWS_16B)),
+                         1, ROWS_16B)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
-                         not PRODUCER_DEFAULT, ROWS_16B)),
+                         1, ROWS_16B)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
     else:
         gl.warp_specialize([
@@ -964,13 +964,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES,
-                         not PRODUCER_DEFAULT, ROWS_16B)),
+                         0, ROWS_16B)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
-                         not PRODUCER_DEFAULT, ROWS_16B)),
+                         0, ROWS_16B)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
