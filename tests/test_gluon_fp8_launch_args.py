@@ -47,3 +47,17 @@ def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols):
 def test_more_than_32_heads_are_refused(kv_dtype):
     with pytest.raises(ValueError, match=f"at most 32 heads with kv_dtype='{kv_dtype}', got num_heads=33"):
         launch(kv_dtype, 33, 1)
+
+
+@pytest.mark.parametrize("shape,block", [((4096, 656), 1), ((64, 64, 656), 64), ((30, 16, 656), 16)])
+def test_the_page_size_is_a_constexpr(shape, block):
+    """A paged V3.2 cache's page size reaches both kernels as a constexpr (its page arithmetic a shift and a mask,
+    not an integer division per row), 1 for a flat cache; no runtime scalar carries it."""
+    from mla_sink.kernels.gluon import gluon_seesaw as gs
+
+    idx = torch.empty(2, 2048, dtype=torch.int32)
+    kv = torch.empty(*shape, dtype=torch.uint8)
+    for H, fn in ((16, gf.fp8_launch_args), (64, gs.seesaw_launch_args)):
+        _, scalars, constexprs, _ = fn(torch.empty(2, H, 576, dtype=torch.bfloat16), kv, idx, num_kv_splits=1,
+                                       ids_per_split=2048, out_strides=(H * 512, 512), kv_dtype="fp8_ds_mla")
+        assert constexprs["kv_block_size"] == block and "kv_block_size" not in scalars

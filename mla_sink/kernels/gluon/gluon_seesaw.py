@@ -474,7 +474,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
 @gluon.jit
 def sparse_mla_decode_seesaw_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, REDO,
-    sm_scale, num_heads, num_rows, topk, ids_per_split, kv_block_size,
+    sm_scale, num_heads, num_rows, topk, ids_per_split, kv_block_size: gl.constexpr,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -586,12 +586,14 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
     scalars = dict(
         num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=topk, ids_per_split=ids_per_split,
-        kv_block_size=kv_cache.shape[1] if paged else 1,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=kv_cache.stride(0), stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
     )
-    constexprs = dict(BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
+    # the rows' page size as a constexpr, as gluon_fp8's launch args give it: a paged cache's page arithmetic is a
+    # shift and a mask, not an integer division per row
+    constexprs = dict(kv_block_size=kv_cache.shape[1] if paged else 1,
+                      BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS_BY_KV.get(kv_dtype, PRODUCER_REGS),
                       KV_FMT=kv_fmt,
