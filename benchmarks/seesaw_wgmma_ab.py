@@ -40,7 +40,9 @@ CASES = [("bf16", 64, 2), ("bf16", 128, 2), ("bf16", 64, 64), ("bf16", 128, 64),
 
 def run_variant(variant: str, dump: str, cases: list = CASES) -> dict:
     """Time every case of ``cases`` (``(kv_dtype, H, T)``) with the ``mla_sink`` on the path (``variant``: the
-    label printed) and save the outputs to ``dump``."""
+    label printed) and save the outputs to ``dump``. With ``AB_DS_PAGES=P`` in the environment (eighteenth
+    session) the V3.2 cases read the paged view ``[rows / P, P, 656]`` of the cache's first ``N - N % P`` rows
+    (ids past them are skipped, as ids >= N are), vLLM's and FlashMLA's layout at ``P = 64``."""
     import mla_sink
     from mla_sink import quantize_kv_cache
     from mla_sink.tools.bench import GraphTimer
@@ -49,6 +51,10 @@ def run_variant(variant: str, dump: str, cases: list = CASES) -> dict:
     kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
     caches = {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
               "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
+    pages = int(os.environ.get("AB_DS_PAGES", "0"))
+    if pages:
+        ds = caches["fp8_ds_mla"][0]
+        caches["fp8_ds_mla"] = (ds[:N - N % pages].view(-1, pages, ds.shape[-1]), None)
     res, outs = {}, {}
     for kv_dtype, H, T in cases:
         g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)

@@ -435,3 +435,22 @@ def test_run_bench_end_to_end_on_cpu(fake_flash_mla, monkeypatch, tmp_path, peer
     bench.print_table(report)
     out = capsys.readouterr().out
     assert out.count("| bf16") == 4 and ("ours ÷ flash_mla_decode" in out) == (peers_flag is None)
+
+
+def test_run_cases_gives_ours_the_paged_view_of_the_same_cache(fake_flash_mla, monkeypatch):
+    """``ds_pages=64``: our call gets ``[rows / 64, 64, 656]`` over the peer's bytes (ids unchanged: row numbers);
+    a page size that does not divide FlashMLA's 64-row pages is refused before any case runs."""
+    monkeypatch.setattr(bench, "_ours_refuses", lambda *a: None)
+    ours = []
+    monkeypatch.setattr(bench, "_ours_call", lambda *a: ours.append(a))
+    results, _ = bench.run_cases([SMALL_CASES[4]], device="cpu", pool_rows=200, peer_max_tokens=256,
+                                 timer=FakeTimer(), ceilings=CEILINGS, platform=detect_platform("cpu"),
+                                 flash_mla=fake_flash_mla, ds_pages=64)
+    (o,) = ours
+    _, _, pkv, pidx, _, _ = fake_flash_mla.calls[-1]
+    assert o[1].shape == (3, 64, 656) and pkv.data_ptr() == o[1].data_ptr() and torch.equal(pidx.squeeze(1), o[2])
+    assert results[0]["bytes"] == results[0]["impls"][peers.DECODE]["bytes"]
+    for bad in (3, -64, 128):
+        with pytest.raises(ValueError, match=f"ds_pages must be 0 .* or a divisor of 64, got ds_pages={bad}"):
+            bench.run_cases([SMALL_CASES[4]], device="cpu", pool_rows=200, peer_max_tokens=256, timer=FakeTimer(),
+                            ceilings=CEILINGS, platform=detect_platform("cpu"), flash_mla=None, ds_pages=bad)

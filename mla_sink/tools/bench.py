@@ -300,7 +300,7 @@ class _Pools:
 
 
 def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens: int, timer: Any,
-              ceilings: dict, platform: Platform, flash_mla: Any = None,
+              ceilings: dict, platform: Platform, flash_mla: Any = None, ds_pages: int = 0,
               progress: Callable[[Any], Any] = lambda x: x) -> tuple[list[dict], str]:
     """Time every case on ``device`` with ``timer`` (anything with ``time_us(fn) -> float``).
 
@@ -308,7 +308,13 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
     every id) and sinks; every implementation of the case runs on those same tensors. Implementations:
     ``triton`` (ours; on the 656-byte case only when mla-sink takes that cache, else
     ``{"unavailable": why}``), ``torch`` (bf16 cases up to ``peer_max_tokens``), and with ``flash_mla``
-    the peers of :func:`flash_peers_of` (``{"skipped": why}`` where a peer does not apply).
+    the peers of :func:`flash_peers_of` (``{"skipped": why}`` where a peer does not apply). ``ds_pages``: 0, or
+    the page size (rows) of the paged view ``[rows / ds_pages, ds_pages, 656]`` of the same 656-byte cache that
+    our calls then get (vLLM's and FlashMLA's layout at 64; FlashMLA always gets its own ``[.., 64, 1, 656]``
+    view); the cache's rows are a multiple of 64, so ``ds_pages`` must divide them.
+
+    Raises:
+        ValueError: ``ds_pages`` negative or not a divisor of 64 (before any case runs).
 
     Returns:
         ``(results, ds_mla_source)``: one entry per case (``case``, the case fields, ``flops``, ``bytes``
@@ -316,6 +322,9 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
         {unavailable}}``, ``ours_over_peer``: :func:`ratios`, ``triton_plan``) and which quantiser wrote the
         656-byte cache ("" when none was built).
     """
+    if ds_pages < 0 or (ds_pages and peers.FLASH_MLA_BLOCK % ds_pages):
+        raise ValueError(f"ds_pages must be 0 (a flat [N, 656] cache) or a divisor of {peers.FLASH_MLA_BLOCK}, got "
+                         f"ds_pages={ds_pages}")
     pools = _Pools(pool_rows, device)
     pools.get(BASE_KV)  # drawn first, as before the peers came (same random pool for the same seed)
     id_rows = peers.ds_mla_rows(pool_rows) or pool_rows
@@ -331,12 +340,14 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
         flops = 2 * H * T * topk * (D_QK + D_V)
 
         def nbytes(kv: torch.Tensor) -> int:  # gathered rows + q + out
-            return T * topk * kv.shape[1] * kv.element_size() + q.numel() * 2 + out.numel() * 2
+            return T * topk * kv.shape[-1] * kv.element_size() + q.numel() * 2 + out.numel() * 2
 
         entry: dict = dict(case=case_name(c, platform), **c, flops=flops, bytes=None, impls={})
         calls: dict[str, tuple[Callable[[], Any], int]] = {}
         try:  # ours
             kv = pools.get(c["kv"])
+            if c["kv"] == DS_MLA_KV and ds_pages:  # the paged view of the same bytes: ids stay row numbers
+                kv = kv.view(-1, ds_pages, kv.shape[-1])
             entry["bytes"] = nbytes(kv)
             why = _ours_refuses(q, kv, idx, sinks, sm_scale) if c["kv"] == DS_MLA_KV else None
         except Exception as e:
@@ -433,7 +444,7 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
         cases = [c for c in cases if any(w in case_name(c, platform) for w in wanted)]
     results, ds_source = run_cases(
         cases, device=device, pool_rows=args.pool_rows, peer_max_tokens=args.peer_max_tokens, timer=timer,
-        ceilings=ceilings, platform=platform, flash_mla=flash_mla,
+        ceilings=ceilings, platform=platform, flash_mla=flash_mla, ds_pages=getattr(args, "ds_pages", 0),
         progress=lambda x: tqdm(x, desc="bench", file=sys.stderr))
     if ds_source:
         peer_doc[DS_MLA_KV + "_cache"] = ds_source
@@ -443,7 +454,8 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
     report = dict(
         device=props.name, sms=props.multi_processor_count, platform=str(platform),
         torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-        pool_rows=args.pool_rows, flush=args.flush, flush_us=timer.flush_ms() * 1e3, method=__doc__.split("Method (see BENCHMARKS.md): ")[1].split("\n\n")[0],
+        pool_rows=args.pool_rows, ds_pages=getattr(args, "ds_pages", 0),
+        flush=args.flush, flush_us=timer.flush_ms() * 1e3, method=__doc__.split("Method (see BENCHMARKS.md): ")[1].split("\n\n")[0],
         ceilings=ceilings, peers=peer_doc, results=results,
         peers_missing=[n for n, ok in (("flash_mla", flash_mla is not None), ("flashinfer", _flashinfer_peer() is not None))
                        if not ok],
@@ -586,6 +598,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--replays", type=int, default=7, help="graph replays; the median is reported")
     p.add_argument("--flush", choices=["read", "write"], default="read", help="how the L2 is flushed before each call")
     p.add_argument("--peer-max-tokens", type=int, default=256, help="time peers only up to this many tokens")
+    p.add_argument("--ds-pages", type=int, default=0,
+                   help="give our fp8_ds_mla calls the paged view [rows / N, N, 656] of the same cache (64: vLLM's and "
+                        "FlashMLA's pages; default 0: the flat [rows, 656])")
     peer = p.add_mutually_exclusive_group()
     peer.add_argument("--peers", dest="peers", action="store_true", default=None,
                       help="time FlashMLA beside ours (the default when flash_mla is importable; an error when not)")
