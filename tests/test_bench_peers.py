@@ -450,7 +450,7 @@ def test_run_cases_gives_ours_the_paged_view_of_the_same_cache(fake_flash_mla, m
     _, _, pkv, pidx, _, _ = fake_flash_mla.calls[-1]
     assert o[1].shape == (3, 64, 656) and pkv.data_ptr() == o[1].data_ptr() and torch.equal(pidx.squeeze(1), o[2])
     assert results[0]["bytes"] == results[0]["impls"][peers.DECODE]["bytes"]
-    for bad in (3, -64, 128):
-        with pytest.raises(ValueError, match=f"ds_pages must be 0 .* or a divisor of 64, got ds_pages={bad}"):
+    for bad in (3, -64, 128, 64.0, "64", True):
+        with pytest.raises(ValueError, match=f"ds_pages must be 0 .* or a divisor of 64, got ds_pages={bad!r}"):
             bench.run_cases([SMALL_CASES[4]], device="cpu", pool_rows=200, peer_max_tokens=256, timer=FakeTimer(),
                             ceilings=CEILINGS, platform=detect_platform("cpu"), flash_mla=None, ds_pages=bad)

@@ -278,6 +278,12 @@ def test_version(capsys):
     (["bench", "--pool-rows", "0"], "'--pool-rows' must be an int >= 1 (got 0)"),
     (["bench", "--dcp", "2", "--tokens", "0"], "'--tokens' must be an int >= 1 (got 0)"),
     (["bench", "--peer-max-tokens", "-1"], "'--peer-max-tokens' must be an int >= 0 (got -1)"),
+    (["bench", "--ds-pages", "3"], "'--ds-pages' must be 0 (a flat [N, 656] cache) or a divisor of 64 (got 3)"),
+    (["bench", "--ds-pages", "-64"], "'--ds-pages' must be 0 (a flat [N, 656] cache) or a divisor of 64 (got -64)"),
+    (["bench", "--ds-pages", "64", "--host"],
+     "'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages 64)"),
+    (["bench", "--ds-pages", "64", "--dcp", "2"],
+     "'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages 64)"),
 ])
 def test_bench_flag_values_are_checked_before_the_gpu(argv, text, capsys):
     code = main(argv)

@@ -314,7 +314,7 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
     view); the cache's rows are a multiple of 64, so ``ds_pages`` must divide them.
 
     Raises:
-        ValueError: ``ds_pages`` negative or not a divisor of 64 (before any case runs).
+        ValueError: ``ds_pages`` not an int, negative or not a divisor of 64 (before any case runs).
 
     Returns:
         ``(results, ds_mla_source)``: one entry per case (``case``, the case fields, ``flops``, ``bytes``
@@ -322,9 +322,10 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
         {unavailable}}``, ``ours_over_peer``: :func:`ratios`, ``triton_plan``) and which quantiser wrote the
         656-byte cache ("" when none was built).
     """
-    if ds_pages < 0 or (ds_pages and peers.FLASH_MLA_BLOCK % ds_pages):
+    if isinstance(ds_pages, bool) or not isinstance(ds_pages, int) or ds_pages < 0 or \
+            (ds_pages and peers.FLASH_MLA_BLOCK % ds_pages):
         raise ValueError(f"ds_pages must be 0 (a flat [N, 656] cache) or a divisor of {peers.FLASH_MLA_BLOCK}, got "
-                         f"ds_pages={ds_pages}")
+                         f"ds_pages={ds_pages!r}")
     pools = _Pools(pool_rows, device)
     pools.get(BASE_KV)  # drawn first, as before the peers came (same random pool for the same seed)
     id_rows = peers.ds_mla_rows(pool_rows) or pool_rows
@@ -536,8 +537,9 @@ def check_bench_args(args: argparse.Namespace) -> None:
     """Check the values of the ``mla-sink bench`` flags, before looking for a GPU.
 
     Raises:
-        ValueError: naming the flag, e.g. ``'--reps' must be an int >= 1 (got 0)``; ``--peers`` given while
-            ``flash_mla`` is not importable.
+        ValueError: naming the flag, e.g. ``'--reps' must be an int >= 1 (got 0)``; ``--ds-pages`` not 0 or a
+            divisor of 64, or given with ``--host`` / ``--dcp``; ``--peers`` given while ``flash_mla`` is not
+            importable.
     """
     for name in POSITIVE_FLAGS:
         value = getattr(args, name, 1)
@@ -546,6 +548,13 @@ def check_bench_args(args: argparse.Namespace) -> None:
     value = getattr(args, "peer_max_tokens", 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"'--peer-max-tokens' must be an int >= 0 (got {value!r})")
+    value = getattr(args, "ds_pages", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value and peers.FLASH_MLA_BLOCK % value):
+        raise ValueError(f"'--ds-pages' must be 0 (a flat [N, 656] cache) or a divisor of {peers.FLASH_MLA_BLOCK} "
+                         f"(got {value!r})")
+    if value and (getattr(args, "host", False) or getattr(args, "dcp", 1) > 1):
+        raise ValueError(f"'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages "
+                         f"{value})")
     if getattr(args, "peers", None) is True:
         flash_mla, why = peers.import_flash_mla()
         if flash_mla is None:
