@@ -55,7 +55,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
     import torch
-    from aot_sm90 import assemble, compile_sm90, require
+    from aot_sm90 import assemble, compile_gluon_fp8, require
 
     from mla_sink.kernels.gluon import gluon_fp8 as gf
 
@@ -70,9 +70,7 @@ def main(argv=None) -> None:
     constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=a.topk_length)
     if a.regs:
         constexprs["CONSUMER_REGS"], constexprs["PRODUCER_REGS"] = map(int, a.regs.split(","))
-    ptrs = {"Q": "*bf16", "KV": kv_ptr, "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32", "KV_SCALE": "*fp32",
-            "OUT": "*bf16", "LSE": "*fp32", "PART_OUT": "*fp32", "PART_LSE": "*fp32"}
-    kernel = compile_sm90(gf.sparse_mla_decode_fp8_ws_kernel, constexprs, scalars, ptrs, options["num_warps"])
+    kernel = compile_gluon_fp8(constexprs, scalars, kv_ptr, options["num_warps"])
     with tempfile.TemporaryDirectory() as tmp:
         log, sass = assemble(kernel, bin_dir, Path(tmp))
     if a.sass:

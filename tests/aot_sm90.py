@@ -55,6 +55,21 @@ def compile_sm90(fn, constexprs: dict, scalars: dict, ptrs: dict, num_warps: int
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
+#: Triton pointer types of the gluon_fp8 kernel's tensor arguments other than ``KV`` (whose type follows the cache).
+FP8_KERNEL_PTRS = {"Q": "*bf16", "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32", "KV_SCALE": "*fp32",
+                   "OUT": "*bf16", "LSE": "*fp32", "PART_OUT": "*fp32", "PART_LSE": "*fp32"}
+
+
+def compile_gluon_fp8(constexprs: dict, scalars: dict, kv_ptr: str, num_warps: int):
+    """:func:`compile_sm90` of ``gluon_fp8.sparse_mla_decode_fp8_ws_kernel`` with the constexprs and scalars of its
+    launch args (:func:`mla_sink.kernels.gluon.gluon_fp8.fp8_launch_args`) and ``KV`` of type ``kv_ptr``
+    (``"*fp8e4nv"`` for an e4m3 cache, ``"*u8"`` for V3.2 rows)."""
+    from mla_sink.kernels.gluon import gluon_fp8
+
+    return compile_sm90(gluon_fp8.sparse_mla_decode_fp8_ws_kernel, constexprs, scalars,
+                        dict(FP8_KERNEL_PTRS, KV=kv_ptr), num_warps)
+
+
 def assemble(kernel, bin_dir: str, tmp_path) -> tuple[str, str]:
     """``(ptxas -v report, SASS)`` of a compiled kernel, assembled for sm_90a by Triton's bundled ptxas."""
     ptx = tmp_path / "k.ptx"

@@ -16,7 +16,7 @@ import re
 import pytest
 import torch
 
-from aot_sm90 import assemble, compile_sm90, require
+from aot_sm90 import assemble, compile_gluon_fp8, require
 
 triton, BIN = require()
 
@@ -52,9 +52,7 @@ def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
                                                          ids_per_split=2048 // splits, out_strides=(H * 512, 512),
                                                          kv_dtype=kv_dtype)
     constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=True)
-    ptrs = {"Q": "*bf16", "KV": kv_ptr, "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32",
-            "KV_SCALE": "*fp32", "OUT": "*bf16", "LSE": "*fp32", "PART_OUT": "*fp32", "PART_LSE": "*fp32"}
-    kernel = compile_sm90(gf.sparse_mla_decode_fp8_ws_kernel, constexprs, scalars, ptrs, options["num_warps"])
+    kernel = compile_gluon_fp8(constexprs, scalars, kv_ptr, options["num_warps"])
     log, sass = assemble(kernel, BIN, tmp_path)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     cols = constexprs["COLS"]

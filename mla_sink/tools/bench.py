@@ -299,6 +299,13 @@ class _Pools:
         return pool
 
 
+def _ds_pages_ok(value: Any) -> bool:
+    """Whether ``value`` is a page size the bench can view its 656-byte cache in: 0 (flat) or an int dividing
+    FlashMLA's 64-row pages (the cache's rows are a multiple of them)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0 and \
+        (value == 0 or peers.FLASH_MLA_BLOCK % value == 0)
+
+
 def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens: int, timer: Any,
               ceilings: dict, platform: Platform, flash_mla: Any = None, ds_pages: int = 0,
               progress: Callable[[Any], Any] = lambda x: x) -> tuple[list[dict], str]:
@@ -322,8 +329,7 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
         {unavailable}}``, ``ours_over_peer``: :func:`ratios`, ``triton_plan``) and which quantiser wrote the
         656-byte cache ("" when none was built).
     """
-    if isinstance(ds_pages, bool) or not isinstance(ds_pages, int) or ds_pages < 0 or \
-            (ds_pages and peers.FLASH_MLA_BLOCK % ds_pages):
+    if not _ds_pages_ok(ds_pages):
         raise ValueError(f"ds_pages must be 0 (a flat [N, 656] cache) or a divisor of {peers.FLASH_MLA_BLOCK}, got "
                          f"ds_pages={ds_pages!r}")
     pools = _Pools(pool_rows, device)
@@ -443,9 +449,10 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
     if args.cases:
         wanted = args.cases.split(",")
         cases = [c for c in cases if any(w in case_name(c, platform) for w in wanted)]
+    ds_pages = getattr(args, "ds_pages", 0)
     results, ds_source = run_cases(
         cases, device=device, pool_rows=args.pool_rows, peer_max_tokens=args.peer_max_tokens, timer=timer,
-        ceilings=ceilings, platform=platform, flash_mla=flash_mla, ds_pages=getattr(args, "ds_pages", 0),
+        ceilings=ceilings, platform=platform, flash_mla=flash_mla, ds_pages=ds_pages,
         progress=lambda x: tqdm(x, desc="bench", file=sys.stderr))
     if ds_source:
         peer_doc[DS_MLA_KV + "_cache"] = ds_source
@@ -455,7 +462,7 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
     report = dict(
         device=props.name, sms=props.multi_processor_count, platform=str(platform),
         torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-        pool_rows=args.pool_rows, ds_pages=getattr(args, "ds_pages", 0),
+        pool_rows=args.pool_rows, ds_pages=ds_pages,
         flush=args.flush, flush_us=timer.flush_ms() * 1e3, method=__doc__.split("Method (see BENCHMARKS.md): ")[1].split("\n\n")[0],
         ceilings=ceilings, peers=peer_doc, results=results,
         peers_missing=[n for n, ok in (("flash_mla", flash_mla is not None), ("flashinfer", _flashinfer_peer() is not None))
@@ -549,7 +556,7 @@ def check_bench_args(args: argparse.Namespace) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"'--peer-max-tokens' must be an int >= 0 (got {value!r})")
     value = getattr(args, "ds_pages", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value and peers.FLASH_MLA_BLOCK % value):
+    if not _ds_pages_ok(value):
         raise ValueError(f"'--ds-pages' must be 0 (a flat [N, 656] cache) or a divisor of {peers.FLASH_MLA_BLOCK} "
                          f"(got {value!r})")
     if value and (getattr(args, "host", False) or getattr(args, "dcp", 1) > 1):
