@@ -25,9 +25,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   merges them 64 value columns at a time, applies the sink and the per-tensor ``kv_scale`` and stores
   ``out`` and the natural-log LSE (split: the partial output and its base-2 LSE). q sits in shared
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
-  mantissas; undone on the scores). A consumer stages q (:func:`_stage_q`) while the producer already gathers
-  the first block: the first at 16 heads, the second (whose first block is the ring's second) in e4m3's unsplit
-  launches of 32-head blocks.
+  mantissas; undone on the scores). The second consumer (whose first block is the ring's second) stages q
+  (:func:`_stage_q`) while the producer already gathers the first block.
 * 32-head blocks of V3.2 rows, and e4m3's split launches of them (:data:`COL_SPLIT`), run the two consumers on
   every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages q, computes
   ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511 with the
@@ -465,10 +464,13 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
     blocks into its own stage's RoPE tile by cp.async, the next block's once this block's scores are read, so
     the producer's period no longer holds the RoPE's loads and stores (H=16, T=256: 164.9 against 181.6 us,
     fifteenth session; a consumer waits 2.7-3.5 us a block for the producer, so the copies fit in its slack).
-    Each row's four float32 tile scales (read in place, before the wait) are
-    applied exactly: to the scores as ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` (one fp32
-    wgmma accumulator per tile), and to ``P V`` by scaling ``P^T`` per tile (``P_t = P * scale_t`` rounded
-    once to bf16, as the bf16 kernels round ``P``), so every scale, power of two or not, decodes exactly."""
+    Each row's four float32 tile scales (read in place, with the block's ids, one block ahead: once the block
+    before has stored its ``P_t^T``; H=16 with a paged cache 159.8 / 50.3 against 167.5 / 52.1 us at T = 256 /
+    64, nineteenth session, benchmarks/few_heads_paged_ab_nineteenth_2026-12-02.json; the same one block ahead in
+    the column split's first consumer lost, 221.8 / 64.7 against 193.5 / 58.5 at H=32) are applied exactly: to
+    the scores as ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` (one fp32 wgmma accumulator per tile),
+    and to ``P V`` by scaling ``P^T`` per tile (``P_t = P * scale_t`` rounded once to bf16, as the bf16 kernels
+    round ``P``), so every scale, power of two or not, decodes exactly."""
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
     nrows = num_rows.to(gl.uint32)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
@@ -485,12 +487,15 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
         _copy_rope(KV, kr_smem.index(FIRST),
                    _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, BLOCK_N, rope_l), nrows),
                    stride_kv, kv_block_size, ROW_BYTES, rope_l)
+    # the first block's ids and tile scales; each later block's are loaded one block ahead (after the P_t^T of the
+    # block before are stored), so that their two dependent loads (ids, then the rows' scales) are not waited for
+    # between a block's scores and its softmax
+    ids, ok = _block_ids(IDX, idx_base, start, FIRST, end, nrows, offs_n, BLOCK_N)
+    sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
     for i in range(FIRST, num_blocks, STAGES):
         s = _stage(i, FIRST, True)
-        ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
         if COPY_ROPE:
             ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
-        sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         if COPY_ROPE:
             async_copy.wait_group(0)
@@ -501,6 +506,8 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
         st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
         p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i)
         _store_p_tiles(p_smem, z, p, sc0, sc1, sc2, sc3)
+        ids, ok = _block_ids(IDX, idx_base, start, i + STAGES, end, nrows, offs_n, BLOCK_N)
+        sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
         fence_async_shared()
         gl.thread_barrier()  # every P_t^T complete in shared memory before the wgmmas read them
         if COPY_ROPE and i + STAGES < num_blocks:  # every warp waited for its scores before the barrier: tile read
@@ -553,14 +560,17 @@ def _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINK
 @gluon.jit
 def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads,
              BLOCK_H: gl.constexpr, KV_DS: gl.constexpr):
-    """q of token ``pid_t`` into shared memory (at 16 heads by the first consumer, while the producer already
-    gathers the first block: H=16 T=256 e4m3 148.3 against 149.8 us, V3.2 163.7 against 166.1, T=64 46.4 / 50.4
-    against 47.7 / 50.9, fifteenth session; on the column split by its first consumer too; on e4m3's alternate
-    blocks at 32 heads by the second consumer, which waits for the ring's second block anyway: 170.0 and 170.7
-    against 171.6 and 172.3 us at T=256 staged before the partitions start, two runs, eighteenth session,
-    benchmarks/few_heads_q_by_consumer_ab_2026-12-02.json and benchmarks/few_heads_widen_ab_2026-12-02.json;
-    the first consumer took 177.7 there, and 195.4 against 175.3 with the fifteenth session's registers, half of
-    the head rows in each consumer 197.2 against 175.8, seventeenth session), with
+    """q of token ``pid_t`` into shared memory, while the producer already gathers the first block. On the
+    alternate blocks the second consumer stages it, which waits for the ring's second block anyway: at 32 heads
+    (e4m3) 170.0 and 170.7 against 171.6 and 172.3 us at T=256 staged before the partitions start, two runs,
+    eighteenth session, benchmarks/few_heads_q_by_consumer_ab_2026-12-02.json and
+    benchmarks/few_heads_widen_ab_2026-12-02.json (the first consumer took 177.7 there, and 195.4 against 175.3
+    with the fifteenth session's registers; half of the head rows in each consumer 197.2 against 175.8,
+    seventeenth session); at 16 heads, where the first consumer staged it since the fifteenth session (H=16 T=256
+    e4m3 148.3 against 149.8 us staged before the partitions), 144.6 against 147.8 us for e4m3 at T=256 and
+    165.4 / 50.9 against 167.5 / 52.1 for V3.2 (paged) at T = 256 / 64 (nineteenth session,
+    benchmarks/few_heads_paged_ab_nineteenth_2026-12-02.json). On the column split the first consumer stages
+    it. Then
     ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for an e4m3 cache, each head row
     scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
     (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for V3.2 rows."""
@@ -597,11 +607,11 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
               HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS: gl.constexpr,
-              ROW_BYTES: gl.constexpr, Q_BY: gl.constexpr, ROWS_16B: gl.constexpr):
+              ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
-    merges the other's state and runs the epilogue. The consumer ``FIRST == Q_BY`` stages q (:func:`_stage_q`)
-    and signals ``q_ready``, for which the other waits. ``ROWS_16B``: V3.2 rows 16-byte aligned, so that the
-    consumers copy their RoPE (:func:`_blocks_ds`). ``KV_DS``: V3.2 rows
+    merges the other's state and runs the epilogue. The second consumer (``FIRST == 1``, whose first block is the
+    ring's second) stages q (:func:`_stage_q`) and signals ``q_ready``, for which the first waits. ``ROWS_16B``:
+    V3.2 rows 16-byte aligned, so that the consumers copy their RoPE (:func:`_blocks_ds`). ``KV_DS``: V3.2 rows
     (:func:`_blocks_ds`), else a per-tensor e4m3 cache (``kv_scale`` folded into the scores and the output)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
@@ -612,7 +622,7 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
     acc_self = kn_smem.index(FIRST)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
     acc_other = kn_smem.index(1)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
     # q staged by a consumer, so that the producer's first gather does not wait for q's loads
-    if FIRST == Q_BY:
+    if FIRST == 1:
         _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H, KV_DS)
         mbarrier.arrive(q_ready)
     else:
@@ -949,13 +959,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES,
-                         1, ROWS_16B)),
+                         ROWS_16B)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
-                         1, ROWS_16B)),
+                         ROWS_16B)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
     else:
         gl.warp_specialize([
@@ -964,13 +974,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES,
-                         0, ROWS_16B)),
+                         ROWS_16B)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
-                         0, ROWS_16B)),
+                         ROWS_16B)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
