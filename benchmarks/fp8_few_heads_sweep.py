@@ -34,6 +34,16 @@ SPLITS = {2: (8, 16, 32), 64: (1, 2, 3), 128: (1, 2), 256: (1,)}
 REGS_32 = [None, (216, 80)]  # at 32 heads (producer the default partition) only the consumers' value is set
 
 
+def _with_regs(arrangement, regs):
+    """``arrangement`` (a :class:`mla_sink.kernels.gluon.tuning.Fp8Arrangement`) with the consumers' and the
+    producer's registers ``regs`` where it runs 32-head blocks on the alternate-block consumers."""
+    import attrs
+
+    if arrangement.head_block != 32 or arrangement.cols:
+        return arrangement
+    return attrs.evolve(arrangement, consumer_regs=regs[0], producer_regs=regs[1])
+
+
 def main(path: str, heads: str = "16,32") -> None:
     import mla_sink
     from mla_sink.core.reference import sparse_mla_decode_reference
@@ -45,7 +55,7 @@ def main(path: str, heads: str = "16,32") -> None:
     kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
     kv8 = kv.to(torch.float8_e4m3fn)
     kv_scale = torch.tensor([1.25], device="cuda")
-    default_regs = dict(gf.WORKER_REGS)
+    table_arrangement = gf.fp8_arrangement  # the rows of tables/gluon_fp8.yaml
     report: dict = {"us": {}, "err": {}}
     for H, T in [(h, t) for h, t in SHAPES if str(h) in heads.split(",")]:
         g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
@@ -63,10 +73,9 @@ def main(path: str, heads: str = "16,32") -> None:
         for splits in SPLITS[T]:
             for regs in (REGS_32 if H == 32 else [None]):
                 name = f"gluon_fp8/s{splits}" + (f"/r{regs[0]}-{regs[1]}" if regs else "")
-                gf.WORKER_REGS.clear()
-                gf.WORKER_REGS.update(default_regs)
-                if regs:
-                    gf.WORKER_REGS[32] = regs
+                gf.fp8_arrangement = table_arrangement
+                if regs:  # the alternate blocks' 32-head registers replaced, as the run of the time set them
+                    gf.fp8_arrangement = lambda *key, regs=regs: _with_regs(table_arrangement(*key), regs)
                 fn = lambda: gf.sparse_mla_decode_fp8_gluon(q, kv8, idx, sinks, kv_scale=kv_scale,  # noqa: E731
                                                             num_kv_splits=splits)
                 try:
@@ -79,7 +88,7 @@ def main(path: str, heads: str = "16,32") -> None:
                 except Exception as e:  # noqa: BLE001 - a configuration that fails is reported, not fatal
                     row[name] = None
                     errs[name] = repr(e)[:300]
-        gf.WORKER_REGS.update(default_regs)
+        gf.fp8_arrangement = table_arrangement
         report["us"][key] = {k: (round(v, 2) if v is not None else None) for k, v in row.items()}
         report["err"][key] = errs
         print(key, json.dumps(report["us"][key]), json.dumps(errs), flush=True)

@@ -38,13 +38,15 @@ def main(path: str) -> None:
         lse = torch.empty(T, H, device="cuda")
         row = {"H": H, "T": T, "splits": splits, "us": {}}
         for name, (r, cr, pr) in VARIANTS.items():
-            gs.GATHER_ROWS, gs.CONSUMER_REGS, gs.PRODUCER_REGS = r, cr, pr
+            gs.GATHER_ROWS, gs.CONSUMER_REGS = r, cr
+            gs.seesaw_producer_regs = lambda kv_dtype, pr=pr: pr  # the producer's registers (tables/gluon_seesaw.yaml)
             try:
                 row["us"][name] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
                     q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=splits)), 2)
             except Exception as e:  # noqa: BLE001 - recorded
                 row["us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
-        gs.GATHER_ROWS, gs.CONSUMER_REGS, gs.PRODUCER_REGS = VARIANTS["rows16"]
+        gs.GATHER_ROWS, gs.CONSUMER_REGS, pr = VARIANTS["rows16"]
+        gs.seesaw_producer_regs = lambda kv_dtype, pr=pr: pr
         for s in T2_SPLITS if T <= 2 else ():
             row["us"][f"rows16_s{s}"] = round(timer.time_us(lambda: gs.sparse_mla_decode_seesaw(
                 q, kv, idx, sinks, out=out, lse=lse, num_kv_splits=s)), 2)

@@ -1,6 +1,7 @@
 """The few-heads fp8 kernel's launch arguments (mla_sink/kernels/gluon/gluon_fp8.fp8_launch_args), on the CPU: which
-consumer arrangement, head block, producer step and register split each kind of call gets. Compiling and running
-them is tests/test_gluon_fp8_ptxas.py's and tests/test_gluon_fp8_gpu.py's job."""
+consumer arrangement, head block, producer step and register split each kind of call gets (the rows of
+tables/gluon_fp8.yaml), and the seesaw's producer registers (tables/gluon_seesaw.yaml). Compiling and running them
+is tests/test_gluon_fp8_ptxas.py's and tests/test_gluon_fp8_gpu.py's job."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
+from mla_sink.core.dtypes import DTYPE_KEYS  # noqa: E402
 from mla_sink.kernels.gluon import gluon_fp8 as gf  # noqa: E402
+from mla_sink.kernels.gluon import tuning  # noqa: E402
 
-CACHES = {"fp8_e4m3": (576, torch.float8_e4m3fn), "fp8_ds_mla": (656, torch.uint8)}
+CACHES = {"fp8_e4m3": (576, torch.float8_e4m3fn), "fp8_ds_mla": (656, torch.uint8), "bf16": (576, torch.bfloat16)}
 
 
-def launch(kv_dtype, H, splits):
+def launch(kv_dtype, H, splits, q_dtype=torch.bfloat16):
     width, dtype = CACHES[kv_dtype]
-    q = torch.empty(2, H, 576, dtype=torch.bfloat16)
+    q = torch.empty(2, H, 576, dtype=q_dtype)
     kv = torch.empty(4096, width, dtype=dtype)
     idx = torch.empty(2, 2048, dtype=torch.int32)
     _, _, constexprs, _ = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits, ids_per_split=2048 // splits,
@@ -34,19 +37,66 @@ def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols):
     c = launch(kv_dtype, H, splits)
     assert (c["BLOCK_H"], c["COLS"], c["SPLIT"]) == (block_h, cols, splits > 1)
     if cols:  # the producer a worker with 16 heads' whole-block, whole-line steps
-        assert (c["CONSUMER_REGS"], c["PRODUCER_REGS"]) == gf.COL_SPLIT_REGS[block_h]
         assert (c["PRODUCER_ROWS"], c["LINES"], c["PRODUCER_DEFAULT"]) == (gf.BLOCK_N, True, False)
-    else:
-        regs = (gf.DS_WORKER_REGS if kv_dtype == "fp8_ds_mla" else gf.WORKER_REGS)[block_h]
-        assert (c["CONSUMER_REGS"], c["PRODUCER_REGS"]) == regs
-        assert c["PRODUCER_ROWS"] == gf.PRODUCER_ROWS[block_h]
-        assert c["PRODUCER_DEFAULT"] == (block_h in gf.PRODUCER_DEFAULT)  # e4m3 32-head blocks: the producer
+    else:  # e4m3's unsplit 32-head blocks: the producer is the default partition
+        assert c["PRODUCER_DEFAULT"] == (kv_dtype == "fp8_e4m3" and block_h == 32)
+
+
+def _arrangement_of(c: dict) -> tuple:
+    return (c["BLOCK_H"], c["COLS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
+            c["PRODUCER_DEFAULT"])
+
+
+@pytest.mark.parametrize("kv_dtype", tuning.fp8_kv_dtypes())
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
+    """For every head count up to the largest head block and past it, split or not, and both half q dtypes, the
+    launch's arrangement constexprs are the params of the row tables/gluon_fp8.yaml selects (refusals refused)."""
+    key = DTYPE_KEYS[q_dtype]
+    for H in range(0, 35):
+        for splits in (1, 2, 16):
+            sel = tuning.fp8_selection(kv_dtype, key, H, splits > 1)
+            if sel.refused:
+                with pytest.raises(ValueError, match=f"row {sel.row.id} of tables/gluon_fp8.yaml"):
+                    launch(kv_dtype, H, splits, q_dtype)
+                continue
+            arr = tuning.fp8_arrangement(kv_dtype, key, H, splits > 1)
+            p = sel.params
+            assert _arrangement_of(launch(kv_dtype, H, splits, q_dtype)) == (
+                p["head_block"], sel.path == tuning.COLUMN_SPLIT, p["consumer_regs"], p["producer_regs"],
+                p["producer_rows"], p["lines"], p["producer_default"]) == (
+                arr.head_block, arr.cols, arr.consumer_regs, arr.producer_regs, arr.producer_rows, arr.lines,
+                arr.producer_default), (kv_dtype, q_dtype, H, splits)
+            assert gf.BLOCK_N % p["producer_rows"] == 0  # whole blocks, or an even part of one a step
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_ds_mla"])
 def test_more_than_32_heads_are_refused(kv_dtype):
-    with pytest.raises(ValueError, match=f"at most 32 heads with kv_dtype='{kv_dtype}', got num_heads=33"):
+    with pytest.raises(ValueError, match=f"kv_dtype='{kv_dtype}' with q dtype bf16, num_heads=33: the kernel serves "
+                                         "at most 32 heads"):
         launch(kv_dtype, 33, 1)
+
+
+def test_other_caches_and_q_dtypes_are_refused():
+    with pytest.raises(ValueError, match="reads kv_dtype 'fp8_e4m3' or 'fp8_ds_mla', got kv_dtype='bf16'"):
+        launch("bf16", 16, 1)
+    with pytest.raises(ValueError, match="row ds_mla_q_not_bf16"):
+        launch("fp8_ds_mla", 16, 1, torch.float16)
+    with pytest.raises(ValueError, match=r"the gluon_fp8 kernel: q dtype must be one of .* \(got torch.float32\)"):
+        launch("fp8_e4m3", 16, 1, torch.float32)
+
+
+def test_the_seesaw_producer_registers_follow_the_table():
+    from mla_sink.kernels.gluon import gluon_seesaw as gs
+
+    for kv_dtype in tuning.gluon_seesaw_table().fields["kv_dtype"].domain:
+        width = 656 if kv_dtype == "fp8_ds_mla" else 576
+        _, _, constexprs, _ = gs.seesaw_launch_args(
+            torch.empty(2, 64, 576, dtype=torch.bfloat16), torch.empty(4096, width, dtype=torch.uint8),
+            torch.empty(2, 2048, dtype=torch.int32), num_kv_splits=1, ids_per_split=2048,
+            out_strides=(64 * 512, 512), kv_dtype=kv_dtype)
+        assert constexprs["PRODUCER_REGS"] == tuning.seesaw_producer_regs(kv_dtype)
+        assert constexprs["CONSUMER_REGS"] == gs.CONSUMER_REGS
 
 
 @pytest.mark.parametrize("shape,block", [((4096, 656), 1), ((64, 64, 656), 64), ((30, 16, 656), 16)])

@@ -1,8 +1,8 @@
 """The few-heads fp8 kernel (mla_sink/kernels/gluon/gluon_fp8.py) fits its register and shared-memory budgets:
 compiled ahead of time for sm90 (no GPU needed) with the constexprs its launcher gives a call, unsplit and
 split (at 32 heads the column-split consumers), at 16 and 32 heads, for per-tensor e4m3 caches and V3.2 rows
-(flat and paged), ptxas must report no spill beyond ``SPILL_BYTES`` (``WORKER_REGS`` gives each partition what
-it needs; other register splits and the second producer spilled, BENCHMARKS.md ninth
+(flat and paged), ptxas must report no spill beyond ``SPILL_BYTES`` (the rows of tables/gluon_fp8.yaml give each
+partition what it needs; other register splits and the second producer spilled, BENCHMARKS.md ninth
 session), no wgmma serialisation warning
 (C7510-C7519), and the kernel must fit in the 227 KB of shared memory an sm90 CTA may hold.
 
@@ -27,10 +27,10 @@ SM90_SMEM_PER_CTA = 227 * 1024
 
 
 #: Spill bytes ptxas may report, per (KV dtype, head block, column-split consumers): none, except e4m3's 32-head
-#: alternate blocks (WORKER_REGS 200 / 104 since the eighteenth session, where 224 / 56 spilled 8 bytes in the
-#: producer's loop): with q staged by the second consumer one register of the producer's loop, stored once and
+#: alternate blocks (tables/gluon_fp8.yaml row e4m3_h32_unsplit, 200 / 104 since the eighteenth session, where
+#: 224 / 56 spilled 8 bytes in the producer's loop): with q staged by the second consumer one register of the producer's loop, stored once and
 #: reloaded once a block, and one value of the prologue (8 bytes stored, 16 loaded). None on the column split
-#: (COL_SPLIT: e4m3's split launches, every V3.2 launch).
+#: (the table's column_split rows: e4m3's split launches, every V3.2 launch).
 SPILL_BYTES = {("fp8_e4m3", 16, False): 0, ("fp8_e4m3", 32, False): 16, ("fp8_e4m3", 32, True): 0,
                ("fp8_ds_mla", 16, False): 0, ("fp8_ds_mla", 32, True): 0}
 
@@ -72,10 +72,11 @@ def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
 def test_v32_rows_need_bf16_q_and_unknown_caches_are_refused():
     idx = torch.empty(1, 64, dtype=torch.int32)
     with pytest.raises(ValueError,
-                       match=r"kv_dtype='fp8_ds_mla' with q of \['torch.bfloat16'\].*got q dtype torch.float16"):
+                       match=r"kv_dtype='fp8_ds_mla' with q dtype fp16, num_heads=16: V3.2 rows .* bf16 q only"):
         gf.fp8_launch_args(torch.empty(1, 16, 576, dtype=torch.float16), torch.empty(8, 656, dtype=torch.uint8),
                            idx, num_kv_splits=1, ids_per_split=64, out_strides=(16 * 512, 512), kv_dtype="fp8_ds_mla")
-    with pytest.raises(ValueError, match="at most 32 heads with kv_dtype='fp8_ds_mla', got num_heads=33"):
+    with pytest.raises(ValueError, match="kv_dtype='fp8_ds_mla' with q dtype bf16, num_heads=33: the kernel serves at "
+                                         "most 32 heads"):
         gf.fp8_launch_args(torch.empty(1, 33, 576, dtype=torch.bfloat16), torch.empty(8, 656, dtype=torch.uint8),
                            idx, num_kv_splits=1, ids_per_split=64, out_strides=(33 * 512, 512), kv_dtype="fp8_ds_mla")
     with pytest.raises(ValueError, match="kv_dtype='bf16'"):
@@ -85,6 +86,7 @@ def test_v32_rows_need_bf16_q_and_unknown_caches_are_refused():
 
 def test_more_heads_than_a_block_are_refused():
     q = torch.empty(1, 33, 576, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="at most 32 heads with kv_dtype=.fp8_e4m3., got num_heads=33"):
+    with pytest.raises(ValueError, match="kv_dtype=.fp8_e4m3. with q dtype bf16, num_heads=33: the kernel serves "
+                                         "at most 32 heads"):
         gf.fp8_launch_args(q, torch.empty(8, 576, dtype=torch.uint8), torch.empty(1, 64, dtype=torch.int32),
                            num_kv_splits=1, ids_per_split=64, out_strides=(33 * 512, 512))

@@ -1,5 +1,6 @@
 """sm90 kernels in Triton's Gluon dialect: ``gluon_seesaw`` (bf16/fp16, 64-head blocks, split-KV) and
-``gluon_fp8`` (e4m3fn KV, few heads); ``math`` holds their shared jit helpers. GPU only."""
+``gluon_fp8`` (e4m3fn KV, few heads); ``math`` holds their shared jit helpers. GPU only, except ``tuning``
+(their launch tables, ``tables/gluon_fp8.yaml`` and ``tables/gluon_seesaw.yaml``), which needs no Triton."""
 
 
 def launch_buffers(q, out, lse, sm_scale):

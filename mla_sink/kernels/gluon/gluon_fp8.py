@@ -16,8 +16,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   -> f16: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes
   sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
   8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); at 16 heads, and on e4m3's 32-head
-  alternate blocks (:data:`LINE_GATHER`), 16 to a row with 8 bytes a lane, so each load instruction reads whole
-  128-byte lines and each 8-lane phase of a store one swizzle row;
+  alternate blocks (``lines`` in tables/gluon_fp8.yaml), 16 to a row with 8 bytes a lane, so each load
+  instruction reads whole 128-byte lines and each 8-lane phase of a store one swizzle row;
 * at 16-head blocks, and in e4m3's unsplit launches of 32-head blocks, two consumer warpgroups take alternate
   blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
@@ -27,10 +27,10 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
   mantissas; undone on the scores). The second consumer (whose first block is the ring's second) stages q
   (:func:`_stage_q`) while the producer already gathers the first block.
-* 32-head blocks of V3.2 rows, and e4m3's split launches of them (:data:`COL_SPLIT`), run the two consumers on
-  every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages q, computes
-  ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511 with the
-  first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
+* 32-head blocks of V3.2 rows, and e4m3's split launches of them (the table's ``column_split`` rows), run the two
+  consumers on every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages
+  q, computes ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511
+  with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
   registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us; its unsplit launches keep the
   alternate blocks: 179.1 against 174.4);
 * V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
@@ -52,6 +52,12 @@ us per block: one 36 KB block of rows in flight per SM) is now the limit: 157-15
 against 176-180 with one consumer and 162-166 for bf16 KV. With each consumer's ring stage fixed at compile
 time (ninth session) 154 us at T=256, and at T=64 in two splits 47.8 us (bf16 KV 50.8).
 
+Which arrangement a launch takes - the consumers (alternate blocks or the column split), the head block (16 or 32:
+the smallest that holds the call's heads), the registers of each partition, the producer's rows per step and
+whole-line loads, and the q dtypes each cache is read with - is a row of ``tables/gluon_fp8.yaml``, with the
+measurements behind it (:func:`mla_sink.kernels.gluon.tuning.fp8_arrangement`, looked up by :func:`fp8_launch_args`
+once per launch configuration).
+
 Source: the swapped ("transposed") decode GEMMs of FlashInfer/FlashMLA small-head decode kernels,
 FlashMLA's fp8 dequantisation outside the MMA warps and FlashAttention-3's two consumer warpgroups;
 Triton's Gluon tutorials for the primitives.
@@ -59,7 +65,6 @@ Triton's Gluon tutorials for the primitives.
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -74,77 +79,11 @@ from mla_sink.kernels.gluon.math import LOG2E, sink_scale
 from mla_sink.kernels.gluon.gluon_seesaw import _opaque_zero
 from mla_sink.kernels.gluon.pdl import launch_dependents
 from mla_sink.kernels.gluon.seesaw_fp8 import DS_ROPE_AT, DS_SCALES_AT, DS_TILE, _row_offsets
+from mla_sink.kernels.gluon.tuning import fp8_arrangement, fp8_kv_dtypes
 
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
-#: Head blocks of one CTA (every head of a token, padded): the wgmma N dimension of both swapped GEMMs. A
-#: call takes the smallest that holds its heads. 32-head blocks first took 226 us at H=32, T=256 (against 166
-#: for bf16 KV), with the first consumer as the default partition, a constant stage index and a whole-block
-#: producer: ptxas spilled 0.5-1 KB at every register split. With the stage and q indexed through an opaque
-#: zero, both consumers as workers and a half-block producer (8 bytes spilled) they take 177 / 92 / 56 us at
-#: T = 256 / 128 / 64 (two splits) against 195 / 100 / 66 on the padded seesaw (H200, tenth session;
-#: benchmarks/fp8_few_heads_h32_2026-12-01.json).
-HEAD_BLOCKS = (16, 32)
 #: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
 BLOCK_N = 64
-#: Registers per thread of the consumers and of the producer, per head block (``setmaxnreg``; of 512 per
-#: thread-slot of the three warpgroups, the default partition gets what the two workers leave): the
-#: consumers hold ``O^T`` (``512 x BLOCK_H`` fp32: 64 registers at 16 heads, 128 at 32), the producer
-#: ``PRODUCER_ROWS`` fp8 rows (72 registers for 64) and their fp16 conversion. At 16 heads the second
-#: consumer and the producer are the workers and ptxas spills nothing; at 32 both consumers are (200 each)
-#: and the producer, the default partition, gets 104 (eighteenth session; at 224 / 56 it spilled 8 bytes in its
-#: loop, two stores and two loads a step; at 104 it spills none, or one register a block, stored and reloaded
-#: once, since the second consumer stages q, which measured faster: :func:`_stage_q`). H200, one run
-#: (benchmarks/few_heads_h32_regs_ab_2026-12-02.json), e4m3 H=32 T=256: 172.7 us against 175.2, and 170.8
-#: with whole lines (:data:`LINE_GATHER`), which the producer's registers now hold (bf16 KV 169.6).
-WORKER_REGS = {16: (136, 152), 32: (200, 112)}
-#: The same for V3.2 rows, whose consumers also hold one score accumulator per tile scale (four, and the
-#: RoPE's): at 16 heads the second consumer needs 176 (AOT sm90: 136 spilled 176 bytes, 168 spilled 28) and
-#: the producer, loading whole lines (:data:`LINE_GATHER`, 8 rows a thread) and converting through fp32, fits
-#: in 120 (112 with 4 lanes a row). 32-head blocks (e4m3's partitions, two tiles' score accumulators at a time;
-#: the producer at 56 registers spilled 100-150 bytes) took 356 us at H=32, T=256 against 206 on the seesaw
-#: (H200, tenth session; benchmarks/ds_few_heads_sweep_r2_2026-12-01.json), so V3.2 rows take the alternate
-#: blocks at 16 heads only, and 32-head blocks on the column split (:data:`COL_SPLIT`).
-DS_WORKER_REGS = {16: (176, 120)}
-#: The caches the kernel reads, by KV dtype key: (``KV_DS``, the q dtypes it computes with exactly). e4m3:
-#: q scaled per head row into fp16; V3.2: bf16 operands only (the rows' RoPE is bf16).
-KV_FORMATS = {"fp8_e4m3": (False, (torch.bfloat16, torch.float16)), "fp8_ds_mla": (True, (torch.bfloat16,))}
-#: Rows the producer gathers per step on the alternate-block consumers, per head block: a whole block, or half of
-#: one at 32 heads, where the consumers' ``O^T`` leaves the producer 104 registers (whole blocks of whole lines
-#: spill 8 bytes there and took 174.2 us against 170.8 at T=256, eighteenth session; at 56 registers 16 rows a
-#: step spilled more).
-#: The column split (:data:`COL_SPLIT`) steps whole blocks of whole lines at every head block.
-PRODUCER_ROWS = {16: 64, 32: 32}
-#: Head blocks, per KV format, whose producer loads whole 128-byte lines: 8 codes a lane and 16 lanes a row, where
-#: 16 bytes a lane and 4 lanes a row read 64 bytes of 8 rows per instruction (8 half-line wavefronts of the L1, the
-#: busiest unit: 60% of cycles under ncu). Whole-block steps only (8 rows a thread). H200, one run each
-#: (benchmarks/few_heads_gather8_ab_2026-12-01.json, benchmarks/few_heads_lines_scales_ab_2026-12-02.json): e4m3
-#: H=16 150.7 / 47.5 / 14.3 us at T = 256 / 64 / 2 against 160.5 / 50.4 / 14.6 with 4 lanes a row. V3.2 rows alone
-#: gained nothing (189.5 / 57.4 / 16.2 against 191.1 / 59.1 / 15.4); with their consumers' tile scales in one
-#: 16-byte load a row (:func:`_tile_scales`) 183.6 / 56.8 / 15.1 against 192.2 / 58.8 / 15.8 (the scales alone
-#: 193.7 / 59.2 / 15.6): both cut the L1's wavefronts, and only together does the period move. 32-head blocks
-#: (32-row steps) with whole lines took 177.1 against 175.8 at T=256 and spilled 12 bytes with the producer at 56
-#: registers; at 104 (``WORKER_REGS``, eighteenth session) they spill nothing and took 170.8 against 172.7 with 4
-#: lanes a row (benchmarks/few_heads_h32_regs_ab_2026-12-02.json). The column split loads whole lines.
-LINE_GATHER = {"fp8_e4m3": (16, 32), "fp8_ds_mla": (16,)}
-#: Head blocks, per KV format, whose split launches (``num_kv_splits > 1``), and every launch where the alternate
-#: blocks have no registers (``WORKER_REGS`` / ``DS_WORKER_REGS``), take the column-split consumers
-#: (:func:`_consumer_cols`): both read every block, the first computes the scores and ``P`` and accumulates value
-#: columns 0-255, the second columns 256-511 (FlashMLA's sm90 roles). Each holds half of ``O^T`` (64 registers at
-#: 32 heads), so the producer gets :data:`COL_SPLIT_REGS` and steps whole blocks of whole lines as at 16 heads. H200,
-#: sixteenth session, H=32: e4m3 (benchmarks/few_heads_col_split_ab_2026-12-02.json) T=64 (two splits) 54.6 against
-#: 60.4 us on the alternate-block consumers, T=2 (16 splits) 14.3 against 15.2 on the padded seesaw, unsplit T=256
-#: 179.1 against 174.4 (so one-split e4m3 launches keep the alternate blocks); V3.2 rows
-#: (benchmarks/few_heads_ds_col_split_ab_2026-12-02.json) 14.5 / 58.4 / 193.0 us at T = 2 / 64 / 256 against
-#: 19.3 / 67.0 / 212.6 on the padded seesaw.
-COL_SPLIT = {"fp8_e4m3": (32,), "fp8_ds_mla": (32,)}
-#: Registers of the column split's workers per head block: the second consumer (``O^T``'s half) and the producer
-#: (whole-block steps of whole lines, as at 16 heads); the first consumer, the default partition, gets the rest.
-COL_SPLIT_REGS = {32: (104, 152)}
-#: Head blocks whose producer is the default partition (both consumers workers with ``WORKER_REGS[h][0]``
-#: registers each; the producer gets the rest: ``WORKER_REGS[h][1]`` is then not passed to the compiler and
-#: only records ``512 - 2 * WORKER_REGS[h][0]``, of which the SASS's ``setmaxnreg`` keeps 104: the three
-#: warpgroups share 504 a thread-slot).
-PRODUCER_DEFAULT = (32,)
 
 
 @gluon.jit
@@ -264,13 +203,14 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     rows in flight), V3.2 codes decoded into an fp16 ring with one ``cvt`` a pair 190.7 against 191.6 (the
     conversion is not the limit), a second block in flight (cp.async staging) 157.9 against 159.8, and the
     pool's size and the ids' order move the time by 4-6% only. Loads of whole 128-byte lines (8 bytes a lane, 16
-    lanes a row: :data:`LINE_GATHER`) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set the period.
+    lanes a row: ``lines`` in tables/gluon_fp8.yaml) took 150.0 against 160.4: the L1's wavefronts, not DRAM, set
+    the period.
     Fourteenth session: V3.2 rows on whole lines, with the consumers' scales in one load, 183.6 against 192.2; a
     probe without the V3.2 RoPE gather took 163.5, one without it and the consumers' scale work 154.9 (e4m3:
     150.5), so the bf16 RoPE's 128 bytes a row cost V3.2 about 19 us at T=256 (BENCHMARKS.md). Fifteenth
     session: with the consumers copying it instead, 164.9 against 181.6 (outputs bitwise equal;
     benchmarks/few_heads_rope_consumers_ab_2026-12-02.json); 16 bytes a lane over 256 bytes of two rows a warp
-    (fewer lines touched a row than :data:`LINE_GATHER`'s 128 bytes) took 161.4 against 150.0 for e4m3 and moved
+    (fewer lines touched a row than the whole lines' 128 bytes) took 161.4 against 150.0 for e4m3 and moved
     V3.2 rows by nothing (benchmarks/few_heads_half_rows_ab_2026-12-02.json). Seventeenth session: on e4m3's 32-head
     alternate blocks, rows copied by cp.async into three 16-row staging slots two steps ahead and converted from
     shared memory (bytes in flight without registers) took 199.5 against 176.1 us at T=256
@@ -931,7 +871,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     # and the producer workers; 32 heads: the producer is the default partition and both consumers workers
     # with the same registers (as the default partition, the first consumer spilled the loop's wgmma
     # descriptors at any register split that left the producer room); COLS: the first (scores) consumer is the
-    # default partition, the second consumer and the producer workers (COL_SPLIT_REGS)
+    # default partition, the second consumer and the producer workers (tables/gluon_fp8.yaml, column_split)
     if COLS:
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
         gl.warp_specialize([
@@ -996,59 +936,49 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
     the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
     ``ROWS_16B`` (:func:`rows_16b`) is this ``kv_cache``'s: a runner reused for other pools checks it per call.
-    The consumers' arrangement (``COLS``) follows the call: the column split (:data:`COL_SPLIT`, with
-    :data:`COL_SPLIT_REGS` and whole-block, whole-line producer steps) for split launches of its head blocks and
-    for every launch of a head block without alternate-block registers (V3.2 at 32 heads); otherwise alternate
-    blocks (``WORKER_REGS`` / ``DS_WORKER_REGS``, :data:`PRODUCER_ROWS`, :data:`LINE_GATHER`,
-    :data:`PRODUCER_DEFAULT`).
+    The consumers' arrangement (``COLS``), the head block, the partitions' registers and the producer's steps
+    are the row of ``tables/gluon_fp8.yaml`` for (kv dtype, q dtype, heads, split or not)
+    (:func:`mla_sink.kernels.gluon.tuning.fp8_arrangement`, cached; a sweep may rebind this module's
+    ``fp8_arrangement`` to try others).
 
     Raises:
-        ValueError: ``num_heads`` above the largest head block (32); ``kv_dtype`` not one of the two; q of a
-            dtype the cache is not read with (V3.2 rows: bf16 only).
+        ValueError: ``kv_dtype`` not one the table declares; q of a dtype with no dtype key
+            (:func:`mla_sink.core.dtypes.dtype_key`); a refusal row of the table (q of a dtype the cache is not
+            read with - V3.2 rows: bf16 only -, or more heads than its largest head block, 32).
     """
     from mla_sink.core import kv_layout
+    from mla_sink.core.dtypes import DS_MLA_KEYS, dtype_key
 
     T, H, d_qk = q.shape
     d_v = 512
-    if kv_dtype not in KV_FORMATS:
-        raise ValueError(f"the gluon_fp8 kernel reads kv_dtype {' or '.join(map(repr, KV_FORMATS))}, got "
+    if kv_dtype not in fp8_kv_dtypes():
+        raise ValueError(f"the gluon_fp8 kernel reads kv_dtype {' or '.join(map(repr, fp8_kv_dtypes()))}, got "
                          f"kv_dtype={kv_dtype!r}")
-    ds, q_dtypes = KV_FORMATS[kv_dtype]
-    if q.dtype not in q_dtypes:
-        raise ValueError(f"the gluon_fp8 kernel reads kv_dtype={kv_dtype!r} with q of {[str(t) for t in q_dtypes]} "
-                         f"(V3.2 rows: the bf16 RoPE and q as they are), got q dtype {q.dtype}")
-    blocks = HEAD_BLOCKS
-    block_h = next((b for b in blocks if H <= b), None)
-    if block_h is None:
-        raise ValueError(f"the gluon_fp8 kernel serves at most {blocks[-1]} heads with kv_dtype={kv_dtype!r}, "
-                         f"got num_heads={H}")
+    splits = num_kv_splits
+    try:
+        q_key = dtype_key(q.dtype)
+    except ValueError as e:
+        raise ValueError(f"the gluon_fp8 kernel: q {e}") from None
+    arr = fp8_arrangement(kv_dtype, q_key, H, splits > 1)
+    ds = kv_dtype in DS_MLA_KEYS  # the rows carry their tile scales (and a bf16 RoPE)
     paged = ds and kv_cache.dim() == 3
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
-    splits = num_kv_splits
     scalars = dict(
         num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=indices.shape[1], ids_per_split=ids_per_split,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=kv_cache.stride(0), stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
     )
-    alternate = DS_WORKER_REGS if ds else WORKER_REGS  # head blocks of the alternate-block consumers
-    cols = block_h in COL_SPLIT[kv_dtype] and (splits > 1 or block_h not in alternate)
-    if cols:  # whole-block, whole-line producer steps as at 16 heads; the first consumer (default) stages q
-        (consumer_regs, producer_regs), rows, lines, producer_default = COL_SPLIT_REGS[block_h], BLOCK_N, True, False
-    else:
-        consumer_regs, producer_regs = alternate[block_h]
-        rows, lines = PRODUCER_ROWS[block_h], block_h in LINE_GATHER[kv_dtype]
-        producer_default = block_h in PRODUCER_DEFAULT
     # the rows' page size as a constexpr: a paged cache's `id // kv_block_size` and `id % kv_block_size` become a
     # shift and a mask (a runtime 64 put an integer division into every row's address: AOT sm90, V3.2 at 16 heads,
     # 935 instructions a block in the producer's loop against 786; a flat cache's 1 was specialised already)
     constexprs = dict(kv_block_size=kv_cache.shape[1] if paged else 1,
-                      BLOCK_H=block_h, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
+                      BLOCK_H=arr.head_block, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
-                      CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, PRODUCER_ROWS=rows,
-                      PRODUCER_DEFAULT=producer_default, KV_DS=ds,
-                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=lines,
-                      COLS=cols)
+                      CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
+                      PRODUCER_DEFAULT=arr.producer_default, KV_DS=ds,
+                      ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
+                      COLS=arr.cols)
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 

@@ -69,6 +69,7 @@ from mla_sink.kernels.gluon.seesaw_fp8 import (
     fp8_producer,
     stop_flag,
 )
+from mla_sink.kernels.gluon.tuning import seesaw_producer_regs
 
 #: Heads of one CTA: the wgmma M of the score and output tiles (one warpgroup: 4 warps x 16 rows).
 HEAD_BLOCK = 64
@@ -79,20 +80,13 @@ HALF_V = 256
 #: Rows the producer gathers per cp.async call: a whole 64-id block (16 and 32 measured 1% slower at
 #: T=256: Triton separates calls into one buffer by a barrier).
 GATHER_ROWS = 64
-#: Registers per thread of the two worker partitions: consumer 1 (as many as consumer 0 gets) and the
-#: producer (addresses and masks; it only copies, for fp8 caches too). 12 warps share 64K registers, and
-#: the default consumer gets what the workers leave (216): moving registers to it (232, for a
-#: software-pipelined loop) measured slower (BENCHMARKS.md, sixth session). With an fp8 cache the
-#: consumers' decoding spills a few scalars (ptxas: 32-76 bytes, a few loads per block pair).
+#: Registers per thread of the second consumer worker (as many as consumer 0 gets). 12 warps share 64K registers,
+#: and the default consumer gets what the two workers leave (216, with the producer's 72): moving registers to it
+#: (232, for a software-pipelined loop) measured slower (BENCHMARKS.md, sixth session). With an fp8 cache the
+#: consumers' decoding spills a few scalars (ptxas: 32-76 bytes, a few loads per block pair). The producer's
+#: registers (addresses and masks; it only copies, for fp8 caches too) depend on the KV dtype: the rows of
+#: ``tables/gluon_seesaw.yaml`` (:func:`mla_sink.kernels.gluon.tuning.seesaw_producer_regs`).
 CONSUMER_REGS = 216
-PRODUCER_REGS = 72
-#: The producer's registers per KV dtype key where they differ from :data:`PRODUCER_REGS`. e4m3 caches: 80 (the
-#: default consumer, which gets what the workers leave, drops from 216 to 208), where ptxas spills nothing (at 72
-#: the consumers' decoding spilled 40 bytes, 24 reloaded); H200, eighteenth session, one run
-#: (benchmarks/seesaw_regs_ab_2026-12-02.json): 373.8 / 100.5 / 18.8 us at H=128, T = 256 / 64 / 2 against
-#: 382.3 / 102.6 / 18.8, and 195.6 / 66.0 / 16.2 against 199.5 / 68.1 / 17.0 at H=64. V3.2 rows keep 72: at 80
-#: they spill more (48 bytes against 24) and took 418.8 against 413.2 at H=128, T=256.
-PRODUCER_REGS_BY_KV = {"fp8_e4m3": 80}
 #: The consumers' register layouts: a score tile ``[64 heads, 64 ids]`` and an output half ``[64, 256]``
 #: as wgmma accumulators (one warpgroup), a block's weights as the A operand of P V, and per-head rows.
 S_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
@@ -595,7 +589,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     constexprs = dict(kv_block_size=kv_cache.shape[1] if paged else 1,
                       BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
-                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS_BY_KV.get(kv_dtype, PRODUCER_REGS),
+                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=seesaw_producer_regs(kv_dtype),
                       KV_FMT=kv_fmt,
                       ROW_BYTES=kv_layout.ROW_BYTES if kv_fmt == KV_DS_MLA.value else d_qk,
                       # the library's combine follows a split launch as a programmatic dependent; after V3.2

@@ -1,0 +1,230 @@
+"""The Gluon kernels' launch tables: ``tables/gluon_fp8.yaml`` (the few-heads fp8 kernel's consumer arrangement,
+head block, register split and producer steps per kv dtype, q dtype, head count and split) and
+``tables/gluon_seesaw.yaml`` (the seesaw's producer registers per KV dtype). The measurements behind every number
+are the rows' ``why`` and ``source``.
+
+Each table is loaded, proven by the rule-table checker (every combination of the declared domains gets one row, no
+row is shadowed) and checked for what its lookups need, once per process; each lookup is cached, and the launchers
+(:func:`mla_sink.kernels.gluon.gluon_fp8.fp8_launch_args`,
+:func:`mla_sink.kernels.gluon.gluon_seesaw.seesaw_launch_args`) call them once per launch configuration, when a
+runner is prepared. Imports neither Triton nor torch: ``mla-sink
+explain`` reads the arrangement on any machine.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+
+from mla_sink.core.tables import table_path
+
+#: The paths of ``tables/gluon_fp8.yaml``: the two arrangements of the consumers (``COLS`` false / true).
+FP8_PATHS = ("alternate_blocks", "column_split")
+#: The path of the column-split consumers (``COLS``).
+COLUMN_SPLIT = "column_split"
+#: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
+FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
+              "producer_default": bool}
+#: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
+SEESAW_PARAMS = {"producer_regs": int}
+#: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
+REG_MIN, REG_MAX, REG_STEP = 24, 256, 8
+#: The params that are ``setmaxnreg`` register counts.
+_REG_PARAMS = ("consumer_regs", "producer_regs")
+
+
+@attrs.frozen
+class Fp8Arrangement:
+    """How one ``gluon_fp8`` launch configuration runs: a path row of ``tables/gluon_fp8.yaml`` with its merged
+    params (:func:`fp8_arrangement`).
+
+    Attributes:
+        row, why, source: the row that chose it (``tables/gluon_fp8.yaml``).
+        cols: the column-split consumers (its path is :data:`COLUMN_SPLIT`); else alternate blocks.
+        head_block: heads of one CTA (the wgmma N dimension), ``>= num_heads``.
+        consumer_regs, producer_regs: ``setmaxnreg`` registers of the two worker partitions (the table's
+            description says which partitions those are).
+        producer_rows: rows the producer gathers per step (64: whole blocks).
+        lines: the producer loads whole 128-byte lines (8 codes a lane, 16 lanes a row).
+        producer_default: the producer is the default partition (both consumers workers with
+            ``consumer_regs``; ``producer_regs`` then only records what they leave).
+    """
+
+    row: str
+    why: str
+    source: str
+    cols: bool
+    head_block: int
+    consumer_regs: int
+    producer_regs: int
+    producer_rows: int
+    lines: bool
+    producer_default: bool
+
+
+def _error(table, row, message: str):
+    from mla_sink import dispatch
+
+    return dispatch.TableError(f"{table.source_file or table.name}:{row.line}: row {row.id!r}: {message}")
+
+
+def _check_params(table, row, params: dict, wanted: dict) -> None:
+    """A path row's merged params are exactly ``wanted`` (name -> type), registers legal for ``setmaxnreg`` and the
+    other ints positive.
+
+    Raises:
+        dispatch.TableError: naming the file, the row's line and id, and the param.
+    """
+    missing, unknown = sorted(set(wanted) - set(params)), sorted(set(params) - set(wanted))
+    if missing or unknown:
+        raise _error(table, row, f"params must be exactly {sorted(wanted)} with its path's defaults "
+                                 f"(missing {missing}, unknown {unknown})")
+    for key, kind in wanted.items():
+        value = params[key]
+        if type(value) is not kind:
+            raise _error(table, row, f"params {key}: expected {kind.__name__}, got {value!r}")
+        if kind is int and value <= 0:
+            raise _error(table, row, f"params {key}: expected a positive int, got {value!r}")
+        if key in _REG_PARAMS and not (REG_MIN <= value <= REG_MAX and value % REG_STEP == 0):
+            raise _error(table, row, f"params {key}: setmaxnreg takes a multiple of {REG_STEP} in "
+                                     f"[{REG_MIN}, {REG_MAX}], got {value!r}")
+
+
+def check_fp8_table(table) -> None:
+    """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
+    path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value; its head block is a
+    power of two that holds every head count of the field's domain the row matches.
+
+    Args:
+        table: tables/gluon_fp8.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
+
+    Raises:
+        dispatch.TableError: naming the file, the row and the field or param.
+    """
+    from mla_sink import dispatch
+
+    where = table.source_file or table.name
+    if tuple(table.paths) != FP8_PATHS:
+        raise dispatch.TableError(f"{where}: the paths must be the arrangements {FP8_PATHS} (got {tuple(table.paths)})")
+    heads = table.fields["num_heads"].grid()
+    for row in table.rows:
+        if row.is_refusal:
+            continue
+        params = table.row_params(row)
+        _check_params(table, row, params, FP8_PARAMS)
+        block = params["head_block"]
+        if block & (block - 1):
+            raise _error(table, row, f"params head_block: expected a power of two, got {block}")
+        matched = [h for h in heads if all(c.holds(h) for c in row.when if c.field == "num_heads")]
+        if not matched or max(matched) > block:
+            raise _error(table, row, f"when num_heads: matches num_heads={max(matched, default=None)}, which "
+                                     f"head_block {block} does not hold (the row must bound num_heads by it)")
+
+
+def check_seesaw_table(table) -> None:
+    """Every row of ``tables/gluon_seesaw.yaml`` names a path and gives :data:`SEESAW_PARAMS` (defaults included).
+
+    Args:
+        table: tables/gluon_seesaw.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
+
+    Raises:
+        dispatch.TableError: naming the file, the row and the param.
+    """
+    for row in table.rows:
+        if row.is_refusal:
+            raise _error(table, row, "the seesaw's table has no refusal rows (the tuning table decides which "
+                                     "calls the kernel serves)")
+        _check_params(table, row, table.row_params(row), SEESAW_PARAMS)
+
+
+@functools.cache
+def _load(name: str):
+    """``tables/<name>.yaml`` loaded, proven by the checker and checked for its lookups (once per process).
+
+    Raises:
+        dispatch.TableError: a malformed table (file, line, row and field named).
+        dispatch.TableCheckError: a gap or a shadowed row.
+    """
+    from mla_sink import dispatch
+
+    table = dispatch.load_table(table_path(name))
+    dispatch.assert_table_ok(table)
+    {"gluon_fp8": check_fp8_table, "gluon_seesaw": check_seesaw_table}[name](table)
+    return table
+
+
+def gluon_fp8_table():
+    """``tables/gluon_fp8.yaml`` as a checked :class:`dispatch.RuleTable` (cached).
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
+    """
+    return _load("gluon_fp8")
+
+
+def gluon_seesaw_table():
+    """``tables/gluon_seesaw.yaml`` as a checked :class:`dispatch.RuleTable` (cached).
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
+    """
+    return _load("gluon_seesaw")
+
+
+def fp8_kv_dtypes() -> tuple:
+    """The KV dtype keys ``gluon_fp8`` reads (its table's closed ``kv_dtype`` domain), e.g.
+    ``('fp8_e4m3', 'fp8_ds_mla')``."""
+    return tuple(gluon_fp8_table().fields["kv_dtype"].domain)
+
+
+@functools.cache
+def fp8_selection(kv_dtype: str, q_dtype: str, num_heads: int, split: bool):
+    """The ``tables/gluon_fp8.yaml`` :class:`dispatch.Selection` of one launch configuration (cached; for
+    ``mla-sink explain`` and :func:`fp8_arrangement`).
+
+    Args:
+        kv_dtype: ``fp8_e4m3`` or ``fp8_ds_mla``. q_dtype: q's dtype key (``bf16``, ``fp16``, ...).
+        num_heads: H (``>= 0``). split: ``num_kv_splits > 1``.
+
+    Raises:
+        ValueError: a dtype key outside the table's closed domains.
+    """
+    return gluon_fp8_table().select(dict(kv_dtype=kv_dtype, q_dtype=q_dtype, num_heads=int(num_heads),
+                                         split=bool(split)))
+
+
+@functools.cache
+def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool) -> Fp8Arrangement:
+    """The :class:`Fp8Arrangement` of a ``gluon_fp8`` launch: the first row of ``tables/gluon_fp8.yaml`` that
+    matches (cached: one lookup per launch configuration).
+
+    Args:
+        kv_dtype: ``fp8_e4m3`` (an e4m3fn ``[N, 576]`` cache) or ``fp8_ds_mla`` (656-byte V3.2 rows).
+        q_dtype: q's dtype key (:data:`mla_sink.core.dtypes.DTYPE_KEYS`).
+        num_heads: H. split: ``num_kv_splits > 1``.
+
+    Raises:
+        ValueError: a dtype key outside the table's domains, or a refusal row matched (the message names the
+            row and says why: q of a dtype the cache is not read with; more heads than the largest head block).
+    """
+    sel = fp8_selection(kv_dtype, q_dtype, num_heads, split)
+    if sel.refused:
+        raise ValueError(f"the gluon_fp8 kernel does not serve kv_dtype={kv_dtype!r} with q dtype {q_dtype}, "
+                         f"num_heads={num_heads}: {sel.reason} (row {sel.row.id if sel.row else None} of "
+                         "tables/gluon_fp8.yaml)")
+    p = sel.params
+    return Fp8Arrangement(row=sel.row.id, why=sel.row.why, source=sel.row.source, cols=sel.path == COLUMN_SPLIT,
+                          head_block=p["head_block"], consumer_regs=p["consumer_regs"],
+                          producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
+                          producer_default=p["producer_default"])
+
+
+@functools.cache
+def seesaw_producer_regs(kv_dtype: str) -> int:
+    """The seesaw producer's ``setmaxnreg`` registers for a KV dtype key (``tables/gluon_seesaw.yaml``; cached).
+
+    Raises:
+        ValueError: ``kv_dtype`` is not one the seesaw reads (the table's closed domain).
+    """
+    return gluon_seesaw_table().select({"kv_dtype": kv_dtype}).params["producer_regs"]

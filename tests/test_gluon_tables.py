@@ -1,0 +1,160 @@
+"""The Gluon kernels' launch tables (tables/gluon_fp8.yaml, tables/gluon_seesaw.yaml), on the CPU and without Triton:
+they load, the rule-table checker proves them (every combination one row, no row shadowed), their lookups give what
+the launchers need, and a malformed table is refused at load naming the row and the field. That the launch
+arguments follow them is tests/test_gluon_fp8_launch_args.py's job."""
+
+from __future__ import annotations
+
+import pytest
+
+from mla_sink import dispatch
+from mla_sink.core.dtypes import HALF_KEYS
+from mla_sink.core.tables import table_path
+from mla_sink.kernels.gluon import tuning
+
+FP8 = tuning.gluon_fp8_table
+SEESAW = tuning.gluon_seesaw_table
+
+
+@pytest.mark.parametrize("load", [FP8, SEESAW], ids=["gluon_fp8", "gluon_seesaw"])
+def test_tables_load_and_pass_the_checker(load):
+    table = load()
+    assert dispatch.check_table(table) == []  # no gap, no shadowed row, and no warning either
+    assert all(row.why and row.source for row in table.rows)
+
+
+def _head_blocks() -> list:
+    """The head blocks of the fp8 table's path rows, in order."""
+    table = FP8()
+    return sorted({table.row_params(row)["head_block"] for row in table.rows if not row.is_refusal})
+
+
+def test_every_kv_dtype_head_block_and_split_gets_exactly_one_path_row():
+    """For every (kv dtype, head count 0-32, split) one path row answers, with the smallest head block that holds
+    the heads; every path row answers some of them; more heads are refused."""
+    table = FP8()
+    blocks = _head_blocks()
+    assert blocks == sorted(blocks) and len(blocks) >= 2
+    seen = set()
+    for kv in tuning.fp8_kv_dtypes():
+        for split in (False, True):
+            for heads in range(0, blocks[-1] + 1):
+                sel = tuning.fp8_selection(kv, "bf16", heads, split)
+                assert not sel.refused and sel.path in tuning.FP8_PATHS, (kv, heads, split, sel.reason)
+                arr = tuning.fp8_arrangement(kv, "bf16", heads, split)
+                assert arr.head_block == min(b for b in blocks if b >= heads), (kv, heads, split)
+                assert arr.row == sel.row.id and arr.cols == (sel.path == tuning.COLUMN_SPLIT)
+                seen.add(sel.row.id)
+            with pytest.raises(ValueError, match=f"at most {blocks[-1]} heads.*row more_than_32_heads"):
+                tuning.fp8_arrangement(kv, "bf16", blocks[-1] + 1, split)
+    assert seen == {row.id for row in table.rows if not row.is_refusal}
+
+
+def test_q_dtypes_each_cache_is_read_with():
+    """e4m3 caches take bf16 / fp16 q, V3.2 rows bf16 only; every other q dtype key is refused by a row."""
+    read = {kv: {q for q in FP8().fields["q_dtype"].domain if not tuning.fp8_selection(kv, q, 16, False).refused}
+            for kv in tuning.fp8_kv_dtypes()}
+    assert read == {"fp8_e4m3": set(HALF_KEYS), "fp8_ds_mla": {"bf16"}}
+    with pytest.raises(ValueError, match="read with bf16 q only.*row ds_mla_q_not_bf16"):
+        tuning.fp8_arrangement("fp8_ds_mla", "fp16", 16, False)
+    with pytest.raises(ValueError, match="bf16 or fp16 q.*row e4m3_q_not_half"):
+        tuning.fp8_arrangement("fp8_e4m3", "fp8_e4m3", 16, True)
+    with pytest.raises(ValueError, match="q_dtype"):
+        tuning.fp8_arrangement("fp8_e4m3", "fp32", 16, True)  # not a dtype key
+
+
+def test_the_measured_arrangements():
+    """The rows' numbers as the measurements left them (the tables' why / source say where from)."""
+    def get(kv, heads, split):
+        a = tuning.fp8_arrangement(kv, "bf16", heads, split)
+        return (a.head_block, a.cols, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines, a.producer_default)
+
+    for split in (False, True):
+        assert get("fp8_e4m3", 16, split) == (16, False, 136, 152, 64, True, False)
+        assert get("fp8_ds_mla", 16, split) == (16, False, 176, 120, 64, True, False)
+        assert get("fp8_ds_mla", 32, split) == (32, True, 104, 152, 64, True, False)
+    assert get("fp8_e4m3", 32, False) == (32, False, 200, 112, 32, True, True)
+    assert get("fp8_e4m3", 17, True) == (32, True, 104, 152, 64, True, False)
+    assert {kv: tuning.seesaw_producer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {
+        "bf16": 72, "fp16": 72, "fp8_e4m3": 80, "fp8_ds_mla": 72}
+    with pytest.raises(ValueError, match="kv_dtype"):
+        tuning.seesaw_producer_regs("fp8_e4m3fnuz")
+
+
+# ---- malformed tables ------------------------------------------------------------------------------------------
+
+def _edited(name: str, old: str, new: str):
+    text = table_path(name).read_text()
+    assert text.count(old) == 1, old
+    return dispatch.load_table(text.replace(old, new), name="edited.yaml")
+
+
+E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_rows: 64, lines: true, "
+            "producer_default: false}")
+
+
+@pytest.mark.parametrize("new,message", [
+    (E4M3_H16.replace(", lines: true", ""), r"row 'e4m3_h16': params must be exactly .*missing \['lines'\]"),
+    (E4M3_H16.replace("}", ", stages: 2}"), r"row 'e4m3_h16': params .*unknown \['stages'\]"),
+    (E4M3_H16.replace("consumer_regs: 136", "consumer_regs: 140"),
+     r"row 'e4m3_h16': params consumer_regs: setmaxnreg takes a multiple of 8 in \[24, 256\], got 140"),
+    (E4M3_H16.replace("lines: true", "lines: 1"), r"row 'e4m3_h16': params lines: expected bool, got 1"),
+    (E4M3_H16.replace("producer_rows: 64", "producer_rows: 0"),
+     r"row 'e4m3_h16': params producer_rows: expected a pos"),
+    (E4M3_H16.replace("head_block: 16", "head_block: 8"), r"row 'e4m3_h16': when num_heads: matches num_heads=16"),
+    (E4M3_H16.replace("head_block: 16", "head_block: 24"),
+     r"row 'e4m3_h16': params head_block: expected a power of two"),
+])
+def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
+    table = _edited("gluon_fp8", E4M3_H16, new)
+    with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: " + message):
+        tuning.check_fp8_table(table)
+
+
+def test_the_shipped_loader_refuses_a_bad_table_at_load(monkeypatch, tmp_path):
+    """Through the cached loader itself: a malformed row (the engine's loader, naming file, line, row and field) and
+    a bad param (this module's check) are errors at the first lookup, not wrong launches."""
+    text = table_path("gluon_fp8").read_text()
+    path = tmp_path / "gluon_fp8.yaml"
+    monkeypatch.setattr(tuning, "table_path", lambda name: path)
+    try:
+        for new, message in [
+                (E4M3_H16.replace("}", "}\n    sm: 90"), r"gluon_fp8.yaml:\d+: row 'e4m3_h16': unknown row key"),
+                (E4M3_H16.replace("producer_regs: 152", "producer_regs: 300"),
+                 r"gluon_fp8.yaml:\d+: row 'e4m3_h16': params producer_regs: setmaxnreg")]:
+            path.write_text(text.replace(E4M3_H16, new))
+            tuning._load.cache_clear()
+            tuning.fp8_selection.cache_clear()
+            tuning.fp8_arrangement.cache_clear()
+            with pytest.raises(dispatch.TableError, match=message):
+                tuning.fp8_arrangement("fp8_e4m3", "bf16", 16, False)
+    finally:
+        tuning._load.cache_clear()
+        tuning.fp8_selection.cache_clear()
+        tuning.fp8_arrangement.cache_clear()
+
+
+def test_a_gap_or_a_shadowed_row_fails_the_checker():
+    gap = _edited("gluon_fp8", "      split: {eq: true, because: \"split launches take the column split\"}\n",
+                  "      split: {eq: true, because: \"split launches take the column split\"}\n"
+                  "      q_dtype: fp16\n")
+    with pytest.raises(dispatch.TableCheckError, match="gap"):
+        dispatch.assert_table_ok(gap)
+    text = table_path("gluon_fp8").read_text()
+    start, end = text.index("  - id: e4m3_h32_split"), text.index("  - id: ds_mla_h16")
+    moved = text[:start] + text[end:] + text[start:end]
+    # e4m3's split row after a 17-32-head row that no longer tests the KV dtype: it never wins
+    table = dispatch.load_table(moved.replace("kv_dtype: fp8_ds_mla\n      num_heads: {gt: 16",
+                                              "num_heads: {gt: 16"), name="edited.yaml")
+    with pytest.raises(dispatch.TableCheckError, match="e4m3_h32_split.*shadowed"):
+        dispatch.assert_table_ok(table)
+
+
+def test_the_fp8_paths_and_the_seesaw_params_are_checked():
+    text = table_path("gluon_fp8").read_text()
+    renamed = dispatch.load_table(text.replace("column_split", "columns"), name="edited.yaml")
+    with pytest.raises(dispatch.TableError, match="paths must be the arrangements"):
+        tuning.check_fp8_table(renamed)
+    seesaw = _edited("gluon_seesaw", "params: {producer_regs: 80}", "params: {producer_regs: 80, consumer_regs: 200}")
+    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_producer_80': params .*unknown \['consumer_regs'\]"):
+        tuning.check_seesaw_table(seesaw)
