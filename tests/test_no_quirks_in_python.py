@@ -7,7 +7,11 @@ the semantics). Comments and docstrings may name archs, dtypes and head counts; 
 * a dtype rule: a comparison (``==``, ``!=``, ``in``, ``not in``) against a dtype key (``"bf16"``,
   ``"fp8_e4m3"``, ...) or a half/fp8 torch dtype (``torch.bfloat16``, ``torch.float8_e4m3fn``, ...);
 * a head-count literal: a comparison of a head count (a name with "head" in it, or ``H``) with an
-  integer other than 0 and 1, or such a literal given to ``min``/``max`` beside a head count.
+  integer other than 0 and 1, or such a literal given to ``min``/``max`` beside a head count;
+* a rule table in code: a module-level dict literal keyed by dtype keys (``{"fp8_e4m3": ...}``) or by integer
+  head counts (``{16: ..., 32: ...}``) whose values hold literals (numbers, strings, tuples of them). A pure
+  vocabulary mapping, each key to a named constant (``{"bf16": KV_HALF.value}``, a kernel's format code), is not
+  a rule and passes.
 
 The tables say which arch, dtype and head count takes which path and kernel; the dtype vocabulary
 (``mla_sink/core/dtypes.py``) maps torch dtypes to the keys the tables use.
@@ -72,12 +76,39 @@ def _is_head(node: ast.AST) -> bool:
     return any(HEAD.search(n) for n in _names(node))
 
 
+def _is_reference(node: ast.AST) -> bool:
+    """A named constant: ``NAME`` or ``a.b.c`` (vocabulary), not a literal."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
+
+
+def _rule_dict(node: ast.AST) -> str | None:
+    """What kind of keys make the dict literal ``node`` a rule table (``"dtype"`` / ``"head-count"``), or None."""
+    if not isinstance(node, ast.Dict) or not node.keys or None in node.keys:
+        return None
+    if all(_is_reference(v) for v in node.values):  # vocabulary: each key names a constant
+        return None
+    keys = node.keys
+    if all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in keys) and any(
+            k.value in DTYPE_KEYS for k in keys):
+        return "dtype"
+    if all(_is_count(k) for k in keys):
+        return "head-count"
+    return None
+
+
 def findings(path: Path, root: Path = ROOT) -> list[str]:
     """``file:line: what`` for every quirk written in the code of ``path`` (named relative to ``root``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     docs = _docstrings(tree)
     rel = path.relative_to(root).as_posix()
     found = []
+    for stmt in tree.body:  # module-level tables: NAME = {...} / NAME: type = {...}
+        value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+        kind = _rule_dict(value) if value is not None else None
+        if kind:
+            found.append(f"{rel}:{stmt.lineno}: {kind}-keyed rule table {ast.unparse(value)[:60]!r}")
     for node in ast.walk(tree):
         where = f"{rel}:{getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
@@ -111,10 +142,17 @@ def test_the_scan_catches_each_kind_of_quirk(tmp_path):
                    '    c = q.dtype == torch.float8_e4m3fnuz\n'
                    '    d = num_heads <= 16\n'
                    '    e = max(num_heads, 16)\n'
-                   '    return a, b, c, d, e, num_heads > 0\n')
+                   '    return a, b, c, d, e, num_heads > 0\n'
+                   'REGS = {16: (136, 152), 32: (200, 112)}\n'
+                   'FORMATS: dict = {"fp8_e4m3": (False, (torch.bfloat16,)), "fp8_ds_mla": (True, ())}\n'
+                   'BY_KV = {"fp8_e4m3": 80}\n'
+                   'VOCABULARY = {"bf16": KV_HALF.value, "fp8_e4m3": KV_E4M3.value}\n'
+                   'NAMES = {"head_block": int, "lines": bool}\n'
+                   'SIZES = {656: kv_layout.LAYOUT}\n')
     got = findings(bad, tmp_path)
     kinds = [g.split(": ", 1)[1].split(" ")[0] for g in got]
     assert kinds.count("arch") == 1 and kinds.count("dtype") == 2 and kinds.count("head-count") == 2, got
+    assert kinds.count("dtype-keyed") == 2 and kinds.count("head-count-keyed") == 1 and len(got) == 8, got
 
 
 @pytest.mark.parametrize("path", SCANNED, ids=lambda p: p.relative_to(ROOT).as_posix())
