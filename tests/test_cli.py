@@ -237,6 +237,27 @@ def test_explain_names_the_kernel_file(argv, row, kernel_file, capsys):
     assert code == 0 and f"row {row} (tables/triton_tuning.yaml)" in out and kernel_file in out
 
 
+@pytest.mark.parametrize("argv,row", [
+    (["--kv-dtype", "fp8_e4m3", "--heads", "32", "--tokens", "64"], "e4m3_h32_split"),  # two splits
+    (["--kv-dtype", "fp8_e4m3", "--heads", "32", "--tokens", "256"], "e4m3_h32_unsplit"),
+    (["--kv-dtype", "fp8_ds_mla", "--heads", "16", "--tokens", "256"], "ds_mla_h16"),
+    (["--kv-dtype", "fp8_ds_mla", "--heads", "24", "--tokens", "2"], "ds_mla_h32"),
+])
+def test_explain_names_the_gluon_fp8_arrangement_row(argv, row, capsys):
+    """A gluon_fp8 launch names its row of tables/gluon_fp8.yaml and why; no other launch prints one."""
+    from mla_sink.kernels.gluon import tuning
+
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--q-dtype", "bf16", *argv, "--sms", "132")
+    why = tuning.gluon_fp8_table().row(row).why
+    assert code == 0 and "kernel gluon_fp8" in out
+    assert [line.strip().startswith(f"arrangement: row {row} (tables/gluon_fp8.yaml): ") and line.endswith(why)
+            for line in out.splitlines() if "arrangement:" in line] == [True]
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--q-dtype", "bf16", *argv, "--sms", "132", "--json")
+    assert json.loads(out)["launch"]["gluon_fp8_arrangement"]["row"] == row
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--tokens", "256", "--sms", "132")
+    assert code == 0 and "arrangement:" not in out
+
+
 def test_explain_triton_launch_without_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm80", "--heads", "16", "--aiter", "none")
     assert code == 0 and "row sm80_sm100_default (tables/triton_tuning.yaml)" in out and "pass --sms N" in out

@@ -60,11 +60,37 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")
     if launch.kernel_row != launch.tuning_row:
         lines.append(f"    kernel: row {launch.kernel_row}: {launch.kernel_why}")
+    arrangement = gluon_fp8_arrangement(plan)
+    if arrangement is not None:
+        lines.append(f"    arrangement: row {arrangement['row']} (tables/gluon_fp8.yaml): {arrangement['summary']}; "
+                     f"{arrangement['why']}")
     for row_id, reason in getattr(launch, "rejected_kernels", ()):
         lines.append(f"    ✗ {row_id}: {reason}")
     if launch.fallback:
         lines.append(f"    fallback: {launch.fallback}")
     return lines
+
+
+def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
+    """The ``tables/gluon_fp8.yaml`` row of a plan whose Triton launch runs ``gluon_fp8`` with a known split count:
+    ``{row, path, summary, why}`` (``summary``: the arrangement in a few words), or ``None`` for any other plan.
+    Needs neither Triton nor a GPU; a configuration the table refuses (the tuning table never sends one) gives
+    ``{row, path: None, summary: "refused", why: the refusal}``."""
+    from mla_sink.kernels.gluon import tuning
+
+    launch = plan.launch
+    if plan.path != "triton" or launch is None or launch.kernel != "gluon_fp8" or launch.num_kv_splits is None:
+        return None
+    spec = plan.spec
+    sel = tuning.fp8_selection(spec.kv_dtype, spec.q_dtype, spec.num_heads, launch.num_kv_splits > 1)
+    if sel.refused:
+        return dict(row=sel.row.id if sel.row else None, path=None, summary="refused", why=sel.reason)
+    p = sel.params
+    summary = (f"{sel.path}, {p['head_block']}-head blocks, registers {p['consumer_regs']} / {p['producer_regs']}"
+               f"{' (the producer the default partition)' if p['producer_default'] else ''}, "
+               f"{p['producer_rows']} rows a step"
+               f"{', whole lines' if p['lines'] else ''}")
+    return dict(row=sel.row.id, path=sel.path, summary=summary, why=sel.row.why)
 
 
 def _plain(value: Any) -> Any:
@@ -93,4 +119,7 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
             doc["launch"].update(kernel=None, kernel_row=None, kernel_why=None)
         else:
             doc["launch"]["kernel_file"] = KERNEL_FILES.get(plan.launch.kernel)
+            arrangement = gluon_fp8_arrangement(plan)
+            if arrangement is not None:
+                doc["launch"]["gluon_fp8_arrangement"] = arrangement
     return doc
