@@ -258,6 +258,29 @@ def test_explain_names_the_gluon_fp8_arrangement_row(argv, row, capsys):
     assert code == 0 and "arrangement:" not in out
 
 
+@pytest.mark.parametrize("argv,row,regs", [
+    (["--kv-dtype", "fp8_ds_mla", "--heads", "64"], "ds_mla_producer_72", 72),
+    (["--kv-dtype", "fp8_e4m3", "--heads", "128"], "e4m3_producer_80", 80),
+    (["--kv-dtype", "bf16", "--heads", "64"], "half_producer_72", 72),
+])
+def test_explain_names_the_gluon_seesaw_producer_row(argv, row, regs, capsys):
+    """A gluon_seesaw launch names its row of tables/gluon_seesaw.yaml, the producer's registers and why (text and
+    JSON); a gluon_fp8 launch prints no producer line."""
+    from mla_sink.kernels.gluon import tuning
+
+    base = ["explain", "--arch", "sm90", "--q-dtype", "bf16", *argv, "--tokens", "256", "--sms", "132"]
+    code, out = run_cli(capsys, *base)
+    why = tuning.gluon_seesaw_table().row(row).why
+    assert code == 0 and "kernel gluon_seesaw" in out
+    assert [line.strip() for line in out.splitlines() if "producer: row" in line] == [
+        f"producer: row {row} (tables/gluon_seesaw.yaml): {regs} registers; {why}"]
+    code, out = run_cli(capsys, *base, "--json")
+    assert json.loads(out)["launch"]["gluon_seesaw_producer"] == dict(row=row, producer_regs=regs, why=why)
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--kv-dtype", "fp8_e4m3", "--heads", "16", "--tokens",
+                        "256", "--sms", "132")
+    assert code == 0 and "kernel gluon_fp8" in out and "producer: row" not in out
+
+
 def test_explain_triton_launch_without_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm80", "--heads", "16", "--aiter", "none")
     assert code == 0 and "row sm80_sm100_default (tables/triton_tuning.yaml)" in out and "pass --sms N" in out
@@ -305,6 +328,11 @@ def test_version(capsys):
      "'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages 64)"),
     (["bench", "--ds-pages", "64", "--dcp", "2"],
      "'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages 64)"),
+    (["bench", "--heads", "16"], "'--heads' applies to --dcp > 1 only (got --heads 16 without it)"),
+    (["bench", "--host", "--topk", "256"], "'--topk' applies to --dcp > 1 only (got --topk 256 without it)"),
+    (["bench", "--calls", "10"], "'--calls' applies to --host only (got --calls 10 without it)"),
+    (["bench", "--dcp", "2", "--repeats", "3"], "'--repeats' applies to --host only (got --repeats 3 without it)"),
+    (["bench", "--host", "--calls", "0"], "'--calls' must be an int >= 1 (got 0)"),
 ])
 def test_bench_flag_values_are_checked_before_the_gpu(argv, text, capsys):
     code = main(argv)

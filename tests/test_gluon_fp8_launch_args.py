@@ -68,6 +68,7 @@ def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
                 arr.head_block, arr.cols, arr.consumer_regs, arr.producer_regs, arr.producer_rows, arr.lines,
                 arr.producer_default), (kv_dtype, q_dtype, H, splits)
             assert gf.BLOCK_N % p["producer_rows"] == 0  # whole blocks, or an even part of one a step
+            assert tuning.BLOCK_IDS == gf.BLOCK_N  # the table's load check divides the kernel's block
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_ds_mla"])

@@ -136,8 +136,9 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
     decoded = codes.float() * s.unsqueeze(-1)
     if not (bool(torch.isfinite(decoded).all()) and bool(torch.isfinite(rope).all())):
         raise ValueError(f"'kv' holds values too large for the {LAYOUT} layout (largest magnitude "
-                         f"{float(x.abs().max()):.4g}): its latent values decode in float32 (code x scale) "
-                         f"and its RoPE values are bf16, so magnitudes must stay below about 3.0e38")
+                         f"{float(x.abs().max()):.4g}): its latent values decode in float32 as code x scale "
+                         f"(with scale='pow2' the scale rounded up to a power of two), its RoPE values are bf16, "
+                         f"whose largest finite value is about 3.39e38")
     rb = rope.view(torch.int16).long() & 0xFFFF
     out[:, ROPE_OFFSET:] = torch.stack([rb & 0xFF, rb >> 8], dim=-1).reshape(n, 2 * D_ROPE).to(torch.uint8)
     return out.reshape(*lead, ROW_BYTES)

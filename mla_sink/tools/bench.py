@@ -538,6 +538,10 @@ def plot(report: dict, path: str) -> None:
 
 #: ``mla-sink bench`` flags that must be ints >= 1 (``--peer-max-tokens`` may be 0: no peers).
 POSITIVE_FLAGS = ("dcp", "reps", "replays", "pool_rows", "heads", "tokens", "topk", "calls", "repeats")
+#: Flags that only one mode reads -> (the mode's flag, the default it gets there). Given without that mode, they are
+#: refused rather than silently ignored.
+MODE_FLAGS = {"heads": ("--dcp", 128), "tokens": ("--dcp", 64), "topk": ("--dcp", 2048),
+              "calls": ("--host", 300), "repeats": ("--host", 11)}
 
 
 def check_bench_args(args: argparse.Namespace) -> None:
@@ -545,11 +549,20 @@ def check_bench_args(args: argparse.Namespace) -> None:
 
     Raises:
         ValueError: naming the flag, e.g. ``'--reps' must be an int >= 1 (got 0)``; ``--ds-pages`` not 0 or a
-            divisor of 64, or given with ``--host`` / ``--dcp``; ``--peers`` given while ``flash_mla`` is not
-            importable.
+            divisor of 64, or given with ``--host`` / ``--dcp``; ``--heads`` / ``--tokens`` / ``--topk`` without
+            ``--dcp`` > 1, ``--calls`` / ``--repeats`` without ``--host`` (:data:`MODE_FLAGS`; ``None`` means not
+            given); ``--peers`` given while ``flash_mla`` is not importable.
     """
+    modes = {"--dcp": getattr(args, "dcp", 1) > 1, "--host": getattr(args, "host", False)}
+    for name, (mode, _) in MODE_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is not None and not modes[mode]:
+            wanted = "--dcp > 1" if mode == "--dcp" else mode
+            raise ValueError(f"'--{name}' applies to {wanted} only (got --{name} {value} without it)")
     for name in POSITIVE_FLAGS:
         value = getattr(args, name, 1)
+        if value is None and name in MODE_FLAGS:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"'--{name.replace('_', '-')}' must be an int >= 1 (got {value!r})")
     value = getattr(args, "peer_max_tokens", 0)
@@ -577,6 +590,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ValueError: a flag value out of its domain (:func:`check_bench_args`), checked before the GPU.
     """
     check_bench_args(args)
+    for name, (_, default) in MODE_FLAGS.items():  # the modes' defaults, for the flags left out
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
     if args.host:
         from mla_sink.tools.host_bench import cmd_host_bench
 
@@ -622,13 +638,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                       help="time FlashMLA beside ours (the default when flash_mla is importable; an error when not)")
     peer.add_argument("--no-peers", dest="peers", action="store_false", help="do not time FlashMLA")
     p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel ranks (>1 runs mla_sink.tools.dcp_bench)")
-    p.add_argument("--heads", type=int, default=128, help="with --dcp: query heads H (default 128)")
-    p.add_argument("--tokens", type=int, default=64, help="with --dcp: query tokens T (default 64)")
-    p.add_argument("--topk", type=int, default=2048, help="with --dcp: ids per token (default 2048)")
+    p.add_argument("--heads", type=int, default=None, help="with --dcp: query heads H (default 128)")
+    p.add_argument("--tokens", type=int, default=None, help="with --dcp: query tokens T (default 64)")
+    p.add_argument("--topk", type=int, default=None, help="with --dcp: ids per token (default 2048)")
     p.add_argument("--host", action="store_true",
                    help="host cost of one eager call (function, layer, operator; FlashMLA when importable) at "
                         "T in {1, 2, 8}, H in {16, 128}, beside the GPU time (mla_sink.tools.host_bench)")
-    p.add_argument("--calls", type=int, default=300, help="with --host: back-to-back calls per timing")
-    p.add_argument("--repeats", type=int, default=11, help="with --host: timings; the median is reported")
+    p.add_argument("--calls", type=int, default=None,
+                   help="with --host: back-to-back calls per timing (default 300)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="with --host: timings; the median is reported (default 11)")
     p.set_defaults(func=cmd_bench)
     return p

@@ -64,6 +64,10 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     if arrangement is not None:
         lines.append(f"    arrangement: row {arrangement['row']} (tables/gluon_fp8.yaml): {arrangement['summary']}; "
                      f"{arrangement['why']}")
+    producer = gluon_seesaw_producer(plan)
+    if producer is not None:
+        lines.append(f"    producer: row {producer['row']} (tables/gluon_seesaw.yaml): {producer['producer_regs']} "
+                     f"registers; {producer['why']}")
     for row_id, reason in getattr(launch, "rejected_kernels", ()):
         lines.append(f"    ✗ {row_id}: {reason}")
     if launch.fallback:
@@ -86,11 +90,31 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     if sel.refused:
         return dict(row=sel.row.id if sel.row else None, path=None, summary="refused", why=sel.reason)
     p = sel.params
-    summary = (f"{sel.path}, {p['head_block']}-head blocks, registers {p['consumer_regs']} / {p['producer_regs']}"
-               f"{' (the producer the default partition)' if p['producer_default'] else ''}, "
-               f"{p['producer_rows']} rows a step"
+    if p["producer_default"]:  # producer_regs only records what the workers leave (tables/gluon_fp8.yaml)
+        regs = (f"both consumers {p['consumer_regs']} registers each, the producer (the default partition) what they "
+                "leave")
+    else:
+        regs = (f"second consumer {p['consumer_regs']} / producer {p['producer_regs']} registers, the first consumer "
+                "(the default partition) what they leave")
+    summary = (f"{sel.path}, {p['head_block']}-head blocks, {regs}, {p['producer_rows']} rows a producer step"
                f"{', whole lines' if p['lines'] else ''}")
     return dict(row=sel.row.id, path=sel.path, summary=summary, why=sel.row.why)
+
+
+def gluon_seesaw_producer(plan: Any) -> Optional[dict]:
+    """The ``tables/gluon_seesaw.yaml`` row of a plan whose Triton launch runs ``gluon_seesaw``:
+    ``{row, producer_regs, why}`` (the producer partition's ``setmaxnreg`` registers for the call's KV dtype), or
+    ``None`` for any other plan (or a KV dtype the table does not declare). Needs neither Triton nor a GPU."""
+    from mla_sink.kernels.gluon import tuning
+
+    launch = plan.launch
+    if plan.path != "triton" or launch is None or launch.kernel != "gluon_seesaw":
+        return None
+    table = tuning.gluon_seesaw_table()
+    if plan.spec.kv_dtype not in table.fields["kv_dtype"].domain:
+        return None
+    sel = table.select({"kv_dtype": plan.spec.kv_dtype})
+    return dict(row=sel.row.id, producer_regs=sel.params["producer_regs"], why=sel.row.why)
 
 
 def _plain(value: Any) -> Any:
@@ -122,4 +146,7 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
             arrangement = gluon_fp8_arrangement(plan)
             if arrangement is not None:
                 doc["launch"]["gluon_fp8_arrangement"] = arrangement
+            producer = gluon_seesaw_producer(plan)
+            if producer is not None:
+                doc["launch"]["gluon_seesaw_producer"] = producer
     return doc

@@ -30,6 +30,10 @@ FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "pr
 SEESAW_PARAMS = {"producer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
 REG_MIN, REG_MAX, REG_STEP = 24, 256, 8
+#: Ids per block of the gluon_fp8 kernel (its ``BLOCK_N``, the wgmma M of ``S^T``): a producer step's rows divide it.
+BLOCK_IDS = 64
+#: Rows of one pass of the producer's layouts (4 warps x 2 rows a warp): a producer step's rows are a multiple.
+ROWS_PER_PASS = 8
 #: The params that are ``setmaxnreg`` register counts.
 _REG_PARAMS = ("consumer_regs", "producer_regs")
 
@@ -93,7 +97,8 @@ def _check_params(table, row, params: dict, wanted: dict) -> None:
 
 def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
-    path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value; its head block is a
+    path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
+    divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`); its head block is a
     power of two that holds every head count of the field's domain the row matches.
 
     Args:
@@ -113,6 +118,10 @@ def check_fp8_table(table) -> None:
             continue
         params = table.row_params(row)
         _check_params(table, row, params, FP8_PARAMS)
+        rows = params["producer_rows"]
+        if BLOCK_IDS % rows or rows % ROWS_PER_PASS:
+            raise _error(table, row, f"params producer_rows: expected a divisor of {BLOCK_IDS} (the ids of a block) "
+                                     f"and a multiple of {ROWS_PER_PASS} (a pass of the producer's warps), got {rows}")
         block = params["head_block"]
         if block & (block - 1):
             raise _error(table, row, f"params head_block: expected a power of two, got {block}")
