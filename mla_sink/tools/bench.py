@@ -35,7 +35,7 @@ import torch
 
 from mla_sink.core.kv_layout import LAYOUT as DS_MLA_KV  # the 656-byte V3.2 FP8 layout (issue #12)
 from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, call_key
-from mla_sink.tools import peers
+from mla_sink.tools import dcp_bench, peers
 
 FLUSH_BYTES = 256 << 20
 
@@ -538,9 +538,9 @@ def plot(report: dict, path: str) -> None:
 
 #: ``mla-sink bench`` flags that must be ints >= 1 (``--peer-max-tokens`` may be 0: no peers).
 POSITIVE_FLAGS = ("dcp", "reps", "replays", "pool_rows", "heads", "tokens", "topk", "calls", "repeats")
-#: Flags that only one mode reads -> (the mode's flag, the default it gets there). Given without that mode, they are
-#: refused rather than silently ignored.
-MODE_FLAGS = {"heads": ("--dcp", 128), "tokens": ("--dcp", 64), "topk": ("--dcp", 2048),
+#: Flags that only one mode reads -> (the mode, the default it gets there: the DCP benchmark's own for its flags).
+#: Given without that mode, they are refused rather than silently ignored.
+MODE_FLAGS = {**{name: ("--dcp > 1", dcp_bench.DEFAULTS[name]) for name in ("heads", "tokens", "topk")},
               "calls": ("--host", 300), "repeats": ("--host", 11)}
 
 
@@ -553,12 +553,11 @@ def check_bench_args(args: argparse.Namespace) -> None:
             ``--dcp`` > 1, ``--calls`` / ``--repeats`` without ``--host`` (:data:`MODE_FLAGS`; ``None`` means not
             given); ``--peers`` given while ``flash_mla`` is not importable.
     """
-    modes = {"--dcp": getattr(args, "dcp", 1) > 1, "--host": getattr(args, "host", False)}
+    modes = {"--dcp > 1": getattr(args, "dcp", 1) > 1, "--host": getattr(args, "host", False)}
     for name, (mode, _) in MODE_FLAGS.items():
         value = getattr(args, name, None)
         if value is not None and not modes[mode]:
-            wanted = "--dcp > 1" if mode == "--dcp" else mode
-            raise ValueError(f"'--{name}' applies to {wanted} only (got --{name} {value} without it)")
+            raise ValueError(f"'--{name}' applies to {mode} only (got --{name} {value} without it)")
     for name in POSITIVE_FLAGS:
         value = getattr(args, name, 1)
         if value is None and name in MODE_FLAGS:
@@ -638,15 +637,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                       help="time FlashMLA beside ours (the default when flash_mla is importable; an error when not)")
     peer.add_argument("--no-peers", dest="peers", action="store_false", help="do not time FlashMLA")
     p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel ranks (>1 runs mla_sink.tools.dcp_bench)")
-    p.add_argument("--heads", type=int, default=None, help="with --dcp: query heads H (default 128)")
-    p.add_argument("--tokens", type=int, default=None, help="with --dcp: query tokens T (default 64)")
-    p.add_argument("--topk", type=int, default=None, help="with --dcp: ids per token (default 2048)")
+    for name, what in (("heads", "query heads H"), ("tokens", "query tokens T"), ("topk", "ids per token")):
+        p.add_argument(f"--{name}", type=int, default=None, help=f"with --dcp: {what} (default {MODE_FLAGS[name][1]})")
     p.add_argument("--host", action="store_true",
                    help="host cost of one eager call (function, layer, operator; FlashMLA when importable) at "
                         "T in {1, 2, 8}, H in {16, 128}, beside the GPU time (mla_sink.tools.host_bench)")
     p.add_argument("--calls", type=int, default=None,
-                   help="with --host: back-to-back calls per timing (default 300)")
+                   help=f"with --host: back-to-back calls per timing (default {MODE_FLAGS['calls'][1]})")
     p.add_argument("--repeats", type=int, default=None,
-                   help="with --host: timings; the median is reported (default 11)")
+                   help=f"with --host: timings; the median is reported (default {MODE_FLAGS['repeats'][1]})")
     p.set_defaults(func=cmd_bench)
     return p

@@ -89,16 +89,16 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     sel = tuning.fp8_selection(spec.kv_dtype, spec.q_dtype, spec.num_heads, launch.num_kv_splits > 1)
     if sel.refused:
         return dict(row=sel.row.id if sel.row else None, path=None, summary="refused", why=sel.reason)
-    p = sel.params
-    if p["producer_default"]:  # producer_regs only records what the workers leave (tables/gluon_fp8.yaml)
-        regs = (f"both consumers {p['consumer_regs']} registers each, the producer (the default partition) what they "
+    arr = tuning.fp8_arrangement(spec.kv_dtype, spec.q_dtype, spec.num_heads, launch.num_kv_splits > 1)
+    if arr.producer_default:  # producer_regs only records what the workers leave (tables/gluon_fp8.yaml)
+        regs = (f"both consumers {arr.consumer_regs} registers each, the producer (the default partition) what they "
                 "leave")
     else:
-        regs = (f"second consumer {p['consumer_regs']} / producer {p['producer_regs']} registers, the first consumer "
+        regs = (f"second consumer {arr.consumer_regs} / producer {arr.producer_regs} registers, the first consumer "
                 "(the default partition) what they leave")
-    summary = (f"{sel.path}, {p['head_block']}-head blocks, {regs}, {p['producer_rows']} rows a producer step"
-               f"{', whole lines' if p['lines'] else ''}")
-    return dict(row=sel.row.id, path=sel.path, summary=summary, why=sel.row.why)
+    summary = (f"{sel.path}, {arr.head_block}-head blocks, {regs}, {arr.producer_rows} rows a producer step"
+               f"{', whole lines' if arr.lines else ''}")
+    return dict(row=arr.row, path=sel.path, summary=summary, why=arr.why)
 
 
 def gluon_seesaw_producer(plan: Any) -> Optional[dict]:
@@ -110,10 +110,9 @@ def gluon_seesaw_producer(plan: Any) -> Optional[dict]:
     launch = plan.launch
     if plan.path != "triton" or launch is None or launch.kernel != "gluon_seesaw":
         return None
-    table = tuning.gluon_seesaw_table()
-    if plan.spec.kv_dtype not in table.fields["kv_dtype"].domain:
+    if plan.spec.kv_dtype not in tuning.seesaw_kv_dtypes():
         return None
-    sel = table.select({"kv_dtype": plan.spec.kv_dtype})
+    sel = tuning.seesaw_selection(plan.spec.kv_dtype)
     return dict(row=sel.row.id, producer_regs=sel.params["producer_regs"], why=sel.row.why)
 
 

@@ -230,10 +230,26 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool) ->
 
 
 @functools.cache
+def seesaw_selection(kv_dtype: str):
+    """The ``tables/gluon_seesaw.yaml`` :class:`dispatch.Selection` for a KV dtype key (cached; for
+    ``mla-sink explain`` and :func:`seesaw_producer_regs`).
+
+    Raises:
+        ValueError: ``kv_dtype`` is not one the seesaw reads (the table's closed domain).
+    """
+    return gluon_seesaw_table().select({"kv_dtype": kv_dtype})
+
+
+def seesaw_kv_dtypes() -> tuple:
+    """The KV dtype keys the seesaw's table declares (its closed ``kv_dtype`` domain)."""
+    return tuple(gluon_seesaw_table().fields["kv_dtype"].domain)
+
+
+@functools.cache
 def seesaw_producer_regs(kv_dtype: str) -> int:
     """The seesaw producer's ``setmaxnreg`` registers for a KV dtype key (``tables/gluon_seesaw.yaml``; cached).
 
     Raises:
         ValueError: ``kv_dtype`` is not one the seesaw reads (the table's closed domain).
     """
-    return gluon_seesaw_table().select({"kv_dtype": kv_dtype}).params["producer_regs"]
+    return seesaw_selection(kv_dtype).params["producer_regs"]
