@@ -105,6 +105,31 @@ def test_dequantiser_nonfinite_scales_and_paged_form():
     assert torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
+@pytest.mark.parametrize("blocks,block_size,pad,flat", [
+    (None, 37, 0, True),  # [N, 656]
+    (None, 37, 16, True),  # [N, 656] rows at a 672-byte stride
+    (5, 8, 0, True),  # pages without gaps: the flat pool they are
+    (5, 8, 1, False),  # FlashMLA's tests' padded blocks: block stride (block_size + 1) rows
+    (5, 64, 3, False),
+    (1, 64, 2, True),  # one block: no block stride to follow
+    (6, 1, 1, True),  # one row a block: the block stride is the row stride
+])
+def test_row_addressing_points_at_every_row(blocks, block_size, pad, flat):
+    """``kv_layout.row_addressing`` (what the kernels address rows with) gives every id the byte offset of its row
+    in the pool's storage, and drops the page arithmetic exactly when the pages follow each other without a gap."""
+    if blocks is None:
+        pool = torch.empty(block_size, ROW + pad, dtype=torch.uint8)[:, :ROW]
+    else:
+        pool = torch.empty(blocks, block_size + pad, ROW, dtype=torch.uint8)[:, :block_size]
+    kv_block_size, stride_kv = kv_layout.row_addressing(pool)
+    assert (kv_block_size == 1) == flat
+    rows = kv_layout.num_rows(pool)
+    row_stride = pool.stride(-2)
+    for i in range(rows):
+        want = (pool[i] if pool.dim() == 2 else pool[i // block_size, i % block_size]).data_ptr() - pool.data_ptr()
+        assert (i // kv_block_size) * stride_kv + (i % kv_block_size) * row_stride == want, (i, want)
+
+
 # ---- the quantiser -------------------------------------------------------------------------------
 
 def _kv(n=37, seed=0):

@@ -100,15 +100,23 @@ def test_the_seesaw_producer_registers_follow_the_table():
         assert constexprs["CONSUMER_REGS"] == gs.CONSUMER_REGS
 
 
-@pytest.mark.parametrize("shape,block", [((4096, 656), 1), ((64, 64, 656), 64), ((30, 16, 656), 16)])
-def test_the_page_size_is_a_constexpr(shape, block):
+@pytest.mark.parametrize("shape,pad,block", [((4096, 656), 0, 1), ((64, 64, 656), 1, 64), ((30, 16, 656), 3, 16),
+                                             ((64, 64, 656), 0, 1), ((1, 64, 656), 1, 1)],
+                         ids=["flat", "padded_64", "padded_16", "gapless_pages", "one_block"])
+def test_the_page_size_is_a_constexpr(shape, pad, block):
     """A paged V3.2 cache's page size reaches both kernels as a constexpr (its page arithmetic a shift and a mask,
-    not an integer division per row), 1 for a flat cache; no runtime scalar carries it."""
+    not an integer division per row), 1 for a flat cache and for pages that follow each other without a gap (the
+    flat pool they are, at its row stride); no runtime scalar carries it."""
     from mla_sink.kernels.gluon import gluon_seesaw as gs
 
     idx = torch.empty(2, 2048, dtype=torch.int32)
-    kv = torch.empty(*shape, dtype=torch.uint8)
+    if len(shape) == 3:  # blocks of shape[1] rows, `pad` unused rows after each
+        kv = torch.empty(shape[0], shape[1] + pad, shape[2], dtype=torch.uint8)[:, :shape[1]]
+    else:
+        kv = torch.empty(*shape, dtype=torch.uint8)
+    stride = kv.stride(0) if block > 1 or kv.dim() == 2 else 656
     for H, fn in ((16, gf.fp8_launch_args), (64, gs.seesaw_launch_args)):
         _, scalars, constexprs, _ = fn(torch.empty(2, H, 576, dtype=torch.bfloat16), kv, idx, num_kv_splits=1,
                                        ids_per_split=2048, out_strides=(H * 512, 512), kv_dtype="fp8_ds_mla")
+        assert scalars["stride_kv"] == stride, (scalars["stride_kv"], stride)
         assert constexprs["kv_block_size"] == block and "kv_block_size" not in scalars

@@ -166,6 +166,32 @@ def num_rows(kv_cache: torch.Tensor) -> int:
     return kv_cache.shape[0] if kv_cache.dim() == 2 else kv_cache.shape[0] * kv_cache.shape[1]
 
 
+def row_addressing(kv_cache: torch.Tensor) -> tuple[int, int]:
+    """``(kv_block_size, stride_kv)``: how the kernels address row ``id`` of a pool, at element offset
+    ``(id // kv_block_size) * stride_kv + (id % kv_block_size) * kv_cache.stride(-2)``.
+
+    A flat pool ``[N, D]`` is ``(1, stride(0))``. A paged one ``[num_blocks, block_size, D]`` is
+    ``(block_size, stride(0))`` (any block stride; rows inside a block at ``stride(1)``), unless its
+    blocks follow each other without a gap (``stride(0) == block_size * stride(1)``, or a single block):
+    then it is the flat pool ``(1, stride(1))`` it is, and the kernels skip the page arithmetic (a shift, a
+    mask and a second 64-bit multiply-add per row: 3-5% of the sm90 seesaw's V3.2 launches at 128 heads,
+    H200, nineteenth session, BENCHMARKS.md). A block size of 1 is ``(1, stride(0))``.
+
+    Args:
+        kv_cache: a pool ``[N, D]`` or ``[num_blocks, block_size, D]`` (any dtype; for ``fp8_ds_mla`` the
+            uint8 rows, ``D = 656``).
+
+    Returns:
+        ``(kv_block_size, stride_kv)``, both in the units of ``kv_cache``'s strides (elements).
+    """
+    if kv_cache.dim() == 2 or kv_cache.shape[1] == 1:
+        return 1, kv_cache.stride(0)
+    block_size = kv_cache.shape[1]
+    if kv_cache.shape[0] == 1 or kv_cache.stride(0) == block_size * kv_cache.stride(1):
+        return 1, kv_cache.stride(1)
+    return block_size, kv_cache.stride(0)
+
+
 def gather_rows(kv_cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """uint8 ``[len(ids), 656]``: the rows ``ids`` (int64, each in ``[0, N)``) of a flat or paged pool,
     without copying the pool (a paged pool with padded blocks is not one ``[N, 656]`` view)."""

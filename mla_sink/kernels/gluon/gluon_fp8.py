@@ -963,16 +963,18 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ds = kv_dtype in DS_MLA_KEYS  # the rows carry their tile scales (and a bf16 RoPE)
     paged = ds and kv_cache.dim() == 3
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
+    # pages that follow each other without a gap are the flat pool they are (kv_layout.row_addressing)
+    kv_block_size, stride_kv = kv_layout.row_addressing(kv_cache)
     scalars = dict(
         num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=indices.shape[1], ids_per_split=ids_per_split,
-        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=kv_cache.stride(0), stride_it=indices.stride(0),
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
     )
     # the rows' page size as a constexpr: a paged cache's `id // kv_block_size` and `id % kv_block_size` become a
     # shift and a mask (a runtime 64 put an integer division into every row's address: AOT sm90, V3.2 at 16 heads,
     # 935 instructions a block in the producer's loop against 786; a flat cache's 1 was specialised already)
-    constexprs = dict(kv_block_size=kv_cache.shape[1] if paged else 1,
+    constexprs = dict(kv_block_size=kv_block_size,
                       BLOCK_H=arr.head_block, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,

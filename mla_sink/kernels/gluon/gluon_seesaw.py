@@ -578,15 +578,17 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     kv_fmt = KV_FORMATS[kv_dtype]
     paged = kv_fmt == KV_DS_MLA.value and kv_cache.dim() == 3
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
+    # pages that follow each other without a gap are the flat pool they are (kv_layout.row_addressing)
+    kv_block_size, stride_kv = kv_layout.row_addressing(kv_cache)
     scalars = dict(
         num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=topk, ids_per_split=ids_per_split,
-        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=kv_cache.stride(0), stride_it=indices.stride(0),
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
     )
     # the rows' page size as a constexpr, as gluon_fp8's launch args give it: a paged cache's page arithmetic is a
     # shift and a mask, not an integer division per row
-    constexprs = dict(kv_block_size=kv_cache.shape[1] if paged else 1,
+    constexprs = dict(kv_block_size=kv_block_size,
                       BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=seesaw_producer_regs(kv_dtype),

@@ -277,13 +277,15 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     copy_q = x.q.stride(-1) != 1  # the kernel assumes unit innermost strides: such inputs are copied
     copy_idx = x.indices.stride(-1) != 1
     q_strides = (H * D_QK, D_QK) if copy_q else (x.q.stride(0), x.q.stride(1))
+    kv_block_size, stride_kv = kv_layout.row_addressing(x.kv_cache)
     static = dict(
         # an fp8_ds_mla pool is addressed in bytes: row id at (id // kv_block_size) * stride_kv + (id % kv_block_size)
-        # * 656, kv_block_size = 1 (stride_kv = its row stride) for [N, 656], block_size for [blocks, block_size, 656]
+        # * 656, kv_block_size = 1 (stride_kv = its row stride) for [N, 656] and for pages without gaps between
+        # them, block_size for other [blocks, block_size, 656] (kv_layout.row_addressing)
         num_heads=H, num_rows=min(x.num_kv_rows, MAX_ROWS),
-        kv_block_size=x.kv_cache.shape[1] if (ds and x.kv_cache.dim() == 3) else 1,
+        kv_block_size=kv_block_size,
         topk=topk, ids_per_split=launch.ids_per_split, gate_n=gate_n,
-        stride_qt=q_strides[0], stride_qh=q_strides[1], stride_kv=x.kv_cache.stride(0),
+        stride_qt=q_strides[0], stride_qh=q_strides[1], stride_kv=stride_kv,
         stride_it=topk if copy_idx else x.indices.stride(0), stride_ot=out_strides[0], stride_oh=out_strides[1],
         stride_lt=H, stride_lh=1,
         stride_pt=splits * H * D_V if split else 0, stride_ps=H * D_V if split else 0,
