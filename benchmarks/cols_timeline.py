@@ -61,8 +61,9 @@ def patch(src: str) -> str:
     for fn in ("_producer(IDX, KV, kn_smem", "_consumer(Q, IDX, KV, SINKS", "_consumer_cols(Q, IDX,"):
         s = sub(s, f"def {fn}", f"def {fn.replace('(', '(TLB, ', 1)}")
         s = sub(s, f"({fn.replace('(', ', (', 1)}", f"({fn.replace('(', ', (TLB, ', 1)}", -1)
-    s = sub(s, "def _blocks_ds(IDX, KV, q_n", "def _blocks_ds(TLB, IDX, KV, q_n")
-    s = sub(s, "= _blocks_ds(IDX, KV, q_n", "= _blocks_ds(TLB, IDX, KV, q_n")
+    for fn in ("_blocks_ds(IDX, KV, q_n", "_blocks_e4m3(IDX, q_n"):
+        s = sub(s, f"def {fn}", f"def {fn.replace('(', '(TLB, ', 1)}")
+        s = sub(s, f"= {fn}", f"= {fn.replace('(', '(TLB, ', 1)}")
     tl = cta_base("TLB", WORDS)
     s = sub(s, "    if LAUNCH_DEPENDENTS:\n",
             f"    gl.store({tl}, _now(gl.program_id(1)))\n    if LAUNCH_DEPENDENTS:\n")
@@ -71,14 +72,12 @@ def patch(src: str) -> str:
             "    # 16 heads: the first consumer is the default partition")
     s = _in(s, "_producer", lambda b: _producer_stamps(b, tl))
     # the alternate-block consumers: V3.2's loop and e4m3's
-    s = _in(s, "_blocks_ds", lambda b: _stamp_loop(
-        b, "        ", "s = _stage(i, FIRST, True)", "mbarrier.wait(ready.index(s), (i // STAGES) & 1)",
-        "mbarrier.arrive(empty.index(s))", f"{tl} + 128 + 64 * FIRST + 3 * (i // STAGES)"))
+    for fn in ("_blocks_ds", "_blocks_e4m3"):
+        s = _in(s, fn, lambda b: _stamp_loop(
+            b, "        ", "s = _stage(i, FIRST)", "mbarrier.wait(ready.index(s), (i // STAGES) & 1)",
+            "mbarrier.arrive(empty.index(s))", f"{tl} + 128 + 64 * FIRST + 3 * (i // STAGES)"))
 
     def consumer(b: str) -> str:
-        b = _stamp_loop(b, "            ", "s = _stage(i, FIRST, BLOCK_H > 16)",
-                        "mbarrier.wait(ready.index(s), (i // STAGES) & 1)", "mbarrier.arrive(empty.index(s))",
-                        f"{tl} + 128 + 64 * FIRST + 3 * (i // STAGES)")
         b = sub(b, "    if FIRST == 1:\n        m_smem.store(m_i)",
                 f"    gl.store({tl} + 4 + FIRST, _now(pid_s))\n    if FIRST == 1:\n        m_smem.store(m_i)")
         return b.rstrip("\n") + f"\n    if FIRST == 0:\n        gl.store({tl} + 6, _now(pid_s))\n\n\n"

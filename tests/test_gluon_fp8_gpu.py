@@ -83,38 +83,6 @@ def test_empty_rows_topk_length_and_strided_q(H, splits):
     check_budget(o, l, ro, rl, "fp8_e4m3")
 
 
-@pytest.mark.parametrize("num_sms", [3, 132])
-@pytest.mark.parametrize("H", [16, 32, 9, 27])
-def test_persistent_token_loop(H, num_sms):
-    """Unsplit e4m3 launches whose row of tables/gluon_fp8.yaml says ``persistent``: ``min(T, num_sms)`` CTAs each
-    take tokens ``pid``, ``pid + CTAs``, ... (3 CTAs: about 100 tokens each, the ring's phases running on across
-    tokens). Every token has its own ``topk_length`` - 0, 1, odd and even block counts, one id past a block -, some
-    rows no valid id, the rest adversarial ids, ±inf sinks; the outputs against float64, and bitwise against the
-    same kernel launched one CTA a token (``num_sms=T``)."""
-    from mla_sink.kernels.gluon import gluon_fp8 as gf
-
-    g = torch.Generator(device="cuda").manual_seed(H * 7 + num_sms)
-    T, topk, N = 300, 320, 4099
-    kv = (torch.randn(N, D_QK, device="cuda", generator=g) * 0.7).to(torch.float8_e4m3fn)
-    kv_scale = torch.tensor([0.9], device="cuda")
-    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-    idx = adversarial_ids(T, topk, N, g)
-    idx[7] = -1
-    topk_length = torch.randint(0, topk + 1, (T,), device="cuda", dtype=torch.int32, generator=g)
-    topk_length[:8] = torch.tensor([0, 1, 64, 65, 128, 192, 320, 0], dtype=torch.int32)
-    sinks = adversarial_sinks(H, g)
-    grid, *_ = gf.fp8_launch_args(q, kv, idx, num_kv_splits=1, ids_per_split=topk, out_strides=(H * D_V, D_V),
-                                  num_sms=num_sms)
-    persistent = gf.fp8_arrangement("fp8_e4m3", "bf16", H, False).persistent
-    assert grid[2] == (min(T, num_sms) if persistent else T)
-    o, l = fp8_kernel()(q, kv, idx, sinks, topk_length=topk_length, kv_scale=kv_scale, num_sms=num_sms)
-    ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, topk_length=topk_length, kv_scale=kv_scale)
-    assert not torch.isnan(o).any()
-    check_budget(o, l, ro, rl, "fp8_e4m3")
-    o1, l1 = fp8_kernel()(q, kv, idx, sinks, topk_length=topk_length, kv_scale=kv_scale, num_sms=T)
-    assert torch.equal(o, o1) and torch.equal(l.nan_to_num(), l1.nan_to_num())
-
-
 @pytest.mark.parametrize("H,T", [(16, 256), (16, 64), (32, 256), (32, 64), (32, 2)])
 def test_routed_big_pool_and_cuda_graph(H, T):
     """H=16 and 32 through the public launcher (routed here: unsplit at T=256, two splits and the combine at T=64;

@@ -120,21 +120,3 @@ def test_the_page_size_is_a_constexpr(shape, pad, block):
                                        ids_per_split=2048, out_strides=(H * 512, 512), kv_dtype="fp8_ds_mla")
         assert scalars["stride_kv"] == stride, (scalars["stride_kv"], stride)
         assert constexprs["kv_block_size"] == block and "kv_block_size" not in scalars
-
-
-@pytest.mark.parametrize("T,splits,num_sms,ctas", [(300, 1, 132, 132), (100, 1, 132, 100), (300, 2, 132, None),
-                                                   (300, 1, None, None), (5, 1, 3, 3)])
-def test_a_persistent_row_launches_one_wave_of_token_loops(monkeypatch, T, splits, num_sms, ctas):
-    """A row of tables/gluon_fp8.yaml that says ``persistent`` makes an unsplit launch ``min(T, num_sms)`` CTAs that
-    loop over the ``num_tokens`` tokens; split launches, and callers that give no SM count, keep one CTA a token."""
-    import attrs
-
-    shipped = gf.fp8_arrangement
-    monkeypatch.setattr(gf, "fp8_arrangement", lambda *a: attrs.evolve(shipped(*a), persistent=True))
-    for H in (16, 32):
-        grid, scalars, constexprs, _ = gf.fp8_launch_args(
-            torch.empty(T, H, 576, dtype=torch.bfloat16), torch.empty(4096, 576, dtype=torch.uint8),
-            torch.empty(T, 2048, dtype=torch.int32), num_kv_splits=splits, ids_per_split=2048 // splits,
-            out_strides=(H * 512, 512), num_sms=num_sms)
-        assert constexprs["PERSISTENT"] == (ctas is not None)
-        assert grid == (1, splits, ctas if ctas is not None else T) and scalars["num_tokens"] == T

@@ -67,23 +67,18 @@ def test_the_measured_arrangements():
     """The rows' numbers as the measurements left them (the tables' why / source say where from)."""
     def get(kv, heads, split):
         a = tuning.fp8_arrangement(kv, "bf16", heads, split)
-        return (a.head_block, a.cols, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines, a.producer_default,
-                a.persistent)
+        return (a.head_block, a.cols, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines, a.producer_default)
 
     for split in (False, True):
-        assert get("fp8_e4m3", 16, split) == (16, False, 136, 152, 64, True, False, PERSISTENT)
-        assert get("fp8_ds_mla", 16, split) == (16, False, 176, 120, 64, True, False, False)
-        assert get("fp8_ds_mla", 32, split) == (32, True, 104, 152, 64, True, False, False)
-    assert get("fp8_e4m3", 32, False) == (32, False, 200, 112, 32, True, True, PERSISTENT)
-    assert get("fp8_e4m3", 17, True) == (32, True, 104, 152, 64, True, False, False)
+        assert get("fp8_e4m3", 16, split) == (16, False, 136, 152, 64, True, False)
+        assert get("fp8_ds_mla", 16, split) == (16, False, 176, 120, 64, True, False)
+        assert get("fp8_ds_mla", 32, split) == (32, True, 104, 152, 64, True, False)
+    assert get("fp8_e4m3", 32, False) == (32, False, 200, 112, 32, True, True)
+    assert get("fp8_e4m3", 17, True) == (32, True, 104, 152, 64, True, False)
     assert {kv: tuning.seesaw_producer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {
         "bf16": 72, "fp16": 72, "fp8_e4m3": 80, "fp8_ds_mla": 72}
     with pytest.raises(ValueError, match="kv_dtype"):
         tuning.seesaw_producer_regs("fp8_e4m3fnuz")
-
-
-#: e4m3's alternate-block rows loop over tokens in unsplit launches (measured: BENCHMARKS.md)
-PERSISTENT = False
 
 
 # ---- malformed tables ------------------------------------------------------------------------------------------
@@ -95,9 +90,7 @@ def _edited(name: str, old: str, new: str):
 
 
 E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_rows: 64, lines: true, "
-            "producer_default: false, persistent: false}")
-DS_H16 = ("{head_block: 16, consumer_regs: 176, producer_regs: 120, producer_rows: 64, lines: true, "
-          "producer_default: false, persistent: false}")
+            "producer_default: false}")
 
 
 @pytest.mark.parametrize("new,message", [
@@ -115,25 +108,9 @@ DS_H16 = ("{head_block: 16, consumer_regs: 176, producer_regs: 120, producer_row
     (E4M3_H16.replace("head_block: 16", "head_block: 8"), r"row 'e4m3_h16': when num_heads: matches num_heads=16"),
     (E4M3_H16.replace("head_block: 16", "head_block: 24"),
      r"row 'e4m3_h16': params head_block: expected a power of two"),
-    (E4M3_H16.replace("persistent: false", "persistent: 1"), r"row 'e4m3_h16': params persistent: expected bool"),
 ])
 def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
     table = _edited("gluon_fp8", E4M3_H16, new)
-    with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: " + message):
-        tuning.check_fp8_table(table)
-
-
-@pytest.mark.parametrize("table_old,table_new,message", [
-    (DS_H16, DS_H16.replace("persistent: false", "persistent: true"),
-     r"row 'ds_mla_h16': params persistent: the token loop runs the alternate blocks of \['fp8_e4m3'\] caches only"),
-    ("params: {producer_rows: 64, lines: true, producer_default: false, persistent: false}",
-     "params: {producer_rows: 64, lines: true, producer_default: false, persistent: true}",
-     r"row 'e4m3_h32_split': params persistent: the token loop runs the alternate blocks .*path 'column_split'"),
-])
-def test_the_persistent_loop_is_refused_where_the_kernel_has_none(table_old, table_new, message):
-    """``persistent`` (unsplit launches looping over tokens) only where the kernel has the loop: e4m3 caches on the
-    alternate blocks; a V3.2 row or a column-split row asking for it is an error at load."""
-    table = _edited("gluon_fp8", table_old, table_new)
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: " + message):
         tuning.check_fp8_table(table)
 

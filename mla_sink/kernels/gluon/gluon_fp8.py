@@ -65,8 +65,6 @@ Triton's Gluon tutorials for the primitives.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -178,10 +176,9 @@ def _checked(raw, nrows):
 
 
 @gluon.jit
-def _producer(IDX, TOPK_LEN, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-              end, num_blocks, num_tokens, topk, stride_it, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-              D_ROPE: gl.constexpr, ROWS: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr,
-              ROWS_16B: gl.constexpr, LINES: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, PERSISTENT: gl.constexpr):
+def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
+              num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
+              KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
     blocks on alternate blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
@@ -231,50 +228,7 @@ def _producer(IDX, TOPK_LEN, KV, kn_smem, kr_smem, ready, empty, idx_base, strid
         else:
             rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     nrows = num_rows.to(gl.uint32)
-    if PERSISTENT:  # tokens pid, pid + programs, ...: the ring and its phases run on from one token to the next
-        step = gl.num_programs(2)
-        t0 = gl.program_id(2)
-        idx_base, end, num_blocks = _token_range(TOPK_LEN, t0, num_tokens, topk, stride_it, BLOCK_N, HAS_TOPK_LEN)
-        ids_next = _raw_ids(IDX, idx_base, end, 0, ROWS, nope_l)
-        uses0 = 0  # blocks the ring's stage 0 (1) has held so far: the first (second) consumer's
-        uses1 = 0
-        for t in range(t0, num_tokens, step):
-            idx_base, end, num_blocks = _token_range(TOPK_LEN, t, num_tokens, topk, stride_it, BLOCK_N, HAS_TOPK_LEN)
-            ids_n = _checked(ids_next, nrows)
-            # the next token's first ids, a token ahead (a token past the last reads none)
-            n_base, n_end, _ = _token_range(TOPK_LEN, t + step, num_tokens, topk, stride_it, BLOCK_N, HAS_TOPK_LEN)
-            ids_next = _raw_ids(IDX, n_base, n_end, 0, ROWS, nope_l)
-            _produce_token(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, nrows, 0, end,
-                           num_blocks, ids_n, uses0, uses1, BLOCK_N, D_NOPE, D_ROPE, ROWS, KV_DS, ROW_BYTES, ROWS_16B,
-                           LINES, nope_l, rope_l, lane_bytes)
-            uses0 += (num_blocks + 1) // STAGES
-            uses1 += num_blocks // STAGES
-    else:
-        ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
-        _produce_token(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, nrows, start, end,
-                       num_blocks, ids_n, 0, 0, BLOCK_N, D_NOPE, D_ROPE, ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES,
-                       nope_l, rope_l, lane_bytes)
-
-
-@gluon.jit
-def _token_range(TOPK_LEN, t, num_tokens, topk, stride_it, BLOCK_N: gl.constexpr, HAS_TOPK_LEN: gl.constexpr):
-    """``(idx_base, end, num_blocks)`` of token ``t``'s ids in a persistent launch: its row of the indices, its
-    ``topk_length`` (clamped to ``[0, topk]``) and its blocks; a token past the last has none."""
-    tc = gl.minimum(t, num_tokens - 1)
-    t_end = topk
-    if HAS_TOPK_LEN:
-        t_end = gl.minimum(gl.maximum(gl.load(TOPK_LEN + tc), 0), topk)
-    t_end = t_end * (t < num_tokens).to(gl.int32)
-    return tc.to(gl.int64) * stride_it, t_end, gl.cdiv(t_end, BLOCK_N)
-
-
-@gluon.jit
-def _produce_token(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, nrows, start, end,
-                   num_blocks, ids_n, uses0, uses1, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                   ROWS: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
-                   LINES: gl.constexpr, nope_l: gl.constexpr, rope_l: gl.constexpr, lane_bytes: gl.constexpr):
-    """The producer's blocks of one id range ``[start, end)`` (:func:`_producer`): ``ids_n`` the checked ids of its
-    first step; ``uses0`` / ``uses1`` the blocks ring stage 0 / 1 held before it (its phases go on from there)."""
+    ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
     if LINES:  # the latent's rows, spread as the RoPE's are (a free conversion), as at the end of each step
         ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
     else:
@@ -301,8 +255,8 @@ def _produce_token(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv,
             else:  # the RoPE codes after the latent ones
                 x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
                               rope_l)
-            if h == 0:  # the stage's use k (k = 0: free at the start)
-                mbarrier.wait(empty.index(s), ((uses0 + (uses1 - uses0) * s + i // STAGES) & 1) ^ 1)
+            if h == 0:
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS))
             if not (KV_DS and ROWS_16B):
                 kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
@@ -317,14 +271,12 @@ def _produce_token(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv,
 
 
 @gluon.jit
-def _stage(i, FIRST: gl.constexpr, OPAQUE: gl.constexpr):
-    """The ring stage of block ``i``: the consumer's own (``FIRST``). ``OPAQUE`` (e4m3 at 32 heads, V3.2 rows) through
-    an index the compiler cannot see through: a constant one lets it hoist every wgmma descriptor of the loop
-    out of it, which spills there (for e4m3 at 16 heads the hoisted descriptors fit, and measured faster: 154
-    against 157-159 us at T=256)."""
-    s = FIRST + i * 0
-    if OPAQUE:
-        s = _opaque_zero(i) + FIRST
+def _stage(i, FIRST: gl.constexpr):
+    """The ring stage of block ``i``: the consumer's own (``FIRST``), through an index the compiler cannot see
+    through: a constant one lets it hoist every wgmma descriptor of the loop out of it, which spills there. (With
+    one 512-column accumulator the hoisted descriptors of e4m3 at 16 heads fitted and measured faster, 154 against
+    157-159 us at T=256, ninth session; with four 128-column tiles, :func:`_blocks_e4m3`, they spill 212 bytes.)"""
+    s = _opaque_zero(i) + FIRST
     return s
 
 
@@ -479,7 +431,7 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
     ids, ok = _block_ids(IDX, idx_base, start, FIRST, end, nrows, offs_n, BLOCK_N)
     sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
     for i in range(FIRST, num_blocks, STAGES):
-        s = _stage(i, FIRST, True)
+        s = _stage(i, FIRST)
         if COPY_ROPE:
             ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -621,8 +573,8 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
                                                       ROWS_16B)
     else:
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale,
-                                                        idx_base, num_rows.to(gl.uint32), start, end, num_blocks, 0,
-                                                        acc_l, BLOCK_H, BLOCK_N, FIRST, True)
+                                                        idx_base, num_rows.to(gl.uint32), start, end, num_blocks,
+                                                        acc_l, BLOCK_H, BLOCK_N, FIRST)
 
     if FIRST == 1:
         m_smem.store(m_i)
@@ -665,13 +617,13 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
 
 @gluon.jit
 def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, nrows, start, end,
-                 num_blocks, uses, acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                 FIRST: gl.constexpr, OPAQUE: gl.constexpr):
+                 num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, FIRST: gl.constexpr):
     """One consumer's blocks of a per-tensor e4m3 cache (the ring holds the exact codes as fp16, q is scaled per
-    head into fp16): ``(m, l, O^T)`` with ``O^T`` as four 128-column tiles (the same eight wgmma instructions a
-    block as one 512-column accumulator; a persistent launch hands the tiles over one at a time). ``uses``: the
-    blocks this consumer's ring stage held before (a persistent launch's earlier tokens; its phases go on from
-    there)."""
+    head into fp16): ``(m, l, O^T)`` with ``O^T`` as four 128-column tiles, as for V3.2 rows - the same wgmma
+    instructions as one 512-column accumulator, and outputs bitwise equal; twentieth session, same run, us at T=256
+    (benchmarks/few_heads_persistent_ab_twentieth_2026-12-02.json): H=16 144.5 against 145.7 / 145.3, H=32 169.2
+    against 170.6 / 170.0. The stage index is opaque at every head count (:func:`_stage`): with four tiles the
+    hoisted descriptors spill at 16 heads too (AOT sm90, 212 bytes)."""
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
@@ -681,9 +633,9 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
     acc3 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
     s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
     for i in range(FIRST, num_blocks, STAGES):
-        s = _stage(i, FIRST, OPAQUE)
+        s = _stage(i, FIRST)
         ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
-        mbarrier.wait(ready.index(s), (uses + i // STAGES) & 1)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         kn = kn_smem.index(s)
         kr = kr_smem.index(s)
         st = warpgroup_mma(kn, q_n.index(s - FIRST).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -717,93 +669,6 @@ def _merge_factors(m_i, l_i, m_o, l_o, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS
     empty_row, l_safe, lse2 = _final_lse2(m_new, l_i * a_self + l_o * a_other)
     scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS)
     return a_self * scale, a_other * scale, lse2
-
-
-@gluon.jit
-def _hand_over(xfer, xfer_full, xfer_free, acc, c: gl.constexpr):
-    """The second consumer's ``O^T`` tile ``c`` of a persistent launch into ``xfer``, once the first has read the
-    tile before (the ``4 n + c``-th use of ``xfer``: four a token)."""
-    mbarrier.wait(xfer_free, (c & 1) ^ 1)
-    xfer.store(acc)
-    gl.thread_barrier()  # every warp's rows stored before the first consumer reads them
-    mbarrier.arrive(xfer_full)
-
-
-@gluon.jit
-def _merge_store(xfer, xfer_full, xfer_free, acc, f_self, f_other, o_row, hmask_o, c: gl.constexpr,
-                 acc_l: gl.constexpr, out_l: gl.constexpr, WAIT: gl.constexpr):
-    """The first consumer's merge of ``O^T`` tile ``c`` in a persistent launch: its own (``acc``, in registers)
-    and the second's (``xfer``; ``WAIT``: wait for it first), each times its factor, stored into ``out`` at
-    ``o_row`` (per head) + the tile's columns, as whole 128-byte lines (``out_l``); ``xfer`` freed once read."""
-    if WAIT:
-        mbarrier.wait(xfer_full, c & 1)
-    rows = acc * f_self[None, :] + xfer.load(acc_l) * f_other[None, :]
-    gl.thread_barrier()  # every warp read its rows of xfer
-    mbarrier.arrive(xfer_free)
-    offs_d = gl.arange(0, DS_TILE, layout=gl.SliceLayout(1, out_l))
-    o_ptr = o_row[None, :] + (c * DS_TILE + offs_d)[:, None]
-    gl.store(o_ptr, gl.convert_layout(rows.to(o_row.dtype.element_ty), out_l), mask=hmask_o[None, :])
-
-
-@gluon.jit
-def _consumer_tokens(Q, IDX, TOPK_LEN, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
-                     scale_smem, m_smem, l_smem, xfer, xfer_full, xfer_free, q_ready, q_free, sm_scale, stride_qt,
-                     stride_qh, stride_it, num_tokens, topk, num_heads, num_rows, stride_ot, stride_oh, stride_lt,
-                     stride_lh, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HAS_SINKS: gl.constexpr,
-                     HAS_TOPK_LEN: gl.constexpr, FIRST: gl.constexpr):
-    """One alternate-block consumer of a persistent launch (unsplit, per-tensor e4m3 cache; ``PERSISTENT`` in
-    tables/gluon_fp8.yaml): tokens ``pid``, ``pid + programs``, ... in turn, with the ring's stages and phases
-    running on from one token to the next, so the producer gathers a token's first blocks while the consumers end
-    the token before. Per token as :func:`_consumer`, except the end: the second consumer hands its ``O^T`` over
-    one 128-column tile at a time through ``xfer`` (the ring's stages hold the next token's blocks by then), then
-    stages the next token's q once the first has read this one's for the last time (``q_free``); the first merges
-    each tile as it comes and stores it."""
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, BLOCK_H, 16])
-    out_l: gl.constexpr = gl.BlockedLayout([8, 1], [32 // (BLOCK_H // 4), BLOCK_H // 4], [1, 4], [0, 1])
-    nrows = num_rows.to(gl.uint32)
-    offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, acc_l))
-    hmask = offs_h < num_heads
-    offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, out_l))
-    hmask_o = offs_ho < num_heads
-    uses = 0  # blocks this consumer's ring stage has held so far
-    n = 0  # tokens this CTA has ended
-    for t in range(gl.program_id(2), num_tokens, gl.num_programs(2)):
-        idx_base, end, num_blocks = _token_range(TOPK_LEN, t, num_tokens, topk, stride_it, BLOCK_N, HAS_TOPK_LEN)
-        if FIRST == 1:
-            if n > 0:  # the first consumer's last scores of the token before read q
-                mbarrier.wait(q_free, (n - 1) & 1)
-            _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, t.to(gl.int64), stride_qt, stride_qh, num_heads,
-                     BLOCK_H, False)
-            mbarrier.arrive(q_ready)
-        else:
-            mbarrier.wait(q_ready, n & 1)
-        col_scale = scale_smem.load(gl.SliceLayout(0, acc_l))  # per head: q scaling, sm_scale, kv_scale, log2(e)
-        m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
-                                                        col_scale, idx_base, nrows, 0, end, num_blocks, uses, acc_l,
-                                                        BLOCK_H, BLOCK_N, FIRST, True)
-        uses += (num_blocks - FIRST + 1) // STAGES
-        if FIRST == 1:
-            m_smem.store(m_i)
-            l_smem.store(l_i)
-            _hand_over(xfer, xfer_full, xfer_free, acc0, 0)
-            _hand_over(xfer, xfer_full, xfer_free, acc1, 1)
-            _hand_over(xfer, xfer_full, xfer_free, acc2, 2)
-            _hand_over(xfer, xfer_full, xfer_free, acc3, 3)
-        else:
-            mbarrier.arrive(q_free)  # q, its scales and every stage of this token read: the next q may be staged
-            mbarrier.wait(xfer_full, 0)  # the second's m and l were stored before its first tile
-            f_self, f_other, lse2 = _merge_factors(m_i, l_i, m_smem.load(gl.SliceLayout(0, acc_l)),
-                                                   l_smem.load(gl.SliceLayout(0, acc_l)), KV_SCALE, SINKS, offs_h,
-                                                   hmask, HAS_SINKS, False, False)
-            gl.store(LSE + t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
-            o_row = gl.convert_layout(OUT + t.to(gl.int64) * stride_ot + offs_h.to(gl.int64) * stride_oh,
-                                      gl.SliceLayout(0, out_l))
-            _merge_store(xfer, xfer_full, xfer_free, acc0, f_self, f_other, o_row, hmask_o, 0, acc_l, out_l, False)
-            _merge_store(xfer, xfer_full, xfer_free, acc1, f_self, f_other, o_row, hmask_o, 1, acc_l, out_l, True)
-            _merge_store(xfer, xfer_full, xfer_free, acc2, f_self, f_other, o_row, hmask_o, 2, acc_l, out_l, True)
-            _merge_store(xfer, xfer_full, xfer_free, acc3, f_self, f_other, o_row, hmask_o, 3, acc_l, out_l, True)
-        n += 1
 
 
 @gluon.jit
@@ -951,7 +816,7 @@ def _store_cols(acc, o_row, col0, scale, hmask, SPLIT: gl.constexpr):
 @gluon.jit
 def sparse_mla_decode_fp8_ws_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,
-    num_heads, num_rows, topk, ids_per_split, num_tokens, kv_block_size: gl.constexpr,
+    num_heads, num_rows, topk, ids_per_split, kv_block_size: gl.constexpr,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -959,16 +824,14 @@ def sparse_mla_decode_fp8_ws_kernel(
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     PRODUCER_DEFAULT: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
-    LINES: gl.constexpr, COLS: gl.constexpr, PERSISTENT: gl.constexpr,
+    LINES: gl.constexpr, COLS: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS``:
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
     ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
-    (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``PERSISTENT`` (unsplit e4m3 launches on the
-    alternate blocks): ``num_tokens`` tokens over the grid's programs, each CTA taking tokens ``pid``, ``pid +
-    programs``, ... (:func:`_consumer_tokens`)."""
+    (:func:`_consumer_cols`; the producer a worker, whole-block steps)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
@@ -1028,52 +891,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     # with the same registers (as the default partition, the first consumer spilled the loop's wgmma
     # descriptors at any register split that left the producer room); COLS: the first (scores) consumer is the
     # default partition, the second consumer and the producer workers (tables/gluon_fp8.yaml, column_split)
-    if PERSISTENT:
-        # the second consumer's O^T, one 128-column tile at a time (the ring's stages hold the next token's blocks)
-        xfer = gl.allocate_shared_memory(gl.float32, [DS_TILE, BLOCK_H],
-                                         gl.NVMMASharedLayout.get_default_for([DS_TILE, BLOCK_H], gl.float32))
-        xfer_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        xfer_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(xfer_full, count=1)
-        mbarrier.init(xfer_free, count=1)
-        mbarrier.init(q_free, count=1)
-        fence_async_shared()
-        gl.thread_barrier()
-        # the partitions as in the launches below: the producer the default partition where the row says so
-        if PRODUCER_DEFAULT:
-            gl.warp_specialize([
-                (_producer, (IDX, TOPK_LEN, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size,
-                              num_rows, start, end, num_blocks, num_tokens, topk, stride_it, BLOCK_N, D_NOPE, D_ROPE,
-                              PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES, HAS_TOPK_LEN, PERSISTENT)),
-                (_consumer_tokens, (Q, IDX, TOPK_LEN, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p0, kn_smem, kr_smem, ready,
-                                   empty, scale_smem, m_smem, l_smem, xfer, xfer_full, xfer_free, q_ready, q_free,
-                                   sm_scale, stride_qt, stride_qh, stride_it, num_tokens, topk, num_heads, num_rows,
-                                   stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, HAS_SINKS,
-                                   HAS_TOPK_LEN, 0)),
-                (_consumer_tokens, (Q, IDX, TOPK_LEN, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p1, kn_smem, kr_smem, ready,
-                                   empty, scale_smem, m_smem, l_smem, xfer, xfer_full, xfer_free, q_ready, q_free,
-                                   sm_scale, stride_qt, stride_qh, stride_it, num_tokens, topk, num_heads, num_rows,
-                                   stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, HAS_SINKS,
-                                   HAS_TOPK_LEN, 1)),
-            ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
-        else:
-            gl.warp_specialize([
-                (_consumer_tokens, (Q, IDX, TOPK_LEN, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p0, kn_smem, kr_smem, ready,
-                                   empty, scale_smem, m_smem, l_smem, xfer, xfer_full, xfer_free, q_ready, q_free,
-                                   sm_scale, stride_qt, stride_qh, stride_it, num_tokens, topk, num_heads, num_rows,
-                                   stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, HAS_SINKS,
-                                   HAS_TOPK_LEN, 0)),
-                (_consumer_tokens, (Q, IDX, TOPK_LEN, SINKS, KV_SCALE, OUT, LSE, q_n, q_r, p1, kn_smem, kr_smem, ready,
-                                   empty, scale_smem, m_smem, l_smem, xfer, xfer_full, xfer_free, q_ready, q_free,
-                                   sm_scale, stride_qt, stride_qh, stride_it, num_tokens, topk, num_heads, num_rows,
-                                   stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, HAS_SINKS,
-                                   HAS_TOPK_LEN, 1)),
-                (_producer, (IDX, TOPK_LEN, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size,
-                              num_rows, start, end, num_blocks, num_tokens, topk, stride_it, BLOCK_N, D_NOPE, D_ROPE,
-                              PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES, HAS_TOPK_LEN, PERSISTENT)),
-            ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
-    elif COLS:
+    if COLS:
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
         gl.warp_specialize([
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
@@ -1088,15 +906,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES, KV_DS and ROWS_16B)),
-            (_producer, (IDX, TOPK_LEN, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size,
-                         num_rows, start, end, num_blocks, num_tokens, topk, stride_it, BLOCK_N, D_NOPE, D_ROPE,
-                         PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES, HAS_TOPK_LEN, PERSISTENT)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     elif PRODUCER_DEFAULT:
         gl.warp_specialize([
-            (_producer, (IDX, TOPK_LEN, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size,
-                         num_rows, start, end, num_blocks, num_tokens, topk, stride_it, BLOCK_N, D_NOPE, D_ROPE,
-                         PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES, HAS_TOPK_LEN, PERSISTENT)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
@@ -1124,14 +940,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
                          ROWS_16B)),
-            (_producer, (IDX, TOPK_LEN, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size,
-                         num_rows, start, end, num_blocks, num_tokens, topk, stride_it, BLOCK_N, D_NOPE, D_ROPE,
-                         PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES, HAS_TOPK_LEN, PERSISTENT)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple,
-                    kv_dtype: str = "fp8_e4m3", num_sms: Optional[int] = None):
+                    kv_dtype: str = "fp8_e4m3"):
     """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_fp8_ws_kernel` launch on these
     tensors' metadata (shared by :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of
     :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name; ``out_strides``
@@ -1140,9 +955,6 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
     the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
     ``ROWS_16B`` (:func:`rows_16b`) is this ``kv_cache``'s: a runner reused for other pools checks it per call.
-    ``num_sms``: the device's SMs; an unsplit launch whose row says ``persistent`` runs ``min(T, num_sms)`` CTAs
-    that loop over the tokens (one CTA an SM: the ring fills its shared memory), and ``None`` launches one CTA a
-    token.
     The consumers' arrangement (``COLS``), the head block, the partitions' registers and the producer's steps
     are the row of ``tables/gluon_fp8.yaml`` for (kv dtype, q dtype, heads, split or not)
     (:func:`mla_sink.kernels.gluon.tuning.fp8_arrangement`, cached; a sweep may rebind this module's
@@ -1167,7 +979,6 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     except ValueError as e:
         raise ValueError(f"the gluon_fp8 kernel: q {e}") from None
     arr = fp8_arrangement(kv_dtype, q_key, H, splits > 1)
-    persistent = arr.persistent and splits == 1 and num_sms is not None and T > 0
     ds = kv_dtype in DS_MLA_KEYS  # the rows carry their tile scales (and a bf16 RoPE)
     paged = ds and kv_cache.dim() == 3
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
@@ -1175,7 +986,6 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     kv_block_size, stride_kv = kv_layout.row_addressing(kv_cache)
     scalars = dict(
         num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=indices.shape[1], ids_per_split=ids_per_split,
-        num_tokens=T,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
@@ -1189,8 +999,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
                       PRODUCER_DEFAULT=arr.producer_default, KV_DS=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
-                      COLS=arr.cols, PERSISTENT=persistent)
-    return (1, splits, min(T, num_sms) if persistent else T), scalars, constexprs, dict(num_warps=4)
+                      COLS=arr.cols)
+    return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 
 #: Bytes a row's start must be a multiple of for the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`).
@@ -1208,8 +1018,7 @@ def rows_16b(kv_cache) -> bool:
 
 def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None, *, topk_length=None,
                                 kv_scale=None, out=None, lse=None, num_kv_splits: int = 1, ids_per_split=None,
-                                combine_tile: tuple = (16, 128), kv_dtype: str = "fp8_e4m3",
-                                num_sms: Optional[int] = None):
+                                combine_tile: tuple = (16, 128), kv_dtype: str = "fp8_e4m3"):
     """Launch :func:`sparse_mla_decode_fp8_ws_kernel` (CUDA sm90; ``H <= 32``; e4m3fn KV with bf16/fp16 q, or
     the 656-byte V3.2 rows with bf16 q), with
     the combine kernel (a programmatic dependent) when split; for tests and benchmarks (the library's
@@ -1226,7 +1035,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
             ``[T, H]`` buffers. num_kv_splits: programs per token, each over ``ids_per_split`` ids (default:
             ``topk`` split evenly in multiples of 64). combine_tile: ``(heads, value columns)`` of one
             combine program. kv_dtype: ``"fp8_e4m3"`` or ``"fp8_ds_mla"`` (no ``kv_scale``: the rows carry
-            theirs). num_sms: the CTAs of a persistent launch (:func:`fp8_launch_args`); default the device's SMs.
+            theirs).
 
     Returns:
         ``(out, lse)`` as :func:`mla_sink.paths.triton.launch.sparse_mla_decode_triton` returns them.
@@ -1246,9 +1055,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
         ids_per_split = -(-(-(-max(topk, 1) // num_kv_splits)) // BLOCK_N) * BLOCK_N
     grid, scalars, constexprs, options = fp8_launch_args(q, kv_cache, indices, num_kv_splits=num_kv_splits,
                                                          ids_per_split=ids_per_split,
-                                                         out_strides=(out.stride(0), out.stride(1)), kv_dtype=kv_dtype,
-                                                         num_sms=num_sms or torch.cuda.get_device_properties(
-                                                             q.device).multi_processor_count)
+                                                         out_strides=(out.stride(0), out.stride(1)), kv_dtype=kv_dtype)
     if T == 0 or H == 0:
         return out, lse
     if kv_scale is None:

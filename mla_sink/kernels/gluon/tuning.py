@@ -25,9 +25,7 @@ FP8_PATHS = ("alternate_blocks", "column_split")
 COLUMN_SPLIT = "column_split"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
-              "producer_default": bool, "persistent": bool}
-#: The KV dtypes whose unsplit launches the persistent token loop serves (``persistent`` in tables/gluon_fp8.yaml).
-PERSISTENT_KV_DTYPES = ("fp8_e4m3",)
+              "producer_default": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -55,7 +53,6 @@ class Fp8Arrangement:
         lines: the producer loads whole 128-byte lines (8 codes a lane, 16 lanes a row).
         producer_default: the producer is the default partition (both consumers workers with
             ``consumer_regs``; ``producer_regs`` then only records what they leave).
-        persistent: unsplit launches loop over tokens in one wave of CTAs (alternate blocks, e4m3 caches).
     """
 
     row: str
@@ -68,7 +65,6 @@ class Fp8Arrangement:
     producer_rows: int
     lines: bool
     producer_default: bool
-    persistent: bool
 
 
 def _error(table, row, message: str):
@@ -103,8 +99,7 @@ def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`); its head block is a
-    power of two that holds every head count of the field's domain the row matches; ``persistent`` only on
-    alternate-block rows that match no KV dtype but :data:`PERSISTENT_KV_DTYPES` (the token loop's).
+    power of two that holds every head count of the field's domain the row matches.
 
     Args:
         table: tables/gluon_fp8.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
@@ -130,13 +125,6 @@ def check_fp8_table(table) -> None:
         block = params["head_block"]
         if block & (block - 1):
             raise _error(table, row, f"params head_block: expected a power of two, got {block}")
-        if params["persistent"]:
-            kvs = [k for k in table.fields["kv_dtype"].domain if all(c.holds(k) for c in row.when
-                                                                     if c.field == "kv_dtype")]
-            if row.path == COLUMN_SPLIT or set(kvs) - set(PERSISTENT_KV_DTYPES):
-                raise _error(table, row, f"params persistent: the token loop runs the alternate blocks of "
-                                         f"{list(PERSISTENT_KV_DTYPES)} caches only (the row: path "
-                                         f"{row.path!r}, kv_dtype {kvs})")
         matched = [h for h in heads if all(c.holds(h) for c in row.when if c.field == "num_heads")]
         if not matched or max(matched) > block:
             raise _error(table, row, f"when num_heads: matches num_heads={max(matched, default=None)}, which "
@@ -238,7 +226,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool) ->
     return Fp8Arrangement(row=sel.row.id, why=sel.row.why, source=sel.row.source, cols=sel.path == COLUMN_SPLIT,
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
-                          producer_default=p["producer_default"], persistent=p["persistent"])
+                          producer_default=p["producer_default"])
 
 
 @functools.cache

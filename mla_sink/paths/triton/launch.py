@@ -496,9 +496,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
     out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
     grid, static, constexprs, options = fp8_launch_args(x.q, x.kv_cache, x.indices, num_kv_splits=splits,
                                                         ids_per_split=launch.ids_per_split, out_strides=out_strides,
-                                                        kv_dtype=plan.spec.kv_dtype,
-                                                        num_sms=torch.cuda.get_device_properties(
-                                                            device).multi_processor_count)
+                                                        kv_dtype=plan.spec.kv_dtype)
     decode, combine = _gluon_launches("gluon_fp8", _FP8_DYNAMIC, launch, x, device, grid, static, constexprs, options,
                                       out_strides)
     # the producer's hinted loads need 16-byte aligned rows (rows_16b): a pool whose pointer is not (the strides
