@@ -130,6 +130,14 @@ def test_row_addressing_points_at_every_row(blocks, block_size, pad, flat):
         assert (i // kv_block_size) * stride_kv + (i % kv_block_size) * row_stride == want, (i, want)
 
 
+@pytest.mark.parametrize("bad,message", [(torch.empty(ROW, dtype=torch.uint8), r"got shape \(656,\)"),
+                                         (torch.empty(2, 2, 2, ROW, dtype=torch.uint8), r"got shape \(2, 2, 2, 656\)"),
+                                         ([1, 2], "got list")])
+def test_row_addressing_refuses_what_is_not_a_pool(bad, message):
+    with pytest.raises(ValueError, match=r"'kv_cache' must be a pool .*" + message):
+        kv_layout.row_addressing(bad)
+
+
 # ---- the quantiser -------------------------------------------------------------------------------
 
 def _kv(n=37, seed=0):

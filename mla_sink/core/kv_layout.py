@@ -183,7 +183,13 @@ def row_addressing(kv_cache: torch.Tensor) -> tuple[int, int]:
 
     Returns:
         ``(kv_block_size, stride_kv)``, both in the units of ``kv_cache``'s strides (elements).
+
+    Raises:
+        ValueError: ``kv_cache`` is not a tensor of 2 or 3 dimensions (naming its type or shape).
     """
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (2, 3):
+        what = f"shape {tuple(kv_cache.shape)}" if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__
+        raise ValueError(f"'kv_cache' must be a pool [N, D] or [num_blocks, block_size, D] (got {what})")
     if kv_cache.dim() == 2 or kv_cache.shape[1] == 1:
         return 1, kv_cache.stride(0)
     block_size = kv_cache.shape[1]
