@@ -339,6 +339,31 @@ def _tile_pv(kn, t: gl.constexpr, p_t, acc, alpha):
 
 
 @gluon.jit
+def _fresh_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """An alternate-block consumer's state before its first block: ``(m, l, acc0, acc1, acc2, acc3, s_zero)`` - the
+    base-2 running max (``-inf``) and sum (0) per head, ``O^T`` as four zero 128-column tiles, and the zero
+    ``[ids, heads]`` accumulator every block's scores start from (all in ``acc_l``'s rows and columns)."""
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+    acc0 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)  # O^T, value columns 0-127
+    acc1 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    acc2 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    acc3 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    return m_i, l_i, acc0, acc1, acc2, acc3, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+
+
+@gluon.jit
+def _tiles_pv(kn, p0, p1, p2, p3, acc0, acc1, acc2, acc3, alpha):
+    """One block's ``P V`` into the four ``O^T`` tiles (:func:`_tile_pv` each, tile ``t`` with ``P_t^T`` ``p_t``),
+    issued together and waited for: the four updated tiles."""
+    acc0 = _tile_pv(kn, 0, p0, acc0, alpha)
+    acc1 = _tile_pv(kn, 1, p1, acc1, alpha)
+    acc2 = _tile_pv(kn, 2, p2, acc2, alpha)
+    acc3 = _tile_pv(kn, 3, p3, acc3, alpha)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
+
+
+@gluon.jit
 def _tile_pair_pv(kn, T0: gl.constexpr, p_ring, base, acc, acc_b, alpha):
     """A column-split consumer's ``P V`` of one block of V3.2 rows: tiles ``T0`` and ``T0 + 1`` (``acc``,
     ``acc_b``) with their ``P_t^T`` at ``p_ring[base + t]``, waited for. Both accumulators are rescaled before
@@ -411,13 +436,7 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
     round ``P``), so every scale, power of two or not, decodes exactly."""
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
     nrows = num_rows.to(gl.uint32)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
-    acc0 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)  # O^T, value columns 0-127
-    acc1 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    acc2 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    acc3 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    m_i, l_i, acc0, acc1, acc2, acc3, s_zero = _fresh_state(acc_l, BLOCK_H, BLOCK_N)
     # each consumer copies the bf16 RoPE of its blocks into its own ring stage's RoPE tile (cp.async, 16 bytes a
     # copy, 8 a row), the next block's as soon as this one's scores are read, off the producer's path
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -451,11 +470,8 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
         if COPY_ROPE and i + STAGES < num_blocks:  # every warp waited for its scores before the barrier: tile read
             _copy_rope(KV, kr_smem.index(FIRST), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
                        rope_l)
-        acc0 = _tile_pv(kn, 0, p_smem.index(z + 0), acc0, alpha)
-        acc1 = _tile_pv(kn, 1, p_smem.index(z + 1), acc1, alpha)
-        acc2 = _tile_pv(kn, 2, p_smem.index(z + 2), acc2, alpha)
-        acc3 = _tile_pv(kn, 3, p_smem.index(z + 3), acc3, alpha)
-        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
+        acc0, acc1, acc2, acc3 = _tiles_pv(kn, p_smem.index(z + 0), p_smem.index(z + 1), p_smem.index(z + 2),
+                                           p_smem.index(z + 3), acc0, acc1, acc2, acc3, alpha)
         gl.thread_barrier()  # every warp of this consumer is done with stage s and with the P_t^T
         mbarrier.arrive(empty.index(s))
     return m_i, l_i, acc0, acc1, acc2, acc3
@@ -625,13 +641,7 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
     against 170.6 / 170.0. The stage index is opaque at every head count (:func:`_stage`): with four tiles the
     hoisted descriptors spill at 16 heads too (AOT sm90, 212 bytes)."""
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
-    acc0 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)  # O^T, value columns 0-127
-    acc1 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    acc2 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    acc3 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    m_i, l_i, acc0, acc1, acc2, acc3, s_zero = _fresh_state(acc_l, BLOCK_H, BLOCK_N)
     for i in range(FIRST, num_blocks, STAGES):
         s = _stage(i, FIRST)
         ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
@@ -645,12 +655,8 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
         p_smem.index(0).store(p.to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()  # P^T complete in shared memory before the wgmma reads it
-        p_t = p_smem.index(0)
-        acc0 = _tile_pv(kn, 0, p_t, acc0, alpha)
-        acc1 = _tile_pv(kn, 1, p_t, acc1, alpha)
-        acc2 = _tile_pv(kn, 2, p_t, acc2, alpha)
-        acc3 = _tile_pv(kn, 3, p_t, acc3, alpha)
-        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
+        p_t = p_smem.index(0)  # one P^T for every tile (kv_scale is per tensor)
+        acc0, acc1, acc2, acc3 = _tiles_pv(kn, p_t, p_t, p_t, p_t, acc0, acc1, acc2, acc3, alpha)
         gl.thread_barrier()  # every warp of this consumer is done with stage s and with P^T
         mbarrier.arrive(empty.index(s))
     return m_i, l_i, acc0, acc1, acc2, acc3
