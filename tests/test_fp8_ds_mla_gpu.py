@@ -1,7 +1,7 @@
 """The 656-byte FP8 V3.2 KV layout (``fp8_ds_mla``) on a CUDA GPU: the library's kernels against the float64
 reference (computed on the GPU) at real shapes. On sm90 with bf16 q above 32 heads the seesaw kernel
 serves the tokens whose scales decode exactly into bf16 (power-of-two scales) and flags the others, which
-the gated portable kernel recomputes; the ``amax`` pools exercise the second route, the ``pow2`` pools the
+gluon_fp8, gated and in 32-head groups, recomputes; the ``amax`` pools exercise the second route, the ``pow2`` pools the
 first, and :func:`test_seesaw_flags_exactly_the_tokens_with_other_scales` both in one call.
 
 FlashMLA's method (tests/test_flash_mla_sparse_decoding.py): every row no valid id references is NaN (the
@@ -160,6 +160,31 @@ def test_topk_length_and_empty_rows(big_pools):
         ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE, topk_length=topk_length)
         check_budget(o, l, ro, rl)
         assert (o[2:] == 0).all() and torch.isneginf(l[2:]).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the seesaw kernel is sm90 only")
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("H", [72, 96, 128])
+def test_recompute_in_head_groups_with_topk_length_and_empty_rows(big_pools, H, splits):
+    """An amax pool at more than 32 heads: the seesaw flags every token with a valid id and gluon_fp8 recomputes
+    them in groups of 32 heads (the last one partial at 72), gated by the flags, into the seesaw's partials; rows
+    with no valid id, ``topk_length`` 0 and 700 (a partial block), ids past the pool. (A handful of ids is outside
+    the budget's premise: with 5 ids, P rounded once to bf16 gives 0.007-0.012 on unit-variance rows, as the
+    portable kernel's 0.004-0.006 on an unsunk head, H200 2026-12-02.)"""
+    pool, rows = big_pools["pools"]["amax"], big_pools["rows"]
+    g = torch.Generator(device="cuda").manual_seed(H + splits)
+    T = 5
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = _ids(T, 2048, rows, g, N_BIG)
+    idx[1] = -1
+    idx[4, ::7] = N_BIG + 3
+    topk_length = torch.tensor([2048, 2048, 0, 700, 1500], dtype=torch.int32, device="cuda")
+    sinks = _sinks(H, g)
+    o, l = sparse_mla_decode_triton(q, pool, idx, sinks, SM_SCALE, topk_length=topk_length, num_kv_splits=splits)
+    ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks, SM_SCALE, topk_length=topk_length)
+    check_budget(o, l, ro, rl)
+    assert (o[1:3] == 0).all() and torch.isneginf(l[1:3]).all()
 
 
 @pytest.fixture(scope="module")

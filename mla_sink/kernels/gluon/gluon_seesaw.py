@@ -627,8 +627,8 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
         redo: ``"fp8_ds_mla"`` only: optional int32 ``[T, ceil(H / 64) * num_kv_splits]`` contiguous buffer
             for the per-program flags (1: a row of the program's ids has a scale that does not decode exactly
             into bf16, and the program stopped early; its token's ``out`` / ``lse`` are then not the
-            result, and :mod:`mla_sink.paths.triton.launch` recomputes such tokens with the portable
-            kernel). Allocated here when not given.
+            result, and :mod:`mla_sink.paths.triton.launch` recomputes such tokens with ``gluon_fp8`` in
+            32-head groups). Allocated here when not given.
         pdl: launch the combine as a programmatic dependent of the seesaw (which lets it launch early);
             False: one plain launch after the other (for comparison).
 

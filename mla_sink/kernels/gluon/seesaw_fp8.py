@@ -253,7 +253,7 @@ def fp8_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, r
     handed over. To stop, the producer hands each consumer its first half of the pair unfilled
     (:func:`_release`); the consumers read the decision there (:func:`stop_flag`) and leave, so a token
     with other scales costs the CTA about one scale load per id of its first such pair. Consumer 1 writes
-    the decision to the CTA's word of ``REDO`` and the launcher's portable kernel recomputes the token."""
+    the decision to the CTA's word of ``REDO`` and the launcher recomputes the token (``gluon_fp8`` in 32-head groups)."""
     half_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     gather_q(Q, q_lo, q_hi, q_rope, q_ready, pid_h, pid_t, num_heads, stride_qt, stride_qh,

@@ -193,7 +193,8 @@ _PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE
 _COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
 _SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "KV_SCALE", "REDO",
                    "sm_scale")
-_FP8_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "KV_SCALE", "OUT", "LSE", "PART_OUT", "PART_LSE", "sm_scale")
+_FP8_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "KV_SCALE", "OUT", "LSE", "PART_OUT", "PART_LSE", "GATE",
+                "sm_scale")
 #: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
 #: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements.
 _STRIDE_ALIGN = 16
@@ -442,14 +443,17 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     decode, combine = _gluon_launches("gluon_seesaw", _SEESAW_DYNAMIC, launch, x, device, grid, static, constexprs,
                                       options, out_strides)
     # V3.2 rows: the seesaw decodes tiles into bf16, exact only for power-of-two scales; it flags (and
-    # stops on) the tokens with any other scale, and the gated portable kernel recomputes exactly those.
+    # stops on) the tokens with any other scale, and a gated recompute (below) computes exactly those.
     # It is launched plainly, which measured faster than as a programmatic dependent of the seesaw (T=2:
     # 24.2 vs 27.1 us at H=128, 22.0 vs 23.5 at H=64; BENCHMARKS.md, seventh session), and lets the combine
     # after it launch at once: that cannot cost (the combine waits for its whole grid either way) and took
     # 0.4-0.8 us off T=2 in one A/B, within the noise between calls (BENCHMARKS.md, eighth session)
     redo_n = grid[0] * grid[1] if ds else 0
+    # the recompute: gluon_fp8's exact kernel in head groups, gated by the seesaw's flags, with the seesaw's splits
+    # (its partials); the gated portable kernel where gluon_fp8 does not read the call (or fails to compile)
+    redo_fp8 = _gluon_fp8_redo(plan, launch, x, device, redo_n, out_strides) if ds else None
     redo_portable = (_portable_runner(plan, attrs.evolve(launch, kernel="portable"), x, out_dtype, device,
-                                      gate_n=redo_n, pdl=False, trigger=split) if ds else None)
+                                      gate_n=redo_n, pdl=False, trigger=split) if ds and redo_fp8 is None else None)
     errors = _compile_errors()
     unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
 
@@ -469,9 +473,12 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
             decode(align, x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, sinks,
                    topk_length if topk_length is not None else lse, out, lse, part_out, part_lse,
                    x.kv_scale if x.kv_scale is not None else lse, redo, x.sm_scale)
+            if redo_fp8 is not None:  # the flagged tokens, recomputed into the same partials (split: one combine)
+                redo_fp8(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
+                         lse, out, lse, part_out, part_lse, redo, x.sm_scale)
         except errors as e:
             return _fall_back(plan, "gluon_seesaw", e, x)
-        if ds:  # the flagged tokens, recomputed into the same partials (split: one combine serves both)
+        if redo_fp8 is None and ds:
             redo_portable(x, lse, out=out, gate=redo, parts=(part_out, part_lse) if split else None)
         if split:
             combine(align, part_out, part_lse, sinks, out, lse)
@@ -522,7 +529,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
         launch_decode = decode if align is True or x.kv_cache.data_ptr() % ROW_ALIGN == 0 else unaligned
         try:
             launch_decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
-                          kv_scale, out, lse, part_out, part_lse, x.sm_scale)
+                          kv_scale, out, lse, part_out, part_lse, x.indices, x.sm_scale)
         except errors as e:
             return _fall_back(plan, launch.kernel, e, x)
         if split:
@@ -530,6 +537,30 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
         return out, lse
 
     return run
+
+
+def _gluon_fp8_redo(plan, launch, x: DecodeInputs, device: torch.device, gate_n: int, out_strides: tuple):
+    """The exact recompute of the seesaw's flagged V3.2 tokens (any tile scale other than 0 or a power of two in
+    bf16's exact range): a ``gluon_fp8`` launch in groups of its largest head block, gated by the seesaw's
+    ``gate_n`` flags per token, with the seesaw's splits (so it writes the same partials, or ``out`` and ``lse``
+    unsplit); ``None`` where ``gluon_fp8`` does not read the call (its table refuses it) or does not compile here
+    (the gated portable kernel recomputes instead). Call it with ``(align, *_FP8_DYNAMIC's arguments)``, ``GATE``
+    the seesaw's flags."""
+    from mla_sink.kernels.gluon.gluon_fp8 import fp8_launch_args
+
+    try:
+        grid, static, constexprs, options = fp8_launch_args(
+            x.q, x.kv_cache, x.indices, num_kv_splits=launch.num_kv_splits, ids_per_split=launch.ids_per_split,
+            out_strides=out_strides, kv_dtype=plan.spec.kv_dtype, head_groups=True, gate_n=gate_n)
+    except ValueError:  # a refusal row of tables/gluon_fp8.yaml (q of a dtype the rows are not read with)
+        return None
+    if not constexprs["ROWS_16B"]:
+        return None
+    constexprs.update(HAS_SINKS=x.sinks is not None, HAS_TOPK_LEN=x.topk_length is not None)
+    dtypes = tuple(None if t is None else t.dtype for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.out))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _compiled("gluon_fp8", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
+                     _FP8_DYNAMIC, tuple(static.items()))
 
 
 def _contiguous_topk_length(x: DecodeInputs) -> Optional[torch.Tensor]:
