@@ -3,7 +3,9 @@
 for the per-tensor e4m3 cache, and the chain with the recompute launched plainly (the library's launch
 since the seventh session) against the recompute launched as a programmatic dependent (the library's
 launch when this script was written, forced here). Same data per row; CUDA-graph replay, L2 flushed;
-power-of-two scales (nothing is recomputed). One H200 call, under a minute.
+power-of-two scales (nothing is recomputed). One H200 call, under a minute. It measures the gated portable
+recompute, which the twenty-first session replaced (the seesaw's exact reading recomputes the flagged programs):
+run it on a tree before that session.
 
     PYTHONPATH=. python3 -u benchmarks/ds_t2_parts.py benchmarks/ds_t2_parts_<date>.json
 """

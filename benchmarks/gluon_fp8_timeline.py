@@ -65,10 +65,10 @@ def add_buffer(src: str) -> str:
     """The kernel source with :data:`HELPER` and the timeline buffer ``TLB`` as the kernel's argument after
     ``PART_LSE``, passed by the launcher from ``_TL_BUF[0]``."""
     s = sub(src, "STAGES = gl.constexpr(2)", HELPER + "\nSTAGES = gl.constexpr(2)")
-    s = sub(s, "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, GATE, sm_scale,",
-            "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, GATE, TLB, sm_scale,")
-    return sub(s, "kv_scale, out, lse, part_out, part_lse, indices,\n        float(sm_scale)",
-               "kv_scale, out, lse, part_out, part_lse, indices, _TL_BUF[0],\n        float(sm_scale)")
+    s = sub(s, "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,",
+            "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, TLB, sm_scale,")
+    return sub(s, "kv_scale, out, lse, part_out, part_lse,\n        float(sm_scale)",
+               "kv_scale, out, lse, part_out, part_lse, _TL_BUF[0],\n        float(sm_scale)")
 
 
 def patch(src: str) -> str:

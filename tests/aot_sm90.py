@@ -56,7 +56,7 @@ def compile_sm90(fn, constexprs: dict, scalars: dict, ptrs: dict, num_warps: int
 
 
 #: Triton pointer types of the gluon_fp8 kernel's tensor arguments other than ``KV`` (whose type follows the cache).
-FP8_KERNEL_PTRS = {"Q": "*bf16", "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32", "KV_SCALE": "*fp32", "GATE": "*i32",
+FP8_KERNEL_PTRS = {"Q": "*bf16", "IDX": "*i32", "SINKS": "*fp32", "TOPK_LEN": "*i32", "KV_SCALE": "*fp32",
                    "OUT": "*bf16", "LSE": "*fp32", "PART_OUT": "*fp32", "PART_LSE": "*fp32"}
 
 

@@ -371,63 +371,6 @@ def test_rope_scores_keep_bf16_range_and_small_values(q_dtype):
 
 
 @interp
-@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
-def test_gated_recompute_touches_only_flagged_tokens(split):
-    """The portable kernel gated on the seesaw's per-program flags, as the sm90 launcher runs it after the
-    seesaw (mla_sink.paths.triton.launch): flagged tokens (any nonzero word of their row) get the exact
-    result, the others keep what the buffers held. Split, it writes into the caller's partials (the
-    seesaw's), and one combine then merges every token."""
-    import attrs
-
-    from mla_sink.core.inputs import DecodeInputs
-    from mla_sink.core.reference import sparse_mla_decode_reference
-    from mla_sink.paths.triton.launch import _interpreted_combine, _portable_runner, triton_plan_for
-    from mla_sink.paths.triton.plan import portable_launch
-
-    case = make_case(T=5, H=6, topk=48, seed=9, scale="amax", sinks="mixed")
-    q, cache, idx, sinks = case["q"], case["kv_cache"], case["indices"], case["sinks"]
-    T, H, _ = q.shape
-    kw = SPLIT if split else UNSPLIT
-    plan = triton_plan_for(q, cache, idx, sinks=sinks, num_kv_splits=kw["num_kv_splits"])
-    launch = portable_launch(kw["config"], num_heads=H, num_tokens=T, topk=idx.shape[1], num_sms=1,
-                             num_kv_splits=kw["num_kv_splits"])
-    plan = attrs.evolve(plan, num_tokens=T, launch=launch)
-    x = DecodeInputs(q=q, kv_cache=cache, indices=idx, sm_scale=SM_SCALE, sinks=sinks)
-    gate_n = 3  # e.g. 3 programs per token of the seesaw (head blocks x splits)
-    run = _portable_runner(plan, launch, x, q.dtype, q.device, gate_n=gate_n)
-    flags = torch.zeros(T, gate_n, dtype=torch.int32)
-    flags[1, 2] = 1
-    flags[3, 0] = 1
-    flags[4, 1] = 5  # any nonzero word
-    redo, keep = [1, 3, 4], [0, 2]
-    out = torch.full((T, H, D_V), 7.0, dtype=q.dtype)
-    lse = torch.full((T, H), 3.0)
-    ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, SM_SCALE)
-    if not split:
-        o, l = run(x, lse, out=out, gate=flags)
-        assert o.data_ptr() == out.data_ptr() and l.data_ptr() == lse.data_ptr()
-        check(o[redo], l[redo], ro[redo], rl[redo])
-        assert (o[keep] == 7.0).all() and (l[keep] == 3.0).all()
-        return
-    splits = launch.num_kv_splits
-    with pytest.raises(ValueError, match="pass parts="):
-        run(x, lse, out=out, gate=flags)
-    part_out = torch.full((T, splits, H, D_V), 7.0)
-    part_lse = torch.full((T, splits, H), 3.0)
-    run(x, lse, out=out, gate=flags, parts=(part_out, part_lse))
-    assert (part_out[keep] == 7.0).all() and (part_lse[keep] == 3.0).all()  # tokens not flagged: untouched
-    assert (out == 7.0).all() and (lse == 3.0).all()  # with parts, nothing is combined into out
-    # the other kernel's partials of the tokens not flagged: here the portable kernel's own, all tokens
-    run(x, lse, out=out, gate=torch.ones(T, gate_n, dtype=torch.int32), parts=(part_out, part_lse))
-    part_out[redo] = float("nan")  # what the other kernel left for the flagged tokens: overwritten
-    part_lse[redo] = float("nan")
-    run(x, lse, out=out, gate=flags, parts=(part_out, part_lse))
-    combine = _interpreted_combine(launch, x, splits, (H * D_V, D_V))
-    out32 = torch.empty(T, H, D_V)
-    combine(None, part_out, part_lse, sinks, out32, lse)
-    check(out32.to(q.dtype), lse, ro, rl)
-
-@interp
 @pytest.mark.parametrize("H", [1, 5, 24])
 def test_kernel_odd_heads_and_default_tiles(H):
     case = make_case(T=3, H=H, topk=40, seed=2)
@@ -841,7 +784,7 @@ def test_cli_explain_info_and_demo(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "bf16+kv_fp8_ds_mla-h128-sm90-sinks-dcp1"
     assert "→ triton   (row triton_portable)" in out and "kernel gluon_seesaw" in out and "row sm90_ds_mla " in out
-    assert "kernel: row sm90_ds_mla_gluon_seesaw" in out and "recomputes exactly the flagged tokens" in out
+    assert "kernel: row sm90_ds_mla_gluon_seesaw" in out and "recomputes exactly the flagged programs" in out
     assert "kv_dtype=fp8_ds_mla, needs" in out
     assert main(["explain", "--arch", "gfx950", "--aiter", "0.1.20", "--kv-dtype", "fp8_ds_mla", "--heads", "64",
                  "--sinks", "--json"]) == 0

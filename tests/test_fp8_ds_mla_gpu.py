@@ -1,7 +1,7 @@
 """The 656-byte FP8 V3.2 KV layout (``fp8_ds_mla``) on a CUDA GPU: the library's kernels against the float64
 reference (computed on the GPU) at real shapes. On sm90 with bf16 q above 32 heads the seesaw kernel
 serves the tokens whose scales decode exactly into bf16 (power-of-two scales) and flags the others, which
-gluon_fp8, gated and in 32-head groups, recomputes; the ``amax`` pools exercise the second route, the ``pow2`` pools the
+a second launch of the seesaw, gated per program and reading every scale exactly, recomputes; the ``amax`` pools exercise the second route, the ``pow2`` pools the
 first, and :func:`test_seesaw_flags_exactly_the_tokens_with_other_scales` both in one call.
 
 FlashMLA's method (tests/test_flash_mla_sparse_decoding.py): every row no valid id references is NaN (the
@@ -166,12 +166,12 @@ def test_topk_length_and_empty_rows(big_pools):
                     reason="the seesaw kernel is sm90 only")
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("H", [72, 96, 128])
-def test_recompute_in_head_groups_with_topk_length_and_empty_rows(big_pools, H, splits):
-    """An amax pool at more than 32 heads: the seesaw flags every token with a valid id and gluon_fp8 recomputes
-    them in groups of 32 heads (the last one partial at 72), gated by the flags, into the seesaw's partials; rows
-    with no valid id, ``topk_length`` 0 and 700 (a partial block), ids past the pool. (A handful of ids is outside
-    the budget's premise: with 5 ids, P rounded once to bf16 gives 0.007-0.012 on unit-variance rows, as the
-    portable kernel's 0.004-0.006 on an unsunk head, H200 2026-12-02.)"""
+def test_exact_recompute_with_topk_length_and_empty_rows(big_pools, H, splits):
+    """An amax pool at more than 32 heads: the seesaw flags every program with a valid id and its exact reading
+    recomputes them (64-head blocks, the last one partial at 72 and 96), gated per program, into the same outputs or
+    partials; rows with no valid id, ``topk_length`` 0 and 700 (a partial block), ids past the pool. (A handful of ids is outside
+    the budget's premise: with 5 ids, P rounded once to bf16 gave 0.007-0.012 on unit-variance rows in gluon_fp8, and
+    the portable kernel 0.004-0.006 on an unsunk head, H200 2026-12-02.)"""
     pool, rows = big_pools["pools"]["amax"], big_pools["rows"]
     g = torch.Generator(device="cuda").manual_seed(H + splits)
     T = 5
@@ -312,6 +312,50 @@ def test_equals_flash_mla_decode_on_the_same_bytes(H):
 def _set_scale(pool, row, tile, value):
     """Write one float32 tile scale of a V3.2 row (its codes unchanged: the decoded values change with it)."""
     pool[row, 512 + 4 * tile: 516 + 4 * tile] = torch.tensor([value], dtype=torch.float32).view(torch.uint8).cuda()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the seesaw kernel is sm90 only")
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("H", [16, 24, 64, 128])
+def test_seesaw_reads_every_scale_exactly(H, splits):
+    """The seesaw kernel's exact reading of V3.2 rows (``exact=True``: every program, no flags) on a pow2 cache with
+    rows of other scales: a
+    non-power of two (1.5 x 2^-7, as an amax writer gives), a power of two below the range whose powers of two it
+    decodes into bf16 (2^-120), one above it (2^120, with small codes so that the values stay finite), a zero
+    scale, the top of the range (2^119), and one row whose four tiles span 2^-100 .. 2^100 (the Horner ratios of
+    the scores). Every token is within the budget of the float64 reference, through the kernel and the library."""
+    from mla_sink.kernels.gluon.gluon_seesaw import sparse_mla_decode_seesaw
+
+    g = torch.Generator(device="cuda").manual_seed(17 + H + splits)
+    N, T, topk = 4096, 8, 2048
+    cache = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="pow2")
+    odd = {10: (1, 1.5 * 2.0 ** -7), 20: (3, 2.0 ** -120), 30: (0, 2.0 ** 120)}  # row: (tile, scale)
+    for row, (tile, value) in odd.items():
+        _set_scale(cache, row, tile, value)
+    cache[30, :128] = 0x08  # e4m3 2^-6 x 1.0: times 2^120 stays far below the float32 / bf16 max
+    _set_scale(cache, 40, 2, 0.0)  # a zero scale: the tile's values are 0
+    _set_scale(cache, 50, 1, 2.0 ** 119)  # the top of the range (codes up to 448 stay below bf16 max)
+    cache[50, 128:256] = 0x08
+    for tile, value in enumerate((2.0 ** -100, 3.0 * 2.0 ** 40, 2.0 ** 100, 5.0 * 2.0 ** -60)):
+        _set_scale(cache, 55, tile, value)
+    cache[55, :512] = 0x08
+    idx = torch.randint(60, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
+    idx[:, 3::101] = -1
+    where = {0: 10, 2: 20, 3: 30, 4: 55, 5: 40, 6: 50}  # token: the special row it references
+    for t, row in where.items():
+        idx[t, (t * 389) % topk] = row
+    idx[7, 1500:] = 10  # past topk_length: never read
+    topk_length = torch.full((T,), topk, dtype=torch.int32, device="cuda")
+    topk_length[7] = 1500
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    sinks = _sinks(H, g)
+    ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length)
+    o, l = sparse_mla_decode_seesaw(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length, num_kv_splits=splits,
+                                    kv_dtype="fp8_ds_mla", exact=True)
+    check_budget(o, l, ro, rl)
+    o, l = sparse_mla_decode(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length, return_lse=True)
+    check_budget(o, l, ro, rl)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),

@@ -120,25 +120,3 @@ def test_the_page_size_is_a_constexpr(shape, pad, block):
                                        ids_per_split=2048, out_strides=(H * 512, 512), kv_dtype="fp8_ds_mla")
         assert scalars["stride_kv"] == stride, (scalars["stride_kv"], stride)
         assert constexprs["kv_block_size"] == block and "kv_block_size" not in scalars
-
-
-@pytest.mark.parametrize("H,splits,groups", [(128, 1, 4), (72, 3, 3), (64, 16, 2)])
-def test_head_groups_and_the_gate(H, splits, groups):
-    """The exact recompute of the seesaw's flagged V3.2 tokens: more heads than a block, in groups of the largest
-    head block (its row of tables/gluon_fp8.yaml, the column split), gated by the seesaw's flags per token; a call
-    of more heads without ``head_groups`` stays refused."""
-    T = 5
-    q, kv, idx = (torch.empty(T, H, 576, dtype=torch.bfloat16), torch.empty(4096, 656, dtype=torch.uint8),
-                  torch.empty(T, 2048, dtype=torch.int32))
-    gate_n = 2 * splits
-    grid, scalars, constexprs, _ = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits, ids_per_split=2048 // splits,
-                                                      out_strides=(H * 512, 512), kv_dtype="fp8_ds_mla",
-                                                      head_groups=True, gate_n=gate_n)
-    block = tuning.fp8_group_heads()
-    assert grid == (groups, splits, T) and constexprs["BLOCK_H"] == block and constexprs["COLS"]
-    assert constexprs["HEAD_GROUPS"] and constexprs["GATED"] and scalars["gate_n"] == gate_n
-    assert constexprs["GATE_BLOCK"] >= gate_n and constexprs["GATE_BLOCK"] & (constexprs["GATE_BLOCK"] - 1) == 0
-    assert scalars["num_heads"] == H and scalars["stride_pt"] == splits * H * 512
-    with pytest.raises(ValueError, match="more_than_32_heads"):
-        gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits, ids_per_split=2048 // splits,
-                           out_strides=(H * 512, 512), kv_dtype="fp8_ds_mla")

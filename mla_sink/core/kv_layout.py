@@ -57,8 +57,9 @@ SCALE_CONVENTIONS = ("pow2", "amax")
 #: or a normal bf16 (and fp32) number when ``2^-9 x 2^k >= 2^-126`` (k >= -117) and ``448 x 2^k`` stays below
 #: the largest bf16, about 3.39e38 (k <= 119). A zero scale decodes every code to 0, exactly too.
 #: FlashMLA's quantiser writes scales in ``[2^-13, ...]``; vLLM's ``amax / 448`` scales are almost never
-#: powers of two. The sm90 seesaw kernel decodes tiles in bf16 and serves a token only while every scale
-#: it reads is such a scale (``mla_sink.kernels.gluon.seesaw_fp8``).
+#: powers of two. The sm90 seesaw kernel decodes tiles in bf16 and serves a program only while every scale
+#: it reads is such a scale; its exact reading multiplies the codes by a scale's power of two clamped to this
+#: range and applies the rest in fp32 (``mla_sink.kernels.gluon.seesaw_fp8``).
 BF16_EXACT_SCALE_EXP = (-117, 119)
 _KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

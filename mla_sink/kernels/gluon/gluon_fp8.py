@@ -79,7 +79,7 @@ from mla_sink.kernels.gluon.math import LOG2E, sink_scale
 from mla_sink.kernels.gluon.gluon_seesaw import _opaque_zero
 from mla_sink.kernels.gluon.pdl import launch_dependents
 from mla_sink.kernels.gluon.seesaw_fp8 import DS_ROPE_AT, DS_SCALES_AT, DS_TILE, _row_offsets
-from mla_sink.kernels.gluon.tuning import fp8_arrangement, fp8_group_heads, fp8_kv_dtypes
+from mla_sink.kernels.gluon.tuning import fp8_arrangement, fp8_kv_dtypes
 
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
 #: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
@@ -820,19 +820,9 @@ def _store_cols(acc, o_row, col0, scale, hmask, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _not_flagged(GATE, pid_t, gate_n, GATE_BLOCK: gl.constexpr):
-    """Whether token ``pid_t`` has no nonzero word among its ``gate_n`` flags in ``GATE`` (int32 ``[T, gate_n]``,
-    ``GATE_BLOCK`` a power of two ``>= gate_n``)."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    offs = gl.arange(0, GATE_BLOCK, layout=layout)
-    words = gl.load(GATE + pid_t.to(gl.int64) * gate_n + offs, mask=offs < gate_n, other=0)
-    return gl.max((words != 0).to(gl.int32), axis=0) == 0
-
-
-@gluon.jit
 def sparse_mla_decode_fp8_ws_kernel(
-    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, GATE, sm_scale,
-    num_heads, num_rows, topk, ids_per_split, gate_n, kv_block_size: gl.constexpr,
+    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,
+    num_heads, num_rows, topk, ids_per_split, kv_block_size: gl.constexpr,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -840,32 +830,16 @@ def sparse_mla_decode_fp8_ws_kernel(
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     PRODUCER_DEFAULT: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
-    LINES: gl.constexpr, COLS: gl.constexpr, HEAD_GROUPS: gl.constexpr, GATED: gl.constexpr,
-    GATE_BLOCK: gl.constexpr,
+    LINES: gl.constexpr, COLS: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS``:
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
     ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
-    (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``HEAD_GROUPS``: a CTA serves the
-    ``BLOCK_H`` heads ``program_id(0) * BLOCK_H ...`` of a call with more (the exact recompute of the seesaw's
-    flagged V3.2 tokens at 64 and 128 heads). ``GATED``: only the tokens flagged in ``GATE`` (int32 ``[T,
-    gate_n]``, any nonzero word; the seesaw's flags) are computed, the others return before any other load."""
-    if GATED:
-        if _not_flagged(GATE, gl.program_id(2), gate_n, GATE_BLOCK):
-            return
+    (:func:`_consumer_cols`; the producer a worker, whole-block steps)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
-    if HEAD_GROUPS:  # this CTA's heads: the pointers moved to its first, the count clamped to its block
-        h0 = gl.program_id(0) * BLOCK_H
-        Q += h0 * stride_qh
-        OUT += h0 * stride_oh
-        LSE += h0 * stride_lh
-        PART_OUT += h0 * stride_ph
-        PART_LSE += h0
-        SINKS += h0
-        num_heads = gl.minimum(num_heads - h0, BLOCK_H)
     pid_s = gl.program_id(1)
     pid_t = gl.program_id(2).to(gl.int64)
     t_end = topk
@@ -978,7 +952,7 @@ def sparse_mla_decode_fp8_ws_kernel(
 
 
 def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple,
-                    kv_dtype: str = "fp8_e4m3", head_groups: bool = False, gate_n: int = 0):
+                    kv_dtype: str = "fp8_e4m3"):
     """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_fp8_ws_kernel` launch on these
     tensors' metadata (shared by :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of
     :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name; ``out_strides``
@@ -987,9 +961,6 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
     the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
     ``ROWS_16B`` (:func:`rows_16b`) is this ``kv_cache``'s: a runner reused for other pools checks it per call.
-    ``head_groups``: H may exceed the largest head block (:func:`mla_sink.kernels.gluon.tuning.fp8_group_heads`);
-    the launch takes that block's arrangement and one CTA per group of its heads (``grid[0]``). ``gate_n > 0``: the
-    launch is gated by ``gate_n`` flags per token (``GATE``; :func:`sparse_mla_decode_fp8_ws_kernel`).
     The consumers' arrangement (``COLS``), the head block, the partitions' registers and the producer's steps
     are the row of ``tables/gluon_fp8.yaml`` for (kv dtype, q dtype, heads, split or not)
     (:func:`mla_sink.kernels.gluon.tuning.fp8_arrangement`, cached; a sweep may rebind this module's
@@ -1013,9 +984,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
         q_key = dtype_key(q.dtype)
     except ValueError as e:
         raise ValueError(f"the gluon_fp8 kernel: q {e}") from None
-    group = fp8_group_heads() if head_groups else H
-    arr = fp8_arrangement(kv_dtype, q_key, min(H, group), splits > 1)
-    num_groups = -(-H // arr.head_block) if head_groups else 1
+    arr = fp8_arrangement(kv_dtype, q_key, H, splits > 1)
     ds = kv_dtype in DS_MLA_KEYS  # the rows carry their tile scales (and a bf16 RoPE)
     paged = ds and kv_cache.dim() == 3
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
@@ -1023,7 +992,6 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     kv_block_size, stride_kv = kv_layout.row_addressing(kv_cache)
     scalars = dict(
         num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=indices.shape[1], ids_per_split=ids_per_split,
-        gate_n=gate_n,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
@@ -1037,9 +1005,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
                       PRODUCER_DEFAULT=arr.producer_default, KV_DS=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
-                      COLS=arr.cols, HEAD_GROUPS=head_groups, GATED=gate_n > 0,
-                      GATE_BLOCK=1 << max(0, (max(gate_n, 1) - 1).bit_length()))
-    return (num_groups, splits, T), scalars, constexprs, dict(num_warps=4)
+                      COLS=arr.cols)
+    return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 
 #: Bytes a row's start must be a multiple of for the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`).
@@ -1105,7 +1072,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
     constexprs.update(HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None)
     sparse_mla_decode_fp8_ws_kernel[grid](
         q, kv_cache, indices, sinks if sinks is not None else lse,
-        topk_length if topk_length is not None else indices, kv_scale, out, lse, part_out, part_lse, indices,
+        topk_length if topk_length is not None else indices, kv_scale, out, lse, part_out, part_lse,
         float(sm_scale), **scalars, **constexprs, **options)
     if split:
         c_grid, c_const, c_static = combine_launch_args(T, H, num_kv_splits, (out.stride(0), out.stride(1)),

@@ -230,15 +230,6 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool) ->
 
 
 @functools.cache
-def fp8_group_heads() -> int:
-    """The largest head block of ``tables/gluon_fp8.yaml`` (its path rows' ``head_block``): the heads of one group
-    when a launch of more heads runs in groups (``fp8_launch_args(head_groups=True)``: the exact recompute of the
-    seesaw's flagged V3.2 tokens)."""
-    table = gluon_fp8_table()
-    return max(table.row_params(row)["head_block"] for row in table.rows if not row.is_refusal)
-
-
-@functools.cache
 def seesaw_selection(kv_dtype: str):
     """The ``tables/gluon_seesaw.yaml`` :class:`dispatch.Selection` for a KV dtype key (cached; for
     ``mla-sink explain`` and :func:`seesaw_producer_regs`).

@@ -180,18 +180,6 @@ def sink_scale(scale, sink, lse2, empty):
 
 
 @triton.jit
-def gate_words(GATE, pid_t, gate_n, GATE_BLOCK: tl.constexpr):
-    """The flag of token ``pid_t`` in ``GATE`` (int32 ``[T, gate_n]``, contiguous): the largest word of its
-    row, nonzero when the token is flagged. The sm90 seesaw kernel writes one word per program of a
-    token, 1 where it stopped at a V3.2 scale it cannot decode exactly
-    (:mod:`mla_sink.kernels.gluon.seesaw_fp8`); a gated launch of the portable kernel then serves exactly
-    those tokens: the others return at once."""
-    offs = tl.arange(0, GATE_BLOCK)
-    words = tl.load(GATE + pid_t * gate_n + offs, mask=offs < gate_n, other=0)
-    return tl.max(words, 0)
-
-
-@triton.jit
 def splits_max_and_sum(PART_LSE, pid_t, offs_s, offs_h, mask_h, num_splits, stride_plt, stride_pls):
     """The combine kernel's first read: the base-2 LSEs of a token's splits (``offs_s`` split slots,
     ``-inf`` past ``num_splits`` and on padded heads) reduced per head to ``(m_safe, empty, l_sum)``: the

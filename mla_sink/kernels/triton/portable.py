@@ -27,16 +27,6 @@ adjacent in launch order so their identical gathers hit L2):
   block stride); each row's 512 e4m3 codes are converted to fp32 and multiplied by their 128-column
   tile's float32 scale (read from the row's bytes 512..527, exactly) before the one rounding to q's
   dtype, and its 64 bf16 RoPE values (bytes 528..655) are converted to q's dtype; no per-tensor scale;
-* ``GATED``: only the tokens flagged in ``GATE`` (int32 ``[T, gate_n]``, any nonzero word) are computed;
-  the others read and write nothing. The launcher recomputes this way the tokens whose V3.2 scales the
-  sm90 seesaw kernel could not decode exactly (:mod:`mla_sink.kernels.gluon.seesaw_fp8`), in a plain launch
-  after the seesaw;
-* ``TRIGGER`` (sm90+): the kernel's first instruction lets a programmatic dependent launched after it (the
-  combine after the gated recompute of a split launch) launch at once, overlapping its launch with this
-  grid; the dependent still waits for the whole grid (``griddepcontrol.wait``) before it reads anything;
-* ``PDL`` (sm90+, with ``TRIGGER``; no library launch sets it, ``benchmarks/ds_t2_parts.py`` forces it):
-  launched as a programmatic dependent (``griddepcontrol``), the kernel waits for the grid before it before
-  anything else;
 * split-KV (``num_kv_splits > 1``): stage 1 writes fp32 partial ``(out, lse2)`` per split (a split
   with no valid id writes ``out = 0, lse2 = -inf``), stage 2 merges them in fp32 and applies the sink
   exactly once.
@@ -56,17 +46,11 @@ import triton.language as tl
 
 from mla_sink.kernels.triton import math as kmath
 
-try:  # griddepcontrol (sm90+); only traced with TRIGGER / PDL
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton
-    gdc_launch_dependents = gdc_wait = None
-
-
 def _sparse_mla_decode_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
-    OUT, LSE, PART_OUT, PART_LSE, GATE,
+    OUT, LSE, PART_OUT, PART_LSE,
     sm_scale, logit_cap,
-    num_heads, num_rows, kv_block_size, topk, ids_per_split, gate_n,
+    num_heads, num_rows, kv_block_size, topk, ids_per_split,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_lh,
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
@@ -76,22 +60,14 @@ def _sparse_mla_decode_kernel(
     Q_FP8: tl.constexpr, KV_FP8: tl.constexpr, Q_FNUZ: tl.constexpr, KV_FNUZ: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, FP8_F16: tl.constexpr, ROW_SCALE: tl.constexpr,
     EVEN: tl.constexpr, KV_DS_MLA: tl.constexpr, DS_TILE: tl.constexpr,
-    GATED: tl.constexpr, GATE_BLOCK: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr,
 ):
     """Stage 1: one program = (head block, KV split, token). See the module docstring."""
-    if TRIGGER:  # sm90+: let the next programmatic dependent (the combine) launch now; it waits for this
-        gdc_launch_dependents()  # whole grid and its writes before it reads anything
-    if PDL:  # launched as a programmatic dependent: wait for the primary grid and its writes before any load
-        gdc_wait()
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_t = tl.program_id(2).to(tl.int64)
 
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
-    if GATED:  # a token not flagged returns before any other load (masking alone cost 20-34 us per launch)
-        if kmath.gate_words(GATE, pid_t, gate_n, GATE_BLOCK) == 0:
-            return
     offs_d = tl.arange(0, D_NOPE)
     offs_r = tl.arange(0, D_ROPE)
     offs_n = tl.arange(0, BLOCK_N)
@@ -284,8 +260,3 @@ def _sparse_mla_decode_kernel(
 
 
 portable_jit = triton.jit(_sparse_mla_decode_kernel)
-
-
-def gate_block(gate_n: int) -> int:
-    """``GATE_BLOCK`` of a launch: ``gate_n`` flags per token padded to a power of two (1 when ungated)."""
-    return 1 << max(0, (max(gate_n, 1) - 1).bit_length())

@@ -37,7 +37,6 @@ from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
-from mla_sink.kernels.triton.portable import gate_block
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -189,12 +188,11 @@ def _compiled(kernel: str, device_index: int, dtypes: tuple, grid: tuple, conste
 
 
 _PORTABLE_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "Q_SCALE", "KV_SCALE", "OUT", "LSE", "PART_OUT",
-                     "PART_LSE", "GATE", "sm_scale", "logit_cap")
+                     "PART_LSE", "sm_scale", "logit_cap")
 _COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
 _SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "KV_SCALE", "REDO",
                    "sm_scale")
-_FP8_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "KV_SCALE", "OUT", "LSE", "PART_OUT", "PART_LSE", "GATE",
-                "sm_scale")
+_FP8_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "KV_SCALE", "OUT", "LSE", "PART_OUT", "PART_LSE", "sm_scale")
 #: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
 #: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements.
 _STRIDE_ALIGN = 16
@@ -237,22 +235,12 @@ def _outputs(x: DecodeInputs, th: tuple, out_dtype: torch.dtype, device: torch.d
     return out, lse if lse is not None else torch.empty(th, dtype=torch.float32, device=device)
 
 
-def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device, gate_n: int = 0,
-                     pdl: bool = False, trigger: bool = False):
-    """A runner of the portable kernel (with the combine when split). ``gate_n > 0``: a gated runner,
-    ``run(x, lse, out=out, gate=flags, parts=...)``, that computes only the tokens flagged in ``flags``
-    (int32 ``[T, gate_n]``) and leaves the others as they are: unsplit into the given ``out`` / ``lse``;
-    split into ``parts=(part_out, part_lse)`` (fp32 ``[T, splits, H, 512]`` / ``[T, splits, H]``, another
-    kernel's partials of the same split plan), leaving the one combine of every token to the caller.
-    ``pdl`` (CUDA sm90+ only): the kernel is launched as a programmatic dependent of the kernel before it
-    (``launch_pdl``), waiting for that grid before it reads anything; ``trigger`` (CUDA sm90+ only, implied by
-    ``pdl``): the kernel lets a programmatic dependent launched after it (the caller's combine) launch at once."""
+def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
+    """A runner of the portable kernel (with the combine when split)."""
     spec = plan.spec
     T, H, _ = x.q.shape
     topk = x.indices.shape[1]
     interp = device.type == "cpu"
-    pdl = pdl and not interp
-    trigger = (trigger or pdl) and not interp
     splits = launch.num_kv_splits
     split = splits > 1
     q_fp8, kv_fp8 = spec.q_dtype in FP8_KEYS, spec.kv_dtype in FP8_KEYS
@@ -268,11 +256,8 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         Q_FP8=q_fp8, KV_FP8=kv_fp8, Q_FNUZ=spec.q_dtype in FNUZ_KEYS, KV_FNUZ=spec.kv_dtype in FNUZ_KEYS,
         SPLIT=split, UPCAST=interp, FP8_F16=f16, ROW_SCALE=f16 and spec.q_dtype not in FP16_EXACT_KEYS,
         EVEN=not has_len and topk % launch.block_n == 0, KV_DS_MLA=ds, DS_TILE=kv_layout.TILE,
-        GATED=gate_n > 0, GATE_BLOCK=gate_block(gate_n), PDL=pdl, TRIGGER=trigger,
     )
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
-    if pdl:
-        options["launch_pdl"] = True
     out_strides = (H * D_V, D_V) if (x.out is None or stage_fp32) else (x.out.stride(0), x.out.stride(1))
     num_hb = -(-H // launch.block_h)
     copy_q = x.q.stride(-1) != 1  # the kernel assumes unit innermost strides: such inputs are copied
@@ -285,7 +270,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         # them, block_size for other [blocks, block_size, 656] (kv_layout.row_addressing)
         num_heads=H, num_rows=min(x.num_kv_rows, MAX_ROWS),
         kv_block_size=kv_block_size,
-        topk=topk, ids_per_split=launch.ids_per_split, gate_n=gate_n,
+        topk=topk, ids_per_split=launch.ids_per_split,
         stride_qt=q_strides[0], stride_qh=q_strides[1], stride_kv=stride_kv,
         stride_it=topk if copy_idx else x.indices.stride(0), stride_ot=out_strides[0], stride_oh=out_strides[1],
         stride_lt=H, stride_lh=1,
@@ -296,37 +281,29 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     cap_arg = float(cap) if cap > 0 else 1.0  # unused by the kernel without HAS_CAP
     if interp:
         decode = InterpretedLaunch("portable", grid, constexprs, _PORTABLE_DYNAMIC, static)
-        combine = _interpreted_combine(launch, x, splits, out_strides) if split and not gate_n else None
+        combine = _interpreted_combine(launch, x, splits, out_strides) if split else None
     else:
         dtypes = tuple(None if t is None else t.dtype
                        for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.q_scale, x.kv_scale, x.out))
         index = device.index if device.index is not None else torch.cuda.current_device()
         decode = _compiled("portable", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
                            _PORTABLE_DYNAMIC, tuple(static.items()))
-        combine = _combine_launch(launch, x, index, dtypes, splits, out_strides) if split and not gate_n else None
+        combine = _combine_launch(launch, x, index, dtypes, splits, out_strides) if split else None
     # fnuz is decoded from its bits inside the kernel (Triton has no fnuz type on NVIDIA or in numpy)
     q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
 
-    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-            gate: Optional[torch.Tensor] = None, parts: Optional[tuple] = None) -> Result:
+    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
         if ds:
             check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         q = x.q.contiguous() if copy_q else x.q
         kv_cache = x.kv_cache.view(torch.uint8) if kv_bits else x.kv_cache
         indices = x.indices.contiguous() if copy_idx else x.indices
         topk_length = _contiguous_topk_length(x)  # the kernel reads TOPK_LEN + t
-        if out is None:
-            out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
+        out = x.out if x.out is not None else torch.empty((T, H, D_V), dtype=out_dtype, device=q.device)
         out_k = torch.empty((T, H, D_V), dtype=torch.float32, device=q.device) if stage_fp32 else out
-        if stage_fp32 and gate is not None:
-            out_k.copy_(out)  # the tokens the gate leaves alone keep their values
         if lse is None:
             lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
-        if parts is not None:
-            part_out, part_lse = parts
-        elif split and gate is not None:
-            raise ValueError("a gated split launch writes into the caller's partials: pass parts=(part_out, part_lse)")
-        elif split:
+        if split:
             part_out = torch.empty((T, splits, H, D_V), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((T, splits, H), dtype=torch.float32, device=q.device)
         else:
@@ -335,8 +312,7 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
         align = alignment_key(q, x.kv_cache, indices, x.sinks, topk_length, x.q_scale, x.kv_scale, x.out, lse)
         decode(align, q.view(torch.uint8) if q_bits else q, kv_cache, indices, sinks,
                topk_length if topk_length is not None else lse, x.q_scale if q_fp8 else lse,
-               x.kv_scale if kv_fp8 else lse, out_k, lse, part_out, part_lse, gate if gate is not None else lse,
-               x.sm_scale, cap_arg)
+               x.kv_scale if kv_fp8 else lse, out_k, lse, part_out, part_lse, x.sm_scale, cap_arg)
         if combine is not None:
             combine(align, part_out, part_lse, sinks, out_k, lse)
         if out_k is not out:
@@ -442,18 +418,18 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
         ids_per_split=launch.ids_per_split, out_strides=out_strides, kv_dtype=kv_dtype)
     decode, combine = _gluon_launches("gluon_seesaw", _SEESAW_DYNAMIC, launch, x, device, grid, static, constexprs,
                                       options, out_strides)
-    # V3.2 rows: the seesaw decodes tiles into bf16, exact only for power-of-two scales; it flags (and
-    # stops on) the tokens with any other scale, and a gated recompute (below) computes exactly those.
-    # It is launched plainly, which measured faster than as a programmatic dependent of the seesaw (T=2:
-    # 24.2 vs 27.1 us at H=128, 22.0 vs 23.5 at H=64; BENCHMARKS.md, seventh session), and lets the combine
-    # after it launch at once: that cannot cost (the combine waits for its whole grid either way) and took
-    # 0.4-0.8 us off T=2 in one A/B, within the noise between calls (BENCHMARKS.md, eighth session)
-    redo_n = grid[0] * grid[1] if ds else 0
-    # the recompute: gluon_fp8's exact kernel in head groups, gated by the seesaw's flags, with the seesaw's splits
-    # (its partials); the gated portable kernel where gluon_fp8 does not read the call (or fails to compile)
-    redo_fp8 = _gluon_fp8_redo(plan, launch, x, device, redo_n, out_strides) if ds else None
-    redo_portable = (_portable_runner(plan, attrs.evolve(launch, kernel="portable"), x, out_dtype, device,
-                                      gate_n=redo_n, pdl=False, trigger=split) if ds and redo_fp8 is None else None)
+    # V3.2 rows: the seesaw decodes tiles into bf16, exact only for power-of-two scales; it flags (and stops
+    # on) the programs that meet any other scale, and a second launch of the same grid, gated per program by those
+    # flags, recomputes exactly those, reading every scale exactly (seesaw_fp8.KV_DS_EXACT) into the same outputs
+    # or partials (split: one combine after it). Launched plainly after the first (a programmatic dependent of
+    # the seesaw measured slower for the portable recompute it replaces: BENCHMARKS.md, seventh session).
+    redo = None
+    if ds:
+        e_grid, e_static, e_constexprs, e_options = seesaw_launch_args(
+            x.q, x.kv_cache.view(torch.uint8), x.indices, num_kv_splits=splits, ids_per_split=launch.ids_per_split,
+            out_strides=out_strides, kv_dtype=kv_dtype, exact=True, gated=True)
+        redo, _ = _gluon_launches("gluon_seesaw", _SEESAW_DYNAMIC, launch, x, device, e_grid, e_static, e_constexprs,
+                                  e_options, out_strides)
     errors = _compile_errors()
     unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
 
@@ -468,18 +444,17 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
             return unaligned[0](x, lse)
         out, lse, part_out, part_lse = _call_buffers(x, lse, splits, out_dtype)
         sinks = x.sinks if x.sinks is not None else lse
-        redo = torch.empty((T, redo_n), dtype=torch.int32, device=x.q.device) if ds else lse
+        flags = torch.empty((T, grid[0] * grid[1]), dtype=torch.int32, device=x.q.device) if ds else lse
         try:
             decode(align, x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, sinks,
                    topk_length if topk_length is not None else lse, out, lse, part_out, part_lse,
-                   x.kv_scale if x.kv_scale is not None else lse, redo, x.sm_scale)
-            if redo_fp8 is not None:  # the flagged tokens, recomputed into the same partials (split: one combine)
-                redo_fp8(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
-                         lse, out, lse, part_out, part_lse, redo, x.sm_scale)
+                   x.kv_scale if x.kv_scale is not None else lse, flags, x.sm_scale)
+            if redo is not None:  # the flagged programs, recomputed exactly (gated by their flags)
+                redo(align, x.q, x.kv_cache.view(torch.uint8), x.indices, sinks,
+                     topk_length if topk_length is not None else lse, out, lse, part_out, part_lse, lse, flags,
+                     x.sm_scale)
         except errors as e:
             return _fall_back(plan, "gluon_seesaw", e, x)
-        if redo_fp8 is None and ds:
-            redo_portable(x, lse, out=out, gate=redo, parts=(part_out, part_lse) if split else None)
         if split:
             combine(align, part_out, part_lse, sinks, out, lse)
         return out, lse
@@ -529,7 +504,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
         launch_decode = decode if align is True or x.kv_cache.data_ptr() % ROW_ALIGN == 0 else unaligned
         try:
             launch_decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
-                          kv_scale, out, lse, part_out, part_lse, x.indices, x.sm_scale)
+                          kv_scale, out, lse, part_out, part_lse, x.sm_scale)
         except errors as e:
             return _fall_back(plan, launch.kernel, e, x)
         if split:
@@ -537,30 +512,6 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
         return out, lse
 
     return run
-
-
-def _gluon_fp8_redo(plan, launch, x: DecodeInputs, device: torch.device, gate_n: int, out_strides: tuple):
-    """The exact recompute of the seesaw's flagged V3.2 tokens (any tile scale other than 0 or a power of two in
-    bf16's exact range): a ``gluon_fp8`` launch in groups of its largest head block, gated by the seesaw's
-    ``gate_n`` flags per token, with the seesaw's splits (so it writes the same partials, or ``out`` and ``lse``
-    unsplit); ``None`` where ``gluon_fp8`` does not read the call (its table refuses it) or does not compile here
-    (the gated portable kernel recomputes instead). Call it with ``(align, *_FP8_DYNAMIC's arguments)``, ``GATE``
-    the seesaw's flags."""
-    from mla_sink.kernels.gluon.gluon_fp8 import fp8_launch_args
-
-    try:
-        grid, static, constexprs, options = fp8_launch_args(
-            x.q, x.kv_cache, x.indices, num_kv_splits=launch.num_kv_splits, ids_per_split=launch.ids_per_split,
-            out_strides=out_strides, kv_dtype=plan.spec.kv_dtype, head_groups=True, gate_n=gate_n)
-    except ValueError:  # a refusal row of tables/gluon_fp8.yaml (q of a dtype the rows are not read with)
-        return None
-    if not constexprs["ROWS_16B"]:
-        return None
-    constexprs.update(HAS_SINKS=x.sinks is not None, HAS_TOPK_LEN=x.topk_length is not None)
-    dtypes = tuple(None if t is None else t.dtype for t in (x.q, x.kv_cache, x.indices, x.sinks, x.topk_length, x.out))
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _compiled("gluon_fp8", index, dtypes, grid, tuple(constexprs.items()), tuple(options.items()),
-                     _FP8_DYNAMIC, tuple(static.items()))
 
 
 def _contiguous_topk_length(x: DecodeInputs) -> Optional[torch.Tensor]:
