@@ -1,8 +1,9 @@
 """The 656-byte FP8 V3.2 KV layout (``fp8_ds_mla``) on a CUDA GPU: the library's kernels against the float64
 reference (computed on the GPU) at real shapes. On sm90 with bf16 q above 32 heads the seesaw kernel
-serves the tokens whose scales decode exactly into bf16 (power-of-two scales) and flags the others, which
-a second launch of the seesaw, gated per program and reading every scale exactly, recomputes; the ``amax`` pools exercise the second route, the ``pow2`` pools the
-first, and :func:`test_seesaw_flags_exactly_the_tokens_with_other_scales` both in one call.
+serves the programs whose scales decode exactly into bf16 (power-of-two scales) and flags the others, which a
+second launch of the seesaw, gated per program and reading every scale exactly, recomputes; the ``amax`` pools
+exercise the second route, the ``pow2`` pools the first, :func:`test_seesaw_flags_exactly_the_tokens_with_other_scales`
+both in one call and :func:`test_seesaw_reads_every_scale_exactly` the exact reading alone.
 
 FlashMLA's method (tests/test_flash_mla_sparse_decoding.py): every row no valid id references is NaN (the
 pool is filled with 0xFF bytes: NaN e4m3 codes, NaN float32 scales, NaN bf16 RoPE) and only the rows the
@@ -168,10 +169,10 @@ def test_topk_length_and_empty_rows(big_pools):
 @pytest.mark.parametrize("H", [72, 96, 128])
 def test_exact_recompute_with_topk_length_and_empty_rows(big_pools, H, splits):
     """An amax pool at more than 32 heads: the seesaw flags every program with a valid id and its exact reading
-    recomputes them (64-head blocks, the last one partial at 72 and 96), gated per program, into the same outputs or
-    partials; rows with no valid id, ``topk_length`` 0 and 700 (a partial block), ids past the pool. (A handful of ids is outside
-    the budget's premise: with 5 ids, P rounded once to bf16 gave 0.007-0.012 on unit-variance rows in gluon_fp8, and
-    the portable kernel 0.004-0.006 on an unsunk head, H200 2026-12-02.)"""
+    recomputes them (64-head blocks, the last one partial at 72 and 96), gated per program, into the same outputs
+    or partials; rows with no valid id, ``topk_length`` 0 and 700 (a partial block), ids past the pool. (A handful
+    of ids is outside the budget's premise: with 5 ids, P rounded once to bf16 gave 0.007-0.012 on unit-variance
+    rows in gluon_fp8, and the portable kernel 0.004-0.006 on an unsunk head, H200 2026-12-02.)"""
     pool, rows = big_pools["pools"]["amax"], big_pools["rows"]
     g = torch.Generator(device="cuda").manual_seed(H + splits)
     T = 5

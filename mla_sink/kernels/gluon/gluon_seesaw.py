@@ -289,7 +289,8 @@ def _softmax_step(s, m_ref, m_i, l_i):
 
 
 @gluon.jit
-def _epilogue(acc, acc_b, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, stage, SINKS, OUT, LSE, PART_OUT, PART_LSE,
+def _epilogue(acc, acc_b, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, stage, SINKS, OUT, LSE,
+              PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               COL0: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_H: gl.constexpr, HALF_V: gl.constexpr,
@@ -418,7 +419,8 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         j += 1
         go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
     # k_lo[0] is read by this consumer only (scores and P V of the even blocks): free once its loop is done
-    _epilogue(o, o, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, k_lo.index(0), SINKS, OUT, LSE, PART_OUT, PART_LSE,
+    _epilogue(o, o, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, k_lo.index(0), SINKS, OUT, LSE,
+              PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
@@ -485,7 +487,8 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
     if KV_FMT == KV_DS_MLA:  # 1 when the producer stopped before pair j (its word read above), else 0
         gl.store(redo_ptr, gl.where(j < num_pairs, 1, 0))
     # k_hi[1] is read by this consumer only (scores and P V of the odd blocks): free once its loop is done
-    _epilogue(o, o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, k_hi.index(1), SINKS, OUT, LSE, PART_OUT, PART_LSE,
+    _epilogue(o, o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, k_hi.index(1), SINKS, OUT, LSE,
+              PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
@@ -515,10 +518,11 @@ def _ds_scores(q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, sc_smem, ROW0: gl.constex
     the rest of tile ``t``'s float32 scale (:func:`_stashed`, stash row ``ROW0 + t``). In one accumulator, by
     Horner's rule over the tiles: ``acc = X_0``, then ``acc = acc * (m_{t-1} / m_t) + X_t``, and ``S = acc * m_3
     + R``, so that ``acc`` is ``sum_{u <= t} (m_u / m_t) X_u`` after tile ``t``; the ratios (stash rows ``8 +
-    ROW0 + t``, from the decoder) lie in ``(1/2, 2)`` for scales in ``BF16_EXACT_SCALE_EXP``. Each step rounds in fp32 (a few 2^-24 relative), so every scale acts
-    as the float32 it is. A separate accumulator per tile (or a running sum and one partial), as gluon_fp8 keeps at
-    32 heads, needs 32 more registers than the consumers have beside their 128-register output half: ptxas then
-    serialised every wgmma of the kernel (C7512) and spilled 200 bytes (AOT sm90)."""
+    ROW0 + t``, from the decoder) lie in ``(1/2, 2)`` for scales in ``BF16_EXACT_SCALE_EXP``. Each step rounds in
+    fp32 (a few 2^-24 relative), so every scale acts as the float32 it is. A separate accumulator per tile (or a
+    running sum and one partial), as gluon_fp8 keeps at 32 heads, needs 32 more registers than the consumers have
+    beside their 128-register output half: ptxas then serialised every wgmma of the kernel (C7512) and spilled 200
+    bytes (AOT sm90)."""
     acc = warpgroup_mma(q_lo.slice(0, DS_TILE, dim=1), k_lo.slice(0, DS_TILE, dim=1).permute((1, 0)), s_zero,
                         use_acc=False, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -576,13 +580,15 @@ def _consumer_even_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, 
                       stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                       stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
                       HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
-    """Consumer 0 for V3.2 rows read exactly (``KV_DS_EXACT``; default partition): :func:`_consumer_even`'s schedule with every tile scale
-    applied in fp32 (:func:`_ds_scores`, :func:`_p_tiles`); its value columns 0-255 are tiles 0 and 1 (stash rows
-    ``4 * slot + 0, 1``), the odd block's weights come as fp16 from the odd slot's RoPE tile."""
+    """Consumer 0 for V3.2 rows read exactly (``KV_DS_EXACT``; default partition): :func:`_consumer_even`'s
+    schedule with every tile scale applied in fp32 (:func:`_ds_scores`, :func:`_p_tiles`); its value columns 0-255
+    are tiles 0 and 1 (stash rows ``4 * slot + 0, 1``), the odd block's weights come as fp16 from the odd slot's
+    RoPE tile."""
     row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
+    # the state's [64, 256] output half is not used: this consumer keeps two [64, 128] tiles
     qk_scale, offs_n, nrows, m_i, l_i, o_unused, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
-                                                                   BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
+                                                                          BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
     o_a = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
     o_b = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
     j = num_pairs * 0
@@ -635,13 +641,14 @@ def _consumer_odd_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q
                      stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                      stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
                      HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
-    """Consumer 1 for V3.2 rows read exactly (``KV_DS_EXACT``; worker partition): :func:`_consumer_odd`'s schedule with every tile scale applied
-    in fp32; its value columns 256-511 are tiles 2 and 3 (stash rows ``4 * slot + 2, 3``). Its block's RoPE comes
-    with the odd slot's lo half, and its weights go over that RoPE tile as fp16 for consumer 0; writes the LSE."""
+    """Consumer 1 for V3.2 rows read exactly (``KV_DS_EXACT``; worker partition): :func:`_consumer_odd`'s
+    schedule with every tile scale applied in fp32; its value columns 256-511 are tiles 2 and 3 (stash rows ``4 *
+    slot + 2, 3``). Its block's RoPE comes with the odd slot's lo half, and its weights go over that RoPE tile as
+    fp16 for consumer 0; writes the LSE."""
     row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
     qk_scale, offs_n, nrows, m_i, l_i, o_unused, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
-                                                                   BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
+                                                                          BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
     o_a = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
     o_b = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
     j = num_pairs * 0
