@@ -785,6 +785,7 @@ def test_cli_explain_info_and_demo(capsys):
     assert out.splitlines()[0] == "bf16+kv_fp8_ds_mla-h128-sm90-sinks-dcp1"
     assert "→ triton   (row triton_portable)" in out and "kernel gluon_seesaw" in out and "row sm90_ds_mla " in out
     assert "kernel: row sm90_ds_mla_gluon_seesaw" in out and "recomputes exactly the flagged programs" in out
+    assert "recompute: a second gluon_seesaw launch of the same grid" in out
     assert "kv_dtype=fp8_ds_mla, needs" in out
     assert main(["explain", "--arch", "gfx950", "--aiter", "0.1.20", "--kv-dtype", "fp8_ds_mla", "--heads", "64",
                  "--sinks", "--json"]) == 0

@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import attrs
 
+from mla_sink.core.dtypes import DS_MLA_KEYS
+from mla_sink.core.kv_layout import BF16_EXACT_SCALE_EXP
 from mla_sink.core.platform import arch_of
 
 #: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
@@ -68,6 +70,11 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     if producer is not None:
         lines.append(f"    producer: row {producer['row']} (tables/gluon_seesaw.yaml): {producer['producer_regs']} "
                      f"registers; {producer['why']}")
+    if launch.kernel == "gluon_seesaw" and plan.spec.kv_dtype in DS_MLA_KEYS:
+        lo, hi = BF16_EXACT_SCALE_EXP
+        lines.append("    recompute: a second gluon_seesaw launch of the same grid, gated per program by the first "
+                     "launch's flags, reads every tile scale exactly (seesaw_fp8.KV_DS_EXACT); the first flags the "
+                     f"programs that meet a scale other than 0 or a power of two in [2^{lo}, 2^{hi}]")
     for row_id, reason in getattr(launch, "rejected_kernels", ()):
         lines.append(f"    ✗ {row_id}: {reason}")
     if launch.fallback:
