@@ -46,6 +46,7 @@ import triton.language as tl
 
 from mla_sink.kernels.triton import math as kmath
 
+
 def _sparse_mla_decode_kernel(
     Q, KV, IDX, SINKS, TOPK_LEN, Q_SCALE, KV_SCALE,
     OUT, LSE, PART_OUT, PART_LSE,
