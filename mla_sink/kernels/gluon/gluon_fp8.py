@@ -76,7 +76,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mla_sink.kernels.gluon.math import LOG2E, sink_scale
-from mla_sink.kernels.gluon.gluon_seesaw import _opaque_zero
+from mla_sink.kernels.gluon.seesaw_common import _opaque_zero
 from mla_sink.kernels.gluon.pdl import launch_dependents
 from mla_sink.kernels.gluon.seesaw_fp8 import DS_ROPE_AT, DS_SCALES_AT, DS_TILE, _row_offsets
 from mla_sink.kernels.gluon.tuning import fp8_arrangement, fp8_kv_dtypes

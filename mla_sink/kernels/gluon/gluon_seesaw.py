@@ -11,7 +11,7 @@ combine kernel (:mod:`mla_sink.kernels.triton.combine`) merges, applying the sin
 with KV of the same dtype, or an fp8 cache through the fp8 producer and decoder (:mod:`mla_sink.kernels.gluon.seesaw_fp8`:
 per-tensor e4m3fn, or the 656-byte V3.2 rows, whose programs that meet scales bf16 cannot hold exactly are
 flagged in ``REDO`` and recomputed by a second, gated launch that reads every scale exactly: ``KV_DS_EXACT``,
-:func:`_consumer_even_ds` / :func:`_consumer_odd_ds`); no soft cap (``tables/triton_tuning.yaml`` sends
+:mod:`mla_sink.kernels.gluon.seesaw_exact`); no soft cap (``tables/triton_tuning.yaml`` sends
 everything else elsewhere).
 
 One CTA = one token x 64 heads x one range of ids, three warpgroups:
@@ -58,11 +58,28 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mla_sink.kernels.gluon.gather import gather_q, ids_ok, pair_ids
-from mla_sink.kernels.gluon.math import LOG2E, sink_scale
 from mla_sink.kernels.gluon.pdl import launch_dependents
+from mla_sink.kernels.gluon.seesaw_common import (
+    NB_M_EVEN,
+    NB_M_ODD,
+    NB_P_EVEN,
+    NB_P_ODD,
+    O_L,
+    P_L,
+    ROW_L,
+    _consumer_start,
+    _epilogue,
+    _masked_scores,
+    _named_arrive,
+    _named_sync,
+    _opaque_zero,
+    _safe,
+    _signal,
+    _softmax_step,
+)
+from mla_sink.kernels.gluon.seesaw_exact import _consumer_even_ds, _consumer_odd_ds
 from mla_sink.kernels.gluon.seesaw_fp8 import (
     COPIERS,
-    DS_TILE,
     FIRST_HALF_ARRIVALS,
     KV_DS_EXACT,
     KV_DS_MLA,
@@ -70,7 +87,6 @@ from mla_sink.kernels.gluon.seesaw_fp8 import (
     KV_HALF,
     decode_half,
     fp8_producer,
-    stash_row,
     stop_flag,
 )
 from mla_sink.kernels.gluon.tuning import seesaw_producer_regs
@@ -91,17 +107,6 @@ GATHER_ROWS = 64
 #: registers (addresses and masks; it only copies, for fp8 caches too) depend on the KV dtype: the rows of
 #: ``tables/gluon_seesaw.yaml`` (:func:`mla_sink.kernels.gluon.tuning.seesaw_producer_regs`).
 CONSUMER_REGS = 216
-#: The consumers' register layouts: a score tile ``[64 heads, 64 ids]`` and an output half ``[64, 256]``
-#: as wgmma accumulators (one warpgroup), a block's weights as the A operand of P V, and per-head rows.
-S_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
-O_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]))
-P_L = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2))
-ROW_L = gl.constexpr(gl.SliceLayout(1, S_L))
-#: KV_DS_EXACT: a consumer's output half as two ``[64, 128]`` accumulators (one per tile scale), the weights of one
-#: tile as their A operand, and a block's per-id values (scale mantissas, Horner ratios) in the score columns.
-O2_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
-P2_L = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O2_L, k_width=2))
-COL_L = gl.constexpr(gl.SliceLayout(0, S_L))
 
 
 @gluon.jit
@@ -178,50 +183,6 @@ def _any_producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, 
 
 
 @gluon.jit
-def _opaque_zero(j):
-    """0, computed from the loop counter ``j`` in a way the compiler cannot see through. The consumers
-    index their slots with it: with constant slot indices every wgmma descriptor of the loop (one per
-    16-deep step, about a hundred) is loop-invariant, gets hoisted out of the loop and spills; computed
-    per iteration they stay in uniform registers, as in a ring indexed by the iteration."""
-    return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=True, pack=1)
-
-
-#: Hardware named barriers (``bar.arrive`` / ``bar.sync`` IDs) through which the two consumers (8 warps,
-#: 256 threads) hand each other the maxima and the weights, as FlashMLA's sm90 kernels do: an arrive does
-#: not wait and needs no warpgroup barrier before it, a sync waits for the other side's 128 arrivals. Triton
-#: uses IDs 0-3 in this kernel (its partitions' ``bar.sync 0/2/3, 128`` and the CTA's ``barrier.sync 1``).
-#: Every arrive has its sync in the same pair, and no barrier is arrived at twice before its sync: each
-#: arrive of pair j + 1 comes after a sync on the other consumer's later arrive of pair j.
-NB_M_EVEN = gl.constexpr(8)
-NB_M_ODD = gl.constexpr(9)
-NB_P_EVEN = gl.constexpr(10)
-NB_P_ODD = gl.constexpr(11)
-
-
-@gluon.jit
-def _named_arrive(bar_id):
-    """``bar.arrive bar_id, 256``: this warpgroup's 128 threads count towards the two consumers' barrier
-    ``bar_id`` (an int32 scalar) and go on; their earlier shared-memory writes are visible to the threads
-    that complete the matching :func:`_named_sync`."""
-    gl.inline_asm_elementwise("bar.arrive $1, 256; // $0", "=r,r", [bar_id], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _named_sync(bar_id):
-    """``bar.sync bar_id, 256``: wait until the other consumer's 128 threads have arrived at ``bar_id``."""
-    gl.inline_asm_elementwise("bar.sync $1, 256; // $0", "=r,r", [bar_id], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _signal(bar):
-    """Every thread of this warpgroup is past this point (its shared-memory writes visible): one arrive."""
-    gl.thread_barrier()
-    mbarrier.arrive(bar)
-
-
-@gluon.jit
 def _go_on(j, num_pairs, first_ready, redo_smem, KV_FMT: gl.constexpr):
     """Whether a consumer takes pair ``j``: one is left and, for V3.2 rows, the producer has not stopped
     before it. The decision is published before the consumer's first half of the pair (``first_ready``)
@@ -234,126 +195,6 @@ def _go_on(j, num_pairs, first_ready, redo_smem, KV_FMT: gl.constexpr):
             mbarrier.wait(first_ready, j & 1)
         go = go & (stop_flag(redo_smem, j) == 0)
     return go
-
-
-@gluon.jit
-def _masked_scores(sc, ok, qk_scale):
-    """Base-2 scores of a block, ``-inf`` where the id is invalid."""
-    return gl.where(ok[None, :], sc * qk_scale, float("-inf"))
-
-
-@gluon.jit
-def _safe(m):
-    """A running max to take exponents against: 0 while the row has no valid id (``-inf``)."""
-    return gl.where(m == float("-inf"), 0.0, m)
-
-
-@gluon.jit
-def _qk_scale(sm_scale, KV_SCALE, KV_FMT: gl.constexpr):
-    """The base-2 score scale ``sm_scale log2 e``, times ``kv_scale`` for a per-tensor e4m3 cache (whose
-    tiles hold the unscaled codes; the epilogue scales the output by it too)."""
-    qk_scale = sm_scale * LOG2E
-    if KV_FMT == KV_E4M3:
-        qk_scale = qk_scale * gl.load(KV_SCALE)
-    return qk_scale
-
-
-@gluon.jit
-def _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                    HALF_V: gl.constexpr, KV_FMT: gl.constexpr):
-    """A consumer's state before its first pair, once q is in shared memory: ``(qk_scale, offs_n, nrows,
-    m_i, l_i, o, s_zero)`` (base-2 score scale, id offsets of a block, the pool's rows as uint32, running
-    max ``-inf`` and sum 0 per head, the zeroed output half and a zero score tile)."""
-    qk_scale = _qk_scale(sm_scale, KV_SCALE, KV_FMT)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
-    nrows = num_rows.to(gl.uint32)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_L)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_L)
-    o = gl.zeros([BLOCK_H, HALF_V], gl.float32, layout=O_L)
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_L)
-    mbarrier.wait(q_ready, 0)
-    return qk_scale, offs_n, nrows, m_i, l_i, o, s_zero
-
-
-@gluon.jit
-def _softmax_step(s, m_ref, m_i, l_i):
-    """One block's online-softmax step in base 2: the new running max ``max(m_ref, rowmax s)`` (``m_ref``:
-    this consumer's max, or the one the other consumer published), the factor ``alpha`` that rescales this
-    consumer's state from ``m_i``, the weights ``p`` and the rescaled row sums. Exponents are taken against
-    a finite max (:func:`_safe`), so a row without a valid id gives ``p = 0``, never NaN."""
-    m_new = gl.maximum(m_ref, gl.max(s, axis=1))
-    m_use = _safe(m_new)
-    alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(s - m_use[:, None])
-    return m_new, alpha, p, l_i * alpha + gl.sum(p, axis=1)
-
-
-@gluon.jit
-def _epilogue(acc, acc_b, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, stage, SINKS, OUT, LSE,
-              PART_OUT, PART_LSE,
-              pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
-              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              COL0: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_H: gl.constexpr, HALF_V: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
-    """Add the other consumer's row sums, then write this consumer's half of ``out`` (or of the partial
-    output) and, with ``WRITE_LSE``, the LSE. ``out`` goes through ``stage``, a ``[64, 256]`` slot half that
-    only this consumer reads and that no copy fills any more: the accumulator layout would store 4 bytes a
-    thread, 16 bytes a row per warp instruction, which took 4-6 us a CTA (BENCHMARKS.md, eleventh session);
-    read back row-major, each warp stores whole 512-byte rows in 16-byte vectors. ``KV_DS_EXACT``: the half comes as
-    two ``[64, 128]`` tiles, ``acc`` and ``acc_b`` (one per tile scale); otherwise ``acc`` is the half and
-    ``acc_b`` is not read."""
-    row_l: gl.constexpr = ROW_L
-    two: gl.constexpr = KV_FMT == KV_DS_EXACT
-    if two:
-        o_l: gl.constexpr = O2_L
-        ncols: gl.constexpr = DS_TILE
-    else:
-        o_l: gl.constexpr = O_L
-        ncols: gl.constexpr = HALF_V
-    l_mine.store(l_own)
-    _signal(l_done_mine)
-    mbarrier.wait(l_done_theirs, 0)
-    l_i = l_own + l_theirs.load(row_l)
-    empty_row = l_i == 0.0
-    l_safe = gl.where(empty_row, 1.0, l_i)
-    lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(l_safe))
-    offs_hs = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
-    hmask = offs_hs < num_heads
-    scale = 1.0 / l_safe
-    if KV_FMT == KV_E4M3:  # the tiles hold the unscaled codes
-        scale = scale * gl.load(KV_SCALE)
-    if HAS_SINKS and not SPLIT:
-        sink = gl.load(SINKS + offs_hs, mask=hmask, other=float("-inf"))
-        scale = sink_scale(scale, sink, lse2, empty_row)
-    scale_o = gl.convert_layout(scale, gl.SliceLayout(1, o_l))[:, None]
-    out = acc * scale_o
-    if two:
-        out_b = acc_b * scale_o
-    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
-    offs_do = COL0 + gl.arange(0, ncols, layout=gl.SliceLayout(0, o_l))
-    omask = (offs_ho < num_heads)[:, None]
-    if SPLIT:
-        po = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_ho.to(gl.int64)[:, None] * stride_ph
-        gl.store(po + offs_do[None, :], out, mask=omask)
-        if two:
-            gl.store(po + DS_TILE + offs_do[None, :], out_b, mask=omask)
-        if WRITE_LSE:
-            gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_hs, lse2, mask=hmask)
-    else:
-        if two:
-            stage.slice(0, DS_TILE, dim=1).store(out.to(stage.dtype))
-            stage.slice(DS_TILE, DS_TILE, dim=1).store(out_b.to(stage.dtype))
-        else:
-            stage.store(out.to(stage.dtype))
-        gl.thread_barrier()  # this warpgroup's rows are in shared memory
-        rows_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # a warp per 256-wide row
-        out = stage.load(rows_l)
-        offs_hr = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rows_l))
-        offs_dr = COL0 + gl.arange(0, HALF_V, layout=gl.SliceLayout(0, rows_l))
-        o_ptr = OUT + pid_t * stride_ot + offs_hr.to(gl.int64)[:, None] * stride_oh + offs_dr[None, :]
-        gl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(offs_hr < num_heads)[:, None])
-        if WRITE_LSE:
-            gl.store(LSE + pid_t * stride_lt + offs_hs * stride_lh, lse2 / LOG2E, mask=hmask)
 
 
 @gluon.jit
@@ -490,205 +331,6 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
     _epilogue(o, o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, k_hi.index(1), SINKS, OUT, LSE,
               PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
-              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
-
-
-@gluon.jit
-def _stashed(sc_smem, ROW: gl.constexpr):
-    """Row ``ROW`` of the V3.2 stash in the score columns: a block's ids' scale mantissas (rows ``4 * slot +
-    tile``; :func:`~mla_sink.kernels.gluon.seesaw_fp8.scale_mantissa`: in ``[1, 2)`` for scales in range, 1 for
-    powers of two and zero) or Horner ratios (rows ``8 + 4 * slot + tile``), as the decoder left them."""
-    return stash_row(sc_smem, ROW).load(COL_L)
-
-
-@gluon.jit
-def _tile_step(q, k, T: gl.constexpr, acc, ratio):
-    """Horner step of :func:`_ds_scores`: ``acc * ratio + q_T k_T^T`` for the 128 latent columns ``128 T ..`` of a
-    ``[.., 256]`` half (``q`` ``[64 heads, 256]``, ``k`` ``[64 ids, 256]``), waited for."""
-    acc = warpgroup_mma(q.slice(T * DS_TILE, DS_TILE, dim=1), k.slice(T * DS_TILE, DS_TILE, dim=1).permute((1, 0)),
-                        acc * ratio[None, :], is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-
-@gluon.jit
-def _ds_scores(q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, sc_smem, ROW0: gl.constexpr, s_zero):
-    """The scores ``S`` (``[64 heads, 64 ids]`` fp32, before the score scale) of a block of V3.2 rows whose tiles
-    hold each code times its scale's power of two (exact): ``sum_t m_t * (q_t k_t^T) + q_rope k_rope^T``, ``m_t``
-    the rest of tile ``t``'s float32 scale (:func:`_stashed`, stash row ``ROW0 + t``). In one accumulator, by
-    Horner's rule over the tiles: ``acc = X_0``, then ``acc = acc * (m_{t-1} / m_t) + X_t``, and ``S = acc * m_3
-    + R``, so that ``acc`` is ``sum_{u <= t} (m_u / m_t) X_u`` after tile ``t``; the ratios (stash rows ``8 +
-    ROW0 + t``, from the decoder) lie in ``(1/2, 2)`` for scales in ``BF16_EXACT_SCALE_EXP``. Each step rounds in
-    fp32 (a few 2^-24 relative), so every scale acts as the float32 it is. A separate accumulator per tile (or a
-    running sum and one partial), as gluon_fp8 keeps at 32 heads, needs 32 more registers than the consumers have
-    beside their 128-register output half: ptxas then serialised every wgmma of the kernel (C7512) and spilled 200
-    bytes (AOT sm90)."""
-    acc = warpgroup_mma(q_lo.slice(0, DS_TILE, dim=1), k_lo.slice(0, DS_TILE, dim=1).permute((1, 0)), s_zero,
-                        use_acc=False, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    acc = _tile_step(q_lo, k_lo, 1, acc, _stashed(sc_smem, 8 + ROW0 + 1))
-    acc = _tile_step(q_hi, k_hi, 0, acc, _stashed(sc_smem, 8 + ROW0 + 2))
-    acc = _tile_step(q_hi, k_hi, 1, acc, _stashed(sc_smem, 8 + ROW0 + 3))
-    acc = warpgroup_mma(q_rope, k_rope.permute((1, 0)), acc * _stashed(sc_smem, ROW0 + 3)[None, :], is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-
-@gluon.jit
-def _p_tiles(p, sc_smem, ROW: gl.constexpr, dtype: gl.constexpr):
-    """A block's weights for a consumer's two output tiles: ``P * m`` with the ids' scale mantissas of stash rows
-    ``ROW`` and ``ROW + 1`` (:func:`_stashed`; ``P`` fp32 in the score layout), each rounded once to ``dtype``, as
-    wgmma A operands (the tiles hold the codes times the scales' powers of two)."""
-    pa = gl.convert_layout((p * _stashed(sc_smem, ROW)[None, :]).to(dtype), P2_L)
-    pb = gl.convert_layout((p * _stashed(sc_smem, ROW + 1)[None, :]).to(dtype), P2_L)
-    return pa, pb
-
-
-@gluon.jit
-def _pv_tiles(pa, pb, v, o_a, o_b):
-    """Issue (async, not waited for) ``o_a += pa V[:, 0:128]`` and ``o_b += pb V[:, 128:256]`` for a ``[64 ids,
-    256]`` half ``v`` of decoded tiles."""
-    o_a = warpgroup_mma(pa, v.slice(0, DS_TILE, dim=1), o_a, is_async=True)
-    o_b = warpgroup_mma(pb, v.slice(DS_TILE, DS_TILE, dim=1), o_b, is_async=True)
-    return o_a, o_b
-
-
-@gluon.jit
-def _put_p(buf, p):
-    """Hand a block's weights (``p <= 1``, fp32) to the other consumer: as fp16 bits in the bf16 tile ``buf`` (its
-    RoPE, read). fp16 keeps 3 more bits than bf16 over ``[2^-14, 1]``; the reader scales them per tile in fp32."""
-    buf.store(p.to(gl.float16).to(gl.bfloat16, bitcast=True))
-
-
-@gluon.jit
-def _get_p(buf):
-    """The other consumer's weights from :func:`_put_p`, as fp32 in the score layout."""
-    return buf.load(S_L).to(gl.float16, bitcast=True).to(gl.float32)
-
-
-@gluon.jit
-def _scale_tiles(o_a, o_b, f):
-    """Both output tiles times a per-head factor ``f`` (score rows)."""
-    f_o = gl.convert_layout(f, gl.SliceLayout(1, O2_L))[:, None]
-    return o_a * f_o, o_b * f_o
-
-
-@gluon.jit
-def _consumer_even_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
-                      sc_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                      bar_l_even, bar_l_odd,
-                      pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
-                      stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                      stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
-                      HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
-    """Consumer 0 for V3.2 rows read exactly (``KV_DS_EXACT``; default partition): :func:`_consumer_even`'s
-    schedule with every tile scale applied in fp32 (:func:`_ds_scores`, :func:`_p_tiles`); its value columns 0-255
-    are tiles 0 and 1 (stash rows ``4 * slot + 0, 1``), the odd block's weights come as fp16 from the odd slot's
-    RoPE tile."""
-    row_l: gl.constexpr = ROW_L
-    dtype: gl.constexpr = q_lo.dtype
-    # the state's [64, 256] output half is not used: this consumer keeps two [64, 128] tiles
-    qk_scale, offs_n, nrows, m_i, l_i, o_unused, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
-                                                                          BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
-    o_a = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
-    o_b = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
-    j = num_pairs * 0
-    go = j < num_pairs
-    while go:
-        phase = j & 1
-        even = _opaque_zero(j)
-        odd = even + 1
-        _, ok = ids_ok(IDX, idx_base, start + 2 * j * BLOCK_N + offs_n, end, nrows)
-        mbarrier.wait(ready_lo.index(0), phase)
-        decode_half(k_lo.index(even), k_rope.index(even), sc_smem, 0, 0, False, KV_FMT)
-        mbarrier.wait(ready_hi.index(0), phase)
-        decode_half(k_hi.index(even), k_rope.index(even), sc_smem, 2, 1, True, KV_FMT)
-        sc = _ds_scores(q_lo.index(even), q_hi.index(even), q_rope.index(even), k_lo.index(even), k_hi.index(even),
-                        k_rope.index(even), sc_smem, 0, s_zero)
-        m_new, alpha, p, l_i = _softmax_step(_masked_scores(sc, ok, qk_scale), m_i, m_i, l_i)
-        m_even.store(m_new)
-        _named_arrive(NB_M_EVEN + j * 0)
-        o_a, o_b = _scale_tiles(o_a, o_b, alpha)
-        pa, pb = _p_tiles(p, sc_smem, 0, dtype)
-        o_a, o_b = _pv_tiles(pa, pb, k_lo.index(even), o_a, o_b)
-        o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-        _signal(free_lo.index(0))  # the producer refills this half while the odd block's max is awaited
-        _named_sync(NB_M_ODD + j * 0)
-        m_odd_new = m_odd.load(row_l)
-        c = gl.exp2(m_new - _safe(m_odd_new))  # 0 when this block had no valid id (p is 0 then)
-        _put_p(k_rope.index(even), p * c[:, None])  # over the RoPE columns S0 no longer needs
-        _named_arrive(NB_P_EVEN + j * 0)
-        o_a, o_b = _scale_tiles(o_a, o_b, c)
-        l_i = l_i * c
-        m_i = m_odd_new
-        _named_sync(NB_P_ODD + j * 0)
-        pa, pb = _p_tiles(_get_p(k_rope.index(odd)), sc_smem, 4, dtype)
-        o_a, o_b = _pv_tiles(pa, pb, k_lo.index(odd), o_a, o_b)
-        o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-        _signal(free_lo.index(1))  # the odd block's lo half, its tile scales and P1 are read
-        j += 1
-        go = j < num_pairs
-    _epilogue(o_a, o_b, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, k_lo.index(0), SINKS, OUT, LSE,
-              PART_OUT, PART_LSE, pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
-              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
-
-
-@gluon.jit
-def _consumer_odd_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
-                     sc_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-                     bar_l_even, bar_l_odd,
-                     pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
-                     stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                     stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
-                     HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
-    """Consumer 1 for V3.2 rows read exactly (``KV_DS_EXACT``; worker partition): :func:`_consumer_odd`'s
-    schedule with every tile scale applied in fp32; its value columns 256-511 are tiles 2 and 3 (stash rows ``4 *
-    slot + 2, 3``). Its block's RoPE comes with the odd slot's lo half, and its weights go over that RoPE tile as
-    fp16 for consumer 0; writes the LSE."""
-    row_l: gl.constexpr = ROW_L
-    dtype: gl.constexpr = q_lo.dtype
-    qk_scale, offs_n, nrows, m_i, l_i, o_unused, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
-                                                                          BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
-    o_a = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
-    o_b = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
-    j = num_pairs * 0
-    go = j < num_pairs
-    while go:
-        phase = j & 1
-        even = _opaque_zero(j)
-        odd = even + 1
-        _, ok = ids_ok(IDX, idx_base, start + (2 * j + 1) * BLOCK_N + offs_n, end, nrows)
-        mbarrier.wait(ready_hi.index(1), phase)  # the producer fills the odd slot's hi half first
-        decode_half(k_hi.index(odd), k_rope.index(odd), sc_smem, 6, 0, False, KV_FMT)
-        mbarrier.wait(ready_lo.index(1), phase)  # with the RoPE
-        decode_half(k_lo.index(odd), k_rope.index(odd), sc_smem, 4, 2, False, KV_FMT)
-        sc = _ds_scores(q_lo.index(even), q_hi.index(even), q_rope.index(even), k_lo.index(odd), k_hi.index(odd),
-                        k_rope.index(odd), sc_smem, 4, s_zero)
-        s = _masked_scores(sc, ok, qk_scale)
-        _named_sync(NB_M_EVEN + j * 0)
-        # the max consumer 0 published is >= this consumer's previous max
-        m_new, alpha, p, l_i = _softmax_step(s, m_even.load(row_l), m_i, l_i)
-        m_odd.store(m_new)
-        _named_arrive(NB_M_ODD + j * 0)
-        m_i = m_new
-        o_a, o_b = _scale_tiles(o_a, o_b, alpha)
-        # this block's own P V first, then P1 is handed over while it runs. Consumer 0 has read the previous
-        # pair's P1: its wait for that P V came before its arrive on NB_M_EVEN of this pair, taken above.
-        pa, pb = _p_tiles(p, sc_smem, 6, dtype)
-        _put_p(k_rope.index(odd), p)  # over this block's RoPE, which S1 has read
-        o_a, o_b = _pv_tiles(pa, pb, k_hi.index(odd), o_a, o_b)
-        _named_arrive(NB_P_ODD + j * 0)
-        o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-        _signal(free_hi.index(1))  # this block's own P V is done: its slot half is refilled first
-        _named_sync(NB_P_EVEN + j * 0)
-        pa, pb = _p_tiles(_get_p(k_rope.index(even)), sc_smem, 2, dtype)
-        o_a, o_b = _pv_tiles(pa, pb, k_hi.index(even), o_a, o_b)
-        o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-        _signal(free_hi.index(0))  # the even block's hi half, its tile scales and P0 are read
-        j += 1
-        go = j < num_pairs
-    _epilogue(o_a, o_b, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, k_hi.index(1), SINKS, OUT, LSE,
-              PART_OUT, PART_LSE, pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
 
