@@ -315,19 +315,14 @@ def _set_scale(pool, row, tile, value):
     pool[row, 512 + 4 * tile: 516 + 4 * tile] = torch.tensor([value], dtype=torch.float32).view(torch.uint8).cuda()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="the seesaw kernel is sm90 only")
-@pytest.mark.parametrize("splits", [1, 4])
-@pytest.mark.parametrize("H", [16, 24, 64, 128])
-def test_seesaw_reads_every_scale_exactly(H, splits):
-    """The seesaw kernel's exact reading of V3.2 rows (``exact=True``: every program, no flags) on a pow2 cache with
-    rows of other scales: a
-    non-power of two (1.5 x 2^-7, as an amax writer gives), a power of two below the range whose powers of two it
-    decodes into bf16 (2^-120), one above it (2^120, with small codes so that the values stay finite), a zero
-    scale, the top of the range (2^119), and one row whose four tiles span 2^-100 .. 2^100 (the Horner ratios of
-    the scores). Every token is within the budget of the float64 reference, through the kernel and the library."""
-    from mla_sink.kernels.gluon.gluon_seesaw import sparse_mla_decode_seesaw
-
+def _odd_scales_case(H, splits, spanning):
+    """A pow2 cache of 4096 rows with rows of other scales, T=8 tokens of topk 2048 and their inputs: ``(cache,
+    idx, topk_length, q, sinks)``. Row 10 has a non-power of two (1.5 x 2^-7, as an amax writer gives), row 20 a
+    power of two below the range the seesaw decodes into bf16 (2^-120), row 30 one above it (2^120, with small codes
+    so that the values stay finite), row 40 a zero scale, row 50 the top of the range (2^119, codes up to 448 stay
+    below bf16's max); with ``spanning``, row 55's four tiles span 2^-100 .. 2^100 (the Horner ratios of the exact
+    scores). Tokens 0, 2, 3, 5, 6 (and 4 with ``spanning``) reference one of them; token 7 references row 10 only
+    past its ``topk_length`` (never read)."""
     g = torch.Generator(device="cuda").manual_seed(17 + H + splits)
     N, T, topk = 4096, 8, 2048
     cache = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="pow2")
@@ -338,19 +333,34 @@ def test_seesaw_reads_every_scale_exactly(H, splits):
     _set_scale(cache, 40, 2, 0.0)  # a zero scale: the tile's values are 0
     _set_scale(cache, 50, 1, 2.0 ** 119)  # the top of the range (codes up to 448 stay below bf16 max)
     cache[50, 128:256] = 0x08
-    for tile, value in enumerate((2.0 ** -100, 3.0 * 2.0 ** 40, 2.0 ** 100, 5.0 * 2.0 ** -60)):
-        _set_scale(cache, 55, tile, value)
-    cache[55, :512] = 0x08
+    where = {0: 10, 2: 20, 3: 30, 5: 40, 6: 50}  # token: the special row it references
+    if spanning:
+        for tile, value in enumerate((2.0 ** -100, 3.0 * 2.0 ** 40, 2.0 ** 100, 5.0 * 2.0 ** -60)):
+            _set_scale(cache, 55, tile, value)
+        cache[55, :512] = 0x08
+        where[4] = 55
     idx = torch.randint(60, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
     idx[:, 3::101] = -1
-    where = {0: 10, 2: 20, 3: 30, 4: 55, 5: 40, 6: 50}  # token: the special row it references
     for t, row in where.items():
         idx[t, (t * 389) % topk] = row
     idx[7, 1500:] = 10  # past topk_length: never read
     topk_length = torch.full((T,), topk, dtype=torch.int32, device="cuda")
     topk_length[7] = 1500
     q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-    sinks = _sinks(H, g)
+    return cache, idx, topk_length, q, _sinks(H, g)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the seesaw kernel is sm90 only")
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("H", [16, 24, 64, 128])
+def test_seesaw_reads_every_scale_exactly(H, splits):
+    """The seesaw kernel's exact reading of V3.2 rows (``exact=True``: every program, no flags) on the cache of
+    :func:`_odd_scales_case` with the spanning row. Every token is within the budget of the float64 reference,
+    through the kernel and the library."""
+    from mla_sink.kernels.gluon.gluon_seesaw import sparse_mla_decode_seesaw
+
+    cache, idx, topk_length, q, sinks = _odd_scales_case(H, splits, spanning=True)
     ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length)
     o, l = sparse_mla_decode_seesaw(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length, num_kv_splits=splits,
                                     kv_dtype="fp8_ds_mla", exact=True)
@@ -364,33 +374,14 @@ def test_seesaw_reads_every_scale_exactly(H, splits):
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("H", [16, 24, 64, 128])
 def test_seesaw_flags_exactly_the_tokens_with_other_scales(H, splits):
-    """A pow2 cache with a few rows whose scale the seesaw cannot decode exactly into bf16: a non-power of
-    two (1.5 x 2^-7, as an amax writer gives), a power of two below the range (2^-120) and one above it
-    (2^120, with small codes so that the values stay finite). Tokens that reference one of them are flagged by the seesaw
-    (``redo``) and recomputed; a zero scale and in-range powers of two are not flagged. Every token's
-    result is within the budget of the float64 reference."""
+    """The cache of :func:`_odd_scales_case` without the spanning row: the seesaw cannot decode rows 10, 20 and 30
+    exactly into bf16, so the tokens that reference one of them are flagged (``redo``) and recomputed; a zero scale
+    and in-range powers of two are not flagged. Every token's result is within the budget of the float64
+    reference."""
     from mla_sink.kernels.gluon.gluon_seesaw import HEAD_BLOCK, sparse_mla_decode_seesaw
 
-    g = torch.Generator(device="cuda").manual_seed(17 + H + splits)
-    N, T, topk = 4096, 8, 2048
-    cache = quantize_kv_cache(torch.randn(N, D_QK, device="cuda", generator=g), scale="pow2")
-    odd = {10: (1, 1.5 * 2.0 ** -7), 20: (3, 2.0 ** -120), 30: (0, 2.0 ** 120)}  # row: (tile, scale)
-    for row, (tile, value) in odd.items():
-        _set_scale(cache, row, tile, value)
-    cache[30, :128] = 0x08  # e4m3 2^-6 x 1.0: times 2^120 stays far below the float32 / bf16 max
-    _set_scale(cache, 40, 2, 0.0)  # a zero scale: exact (all zeros)
-    _set_scale(cache, 50, 1, 2.0 ** 119)  # the top of the range: exact (codes up to 448 stay below bf16 max)
-    cache[50, 128:256] = 0x08
-    idx = torch.randint(60, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
-    idx[:, 3::101] = -1
-    where = {0: 10, 2: 20, 3: 30, 5: 40, 6: 50}  # token: the special row it references
-    for t, row in where.items():
-        idx[t, (t * 389) % topk] = row
-    idx[7, 1500:] = 10  # past topk_length: never read
-    topk_length = torch.full((T,), topk, dtype=torch.int32, device="cuda")
-    topk_length[7] = 1500
-    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-    sinks = _sinks(H, g)
+    cache, idx, topk_length, q, sinks = _odd_scales_case(H, splits, spanning=False)
+    T = q.shape[0]
     redo = torch.full((T, -(-H // HEAD_BLOCK) * splits), -7, dtype=torch.int32, device="cuda")
     sparse_mla_decode_seesaw(q, cache, idx, sinks, SM_SCALE, topk_length=topk_length, num_kv_splits=splits,
                              kv_dtype="fp8_ds_mla", redo=redo)

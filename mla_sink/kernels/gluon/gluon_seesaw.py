@@ -60,7 +60,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mla_sink.kernels.gluon.gather import gather_q, ids_ok, pair_ids
 from mla_sink.kernels.gluon.pdl import launch_dependents
 from mla_sink.kernels.gluon.seesaw_common import (
-    NB_M_EVEN,
     NB_M_ODD,
     NB_P_EVEN,
     NB_P_ODD,
@@ -69,13 +68,13 @@ from mla_sink.kernels.gluon.seesaw_common import (
     ROW_L,
     _consumer_start,
     _epilogue,
-    _masked_scores,
+    _even_max,
     _named_arrive,
     _named_sync,
+    _odd_max,
     _opaque_zero,
     _safe,
     _signal,
-    _softmax_step,
 )
 from mla_sink.kernels.gluon.seesaw_exact import _consumer_even_ds, _consumer_odd_ds
 from mla_sink.kernels.gluon.seesaw_fp8 import (
@@ -236,9 +235,7 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         sc = warpgroup_mma(q_hi.index(even), k_hi.index(even).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma(q_rope.index(even), k_rope.index(even).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
-        m_new, alpha, p, l_i = _softmax_step(_masked_scores(sc, ok, qk_scale), m_i, m_i, l_i)
-        m_even.store(m_new)
-        _named_arrive(NB_M_EVEN + j * 0)
+        m_new, alpha, p, l_i = _even_max(sc, ok, qk_scale, m_i, l_i, m_even, j)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), k_lo.index(even), o, is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -279,7 +276,6 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
     and, for V3.2 rows, the CTA's flag at ``redo_ptr`` (1: stopped at an inexact scale; 0 otherwise)."""
     o_l: gl.constexpr = O_L
     p_l: gl.constexpr = P_L
-    row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
     qk_scale, offs_n, nrows, m_i, l_i, o, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
                                                                    BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
@@ -300,12 +296,7 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         mbarrier.wait(ready_lo.index(1), phase)
         sc = warpgroup_mma(q_lo.index(even), k_lo.index(odd).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
-        s = _masked_scores(sc, ok, qk_scale)
-        _named_sync(NB_M_EVEN + j * 0)
-        # the max consumer 0 published is >= this consumer's previous max
-        m_new, alpha, p, l_i = _softmax_step(s, m_even.load(row_l), m_i, l_i)
-        m_odd.store(m_new)
-        _named_arrive(NB_M_ODD + j * 0)
+        m_new, alpha, p, l_i = _odd_max(sc, ok, qk_scale, m_i, l_i, m_even, m_odd, j)
         m_i = m_new
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         p_h = p.to(dtype)
@@ -578,13 +569,13 @@ def sparse_mla_decode_seesaw(q, kv_cache, indices, sinks=None, sm_scale=None, *,
         part_out = part_lse = lse
     if redo is None and ds:
         redo = torch.empty((T, -(-H // HEAD_BLOCK) * splits), dtype=torch.int32, device=q.device)
-    for last, (is_exact, gated) in zip(range(len(launches), 0, -1), launches):
+    for i, (is_exact, gated) in enumerate(launches):
         grid, scalars, constexprs, options = seesaw_launch_args(q, kv, indices, num_kv_splits=splits,
                                                                 ids_per_split=ids_per_split,
                                                                 out_strides=(out.stride(0), out.stride(1)),
                                                                 kv_dtype=kv_dtype, exact=is_exact, gated=gated)
         constexprs.update(HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None,
-                          LAUNCH_DEPENDENTS=pdl and splits > 1 and last == 1)
+                          LAUNCH_DEPENDENTS=pdl and splits > 1 and i == len(launches) - 1)  # the combine's
         sparse_mla_decode_seesaw_kernel[grid](
             q, kv, indices, sinks if sinks is not None else lse,
             topk_length if topk_length is not None else indices, out, lse, part_out, part_lse,

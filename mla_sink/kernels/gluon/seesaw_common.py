@@ -122,6 +122,29 @@ def _softmax_step(s, m_ref, m_i, l_i):
 
 
 @gluon.jit
+def _even_max(sc, ok, qk_scale, m_i, l_i, m_even, j):
+    """Consumer 0's softmax step of its block (scores ``sc``, ids ``ok``) against its own running max, the new max
+    published to consumer 1 (``m_even``, named barrier :data:`NB_M_EVEN`): ``(m_new, alpha, p, l_i)``."""
+    m_new, alpha, p, l_i = _softmax_step(_masked_scores(sc, ok, qk_scale), m_i, m_i, l_i)
+    m_even.store(m_new)
+    _named_arrive(NB_M_EVEN + j * 0)
+    return m_new, alpha, p, l_i
+
+
+@gluon.jit
+def _odd_max(sc, ok, qk_scale, m_i, l_i, m_even, m_odd, j):
+    """Consumer 1's softmax step of its block against the max consumer 0 published (which is at least this
+    consumer's previous max), the shared max published back (``m_odd``, :data:`NB_M_ODD`): ``(m_new, alpha, p,
+    l_i)``."""
+    s = _masked_scores(sc, ok, qk_scale)
+    _named_sync(NB_M_EVEN + j * 0)
+    m_new, alpha, p, l_i = _softmax_step(s, m_even.load(ROW_L), m_i, l_i)
+    m_odd.store(m_new)
+    _named_arrive(NB_M_ODD + j * 0)
+    return m_new, alpha, p, l_i
+
+
+@gluon.jit
 def _epilogue(acc, acc_b, m_i, KV_SCALE, l_own, l_mine, l_theirs, l_done_mine, l_done_theirs, stage, SINKS, OUT, LSE,
               PART_OUT, PART_LSE,
               pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,

@@ -16,7 +16,6 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from mla_sink.kernels.gluon.gather import ids_ok
 from mla_sink.kernels.gluon.seesaw_common import (
     COL_L,
-    NB_M_EVEN,
     NB_M_ODD,
     NB_P_EVEN,
     NB_P_ODD,
@@ -26,13 +25,13 @@ from mla_sink.kernels.gluon.seesaw_common import (
     S_L,
     _consumer_start,
     _epilogue,
-    _masked_scores,
+    _even_max,
     _named_arrive,
     _named_sync,
+    _odd_max,
     _opaque_zero,
     _safe,
     _signal,
-    _softmax_step,
 )
 from mla_sink.kernels.gluon.seesaw_fp8 import DS_TILE, decode_half, stash_row
 
@@ -116,6 +115,18 @@ def _scale_tiles(o_a, o_b, f):
 
 
 @gluon.jit
+def _exact_start(q_ready, sm_scale, KV_SCALE, num_rows, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HALF_V: gl.constexpr, KV_FMT: gl.constexpr):
+    """:func:`~mla_sink.kernels.gluon.seesaw_common._consumer_start`'s state with the output half as two zero
+    ``[64, 128]`` tiles: ``(qk_scale, offs_n, nrows, m_i, l_i, o_a, o_b, s_zero)``."""
+    qk_scale, offs_n, nrows, m_i, l_i, o_half, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
+                                                                        BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
+    o_a = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
+    o_b = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
+    return qk_scale, offs_n, nrows, m_i, l_i, o_a, o_b, s_zero
+
+
+@gluon.jit
 def _consumer_even_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
                       sc_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                       bar_l_even, bar_l_odd,
@@ -123,17 +134,14 @@ def _consumer_even_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, 
                       stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                       stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
                       HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
-    """Consumer 0 for V3.2 rows read exactly (``KV_DS_EXACT``; default partition): :func:`~mla_sink.kernels.gluon.gluon_seesaw._consumer_even`'s
-    schedule with every tile scale applied in fp32 (:func:`_ds_scores`, :func:`_p_tiles`); its value columns 0-255
+    """Consumer 0 for V3.2 rows read exactly (``KV_DS_EXACT``; default partition):
+    :func:`~mla_sink.kernels.gluon.gluon_seesaw._consumer_even`'s schedule with every tile scale applied in fp32 (:func:`_ds_scores`, :func:`_p_tiles`); its value columns 0-255
     are tiles 0 and 1 (stash rows ``4 * slot + 0, 1``), the odd block's weights come as fp16 from the odd slot's
     RoPE tile."""
     row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
-    # the state's [64, 256] output half is not used: this consumer keeps two [64, 128] tiles
-    qk_scale, offs_n, nrows, m_i, l_i, o_unused, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
-                                                                          BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
-    o_a = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
-    o_b = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
+    qk_scale, offs_n, nrows, m_i, l_i, o_a, o_b, s_zero = _exact_start(q_ready, sm_scale, KV_SCALE, num_rows,
+                                                                       BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
     j = num_pairs * 0
     go = j < num_pairs
     while go:
@@ -147,9 +155,7 @@ def _consumer_even_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, 
         decode_half(k_hi.index(even), k_rope.index(even), sc_smem, 2, 1, True, KV_FMT)
         sc = _ds_scores(q_lo.index(even), q_hi.index(even), q_rope.index(even), k_lo.index(even), k_hi.index(even),
                         k_rope.index(even), sc_smem, 0, s_zero)
-        m_new, alpha, p, l_i = _softmax_step(_masked_scores(sc, ok, qk_scale), m_i, m_i, l_i)
-        m_even.store(m_new)
-        _named_arrive(NB_M_EVEN + j * 0)
+        m_new, alpha, p, l_i = _even_max(sc, ok, qk_scale, m_i, l_i, m_even, j)
         o_a, o_b = _scale_tiles(o_a, o_b, alpha)
         pa, pb = _p_tiles(p, sc_smem, 0, dtype)
         o_a, o_b = _pv_tiles(pa, pb, k_lo.index(even), o_a, o_b)
@@ -184,16 +190,13 @@ def _consumer_odd_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q
                      stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                      stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
                      HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
-    """Consumer 1 for V3.2 rows read exactly (``KV_DS_EXACT``; worker partition): :func:`~mla_sink.kernels.gluon.gluon_seesaw._consumer_odd`'s
-    schedule with every tile scale applied in fp32; its value columns 256-511 are tiles 2 and 3 (stash rows ``4 *
+    """Consumer 1 for V3.2 rows read exactly (``KV_DS_EXACT``; worker partition):
+    :func:`~mla_sink.kernels.gluon.gluon_seesaw._consumer_odd`'s schedule with every tile scale applied in fp32; its value columns 256-511 are tiles 2 and 3 (stash rows ``4 *
     slot + 2, 3``). Its block's RoPE comes with the odd slot's lo half, and its weights go over that RoPE tile as
     fp16 for consumer 0; writes the LSE."""
-    row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
-    qk_scale, offs_n, nrows, m_i, l_i, o_unused, s_zero = _consumer_start(q_ready, sm_scale, KV_SCALE, num_rows,
-                                                                          BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
-    o_a = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
-    o_b = gl.zeros([BLOCK_H, DS_TILE], gl.float32, layout=O2_L)
+    qk_scale, offs_n, nrows, m_i, l_i, o_a, o_b, s_zero = _exact_start(q_ready, sm_scale, KV_SCALE, num_rows,
+                                                                       BLOCK_H, BLOCK_N, HALF_V, KV_FMT)
     j = num_pairs * 0
     go = j < num_pairs
     while go:
@@ -207,12 +210,7 @@ def _consumer_odd_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q
         decode_half(k_lo.index(odd), k_rope.index(odd), sc_smem, 4, 2, False, KV_FMT)
         sc = _ds_scores(q_lo.index(even), q_hi.index(even), q_rope.index(even), k_lo.index(odd), k_hi.index(odd),
                         k_rope.index(odd), sc_smem, 4, s_zero)
-        s = _masked_scores(sc, ok, qk_scale)
-        _named_sync(NB_M_EVEN + j * 0)
-        # the max consumer 0 published is >= this consumer's previous max
-        m_new, alpha, p, l_i = _softmax_step(s, m_even.load(row_l), m_i, l_i)
-        m_odd.store(m_new)
-        _named_arrive(NB_M_ODD + j * 0)
+        m_new, alpha, p, l_i = _odd_max(sc, ok, qk_scale, m_i, l_i, m_even, m_odd, j)
         m_i = m_new
         o_a, o_b = _scale_tiles(o_a, o_b, alpha)
         # this block's own P V first, then P1 is handed over while it runs. Consumer 0 has read the previous
