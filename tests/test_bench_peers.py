@@ -226,6 +226,19 @@ def test_ds_mla_cache_is_the_library_pow2_cache_of_whole_blocks():
         peers.ds_mla_cache(kv[:63])
 
 
+def test_ds_mla_cache_with_amax_scales_is_the_library_amax_cache():
+    """``scale="amax"`` (vLLM's writer): the library's ``amax / 448`` cache, named so in the source; most of its
+    scales are not powers of two (the point of timing it); an unknown convention is refused."""
+    _, kv, _, _ = _inputs(rows=200)
+    cache, source = peers.ds_mla_cache(kv, "amax")
+    assert source == peers.ds_mla_source("amax") and "'amax'" in source and source != peers.DS_MLA_SOURCE
+    assert torch.equal(cache, mla_sink.quantize_kv_cache(kv[:192], layout="fp8_ds_mla", scale="amax"))
+    scales = cache[:, 512:528].contiguous().view(torch.float32)
+    assert (torch.exp2(torch.log2(scales).round()) != scales).float().mean() > 0.9
+    with pytest.raises(ValueError, match="'scale' must be one of"):
+        peers.ds_mla_cache(kv, "max")
+
+
 # ---------------------------------------------------------------- the correctness check
 def test_peer_checks_against_the_reference(fake_flash_mla, monkeypatch):
     monkeypatch.setitem(peers.CHECK_SHAPE, "pool_rows", 512)  # the interpreter-free fake is fast at any size
@@ -354,7 +367,7 @@ def test_run_cases_without_flash_mla_and_over_the_token_limit(fake_flash_mla):
 
 
 def test_run_cases_records_a_failing_quantiser(fake_flash_mla, monkeypatch):
-    def broken(kv):
+    def broken(kv, scale):
         raise RuntimeError("quantiser broke")
 
     monkeypatch.setattr(peers, "ds_mla_cache", broken)
@@ -454,3 +467,22 @@ def test_run_cases_gives_ours_the_paged_view_of_the_same_cache(fake_flash_mla, m
         with pytest.raises(ValueError, match=f"ds_pages must be 0 .* or a divisor of 64, got ds_pages={bad!r}"):
             bench.run_cases([SMALL_CASES[4]], device="cpu", pool_rows=200, peer_max_tokens=256, timer=FakeTimer(),
                             ceilings=CEILINGS, platform=detect_platform("cpu"), flash_mla=None, ds_pages=bad)
+
+
+def test_run_cases_reads_the_amax_cache_with_every_implementation(fake_flash_mla, monkeypatch):
+    """``ds_scale="amax"``: ours and FlashMLA's decode get the same ``amax / 448`` bytes (the library's cache of the
+    pool's first whole blocks), and the source says which; an unknown convention is refused before any case runs."""
+    monkeypatch.setattr(bench, "_ours_refuses", lambda *a: None)
+    ours = []
+    monkeypatch.setattr(bench, "_ours_call", lambda *a: ours.append(a))
+    _, source = bench.run_cases([SMALL_CASES[4]], device="cpu", pool_rows=200, peer_max_tokens=256,
+                                timer=FakeTimer(), ceilings=CEILINGS, platform=detect_platform("cpu"),
+                                flash_mla=fake_flash_mla, ds_scale="amax")
+    (o,) = ours
+    _, _, pkv, _, _, _ = fake_flash_mla.calls[-1]
+    assert source == peers.ds_mla_source("amax") and pkv.data_ptr() == o[1].data_ptr()
+    scales = o[1][:, 512:528].contiguous().view(torch.float32)
+    assert (torch.exp2(torch.log2(scales).round()) != scales).any()
+    with pytest.raises(ValueError, match=r"ds_scale must be one of \('pow2', 'amax'\), got ds_scale='vllm'"):
+        bench.run_cases([SMALL_CASES[4]], device="cpu", pool_rows=200, peer_max_tokens=256, timer=FakeTimer(),
+                        ceilings=CEILINGS, platform=detect_platform("cpu"), flash_mla=None, ds_scale="vllm")

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from mla_sink.core.kv_layout import LAYOUT as DS_MLA_KV  # the 656-byte V3.2 FP8 layout (issue #12)
+from mla_sink.core.kv_layout import SCALE_CONVENTIONS
 from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, call_key
 from mla_sink.tools import dcp_bench, peers
 
@@ -272,11 +273,11 @@ def ratios(entry: dict) -> dict[str, float]:
 
 class _Pools:
     """The KV pools of a run, built once on first use: the random bf16 pool (``rows`` rows), its fp8 casts,
-    and the 656-byte cache of its first :func:`~mla_sink.tools.peers.ds_mla_rows` rows (a failure to build
-    that one is kept and raised again on each use)."""
+    and the 656-byte cache of its first :func:`~mla_sink.tools.peers.ds_mla_rows` rows, tile scales of convention
+    ``ds_scale`` (a failure to build that one is kept and raised again on each use)."""
 
-    def __init__(self, rows: int, device: Any):
-        self.rows, self.device = rows, device
+    def __init__(self, rows: int, device: Any, ds_scale: str = "pow2"):
+        self.rows, self.device, self.ds_scale = rows, device, ds_scale
         self.pools: dict[str, Any] = {}
         self.ds_source = ""
 
@@ -288,7 +289,7 @@ class _Pools:
                 self.pools[kv] = torch.randn(self.rows, D_QK, device=self.device, dtype=TORCH_DTYPES[kv])
             elif kv == DS_MLA_KV:
                 try:
-                    self.pools[kv], self.ds_source = peers.ds_mla_cache(self.get(BASE_KV))
+                    self.pools[kv], self.ds_source = peers.ds_mla_cache(self.get(BASE_KV), self.ds_scale)
                 except Exception as e:
                     self.pools[kv] = e
             else:
@@ -307,7 +308,7 @@ def _ds_pages_ok(value: Any) -> bool:
 
 
 def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens: int, timer: Any,
-              ceilings: dict, platform: Platform, flash_mla: Any = None, ds_pages: int = 0,
+              ceilings: dict, platform: Platform, flash_mla: Any = None, ds_pages: int = 0, ds_scale: str = "pow2",
               progress: Callable[[Any], Any] = lambda x: x) -> tuple[list[dict], str]:
     """Time every case on ``device`` with ``timer`` (anything with ``time_us(fn) -> float``).
 
@@ -318,10 +319,13 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
     the peers of :func:`flash_peers_of` (``{"skipped": why}`` where a peer does not apply). ``ds_pages``: 0, or
     the page size (rows) of the paged view ``[rows / ds_pages, ds_pages, 656]`` of the same 656-byte cache that
     our calls then get (vLLM's and FlashMLA's layout at 64; FlashMLA always gets its own ``[.., 64, 1, 656]``
-    view); the cache's rows are a multiple of 64, so ``ds_pages`` must divide them.
+    view); the cache's rows are a multiple of 64, so ``ds_pages`` must divide them. ``ds_scale``: the tile
+    scales of the 656-byte cache (``mla_sink.core.kv_layout.SCALE_CONVENTIONS``): ``"pow2"`` (FlashMLA's
+    quantiser) or ``"amax"`` (``amax / 448``, vLLM's writer), which every implementation reads.
 
     Raises:
-        ValueError: ``ds_pages`` not an int, negative or not a divisor of 64 (before any case runs).
+        ValueError: ``ds_pages`` not an int, negative or not a divisor of 64, or ``ds_scale`` not a convention
+            (before any case runs).
 
     Returns:
         ``(results, ds_mla_source)``: one entry per case (``case``, the case fields, ``flops``, ``bytes``
@@ -332,7 +336,9 @@ def run_cases(cases: list[dict], *, device: Any, pool_rows: int, peer_max_tokens
     if not _ds_pages_ok(ds_pages):
         raise ValueError(f"ds_pages must be 0 (a flat [N, 656] cache) or a divisor of {peers.FLASH_MLA_BLOCK}, got "
                          f"ds_pages={ds_pages!r}")
-    pools = _Pools(pool_rows, device)
+    if ds_scale not in SCALE_CONVENTIONS:
+        raise ValueError(f"ds_scale must be one of {SCALE_CONVENTIONS}, got ds_scale={ds_scale!r}")
+    pools = _Pools(pool_rows, device, ds_scale)
     pools.get(BASE_KV)  # drawn first, as before the peers came (same random pool for the same seed)
     id_rows = peers.ds_mla_rows(pool_rows) or pool_rows
     sm_scale = D_QK ** -0.5
@@ -450,9 +456,10 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
         wanted = args.cases.split(",")
         cases = [c for c in cases if any(w in case_name(c, platform) for w in wanted)]
     ds_pages = getattr(args, "ds_pages", 0)
+    ds_scale = getattr(args, "ds_scale", "pow2")
     results, ds_source = run_cases(
         cases, device=device, pool_rows=args.pool_rows, peer_max_tokens=args.peer_max_tokens, timer=timer,
-        ceilings=ceilings, platform=platform, flash_mla=flash_mla, ds_pages=ds_pages,
+        ceilings=ceilings, platform=platform, flash_mla=flash_mla, ds_pages=ds_pages, ds_scale=ds_scale,
         progress=lambda x: tqdm(x, desc="bench", file=sys.stderr))
     if ds_source:
         peer_doc[DS_MLA_KV + "_cache"] = ds_source
@@ -462,7 +469,7 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
     report = dict(
         device=props.name, sms=props.multi_processor_count, platform=str(platform),
         torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-        pool_rows=args.pool_rows, ds_pages=ds_pages,
+        pool_rows=args.pool_rows, ds_pages=ds_pages, ds_scale=ds_scale,
         flush=args.flush, flush_us=timer.flush_ms() * 1e3, method=__doc__.split("Method (see BENCHMARKS.md): ")[1].split("\n\n")[0],
         ceilings=ceilings, peers=peer_doc, results=results,
         peers_missing=[n for n, ok in (("flash_mla", flash_mla is not None), ("flashinfer", _flashinfer_peer() is not None))
@@ -574,6 +581,12 @@ def check_bench_args(args: argparse.Namespace) -> None:
     if value and (getattr(args, "host", False) or getattr(args, "dcp", 1) > 1):
         raise ValueError(f"'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages "
                          f"{value})")
+    scale = getattr(args, "ds_scale", "pow2")
+    if scale not in SCALE_CONVENTIONS:
+        raise ValueError(f"'--ds-scale' must be one of {SCALE_CONVENTIONS} (got {scale!r})")
+    if scale != "pow2" and (getattr(args, "host", False) or getattr(args, "dcp", 1) > 1):
+        raise ValueError(f"'--ds-scale' applies to the kernel grid only, not to --host or --dcp (got --ds-scale "
+                         f"{scale})")
     if getattr(args, "peers", None) is True:
         flash_mla, why = peers.import_flash_mla()
         if flash_mla is None:
@@ -632,6 +645,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--ds-pages", type=int, default=0,
                    help="give our fp8_ds_mla calls the paged view [rows / N, N, 656] of the same cache (64: vLLM's and "
                         "FlashMLA's pages; default 0: the flat [rows, 656])")
+    p.add_argument("--ds-scale", choices=SCALE_CONVENTIONS, default="pow2",
+                   help="tile scales of the fp8_ds_mla cache: pow2 (FlashMLA's quantiser, the default) or amax "
+                        "(amax / 448, vLLM's writer); every implementation reads the same bytes")
     peer = p.add_mutually_exclusive_group()
     peer.add_argument("--peers", dest="peers", action="store_true", default=None,
                       help="time FlashMLA beside ours (the default when flash_mla is importable; an error when not)")

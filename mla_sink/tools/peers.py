@@ -185,30 +185,39 @@ def ds_mla_rows(num_rows: int) -> int:
     return num_rows // FLASH_MLA_BLOCK * FLASH_MLA_BLOCK
 
 
-#: which quantiser writes the cache of :func:`ds_mla_cache` (recorded in the bench's JSON)
-DS_MLA_SOURCE = f"mla_sink.quantize_kv_cache(layout={LAYOUT!r}, scale='pow2')"
+def ds_mla_source(scale: str = "pow2") -> str:
+    """Which quantiser writes the cache of :func:`ds_mla_cache` with tile scales of convention ``scale`` (the
+    bench's JSON records it)."""
+    return f"mla_sink.quantize_kv_cache(layout={LAYOUT!r}, scale={scale!r})"
 
 
-def ds_mla_cache(kv: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """The 656-byte V3.2 FP8 cache of the first :func:`ds_mla_rows` rows of a bf16 pool, power-of-two scales
-    (FlashMLA's convention), written by :func:`mla_sink.quantize_kv_cache`.
+#: which quantiser writes the cache of :func:`ds_mla_cache` by default
+DS_MLA_SOURCE = ds_mla_source("pow2")
+
+
+def ds_mla_cache(kv: torch.Tensor, scale: str = "pow2") -> tuple[torch.Tensor, str]:
+    """The 656-byte V3.2 FP8 cache of the first :func:`ds_mla_rows` rows of a bf16 pool, written by
+    :func:`mla_sink.quantize_kv_cache` with tile scales of convention ``scale``: ``"pow2"`` (FlashMLA's quantiser,
+    the default) or ``"amax"`` (``amax / 448``, vLLM's writer; FlashMLA's sm90 decode rounds such scales to bf16,
+    mla-sink reads them as the float32 they are).
 
     Args:
         kv: bf16 ``[N, 576]``, N >= 64.
+        scale: ``"pow2"`` or ``"amax"`` (``mla_sink.core.kv_layout.SCALE_CONVENTIONS``).
 
     Returns:
         ``(cache, source)``: uint8 ``[n, 656]`` contiguous (n = :func:`ds_mla_rows` of N) and
-        :data:`DS_MLA_SOURCE` (which quantiser wrote it).
+        :func:`ds_mla_source` of ``scale`` (which quantiser wrote it).
 
     Raises:
-        ValueError: the pool has fewer than 64 rows, or ``kv`` is not one :func:`mla_sink.quantize_kv_cache`
-            takes.
+        ValueError: the pool has fewer than 64 rows, ``scale`` is not a convention, or ``kv`` is not one
+            :func:`mla_sink.quantize_kv_cache` takes.
     """
     n = ds_mla_rows(kv.shape[0])
     if n == 0:
         raise ValueError(f"'kv' has {kv.shape[0]} rows; the {ROW_BYTES}-byte cache needs at least "
                          f"{FLASH_MLA_BLOCK} (one page block)")
-    return quantize_kv_cache(kv[:n], layout=LAYOUT, scale="pow2").contiguous(), DS_MLA_SOURCE
+    return quantize_kv_cache(kv[:n], layout=LAYOUT, scale=scale).contiguous(), ds_mla_source(scale)
 
 
 # ---------------------------------------------------------------- correctness on one small case
