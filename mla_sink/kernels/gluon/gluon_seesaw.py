@@ -58,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mla_sink.kernels.gluon.gather import gather_q, ids_ok, pair_ids
-from mla_sink.kernels.gluon.pdl import launch_dependents
+from mla_sink.kernels.gluon.pdl import launch_dependents, wait_primary
 from mla_sink.kernels.gluon.seesaw_common import (
     NB_M_ODD,
     NB_P_EVEN,
@@ -345,7 +345,8 @@ def sparse_mla_decode_seesaw_kernel(
     (:data:`KV_DS_EXACT`, the same grid after it) a program whose word is 0 returns at once."""
     redo_ptr = REDO + gl.program_id(2).to(gl.int64) * (gl.num_programs(0) * gl.num_programs(1)) + \
         gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
-    if GATED:
+    if GATED:  # launched as a programmatic dependent of the flagging grid: its flags are read once it completes
+        wait_primary(gl.program_id(0))
         if gl.load(redo_ptr) == 0:
             return
     if LAUNCH_DEPENDENTS:
@@ -498,9 +499,10 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=seesaw_producer_regs(kv_dtype),
                       KV_FMT=kv_fmt,
                       ROW_BYTES=kv_layout.ROW_BYTES if v32 else d_qk,
-                      # the library's combine follows a split launch as a programmatic dependent; after V3.2
-                      # rows the exact recompute, launched plainly, comes between (paths/triton/launch.py)
-                      LAUNCH_DEPENDENTS=splits > 1 and kv_fmt != KV_DS_MLA.value, GATED=gated)
+                      # the library launches what follows a split launch as a programmatic dependent: the
+                      # combine, or after V3.2 rows the gated exact recompute (and the combine after that)
+                      # (paths/triton/launch.py)
+                      LAUNCH_DEPENDENTS=splits > 1, GATED=gated)
     grid = (-(-H // HEAD_BLOCK), splits, T)
     return grid, scalars, constexprs, dict(num_warps=4)
 

@@ -16,3 +16,11 @@ def launch_dependents(x):
     takes no operand)."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0 $1", "=r,r", [x], dtype=gl.int32,
                               is_pure=False, pack=1)
+
+
+@gluon.jit
+def wait_primary(x):
+    """``griddepcontrol.wait``: block until the grid this one was launched as a programmatic dependent of has
+    completed and its memory is visible (a no-op for a grid launched plainly; ``x``: any scalar, as for
+    :func:`launch_dependents`)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0 $1", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)

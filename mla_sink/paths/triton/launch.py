@@ -421,15 +421,16 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     # V3.2 rows: the seesaw decodes tiles into bf16, exact only for power-of-two scales; it flags (and stops
     # on) the programs that meet any other scale, and a second launch of the same grid, gated per program by those
     # flags, recomputes exactly those, reading every scale exactly (seesaw_fp8.KV_DS_EXACT) into the same outputs
-    # or partials (split: one combine after it). Launched plainly after the first (a programmatic dependent of
-    # the seesaw measured slower for the portable recompute it replaces: BENCHMARKS.md, seventh session).
+    # or partials (split: one combine after it). After a split launch it is a programmatic dependent of the
+    # seesaw (its programs wait for the flags, griddepcontrol.wait): 0.2-1.0 us less at T=2; after an unsplit one
+    # it is launched plainly, as a dependent measured up to 2.7% slower there (BENCHMARKS.md, twenty-second session).
     redo = None
     if ds:
         e_grid, e_static, e_constexprs, e_options = seesaw_launch_args(
             x.q, x.kv_cache.view(torch.uint8), x.indices, num_kv_splits=splits, ids_per_split=launch.ids_per_split,
             out_strides=out_strides, kv_dtype=kv_dtype, exact=True, gated=True)
         redo, _ = _gluon_launches("gluon_seesaw", _SEESAW_DYNAMIC, launch, x, device, e_grid, e_static, e_constexprs,
-                                  e_options, out_strides)
+                                  dict(e_options, launch_pdl=True) if split else e_options, out_strides)
     errors = _compile_errors()
     unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
 
