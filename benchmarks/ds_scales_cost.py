@@ -2,9 +2,9 @@
 :func:`mla_sink.quantize_kv_cache` with power-of-two scales (FlashMLA's quantiser) and with ``amax / 448`` scales
 (vLLM's writer), through the library (``mla_sink.sparse_mla_decode``, the plan's own route and splits), CUDA-graph
 replay, L2 flushed, sinks on, topk 2048, bf16 q, flat ``[N, 656]`` cache. At 64 and 128 heads the seesaw serves
-power-of-two scales exactly and flags every token that has another scale, which a gated launch of the portable
-kernel recomputes (tables/triton_tuning.yaml row ``sm90_ds_mla_gluon_seesaw``); at 16 and 32 heads the few-heads
-kernel reads every scale in fp32. Prints and writes ``{case: us}`` per convention, and the max abs difference of
+power-of-two scales exactly and flags every program that meets another scale, which a gated launch of the seesaw's
+exact reading recomputes (since the twenty-first session; before it, a gated launch of the portable kernel); at 16
+and 32 heads the few-heads kernel reads every scale in fp32. Prints and writes ``{case: us}`` per convention, and the max abs difference of
 the outputs against the float64 reference on the first two tokens.
 
     PYTHONPATH=. python3 -u benchmarks/ds_scales_cost.py OUT.json
