@@ -786,7 +786,13 @@ def test_cli_explain_info_and_demo(capsys):
     assert "→ triton   (row triton_portable)" in out and "kernel gluon_seesaw" in out and "row sm90_ds_mla " in out
     assert "kernel: row sm90_ds_mla_gluon_seesaw" in out and "recomputes exactly the flagged programs" in out
     assert "recompute: a second gluon_seesaw launch of the same grid" in out
+    assert "programmatic dependent" not in out  # T=256: one split, launched plainly
     assert "kv_dtype=fp8_ds_mla, needs" in out
+    assert main(["explain", "--arch", "sm90", "--kv-dtype", "fp8_ds_mla", "--heads", "128", "--sinks",
+                 "--tokens", "2", "--sms", "132"]) == 0
+    recompute = [ln for ln in capsys.readouterr().out.splitlines() if "recompute:" in ln]
+    assert len(recompute) == 1 and recompute[0].endswith("launched as a programmatic dependent of the first (split "
+                                                         "launch)")
     assert main(["explain", "--arch", "gfx950", "--aiter", "0.1.20", "--kv-dtype", "fp8_ds_mla", "--heads", "64",
                  "--sinks", "--json"]) == 0
     import json

@@ -120,3 +120,20 @@ def test_the_page_size_is_a_constexpr(shape, pad, block):
                                        ids_per_split=2048, out_strides=(H * 512, 512), kv_dtype="fp8_ds_mla")
         assert scalars["stride_kv"] == stride, (scalars["stride_kv"], stride)
         assert constexprs["kv_block_size"] == block and "kv_block_size" not in scalars
+
+
+@pytest.mark.parametrize("splits", [1, 2, 16])
+def test_the_seesaw_lets_what_follows_a_split_launch_start_early(splits):
+    """A split seesaw launch lets the grid after it launch early (``LAUNCH_DEPENDENTS``): the combine, or for V3.2 rows
+    the gated exact recompute, which the library launches as a programmatic dependent; an unsplit launch does not
+    (a dependent measured slower there: BENCHMARKS.md, twenty-second session). Only the recompute is gated."""
+    from mla_sink.kernels.gluon import gluon_seesaw as gs
+
+    for kv_dtype, exact in (("bf16", False), ("fp8_e4m3", False), ("fp8_ds_mla", False), ("fp8_ds_mla", True)):
+        width, dtype = CACHES[kv_dtype]
+        _, _, constexprs, _ = gs.seesaw_launch_args(
+            torch.empty(2, 64, 576, dtype=torch.bfloat16), torch.empty(4096, width, dtype=dtype),
+            torch.empty(2, 2048, dtype=torch.int32), num_kv_splits=splits, ids_per_split=2048 // splits,
+            out_strides=(64 * 512, 512), kv_dtype=kv_dtype, exact=exact, gated=exact)
+        assert constexprs["LAUNCH_DEPENDENTS"] is (splits > 1), (kv_dtype, exact)
+        assert constexprs["GATED"] is exact

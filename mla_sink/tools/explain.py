@@ -74,7 +74,9 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
         lo, hi = BF16_EXACT_SCALE_EXP
         lines.append("    recompute: a second gluon_seesaw launch of the same grid, gated per program by the first "
                      "launch's flags, reads every tile scale exactly (seesaw_fp8.KV_DS_EXACT); the first flags the "
-                     f"programs that meet a scale other than 0 or a power of two in [2^{lo}, 2^{hi}]")
+                     f"programs that meet a scale other than 0 or a power of two in [2^{lo}, 2^{hi}]"
+                     + ("; launched as a programmatic dependent of the first (split launch)"
+                        if (launch.num_kv_splits or 1) > 1 else ""))
     for row_id, reason in getattr(launch, "rejected_kernels", ()):
         lines.append(f"    ✗ {row_id}: {reason}")
     if launch.fallback:

@@ -342,7 +342,9 @@ def sparse_mla_decode_seesaw_kernel(
     next kernel, launched as a programmatic dependent (the combine), start at once on the SMs this grid
     leaves idle; it waits for this grid's completion before reading what it wrote. ``REDO`` (int32 ``[T, head
     blocks x splits]``, a word per program): :data:`KV_DS_MLA` writes each program's flag there; with ``GATED``
-    (:data:`KV_DS_EXACT`, the same grid after it) a program whose word is 0 returns at once."""
+    (:data:`KV_DS_EXACT`, the same grid after it) a program whose word is 0 returns at once, once the grid before
+    it has completed (``griddepcontrol.wait``: the library launches it as a programmatic dependent after a split
+    launch; a no-op after a plain launch)."""
     redo_ptr = REDO + gl.program_id(2).to(gl.int64) * (gl.num_programs(0) * gl.num_programs(1)) + \
         gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
     if GATED:  # launched as a programmatic dependent of the flagging grid: its flags are read once it completes
