@@ -191,6 +191,12 @@ def test_bad_flags_give_one_line_and_exit_2(argv, text, capsys):
     assert code == 2 and text in err and "Traceback" not in err
 
 
+def test_demo_refuses_an_unknown_path_before_it_prints_anything(capsys):
+    code = main(["demo", "--path", "bogus", "--tokens", "1", "--topk", "8", "--pool", "16"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and "--path: 'path' must be one of" in err and "(got 'bogus')" in err
+
+
 def test_forced_refused_path_exits_2_with_explanation(capsys):
     code = main(["demo", "--path", "aiter_lse", "--tokens", "1", "--topk", "8", "--pool", "16"])
     out = capsys.readouterr().out

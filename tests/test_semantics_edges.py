@@ -258,6 +258,27 @@ def test_bounds_are_accepted_and_every_path_agrees_there():
     assert b_out.isfinite().all()
 
 
+@interpreter
+@pytest.mark.parametrize("sm_scale,cap", [(2.0 ** 126, 2.0 ** 126), (2.0 ** 126, 2.0 ** -126), (2.0 ** 120, 2.0 ** 100),
+                                          (2.0 ** -126, 2.0 ** 126)])
+def test_soft_cap_keeps_scores_apart_where_the_scaled_product_overflows(sm_scale, cap):
+    """``sm_scale * q.k`` beyond fp32 (5 * 2^126 and 30 * 2^126 here) with a cap that makes the scores finite: the
+    kernel forms the cap's argument as ``q.k * (sm_scale / cap)``, so the two ids keep the reference's different
+    weights (before: both overflowed to +inf, were capped to the same score and got half the weight each). With a
+    ratio beyond fp32 (2^252) both ids reach the cap, as in the reference; at 2^-252 the scores are ~0, as there."""
+    q = torch.zeros(1, 1, 576, dtype=torch.bfloat16)
+    q[0, 0, 0] = 1.0
+    kv = torch.zeros(3, 576, dtype=torch.bfloat16)
+    kv[0, 0], kv[1, 0], kv[2, 0] = 5.0, 30.0, 0.0  # q.k = 5, 30 and 0 (a zero product stays finite)
+    kv[0, 1], kv[1, 2], kv[2, 3] = 1.0, 1.0, 1.0  # the values tell the ids apart
+    idx = torch.tensor([[0, 1, 2]], dtype=torch.int32)
+    a_out, a_lse = sparse_mla_decode(q, kv, idx, sm_scale=sm_scale, logit_cap=cap, return_lse=True, path="triton")
+    b_out, b_lse = sparse_mla_decode(q, kv, idx, sm_scale=sm_scale, logit_cap=cap, return_lse=True, path="reference")
+    assert a_out.isfinite().all() and a_lse.isfinite().all()
+    torch.testing.assert_close(a_out.float(), b_out.float(), atol=2e-3, rtol=1e-2)
+    torch.testing.assert_close(a_lse, b_lse, atol=1e-4 * max(1.0, abs(float(b_lse))), rtol=1e-5)
+
+
 # --------------------------------------------------------------------------------------------
 # T = 0 (topk, N, H >= 1 are required; no token is fine)
 # --------------------------------------------------------------------------------------------

@@ -92,14 +92,17 @@ def run_demo(args: argparse.Namespace) -> int:
         0 when the output has no NaN and empty rows give ``out = 0``, ``lse = -inf``; else 1.
 
     Raises:
-        ValueError: a shape option outside ``[1, 2^31 - 1]``, a seed outside ``[0, 2^64 - 1]``, an empty or
-            unusable ``--device``, or shapes whose tensors cannot be allocated (naming the flags).
+        ValueError: an unknown ``--path``, a shape option outside ``[1, 2^31 - 1]``, a seed outside
+            ``[0, 2^64 - 1]``, an empty or unusable ``--device``, or shapes whose tensors cannot be allocated
+            (naming the flags).
     """
-    from mla_sink.core.reference import sparse_mla_decode_reference
     from mla_sink.api import sparse_mla_decode
-    from mla_sink.core.select import explain_call
     from mla_sink.core.describe import describe
+    from mla_sink.core.reference import sparse_mla_decode_reference
+    from mla_sink.core.select import KNOWN_PATHS, explain_call
 
+    if args.path is not None and args.path not in KNOWN_PATHS:  # refused before the call's header is printed
+        raise ValueError(f"'path' must be one of {KNOWN_PATHS} (got {args.path!r})")
     for flag in ("tokens", "heads", "topk", "pool"):
         check_count(f"--{flag}", getattr(args, flag))
     check_seed("--seed", args.seed)

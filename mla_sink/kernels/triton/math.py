@@ -20,6 +20,8 @@ import triton.language as tl
 
 #: log2(e): a natural-log value times LOG2E is the same value in base 2.
 LOG2E = tl.constexpr(1.4426950408889634)
+#: fp32's largest finite value (the soft cap's argument clamps its scale ratio there: scores_base2).
+FP32_MAX = tl.constexpr(3.4028234663852886e38)
 
 #: fp8 e4m3 codes: the sign bit; the low seven bits all ones (e4m3fn: NaN; e4m3fnuz: the largest finite
 #: magnitude, 240); e4m3fnuz's only NaN, the sign bit alone (e4m3fn's -0).
@@ -122,9 +124,12 @@ def scores_base2(qk, qk_scale, logit_cap, HAS_CAP: tl.constexpr):
     """Base-2 scores from the raw products ``qk`` (fp32 ``[BLOCK_H, BLOCK_N]``): ``qk * qk_scale * log2 e``, or
     with ``HAS_CAP`` the soft cap ``cap * tanh(qk * qk_scale / cap) * log2 e``, computed without cancellation: an
     odd Taylor polynomial where ``|x| < 0.1`` (truncation < 1e-10 relative), ``exp(-2|x|)`` (never overflows)
-    elsewhere."""
+    elsewhere. The cap's argument is ``qk * (qk_scale / cap)``: ``qk * qk_scale`` may overflow fp32 where the capped
+    score is finite (then every such id would get the same score ``cap``, where the float64 reference tells them
+    apart); the ratio is clamped to fp32's largest value, so that a ratio beyond it keeps ``0 * ratio = 0`` and
+    sends any other product to ``+-inf``, whose tanh, ``+-1``, is then the reference's to fp32 precision."""
     if HAS_CAP:
-        x = qk * qk_scale / logit_cap
+        x = qk * tl.minimum(qk_scale / logit_cap, FP32_MAX)
         ax = tl.abs(x)
         e = tl.exp(-2.0 * ax)
         t_big = (1.0 - e) / (1.0 + e)
