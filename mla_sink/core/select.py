@@ -102,6 +102,16 @@ def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
     }
 
 
+def check_path(path: Optional[str]) -> None:
+    """Refuse a forced path that is not a path of the table.
+
+    Raises:
+        ValueError: ``path`` is neither None nor one of :data:`KNOWN_PATHS` (the message names both).
+    """
+    if path is not None and path not in KNOWN_PATHS:
+        raise ValueError(f"'path' must be one of {KNOWN_PATHS} (got {path!r})")
+
+
 def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> "dispatch.Selection":
     """Run the rule table for one call; never raises for a refusal (see :func:`plan_call`).
 
@@ -113,8 +123,7 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
         ValueError: ``spec`` / ``platform`` not the records, or ``path`` not a path of the table.
     """
     check_records(spec, platform)
-    if path is not None and path not in KNOWN_PATHS:
-        raise ValueError(f"'path' must be one of {KNOWN_PATHS} (got {path!r})")
+    check_path(path)
     return mla_table().select(table_fields(spec, platform), only_paths=None if path is None else (path,))
 
 

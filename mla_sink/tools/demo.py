@@ -99,10 +99,9 @@ def run_demo(args: argparse.Namespace) -> int:
     from mla_sink.api import sparse_mla_decode
     from mla_sink.core.describe import describe
     from mla_sink.core.reference import sparse_mla_decode_reference
-    from mla_sink.core.select import KNOWN_PATHS, explain_call
+    from mla_sink.core.select import check_path, explain_call
 
-    if args.path is not None and args.path not in KNOWN_PATHS:  # refused before the call's header is printed
-        raise ValueError(f"'path' must be one of {KNOWN_PATHS} (got {args.path!r})")
+    check_path(args.path)  # refused before the call's header is printed
     for flag in ("tokens", "heads", "topk", "pool"):
         check_count(f"--{flag}", getattr(args, flag))
     check_seed("--seed", args.seed)
