@@ -31,6 +31,7 @@ NAN_BITS = {"fp8_e4m3": 0x7F, "fp8_e4m3fnuz": 0x80}
 #: (half tiles are upcast), so the error is the final rounding of out to its dtype plus fp32 sums.
 OUT_TOL = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 8e-3)}
 LSE_TOL = (2e-5, 1e-5)  # fp32 online softmax over <= 256 ids
+BF16_SUBNORMAL_STEP = 2.0**-133  # the spacing of bf16 below 2^-126 (7 mantissa bits under the least exponent)
 
 
 
@@ -331,3 +332,37 @@ def test_gluon_runners_buffers_and_topk_length():
     out, lse, part_out, part_lse = _call_buffers(x2, given_lse, 1, torch.bfloat16)
     assert out is given_out and lse is given_lse and part_out is given_lse and part_lse is given_lse
     assert _contiguous_topk_length(x2) is None
+
+
+@pytest.mark.parametrize("where", ["q", "kv", "ds_rope"])
+def test_bf16_subnormals_are_read_exactly(where):
+    """bf16 values below 2^-126 (subnormals) in q, in a bf16 cache, and in the bf16 RoPE of V3.2 rows are read as
+    the numbers they are: Triton 3.9's interpreter converts them to other values (1e-39 to 4.4e-39), which the
+    kernels' UPCAST decode avoids (kmath.upcast). The other operand is scaled up so that the scores are O(1) and
+    the error of a wrong conversion (a factor of up to 4 on a term) is far outside the LSE budget."""
+    import mla_sink
+    g = torch.Generator().manual_seed(7)
+    T, H, N, topk = 2, 3, 40, 8
+    tiny, big = 1e-39, 2e36
+    q = torch.randn(T, H, D_QK, generator=g)
+    kv = torch.randn(N, D_QK, generator=g)
+    if where == "q":
+        q, kv, sm_scale, out_unit = (q * tiny).bfloat16(), (kv * big).bfloat16(), 1.0, big
+    elif where == "kv":
+        q, kv, sm_scale, out_unit = (q * big).bfloat16(), (kv * tiny).bfloat16(), 1.0, tiny
+    else:  # the RoPE of the rows subnormal, q's RoPE part large: the RoPE's share of each score O(1)
+        kv[:, 512:] *= tiny
+        q[..., 512:] *= big
+        q, kv, sm_scale, out_unit = q.bfloat16(), mla_sink.quantize_kv_cache(kv), None, 1.0
+    sub = (q.float().abs() < 2.0**-126) & (q != 0) if where == "q" else None
+    assert where != "q" or sub.any()  # the inputs hold subnormals
+    idx = torch.randint(0, N, (T, topk), generator=g, dtype=torch.int32)
+    out, lse = mla_sink.sparse_mla_decode(q, kv, idx, sm_scale=sm_scale, return_lse=True)
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sm_scale=sm_scale)
+    torch.testing.assert_close(lse, rl.float(), atol=LSE_TOL[0], rtol=LSE_TOL[1])
+    # out against the reference rounded to bf16: at 1e-39 the output itself is a bf16 subnormal (steps of 2^-133,
+    # about 9% of it), so one step of that grid is added to the budget
+    atol, rtol = OUT_TOL[torch.bfloat16]
+    atol = max(atol, BF16_SUBNORMAL_STEP / out_unit)
+    torch.testing.assert_close(out.double() / out_unit, ro.to(torch.bfloat16).double() / out_unit, atol=atol,
+                               rtol=rtol)

@@ -90,8 +90,10 @@ def kv_dtype_key(kv_cache: torch.Tensor) -> str:
         raise ValueError(f"'kv_cache' of dtype torch.uint8 must have a last dimension of {allowed} bytes "
                          f"(got shape {tuple(kv_cache.shape)})")
     if kv_cache.dtype not in DTYPE_KEYS:
-        raise ValueError(f"'kv_cache' dtype must be one of {sorted(DTYPE_KEYS.values())} or torch.uint8 rows of "
-                         f"{sorted(BYTE_KV_LAYOUTS)} bytes ({sorted(DS_MLA_KEYS)}) (got {kv_cache.dtype})")
+        halves = ", ".join(f"{d} ({k})" for d, k in DTYPE_KEYS.items())
+        rows = ", ".join(f"{n}-byte rows ({k})" for n, k in sorted(BYTE_KV_LAYOUTS.items()))
+        raise ValueError(f"'kv_cache' dtype must be one of {halves}, or torch.uint8 with {rows} "
+                         f"(got {kv_cache.dtype})")
     return DTYPE_KEYS[kv_cache.dtype]
 
 

@@ -256,12 +256,16 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
         _signal(free_lo.index(1))  # the odd block's slot half and P1 are read
         j += 1
         go = _go_on(j, num_pairs, ready_lo.index(0), redo_smem, KV_FMT)
-    # k_lo[0] is read by this consumer only (scores and P V of the even blocks): free once its loop is done
-    _epilogue(o, o, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, k_lo.index(0), SINKS, OUT, LSE,
-              PART_OUT, PART_LSE,
-              pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
-              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
+    # k_lo[0] is read by this consumer only (scores and P V of the even blocks): free once its loop is done. An
+    # unsplit V3.2 program that stopped (both consumers left at the same pair) writes nothing: the exact recompute
+    # writes it all. Split launches keep the epilogue: skipping it there cost power-of-two caches 2-4 us at T = 2
+    # and 64 (BENCHMARKS.md, twenty-third session)
+    if (KV_FMT != KV_DS_MLA) or SPLIT or (j >= num_pairs):
+        _epilogue(o, o, m_i, KV_SCALE, l_i, l_even, l_odd, bar_l_even, bar_l_odd, k_lo.index(0), SINKS, OUT, LSE,
+                  PART_OUT, PART_LSE,
+                  pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
+                  stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+                  0, False, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
 
 
 @gluon.jit
@@ -318,12 +322,14 @@ def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, 
         go = _go_on(j, num_pairs, ready_hi.index(1), redo_smem, KV_FMT)
     if KV_FMT == KV_DS_MLA:  # 1 when the producer stopped before pair j (its word read above), else 0
         gl.store(redo_ptr, gl.where(j < num_pairs, 1, 0))
-    # k_hi[1] is read by this consumer only (scores and P V of the odd blocks): free once its loop is done
-    _epilogue(o, o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, k_hi.index(1), SINKS, OUT, LSE,
-              PART_OUT, PART_LSE,
-              pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
-              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
-              HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
+    # k_hi[1] is read by this consumer only (scores and P V of the odd blocks): free once its loop is done; nothing
+    # written by a stopped unsplit V3.2 program (see _consumer_even)
+    if (KV_FMT != KV_DS_MLA) or SPLIT or (j >= num_pairs):
+        _epilogue(o, o, m_i, KV_SCALE, l_i, l_odd, l_even, bar_l_odd, bar_l_even, k_hi.index(1), SINKS, OUT, LSE,
+                  PART_OUT, PART_LSE,
+                  pid_h, pid_s, pid_t, num_heads, stride_ot, stride_oh, stride_lt, stride_lh,
+                  stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
+                  HALF_V, True, BLOCK_H, HALF_V, HAS_SINKS, SPLIT, KV_FMT)
 
 
 @gluon.jit

@@ -53,6 +53,22 @@ def fnuz_to_f32(x):
     return tl.where(bits == FNUZ_NAN, float("nan"), v) * 0.5
 
 
+BF16_TO_F32_SHIFT = tl.constexpr(16)  # a bf16 value's bits are the high half of the same fp32 value's
+
+
+@triton.jit
+def upcast(x, UPCAST: tl.constexpr):
+    """A half tile (bf16 or fp16) in fp32 under the interpreter's ``UPCAST``, unchanged otherwise. bf16 is widened
+    by its bits (shifted into an fp32's high half): Triton 3.9's interpreter converts bf16 subnormals (below
+    2^-126) to other values (1e-39 to 4.4e-39, 9.2e-41 to 0); fp16 converts exactly."""
+    if UPCAST:
+        if x.dtype == tl.bfloat16:
+            x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << BF16_TO_F32_SHIFT).to(tl.float32, bitcast=True)
+        else:
+            x = x.to(tl.float32)
+    return x
+
+
 @triton.jit
 def e4m3fn_to_f32_interpreted(x):
     """float8_e4m3fn tile -> fp32 values on Triton's CPU interpreter, whose conversion reads the NaN codes

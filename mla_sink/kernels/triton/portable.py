@@ -94,8 +94,8 @@ def _sparse_mla_decode_kernel(
         # bf16 q with fp8 KV computed in fp16 (fp8 -> fp16 is one instruction, fp8 -> bf16 several):
         # scale each head row by a power of two so that its largest |q| is 2^14 (fits fp16, exact
         # for bf16 mantissas); the inverse scale is applied to the scores.
-        qn = q_nope.to(tl.float32)
-        qr = q_rope.to(tl.float32)
+        qn = kmath.upcast(q_nope, UPCAST).to(tl.float32)
+        qr = kmath.upcast(q_rope, UPCAST).to(tl.float32)
         qmax = tl.maximum(tl.max(tl.abs(qn), 1), tl.max(tl.abs(qr), 1))
         row_exp = tl.math.ceil(tl.log2(tl.maximum(qmax, 1e-30)))
         row_scale = tl.exp2(14.0 - row_exp)
@@ -108,9 +108,9 @@ def _sparse_mla_decode_kernel(
         else:
             q_nope = qn.to(tl.float16)
             q_rope = qr.to(tl.float16)
-    elif UPCAST:
-        q_nope = q_nope.to(tl.float32)
-        q_rope = q_rope.to(tl.float32)
+    else:
+        q_nope = kmath.upcast(q_nope, UPCAST)
+        q_rope = kmath.upcast(q_rope, UPCAST)
 
     # ---- this split's id range ----
     t_end = topk
@@ -134,11 +134,10 @@ def _sparse_mla_decode_kernel(
         q1 = tl.load(q_tile + DS_TILE, mask=mask_h[:, None], other=0.0)
         q2 = tl.load(q_tile + 2 * DS_TILE, mask=mask_h[:, None], other=0.0)
         q3 = tl.load(q_tile + 3 * DS_TILE, mask=mask_h[:, None], other=0.0)
-        if UPCAST:
-            q0 = q0.to(tl.float32)
-            q1 = q1.to(tl.float32)
-            q2 = q2.to(tl.float32)
-            q3 = q3.to(tl.float32)
+        q0 = kmath.upcast(q0, UPCAST)
+        q1 = kmath.upcast(q1, UPCAST)
+        q2 = kmath.upcast(q2, UPCAST)
+        q3 = kmath.upcast(q3, UPCAST)
         acc0 = tl.zeros([BLOCK_H, DS_TILE], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK_H, DS_TILE], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_H, DS_TILE], dtype=tl.float32)
@@ -165,7 +164,7 @@ def _sparse_mla_decode_kernel(
             k2 = kmath.e4m3_codes(row + 2 * DS_TILE, offs_c, valid, q0.dtype, UPCAST)
             k3 = kmath.e4m3_codes(row + 3 * DS_TILE, offs_c, valid, q0.dtype, UPCAST)
             rope_ptr = (row + D_NOPE + 4 * (D_NOPE // DS_TILE)).to(tl.pointer_type(tl.bfloat16))  # bytes 528..655
-            k_rope = tl.load(rope_ptr[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
+            k_rope = kmath.upcast(tl.load(rope_ptr[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0), UPCAST)
 
             qk = kmath.ds_mla_rope_scores(q_rope, k_rope)
             qk += tl.dot(q0, tl.trans(k0)) * s0[None, :]
@@ -224,8 +223,8 @@ def _sparse_mla_decode_kernel(
                 k_nope = kmath.fp8_tile(k_nope, KV_FNUZ, UPCAST, q_nope.dtype)
                 k_rope = kmath.fp8_tile(k_rope, KV_FNUZ, UPCAST, q_nope.dtype)
             elif UPCAST:
-                k_nope = k_nope.to(tl.float32)
-                k_rope = k_rope.to(tl.float32)
+                k_nope = kmath.upcast(k_nope, UPCAST)
+                k_rope = kmath.upcast(k_rope, UPCAST)
 
             qk = tl.dot(q_nope, tl.trans(k_nope))
             qk = tl.dot(q_rope, tl.trans(k_rope), qk)
