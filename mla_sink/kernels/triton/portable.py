@@ -222,7 +222,7 @@ def _sparse_mla_decode_kernel(
             if KV_FP8:
                 k_nope = kmath.fp8_tile(k_nope, KV_FNUZ, UPCAST, q_nope.dtype)
                 k_rope = kmath.fp8_tile(k_rope, KV_FNUZ, UPCAST, q_nope.dtype)
-            elif UPCAST:
+            else:
                 k_nope = kmath.upcast(k_nope, UPCAST)
                 k_rope = kmath.upcast(k_rope, UPCAST)
 
