@@ -135,8 +135,9 @@ def test_info_lists_paths(capsys):
     assert "reference" in out
 
 
-def test_demo_runs_on_cpu(capsys):
-    code, out = run_cli(capsys, "demo", "--device", "cpu", "--tokens", "2", "--topk", "64", "--pool", "256")
+@pytest.mark.parametrize("device", ["cpu", "cpu:0"])
+def test_demo_runs_on_cpu(capsys, device):
+    code, out = run_cli(capsys, "demo", "--device", device, "--tokens", "2", "--topk", "64", "--pool", "256")
     assert code == 0
     assert "→ triton" in out or "→ reference" in out
     assert "NaN in out: False" in out

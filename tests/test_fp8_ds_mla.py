@@ -493,6 +493,61 @@ def test_scale_is_read_as_float32_exactly():
     assert lse.item() != 448.0  # what a bf16-rounded scale would give
 
 
+@interp
+@pytest.mark.parametrize("ratio", [1e6, 1e8])
+def test_fp16_weights_keep_small_scale_rows_beside_a_huge_one(ratio, monkeypatch):
+    """With fp16 q the portable kernel rounds ``P * scale`` to fp16 for ``P V`` (kmath.ds_mla_pv). One row of the
+    block has latent values ``ratio`` times the others' (so a scale ``ratio`` times theirs) and a score far below
+    theirs (weight about 0): normalising by the block's largest scale sent every other row's weight below fp16's
+    range (error 7.8e-3 at 1e6, 0.75 at 1e8); per head, by its largest ``|P * scale|``, they keep fp16's precision.
+    The interpreter runs fp16 exactly once its fp32 upcast (``UPCAST``, which the bf16 tiles need on the CPU) is off,
+    as the GPU computes."""
+    from mla_sink.paths.triton import launch
+
+    init = launch.InterpretedLaunch.__init__
+
+    def gpu_rounding(self, name, grid, constexprs, dynamic, static):
+        init(self, name, grid, dict(constexprs, UPCAST=False) if name == "portable" else constexprs, dynamic, static)
+
+    monkeypatch.setattr(launch.InterpretedLaunch, "__init__", gpu_rounding)
+    gen = torch.Generator().manual_seed(11)
+    H, N = 16, 64
+    kv = torch.randn(N, D_QK, generator=gen) * 0.5
+    q1 = torch.randn(D_QK, generator=gen) * 0.5
+    kv[0, :512] = -q1[:512].sign() * 0.5 * ratio  # huge values, a score far below the others'
+    cache = quantize_kv_cache(kv, scale="amax")
+    q = q1.expand(1, H, D_QK).to(torch.float16)
+    idx = torch.arange(N, dtype=torch.int32)[None]
+    o, _ = launch.sparse_mla_decode_triton(q, cache, idx, config=_cfg(block_n=64), num_kv_splits=1)
+    ro, _ = mla_sink.sparse_mla_decode_reference(q, cache, idx)
+    assert (o.double() - ro).abs().max() <= 2e-3 * ro.abs().max()
+
+
+@interp
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_subnormal_tile_scales_give_finite_tiny_outputs(q_dtype):
+    """Tile scales written as float32 subnormals (the quantiser never writes them; a writer may), so that a head's
+    largest ``|P * scale|`` in a block is subnormal: its reciprocal would overflow and ``inf * 0`` give NaN
+    (kmath.ds_mla_pv keeps the divisor at least fp32's smallest normal). The output is the reference's, tiny and
+    finite."""
+    gen = torch.Generator().manual_seed(5)
+    N, H = 64, 4
+    kv = torch.randn(N, D_QK, generator=gen)
+    cache = quantize_kv_cache(kv, scale="amax")
+    scales = cache[:, 512:528].view(torch.float32)  # the rows' bytes, in place
+    scales.fill_(2.0 ** -130)  # a subnormal float32; the values (codes x scale) stay bf16 normals
+    q = torch.randn(2, H, D_QK, generator=gen).to(q_dtype)
+    idx = torch.randint(0, N, (2, 48), generator=gen, dtype=torch.int32)
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+    o, _ = sparse_mla_decode_triton(q, cache, idx, config=_cfg(), num_kv_splits=1)
+    ro, _ = mla_sink.sparse_mla_decode_reference(q, cache, idx)
+    assert torch.isfinite(o).all()
+    # fp16 holds none of these outputs (all round to 0); bf16 holds them
+    tiny = torch.finfo(q_dtype).smallest_normal * torch.finfo(q_dtype).eps
+    assert (o.double() - ro).abs().max() <= 1e-2 * ro.abs().max() + tiny
+
+
 
 # ---- plans: bf16 q on gluon_fp8 at H <= 32, else on the seesaw at 64-head blocks (the portable kernel
 # recomputes what it flags) ----
@@ -928,3 +983,22 @@ def test_forcing_the_triton_path_keeps_the_fp8_refusal_below_sm89(kv_dtype, caps
     assert plan_call(spec, sm80, path="reference").path == "reference"
     assert main(["explain", "--arch", "sm80", "--kv-dtype", kv_dtype, "--path", "triton"]) == 2
     assert "refused: fp8 KV needs sm89" in capsys.readouterr().out
+
+
+def test_messages_name_the_v32_rows_where_they_apply():
+    """The DCP shard of a paged V3.2 pool names the 656-byte rows and how to shard a paged pool; the layer's q_dtype
+    error does not mention uint8 layouts (those name a kv_dtype only); a misaligned pool's message does not call an
+    offset of 2 odd (break test, twenty-fourth session)."""
+    from mla_sink.core.dcp import shard_kv_cache
+    from mla_sink.core.validate import check_ds_mla_pointer
+
+    paged = torch.zeros(2, 64, ROW, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"uint8 \[N, 656\].*reshape\(-1, 656\)"):
+        shard_kv_cache(paged, 2, 0, "interleaved")
+    with pytest.raises(ValueError, match="'q_dtype' must be one of") as e:
+        mla_sink.SparseMLADecode(num_heads=16, q_dtype=torch.float32, kv_dtype="fp8_ds_mla", topk=64)
+    assert "uint8" not in str(e.value)
+    pool = torch.zeros(8 * ROW + 2, dtype=torch.uint8)[2:].view(8, ROW)
+    with pytest.raises(ValueError, match="modulo 4") as e:
+        check_ds_mla_pointer(pool)
+    assert "odd" not in str(e.value)

@@ -268,6 +268,27 @@ def test_fp16_q_reads_rope_beyond_fp16_range():
     check_budget(o, l, ro, rl)
 
 
+@pytest.mark.parametrize("ratio", [1e6, 1e8])
+def test_fp16_q_keeps_small_scale_rows_beside_a_huge_one(ratio):
+    """fp16 q on V3.2 rows (the portable kernel rounds ``P * scale`` to fp16 for ``P V``): one referenced row with
+    latent values ``ratio`` times the others' and a score far below theirs, in every block of ids. Normalising by
+    the block's largest scale sent the other rows' weights below fp16's range (0.75 relative error at 1e8 on an
+    fp16-exact CPU run); per head, by its largest ``|P * scale|`` (kmath.ds_mla_pv), the output keeps the budget."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    N, T, H = 4096, 2, 16
+    kv = torch.randn(N, D_QK, device="cuda", generator=g) * 0.5
+    q1 = torch.randn(D_QK, device="cuda", generator=g) * 0.5
+    kv[:64, :512] = -q1[:512].sign() * 0.5 * ratio  # huge values with a score far below the others'
+    pool = quantize_kv_cache(kv, scale="amax")
+    q = q1.expand(T, H, D_QK).to(torch.float16)
+    idx = torch.randint(64, N, (T, 256), device="cuda", generator=g, dtype=torch.int32)
+    idx[:, ::32] = torch.arange(8, device="cuda", dtype=torch.int32)  # a huge row in every 32 ids
+    assert triton_plan_for(q, pool, idx).launch.kernel == "portable"
+    o, l = sparse_mla_decode_triton(q, pool, idx, None, SM_SCALE)
+    ro, rl = sparse_mla_decode_reference(q, pool, idx, None, SM_SCALE)
+    check_budget(o, l, ro, rl)
+
+
 def test_misaligned_pool_is_refused_before_the_kernel(big_pools):
     pool = big_pools["pools"]["pow2"]
     shifted = pool.view(-1)[2: 2 + 1024 * ROW].view(1024, ROW)

@@ -164,7 +164,9 @@ def shard_kv_cache(kv_cache: torch.Tensor, world_size: int, rank: int, layout: s
         ValueError: ``kv_cache`` is not 2-D, unknown layout, or ``world_size`` / ``rank`` out of range.
     """
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 2:
-        raise ValueError(f"'kv_cache' must be a 2-D tensor [N, 576] (got {getattr(kv_cache, 'shape', type(kv_cache))})")
+        raise ValueError(f"'kv_cache' must be a 2-D tensor: [N, 576], or the fp8_ds_mla rows as uint8 [N, 656] (a paged "
+                         f"[blocks, block_size, 656] pool is sharded by its rows: pass kv_cache.reshape(-1, 656)) (got "
+                         f"{getattr(kv_cache, 'shape', type(kv_cache))})")
     n = kv_cache.shape[0]
     n_r = shard_num_rows(n, world_size, rank, layout)
     if layout == "interleaved":

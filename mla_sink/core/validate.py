@@ -48,7 +48,7 @@ def check_ds_mla_pointer(kv_cache: torch.Tensor) -> None:
     pointer is not part of a call's signature."""
     if kv_cache.data_ptr() % DS_MLA_ALIGN:
         _misaligned_ds_mla(f"a data pointer at {kv_cache.data_ptr() % DS_MLA_ALIGN} modulo {DS_MLA_ALIGN}, e.g. a view "
-                           f"at an odd byte offset")
+                           f"that starts a few bytes into its storage")
 
 
 def _misaligned_ds_mla(got: str) -> None:

@@ -113,7 +113,8 @@ def run_demo(args: argparse.Namespace) -> int:
         kind = None
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"'--device' must be cpu or cuda (got {device!r})")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+    on_gpu = kind == "cuda"  # by the device's type: "cpu:0" is the CPU too
+    if on_gpu and not torch.cuda.is_available():
         raise ValueError(f"'--device' is {device!r} but this machine has no CUDA/ROCm GPU (use --device cpu)")
     q_dtype, kv_dtype = demo_dtypes(args)
     need = demo_bytes(args.tokens, args.heads, args.topk, args.pool)
@@ -148,11 +149,11 @@ def run_demo(args: argparse.Namespace) -> int:
             print("\n".join(winner))
             print(f"  ({len(text) - len(winner)} earlier rows rejected; `mla-sink explain` lists why)")
     out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)  # warm-up / compile
-    if device != "cpu":
+    if on_gpu:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)
-    if device != "cpu":
+    if on_gpu:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     ref_out, ref_lse = sparse_mla_decode_reference(
@@ -168,6 +169,6 @@ def run_demo(args: argparse.Namespace) -> int:
     from mla_sink.api import prepare
 
     ran = prepare(spec, platform, path=args.path).path
-    where = ", Triton interpreter" if (device == "cpu" and ran == "triton") else ""
+    where = ", Triton interpreter" if (not on_gpu and ran == "triton") else ""
     print(f"time: {elapsed * 1e3:.2f} ms (one call after a warm-up; path {ran}{where})")
     return 0 if (not nan and empty_ok) else 1

@@ -22,6 +22,8 @@ import triton.language as tl
 LOG2E = tl.constexpr(1.4426950408889634)
 #: fp32's largest finite value (the soft cap's argument clamps its scale ratio there: scores_base2).
 FP32_MAX = tl.constexpr(3.4028234663852886e38)
+#: fp32's smallest normal value, 2^-126 (its reciprocal, 2^126, is finite).
+FP32_MIN_NORMAL = tl.constexpr(2.0 ** -126)
 
 #: fp8 e4m3 codes: the sign bit; the low seven bits all ones (e4m3fn: NaN; e4m3fnuz: the largest finite
 #: magnitude, 240); e4m3fnuz's only NaN, the sign bit alone (e4m3fn's -0).
@@ -124,15 +126,20 @@ def ds_mla_pv(acc, p, scale, k):
     """``acc + (p * scale[None, :]) @ k``: the P.V product of one 128-column tile of ``fp8_ds_mla`` rows, whose
     values are the e4m3 tile ``k [BLOCK_N, TILE]`` times a float32 scale per row (``scale [BLOCK_N]``).
 
-    ``p [BLOCK_H, BLOCK_N]`` (fp32 weights in ``[0, 1]``) is multiplied by ``scale / max|scale|`` of the block
-    (in ``[-1, 1]``: no overflow in fp16 or bf16, whatever the scales' magnitude), rounded once to ``k``'s dtype
-    (as P is for every other KV dtype), and the fp32 product is multiplied back by that maximum. A block whose
-    scales are all 0 (no valid row) uses 1 (its ``p`` is 0). ``acc`` fp32 ``[BLOCK_H, TILE]``.
+    ``p [BLOCK_H, BLOCK_N]`` (fp32 weights in ``[0, 1]``) times the scales is divided, per head, by its largest
+    magnitude in the block (``w`` in ``[-1, 1]``: no overflow in fp16 or bf16, whatever the scales), rounded once
+    to ``k``'s dtype (as P is for every other KV dtype), and the fp32 product is multiplied back per head. Per head
+    rather than by the block's largest scale: with fp16 (q's dtype for fp16 q) a block mixing scales 1e6 apart sent
+    the small-scale rows' weights below fp16's range while a large-scale row with a weight near 0 set the divisor
+    (output error 7.8e-3 at 1e6, 0.75 at 1e8 on an fp16-exact interpreter run; twenty-fourth session's break test).
+    Now only terms below 2^-24 of the head's largest term in the block are lost. ``acc`` fp32 ``[BLOCK_H, TILE]``.
     """
-    smax = tl.max(tl.abs(scale), 0)
-    smax = tl.where(smax > 0.0, smax, 1.0)
-    w = p * (scale / smax)[None, :]
-    return acc + tl.dot(w.to(k.dtype), k) * smax
+    ps = p * scale[None, :]
+    # at least fp32's smallest normal: 1 / pmax stays finite (the reciprocal of a subnormal overflows, and inf * 0
+    # is NaN), and a smaller divisor only makes w smaller; all 0 (no valid row) gives w = 0
+    pmax = tl.maximum(tl.max(tl.abs(ps), 1), FP32_MIN_NORMAL)
+    w = ps * (1.0 / pmax)[:, None]
+    return acc + tl.dot(w.to(k.dtype), k) * pmax[:, None]
 
 
 @triton.jit
