@@ -1002,3 +1002,17 @@ def test_messages_name_the_v32_rows_where_they_apply():
     with pytest.raises(ValueError, match="modulo 4") as e:
         check_ds_mla_pointer(pool)
     assert "odd" not in str(e.value)
+
+
+@pytest.mark.parametrize("arch", ["sm50", "sm61", "sm62", "sm70", "sm72", "sm75", "sm86", "sm87"])
+def test_every_nvidia_arch_below_sm89_refuses_fp8_kv(arch):
+    """Every NVIDIA compute capability below 8.9 is refused fp8 KV (row fp8_needs_sm89), Jetson's 7.2 included: the
+    row once listed only sm70 / 75 / 80 / 86 / 87, and an sm72 call reached the portable kernel, whose fp8e4nv tiles
+    Triton does not compile there (twenty-fourth session's audit); sm89 and newer are served."""
+    from mla_sink import NoKernelError, Platform, plan_call
+
+    for kv_dtype in ("fp8_e4m3", "fp8_ds_mla"):
+        spec = CallSpec(q_dtype="bf16", kv_dtype=kv_dtype, num_heads=16, topk=2048)
+        with pytest.raises(NoKernelError, match="sm89"):
+            plan_call(spec, Platform(arch, num_sms=8))
+        assert plan_call(spec, Platform("sm89", num_sms=8)).path == "triton"

@@ -567,7 +567,7 @@ def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tens
     count; ``kernel='portable'`` keeps the Gluon kernels out."""
     import attrs
 
-    from mla_sink.core.plan import build_plan
+    from mla_sink.core.plan import build_plan, failed_kernels
     from mla_sink.core.platform import detect_platform
     from mla_sink.core.records import CallSpec
     from mla_sink.paths.triton.plan import plan_triton_launch
@@ -579,7 +579,8 @@ def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tens
     launch = plan_triton_launch(arch=platform.arch, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype,
                                 num_heads=spec.num_heads, num_tokens=q.shape[0], topk=spec.topk,
                                 logit_cap=spec.logit_cap, gluon=platform.gluon and kernel != "portable",
-                                num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits)
+                                num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits,
+                                failed=failed_kernels())  # as build_plan: a kernel that failed to compile is not named
     return attrs.evolve(plan, num_tokens=q.shape[0], launch=launch)
 
 
