@@ -176,7 +176,7 @@ def test_help(argv, capsys):
     (["explain", "--tokens", str(10 ** 20)], "'--tokens' must be in [1, 2147483647]"),
     (["explain", "--arch", "sm90", "--sms", str(2 ** 40)], "'--sms' must be in [1, 2147483647]"),
     # the CPU's interpreter has no SMs: a count made the plan split as if it had them
-    (["explain", "--arch", "cpu", "--sms", "132"], "'--sms' counts a GPU's SMs / CUs; --arch cpu"),
+    (["explain", "--arch", "cpu", "--sms", "132"], "--sms: 'num_sms' counts a GPU's SMs / CUs; arch 'cpu'"),
     (["explain", "--arch", ""], "'--arch' must not be empty"),  # was this machine's, silently
     (["explain", "--arch", "sm90", "--aiter", " "], "'--aiter' must not be empty"),  # was 'none', silently
     (["demo", "--device", "tpu"], "'--device' must be cpu or cuda"),

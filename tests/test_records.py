@@ -74,6 +74,8 @@ def test_platform_accepts_arch(arch):
         (dict(arch="cuda"), "'arch' must be a compile target"),
         (dict(arch="gfx942", aiter_version="latest"), "'aiter_version'"),
         (dict(arch="cpu", triton="yes"), "'triton'"),
+        # the interpreter has no SMs: a count made the plan split as if it had them (it was the CLI's check)
+        (dict(arch="cpu", num_sms=132), "'num_sms' counts a GPU's SMs / CUs; arch 'cpu'"),
     ],
 )
 def test_platform_rejects(kwargs, text):

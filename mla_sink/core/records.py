@@ -164,12 +164,13 @@ class Platform:
             those kernels serve is the tuning table's answer (``tables/triton_tuning.yaml``).
         num_sms: streaming multiprocessors (compute units) of the device, which the split-KV decision
             of the ``triton`` path reads; ``None`` when unknown (then ``mla-sink explain`` leaves the
-            split count open); 1 on the CPU.
+            split count open); 1 on the CPU (or ``None``: Triton's interpreter runs one program at a time).
 
     Build one explicitly to ask about any machine from a laptop; :func:`detect` reads this one.
 
     Raises:
-        ValueError: unknown arch string or unparsable version.
+        ValueError: unknown arch string or unparsable version; ``aiter_version`` off ROCm; ``num_sms`` not an
+            int >= 1, or other than 1 on ``cpu``.
     """
 
     arch: str = attrs.field(validator=_arch)
@@ -186,6 +187,9 @@ class Platform:
         if self.num_sms is not None and (isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int)
                                          or self.num_sms < 1):
             raise ValueError(f"'num_sms' must be None or an int >= 1 (got {self.num_sms!r})")
+        if self.arch == "cpu" and self.num_sms not in (None, 1):  # a plan would split for SMs it does not have
+            raise ValueError(f"'num_sms' counts a GPU's SMs / CUs; arch 'cpu' runs Triton's interpreter, one program "
+                             f"at a time, as one SM (got {self.num_sms}; leave it None or pass 1)")
         if self.aiter_version is not None and not self.arch.startswith("gfx"):
             raise ValueError(
                 f"'aiter_version' must be None on arch {self.arch!r}: AITER is importable only on ROCm "

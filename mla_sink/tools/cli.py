@@ -44,9 +44,6 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
     triton = here.triton if args.triton is None else args.triton
     gluon = here.gluon if arch == here.arch and args.triton is None else None  # None: as triton
     sms = args.sms if getattr(args, "sms", None) is not None else _local_sms(arch)
-    if arch == "cpu" and sms not in (None, 1):  # the plan would split for SMs the interpreter does not have
-        raise ValueError(f"'--sms' counts a GPU's SMs / CUs; --arch cpu runs Triton's interpreter, one program at a "
-                         f"time, as one SM (got --sms {sms}; drop it or pass 1)")
     return Platform(arch=arch, aiter_version=aiter, triton=triton, gluon=gluon, num_sms=sms)
 
 

@@ -45,7 +45,7 @@ def check_not_empty(flag: str, value, default: str) -> None:
 #: The flag that gives each record field that the library's errors name (``'arch' must be ...``).
 FIELD_FLAGS = {"arch": "--arch", "aiter_version": "--aiter", "logit_cap": "--logit-cap", "path": "--path",
                "q_dtype": "--q-dtype", "kv_dtype": "--kv-dtype", "num_heads": "--heads", "topk": "--topk",
-               "dcp_world_size": "--dcp"}
+               "dcp_world_size": "--dcp", "num_sms": "--sms"}
 
 
 def flag_named(message: str) -> str:
