@@ -946,16 +946,28 @@ def test_dcp_two_ranks_match_the_full_pool_reference(tmp_path):
 
 
 def test_quantizer_refuses_values_the_layout_cannot_hold_and_meta_tensors():
-    """Finite input whose decoded value would overflow (bf16 RoPE beyond 3.39e38, a latent code x its
-    power-of-two scale beyond the float32 maximum) is refused, not written as inf; meta tensors (no values
-    to derive scales from, nothing to decode) are refused with the argument's name."""
+    """Finite input whose decoded value would overflow (bf16 RoPE beyond 3.39e38) is refused, not written as
+    inf; a latent value near the float32 maximum, whose nearest code times its power-of-two scale would overflow
+    (3.3e38 / 2^120 rounds to the code 256), takes the next code toward zero (240: within an e4m3 step, 1/16),
+    under both conventions (a fresh user's break test, twenty-fifth session: pow2 refused what amax held); meta
+    tensors (no values to derive scales from, nothing to decode) are refused with the argument's name."""
     import mla_sink
 
-    for col in (0, 512 + 10):  # a latent column, a RoPE column
-        kv = torch.zeros(2, 576)
-        kv[1, col] = 3.4e38
-        with pytest.raises(ValueError, match="'kv' holds values too large for the fp8_ds_mla layout"):
-            mla_sink.quantize_kv_cache(kv, layout="fp8_ds_mla", scale="pow2")
+    kv = torch.zeros(2, 576)
+    kv[1, 512 + 10] = 3.4e38  # a RoPE column
+    with pytest.raises(ValueError, match="'kv' holds values too large for the fp8_ds_mla layout"):
+        mla_sink.quantize_kv_cache(kv, layout="fp8_ds_mla", scale="pow2")
+    fmax = torch.finfo(torch.float32).max
+    for value in (3.3e38, 3.4e38, -fmax, fmax):
+        for scale in ("pow2", "amax"):
+            kv = torch.zeros(2, 576)
+            kv[1, 200] = value
+            kv[1, 201] = value / 2
+            back = mla_sink.dequantize_kv_cache(mla_sink.quantize_kv_cache(kv, layout="fp8_ds_mla", scale=scale))
+            assert torch.isfinite(back).all(), (value, scale)
+            for col, x in ((200, value), (201, value / 2)):
+                got = float(back[1, col])
+                assert got * x > 0 and abs(got - x) <= abs(x) / 16 * (1 + 1e-6), (value, scale, col, got)
     big = torch.full((2, 576), 1e38)  # large but representable: decodes finite, within e4m3 rounding
     back = mla_sink.dequantize_kv_cache(mla_sink.quantize_kv_cache(big, layout="fp8_ds_mla"))
     assert torch.isfinite(back).all() and ((back - 1e38).abs() <= 1e38 / 16).all()

@@ -35,6 +35,20 @@ def test_hand_computed_without_sink():
     assert not out.isnan().any()
 
 
+def test_any_real_sm_scale_and_logit_cap():
+    """The reference takes every real the library takes for ``sm_scale`` and ``logit_cap`` (a Fraction, a numpy
+    scalar) as the float it is (a fresh user's break test: ``Tensor * Fraction`` raised a TypeError)."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    q, kv, idx = one_head_two_keys()
+    want_out, want_lse = ref(q, kv, idx, sm_scale=0.5, logit_cap=0.75)
+    for sm_scale, cap in ((Fraction(1, 2), Fraction(3, 4)), (np.float32(0.5), np.float64(0.75))):
+        out, lse = ref(q, kv, idx, sm_scale=sm_scale, logit_cap=cap)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
 def test_hand_computed_with_known_sink():
     q, kv, idx = one_head_two_keys()
     sink = 1.5

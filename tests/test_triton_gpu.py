@@ -138,3 +138,37 @@ def test_cuda_graph_capture(pools):
     torch.cuda.synchronize()
     ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks)
     check_budget(out, lse, ro, rl, "bf16")
+
+
+def _head_major(T, H, D, dtype, fill=None):
+    """A ``[T, H, D]`` view of a head-major buffer whose head stride puts ``(H - 1) * stride`` beyond 2^31
+    elements (a buffer the engine laid out ``[H, ...]``, viewed token-major)."""
+    stride = -(-(1 << 31) // max(H - 1, 1)) // 64 * 64 + 64 * D
+    buf = torch.empty(H, stride, device="cuda", dtype=dtype)
+    view = buf[:, : T * D].view(H, T, D).transpose(0, 1)
+    if fill is not None:
+        view.copy_(fill)
+    assert (H - 1) * view.stride(1) >= 1 << 31
+    return view
+
+
+@pytest.mark.parametrize("key,H,T", [("bf16", 3, 2), ("fp16", 3, 64), ("bf16", 64, 2), ("bf16", 64, 64),
+                                     ("fp8_e4m3", 16, 2), ("fp8_e4m3", 32, 64)])
+def test_head_strides_beyond_int32(pools, key, H, T):
+    """q and out as token-major views of head-major buffers with ``(H - 1) * head stride >= 2^31`` elements, on
+    each kernel the plan picks for these shapes: head offsets are 64-bit (twenty-fifth session: the portable
+    kernel's were 32-bit)."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    kv = pools["fp8"] if key == "fp8_e4m3" else pools["bf16" if key == "bf16" else "fp16"]
+    q_dtype = torch.float16 if key == "fp16" else torch.bfloat16
+    kv_scale = torch.tensor([1.3], device="cuda") if key == "fp8_e4m3" else None
+    q = _head_major(T, H, D_QK, q_dtype, torch.randn(T, H, D_QK, device="cuda", generator=g))
+    out = _head_major(T, H, D_V, q_dtype, torch.full((T, H, D_V), float("nan"), device="cuda"))
+    idx = _ids(T, 2048, kv.shape[0], g)
+    sinks = torch.randn(H, device="cuda") + 8.0
+    o, l = sparse_mla_decode_triton(q, kv, idx, sinks, kv_scale=kv_scale, out=out)
+    assert o.data_ptr() == out.data_ptr()
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks, kv_scale=kv_scale)
+    check_budget(o, l, ro, rl, key)
+    del q, out
+    torch.cuda.empty_cache()

@@ -195,6 +195,40 @@ def test_noncontiguous_q():
     check(*run_both(case, config=UNSPLIT))
 
 
+def _file_tensor(tmp_path, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D tensor over a sparse file (pages exist only where written), so that a view may span more than 2^31
+    elements on a machine with little memory."""
+    path = tmp_path / name
+    with open(path, "wb") as f:
+        f.truncate(numel * torch.empty(0, dtype=dtype).element_size())
+    return torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_head_strides_beyond_int32(tmp_path, split):
+    """q and out as token-major views of head-major buffers whose head stride puts ``(H - 1) * stride`` beyond
+    2^31 elements: the kernel's head offsets are 64-bit (a 32-bit product wrapped and read or wrote far outside
+    the tensors: a segfault under the interpreter, found by the break test of the twenty-fifth session)."""
+    T, H, topk = 3, 3, 37
+    case = make_case(T, H, topk, seed=11)
+    stride = (1 << 30) + 1024  # (H - 1) * stride > 2^31
+    q = _file_tensor(tmp_path, "q.bin", H * stride, torch.bfloat16).view(H, stride)[:, : T * D_QK]
+    q = q.view(H, T, D_QK).transpose(0, 1)
+    q.copy_(case["q"])
+    case["q"] = q
+    out = _file_tensor(tmp_path, "out.bin", H * stride, torch.bfloat16).view(H, stride)[:, : T * D_V]
+    out = out.view(H, T, D_V).transpose(0, 1)
+    out.fill_(float("nan"))
+    assert (H - 1) * q.stride(1) >= 2**31 and (H - 1) * out.stride(1) >= 2**31
+    kw = SPLIT_KW if split else dict(config=UNSPLIT)
+    lse = torch.full((T, H), float("nan"))
+    o, l = sparse_mla_decode_triton(case["q"], case["kv_cache"], case["indices"], case["sinks"], None, out=out,
+                                    lse=lse, **kw)
+    assert o.data_ptr() == out.data_ptr()
+    ro, rl = sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"])
+    check(o, l, ro, rl)
+
+
 def test_topk_length():
     case = make_case(4, 5, 37, seed=6)
     tl_ = torch.tensor([37, 20, 5, 0], dtype=torch.int32)

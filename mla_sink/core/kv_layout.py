@@ -99,13 +99,14 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
     Returns:
         uint8 ``[N, 656]`` (paged input: ``[num_blocks, block_size, 656]``), contiguous, on ``kv``'s
         device: latent codes ``e4m3fn(clamp(x / scale, -448, 448))`` (``x`` in float32, rounded to the
-        nearest e4m3 value), the four float32 scales little-endian, the RoPE columns rounded to bf16
-        (exact for bf16 input).
+        nearest e4m3 value; where that code times the scale would overflow float32 - a value within an e4m3
+        step of float32's largest -, the next code toward zero), the four float32 scales little-endian, the
+        RoPE columns rounded to bf16 (exact for bf16 input).
 
     Raises:
         ValueError: ``kv`` not a tensor of shape ``[N, 576]`` / ``[B, S, 576]`` in bf16/fp16/float32, on
-            the meta device, a non-finite value in ``kv`` or one too large for the layout (its decoded
-            latent value or bf16 RoPE value would overflow), an unknown ``layout`` or ``scale``.
+            the meta device, a non-finite value in ``kv`` or one too large for the layout (a RoPE value
+            beyond bf16's largest finite value, about 3.39e38), an unknown ``layout`` or ``scale``.
     """
     _check_layout(layout)
     if scale not in SCALE_CONVENTIONS:
@@ -127,6 +128,12 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
     nope = x[:, :D_NOPE].reshape(n, NUM_TILES, TILE)
     s = _scales(nope.abs().amax(dim=-1).double(), scale)  # float32 [N, 4]
     codes = torch.clamp(nope / s.unsqueeze(-1), -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    over = ~torch.isfinite(codes.float() * s.unsqueeze(-1))
+    if bool(over.any()):
+        # a value within an e4m3 step of float32's largest rounded up to a code whose product with the scale
+        # overflows: the next code toward zero (the magnitude bits less one; its product is at most |x|)
+        cb = codes.view(torch.uint8)
+        codes = torch.where(over, cb - 1, cb).view(torch.float8_e4m3fn)
     out = torch.empty((n, ROW_BYTES), dtype=torch.uint8, device=kv.device)
     out[:, :D_NOPE] = codes.reshape(n, D_NOPE).view(torch.uint8)
     bits = s.view(torch.int32).long() & 0xFFFFFFFF  # little-endian bytes of each float32 scale

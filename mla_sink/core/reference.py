@@ -149,8 +149,9 @@ def sparse_mla_decode_reference(
     T, H, d_qk = q.shape
     byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout
     N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
-    if sm_scale is None:
-        sm_scale = d_qk ** -0.5
+    # any real the library takes (a numpy scalar, a Fraction), as the float the kernels are given
+    sm_scale = d_qk ** -0.5 if sm_scale is None else float(sm_scale)
+    logit_cap = float(logit_cap)
     mask = valid_mask(indices, N, topk_length)
     qf = q.to(compute_dtype)
     if q_scale is not None:

@@ -232,7 +232,7 @@ def combine_store(acc, m_safe, empty, l_sum, SINKS, OUT, LSE, pid_t, pid_d, offs
     if HAS_SINKS:
         sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
         out = out * sink_scale(1.0, sink, lse2, empty)[:, None]
-    o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    o_ptr = OUT + pid_t * stride_ot + offs_h.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]  # any head stride
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
     if pid_d == 0:
         tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=mask_h)

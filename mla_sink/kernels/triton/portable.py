@@ -16,7 +16,8 @@ adjacent in launch order so their identical gathers hit L2):
   ``lse`` is converted back to natural log;
 * ids that are ``-1``, negative, ``>= N`` or past ``topk_length`` are masked in the gathered load
   (``other=0``): their rows are never read, so NaN in unreferenced rows cannot leak; ids are cast
-  to int64 before multiplying by the row stride (pools beyond 2^31 bytes);
+  to int64 before multiplying by the row stride (pools beyond 2^31 bytes), and head indices before
+  multiplying by q's and out's head strides (a head-major buffer viewed token-major);
 * fp8 KV/q are converted to bf16 tiles (exact; fp16 tiles with ``FP8_F16``) and the per-tensor scales,
   read from device memory, are folded into the scores and the output; ``fp8_e4m3fnuz`` is decoded from
   its bits through ``e4m3fn`` (value / 2, with its own NaN and max encodings) so it runs on NVIDIA and
@@ -69,12 +70,15 @@ def _sparse_mla_decode_kernel(
 
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
+    # 64-bit head offsets: q and out may have a head stride of any size (a head-major buffer viewed token-major
+    # puts (H - 1) * stride beyond 2^31 elements)
+    offs_h64 = offs_h.to(tl.int64)
     offs_d = tl.arange(0, D_NOPE)
     offs_r = tl.arange(0, D_ROPE)
     offs_n = tl.arange(0, BLOCK_N)
 
     # ---- q tile [BLOCK_H, 512] + [BLOCK_H, 64]; padded heads load 0 ----
-    q_ptr = Q + pid_t * stride_qt + offs_h[:, None] * stride_qh
+    q_ptr = Q + pid_t * stride_qt + offs_h64[:, None] * stride_qh
     q_nope = tl.load(q_ptr + offs_d[None, :], mask=mask_h[:, None], other=0.0)
     q_rope = tl.load(q_ptr + D_NOPE + offs_r[None, :], mask=mask_h[:, None], other=0.0)
 
@@ -189,14 +193,14 @@ def _sparse_mla_decode_kernel(
         lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
         if SPLIT:
             row_scale = 1.0 / l_safe
-            dst = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_c[None, :]
+            dst = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h64[:, None] * stride_ph + offs_c[None, :]
             tl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=mask_h)
         else:
             row_scale = 1.0 / l_safe
             if HAS_SINKS:
                 sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
                 row_scale = kmath.sink_scale(row_scale, sink, lse2, empty)
-            dst = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+            dst = OUT + pid_t * stride_ot + offs_h64[:, None] * stride_oh + offs_c[None, :]
             tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
         out_ty = dst.dtype.element_ty
         tl.store(dst, (acc0 * row_scale[:, None]).to(out_ty), mask=mask_h[:, None])
@@ -246,7 +250,7 @@ def _sparse_mla_decode_kernel(
         lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
 
         if SPLIT:
-            po = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+            po = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h64[:, None] * stride_ph + offs_d[None, :]
             tl.store(po, out, mask=mask_h[:, None])
             tl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=mask_h)
         else:
@@ -254,7 +258,7 @@ def _sparse_mla_decode_kernel(
                 sink = tl.load(SINKS + offs_h, mask=mask_h, other=float("-inf"))
                 # sigmoid(lse - sink) = 1 / (1 + 2^((sink - lse) * log2 e)); 0 on empty rows.
                 out = out * kmath.sink_scale(1.0, sink, lse2, empty)[:, None]
-            o_ptr = OUT + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+            o_ptr = OUT + pid_t * stride_ot + offs_h64[:, None] * stride_oh + offs_d[None, :]
             tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=mask_h[:, None])
             tl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / kmath.LOG2E, mask=mask_h)
 
