@@ -161,7 +161,6 @@ def test_help(argv, capsys):
     (["demo", "--pool", "0"], "'--pool' must be in [1, 2147483647] (got 0)"),
     (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
     (["explain", "--path", "garbage"], "--path: 'path' must be one of"),  # the flag named before the field
-    (["explain", "--arch", "cpu", "--aiter", "0.1.20"], "--aiter: 'aiter_version' must be None"),
     (["explain", "--arch", "foo"], "--arch: 'arch' must be a compile target"),
     (["explain", "--logit-cap", "nan"], "--logit-cap: 'logit_cap' must be a finite float"),
     (["demo", "--path", "bogus"], "--path: 'path' must be one of"),

@@ -83,6 +83,18 @@ def test_platform_rejects(kwargs, text):
         Platform(**kwargs)
 
 
+@pytest.mark.parametrize("arch", ["sm90", "cpu", "gfx90a"])
+def test_aiter_on_an_arch_it_does_not_serve_is_the_table_s_reason(arch):
+    """Which archs AITER serves is a row of tables/mla_decode.yaml (the AITER paths' ``requires``), not a check of
+    the record: an ``aiter_version`` there is a platform the table routes away from AITER, saying why."""
+    from mla_sink import explain_call, plan_call
+
+    platform = Platform(arch, "0.1.20")
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
+    assert not plan_call(spec, platform).path.startswith("aiter")
+    assert "AITER ships MLA decode kernels for gfx942 (MI300) and gfx950 (MI350) only" in explain_call(spec, platform)
+
+
 def test_detect_on_this_machine_reads_cpu_without_aiter():
     p = Platform.detect("cpu")
     assert p.arch == "cpu" and p.aiter_version is None

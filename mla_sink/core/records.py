@@ -169,8 +169,9 @@ class Platform:
     Build one explicitly to ask about any machine from a laptop; :func:`detect` reads this one.
 
     Raises:
-        ValueError: unknown arch string or unparsable version; ``aiter_version`` off ROCm; ``num_sms`` not an
-            int >= 1, or other than 1 on ``cpu``.
+        ValueError: unknown arch string or unparsable version; ``num_sms`` not an int >= 1, or other than 1 on
+            ``cpu``. Which archs AITER serves is the rule table's (``tables/mla_decode.yaml``, the AITER paths'
+            ``requires``): an ``aiter_version`` on any other arch makes those paths ineligible, with that reason.
     """
 
     arch: str = attrs.field(validator=_arch)
@@ -190,11 +191,6 @@ class Platform:
         if self.arch == "cpu" and self.num_sms not in (None, 1):  # a plan would split for SMs it does not have
             raise ValueError(f"'num_sms' counts a GPU's SMs / CUs; arch 'cpu' runs Triton's interpreter, one program "
                              f"at a time, as one SM (got {self.num_sms}; leave it None or pass 1)")
-        if self.aiter_version is not None and not self.arch.startswith("gfx"):
-            raise ValueError(
-                f"'aiter_version' must be None on arch {self.arch!r}: AITER is importable only on ROCm "
-                f"(gfx*) machines (got {self.aiter_version!r})"
-            )
 
     def __str__(self) -> str:
         aiter = f"aiter{self.aiter_version}" if self.aiter_version else "noaiter"
