@@ -281,9 +281,10 @@ def test_explain_names_the_gluon_seesaw_producer_row(argv, row, regs, capsys):
     why = tuning.gluon_seesaw_table().row(row).why
     assert code == 0 and "kernel gluon_seesaw" in out
     assert [line.strip() for line in out.splitlines() if "producer: row" in line] == [
-        f"producer: row {row} (tables/gluon_seesaw.yaml): {regs} registers; {why}"]
+        f"producer: row {row} (tables/gluon_seesaw.yaml): {regs} registers (second consumer 216); {why}"]
     code, out = run_cli(capsys, *base, "--json")
-    assert json.loads(out)["launch"]["gluon_seesaw_producer"] == dict(row=row, producer_regs=regs, why=why)
+    assert json.loads(out)["launch"]["gluon_seesaw_producer"] == dict(row=row, producer_regs=regs, consumer_regs=216,
+                                                                      why=why)
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--kv-dtype", "fp8_e4m3", "--heads", "16", "--tokens",
                         "256", "--sms", "132")
     assert code == 0 and "kernel gluon_fp8" in out and "producer: row" not in out

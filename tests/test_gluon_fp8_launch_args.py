@@ -97,7 +97,7 @@ def test_the_seesaw_producer_registers_follow_the_table():
             torch.empty(2, 2048, dtype=torch.int32), num_kv_splits=1, ids_per_split=2048,
             out_strides=(64 * 512, 512), kv_dtype=kv_dtype)
         assert constexprs["PRODUCER_REGS"] == tuning.seesaw_producer_regs(kv_dtype)
-        assert constexprs["CONSUMER_REGS"] == gs.CONSUMER_REGS
+        assert constexprs["CONSUMER_REGS"] == tuning.seesaw_consumer_regs(kv_dtype)
 
 
 @pytest.mark.parametrize("shape,pad,block", [((4096, 656), 0, 1), ((64, 64, 656), 1, 64), ((30, 16, 656), 3, 16),

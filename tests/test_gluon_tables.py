@@ -77,6 +77,7 @@ def test_the_measured_arrangements():
     assert get("fp8_e4m3", 17, True) == (32, True, 104, 152, 64, True, False)
     assert {kv: tuning.seesaw_producer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {
         "bf16": 72, "fp16": 72, "fp8_e4m3": 80, "fp8_ds_mla": 72}
+    assert {tuning.seesaw_consumer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {216}
     with pytest.raises(ValueError, match="kv_dtype"):
         tuning.seesaw_producer_regs("fp8_e4m3fnuz")
 
@@ -159,6 +160,9 @@ def test_the_fp8_paths_and_the_seesaw_params_are_checked():
     renamed = dispatch.load_table(text.replace("column_split", "columns"), name="edited.yaml")
     with pytest.raises(dispatch.TableError, match="paths must be the arrangements"):
         tuning.check_fp8_table(renamed)
-    seesaw = _edited("gluon_seesaw", "params: {producer_regs: 80}", "params: {producer_regs: 80, consumer_regs: 200}")
-    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_producer_80': params .*unknown \['consumer_regs'\]"):
+    seesaw = _edited("gluon_seesaw", "params: {producer_regs: 80}", "params: {producer_regs: 80, gather_rows: 64}")
+    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_producer_80': params .*unknown \['gather_rows'\]"):
+        tuning.check_seesaw_table(seesaw)
+    seesaw = _edited("gluon_seesaw", "params: {producer_regs: 80}", "params: {producer_regs: 80, consumer_regs: 220}")
+    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_producer_80': params consumer_regs: setmaxnreg takes"):
         tuning.check_seesaw_table(seesaw)

@@ -69,7 +69,7 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     producer = gluon_seesaw_producer(plan)
     if producer is not None:
         lines.append(f"    producer: row {producer['row']} (tables/gluon_seesaw.yaml): {producer['producer_regs']} "
-                     f"registers; {producer['why']}")
+                     f"registers (second consumer {producer['consumer_regs']}); {producer['why']}")
     if launch.kernel == "gluon_seesaw" and plan.spec.kv_dtype in DS_MLA_KEYS:
         lo, hi = BF16_EXACT_SCALE_EXP
         lines.append("    recompute: a second gluon_seesaw launch of the same grid, gated per program by the first "
@@ -112,7 +112,8 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
 
 def gluon_seesaw_producer(plan: Any) -> Optional[dict]:
     """The ``tables/gluon_seesaw.yaml`` row of a plan whose Triton launch runs ``gluon_seesaw``:
-    ``{row, producer_regs, why}`` (the producer partition's ``setmaxnreg`` registers for the call's KV dtype), or
+    ``{row, producer_regs, consumer_regs, why}`` (the producer's and the second consumer's ``setmaxnreg`` registers
+    for the call's KV dtype), or
     ``None`` for any other plan (or a KV dtype the table does not declare). Needs neither Triton nor a GPU."""
     from mla_sink.kernels.gluon import tuning
 
@@ -122,7 +123,8 @@ def gluon_seesaw_producer(plan: Any) -> Optional[dict]:
     if plan.spec.kv_dtype not in tuning.seesaw_kv_dtypes():
         return None
     sel = tuning.seesaw_selection(plan.spec.kv_dtype)
-    return dict(row=sel.row.id, producer_regs=sel.params["producer_regs"], why=sel.row.why)
+    return dict(row=sel.row.id, producer_regs=sel.params["producer_regs"], consumer_regs=sel.params["consumer_regs"],
+                why=sel.row.why)
 
 
 def _plain(value: Any) -> Any:

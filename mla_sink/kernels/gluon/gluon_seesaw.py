@@ -88,7 +88,7 @@ from mla_sink.kernels.gluon.seesaw_fp8 import (
     fp8_producer,
     stop_flag,
 )
-from mla_sink.kernels.gluon.tuning import seesaw_producer_regs
+from mla_sink.kernels.gluon.tuning import seesaw_consumer_regs, seesaw_producer_regs
 
 #: Heads of one CTA: the wgmma M of the score and output tiles (one warpgroup: 4 warps x 16 rows).
 HEAD_BLOCK = 64
@@ -99,13 +99,6 @@ HALF_V = 256
 #: Rows the producer gathers per cp.async call: a whole 64-id block (16 and 32 measured 1% slower at
 #: T=256: Triton separates calls into one buffer by a barrier).
 GATHER_ROWS = 64
-#: Registers per thread of the second consumer worker (as many as consumer 0 gets). 12 warps share 64K registers,
-#: and the default consumer gets what the two workers leave (216, with the producer's 72): moving registers to it
-#: (232, for a software-pipelined loop) measured slower (BENCHMARKS.md, sixth session). With an fp8 cache the
-#: consumers' decoding spills a few scalars (ptxas: 32-76 bytes, a few loads per block pair). The producer's
-#: registers (addresses and masks; it only copies, for fp8 caches too) depend on the KV dtype: the rows of
-#: ``tables/gluon_seesaw.yaml`` (:func:`mla_sink.kernels.gluon.tuning.seesaw_producer_regs`).
-CONSUMER_REGS = 216
 
 
 @gluon.jit
@@ -504,7 +497,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     constexprs = dict(kv_block_size=kv_block_size,
                       BLOCK_H=HEAD_BLOCK, BLOCK_N=BLOCK_N, HALF_V=HALF_V, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, ROWS=GATHER_ROWS,
-                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=seesaw_producer_regs(kv_dtype),
+                      CONSUMER_REGS=seesaw_consumer_regs(kv_dtype), PRODUCER_REGS=seesaw_producer_regs(kv_dtype),
                       KV_FMT=kv_fmt,
                       ROW_BYTES=kv_layout.ROW_BYTES if v32 else d_qk,
                       # the library launches what follows a split launch as a programmatic dependent: the

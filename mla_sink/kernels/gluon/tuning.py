@@ -27,7 +27,7 @@ COLUMN_SPLIT = "column_split"
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "producer_default": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
-SEESAW_PARAMS = {"producer_regs": int}
+SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
 REG_MIN, REG_MAX, REG_STEP = 24, 256, 8
 #: Ids per block of the gluon_fp8 kernel (its ``BLOCK_N``, the wgmma M of ``S^T``): a producer step's rows divide it.
@@ -243,6 +243,17 @@ def seesaw_selection(kv_dtype: str):
 def seesaw_kv_dtypes() -> tuple:
     """The KV dtype keys the seesaw's table declares (its closed ``kv_dtype`` domain)."""
     return tuple(gluon_seesaw_table().fields["kv_dtype"].domain)
+
+
+@functools.cache
+def seesaw_consumer_regs(kv_dtype: str) -> int:
+    """The seesaw's second consumer's ``setmaxnreg`` registers for a KV dtype key (``tables/gluon_seesaw.yaml``;
+    cached).
+
+    Raises:
+        ValueError: ``kv_dtype`` is not one the seesaw reads (the table's closed domain).
+    """
+    return seesaw_selection(kv_dtype).params["consumer_regs"]
 
 
 @functools.cache
