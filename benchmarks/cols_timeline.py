@@ -85,7 +85,7 @@ def patch(src: str) -> str:
     s = _in(s, "_consumer", consumer)
 
     def cols(b: str) -> str:  # the column split: the first consumer's four stamps a block, the second's three
-        b = sub(b, "                 KV_DS)\n", f"                 KV_DS)\n        gl.store({tl} + 8, _now(pid_s))\n")
+        b = sub(b, "                 KV_DS_MLA)\n", f"                 KV_DS_MLA)\n        gl.store({tl} + 8, _now(pid_s))\n")
         b = sub(b, "            phase = (i // STAGES) & 1\n",
                 f"            phase = (i // STAGES) & 1\n            TL = {tl} + 256 + 4 * i\n"
                 "            gl.store(TL, _now(i), mask=i < 32)\n")

@@ -33,7 +33,7 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
   registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us; its unsplit launches keep the
   alternate blocks: 179.1 against 174.4);
-* V3.2 rows (``KV_DS``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
+* V3.2 rows (``KV_DS_MLA``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
   consumer that computes scores (both on alternate blocks, the first on the column split) copies the bf16 RoPE
   of its next block by cp.async into that block's ring stage's RoPE tile while it computes this one (where the
   rows are 16-byte aligned; otherwise the producer gathers it), and loads its block's four tile scales per id
@@ -87,10 +87,10 @@ BLOCK_N = 64
 
 
 @gluon.jit
-def _rows(KV, ids, stride_kv, kv_block_size, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr):
+def _rows(KV, ids, stride_kv, kv_block_size, KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr):
     """Pointers (64-bit offsets) to the rows ``ids`` of KV: ``id * stride_kv`` for an e4m3 cache, the V3.2
-    page arithmetic of :func:`_row_offsets` (bytes) for ``KV_DS``. Skipped ids (-1) point at row 0."""
-    if KV_DS:
+    page arithmetic of :func:`_row_offsets` (bytes) for ``KV_DS_MLA``. Skipped ids (-1) point at row 0."""
+    if KV_DS_MLA:
         return KV + _row_offsets(ids, kv_block_size, stride_kv, ROW_BYTES)
     else:
         return KV + ids.to(gl.int64) * stride_kv
@@ -152,10 +152,10 @@ def _gather_bytes(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr, LANE_BYT
 
 
 @gluon.jit
-def _to_tile(codes, dtype: gl.constexpr, KV_DS: gl.constexpr):
+def _to_tile(codes, dtype: gl.constexpr, KV_DS_MLA: gl.constexpr):
     """e4m3fn codes -> the ring's dtype, exactly (one ``cvt`` per pair into fp16; V3.2 codes, read as bytes,
     into bf16 through fp32: e4m3 fits both). The V3.2 tile scales stay out: the consumers apply them."""
-    if KV_DS:
+    if KV_DS_MLA:
         return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype)
     else:
         return codes.to(dtype)
@@ -178,7 +178,7 @@ def _checked(raw, nrows):
 @gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
-              KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr):
+              KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
     blocks on alternate blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
@@ -223,7 +223,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     else:
         lane_bytes: gl.constexpr = 16
         nope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (bytes) a lane
-        if KV_DS:
+        if KV_DS_MLA:
             rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
         else:
             rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
@@ -241,24 +241,25 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             if not LINES:
                 next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
             if ROWS_16B:  # the hinted 16-byte loads need 16-byte aligned rows
-                x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, D_NOPE,
+                x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, D_NOPE,
                                     nope_l, lane_bytes)
-                if not KV_DS:
+                if not KV_DS_MLA:
                     x_n = x_n.to(gl.float8e4nv, bitcast=True)
             else:
-                x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_n, 0, D_NOPE, nope_l)
-            if KV_DS:  # the bf16 RoPE after the scales, unless the consumers copy it (16-byte aligned rows)
+                x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, 0, D_NOPE,
+                              nope_l)
+            if KV_DS_MLA:  # the bf16 RoPE after the scales, unless the consumers copy it (16-byte aligned rows)
                 if not ROWS_16B:
-                    rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES) + DS_ROPE_AT).to(
+                    rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES) + DS_ROPE_AT).to(
                         gl.pointer_type(gl.bfloat16), bitcast=True)
                     x_r = _gather(rows_r, ids_r, 0, D_ROPE, rope_l)
             else:  # the RoPE codes after the latent ones
-                x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
+                x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
                               rope_l)
             if h == 0:
                 mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS))
-            if not (KV_DS and ROWS_16B):
+            kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS_MLA))
+            if not (KV_DS_MLA and ROWS_16B):
                 kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
             ids_n = _checked(next_n, nrows)
             if LINES:  # the latent's rows, spread as the RoPE's are
@@ -497,11 +498,11 @@ def _final_lse2(m, l):
 
 @gluon.jit
 def _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS: gl.constexpr,
-               SPLIT: gl.constexpr, KV_DS: gl.constexpr):
+               SPLIT: gl.constexpr, KV_DS_MLA: gl.constexpr):
     """The per-head factor of the output (heads ``offs_h``, ``hmask`` the real ones): ``1 / l``, times the
     per-tensor ``kv_scale`` for e4m3 (V3.2's tile scales were applied per block), times the sink's weight in
     unsplit launches (a split launch's combine applies the sink once); 0 on empty rows with a sink."""
-    if KV_DS:
+    if KV_DS_MLA:
         scale = 1.0 / l_safe
     else:
         scale = gl.load(KV_SCALE) / l_safe
@@ -513,7 +514,7 @@ def _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINK
 
 @gluon.jit
 def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads,
-             BLOCK_H: gl.constexpr, KV_DS: gl.constexpr):
+             BLOCK_H: gl.constexpr, KV_DS_MLA: gl.constexpr):
     """q of token ``pid_t`` into shared memory, while the producer already gathers the first block. On the
     alternate blocks the second consumer stages it, which waits for the ring's second block anyway: at 32 heads
     (e4m3) 170.0 and 170.7 against 171.6 and 172.3 us at T=256 staged before the partitions start, two runs,
@@ -538,7 +539,7 @@ def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stri
     qn = gl.load(q_rows + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask, other=0.0)
     qr = gl.load(q_rows + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask,
                  other=0.0)
-    if KV_DS:  # bf16 q as it is
+    if KV_DS_MLA:  # bf16 q as it is
         q_n.index(0).store(qn.to(dt))
         q_r.index(0).store(qr.to(dt))
         scale_smem.store(gl.full([BLOCK_H], sm_scale * LOG2E, gl.float32, gl.SliceLayout(1, ld_l)))
@@ -560,12 +561,12 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
               pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS: gl.constexpr,
+              HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS_MLA: gl.constexpr,
               ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
     merges the other's state and runs the epilogue. The second consumer (``FIRST == 1``, whose first block is the
     ring's second) stages q (:func:`_stage_q`) and signals ``q_ready``, for which the first waits. ``ROWS_16B``:
-    V3.2 rows 16-byte aligned, so that the consumers copy their RoPE (:func:`_blocks_ds`). ``KV_DS``: V3.2 rows
+    V3.2 rows 16-byte aligned, so that the consumers copy their RoPE (:func:`_blocks_ds`). ``KV_DS_MLA``: V3.2 rows
     (:func:`_blocks_ds`), else a per-tensor e4m3 cache (``kv_scale`` folded into the scores and the output)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
@@ -577,12 +578,13 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
     acc_other = kn_smem.index(1)._reinterpret(gl.float32, [D_NOPE, BLOCK_H], acc_sl)
     # q staged by a consumer, so that the producer's first gather does not wait for q's loads
     if FIRST == 1:
-        _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H, KV_DS)
+        _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
+                 KV_DS_MLA)
         mbarrier.arrive(q_ready)
     else:
         mbarrier.wait(q_ready, 0)
     col_scale = scale_smem.load(gl.SliceLayout(0, acc_l))  # per head: q scaling, sm_scale, kv_scale, log2(e)
-    if KV_DS:
+    if KV_DS_MLA:
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
                                                       col_scale, idx_base, stride_kv, kv_block_size, num_rows, start,
                                                       end, num_blocks, acc_l, BLOCK_H, BLOCK_N, ROW_BYTES, FIRST,
@@ -605,7 +607,7 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
         hmask = offs_h < num_heads
         f_self, f_other, lse2 = _merge_factors(m_i, l_i, m_smem.load(gl.SliceLayout(0, acc_l)),
                                                l_smem.load(gl.SliceLayout(0, acc_l)), KV_SCALE, SINKS, offs_h, hmask,
-                                               HAS_SINKS, SPLIT, KV_DS)
+                                               HAS_SINKS, SPLIT, KV_DS_MLA)
         if SPLIT:
             gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=hmask)
             o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
@@ -664,7 +666,7 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
 
 @gluon.jit
 def _merge_factors(m_i, l_i, m_o, l_o, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr,
-                   KV_DS: gl.constexpr):
+                   KV_DS_MLA: gl.constexpr):
     """``(f_self, f_other, lse2)`` of the two alternate-block consumers' merge: each one's ``O^T`` factor per head
     (its share of the merged softmax, times :func:`_out_scale`) and the merged sink-free base-2 LSE, from the
     first's ``(m_i, l_i)`` and the second's ``(m_o, l_o)``."""
@@ -673,7 +675,7 @@ def _merge_factors(m_i, l_i, m_o, l_o, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS
     a_self = gl.exp2(m_i - m_safe)
     a_other = gl.exp2(m_o - m_safe)
     empty_row, l_safe, lse2 = _final_lse2(m_new, l_i * a_self + l_o * a_other)
-    scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS)
+    scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
     return a_self * scale, a_other * scale, lse2
 
 
@@ -683,7 +685,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS: gl.constexpr,
+                   HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
                    ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
@@ -696,7 +698,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     scores only (ROLE 1 all 512 columns at 176 registers) measured slower: 182.6 / 55.0 us against 179.1 / 54.6 at
     H=32 T = 256 / 64 (benchmarks/few_heads_col_split_ab_2026-12-02.json); ROLE 0 software-pipelined (block i's
     scores issued before block i - 1's ``P V``) took 53.9 against 55.1 us for e4m3 at T=64 and 212.6 against 193.4
-    for V3.2 at T=256 (benchmarks/few_heads_cols_pipelined_ab_2026-12-02.json). V3.2 rows (``KV_DS``): ROLE 0 applies
+    for V3.2 at T=256 (benchmarks/few_heads_cols_pipelined_ab_2026-12-02.json). V3.2 rows (``KV_DS_MLA``): ROLE 0
+    applies
     the tile scales to the scores (:func:`_ds_scores`) and stores the four ``P_t^T`` (:func:`_store_p_tiles`);
     each consumer accumulates two 128-column tiles; with ``COPY_ROPE`` ROLE 0, the only reader of the RoPE tiles,
     copies the next block's RoPE into its stage by cp.async once this block's scores are read. Source: the roles
@@ -709,7 +712,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
     head_l: gl.constexpr = gl.SliceLayout(0, acc_l)
-    if KV_DS:  # this consumer's two value tiles
+    if KV_DS_MLA:  # this consumer's two value tiles
         acc = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
         acc_b = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
     else:
@@ -718,7 +721,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     hmask = offs_h < num_heads
     if ROLE == 0:
         _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
-                 KV_DS)
+                 KV_DS_MLA)
         col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         nrows = num_rows.to(gl.uint32)
@@ -733,14 +736,14 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             s = i % STAGES
             phase = (i // STAGES) & 1
             ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
-            if KV_DS:
+            if KV_DS_MLA:
                 if COPY_ROPE:
                     ids_next = _raw_ids(IDX, idx_base, end, start + (i + 1) * BLOCK_N, BLOCK_N, rope_l)
                 sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
             kn = kn_smem.index(s)
             z = _opaque_zero(i)  # q indexed through an opaque 0: its descriptors stay in the loop (not hoisted)
-            if KV_DS:
+            if KV_DS_MLA:
                 if COPY_ROPE:
                     async_copy.wait_group(0)
                     fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
@@ -752,7 +755,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
             p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i,
                                                  l_i)
-            if KV_DS:
+            if KV_DS_MLA:
                 _store_p_tiles(p_ring, s * P_TILES, p, sc0, sc1, sc2, sc3)
             else:
                 p_ring.index(s).store(p.to(gl.float16))
@@ -760,7 +763,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             fence_async_shared()
             gl.thread_barrier()  # P^T and alpha complete in shared memory before the wgmma and ROLE 1 read them
             mbarrier.arrive(p_ready.index(s))
-            if KV_DS:
+            if KV_DS_MLA:
                 if COPY_ROPE and i + 1 < num_blocks:  # the other stage's RoPE tile was last read by block i - 1
                     _copy_rope(KV, kr_smem.index((i + 1) % STAGES), _checked(ids_next, nrows), stride_kv,
                                kv_block_size, ROW_BYTES, rope_l)
@@ -772,7 +775,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             gl.thread_barrier()  # every warp of this consumer is done with stage s
             mbarrier.arrive(empty.index(s))
         empty_row, l_safe, lse2 = _final_lse2(m_i, l_i)
-        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS)
+        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
         f_smem.store(scale)
         gl.thread_barrier()
         mbarrier.arrive(merged)
@@ -786,7 +789,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
             alpha = alpha_smem.index(s).load(head_l)
             kn = kn_smem.index(s)
-            if KV_DS:
+            if KV_DS_MLA:
                 acc, acc_b = _tile_pair_pv(kn, T0, p_ring, s * P_TILES, acc, acc_b, alpha)
             else:
                 acc = warpgroup_mma(kn.slice(COL0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s),
@@ -800,7 +803,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
     else:
         o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64) * stride_oh
-    if KV_DS:
+    if KV_DS_MLA:
         _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
         _store_cols(acc_b, o_row, COL0 + DS_TILE, scale, hmask, SPLIT)
     else:
@@ -829,11 +832,11 @@ def sparse_mla_decode_fp8_ws_kernel(
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
-    PRODUCER_DEFAULT: gl.constexpr, KV_DS: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
+    PRODUCER_DEFAULT: gl.constexpr, KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
-    ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS``:
+    ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS_MLA``:
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
     ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
@@ -853,7 +856,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     # descriptors of q are computed in the loop rather than hoisted out of it (and spilled)
     # the operands' dtype: fp16 for e4m3 (exact codes; q scaled into range), bf16 for V3.2 (exact codes, the
     # bf16 RoPE and q as they are; P_t = P * tile scale needs bf16's range)
-    if KV_DS:
+    if KV_DS_MLA:
         dt: gl.constexpr = gl.bfloat16
         p_tiles: gl.constexpr = D_NOPE // DS_TILE  # one P^T per tile scale
     else:
@@ -905,31 +908,33 @@ def sparse_mla_decode_fp8_ws_kernel(
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES, KV_DS and ROWS_16B)),
+                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES, KV_DS and ROWS_16B)),
+                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
+                         LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     elif PRODUCER_DEFAULT:
         gl.warp_specialize([
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
+                         LINES)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
                          ROWS_16B)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
                          ROWS_16B)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
     else:
@@ -938,16 +943,17 @@ def sparse_mla_decode_fp8_ws_kernel(
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS, ROW_BYTES,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
                          ROWS_16B)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS, ROW_BYTES,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
                          ROWS_16B)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS, ROW_BYTES, ROWS_16B, LINES)),
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
+                         LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -1003,7 +1009,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       BLOCK_H=arr.head_block, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
-                      PRODUCER_DEFAULT=arr.producer_default, KV_DS=ds,
+                      PRODUCER_DEFAULT=arr.producer_default, KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols)
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
