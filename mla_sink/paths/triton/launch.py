@@ -37,6 +37,7 @@ from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
+from mla_sink.paths.triton.plan import MIN_BLOCK_H
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -44,8 +45,6 @@ D_ROPE = D_QK - D_V
 #: rows of a pool the kernels index with a 32-bit unsigned compare (ids are int32: larger pools are
 #: addressed with 64-bit offsets, but no id can exceed this)
 MAX_ROWS = 2 ** 31
-#: smallest head block of a Triton tile (``tl.dot`` needs M >= 16; the combine uses the same floor)
-MIN_BLOCK = 16
 #: Triton specialises pointer arguments on this alignment (bytes); a compiled kernel is reused only
 #: for tensors with the same alignment pattern.
 POINTER_ALIGN = 16
@@ -340,7 +339,7 @@ def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple, pdl:
     """``(grid, constexprs, static)`` of the split-KV combine of a launch (fp32 partials
     ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``), its tile from the tuning row."""
     T, H, _ = x.q.shape
-    cbh = min(launch.combine_block_h, max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())))
+    cbh = min(launch.combine_block_h, max(MIN_BLOCK_H, 1 << max(0, (H - 1).bit_length())))
     return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V),
                                wait_primary=pdl)
 
@@ -694,11 +693,11 @@ def combine_states_triton(
     combine = interpreted("combine") if interp else combine_jit
     if tile is not None:
         cbh, cbd = tile
-        if not (cbh >= MIN_BLOCK and cbh & (cbh - 1) == 0 and 0 < cbd <= D_V and D_V % cbd == 0 and cbd & (cbd - 1) == 0):
-            raise ValueError(f"'tile' must be (heads, value columns): powers of two, heads >= {MIN_BLOCK}, columns "
+        if not (cbh >= MIN_BLOCK_H and cbh & (cbh - 1) == 0 and 0 < cbd <= D_V and D_V % cbd == 0 and cbd & (cbd - 1) == 0):
+            raise ValueError(f"'tile' must be (heads, value columns): powers of two, heads >= {MIN_BLOCK_H}, columns "
                              f"dividing {D_V} (got {tile!r})")
     else:  # the interpreter prefers few, large programs; on a GPU the combine tile of the tuning rows
-        cbh = max(MIN_BLOCK, 1 << max(0, (H - 1).bit_length())) if interp else MIN_BLOCK
+        cbh = max(MIN_BLOCK_H, 1 << max(0, (H - 1).bit_length())) if interp else MIN_BLOCK_H
         cbd = D_V if interp else 128
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():

@@ -24,6 +24,7 @@ from typing import Mapping, Optional
 
 import attrs
 
+from mla_sink.core.records import D_V
 from mla_sink.core.tables import table_path
 
 #: The kernel of every ``portable`` row: the one the first lookup always yields and the one a Gluon
@@ -35,8 +36,6 @@ KERNELS = (PORTABLE, "gluon_seesaw", "gluon_fp8")
 #: Smallest head block: ``tl.dot`` needs at least 16 rows (M), so fewer heads are padded to 16 (the
 #: combine kernel's head block takes the same floor).
 MIN_BLOCK_H = 16
-#: Value columns of a KV row (the latent part); the combine's column block is at most this.
-D_V = 512
 
 #: Params of a portable row (every one required) -> :class:`TritonConfig` attribute.
 _PARAM_NAMES = {
