@@ -18,6 +18,10 @@ from mla_sink.core.platform import detect_platform
 from mla_sink.core.reference import sparse_mla_decode_reference
 from mla_sink.tools import bench, peers
 
+#: The head counts FlashMLA's sparse kernels are instantiated for (csrc/api/sparse_fwd.h, sparse_decode.h): the fake
+#: below refuses others as FlashMLA does, and tables/peers.yaml must say the same.
+FLASH_MLA_HEADS = (64, 128)
+
 class FakeFlashMLA(types.ModuleType):
     """Checks each argument as FlashMLA's C++ interface does and answers with our reference."""
 
@@ -28,7 +32,7 @@ class FakeFlashMLA(types.ModuleType):
 
     def flash_mla_sparse_fwd(self, q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
         s_q, h_q, d_qk = q.shape
-        assert h_q in peers.FLASH_MLA_HEADS, "Unsupported h_q"
+        assert h_q in FLASH_MLA_HEADS, "Unsupported h_q"
         assert q.dtype == kv.dtype == torch.bfloat16 and indices.dtype == torch.int32 and d_qk == 576 and d_v == 512
         assert kv.dim() == 3 and kv.shape[1:] == (1, 576) and indices.shape[:2] == (s_q, 1)
         assert attn_sink is None or (attn_sink.dtype == torch.float32 and attn_sink.shape == (h_q,))
@@ -43,7 +47,7 @@ class FakeFlashMLA(types.ModuleType):
     def flash_mla_with_kvcache(self, q, k_cache, block_table, cache_seqlens, head_dim_v, sched, num_splits=None,
                                softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None):
         b, s_q, h_q, d_qk = q.shape
-        if h_q not in peers.FLASH_MLA_HEADS:
+        if h_q not in FLASH_MLA_HEADS:
             pytest.fail(f"FlashMLA's decode called at {h_q} heads: it segfaults there")
         assert block_table is None and cache_seqlens is None and num_splits is None and head_dim_v == 512
         assert is_fp8_kvcache is True and causal is False and isinstance(softmax_scale, float)
@@ -486,3 +490,14 @@ def test_run_cases_reads_the_amax_cache_with_every_implementation(fake_flash_mla
     with pytest.raises(ValueError, match=r"ds_scale must be one of \('pow2', 'amax'\), got ds_scale='vllm'"):
         bench.run_cases([SMALL_CASES[4]], device="cpu", pool_rows=200, peer_max_tokens=256, timer=FakeTimer(),
                         ceilings=CEILINGS, platform=detect_platform("cpu"), flash_mla=None, ds_scale="vllm")
+
+
+def test_the_peers_table_calls_flash_mla_at_its_head_counts_only():
+    """tables/peers.yaml names the head counts FlashMLA serves, for both kernels; every other count of its domain is
+    refused with the row's reason (the bench records it; the adapters refuse such a q)."""
+    for peer in (peers.SPARSE_FWD, peers.DECODE):
+        assert peers.peer_heads(peer) == FLASH_MLA_HEADS
+        for h in peers.peers_table().fields["num_heads"].domain:
+            assert (peers.skip_reason(peer, h) is None) == (h in FLASH_MLA_HEADS)
+    with pytest.raises(ValueError, match="peer"):
+        peers.skip_reason("flash_attn", 64)

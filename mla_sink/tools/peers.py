@@ -26,15 +26,15 @@ valid id gets ``+inf`` where ours gets ``-inf`` (``tests/ref.py``: "lonely q"), 
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
 from mla_sink.core.kv_layout import LAYOUT, ROW_BYTES, quantize_kv_cache
 from mla_sink.core.records import D_QK, D_V
+from mla_sink.core.tables import table_path
 
-#: head counts FlashMLA's sparse kernels serve (``csrc/api/sparse_fwd.h``, ``csrc/api/sparse_decode.h``)
-FLASH_MLA_HEADS = (64, 128)
 #: rows of one page block of FlashMLA's decode cache (its tests and vLLM use 64)
 FLASH_MLA_BLOCK = 64
 #: the names peers are recorded under in a case's ``impls``
@@ -65,15 +65,36 @@ def import_flash_mla() -> tuple[Optional[Any], str]:
     return flash_mla, ""
 
 
+@functools.cache
+def peers_table():
+    """``tables/peers.yaml`` (at which shapes each peer is called) as a checked :class:`dispatch.RuleTable`
+    (cached).
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed, has a gap or a shadowed row.
+    """
+    from mla_sink import dispatch
+
+    table = dispatch.load_table(table_path("peers"))
+    dispatch.assert_table_ok(table)
+    return table
+
+
+@functools.cache
 def skip_reason(peer: str, num_heads: int) -> Optional[str]:
-    """Why ``peer`` (:data:`SPARSE_FWD` or :data:`DECODE`) is not called at ``num_heads``, or None."""
-    if num_heads in FLASH_MLA_HEADS:
-        return None
-    if peer == DECODE:
-        return (f"FlashMLA's sparse fp8 decode serves num_heads in {FLASH_MLA_HEADS} and crashes at other "
-                f"head counts (csrc/api/sparse_decode.h); not called at {num_heads}")
-    return (f"FlashMLA's sparse_fwd serves num_heads in {FLASH_MLA_HEADS} (csrc/api/sparse_fwd.h: "
-            f"'Unsupported h_q'); not called at {num_heads}")
+    """Why ``peer`` (:data:`SPARSE_FWD` or :data:`DECODE`) is not called at ``num_heads`` (the refusal row of
+    ``tables/peers.yaml`` that matches, with the count), or None where it is called. Cached.
+
+    Raises:
+        ValueError: ``peer`` is not one the table declares.
+    """
+    sel = peers_table().select({"peer": peer, "num_heads": int(num_heads)})
+    return f"{sel.reason}; not called at {num_heads}" if sel.refused else None
+
+
+def peer_heads(peer: str) -> tuple:
+    """The head counts of ``tables/peers.yaml``'s ``num_heads`` domain at which ``peer`` is called."""
+    return tuple(h for h in peers_table().fields["num_heads"].domain if skip_reason(peer, h) is None)
 
 
 def lse_to_ours(lse: torch.Tensor) -> torch.Tensor:
@@ -96,15 +117,15 @@ def sparse_fwd_call(flash_mla: Any, q: torch.Tensor, kv_cache: torch.Tensor, ind
 
     Args:
         flash_mla: the imported module (:func:`import_flash_mla`).
-        q: bf16 ``[T, H, 576]``, innermost stride 1; H in :data:`FLASH_MLA_HEADS`.
+        q: bf16 ``[T, H, 576]``, innermost stride 1; H one FlashMLA serves (:func:`skip_reason`).
         kv_cache: bf16 ``[N, 576]``, innermost stride 1 (passed as the view ``[N, 1, 576]``).
         indices: int32 ``[T, topk]``; invalid ids are given as ``-1``.
         sinks: optional fp32 ``[H]`` (passed as ``attn_sink``: the same work as ours), or None.
         sm_scale: multiplies ``q.k``.
 
     Raises:
-        ValueError: ``q`` is not ``[T, H, 576]`` with H in :data:`FLASH_MLA_HEADS` or ``kv_cache`` not
-            ``[N, 576]``.
+        ValueError: ``q`` is not ``[T, H, 576]`` with H one FlashMLA serves (:func:`skip_reason`) or
+            ``kv_cache`` not ``[N, 576]``.
     """
     T, H = _check_q(q)
     if kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK:
@@ -132,7 +153,8 @@ def decode_call(flash_mla: Any, q: torch.Tensor, cache: torch.Tensor, indices: t
 
     Args:
         flash_mla: the imported module (:func:`import_flash_mla`).
-        q: bf16 ``[T, H, 576]``, innermost stride 1; H in :data:`FLASH_MLA_HEADS` (never called at others).
+        q: bf16 ``[T, H, 576]``, innermost stride 1; H one FlashMLA serves (:func:`skip_reason`; never called
+            at others).
         cache: uint8 ``[n, 656]`` contiguous, n a multiple of :data:`FLASH_MLA_BLOCK` (:func:`ds_mla_cache`);
             passed as the view ``[n / 64, 64, 1, 656]``, so ids are our row numbers.
         indices: int32 ``[T, topk]``; invalid ids (negative, ``>= n``) are given as ``-1``.
@@ -222,7 +244,7 @@ def ds_mla_cache(kv: torch.Tensor, scale: str = "pow2") -> tuple[torch.Tensor, s
 
 # ---------------------------------------------------------------- correctness on one small case
 #: the small case the peers are checked on against the float64 reference (tokens, heads, topk, pool rows)
-CHECK_SHAPE = dict(T=2, H=FLASH_MLA_HEADS[0], topk=256, pool_rows=4 * FLASH_MLA_BLOCK * FLASH_MLA_BLOCK)
+CHECK_SHAPE = dict(T=2, H=None, topk=256, pool_rows=4 * FLASH_MLA_BLOCK * FLASH_MLA_BLOCK)  # H: both peers' smallest
 
 
 def errors(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> dict:
@@ -257,6 +279,8 @@ def peer_checks(flash_mla: Any, device: Any, *, seed: int = 1) -> dict:
     """
     from mla_sink.core.reference import sparse_mla_decode_reference
 
+    if CHECK_SHAPE["H"] is None:  # the smallest head count both peers serve (tables/peers.yaml)
+        CHECK_SHAPE["H"] = min(set(peer_heads(SPARSE_FWD)) & set(peer_heads(DECODE)))
     T, H, topk, rows = CHECK_SHAPE["T"], CHECK_SHAPE["H"], CHECK_SHAPE["topk"], CHECK_SHAPE["pool_rows"]
     gen = torch.Generator(device=device).manual_seed(seed)
     kv = torch.randn(rows, D_QK, device=device, generator=gen).to(torch.bfloat16)
