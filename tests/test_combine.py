@@ -85,3 +85,15 @@ def test_combine_property(R, H, tile, seed, empty_frac):
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, ref_lse, atol=1e-6, rtol=1e-6)
     assert not out.isnan().any()
+
+
+@pytest.mark.parametrize("splits,tile,group", [(32, (16, 32), 16), (16, (16, 32), 16), (5, (16, 32), 8),
+                                               (32, (16, 64), 8), (16, (16, 128), 4), (2, (16, 128), 4),
+                                               (3, (64, 512), 4), (1, (16, 32), 4)])
+def test_the_combine_loads_as_many_splits_together_as_its_tile_allows(splits, tile, group):
+    """Splits whose loads a combine program issues together: 4, 8 or 16, as many as 8192 fp32 tile values hold
+    (64 registers a thread), at most the padded split count (at least 4); the tests above run each size
+    (a (16, 32) tile with 5-16 parts takes groups of 8 and 16)."""
+    from mla_sink.kernels.triton.combine import combine_constexprs
+
+    assert combine_constexprs(splits, True, *tile)["GROUP"] == group

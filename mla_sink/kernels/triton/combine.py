@@ -18,8 +18,15 @@ try:  # griddepcontrol.wait (sm90+); only traced when WAIT_PRIMARY is set
 except ImportError:  # pragma: no cover - older Triton
     gdc_wait = None
 
-#: Splits whose loads a combine program issues together (the four ``kmath.split_state`` calls of its loop).
-SPLITS_PER_GROUP = tl.constexpr(4)
+#: Fewest splits whose loads a combine program issues together (``kmath.group4``), the most (``kmath.group16``),
+#: and the fp32 tile values one group may hold (64 registers a thread at 4 warps): a program waits on the L2 once
+#: per group, so narrow tiles (small T, where the plan narrows the columns to cover the SMs) take bigger groups.
+#: H200, twenty-fifth session (benchmarks/combine_group_ab_twentyfifth_2026-12-03.json), groups of 16 at 16 x 32
+#: tiles against groups of four, outputs bitwise equal: T=2 0.1-0.75 us faster at every head count and cache
+#: (H=32: bf16 12.37 against 12.75, e4m3 13.74 against 14.43, V3.2 13.85 against 14.60); T=16 within noise.
+MIN_GROUP = 4
+MAX_GROUP = 16
+GROUP_VALUES = 8192
 
 
 def _sparse_mla_combine_kernel(
@@ -28,7 +35,7 @@ def _sparse_mla_combine_kernel(
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     stride_ot, stride_oh, stride_lt, stride_lh,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr, WAIT_PRIMARY: tl.constexpr,
+    HAS_SINKS: tl.constexpr, WAIT_PRIMARY: tl.constexpr, GROUP: tl.constexpr,
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
     BLOCK_D value columns); apply the sink once. The LSE is written by the first column block. A split
@@ -49,23 +56,21 @@ def _sparse_mla_combine_kernel(
                                                     stride_plt, stride_pls)
 
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    # the splits four at a time, each group's loads issued before any of its math: their loads do not
-    # depend on each other, so a program waits on memory about once per group (a loop over the splits
+    # the splits GROUP at a time (4, 8 or 16), each group's loads issued before any of its math: their loads do
+    # not depend on each other, so a program waits on memory about once per group (a loop over the splits
     # waited twice per split, 32 round trips at 16 splits). Per-head values stay [BLOCK_H, 1] columns of
     # the tile's layout (no layout conversion in the loop).
     m_col = m_safe[:, None]
     n_live = tl.where(mask_h, num_splits, 0)[:, None]  # splits to read per head row (0: padded head)
     base_o = PART_OUT + pid_t * stride_pt + offs_h[:, None] * stride_ph + offs_d[None, :]
     base_l = PART_LSE + pid_t * stride_plt + offs_h[:, None]
-    for s in tl.static_range(0, BLOCK_S, SPLITS_PER_GROUP):
-        o0, l0 = kmath.split_state(base_o, base_l, s, stride_ps, stride_pls, s < n_live)
-        o1, l1 = kmath.split_state(base_o, base_l, s + 1, stride_ps, stride_pls, s + 1 < n_live)
-        o2, l2 = kmath.split_state(base_o, base_l, s + 2, stride_ps, stride_pls, s + 2 < n_live)
-        o3, l3 = kmath.split_state(base_o, base_l, s + 3, stride_ps, stride_pls, s + 3 < n_live)
-        acc = kmath.add_split(acc, o0, l0, m_col)
-        acc = kmath.add_split(acc, o1, l1, m_col)
-        acc = kmath.add_split(acc, o2, l2, m_col)
-        acc = kmath.add_split(acc, o3, l3, m_col)
+    for s in tl.static_range(0, BLOCK_S, GROUP):
+        if GROUP == 16:
+            acc = kmath.group16(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col)
+        elif GROUP == 8:
+            acc = kmath.group8(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col)
+        else:
+            acc = kmath.group4(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col)
 
     kmath.combine_store(acc, m_safe, empty, l_sum, SINKS, OUT, LSE, pid_t, pid_d, offs_h, offs_d, mask_h,
                         stride_ot, stride_oh, stride_lt, stride_lh, HAS_SINKS)
@@ -75,10 +80,14 @@ combine_jit = triton.jit(_sparse_mla_combine_kernel)
 
 
 def combine_constexprs(splits: int, has_sinks: bool, block_h: int, block_d: int, wait_primary: bool = False) -> dict:
-    """The constexpr arguments of a combine launch over ``splits`` partials with ``block_h x block_d`` tiles;
-    ``wait_primary``: launched with ``launch_pdl=True`` after the kernel writing the partials (sm90+)."""
-    return dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=1 << max(0, (splits - 1).bit_length()),
-                HAS_SINKS=has_sinks, WAIT_PRIMARY=wait_primary)
+    """The constexpr arguments of a combine launch over ``splits`` partials with ``block_h x block_d`` tiles
+    (``GROUP``: splits whose loads are issued together, :data:`MIN_GROUP` to :data:`MAX_GROUP`); ``wait_primary``:
+    launched with ``launch_pdl=True`` after the kernel writing the partials (sm90+)."""
+    block_s = 1 << max(0, (splits - 1).bit_length())
+    # splits loaded together: as many as GROUP_VALUES holds, 4, 8 or 16 (kmath.group4 / group8 / group16)
+    group = max(MIN_GROUP, min(MAX_GROUP, block_s, GROUP_VALUES // (block_h * block_d)))
+    return dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=block_s,
+                HAS_SINKS=has_sinks, WAIT_PRIMARY=wait_primary, GROUP=group)
 
 
 def combine_launch_args(T: int, H: int, splits: int, out_strides: tuple, has_sinks: bool, block_h: int,

@@ -253,3 +253,74 @@ def add_split(acc, o, ls, m_col):
     split with no valid id (``ls = -inf``: weight 0) adds nothing, whatever its partial holds (NaN too)."""
     w = tl.exp2(ls - m_col)
     return acc + tl.where(w > 0.0, w * o, 0.0)
+
+
+@triton.jit
+def group4(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col):
+    """Splits ``s .. s + 3`` added to ``acc``, their loads issued before any of their math."""
+    o0, l0 = split_state(base_o, base_l, s, stride_ps, stride_pls, s < n_live)
+    o1, l1 = split_state(base_o, base_l, s + 1, stride_ps, stride_pls, s + 1 < n_live)
+    o2, l2 = split_state(base_o, base_l, s + 2, stride_ps, stride_pls, s + 2 < n_live)
+    o3, l3 = split_state(base_o, base_l, s + 3, stride_ps, stride_pls, s + 3 < n_live)
+    acc = add_split(acc, o0, l0, m_col)
+    acc = add_split(acc, o1, l1, m_col)
+    acc = add_split(acc, o2, l2, m_col)
+    return add_split(acc, o3, l3, m_col)
+
+
+@triton.jit
+def group8(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col):
+    """Splits ``s .. s + 7`` added to ``acc``, their loads issued before any of their math."""
+    o0, l0 = split_state(base_o, base_l, s, stride_ps, stride_pls, s < n_live)
+    o1, l1 = split_state(base_o, base_l, s + 1, stride_ps, stride_pls, s + 1 < n_live)
+    o2, l2 = split_state(base_o, base_l, s + 2, stride_ps, stride_pls, s + 2 < n_live)
+    o3, l3 = split_state(base_o, base_l, s + 3, stride_ps, stride_pls, s + 3 < n_live)
+    o4, l4 = split_state(base_o, base_l, s + 4, stride_ps, stride_pls, s + 4 < n_live)
+    o5, l5 = split_state(base_o, base_l, s + 5, stride_ps, stride_pls, s + 5 < n_live)
+    o6, l6 = split_state(base_o, base_l, s + 6, stride_ps, stride_pls, s + 6 < n_live)
+    o7, l7 = split_state(base_o, base_l, s + 7, stride_ps, stride_pls, s + 7 < n_live)
+    acc = add_split(acc, o0, l0, m_col)
+    acc = add_split(acc, o1, l1, m_col)
+    acc = add_split(acc, o2, l2, m_col)
+    acc = add_split(acc, o3, l3, m_col)
+    acc = add_split(acc, o4, l4, m_col)
+    acc = add_split(acc, o5, l5, m_col)
+    acc = add_split(acc, o6, l6, m_col)
+    return add_split(acc, o7, l7, m_col)
+
+
+@triton.jit
+def group16(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col):
+    """Splits ``s .. s + 15`` added to ``acc``, their loads issued before any of their math."""
+    o0, l0 = split_state(base_o, base_l, s, stride_ps, stride_pls, s < n_live)
+    o1, l1 = split_state(base_o, base_l, s + 1, stride_ps, stride_pls, s + 1 < n_live)
+    o2, l2 = split_state(base_o, base_l, s + 2, stride_ps, stride_pls, s + 2 < n_live)
+    o3, l3 = split_state(base_o, base_l, s + 3, stride_ps, stride_pls, s + 3 < n_live)
+    o4, l4 = split_state(base_o, base_l, s + 4, stride_ps, stride_pls, s + 4 < n_live)
+    o5, l5 = split_state(base_o, base_l, s + 5, stride_ps, stride_pls, s + 5 < n_live)
+    o6, l6 = split_state(base_o, base_l, s + 6, stride_ps, stride_pls, s + 6 < n_live)
+    o7, l7 = split_state(base_o, base_l, s + 7, stride_ps, stride_pls, s + 7 < n_live)
+    o8, l8 = split_state(base_o, base_l, s + 8, stride_ps, stride_pls, s + 8 < n_live)
+    o9, l9 = split_state(base_o, base_l, s + 9, stride_ps, stride_pls, s + 9 < n_live)
+    o10, l10 = split_state(base_o, base_l, s + 10, stride_ps, stride_pls, s + 10 < n_live)
+    o11, l11 = split_state(base_o, base_l, s + 11, stride_ps, stride_pls, s + 11 < n_live)
+    o12, l12 = split_state(base_o, base_l, s + 12, stride_ps, stride_pls, s + 12 < n_live)
+    o13, l13 = split_state(base_o, base_l, s + 13, stride_ps, stride_pls, s + 13 < n_live)
+    o14, l14 = split_state(base_o, base_l, s + 14, stride_ps, stride_pls, s + 14 < n_live)
+    o15, l15 = split_state(base_o, base_l, s + 15, stride_ps, stride_pls, s + 15 < n_live)
+    acc = add_split(acc, o0, l0, m_col)
+    acc = add_split(acc, o1, l1, m_col)
+    acc = add_split(acc, o2, l2, m_col)
+    acc = add_split(acc, o3, l3, m_col)
+    acc = add_split(acc, o4, l4, m_col)
+    acc = add_split(acc, o5, l5, m_col)
+    acc = add_split(acc, o6, l6, m_col)
+    acc = add_split(acc, o7, l7, m_col)
+    acc = add_split(acc, o8, l8, m_col)
+    acc = add_split(acc, o9, l9, m_col)
+    acc = add_split(acc, o10, l10, m_col)
+    acc = add_split(acc, o11, l11, m_col)
+    acc = add_split(acc, o12, l12, m_col)
+    acc = add_split(acc, o13, l13, m_col)
+    acc = add_split(acc, o14, l14, m_col)
+    return add_split(acc, o15, l15, m_col)
