@@ -18,12 +18,14 @@ try:  # griddepcontrol.wait (sm90+); only traced when WAIT_PRIMARY is set
 except ImportError:  # pragma: no cover - older Triton
     gdc_wait = None
 
-#: Fewest splits whose loads a combine program issues together (``kmath.group4``), the most (``kmath.group16``),
+#: Fewest splits whose loads a combine program issues together (``kmath.add_split_group``), the most,
 #: and the fp32 tile values one group may hold (64 registers a thread at 4 warps): a program waits on the L2 once
 #: per group, so narrow tiles (small T, where the plan narrows the columns to cover the SMs) take bigger groups.
 #: H200, twenty-fifth session (benchmarks/combine_group_ab_twentyfifth_2026-12-03.json; BENCHMARKS.md), groups of 16 at 16 x 32
 #: tiles against groups of four, outputs bitwise equal: T=2 0.05-0.75 us faster at every head count and cache
-#: (H=32: bf16 12.37 against 12.75, e4m3 13.74 against 14.43, V3.2 13.85 against 14.60); T=16 within noise.
+#: (H=32: bf16 12.37 against 12.75, e4m3 13.74 against 14.43, V3.2 13.85 against 14.60); T=16 within noise. ptxas
+#: (Triton 3.6, sm90) issues every load of a 16-split group first; 32 splits at 16 x 32 (two groups) hoist both
+#: groups' loads and spill 104 bytes at 255 registers, and measured faster still (V3.2 H=32 T=2 above).
 MIN_GROUP = 4
 MAX_GROUP = 16
 GROUP_VALUES = 8192
@@ -65,12 +67,7 @@ def _sparse_mla_combine_kernel(
     base_o = PART_OUT + pid_t * stride_pt + offs_h[:, None] * stride_ph + offs_d[None, :]
     base_l = PART_LSE + pid_t * stride_plt + offs_h[:, None]
     for s in tl.static_range(0, BLOCK_S, GROUP):
-        if GROUP == 16:
-            acc = kmath.group16(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col)
-        elif GROUP == 8:
-            acc = kmath.group8(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col)
-        else:
-            acc = kmath.group4(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col)
+        acc = kmath.add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP)
 
     kmath.combine_store(acc, m_safe, empty, l_sum, SINKS, OUT, LSE, pid_t, pid_d, offs_h, offs_d, mask_h,
                         stride_ot, stride_oh, stride_lt, stride_lh, HAS_SINKS)
@@ -84,7 +81,7 @@ def combine_constexprs(splits: int, has_sinks: bool, block_h: int, block_d: int,
     (``GROUP``: splits whose loads are issued together, :data:`MIN_GROUP` to :data:`MAX_GROUP`); ``wait_primary``:
     launched with ``launch_pdl=True`` after the kernel writing the partials (sm90+)."""
     block_s = 1 << max(0, (splits - 1).bit_length())
-    # splits loaded together: as many as GROUP_VALUES holds, 4, 8 or 16 (kmath.group4 / group8 / group16)
+    # splits loaded together: as many as GROUP_VALUES holds, 4, 8 or 16 (kmath.add_split_group)
     group = max(MIN_GROUP, min(MAX_GROUP, block_s, GROUP_VALUES // (block_h * block_d)))
     return dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=block_s,
                 HAS_SINKS=has_sinks, WAIT_PRIMARY=wait_primary, GROUP=group)

@@ -256,71 +256,38 @@ def add_split(acc, o, ls, m_col):
 
 
 @triton.jit
-def group4(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col):
-    """Splits ``s .. s + 3`` added to ``acc``, their loads issued before any of their math."""
+def _states4(base_o, base_l, s, stride_ps, stride_pls, n_live):
+    """The reads of splits ``s .. s + 3`` (:func:`split_state`), as one tuple ``(o_s, ls_s, .., o_s+3, ls_s+3)``."""
     o0, l0 = split_state(base_o, base_l, s, stride_ps, stride_pls, s < n_live)
     o1, l1 = split_state(base_o, base_l, s + 1, stride_ps, stride_pls, s + 1 < n_live)
     o2, l2 = split_state(base_o, base_l, s + 2, stride_ps, stride_pls, s + 2 < n_live)
     o3, l3 = split_state(base_o, base_l, s + 3, stride_ps, stride_pls, s + 3 < n_live)
-    acc = add_split(acc, o0, l0, m_col)
-    acc = add_split(acc, o1, l1, m_col)
-    acc = add_split(acc, o2, l2, m_col)
-    return add_split(acc, o3, l3, m_col)
+    return o0, l0, o1, l1, o2, l2, o3, l3
 
 
 @triton.jit
-def group8(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col):
-    """Splits ``s .. s + 7`` added to ``acc``, their loads issued before any of their math."""
-    o0, l0 = split_state(base_o, base_l, s, stride_ps, stride_pls, s < n_live)
-    o1, l1 = split_state(base_o, base_l, s + 1, stride_ps, stride_pls, s + 1 < n_live)
-    o2, l2 = split_state(base_o, base_l, s + 2, stride_ps, stride_pls, s + 2 < n_live)
-    o3, l3 = split_state(base_o, base_l, s + 3, stride_ps, stride_pls, s + 3 < n_live)
-    o4, l4 = split_state(base_o, base_l, s + 4, stride_ps, stride_pls, s + 4 < n_live)
-    o5, l5 = split_state(base_o, base_l, s + 5, stride_ps, stride_pls, s + 5 < n_live)
-    o6, l6 = split_state(base_o, base_l, s + 6, stride_ps, stride_pls, s + 6 < n_live)
-    o7, l7 = split_state(base_o, base_l, s + 7, stride_ps, stride_pls, s + 7 < n_live)
-    acc = add_split(acc, o0, l0, m_col)
-    acc = add_split(acc, o1, l1, m_col)
-    acc = add_split(acc, o2, l2, m_col)
-    acc = add_split(acc, o3, l3, m_col)
-    acc = add_split(acc, o4, l4, m_col)
-    acc = add_split(acc, o5, l5, m_col)
-    acc = add_split(acc, o6, l6, m_col)
-    return add_split(acc, o7, l7, m_col)
+def _add4(acc, states, m_col):
+    """``acc`` plus four splits' weighted partials (:func:`add_split`) read by :func:`_states4`."""
+    acc = add_split(acc, states[0], states[1], m_col)
+    acc = add_split(acc, states[2], states[3], m_col)
+    acc = add_split(acc, states[4], states[5], m_col)
+    return add_split(acc, states[6], states[7], m_col)
 
 
 @triton.jit
-def group16(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col):
-    """Splits ``s .. s + 15`` added to ``acc``, their loads issued before any of their math."""
-    o0, l0 = split_state(base_o, base_l, s, stride_ps, stride_pls, s < n_live)
-    o1, l1 = split_state(base_o, base_l, s + 1, stride_ps, stride_pls, s + 1 < n_live)
-    o2, l2 = split_state(base_o, base_l, s + 2, stride_ps, stride_pls, s + 2 < n_live)
-    o3, l3 = split_state(base_o, base_l, s + 3, stride_ps, stride_pls, s + 3 < n_live)
-    o4, l4 = split_state(base_o, base_l, s + 4, stride_ps, stride_pls, s + 4 < n_live)
-    o5, l5 = split_state(base_o, base_l, s + 5, stride_ps, stride_pls, s + 5 < n_live)
-    o6, l6 = split_state(base_o, base_l, s + 6, stride_ps, stride_pls, s + 6 < n_live)
-    o7, l7 = split_state(base_o, base_l, s + 7, stride_ps, stride_pls, s + 7 < n_live)
-    o8, l8 = split_state(base_o, base_l, s + 8, stride_ps, stride_pls, s + 8 < n_live)
-    o9, l9 = split_state(base_o, base_l, s + 9, stride_ps, stride_pls, s + 9 < n_live)
-    o10, l10 = split_state(base_o, base_l, s + 10, stride_ps, stride_pls, s + 10 < n_live)
-    o11, l11 = split_state(base_o, base_l, s + 11, stride_ps, stride_pls, s + 11 < n_live)
-    o12, l12 = split_state(base_o, base_l, s + 12, stride_ps, stride_pls, s + 12 < n_live)
-    o13, l13 = split_state(base_o, base_l, s + 13, stride_ps, stride_pls, s + 13 < n_live)
-    o14, l14 = split_state(base_o, base_l, s + 14, stride_ps, stride_pls, s + 14 < n_live)
-    o15, l15 = split_state(base_o, base_l, s + 15, stride_ps, stride_pls, s + 15 < n_live)
-    acc = add_split(acc, o0, l0, m_col)
-    acc = add_split(acc, o1, l1, m_col)
-    acc = add_split(acc, o2, l2, m_col)
-    acc = add_split(acc, o3, l3, m_col)
-    acc = add_split(acc, o4, l4, m_col)
-    acc = add_split(acc, o5, l5, m_col)
-    acc = add_split(acc, o6, l6, m_col)
-    acc = add_split(acc, o7, l7, m_col)
-    acc = add_split(acc, o8, l8, m_col)
-    acc = add_split(acc, o9, l9, m_col)
-    acc = add_split(acc, o10, l10, m_col)
-    acc = add_split(acc, o11, l11, m_col)
-    acc = add_split(acc, o12, l12, m_col)
-    acc = add_split(acc, o13, l13, m_col)
-    acc = add_split(acc, o14, l14, m_col)
-    return add_split(acc, o15, l15, m_col)
+def add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP: tl.constexpr):
+    """The combine kernel's step: splits ``s .. s + GROUP - 1`` (``GROUP`` 4, 8 or 16) added to ``acc``, every one
+    of their loads issued before any of their math, so that a program waits on memory once per group."""
+    a = _states4(base_o, base_l, s, stride_ps, stride_pls, n_live)
+    if GROUP >= 8:
+        b = _states4(base_o, base_l, s + 4, stride_ps, stride_pls, n_live)
+    if GROUP >= 16:
+        c = _states4(base_o, base_l, s + 8, stride_ps, stride_pls, n_live)
+        d = _states4(base_o, base_l, s + 12, stride_ps, stride_pls, n_live)
+    acc = _add4(acc, a, m_col)
+    if GROUP >= 8:
+        acc = _add4(acc, b, m_col)
+    if GROUP >= 16:
+        acc = _add4(acc, c, m_col)
+        acc = _add4(acc, d, m_col)
+    return acc
