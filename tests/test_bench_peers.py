@@ -10,6 +10,7 @@ import math
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -501,3 +502,9 @@ def test_the_peers_table_calls_flash_mla_at_its_head_counts_only():
             assert (peers.skip_reason(peer, h) is None) == (h in FLASH_MLA_HEADS)
     with pytest.raises(ValueError, match="peer"):
         peers.skip_reason("flash_attn", 64)
+    assert peers.skip_reason(peers.DECODE, np.int64(64)) is None  # any integer
+    for bad in (64.5, np.float64(64.0), "64", True, None, float("nan"), 0, -1):  # a second break test's inputs
+        with pytest.raises(ValueError, match="'num_heads' must be an int >= 1"):
+            peers.skip_reason(peers.DECODE, bad)
+    with pytest.raises(ValueError, match="'peer' must be a peer name"):
+        peers.peer_heads(["x"])

@@ -1016,11 +1016,12 @@ def test_messages_name_the_v32_rows_where_they_apply():
     assert "odd" not in str(e.value)
 
 
-@pytest.mark.parametrize("arch", ["sm50", "sm61", "sm62", "sm70", "sm72", "sm75", "sm86", "sm87"])
+@pytest.mark.parametrize("arch", ["sm30", "sm35", "sm37", "sm50", "sm61", "sm62", "sm70", "sm72", "sm75", "sm86", "sm87"])
 def test_every_nvidia_arch_below_sm89_refuses_fp8_kv(arch):
     """Every NVIDIA compute capability below 8.9 is refused fp8 KV (row fp8_needs_sm89), Jetson's 7.2 included: the
     row once listed only sm70 / 75 / 80 / 86 / 87, and an sm72 call reached the portable kernel, whose fp8e4nv tiles
-    Triton does not compile there (twenty-fourth session's audit); sm89 and newer are served."""
+    Triton does not compile there (twenty-fourth session's audit), and Kepler's were missing until a second break
+    test (twenty-fifth session); sm89 and newer are served."""
     from mla_sink import NoKernelError, Platform, plan_call
 
     for kv_dtype in ("fp8_e4m3", "fp8_ds_mla"):

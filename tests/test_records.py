@@ -98,3 +98,18 @@ def test_aiter_on_an_arch_it_does_not_serve_is_the_table_s_reason(arch):
 def test_detect_on_this_machine_reads_cpu_without_aiter():
     p = Platform.detect("cpu")
     assert p.arch == "cpu" and p.aiter_version is None
+
+
+def test_describe_refuses_a_platform_that_is_not_a_record():
+    """``describe(..., platform=...)`` takes a :class:`Platform` or None, as the function does (a second break test:
+    ``platform="sm90"`` came back unchecked)."""
+    import torch
+
+    from mla_sink import describe
+
+    q = torch.zeros(1, 4, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(8, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(1, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="'platform' must be a mla_sink.Platform or None"):
+        describe(q, kv, idx, platform="sm90")
+    assert describe(q, kv, idx, platform=Platform("sm90"))[1] == Platform("sm90")

@@ -49,6 +49,19 @@ def test_any_real_sm_scale_and_logit_cap():
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.parametrize("kw,name", [(dict(sm_scale=float("nan")), "sm_scale"), (dict(sm_scale=-0.125), "sm_scale"),
+                                     (dict(sm_scale=0.0), "sm_scale"), (dict(sm_scale=float("inf")), "sm_scale"),
+                                     (dict(sm_scale="0.125"), "sm_scale"), (dict(sm_scale=10 ** 400), "sm_scale"),
+                                     (dict(logit_cap=float("inf")), "logit_cap"), (dict(logit_cap=True), "logit_cap"),
+                                     (dict(logit_cap=None), "logit_cap"), (dict(logit_cap=float("nan")), "logit_cap")])
+def test_scalars_the_library_refuses_are_refused_by_name(kw, name):
+    """The reference checks ``sm_scale`` and ``logit_cap`` as the library does (a second break test: it returned
+    NaN for an infinite cap or a NaN scale, and took a string or a bool), before anything is gathered."""
+    q, kv, idx = one_head_two_keys()
+    with pytest.raises(ValueError, match=f"'{name}' must be"):
+        ref(q, kv, idx, **kw)
+
+
 def test_hand_computed_with_known_sink():
     q, kv, idx = one_head_two_keys()
     sink = 1.5

@@ -42,9 +42,12 @@ def describe(
         platform: explicit platform (default: detected from ``q.device``).
 
     Raises:
-        ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`) or a field is
-            out of its domain.
+        ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`), a field is
+            out of its domain, or ``platform`` is neither ``None`` nor a :class:`Platform`.
     """
+    if platform is not None and not isinstance(platform, Platform):
+        raise ValueError(f"'platform' must be a mla_sink.Platform or None (got {platform!r}); build one with "
+                         "Platform('sm90') or Platform.detect()")
     check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False)  # describe precedes a launch
     check_return_lse(return_lse)
     spec = spec_of(DecodeInputs(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap), need_lse=return_lse,

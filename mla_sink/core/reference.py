@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from mla_sink.core import kv_layout
+from mla_sink.core import kv_layout, validate
 from mla_sink.core.lse import apply_sink
 
 
@@ -139,7 +139,8 @@ def sparse_mla_decode_reference(
     Raises:
         ValueError: a shape that does not fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a
             656-byte-row uint8 cache, indices not ``[T, topk]`` integers, sinks not ``[H]``, topk_length not
-            ``[T]``), before anything is gathered. Dtypes are not checked: the reference computes in
+            ``[T]``), before anything is gathered; ``sm_scale`` or ``logit_cap`` that the library refuses
+            (:func:`mla_sink.core.validate.check_sm_scale`, :func:`~mla_sink.core.validate.check_logit_cap`). Dtypes are not checked: the reference computes in
             ``compute_dtype`` whatever it is given.
 
     Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
@@ -149,9 +150,14 @@ def sparse_mla_decode_reference(
     T, H, d_qk = q.shape
     byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout
     N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
-    # any real the library takes (a numpy scalar, a Fraction), as the float the kernels are given
-    sm_scale = d_qk ** -0.5 if sm_scale is None else float(sm_scale)
-    logit_cap = float(logit_cap)
+    # the scalars the library takes, checked as it checks them (any real - a numpy scalar, a Fraction - as the
+    # float the kernels are given; str, bool, non-finite and out-of-range values refused, naming the argument)
+    if sm_scale is None:
+        sm_scale = d_qk ** -0.5
+    else:
+        validate.check_sm_scale(sm_scale)
+        sm_scale = float(sm_scale)
+    logit_cap = validate.check_logit_cap(logit_cap)
     mask = valid_mask(indices, N, topk_length)
     qf = q.to(compute_dtype)
     if q_scale is not None:

@@ -27,6 +27,7 @@ valid id gets ``+inf`` where ours gets ``-inf`` (``tests/ref.py``: "lonely q"), 
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
@@ -80,20 +81,32 @@ def peers_table():
     return table
 
 
-@functools.cache
 def skip_reason(peer: str, num_heads: int) -> Optional[str]:
     """Why ``peer`` (:data:`SPARSE_FWD` or :data:`DECODE`) is not called at ``num_heads`` (the refusal row of
-    ``tables/peers.yaml`` that matches, with the count), or None where it is called. Cached.
+    ``tables/peers.yaml`` that matches, with the count), or None where it is called. Cached per pair.
 
     Raises:
-        ValueError: ``peer`` is not one the table declares.
+        ValueError: ``peer`` is not a peer name the table declares, or ``num_heads`` not an int >= 1.
     """
-    sel = peers_table().select({"peer": peer, "num_heads": int(num_heads)})
+    if not isinstance(peer, str):
+        raise ValueError(f"'peer' must be a peer name, {SPARSE_FWD!r} or {DECODE!r} (got {peer!r})")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
+        raise ValueError(f"'num_heads' must be an int >= 1 (got {num_heads!r})")
+    return _skip_reason(peer, int(num_heads))
+
+
+@functools.cache
+def _skip_reason(peer: str, num_heads: int) -> Optional[str]:
+    sel = peers_table().select({"peer": peer, "num_heads": num_heads})
     return f"{sel.reason}; not called at {num_heads}" if sel.refused else None
 
 
 def peer_heads(peer: str) -> tuple:
-    """The head counts of ``tables/peers.yaml``'s ``num_heads`` domain at which ``peer`` is called."""
+    """The head counts of ``tables/peers.yaml``'s ``num_heads`` domain at which ``peer`` is called.
+
+    Raises:
+        ValueError: ``peer`` is not a peer name the table declares.
+    """
     return tuple(h for h in peers_table().fields["num_heads"].domain if skip_reason(peer, h) is None)
 
 
