@@ -113,3 +113,11 @@ def test_describe_refuses_a_platform_that_is_not_a_record():
     with pytest.raises(ValueError, match="'platform' must be a mla_sink.Platform or None"):
         describe(q, kv, idx, platform="sm90")
     assert describe(q, kv, idx, platform=Platform("sm90"))[1] == Platform("sm90")
+
+
+@pytest.mark.parametrize("given", ["0.1.20", " 0.1.20 ", "v0.1.20", "V0.1.20"])
+def test_one_aiter_version_is_one_platform(given):
+    """A version is kept in its canonical PEP 440 form, so spellings of one version make one record, one key and
+    one ``str`` (a second break test: ``' 0.1.20 '`` printed as ``gfx942-aiter 0.1.20 -triton``)."""
+    p = Platform("gfx942", given)
+    assert p == Platform("gfx942", "0.1.20") and str(p) == "gfx942-aiter0.1.20-triton"

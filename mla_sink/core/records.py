@@ -139,6 +139,17 @@ def _arch(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         )
 
 
+def _canonical_version(value: Any) -> Any:
+    """A PEP 440 version string in its canonical form (``' v0.1.20 '`` -> ``'0.1.20'``), so that one version is one
+    record (its key, its ``str``); anything else as given, for :func:`_version` to refuse."""
+    if isinstance(value, str):
+        try:
+            return str(Version(value))
+        except InvalidVersion:
+            return value
+    return value
+
+
 def _version(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is None:
         return
@@ -175,7 +186,7 @@ class Platform:
     """
 
     arch: str = attrs.field(validator=_arch)
-    aiter_version: Optional[str] = attrs.field(default=None, validator=_version)
+    aiter_version: Optional[str] = attrs.field(default=None, converter=_canonical_version, validator=_version)
     triton: bool = attrs.field(default=True, validator=_bool)
     gluon: Optional[bool] = attrs.field(default=None)
     num_sms: Optional[int] = attrs.field(default=None, converter=_as_int)
