@@ -30,7 +30,7 @@ def _known_path(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     from mla_sink.core.select import KNOWN_PATHS  # select builds plans: imported here to avoid a cycle
 
     if value not in KNOWN_PATHS:
-        raise ValueError(f"'path' must be one of {KNOWN_PATHS} (got {value!r})")
+        raise ValueError(f"'path' must be one of {KNOWN_PATHS}, or None to let the table choose (got {value!r})")
 
 
 def _record(kind: type):

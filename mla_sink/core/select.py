@@ -109,7 +109,7 @@ def check_path(path: Optional[str]) -> None:
         ValueError: ``path`` is neither None nor one of :data:`KNOWN_PATHS` (the message names both).
     """
     if path is not None and path not in KNOWN_PATHS:
-        raise ValueError(f"'path' must be one of {KNOWN_PATHS} (got {path!r})")
+        raise ValueError(f"'path' must be one of {KNOWN_PATHS}, or None to let the table choose (got {path!r})")
 
 
 def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> "dispatch.Selection":
