@@ -140,8 +140,8 @@ def sparse_mla_decode_reference(
         ValueError: a shape that does not fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a
             656-byte-row uint8 cache, indices not ``[T, topk]`` integers, sinks not ``[H]``, topk_length not
             ``[T]``), before anything is gathered; ``sm_scale`` or ``logit_cap`` that the library refuses
-            (:func:`mla_sink.core.validate.check_sm_scale`, :func:`~mla_sink.core.validate.check_logit_cap`). Dtypes are not checked: the reference computes in
-            ``compute_dtype`` whatever it is given.
+            (:func:`mla_sink.core.validate.check_sm_scale`, :func:`~mla_sink.core.validate.check_logit_cap`).
+            Dtypes are not checked: the reference computes in ``compute_dtype`` whatever it is given.
 
     Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
