@@ -162,6 +162,10 @@ def test_help(argv, capsys):
     (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
     (["explain", "--path", "garbage"], "--path: 'path' must be one of"),  # the flag named before the field
     (["explain", "--arch", "foo"], "--arch: 'arch' must be a compile target"),
+    # --matrix covers every arch, dtype and head count: a call flag with it is refused, not ignored (second break test)
+    (["explain", "--matrix", "--arch", "sm90"], "'--arch' does not apply to --matrix"),
+    (["explain", "--matrix", "--no-triton"], "'--triton/--no-triton' does not apply to --matrix"),
+    (["explain", "--matrix", "--heads", "64"], "'--heads' does not apply to --matrix"),
     (["explain", "--logit-cap", "nan"], "--logit-cap: 'logit_cap' must be a finite float"),
     (["demo", "--path", "bogus"], "--path: 'path' must be one of"),
     (["explain", "--tokens", "0"], "'--tokens' must be in [1, 2147483647] (got 0)"),

@@ -56,6 +56,8 @@ def _spec_from_args(args: argparse.Namespace) -> CallSpec:
 
 
 def _add_call_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that describe one call; their destinations and defaults are recorded as ``call_flags``."""
+    first = len(p._actions)
     p.add_argument("--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine)")
     p.add_argument("--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
     tri = p.add_mutually_exclusive_group()
@@ -75,6 +77,25 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
                    help="tokens T per call (Triton launch: tuning row, splits; default 64)")
     p.add_argument("--sms", type=int, default=None,
                    help="SM/CU count for the split decision (default: this machine's GPU when it is that arch)")
+    flags: dict = {}
+    for a in p._actions[first:]:  # --triton and --no-triton share one destination: the first one's default holds
+        names, default = flags.get(a.dest, ((), a.default))
+        flags[a.dest] = (names + (a.option_strings[0],), default)
+    p.set_defaults(call_flags={dest: ("/".join(names), default) for dest, (names, default) in flags.items()})
+
+
+def _check_matrix_flags(args: argparse.Namespace) -> None:
+    """``--matrix`` covers every arch, dtype pair, head count and sinks: refuse a call flag given with it (other
+    than ``--dcp``), instead of ignoring it.
+
+    Raises:
+        ValueError: naming the flag and its value.
+    """
+    for dest, (flag, default) in args.call_flags.items():
+        value = getattr(args, dest)
+        if dest != "dcp" and value != default:
+            raise ValueError(f"'{flag}' does not apply to --matrix, which covers every arch, dtype pair, head count "
+                             f"and sinks (of the call flags only --dcp applies; got {flag} {value})")
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -88,6 +109,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         check_count("--sms", args.sms)
 
     if args.matrix:
+        _check_matrix_flags(args)
         if args.json:
             print(json.dumps(matrix_dict(args), indent=2))
         else:
