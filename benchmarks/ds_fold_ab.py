@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import sys
 
+from tree_ab import case_script
+
 CASES = [(kv, h, t) for h in (16, 32) for t in (64, 256) for kv in ("fp8_e4m3", "fp8_ds_mla")]
 
 
-def run_variant(variant: str, dump: str) -> dict:
-    """Time every case with the ``mla_sink`` on the path (the timing loop of :mod:`seesaw_wgmma_ab`)."""
-    import seesaw_wgmma_ab
-    return seesaw_wgmma_ab.run_variant(variant, dump, CASES)
-
-
-def main(path: str, *variants: str) -> None:
-    """Run each ``NAME=TREE`` variant in a child process (``tree_ab.cases_report``) and write the report."""
-    from tree_ab import cases_report
-    cases_report(path, "ds_fold_ab", CASES, variants)
+run_variant, main = case_script("ds_fold_ab", CASES)
 
 
 if __name__ == "__main__":

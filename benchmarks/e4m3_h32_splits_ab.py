@@ -10,19 +10,12 @@ from __future__ import annotations
 
 import sys
 
+from tree_ab import case_script
+
 CASES = [(kv, 32, t) for t in (2, 3, 4, 6, 8, 16) for kv in ("bf16", "fp8_e4m3")]
 
 
-def run_variant(variant: str, dump: str) -> dict:
-    """Time every case with the ``mla_sink`` on the path (the timing loop of :mod:`seesaw_wgmma_ab`)."""
-    import seesaw_wgmma_ab
-    return seesaw_wgmma_ab.run_variant(variant, dump, CASES)
-
-
-def main(path: str, *variants: str) -> None:
-    """Run each ``NAME=TREE`` variant in a child process (``tree_ab.cases_report``) and write the report."""
-    from tree_ab import cases_report
-    cases_report(path, "e4m3_h32_splits_ab", CASES, variants)
+run_variant, main = case_script("e4m3_h32_splits_ab", CASES)
 
 
 if __name__ == "__main__":

@@ -12,21 +12,12 @@ from __future__ import annotations
 
 import sys
 
+from tree_ab import case_script
+
 CASES = [(kv, h, t) for h in (16, 32) for t in (2, 64, 256) for kv in ("bf16", "fp8_e4m3", "fp8_ds_mla")]
 
 
-def run_variant(variant: str, dump: str) -> dict:
-    """Time every case with the ``mla_sink`` on the path and save the outputs to ``dump`` (the timing loop of
-    :mod:`seesaw_wgmma_ab`, on this script's cases)."""
-    import seesaw_wgmma_ab
-    return seesaw_wgmma_ab.run_variant(variant, dump, CASES)
-
-
-def main(path: str, *variants: str) -> None:
-    """Run each ``NAME=TREE`` variant in a child process (``tree_ab.cases_report``), compare the outputs, write
-    the report to ``path``."""
-    from tree_ab import cases_report
-    cases_report(path, "few_heads_ab", CASES, variants)
+run_variant, main = case_script("few_heads_ab", CASES)
 
 
 if __name__ == "__main__":

@@ -12,22 +12,13 @@ from __future__ import annotations
 
 import sys
 
+from tree_ab import case_script
+
 CASES = [(kv, h, t) for kv in ("fp8_e4m3", "fp8_ds_mla") for h in (64, 128) for t in (2, 64, 256)]
 CASES += [("bf16", 64, 256), ("bf16", 128, 256)]
 
 
-def run_variant(variant: str, dump: str) -> dict:
-    """Time every case with the ``mla_sink`` on the path and save the outputs to ``dump`` (the timing loop of
-    :mod:`seesaw_wgmma_ab`, on this script's cases)."""
-    import seesaw_wgmma_ab
-    return seesaw_wgmma_ab.run_variant(variant, dump, CASES)
-
-
-def main(path: str, *variants: str) -> None:
-    """Run each ``NAME=TREE`` variant in a child process (``tree_ab.cases_report``), compare the outputs, write
-    the report to ``path``."""
-    from tree_ab import cases_report
-    cases_report(path, "fp8_decode_ab", CASES, variants)
+run_variant, main = case_script("fp8_decode_ab", CASES)
 
 
 if __name__ == "__main__":

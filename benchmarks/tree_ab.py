@@ -1,5 +1,5 @@
 """The A/B harness shared by the benchmark scripts that compare trees (``fp8_decode_ab.py``,
-``seesaw_fixed_cost.py``): each ``NAME=TREE`` variant runs in a child process with ``TREE`` (a ``git archive``
+``seesaw_fixed_cost.py``, the scripts built by :func:`case_script`): each ``NAME=TREE`` variant runs in a child process with ``TREE`` (a ``git archive``
 of ``mla_sink``, ``dispatch``, ``tables``, ``pyproject.toml``, or ``.``) first on the path, times its cases and
 saves its outputs; the outputs of every variant are then compared with the first one's."""
 
@@ -57,6 +57,21 @@ def cases_report(path: str, module: str, cases: list, variants: tuple) -> None:
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps(report, indent=1))
+
+
+def case_script(module: str, cases: list) -> tuple:
+    """``(run_variant, main)`` of a script ``module`` (this folder) that times ``cases`` (``(kv_dtype, H, T)``)
+    with the timing loop of :mod:`seesaw_wgmma_ab` in each ``NAME=TREE`` (``few_heads_ab.py``, ``combine_ab.py``,
+    ...): ``run_variant(variant, dump)`` times the cases with the ``mla_sink`` on the path and saves the outputs to
+    ``dump``; ``main(path, *variants)`` runs the variants in child processes and writes :func:`cases_report`."""
+    def run_variant(variant: str, dump: str) -> dict:
+        import seesaw_wgmma_ab
+        return seesaw_wgmma_ab.run_variant(variant, dump, cases)
+
+    def main(path: str, *variants: str) -> None:
+        cases_report(path, module, cases, variants)
+
+    return run_variant, main
 
 
 def main(path: str, module: str, *variants: str) -> None:
