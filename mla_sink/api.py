@@ -22,7 +22,7 @@ from mla_sink.core.describe import spec_of
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
-from mla_sink.core.records import D_QK, CallSpec, Platform, check_spec
+from mla_sink.core.records import D_QK, CallSpec, Platform, check_platform, check_spec
 from mla_sink.core.validate import (
     FP32_SCALE_MAX,
     FP32_TINY,
@@ -85,9 +85,7 @@ def prepare(
 def _check_records(spec: Any, platform: Any, *, spec_given: bool = True) -> None:
     if spec_given:
         check_spec(spec)
-    if platform is not None and not isinstance(platform, Platform):
-        raise ValueError(f"'platform' must be a mla_sink.Platform or None (got {platform!r}); "
-                         "build one with Platform('gfx942', aiter_version='0.1.20')")
+    check_platform(platform, optional=True)
 
 
 def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_rows: Any) -> None:

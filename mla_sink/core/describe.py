@@ -9,7 +9,7 @@ import torch
 from mla_sink.core.dtypes import dtype_key, kv_dtype_key
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.platform import detect_platform
-from mla_sink.core.records import CallSpec, Platform
+from mla_sink.core.records import CallSpec, Platform, check_platform
 from mla_sink.core.validate import check_inputs, check_return_lse
 
 
@@ -45,9 +45,7 @@ def describe(
         ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`), a field is
             out of its domain, or ``platform`` is neither ``None`` nor a :class:`Platform`.
     """
-    if platform is not None and not isinstance(platform, Platform):
-        raise ValueError(f"'platform' must be a mla_sink.Platform or None (got {platform!r}); build one with "
-                         "Platform('sm90') or Platform.detect()")
+    check_platform(platform, optional=True)
     check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False)  # describe precedes a launch
     check_return_lse(return_lse)
     spec = spec_of(DecodeInputs(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap), need_lse=return_lse,

@@ -224,13 +224,19 @@ def check_spec(spec: Any) -> None:
                          "spec, platform = mla_sink.describe(...)")
 
 
+def check_platform(platform: Any, *, optional: bool = False) -> None:
+    """Raises ValueError unless ``platform`` is a :class:`Platform` (or None, where ``optional``); the message says
+    how to build one."""
+    if not (isinstance(platform, Platform) or (optional and platform is None)):
+        raise ValueError(f"'platform' must be a mla_sink.Platform{' or None' if optional else ''} (got {platform!r}); "
+                         "build one with Platform('gfx942', aiter_version='0.1.20') or Platform.detect()")
+
+
 def check_records(spec: Any, platform: Any) -> None:
     """Raises ValueError unless ``spec`` is a :class:`CallSpec` and ``platform`` a :class:`Platform` (the
     message says how to build one)."""
     check_spec(spec)
-    if not isinstance(platform, Platform):
-        raise ValueError(f"'platform' must be a mla_sink.Platform (got {platform!r}); build one with "
-                         "Platform('gfx942', aiter_version='0.1.20') or Platform.detect()")
+    check_platform(platform)
 
 
 def call_key(spec: CallSpec, platform: Platform) -> str:

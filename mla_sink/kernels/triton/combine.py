@@ -23,10 +23,9 @@ except ImportError:  # pragma: no cover - older Triton
 #: per group, so narrow tiles (small T, where the plan narrows the columns to cover the SMs) take bigger groups.
 #: H200, twenty-fifth session (benchmarks/combine_group_ab_twentyfifth_2026-12-03.json; BENCHMARKS.md), groups of
 #: 16 at 16 x 32 tiles against groups of four, outputs bitwise equal: T=2 0.05-0.75 us faster at every head count and
-#: cache
-#: (H=32: bf16 12.37 against 12.75, e4m3 13.74 against 14.43, V3.2 13.85 against 14.60); T=16 within noise. ptxas
-#: (Triton 3.6, sm90) issues every load of a 16-split group first; 32 splits at 16 x 32 (two groups) hoist both
-#: groups' loads and spill 104 bytes at 255 registers, and measured faster still (V3.2 H=32 T=2 above).
+#: cache (H=32: bf16 12.37 against 12.75, e4m3 13.74 against 14.43, V3.2 13.85 against 14.60); T=16 within noise.
+#: ptxas (Triton 3.6, sm90) issues every load of a 16-split group first; 32 splits at 16 x 32 (two groups) hoist
+#: both groups' loads and spill 104 bytes at 255 registers, and measured faster still (V3.2 H=32 T=2 above).
 MIN_GROUP = 4
 MAX_GROUP = 16
 GROUP_VALUES = 8192
