@@ -257,7 +257,8 @@ def ds_mla_cache(kv: torch.Tensor, scale: str = "pow2") -> tuple[torch.Tensor, s
 
 # ---------------------------------------------------------------- correctness on one small case
 #: the small case the peers are checked on against the float64 reference (tokens, heads, topk, pool rows)
-CHECK_SHAPE = dict(T=2, H=None, topk=256, pool_rows=4 * FLASH_MLA_BLOCK * FLASH_MLA_BLOCK)  # H: both peers' smallest
+#: (``H`` None: the smallest head count both peers serve, read from tables/peers.yaml per check)
+CHECK_SHAPE = dict(T=2, H=None, topk=256, pool_rows=4 * FLASH_MLA_BLOCK * FLASH_MLA_BLOCK)
 
 
 def errors(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> dict:
@@ -292,9 +293,10 @@ def peer_checks(flash_mla: Any, device: Any, *, seed: int = 1) -> dict:
     """
     from mla_sink.core.reference import sparse_mla_decode_reference
 
-    if CHECK_SHAPE["H"] is None:  # the smallest head count both peers serve (tables/peers.yaml)
-        CHECK_SHAPE["H"] = min(set(peer_heads(SPARSE_FWD)) & set(peer_heads(DECODE)))
-    T, H, topk, rows = CHECK_SHAPE["T"], CHECK_SHAPE["H"], CHECK_SHAPE["topk"], CHECK_SHAPE["pool_rows"]
+    shape = dict(CHECK_SHAPE)
+    if shape["H"] is None:  # the smallest head count both peers serve (tables/peers.yaml)
+        shape["H"] = min(set(peer_heads(SPARSE_FWD)) & set(peer_heads(DECODE)))
+    T, H, topk, rows = shape["T"], shape["H"], shape["topk"], shape["pool_rows"]
     gen = torch.Generator(device=device).manual_seed(seed)
     kv = torch.randn(rows, D_QK, device=device, generator=gen).to(torch.bfloat16)
     q = torch.randn(T, H, D_QK, device=device, generator=gen).to(torch.bfloat16)
@@ -302,7 +304,7 @@ def peer_checks(flash_mla: Any, device: Any, *, seed: int = 1) -> dict:
     idx[:, ::17] = -1  # skipped ids, anywhere in a row
     sinks = torch.randn(H, device=device, generator=gen).float()
     sm_scale = D_QK ** -0.5
-    doc: dict = {"shape": dict(CHECK_SHAPE), "sinks": True, "sm_scale": sm_scale, "lse_convention": LSE_CONVENTION}
+    doc: dict = {"shape": shape, "sinks": True, "sm_scale": sm_scale, "lse_convention": LSE_CONVENTION}
     try:
         ref_out, ref_lse = sparse_mla_decode_reference(q, kv, idx, sinks, sm_scale)
         call = sparse_fwd_call(flash_mla, q, kv, idx, sinks, sm_scale)
