@@ -27,23 +27,22 @@ def launch(kv_dtype, H, splits, q_dtype=torch.bfloat16):
     return constexprs
 
 
-@pytest.mark.parametrize("kv_dtype,H,splits,block_h,cols", [
-    ("fp8_e4m3", 16, 1, 16, False), ("fp8_e4m3", 5, 16, 16, False),  # 16-head blocks: alternate blocks
-    ("fp8_e4m3", 32, 1, 32, False), ("fp8_e4m3", 17, 2, 32, True), ("fp8_e4m3", 32, 16, 32, True),
-    ("fp8_ds_mla", 16, 1, 16, False), ("fp8_ds_mla", 9, 2, 16, False),
-    ("fp8_ds_mla", 32, 1, 32, True), ("fp8_ds_mla", 27, 32, 32, True),  # V3.2 32-head blocks: always split columns
+@pytest.mark.parametrize("kv_dtype,H,splits,block_h,cols,pairs", [
+    ("fp8_e4m3", 16, 1, 16, False, False), ("fp8_e4m3", 5, 16, 16, False, False),  # 16-head blocks: alternate blocks
+    ("fp8_e4m3", 32, 1, 32, False, True),  # e4m3's unsplit 32-head blocks: alternate scores
+    ("fp8_e4m3", 17, 2, 32, True, False), ("fp8_e4m3", 32, 16, 32, True, False),
+    ("fp8_ds_mla", 16, 1, 16, False, False), ("fp8_ds_mla", 9, 2, 16, False, False),
+    ("fp8_ds_mla", 32, 1, 32, True, False), ("fp8_ds_mla", 27, 32, 32, True, False),  # V3.2 32 heads: split columns
 ])
-def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols):
+def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, pairs):
     c = launch(kv_dtype, H, splits)
-    assert (c["BLOCK_H"], c["COLS"], c["SPLIT"]) == (block_h, cols, splits > 1)
-    if cols:  # the producer a worker with 16 heads' whole-block, whole-line steps
-        assert (c["PRODUCER_ROWS"], c["LINES"], c["PRODUCER_DEFAULT"]) == (gf.BLOCK_N, True, False)
-    else:  # e4m3's unsplit 32-head blocks: the producer is the default partition
-        assert c["PRODUCER_DEFAULT"] == (kv_dtype == "fp8_e4m3" and block_h == 32)
+    assert (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["SPLIT"]) == (block_h, cols, pairs, splits > 1)
+    # the producer a worker with 16 heads' whole-block, whole-line steps everywhere
+    assert (c["PRODUCER_ROWS"], c["LINES"], c["PRODUCER_DEFAULT"]) == (gf.BLOCK_N, True, False)
 
 
 def _arrangement_of(c: dict) -> tuple:
-    return (c["BLOCK_H"], c["COLS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
+    return (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
             c["PRODUCER_DEFAULT"])
 
 
@@ -63,10 +62,10 @@ def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
             arr = tuning.fp8_arrangement(kv_dtype, key, H, splits > 1)
             p = sel.params
             assert _arrangement_of(launch(kv_dtype, H, splits, q_dtype)) == (
-                p["head_block"], sel.path == tuning.COLUMN_SPLIT, p["consumer_regs"], p["producer_regs"],
-                p["producer_rows"], p["lines"], p["producer_default"]) == (
-                arr.head_block, arr.cols, arr.consumer_regs, arr.producer_regs, arr.producer_rows, arr.lines,
-                arr.producer_default), (kv_dtype, q_dtype, H, splits)
+                p["head_block"], sel.path == tuning.COLUMN_SPLIT, sel.path == tuning.ALTERNATE_SCORES,
+                p["consumer_regs"], p["producer_regs"], p["producer_rows"], p["lines"], p["producer_default"]) == (
+                arr.head_block, arr.cols, arr.pairs, arr.consumer_regs, arr.producer_regs, arr.producer_rows,
+                arr.lines, arr.producer_default), (kv_dtype, q_dtype, H, splits)
             assert gf.BLOCK_N % p["producer_rows"] == 0  # whole blocks, or an even part of one a step
             assert tuning.BLOCK_IDS == gf.BLOCK_N  # the table's load check divides the kernel's block
 

@@ -33,6 +33,11 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
   registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us; its unsplit launches keep the
   alternate blocks: 179.1 against 174.4);
+* e4m3's unsplit launches of 32-head blocks (the table's ``alternate_scores`` rows, ``PAIRS``) take the blocks in
+  pairs: each consumer computes the scores, the softmax and ``P^T`` of one block of the pair (the running max
+  shared as on the seesaw) and accumulates one half of ``O^T``'s value columns over both, so both score chains run
+  at once while each consumer holds half of ``O^T`` and the producer keeps 16 heads' whole-block steps (T=256
+  167.3-168.1 against 169.8 us on the alternate blocks, twenty-sixth session; :func:`_consumer_pairs`);
 * V3.2 rows (``KV_DS_MLA``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
   consumer that computes scores (both on alternate blocks, the first on the column split) copies the bf16 RoPE
   of its next block by cp.async into that block's ring stage's RoPE tile while it computes this one (where the
@@ -811,6 +816,173 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
 
 
 @gluon.jit
+def _half_pv(kn, p_ring, base, acc, acc_b, alpha, COL0: gl.constexpr, KV_DS_MLA: gl.constexpr):
+    """One consumer's half of a block's ``P V`` (value columns ``COL0 .. COL0 + 255`` of ``O^T``), rescaled by
+    ``alpha`` first, with the block's ``P^T`` at ``p_ring[base]`` (V3.2: its two tiles' ``P_t^T`` at ``base + t``,
+    into ``acc`` and ``acc_b``; e4m3: one ``[256, heads]`` accumulator ``acc``, ``acc_b`` passed through), waited
+    for."""
+    if KV_DS_MLA:
+        acc, acc_b = _tile_pair_pv(kn, COL0 // DS_TILE, p_ring, base, acc, acc_b, alpha)
+    else:
+        acc = warpgroup_mma(kn.slice(COL0, acc.shape[0], dim=1).permute((1, 0)), p_ring.index(base),
+                            acc * alpha[None, :], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, acc_b
+
+
+@gluon.jit
+def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x, kn_smem,
+                    kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, f_smem, merged, f_ready,
+                    sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads,
+                    num_rows, start, end, num_pairs, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt,
+                    stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                    D_NOPE: gl.constexpr, HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr,
+                    KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr):
+    """One of two consumers on the alternate-scores arrangement (``PAIRS``): the blocks go in pairs, ROLE 0
+    computes the scores, the softmax and ``P^T`` of the even block (ring stage 0), ROLE 1 those of the odd block
+    (stage 1), at the same time; each accumulates one half of ``O^T``'s value columns (ROLE 0 columns 0-255, ROLE
+    1 256-511) over both blocks, its own ``P^T`` and the other's read from ``p_ring``. The running max is shared:
+    ROLE 0 publishes ``m0 = max(m, rowmax S0)`` (``m_x[0]``, ``m_ready``), ROLE 1 takes ``m1 = max(m0, rowmax
+    S1)`` and publishes it with its ``P^T`` (``m_x[1]``, ``p_ready[1]``); each rescales its half to ``m0`` before
+    the even block's ``P V`` and to ``m1`` before the odd one's, so no ``P`` is rewritten. Each keeps the row sums of
+    its own ``P`` (relative to the shared max) and ROLE 0 adds ROLE 1's at the end, runs the epilogue's statistics
+    and hands the per-head output factor back (``f_smem``, ``f_ready``); each stores its own columns. A stage is
+    freed once both have read it (``empty`` counts two). The pair's odd block past the id range reads no row
+    (every id skipped: weights 0). ROLE 1 stages q (its block is the ring's second). The schedule is the seesaw's
+    (:mod:`mla_sink.kernels.gluon.gluon_seesaw`) with the roles of the GEMMs swapped (ids as wgmma M), so that
+    both consumers' scores run at once instead of the column split's first consumer computing every block's
+    scores (its chain bounds the column split: BENCHMARKS.md, seventeenth session). V3.2 rows: the tile scales
+    applied as on the column split (:func:`_ds_scores`, :func:`_store_p_tiles`), each consumer copying the RoPE of
+    its own next block (``COPY_ROPE``) as on the alternate blocks (:func:`_blocks_ds`)."""
+    NCOLS: gl.constexpr = D_NOPE // 2  # this consumer's value columns of O^T
+    COL0: gl.constexpr = ROLE * NCOLS
+    P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BLOCK_H, 16])
+    head_l: gl.constexpr = gl.SliceLayout(0, acc_l)
+    if KV_DS_MLA:  # this consumer's two value tiles
+        acc = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+        acc_b = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    else:
+        acc = gl.zeros([NCOLS, BLOCK_H], gl.float32, layout=acc_l)
+        acc_b = gl.zeros([1], gl.float32, layout=gl.SliceLayout(1, acc_l))  # not read (one accumulator)
+    offs_h = gl.arange(0, BLOCK_H, layout=head_l)
+    hmask = offs_h < num_heads
+    if ROLE == 1:
+        _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
+                 KV_DS_MLA)
+        mbarrier.arrive(q_ready)
+    else:
+        mbarrier.wait(q_ready, 0)
+    col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+    nrows = num_rows.to(gl.uint32)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_l)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=head_l)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
+    if KV_DS_MLA:
+        if COPY_ROPE and num_pairs > 0:
+            _copy_rope(KV, kr_smem.index(ROLE),
+                       _checked(_raw_ids(IDX, idx_base, end, start + ROLE * BLOCK_N, BLOCK_N, rope_l), nrows),
+                       stride_kv, kv_block_size, ROW_BYTES, rope_l)
+    for j in range(num_pairs):
+        phase = j & 1
+        z = _opaque_zero(j)  # stages, q and P indexed through an opaque 0: their descriptors stay in the loop
+        own = z + ROLE
+        other = z + (1 - ROLE)
+        ids, ok = _block_ids(IDX, idx_base, start, 2 * j + ROLE, end, nrows, offs_n, BLOCK_N)
+        if KV_DS_MLA:
+            if COPY_ROPE:
+                ids_next = _raw_ids(IDX, idx_base, end, start + (2 * j + 2 + ROLE) * BLOCK_N, BLOCK_N, rope_l)
+            sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
+        mbarrier.wait(ready.index(own), phase)
+        kn = kn_smem.index(own)
+        if KV_DS_MLA:
+            if COPY_ROPE:
+                async_copy.wait_group(0)
+                fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
+                gl.thread_barrier()  # every warp's copies landed
+            st = _ds_scores(kn, kr_smem.index(own), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
+        else:
+            st = warpgroup_mma(kn, q_n.index(z).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            st = warpgroup_mma(kr_smem.index(own), q_r.index(z).permute((1, 0)), st, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+        sm = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
+        if ROLE == 0:  # m0 = max(m, rowmax S0), published at once
+            m_own = gl.maximum(m_i, gl.max(sm, axis=0))
+            m_x.index(0).store(m_own)
+            gl.thread_barrier()
+            mbarrier.arrive(m_ready)
+        else:  # m1 = max(m0, rowmax S1); m0 is at least this consumer's previous max
+            m_loc = gl.max(sm, axis=0)
+            mbarrier.wait(m_ready, phase)
+            m_0 = m_x.index(0).load(head_l)
+            m_own = gl.maximum(m_0, m_loc)
+            m_x.index(1).store(m_own)  # read by ROLE 0 after p_ready[1], below
+        m_use = gl.where(m_own == float("-inf"), 0.0, m_own)
+        p = gl.exp2(sm - m_use[None, :])
+        l_i = l_i * gl.exp2(m_i - m_use) + gl.sum(p, axis=0)
+        if KV_DS_MLA:
+            _store_p_tiles(p_ring, own * P_TILES, p, sc0, sc1, sc2, sc3)
+        else:
+            p_ring.index(own).store(p.to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()  # P^T (and ROLE 1's m1) complete in shared memory before either consumer reads them
+        mbarrier.arrive(p_ready.index(own))
+        if KV_DS_MLA:
+            if COPY_ROPE and 2 * j + 2 + ROLE < 2 * num_pairs:  # every warp waited for its scores: tile read
+                _copy_rope(KV, kr_smem.index(own), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
+                           rope_l)
+        if ROLE == 0:  # the even block (own P), then the odd one (ROLE 1's P, rescaled to m1)
+            acc, acc_b = _half_pv(kn, p_ring, own * P_TILES, acc, acc_b, gl.exp2(m_i - m_use), COL0, KV_DS_MLA)
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(own))
+            mbarrier.wait(p_ready.index(other), phase)
+            m_1 = m_x.index(1).load(head_l)
+            a_1 = gl.exp2(m_own - gl.where(m_1 == float("-inf"), 0.0, m_1))
+            acc, acc_b = _half_pv(kn_smem.index(other), p_ring, other * P_TILES, acc, acc_b, a_1, COL0, KV_DS_MLA)
+            l_i = l_i * a_1
+            m_i = m_1
+        else:  # the even block (ROLE 0's P, against m0), then its own
+            mbarrier.wait(p_ready.index(other), phase)
+            acc, acc_b = _half_pv(kn_smem.index(other), p_ring, other * P_TILES, acc, acc_b,
+                                  gl.exp2(m_i - gl.where(m_0 == float("-inf"), 0.0, m_0)), COL0, KV_DS_MLA)
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(other))
+            acc, acc_b = _half_pv(kn, p_ring, own * P_TILES, acc, acc_b, gl.exp2(m_0 - m_use), COL0, KV_DS_MLA)
+            m_i = m_own
+        gl.thread_barrier()  # every warp of this consumer is done with the pair's last stage
+        mbarrier.arrive(empty.index(z + 1))
+    if ROLE == 1:
+        l_smem.store(l_i)
+        gl.thread_barrier()
+        mbarrier.arrive(merged)
+        mbarrier.wait(f_ready, 0)
+        scale = f_smem.load(head_l)
+    else:
+        mbarrier.wait(merged, 0)
+        empty_row, l_safe, lse2 = _final_lse2(m_i, l_i + l_smem.load(head_l))
+        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
+        f_smem.store(scale)
+        gl.thread_barrier()
+        mbarrier.arrive(f_ready)
+        if SPLIT:
+            gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=hmask)
+        else:
+            gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
+    if SPLIT:
+        o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
+    else:
+        o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64) * stride_oh
+    if KV_DS_MLA:
+        _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
+        _store_cols(acc_b, o_row, COL0 + DS_TILE, scale, hmask, SPLIT)
+    else:
+        _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
+
+
+@gluon.jit
 def _store_cols(acc, o_row, col0, scale, hmask, SPLIT: gl.constexpr):
     """Value columns ``col0 ..`` of ``O^T`` (``acc``, ``[columns, heads]`` in the accumulator layout) times the
     per-head ``scale``, stored at ``o_row`` (per-head row pointers): fp32 partials when ``SPLIT``, else in the
@@ -833,14 +1005,15 @@ def sparse_mla_decode_fp8_ws_kernel(
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     PRODUCER_DEFAULT: gl.constexpr, KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
-    LINES: gl.constexpr, COLS: gl.constexpr,
+    LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS_MLA``:
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
     ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
-    (:func:`_consumer_cols`; the producer a worker, whole-block steps)."""
+    (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``PAIRS``: the alternate-scores consumers
+    (:func:`_consumer_pairs`; the producer a worker, gathering the ``2 * cdiv(blocks, 2)`` blocks of the pairs)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
@@ -867,7 +1040,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     q_r = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_ROPE],
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dt))
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dt)
-    if COLS:  # one P^T ring read by both consumers (a stage's P^T per tile scale)
+    if COLS or PAIRS:  # one P^T ring read by both consumers (a stage's P^T per tile scale)
         p_ring = gl.allocate_shared_memory(dt, [STAGES * p_tiles, BLOCK_N, BLOCK_H], p_layout)
     else:  # each consumer's own P^T
         p0 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
@@ -887,11 +1060,16 @@ def sparse_mla_decode_fp8_ws_kernel(
     p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # COLS: P^T ready
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2 if COLS else 1)  # COLS: both consumers read every stage
-        if COLS:
+        mbarrier.init(empty.index(s), count=2 if COLS or PAIRS else 1)  # both consumers read every stage
+        if COLS or PAIRS:
             mbarrier.init(p_ready.index(s), count=1)
     mbarrier.init(merged, count=1)
     mbarrier.init(q_ready, count=1)
+    if PAIRS:
+        m_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # m0 published
+        f_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # the output factor
+        mbarrier.init(m_ready, count=1)
+        mbarrier.init(f_ready, count=1)
     fence_async_shared()  # the barriers' initialisation, before any partition uses them
     gl.thread_barrier()
 
@@ -900,7 +1078,27 @@ def sparse_mla_decode_fp8_ws_kernel(
     # with the same registers (as the default partition, the first consumer spilled the loop's wgmma
     # descriptors at any register split that left the producer room); COLS: the first (scores) consumer is the
     # default partition, the second consumer and the producer workers (tables/gluon_fp8.yaml, column_split)
-    if COLS:
+    if PAIRS:
+        m_x = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
+        num_pairs = gl.cdiv(num_blocks, 2)
+        gl.warp_specialize([
+            (_consumer_pairs, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x,
+                               kn_smem, kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, m_smem,
+                               merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
+                               kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
+                               stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
+                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B)),
+            (_consumer_pairs, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x,
+                               kn_smem, kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, m_smem,
+                               merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
+                               kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
+                               stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
+                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, 2 * num_pairs, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
+                         LINES)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    elif COLS:
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
         gl.warp_specialize([
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
@@ -1011,7 +1209,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
                       PRODUCER_DEFAULT=arr.producer_default, KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
-                      COLS=arr.cols)
+                      COLS=arr.cols, PAIRS=arr.pairs)
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 

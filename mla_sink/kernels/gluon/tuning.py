@@ -19,10 +19,13 @@ import attrs
 
 from mla_sink.core.tables import table_path
 
-#: The paths of ``tables/gluon_fp8.yaml``: the two arrangements of the consumers (``COLS`` false / true).
-FP8_PATHS = ("alternate_blocks", "column_split")
+#: The paths of ``tables/gluon_fp8.yaml``: the three arrangements of the consumers (neither ``COLS`` nor
+#: ``PAIRS``; ``COLS``; ``PAIRS``).
+FP8_PATHS = ("alternate_blocks", "column_split", "alternate_scores")
 #: The path of the column-split consumers (``COLS``).
 COLUMN_SPLIT = "column_split"
+#: The path of the consumers that take alternate blocks' scores and split ``P V`` by columns (``PAIRS``).
+ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "producer_default": bool}
@@ -45,7 +48,8 @@ class Fp8Arrangement:
 
     Attributes:
         row, why, source: the row that chose it (``tables/gluon_fp8.yaml``).
-        cols: the column-split consumers (its path is :data:`COLUMN_SPLIT`); else alternate blocks.
+        cols: the column-split consumers (its path is :data:`COLUMN_SPLIT`).
+        pairs: the alternate-scores consumers (its path is :data:`ALTERNATE_SCORES`); neither: alternate blocks.
         head_block: heads of one CTA (the wgmma N dimension), ``>= num_heads``.
         consumer_regs, producer_regs: ``setmaxnreg`` registers of the two worker partitions (the table's
             description says which partitions those are).
@@ -59,6 +63,7 @@ class Fp8Arrangement:
     why: str
     source: str
     cols: bool
+    pairs: bool
     head_block: int
     consumer_regs: int
     producer_regs: int
@@ -224,6 +229,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool) ->
                          "tables/gluon_fp8.yaml)")
     p = sel.params
     return Fp8Arrangement(row=sel.row.id, why=sel.row.why, source=sel.row.source, cols=sel.path == COLUMN_SPLIT,
+                          pairs=sel.path == ALTERNATE_SCORES,
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           producer_default=p["producer_default"])
