@@ -32,7 +32,8 @@ D_QK, TOPK, N = 576, 2048, 1 << 20
 
 def cfg(bh, bn, w, st):
     return TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, max_kv_splits=32, min_ids_per_split=128,
-                        split_waves=0.75, split_min_fill=0.5, combine_block_h=16, combine_block_d=128, fp8_f16=False)
+                        split_waves=0.75, split_min_fill=0.5, combine_block_h=16, combine_block_d=128,
+                        min_combine_block_d=32, fp8_f16=False)
 
 
 def main(path: str) -> None:

@@ -102,8 +102,8 @@ def main():
             if bits:  # the bit-placement fp8 decode (FP8_BITS) was removed; its timings stay in the sweep JSON
                 continue
             cfg = TritonConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, fp8_f16=f16, combine_block_d=cbd,
-                               combine_block_h=16, max_kv_splits=32, min_ids_per_split=64, split_waves=1.0,
-                               split_min_fill=0.5)  # split policy unused: every entry forces its split count
+                               combine_block_h=16, min_combine_block_d=32, max_kv_splits=32, min_ids_per_split=64,
+                               split_waves=1.0, split_min_fill=0.5)  # split policy unused: every entry forces its split count
             rec = dict(case=case, block_h=bh, block_n=bn, num_warps=w, num_stages=st, splits=sp, fp8_f16=f16,
                        fp8_bits=bits, combine_block_d=cbd)
             try:

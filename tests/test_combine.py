@@ -51,6 +51,32 @@ def test_combine_known_numbers():
     assert lse.item() == pytest.approx(math.log(10), abs=1e-6)
 
 
+@pytest.mark.parametrize("tile", [None, (16, 32)])
+def test_combine_a_part_with_lse_plus_inf_gives_what_merge_states_gives(tile):
+    """A part whose LSE is ``+inf`` (an fp32 overflow, a peer's convention) makes its row's LSE ``+inf`` and its
+    output NaN, as merge_states + apply_sink give (its weight ``exp(inf - inf)`` has no value); the combine
+    took the LSE's max as its shift and wrote NaN for the LSE. The other rows keep their values."""
+    R, T, H = 3, 2, 5
+    g = torch.Generator().manual_seed(7)
+    parts = torch.randn(R, T, H, 512, generator=g)
+    lses = torch.randn(R, T, H, generator=g)
+    lses[0, 0, 0] = math.inf  # one part among finite ones
+    lses[:, 0, 1] = math.inf  # every part
+    lses[1, 0, 2], lses[2, 0, 2] = math.inf, -math.inf  # beside a part without valid ids (NaN partial)
+    parts[2, 0, 2] = float("nan")
+    lses[0, 0, 3], parts[0, 0, 3] = math.inf, 0.0  # with a zero partial
+    sinks = torch.tensor([0.0, -math.inf, 1.0, 30.0, 0.5])
+    out = torch.full((T, H, 512), 7.0)
+    lse = torch.full((T, H), 7.0)
+    combine_states_triton(parts, lses, sinks, out=out, lse=lse, tile=tile)
+    ref_out, ref_lse = merge_states(list(parts), list(lses))
+    ref_out = apply_sink(ref_out, ref_lse, sinks)
+    assert torch.isposinf(ref_lse[0, :4]).all() and ref_out[0, :4].isnan().all()  # the reference's answer
+    torch.testing.assert_close(lse, ref_lse, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5, equal_nan=True)
+    assert torch.isfinite(lse[1]).all() and torch.isfinite(out[1]).all() and torch.isfinite(out[0, 4]).all()
+
+
 def test_stack_view_over_gather_buffer():
     buf = torch.arange(3 * 20, dtype=torch.float32).view(3, 20)
     parts = [buf[r, :12].view(2, 6) for r in range(3)]

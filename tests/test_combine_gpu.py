@@ -35,3 +35,27 @@ def test_combine_matches_merge_then_sink_on_gpu(R, T, H):
     torch.testing.assert_close(lse, ref_lse, atol=1e-6, rtol=1e-6)
     assert (out[-1, 0] == 0).all() and torch.isneginf(lse[-1, 0])
     assert not out.isnan().any()
+
+
+def test_combine_a_part_with_lse_plus_inf_gives_what_merge_states_gives_on_gpu():
+    """The GPU twin of tests/test_combine.py's: a part whose LSE is ``+inf`` makes its row's LSE ``+inf`` and its
+    output NaN (ex2.approx and lg2.approx keep the infinities); the other rows keep their values."""
+    R, T, H = 3, 2, 5
+    g = torch.Generator(device="cuda").manual_seed(7)
+    parts = torch.randn(R, T, H, 512, generator=g, device="cuda")
+    lses = torch.randn(R, T, H, generator=g, device="cuda")
+    lses[0, 0, 0] = math.inf
+    lses[:, 0, 1] = math.inf
+    lses[1, 0, 2], lses[2, 0, 2] = math.inf, -math.inf
+    parts[2, 0, 2] = float("nan")
+    lses[0, 0, 3], parts[0, 0, 3] = math.inf, 0.0
+    sinks = torch.tensor([0.0, -math.inf, 1.0, 30.0, 0.5], device="cuda")
+    out = torch.full((T, H, 512), 7.0, device="cuda")
+    lse = torch.full((T, H), 7.0, device="cuda")
+    combine_states_triton(parts, lses, sinks, out=out, lse=lse)
+    ref_out, ref_lse = merge_states(list(parts), list(lses))
+    ref_out = apply_sink(ref_out, ref_lse, sinks)
+    assert torch.isposinf(ref_lse[0, :4]).all() and ref_out[0, :4].isnan().all()
+    torch.testing.assert_close(lse, ref_lse, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5, equal_nan=True)
+    assert torch.isfinite(lse[1]).all() and torch.isfinite(out[1]).all() and torch.isfinite(out[0, 4]).all()

@@ -324,7 +324,8 @@ def _cfg(**kw):
     from mla_sink.paths.triton.plan import TritonConfig
 
     base = dict(block_h=16, block_n=32, num_warps=4, num_stages=1, max_kv_splits=32, min_ids_per_split=32,
-                split_waves=1.0, split_min_fill=0.5, combine_block_h=16, combine_block_d=D_V, fp8_f16=False)
+                split_waves=1.0, split_min_fill=0.5, combine_block_h=16, combine_block_d=D_V, min_combine_block_d=32,
+                fp8_f16=False)
     return TritonConfig(**{**base, **kw})
 
 

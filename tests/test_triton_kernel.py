@@ -39,7 +39,8 @@ def config(**kw):
     """A hand-built :class:`TritonConfig`: ``kw`` over a base (the split policy only matters when
     ``num_kv_splits`` is not forced)."""
     base = dict(block_h=64, block_n=64, num_warps=8, num_stages=2, max_kv_splits=32, min_ids_per_split=64,
-                split_waves=1.0, split_min_fill=0.5, combine_block_h=16, combine_block_d=D_V, fp8_f16=True)
+                split_waves=1.0, split_min_fill=0.5, combine_block_h=16, combine_block_d=D_V, min_combine_block_d=32,
+                fp8_f16=True)
     return TritonConfig(**{**base, **kw})
 
 

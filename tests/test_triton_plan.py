@@ -204,7 +204,7 @@ def test_launch_record_fields():
     assert plan(kv_dtype="fp8_e4m3", num_heads=128).fp8_f16 is False  # the sm90_fp8 row
     hand_config = P.TritonConfig(block_h=64, block_n=16, num_warps=4, num_stages=1, max_kv_splits=32,
                                  min_ids_per_split=64, split_waves=1.0, split_min_fill=0.5, combine_block_h=64,
-                                 combine_block_d=512, fp8_f16=True)
+                                 combine_block_d=512, min_combine_block_d=32, fp8_f16=True)
     hand = P.portable_launch(hand_config, num_heads=5, num_tokens=3, topk=37, num_sms=None, num_kv_splits=3)
     assert (hand.tuning_row, hand.block_h, hand.combine_block_h, hand.num_kv_splits, hand.ids_per_split) == (
         "explicit", 16, 16, 3, 16)
@@ -254,7 +254,10 @@ def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tm
     (("      num_kv_splits: {ge: 1, because: \"the split count is planned first (the portable row's split policy); every",
       "      num_heads: {ge: 1, because: \"the split count is planned first (the portable row's split policy); every"),
      "must need a split count"),
-    (("combine_block_d: 512, fp8_f16: true}", "combine_block_d: 512}"), "missing \\['fp8_f16'\\]"),
+    (("combine_block_d: 512, min_combine_block_d: 32, fp8_f16: true}",
+      "combine_block_d: 512, min_combine_block_d: 32}"), "missing \\['fp8_f16'\\]"),
+    (("combine_block_d: 512, min_combine_block_d: 32,", "combine_block_d: 512,"),
+     "missing \\['min_combine_block_d'\\]"),
     (("    path: gluon_fp8\n    why: e4m3fn", "    path: gluon_fp8\n    params: {BLOCK_H: 16}\n    why: e4m3fn"),
      "takes no params"),
 ])
@@ -264,6 +267,39 @@ def test_structure_check_refuses(edit, message):
     table = dispatch.load_table(text.replace(*edit), name="edited.yaml")
     with pytest.raises(dispatch.TableError, match=message):
         P._check_structure(table)
+
+
+def test_the_combine_narrows_its_columns_down_to_the_rows_min_combine_block_d():
+    """T=1 at H=128 on 132 SMs: 16 x 128 tiles give 32 programs, 16 x 32 tiles 128 (still fewer than the SMs):
+    the row's floor (32) stops the halving there, and a config's own floor wherever it says."""
+    assert plan(num_tokens=1).combine_block_d == 32
+    cfg = attrs.evolve(P.triton_config("sm90", "bf16", "bf16", 128, 1), min_combine_block_d=64)
+    assert P.combine_block_d_for(cfg, 1, 128, 132) == 64
+    assert P.combine_block_d_for(attrs.evolve(cfg, min_combine_block_d=16), 1, 128, 132) == 16
+    assert P.combine_block_d_for(cfg, 1, 128, None) == 128
+
+
+def test_dcp_merge_table_is_proven_at_load_and_gives_the_merge_tile():
+    """The DCP merge's tile (tables/dcp_merge.yaml): every head and column in one program on the CPU interpreter,
+    16 x 128 on every GPU (an arch the domain does not name included)."""
+    P.dcp_merge_table.cache_clear()
+    assert dispatch.check_table(P.dcp_merge_table()) == []
+    assert [P.dcp_merge_tile("cpu", h) for h in (1, 17, 128, 200)] == [(16, 512), (32, 512), (128, 512), (256, 512)]
+    for arch in ("sm90", "sm80", "gfx942", "sm120"):
+        assert [P.dcp_merge_tile(arch, h) for h in (1, 17, 128)] == [(16, 128)] * 3
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("{combine_block_h: 16, combine_block_d: 128}", "{combine_block_h: 16}"), "exactly the params"),
+    (("{combine_block_h: 16, combine_block_d: 128}", "{combine_block_h: 8, combine_block_d: 128}"), "got .*: 8"),
+    (("{combine_block_h: 16, combine_block_d: 128}", "{combine_block_h: 16, combine_block_d: 96}"), "got .*: 96"),
+])
+def test_dcp_merge_table_check_refuses(edit, message):
+    text = table_path("dcp_merge").read_text()
+    assert text.count(edit[0]) == 1
+    table = dispatch.load_table(text.replace(*edit), name="edited.yaml")
+    with pytest.raises(dispatch.TableError, match=f"edited.yaml:\\d+: row 'any_gpu': .*{message}"):
+        P._check_merge_rows(table)
 
 
 def test_first_lookup_is_always_portable_and_second_finds_it_again():

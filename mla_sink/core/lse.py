@@ -60,7 +60,9 @@ def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
         ``(out, lse)``: fp32 ``[..., d_v]`` and fp32 ``[...]``, with
         ``lse = logsumexp_r(lse_r)`` and ``out = sum_r out_r * exp(lse_r - lse)``; parts with
         ``lse_r = -inf`` contribute exactly 0 (their ``out_r`` is never read into the sum, so even a
-        NaN there does not leak); a row empty in every part gives ``out = 0``, ``lse = -inf``.
+        NaN there does not leak); a row empty in every part gives ``out = 0``, ``lse = -inf``; a row where a
+        part has ``lse_r = +inf`` gives ``lse = +inf`` and ``out = NaN`` (that part's weight ``exp(+inf - +inf)``
+        has no value, as a ``+inf`` score makes the reference's ``out`` NaN).
 
     Raises:
         ValueError: ``outs`` and ``lses`` differ in length or are empty.

@@ -57,30 +57,32 @@ def _spec_from_args(args: argparse.Namespace) -> CallSpec:
 
 def _add_call_flags(p: argparse.ArgumentParser) -> None:
     """The flags that describe one call; their destinations and defaults are recorded as ``call_flags``."""
-    first = len(p._actions)
-    p.add_argument("--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine)")
-    p.add_argument("--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
+    flags: dict = {}  # dest -> (flag names, default)
+
+    def add(where, *names, **kwargs) -> None:  # add_argument, recording the Action it returns
+        action = where.add_argument(*names, **kwargs)
+        # --triton and --no-triton share one destination: the first one's default holds
+        seen, default = flags.get(action.dest, ((), action.default))
+        flags[action.dest] = (seen + (action.option_strings[0],), default)
+
+    add(p, "--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine)")
+    add(p, "--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
     tri = p.add_mutually_exclusive_group()
-    tri.add_argument("--triton", dest="triton", action="store_true", default=None, help="Triton importable")
-    tri.add_argument("--no-triton", dest="triton", action="store_false", help="Triton not importable")
-    p.add_argument("--q-dtype", default="bf16", choices=_DTYPES)
-    p.add_argument("--kv-dtype", default=None, choices=_KV_DTYPES,
-                   help="default: the q dtype; fp8_ds_mla = the 656-byte V3.2 FP8 rows (bf16/fp16 q)")
-    p.add_argument("--heads", type=int, default=16, help="num_heads H")
-    p.add_argument("--topk", type=int, default=2048)
-    p.add_argument("--sinks", action="store_true", help="the call has per-head sinks")
-    p.add_argument("--dcp", type=int, default=1, help="dcp_world_size")
-    p.add_argument("--return-lse", action="store_true")
-    p.add_argument("--logit-cap", type=float, default=0.0)
-    p.add_argument("--path", default=None, help="consider only rows naming this path")
-    p.add_argument("--tokens", type=int, default=64,
-                   help="tokens T per call (Triton launch: tuning row, splits; default 64)")
-    p.add_argument("--sms", type=int, default=None,
-                   help="SM/CU count for the split decision (default: this machine's GPU when it is that arch)")
-    flags: dict = {}
-    for a in p._actions[first:]:  # --triton and --no-triton share one destination: the first one's default holds
-        names, default = flags.get(a.dest, ((), a.default))
-        flags[a.dest] = (names + (a.option_strings[0],), default)
+    add(tri, "--triton", dest="triton", action="store_true", default=None, help="Triton importable")
+    add(tri, "--no-triton", dest="triton", action="store_false", help="Triton not importable")
+    add(p, "--q-dtype", default="bf16", choices=_DTYPES)
+    add(p, "--kv-dtype", default=None, choices=_KV_DTYPES,
+        help="default: the q dtype; fp8_ds_mla = the 656-byte V3.2 FP8 rows (bf16/fp16 q)")
+    add(p, "--heads", type=int, default=16, help="num_heads H")
+    add(p, "--topk", type=int, default=2048)
+    add(p, "--sinks", action="store_true", help="the call has per-head sinks")
+    add(p, "--dcp", type=int, default=1, help="dcp_world_size")
+    add(p, "--return-lse", action="store_true")
+    add(p, "--logit-cap", type=float, default=0.0)
+    add(p, "--path", default=None, help="consider only rows naming this path")
+    add(p, "--tokens", type=int, default=64, help="tokens T per call (Triton launch: tuning row, splits; default 64)")
+    add(p, "--sms", type=int, default=None,
+        help="SM/CU count for the split decision (default: this machine's GPU when it is that arch)")
     p.set_defaults(call_flags={dest: ("/".join(names), default) for dest, (names, default) in flags.items()})
 
 

@@ -41,7 +41,8 @@ def _sparse_mla_combine_kernel(
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
     BLOCK_D value columns); apply the sink once. The LSE is written by the first column block. A split
-    whose LSE is ``-inf`` (no valid id) contributes nothing, whatever its partial holds. ``WAIT_PRIMARY``:
+    whose LSE is ``-inf`` (no valid id) contributes nothing, whatever its partial holds; one whose LSE is
+    ``+inf`` makes the row's LSE ``+inf`` and its output NaN (``kmath.splits_max_and_sum``). ``WAIT_PRIMARY``:
     launched as a programmatic dependent of the kernel that writes the partials; wait for it (and its
     memory) first."""
     if WAIT_PRIMARY:

@@ -211,12 +211,15 @@ def sink_scale(scale, sink, lse2, empty):
 def splits_max_and_sum(PART_LSE, pid_t, offs_s, offs_h, mask_h, num_splits, stride_plt, stride_pls):
     """The combine kernel's first read: the base-2 LSEs of a token's splits (``offs_s`` split slots,
     ``-inf`` past ``num_splits`` and on padded heads) reduced per head to ``(m_safe, empty, l_sum)``: the
-    largest LSE (0 on an empty row), whether every split is empty, and ``sum 2^(lse - m_safe)``."""
+    largest LSE (0 on an empty row and where it is ``+inf``), whether every split is empty, and
+    ``sum 2^(lse - m_safe)``. A split whose LSE is ``+inf`` thus makes ``l_sum`` ``+inf``: the row's LSE is
+    ``+inf`` and its output NaN (``2^(+inf - 0) o / +inf``), as :func:`mla_sink.core.lse.merge_states` gives
+    (its weight ``exp(+inf - +inf)`` has no value), where the max itself would make the LSE NaN."""
     pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
     lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
     m = tl.max(lses, 0)  # [BLOCK_H]
     empty = m == float("-inf")
-    m_safe = tl.where(empty, 0.0, m)
+    m_safe = tl.where(empty | (m == float("inf")), 0.0, m)
     return m_safe, empty, tl.sum(tl.exp2(lses - m_safe[None, :]), 0)
 
 

@@ -37,7 +37,7 @@ from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
-from mla_sink.paths.triton.plan import MIN_BLOCK_H
+from mla_sink.paths.triton.plan import MIN_BLOCK_H, dcp_merge_tile
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -661,14 +661,15 @@ def combine_states_triton(
     Args:
         part_out: ``[R, T, H, 512]`` partial outputs (fp32/bf16/fp16, innermost stride 1, any other
             strides: e.g. views into an all-gather buffer); a part whose LSE is ``-inf`` contributes
-            nothing, whatever it holds.
+            nothing, whatever it holds; one whose LSE is ``+inf`` makes its row's ``lse`` ``+inf`` and ``out``
+            NaN, as :func:`mla_sink.core.lse.merge_states`.
         part_lse: fp32 ``[R, T, H]`` natural-log, sink-free partial LSEs (``-inf`` = no valid id).
         sinks: optional fp32 ``[H]`` natural-log sink logits.
         out: ``[T, H, 512]`` output buffer (any float dtype, innermost stride 1).
         lse: fp32 ``[T, H]`` output buffer: ``logsumexp_r(lse_r)``, natural log, sink excluded.
         tile: optional ``(heads, value columns)`` of one program (powers of two, heads >= 16, columns
-            dividing 512); default: every head and column at once on the CPU (the interpreter prefers
-            few, large programs), 16 x 128 on a GPU (the sm90 tuning rows' combine tile).
+            dividing 512); default: the row of ``tables/dcp_merge.yaml`` for the arch of ``part_out``'s
+            device (:func:`mla_sink.paths.triton.plan.dcp_merge_tile`).
 
     Returns:
         ``(out, lse)``, with ``out = sum_r out_r exp(lse_r - lse) * sigmoid(lse - sink)``; rows empty in
@@ -696,9 +697,10 @@ def combine_states_triton(
         if not (cbh >= MIN_BLOCK_H and cbh & (cbh - 1) == 0 and 0 < cbd <= D_V and D_V % cbd == 0 and cbd & (cbd - 1) == 0):
             raise ValueError(f"'tile' must be (heads, value columns): powers of two, heads >= {MIN_BLOCK_H}, columns "
                              f"dividing {D_V} (got {tile!r})")
-    else:  # the interpreter prefers few, large programs; on a GPU the combine tile of the tuning rows
-        cbh = max(MIN_BLOCK_H, 1 << max(0, (H - 1).bit_length())) if interp else MIN_BLOCK_H
-        cbd = D_V if interp else 128
+    else:
+        from mla_sink.core.platform import detect_platform
+
+        cbh, cbd = dcp_merge_tile(detect_platform(part_out.device, tensor="part_out").arch, H)
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():
         combine[(-(-H // cbh), T, D_V // cbd)](

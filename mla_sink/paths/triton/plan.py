@@ -42,7 +42,7 @@ _PARAM_NAMES = {
     "BLOCK_H": "block_h", "BLOCK_N": "block_n", "num_warps": "num_warps", "num_stages": "num_stages",
     "max_kv_splits": "max_kv_splits", "min_ids_per_split": "min_ids_per_split",
     "split_waves": "split_waves", "split_min_fill": "split_min_fill", "combine_block_h": "combine_block_h",
-    "combine_block_d": "combine_block_d", "fp8_f16": "fp8_f16",
+    "combine_block_d": "combine_block_d", "min_combine_block_d": "min_combine_block_d", "fp8_f16": "fp8_f16",
 }
 
 
@@ -65,6 +65,8 @@ class TritonConfig:
         split_min_fill: split only when the unsplit grid has fewer than this fraction of the SMs' programs.
         combine_block_h: head block of the combine kernel.
         combine_block_d: value columns per combine program (a power of two dividing 512).
+        min_combine_block_d: the narrowest columns :func:`combine_block_d_for` narrows ``combine_block_d`` to
+            (a power of two).
         fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
             scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
         row, why, source: the table row that produced it (``"explicit"`` and empty when built by hand).
@@ -80,6 +82,7 @@ class TritonConfig:
     split_min_fill: float
     combine_block_h: int
     combine_block_d: int
+    min_combine_block_d: int
     fp8_f16: bool
     row: str = "explicit"
     why: str = ""
@@ -240,20 +243,14 @@ def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, 
     return max(1, min(want, cfg.max_kv_splits, most))
 
 
-#: Narrowest combine tile :func:`combine_block_d_for` goes to (value columns): on the H200 a 16 x 32 tile
-#: merged 16 splits of H=128, T=2 1.5 us faster than 16 x 128 and no tile narrower was measured
-#: (benchmarks/t2_launch_ab_2026-12-01.json).
-MIN_COMBINE_BLOCK_D = 32
-
-
 def combine_block_h_for(cfg: TritonConfig, num_heads: int) -> int:
     """Heads per combine program: the tuning row's ``combine_block_h``, clamped like ``block_h``. Pure."""
     return min(cfg.combine_block_h, max(MIN_BLOCK_H, _next_pow2(num_heads)))
 
 
 def combine_block_d_for(cfg: TritonConfig, num_tokens: int, num_heads: int, num_sms: Optional[int]) -> int:
-    """Value columns per combine program: the tuning row's ``combine_block_d``, halved (down to
-    :data:`MIN_COMBINE_BLOCK_D`) while the combine's programs (``T x head blocks x 512 / columns``) would
+    """Value columns per combine program: the tuning row's ``combine_block_d``, halved (down to its
+    ``min_combine_block_d``) while the combine's programs (``T x head blocks x 512 / columns``) would
     not cover every SM once. Small batches are the ones that split, and their combine is a short, latency
     bound launch: more, narrower programs each wait on less. Pure."""
     block_d = min(cfg.combine_block_d, D_V)
@@ -261,9 +258,78 @@ def combine_block_d_for(cfg: TritonConfig, num_tokens: int, num_heads: int, num_
     if num_sms is None:
         return block_d
     rows = max(1, num_tokens) * -(-num_heads // block_h)
-    while block_d > MIN_COMBINE_BLOCK_D and rows * (D_V // block_d) < num_sms:
+    while block_d > cfg.min_combine_block_d and rows * (D_V // block_d) < num_sms:
         block_d //= 2
     return block_d
+
+
+#: Params of a row of ``tables/dcp_merge.yaml`` (both required).
+_MERGE_PARAMS = ("combine_block_h", "combine_block_d")
+
+
+def _is_pow2(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
+
+
+def _check_merge_rows(table) -> None:
+    """Every row of ``tables/dcp_merge.yaml`` gives exactly its two params: ``combine_block_h`` a power of two
+    ``>= MIN_BLOCK_H`` (or null: every head), ``combine_block_d`` a power of two dividing 512.
+
+    Raises:
+        dispatch.TableError: naming the row and its line.
+    """
+    from mla_sink import dispatch
+
+    where = table.source_file or table.name
+    for row in table.rows:
+        if row.path is None:
+            continue
+        h, d = row.params.get("combine_block_h"), row.params.get("combine_block_d")
+        if set(row.params) != set(_MERGE_PARAMS) or not (h is None or (_is_pow2(h) and h >= MIN_BLOCK_H)) \
+                or not (_is_pow2(d) and D_V % d == 0):
+            raise dispatch.TableError(
+                f"{where}:{row.line}: row {row.id!r}: a merge row gives exactly the params {list(_MERGE_PARAMS)}: "
+                f"combine_block_h a power of two >= {MIN_BLOCK_H} or null, combine_block_d a power of two dividing "
+                f"{D_V} (got {dict(row.params)})")
+
+
+@functools.lru_cache(maxsize=None)
+def dcp_merge_table():
+    """``tables/dcp_merge.yaml`` (the DCP merge's tile), loaded, proven by the rule-table checker (every arch
+    gets a row, no row is shadowed) and its params checked, once per process.
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
+    """
+    from mla_sink import dispatch
+
+    table = dispatch.load_table(table_path("dcp_merge"))
+    dispatch.assert_table_ok(table)
+    _check_merge_rows(table)
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def dcp_merge_tile(arch: str, num_heads: int) -> tuple[int, int]:
+    """``(heads, value columns)`` of one program of the DCP merge (``combine_states_triton`` without a ``tile``,
+    :mod:`mla_sink.paths.triton.launch`) on ``arch``: the row of ``tables/dcp_merge.yaml``, its heads clamped to
+    ``max(MIN_BLOCK_H, next_pow2(num_heads))`` (every head when the row says null). Pure; cached.
+
+    Args:
+        arch: compile target of the partials' device (``Platform.arch``: ``sm90``, ``gfx942``, ``cpu``, ...).
+        num_heads: H (>= 1).
+
+    Raises:
+        LookupError: no row serves ``arch`` (impossible for a table :func:`dcp_merge_table` accepted).
+    """
+    sel = dcp_merge_table().select({"arch": arch})
+    if sel.row is None or sel.path is None:
+        from mla_sink import dispatch
+
+        raise LookupError(f"no row of the DCP merge table serves this call:\n{dispatch.explain(sel)}")
+    heads = max(MIN_BLOCK_H, _next_pow2(num_heads))
+    block_h = sel.params["combine_block_h"]
+    return (heads if block_h is None else min(block_h, heads)), sel.params["combine_block_d"]
 
 
 def split_plan(cfg: TritonConfig, num_tokens: int, num_heads: int, topk: int, num_sms: Optional[int],
