@@ -707,7 +707,11 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     applies
     the tile scales to the scores (:func:`_ds_scores`) and stores the four ``P_t^T`` (:func:`_store_p_tiles`);
     each consumer accumulates two 128-column tiles; with ``COPY_ROPE`` ROLE 0, the only reader of the RoPE tiles,
-    copies the next block's RoPE into its stage by cp.async once this block's scores are read. Source: the roles
+    copies the RoPE of the block two ahead into this block's stage by cp.async once this block's scores are read,
+    so a copy has a whole block to land (twenty-sixth session, same run: 190.6 / 57.4 us at T = 256 / 64 against
+    192.2 / 58.1 with the next block's copied, outputs bitwise equal; the tile scales loaded by ROLE 1 a block
+    ahead into shared memory instead took 213.4 / 63.7: benchmarks/ds_h32_ab_twentysixth_2026-12-03.json). Source:
+    the roles
     of FlashMLA's sm90 sparse fp8 decode (one warpgroup the scores, the softmax and half of ``P V``, one the other
     half)."""
     NCOLS: gl.constexpr = D_NOPE // 2  # this consumer's value columns of O^T: the first or the second half
@@ -734,23 +738,29 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=head_l)
         s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
         rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
-        if COPY_ROPE and num_blocks > 0:
-            _copy_rope(KV, kr_smem.index(0), _checked(_raw_ids(IDX, idx_base, end, start, BLOCK_N, rope_l), nrows),
-                       stride_kv, kv_block_size, ROW_BYTES, rope_l)
+        if COPY_ROPE:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
+            for b in gl.static_range(STAGES):
+                if b < num_blocks:
+                    _copy_rope(KV, kr_smem.index(b),
+                               _checked(_raw_ids(IDX, idx_base, end, start + b * BLOCK_N, BLOCK_N, rope_l), nrows),
+                               stride_kv, kv_block_size, ROW_BYTES, rope_l)
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1
             ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
             if KV_DS_MLA:
                 if COPY_ROPE:
-                    ids_next = _raw_ids(IDX, idx_base, end, start + (i + 1) * BLOCK_N, BLOCK_N, rope_l)
+                    ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
                 sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
             kn = kn_smem.index(s)
             z = _opaque_zero(i)  # q indexed through an opaque 0: its descriptors stay in the loop (not hoisted)
             if KV_DS_MLA:
                 if COPY_ROPE:
-                    async_copy.wait_group(0)
+                    if i + 1 < num_blocks:  # the next block's copy may still be in flight
+                        async_copy.wait_group(1)
+                    else:
+                        async_copy.wait_group(0)
                     fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
                     gl.thread_barrier()  # every warp's copies landed
                 st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
@@ -769,9 +779,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             gl.thread_barrier()  # P^T and alpha complete in shared memory before the wgmma and ROLE 1 read them
             mbarrier.arrive(p_ready.index(s))
             if KV_DS_MLA:
-                if COPY_ROPE and i + 1 < num_blocks:  # the other stage's RoPE tile was last read by block i - 1
-                    _copy_rope(KV, kr_smem.index((i + 1) % STAGES), _checked(ids_next, nrows), stride_kv,
-                               kv_block_size, ROW_BYTES, rope_l)
+                if COPY_ROPE and i + STAGES < num_blocks:  # this stage's RoPE tile was read by this block's scores
+                    _copy_rope(KV, kr_smem.index(s), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
+                               rope_l)
                 acc, acc_b = _tile_pair_pv(kn, T0, p_ring, s * P_TILES, acc, acc_b, alpha)
             else:
                 acc = warpgroup_mma(kn.slice(0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s), acc * alpha[None, :],
