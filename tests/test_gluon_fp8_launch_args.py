@@ -38,12 +38,12 @@ def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, pairs
     c = launch(kv_dtype, H, splits)
     assert (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["SPLIT"]) == (block_h, cols, pairs, splits > 1)
     # the producer a worker with 16 heads' whole-block, whole-line steps everywhere
-    assert (c["PRODUCER_ROWS"], c["LINES"], c["PRODUCER_DEFAULT"]) == (gf.BLOCK_N, True, False)
+    assert (c["PRODUCER_ROWS"], c["LINES"]) == (gf.BLOCK_N, True)
+    assert "PRODUCER_DEFAULT" not in c  # the first consumer is the default partition on every arrangement
 
 
 def _arrangement_of(c: dict) -> tuple:
-    return (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
-            c["PRODUCER_DEFAULT"])
+    return (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"])
 
 
 @pytest.mark.parametrize("kv_dtype", tuning.fp8_kv_dtypes())
@@ -63,9 +63,9 @@ def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
             p = sel.params
             assert _arrangement_of(launch(kv_dtype, H, splits, q_dtype)) == (
                 p["head_block"], sel.path == tuning.COLUMN_SPLIT, sel.path == tuning.ALTERNATE_SCORES,
-                p["consumer_regs"], p["producer_regs"], p["producer_rows"], p["lines"], p["producer_default"]) == (
+                p["consumer_regs"], p["producer_regs"], p["producer_rows"], p["lines"]) == (
                 arr.head_block, arr.cols, arr.pairs, arr.consumer_regs, arr.producer_regs, arr.producer_rows,
-                arr.lines, arr.producer_default), (kv_dtype, q_dtype, H, splits)
+                arr.lines), (kv_dtype, q_dtype, H, splits)
             assert gf.BLOCK_N % p["producer_rows"] == 0  # whole blocks, or an even part of one a step
             assert tuning.BLOCK_IDS == gf.BLOCK_N  # the table's load check divides the kernel's block
 

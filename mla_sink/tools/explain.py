@@ -99,12 +99,8 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     if sel.refused:
         return dict(row=sel.row.id if sel.row else None, path=None, summary="refused", why=sel.reason)
     arr = tuning.fp8_arrangement(spec.kv_dtype, spec.q_dtype, spec.num_heads, launch.num_kv_splits > 1)
-    if arr.producer_default:  # producer_regs only records what the workers leave (tables/gluon_fp8.yaml)
-        regs = (f"both consumers {arr.consumer_regs} registers each, the producer (the default partition) what they "
-                "leave")
-    else:
-        regs = (f"second consumer {arr.consumer_regs} / producer {arr.producer_regs} registers, the first consumer "
-                "(the default partition) what they leave")
+    regs = (f"second consumer {arr.consumer_regs} / producer {arr.producer_regs} registers, the first consumer "
+            "(the default partition) what they leave")
     summary = (f"{sel.path}, {arr.head_block}-head blocks, {regs}, {arr.producer_rows} rows a producer step"
                f"{', whole lines' if arr.lines else ''}")
     return dict(row=arr.row, path=sel.path, summary=summary, why=arr.why)

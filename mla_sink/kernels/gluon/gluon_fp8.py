@@ -1014,7 +1014,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
-    PRODUCER_DEFAULT: gl.constexpr, KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
+    KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
@@ -1084,10 +1084,11 @@ def sparse_mla_decode_fp8_ws_kernel(
     gl.thread_barrier()
 
     # 16 heads: the first consumer is the default partition (the rest of the registers), the second consumer
-    # and the producer workers; 32 heads: the producer is the default partition and both consumers workers
-    # with the same registers (as the default partition, the first consumer spilled the loop's wgmma
-    # descriptors at any register split that left the producer room); COLS: the first (scores) consumer is the
-    # default partition, the second consumer and the producer workers (tables/gluon_fp8.yaml, column_split)
+    # and the producer workers, as at 32 heads on every arrangement (tables/gluon_fp8.yaml). Until the twenty-sixth
+    # session e4m3's unsplit 32-head alternate blocks made the producer the default partition and both consumers
+    # workers (as the default partition, the first consumer spilled the loop's wgmma descriptors at any register
+    # split that left the producer room); the alternate scores, which hold half of O^T in each consumer, replaced
+    # them
     if PAIRS:
         m_x = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
         num_pairs = gl.cdiv(num_blocks, 2)
@@ -1127,24 +1128,6 @@ def sparse_mla_decode_fp8_ws_kernel(
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
-    elif PRODUCER_DEFAULT:
-        gl.warp_specialize([
-            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES)),
-            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
-                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
-                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
-                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B)),
-            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
-                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
-                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
-                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B)),
-        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
@@ -1217,7 +1200,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       BLOCK_H=arr.head_block, BLOCK_N=BLOCK_N, D_NOPE=d_v, D_ROPE=d_qk - d_v,
                       HAS_SINKS=False, HAS_TOPK_LEN=False, SPLIT=splits > 1, LAUNCH_DEPENDENTS=splits > 1,
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
-                      PRODUCER_DEFAULT=arr.producer_default, KV_DS_MLA=ds,
+                      KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs)
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)

@@ -27,8 +27,7 @@ COLUMN_SPLIT = "column_split"
 #: The path of the consumers that take alternate blocks' scores and split ``P V`` by columns (``PAIRS``).
 ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
-FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
-              "producer_default": bool}
+FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -55,8 +54,6 @@ class Fp8Arrangement:
             description says which partitions those are).
         producer_rows: rows the producer gathers per step (64: whole blocks).
         lines: the producer loads whole 128-byte lines (8 codes a lane, 16 lanes a row).
-        producer_default: the producer is the default partition (both consumers workers with
-            ``consumer_regs``; ``producer_regs`` then only records what they leave).
     """
 
     row: str
@@ -69,7 +66,6 @@ class Fp8Arrangement:
     producer_regs: int
     producer_rows: int
     lines: bool
-    producer_default: bool
 
 
 def _error(table, row, message: str):
@@ -231,8 +227,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool) ->
     return Fp8Arrangement(row=sel.row.id, why=sel.row.why, source=sel.row.source, cols=sel.path == COLUMN_SPLIT,
                           pairs=sel.path == ALTERNATE_SCORES,
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
-                          producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
-                          producer_default=p["producer_default"])
+                          producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"])
 
 
 @functools.cache
