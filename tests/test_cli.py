@@ -166,6 +166,9 @@ def test_help(argv, capsys):
     (["explain", "--matrix", "--arch", "sm90"], "'--arch' does not apply to --matrix"),
     (["explain", "--matrix", "--no-triton"], "'--triton/--no-triton' does not apply to --matrix"),
     (["explain", "--matrix", "--heads", "64"], "'--heads' does not apply to --matrix"),
+    # also at its default value (a fresh user's break test, twenty-sixth session: --heads 16 passed), and abbreviated
+    (["explain", "--matrix", "--heads", "16"], "'--heads' does not apply to --matrix"),
+    (["explain", "--matrix", "--tok", "64"], "'--tokens' does not apply to --matrix"),
     (["explain", "--logit-cap", "nan"], "--logit-cap: 'logit_cap' must be a finite float"),
     (["demo", "--path", "bogus"], "--path: 'path' must be one of"),
     (["explain", "--tokens", "0"], "'--tokens' must be in [1, 2147483647] (got 0)"),

@@ -77,6 +77,71 @@ def test_combine_a_part_with_lse_plus_inf_gives_what_merge_states_gives(tile):
     assert torch.isfinite(lse[1]).all() and torch.isfinite(out[1]).all() and torch.isfinite(out[0, 4]).all()
 
 
+@pytest.mark.parametrize("tile", [None, (16, 32)])
+def test_combine_a_part_with_lse_nan_gives_nan_as_merge_states(tile):
+    """A part whose LSE is NaN (a NaN score in that split) makes its row's LSE and output NaN, as merge_states
+    gives, also beside parts without valid ids (the max over the splits skipped the NaN there and the row came
+    out empty: out 0, LSE -inf). Rows without NaN keep their values."""
+    R, T, H = 3, 2, 3
+    g = torch.Generator().manual_seed(11)
+    parts = torch.randn(R, T, H, 512, generator=g)
+    lses = torch.randn(R, T, H, generator=g)
+    lses[0, 0, 0], lses[1:, 0, 0] = math.nan, -math.inf  # beside empty parts only
+    lses[1, 0, 1] = math.nan  # beside finite parts
+    lses[:, 0, 2] = -math.inf  # a row empty in every part stays empty
+    out = torch.full((T, H, 512), 7.0)
+    lse = torch.full((T, H), 7.0)
+    combine_states_triton(parts, lses, None, out=out, lse=lse, tile=tile)
+    ref_out, ref_lse = merge_states(list(parts), list(lses))
+    assert ref_lse[0, :2].isnan().all() and ref_out[0, :2].isnan().all()  # the reference's answer
+    torch.testing.assert_close(lse, ref_lse, atol=1e-6, rtol=1e-6, equal_nan=True)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5, equal_nan=True)
+    assert torch.isneginf(lse[0, 2]) and (out[0, 2] == 0).all() and torch.isfinite(lse[1]).all()
+
+
+def _merge_args(**over):
+    g = torch.Generator().manual_seed(3)
+    args = dict(part_out=torch.randn(3, 2, 5, 512, generator=g), part_lse=torch.randn(3, 2, 5, generator=g),
+                sinks=None, out=torch.empty(2, 5, 512), lse=torch.empty(2, 5))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,message", [
+    (dict(out=torch.empty(2, 5, 256)), r"'out' must be \[2, 5, 512\]"),  # was a segfault
+    (dict(out=torch.empty(2, 4, 512)), r"'out' must be \[2, 5, 512\]"),  # was heap corruption
+    (dict(out=torch.empty(2, 5, 1024)[..., ::2]), "'out' must have innermost stride 1"),  # was silently wrong
+    (dict(out=torch.empty(2, 5, 512, dtype=torch.int32)), "'out' must be torch.float32"),  # was truncated
+    (dict(lse=torch.empty(2)), r"'lse' must be \[2, 5\]"),
+    (dict(lse=torch.empty(2, 5, dtype=torch.float16)), "'lse' must be torch.float32"),
+    (dict(sinks=torch.zeros(4)), "'sinks' must have num_heads=5 entries"),  # was read past its end
+    (dict(part_lse=torch.zeros(3, 2, 5, dtype=torch.int64)), "'part_lse' must be a floating dtype"),
+    (dict(part_out=torch.randn(3, 2, 512)), r"'part_out' must be \[R, T, H, 512\]"),
+    (dict(out=[0.0]), "'out' must be a torch.Tensor"),
+])
+def test_merge_refuses_bad_buffers_before_its_kernel(over, message):
+    """Every tensor of the fused merge is checked before the kernel runs (a fresh user's break test, twenty-sixth
+    session: a wrong out or sinks crashed the process or read out of bounds)."""
+    with pytest.raises(ValueError, match=message):
+        combine_states_triton(**_merge_args(**over))
+
+
+@pytest.mark.parametrize("tile", [(16,), (16, 128, 1), (16.0, 128), ("16", 128), 16, (2 ** 20, 512), (32, 128),
+                                  (16, 1024), (True, 128), (8, 128), (16, 48)])
+def test_merge_refuses_bad_tiles(tile):
+    """A tile is a pair: heads None or a power of two from 16 to the padded head count (16 at H=5), columns a power
+    of two dividing 512; anything else is the tile's ValueError, not a TypeError or a kernel failure."""
+    with pytest.raises(ValueError, match="'tile' must be \\(heads, value columns\\)"):
+        combine_states_triton(**_merge_args(), tile=tile)
+
+
+def test_merge_tile_heads_none_means_every_head():
+    a, b = _merge_args(), _merge_args()
+    combine_states_triton(**a, tile=(None, 128))
+    combine_states_triton(**b, tile=(16, 128))
+    assert torch.equal(a["out"], b["out"]) and torch.equal(a["lse"], b["lse"])
+
+
 def test_stack_view_over_gather_buffer():
     buf = torch.arange(3 * 20, dtype=torch.float32).view(3, 20)
     parts = [buf[r, :12].view(2, 6) for r in range(3)]

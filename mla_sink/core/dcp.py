@@ -451,10 +451,13 @@ def dcp_sparse_mla_decode(
 def _fused_merge(outs, lses, sinks, out_dtype, out):
     """On a GPU with Triton: merge + sink in one kernel over strided views of the gathered parts.
 
-    Returns ``None`` (use :func:`merge_states` + :func:`apply_sink`) on the CPU, without Triton, or
-    when the parts are not equally strided views of one buffer.
+    Returns ``None`` (use :func:`merge_states` + :func:`apply_sink`) on the CPU, without Triton, for fp32
+    outputs, or for an ``out`` whose innermost stride is not 1 (the kernel stores whole rows; ``copy_`` takes
+    any strides, as on the CPU).
     """
     if not outs[0].is_cuda or out_dtype == torch.float32:
+        return None
+    if out is not None and out.numel() and out.stride(-1) != 1:
         return None
     try:
         from mla_sink.paths.triton.launch import combine_states_triton

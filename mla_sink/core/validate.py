@@ -209,6 +209,44 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
         raise ValueError(f"'sinks' must be on {device}, like q (got {sinks.device})")
 
 
+#: dtypes of the fused DCP merge's partial outputs and output buffer (:func:`check_merge_buffers`).
+MERGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
+    """Validate the tensors of the fused DCP merge (:func:`mla_sink.paths.triton.launch.combine_states_triton`)
+    before its kernel runs: ``part_out`` ``[R, T, H, 512]`` fp32 / bf16 / fp16 with innermost stride 1,
+    ``part_lse`` floating ``[R, T, H]``, ``sinks`` as :func:`check_sinks` (``[H]`` fp32, contiguous), ``out``
+    ``[T, H, 512]`` fp32 / bf16 / fp16 with innermost stride 1, ``lse`` fp32 ``[T, H]``, all on ``part_out``'s
+    device (other strides are free: the kernel takes them).
+
+    Raises:
+        ValueError: naming the argument, what it is and what is allowed.
+    """
+    _require_tensor("part_out", part_out)
+    if part_out.dim() != 4 or part_out.shape[3] != D_V or (part_out.numel() and part_out.stride(3) != 1):
+        raise ValueError(f"'part_out' must be [R, T, H, {D_V}] with innermost stride 1 (got shape "
+                         f"{tuple(part_out.shape)}, strides {part_out.stride()})")
+    R, T, H, _ = part_out.shape
+    dev = part_out.device
+    for name, t, shape, dtypes in (("part_lse", part_lse, (R, T, H), None), ("out", out, (T, H, D_V), MERGE_DTYPES),
+                                   ("lse", lse, (T, H), (torch.float32,))):
+        _require_tensor(name, t)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"'{name}' must be {list(shape)} for part_out {list(part_out.shape)} (got "
+                             f"{list(t.shape)})")
+        if (dtypes is None and not t.is_floating_point()) or (dtypes is not None and t.dtype not in dtypes):
+            allowed = "a floating dtype" if dtypes is None else " / ".join(map(str, dtypes))
+            raise ValueError(f"'{name}' must be {allowed} (got {t.dtype})")
+        if t.device != dev:
+            raise ValueError(f"'{name}' must be on {dev}, like part_out (got {t.device})")
+    if part_out.dtype not in MERGE_DTYPES:
+        raise ValueError(f"'part_out' must be {' / '.join(map(str, MERGE_DTYPES))} (got {part_out.dtype})")
+    if out.numel() and out.stride(2) != 1:
+        raise ValueError(f"'out' must have innermost stride 1 (got strides {out.stride()})")
+    check_sinks(sinks, H, dev)
+
+
 FP32_TINY = 2.0 ** -126  #: smallest normal fp32
 FP32_SCALE_MAX = 2.0 ** 126  #: largest ``sm_scale`` / positive ``logit_cap`` the kernels represent (see below)
 

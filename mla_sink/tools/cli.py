@@ -86,16 +86,39 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     p.set_defaults(call_flags={dest: ("/".join(names), default) for dest, (names, default) in flags.items()})
 
 
+#: What a call flag reads when the command line does not give it (:func:`_given_call_flags`).
+_UNSET = object()
+
+
+def _add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``mla-sink explain``: the call flags, ``--json`` and ``--matrix``."""
+    _add_call_flags(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--matrix", action="store_true",
+                   help="chosen path over archs x dtypes x heads x sinks (of the call flags only --dcp applies)")
+
+
+def _given_call_flags(args: argparse.Namespace) -> set:
+    """The destinations of the call flags the command line gave (even at their default value): ``explain``'s
+    arguments parsed again into a namespace that already holds every call flag's destination, which argparse
+    leaves alone unless the flag is given."""
+    p = _Parser(prog="mla-sink explain")
+    _add_explain_arguments(p)
+    given = p.parse_args(args.explain_argv, namespace=argparse.Namespace(**{d: _UNSET for d in args.call_flags}))
+    return {d for d in args.call_flags if getattr(given, d) is not _UNSET}
+
+
 def _check_matrix_flags(args: argparse.Namespace) -> None:
     """``--matrix`` covers every arch, dtype pair, head count and sinks: refuse a call flag given with it (other
-    than ``--dcp``), instead of ignoring it.
+    than ``--dcp``), even at its default value, instead of ignoring it.
 
     Raises:
         ValueError: naming the flag and its value.
     """
-    for dest, (flag, default) in args.call_flags.items():
+    given = _given_call_flags(args)
+    for dest, (flag, _) in args.call_flags.items():
         value = getattr(args, dest)
-        if dest != "dcp" and value != default:
+        if dest != "dcp" and dest in given:
             raise ValueError(f"'{flag}' does not apply to --matrix, which covers every arch, dtype pair, head count "
                              f"and sinks (of the call flags only --dcp applies; got {flag} {value})")
 
@@ -311,10 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("explain", help="which kernel path a call takes, and why")
-    _add_call_flags(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--matrix", action="store_true",
-                   help="chosen path over archs x dtypes x heads x sinks (of the call flags only --dcp applies)")
+    _add_explain_arguments(p)
     p.set_defaults(func=_cmd_explain)
 
     p = sub.add_parser("demo", help="run sparse MLA decode with sinks on a default input; error vs float64")
@@ -339,7 +359,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mla-sink`` console script."""
     from mla_sink.core.select import NoKernelError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.command == "explain":  # its own arguments, for --matrix's check of the call flags given
+        args.explain_argv = argv[argv.index("explain") + 1:]
     rc = 0
     try:
         rc = args.func(args)

@@ -150,7 +150,10 @@ def scores_base2(qk, qk_scale, logit_cap, HAS_CAP: tl.constexpr):
     elsewhere. The cap's argument is ``qk * (qk_scale / cap)``: ``qk * qk_scale`` may overflow fp32 where the capped
     score is finite (then every such id would get the same score ``cap``, where the float64 reference tells them
     apart); the ratio is clamped to fp32's largest value, so that a ratio beyond it keeps ``0 * ratio = 0`` and
-    sends any other product to ``+-inf``, whose tanh, ``+-1``, is then the reference's to fp32 precision."""
+    sends any other product to ``+-inf``, whose tanh, ``+-1``, is then the reference's to fp32 precision. A product
+    ``qk`` of ``+-inf`` is capped to ``+-cap`` as the reference caps an infinite score (an infinite q or KV value);
+    one that overflowed fp32 from finite values is capped the same way, with the sign of the overflowed sum, which
+    may differ from the float64 one (README)."""
     if HAS_CAP:
         x = qk * tl.minimum(qk_scale / logit_cap, FP32_MAX)
         ax = tl.abs(x)
@@ -214,10 +217,13 @@ def splits_max_and_sum(PART_LSE, pid_t, offs_s, offs_h, mask_h, num_splits, stri
     largest LSE (0 on an empty row and where it is ``+inf``), whether every split is empty, and
     ``sum 2^(lse - m_safe)``. A split whose LSE is ``+inf`` thus makes ``l_sum`` ``+inf``: the row's LSE is
     ``+inf`` and its output NaN (``2^(+inf - 0) o / +inf``), as :func:`mla_sink.core.lse.merge_states` gives
-    (its weight ``exp(+inf - +inf)`` has no value), where the max itself would make the LSE NaN."""
+    (its weight ``exp(+inf - +inf)`` has no value), where the max itself would make the LSE NaN. A NaN LSE (a NaN
+    score in that split) makes the row's max NaN, so its LSE and output are NaN, as ``merge_states`` gives: the
+    max alone (``max.f32``, IEEE maxNum) skips a NaN, which left a NaN split beside empty ones an empty row."""
     pl = PART_LSE + pid_t * stride_plt + offs_s[:, None] * stride_pls + offs_h[None, :]
     lses = tl.load(pl, mask=(offs_s[:, None] < num_splits) & mask_h[None, :], other=float("-inf"))
     m = tl.max(lses, 0)  # [BLOCK_H]
+    m = tl.where(tl.max((lses != lses).to(tl.int32), 0) > 0, float("nan"), m)  # a NaN split: no max skips it
     empty = m == float("-inf")
     m_safe = tl.where(empty | (m == float("inf")), 0.0, m)
     return m_safe, empty, tl.sum(tl.exp2(lses - m_safe[None, :]), 0)

@@ -34,7 +34,7 @@ from mla_sink.core import kv_layout
 from mla_sink.core.dtypes import DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, kv_dtype_key, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_QK, D_V
-from mla_sink.core.validate import check_ds_mla_pointer
+from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
 from mla_sink.paths.triton.plan import MIN_BLOCK_H, dcp_merge_tile
@@ -647,6 +647,26 @@ def sparse_mla_decode_triton(
     return prepare_triton(plan, x)(x, lse)
 
 
+def _merge_tile(tile, num_heads: int) -> tuple[int, int]:
+    """``(heads, value columns)`` of an explicit DCP merge ``tile`` (see :func:`combine_states_triton`), heads
+    ``None`` resolved to every head (``max(16, next_pow2(H))``, as ``tables/dcp_merge.yaml``'s null).
+
+    Raises:
+        ValueError: not a pair; heads not ``None`` or a power of two from 16 to that bound; columns not a power
+            of two dividing 512.
+    """
+    every = max(MIN_BLOCK_H, 1 << max(0, num_heads - 1).bit_length())
+    pair = tuple(tile) if isinstance(tile, (tuple, list)) else ()
+    if len(pair) == 2:
+        cbh = every if pair[0] is None else pair[0]
+        cbd = pair[1]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0 for v in (cbh, cbd)) \
+                and MIN_BLOCK_H <= cbh <= every and cbd <= D_V:
+            return cbh, cbd
+    raise ValueError(f"'tile' must be (heads, value columns): heads None (every head) or a power of two from "
+                     f"{MIN_BLOCK_H} to {every} (H={num_heads}), columns a power of two dividing {D_V} (got {tile!r})")
+
+
 def combine_states_triton(
     part_out: torch.Tensor,
     part_lse: torch.Tensor,
@@ -667,9 +687,10 @@ def combine_states_triton(
         sinks: optional fp32 ``[H]`` natural-log sink logits.
         out: ``[T, H, 512]`` output buffer (any float dtype, innermost stride 1).
         lse: fp32 ``[T, H]`` output buffer: ``logsumexp_r(lse_r)``, natural log, sink excluded.
-        tile: optional ``(heads, value columns)`` of one program (powers of two, heads >= 16, columns
-            dividing 512); default: the row of ``tables/dcp_merge.yaml`` for the arch of ``part_out``'s
-            device (:func:`mla_sink.paths.triton.plan.dcp_merge_tile`).
+        tile: optional ``(heads, value columns)`` of one program: heads ``None`` (every head) or a power of two
+            from 16 to ``max(16, next_pow2(H))``, columns a power of two dividing 512; default: the row of
+            ``tables/dcp_merge.yaml`` for the arch of ``part_out``'s device
+            (:func:`mla_sink.paths.triton.plan.dcp_merge_tile`).
 
     Returns:
         ``(out, lse)``, with ``out = sum_r out_r exp(lse_r - lse) * sigmoid(lse - sink)``; rows empty in
@@ -677,27 +698,22 @@ def combine_states_triton(
         followed by :func:`mla_sink.core.lse.apply_sink`, in one pass over the parts.
 
     Raises:
-        ValueError: ``part_out`` / ``part_lse`` of the wrong shape or layout; a ``tile`` other than the
-            ones above.
+        ValueError: a tensor of the wrong type, shape, dtype, layout or device
+            (:func:`mla_sink.core.validate.check_merge_buffers`); a ``tile`` other than the ones above.
     """
     from mla_sink.kernels.triton.combine import combine_constexprs, combine_jit
     from mla_sink.kernels.triton.interpreter import interpreted, interpreter_stdlib
 
-    R, T, H, d = part_out.shape
-    if d != D_V or part_out.stride(3) != 1 or tuple(part_lse.shape) != (R, T, H):
-        raise ValueError(f"'part_out' must be [R, T, H, {D_V}] with innermost stride 1 and 'part_lse' [R, T, H] "
-                         f"(got {tuple(part_out.shape)} strides {part_out.stride()} and {tuple(part_lse.shape)})")
+    check_merge_buffers(part_out, part_lse, sinks, out, lse)
+    R, T, H, _ = part_out.shape
+    if tile is not None:
+        cbh, cbd = _merge_tile(tile, H)
     if T == 0 or H == 0:
         return out, lse
     lse2 = (part_lse.float() * LOG2E).permute(1, 0, 2).contiguous()  # [T, R, H], base 2 as the kernel keeps it
     interp = part_out.device.type == "cpu"
     combine = interpreted("combine") if interp else combine_jit
-    if tile is not None:
-        cbh, cbd = tile
-        if not (cbh >= MIN_BLOCK_H and cbh & (cbh - 1) == 0 and 0 < cbd <= D_V and D_V % cbd == 0 and cbd & (cbd - 1) == 0):
-            raise ValueError(f"'tile' must be (heads, value columns): powers of two, heads >= {MIN_BLOCK_H}, columns "
-                             f"dividing {D_V} (got {tile!r})")
-    else:
+    if tile is None:
         from mla_sink.core.platform import detect_platform
 
         cbh, cbd = dcp_merge_tile(detect_platform(part_out.device, tensor="part_out").arch, H)
