@@ -135,6 +135,26 @@ def test_merge_refuses_bad_tiles(tile):
         combine_states_triton(**_merge_args(), tile=tile)
 
 
+def test_merge_refuses_outputs_that_overlap_what_it_reads():
+    """out / lse written while the parts and sinks are read: a shifted view of the parts, sinks inside lse and a
+    broadcast out or lse gave silently wrong values (a fresh user's second break test, twenty-sixth session)."""
+    a = _merge_args(sinks=torch.randn(5))
+    shifted = a["part_out"].view(-1)[512:512 + 2 * 5 * 512].view(2, 5, 512)
+    with pytest.raises(ValueError, match="'out' must not overlap 'part_out'"):
+        combine_states_triton(**dict(a, out=shifted))
+    lse_buf = torch.zeros(2, 5)
+    with pytest.raises(ValueError, match="'lse' must not overlap 'sinks'"):
+        combine_states_triton(**dict(a, sinks=lse_buf[0], lse=lse_buf))
+    with pytest.raises(ValueError, match="'out' must not overlap itself"):
+        combine_states_triton(**dict(a, out=torch.zeros(1, 5, 512).expand(2, 5, 512)))
+    with pytest.raises(ValueError, match="'lse' must not overlap itself"):
+        combine_states_triton(**dict(a, lse=torch.zeros(1, 5).expand(2, 5)))
+    with pytest.raises(ValueError, match="'sinks' must be on cpu, like part_out"):
+        combine_states_triton(**dict(a, sinks=torch.zeros(5, device="meta")))
+    with pytest.raises(ValueError, match="'part_out' must be on a cpu or cuda"):
+        combine_states_triton(**_merge_args(part_out=torch.empty(3, 0, 5, 512, device="meta")))
+
+
 def test_merge_tile_heads_none_means_every_head():
     a, b = _merge_args(), _merge_args()
     combine_states_triton(**a, tile=(None, 128))

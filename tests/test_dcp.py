@@ -178,6 +178,9 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
         "indices_tokens": (DecodeInputs(q, good_kv, idx[:1], 576**-0.5), kw),
         "sinks_shape": (DecodeInputs(q, good_kv, idx, 576**-0.5, sinks=torch.zeros(3)), kw),
         "out_shape": (DecodeInputs(q, good_kv, idx, 576**-0.5, out=torch.empty(2, 4, 511)), kw),
+        # refused before the collectives (they raised from the merge's copy after them; second break test)
+        "out_overlaps": (DecodeInputs(q, good_kv, idx, 576**-0.5, out=torch.empty(1, 4, 512).expand(2, 4, 512)), kw),
+        "sinks_dtype": (DecodeInputs(q, good_kv, idx, 576**-0.5, sinks=torch.zeros(4, dtype=torch.float64)), kw),
         "local_decode": (base, dict(kw, local_decode=None)),
     }
     msgs = {}
@@ -425,6 +428,8 @@ VALIDATION_EXPECT = {
     "indices_tokens": "'inputs.indices'",
     "sinks_shape": "'inputs.sinks'",
     "out_shape": "'inputs.out'",
+    "out_overlaps": "'inputs.out' must be on cpu, like q, and not overlap itself",
+    "sinks_dtype": "'sinks' must be float32",
     "local_decode": "'local_decode'",
 }
 

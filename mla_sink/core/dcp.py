@@ -52,6 +52,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.lse import apply_sink, merge_states
 from mla_sink.core.records import D_V
+from mla_sink.core.validate import overlaps_itself, check_sinks
 
 #: Names of the supported sharding layouts.
 LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
@@ -399,6 +400,7 @@ def dcp_sparse_mla_decode(
         )
     if inputs.sinks is not None and tuple(inputs.sinks.shape) != (h,):
         raise ValueError(f"'inputs.sinks' must be fp32 [H={h}] (got shape {tuple(inputs.sinks.shape)})")
+    check_sinks(inputs.sinks, h, q.device)  # the GPU merge's rule, checked on every device before any collective
     if inputs.topk_length is not None and tuple(inputs.topk_length.shape) != (t,):
         raise ValueError(f"'inputs.topk_length' must be int32 [T={t}] (got shape {tuple(inputs.topk_length.shape)})")
     out_dtype = _out_dtype(q)
@@ -406,6 +408,9 @@ def dcp_sparse_mla_decode(
         raise ValueError(
             f"'inputs.out' must be {out_dtype} [{t}, {h}, {D_V}] (got {inputs.out.dtype} {tuple(inputs.out.shape)})"
         )
+    if inputs.out is not None and (inputs.out.device != q.device or overlaps_itself(inputs.out)):
+        raise ValueError(f"'inputs.out' must be on {q.device}, like q, and not overlap itself (got "
+                         f"{inputs.out.device}, strides {inputs.out.stride()})")
 
     if t == 0:  # every rank has the same T, so every rank skips the collectives together
         res = inputs.out if inputs.out is not None else q.new_empty((0, h, D_V), dtype=out_dtype)

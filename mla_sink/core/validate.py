@@ -175,7 +175,7 @@ def _memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return not _disjoint_by_pitch(a, b)
 
 
-def _overlaps_itself(t: torch.Tensor) -> bool:
+def overlaps_itself(t: torch.Tensor) -> bool:
     """True unless the strides prove every element has its own memory: the dimensions of size > 1,
     ordered by stride, each step past the whole extent of the previous one (a stride-0 broadcast or
     interleaved strides fail; such layouts are refused rather than written through)."""
@@ -188,8 +188,9 @@ def _overlaps_itself(t: torch.Tensor) -> bool:
     return False
 
 
-def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[torch.device] = None) -> None:
-    """Validate ``sinks``: fp32, 1-D ``[H]``, contiguous, on ``device``.
+def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[torch.device] = None,
+                like: str = "q") -> None:
+    """Validate ``sinks``: fp32, 1-D ``[H]``, contiguous, on ``device`` (that of the tensor named ``like``).
 
     Raises:
         ValueError: wrong type, dtype, rank, length, layout or device.
@@ -206,7 +207,7 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
     if not sinks.is_contiguous():
         raise ValueError(f"'sinks' must be contiguous (got stride {tuple(sinks.stride())})")
     if device is not None and sinks.device != device:
-        raise ValueError(f"'sinks' must be on {device}, like q (got {sinks.device})")
+        raise ValueError(f"'sinks' must be on {device}, like {like} (got {sinks.device})")
 
 
 #: dtypes of the fused DCP merge's partial outputs and output buffer (:func:`check_merge_buffers`).
@@ -218,12 +219,16 @@ def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
     before its kernel runs: ``part_out`` ``[R, T, H, 512]`` fp32 / bf16 / fp16 with innermost stride 1,
     ``part_lse`` floating ``[R, T, H]``, ``sinks`` as :func:`check_sinks` (``[H]`` fp32, contiguous), ``out``
     ``[T, H, 512]`` fp32 / bf16 / fp16 with innermost stride 1, ``lse`` fp32 ``[T, H]``, all on ``part_out``'s
-    device (other strides are free: the kernel takes them).
+    device, a cpu or cuda one (other strides are free: the kernel takes them). The kernel writes ``out`` and ``lse``
+    while it reads the parts and the sinks, tile by tile: ``out`` and ``lse`` may overlap neither themselves (a
+    broadcast view) nor each other, ``part_out`` or ``sinks`` (a shifted view of the parts gave wrong values).
 
     Raises:
         ValueError: naming the argument, what it is and what is allowed.
     """
     _require_tensor("part_out", part_out)
+    if part_out.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"'part_out' must be on a cpu or cuda (CUDA/ROCm) device (got {part_out.device})")
     if part_out.dim() != 4 or part_out.shape[3] != D_V or (part_out.numel() and part_out.stride(3) != 1):
         raise ValueError(f"'part_out' must be [R, T, H, {D_V}] with innermost stride 1 (got shape "
                          f"{tuple(part_out.shape)}, strides {part_out.stride()})")
@@ -244,7 +249,17 @@ def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
         raise ValueError(f"'part_out' must be {' / '.join(map(str, MERGE_DTYPES))} (got {part_out.dtype})")
     if out.numel() and out.stride(2) != 1:
         raise ValueError(f"'out' must have innermost stride 1 (got strides {out.stride()})")
-    check_sinks(sinks, H, dev)
+    check_sinks(sinks, H, dev, like="part_out")
+    for name, t in (("out", out), ("lse", lse)):
+        if overlaps_itself(t):
+            raise ValueError(f"'{name}' must not overlap itself (got shape {tuple(t.shape)}, strides {t.stride()}): "
+                             "every token and head is written once")
+    for name, t, other_name, other in (("out", out, "lse", lse), ("out", out, "part_out", part_out),
+                                       ("out", out, "sinks", sinks), ("lse", lse, "part_out", part_out),
+                                       ("lse", lse, "sinks", sinks)):
+        if other is not None and _memory_overlaps(t, other):
+            raise ValueError(f"'{name}' must not overlap '{other_name}': the merge writes it while it reads "
+                             f"'{other_name}'")
 
 
 FP32_TINY = 2.0 ** -126  #: smallest normal fp32
@@ -468,7 +483,7 @@ def check_inputs(
             )
         if out.stride(2) != 1 or out.device != device:
             raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {tuple(out.stride())})")
-        if _overlaps_itself(out):
+        if overlaps_itself(out):
             raise ValueError(f"'out' must not overlap itself: each [token, head] row needs its own memory (got strides "
                              f"{tuple(out.stride())} for shape {tuple(out.shape)}, e.g. from expand())")
         if out.requires_grad:

@@ -694,7 +694,8 @@ def combine_states_triton(
 
     Returns:
         ``(out, lse)``, with ``out = sum_r out_r exp(lse_r - lse) * sigmoid(lse - sink)``; rows empty in
-        every part give ``out = 0``, ``lse = -inf``. Same algebra as :func:`mla_sink.core.lse.merge_states`
+        every part (and every row when ``R = 0``) give ``out = 0``, ``lse = -inf``. The kernel takes the LSEs in
+        base 2 as fp32: a finite LSE above about 2.36e38 becomes ``+inf`` there. Same algebra as :func:`mla_sink.core.lse.merge_states`
         followed by :func:`mla_sink.core.lse.apply_sink`, in one pass over the parts.
 
     Raises:
