@@ -52,7 +52,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.lse import apply_sink, merge_states
 from mla_sink.core.records import D_V
-from mla_sink.core.validate import overlaps_itself, check_sinks
+from mla_sink.core.validate import check_sinks, overlaps_itself
 
 #: Names of the supported sharding layouts.
 LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
@@ -370,7 +370,8 @@ def dcp_sparse_mla_decode(
             int >= 0; ``group`` is not usable; ``dcp_world_size`` differs from the group size;
             ``inputs.kv_cache`` has a row count other than this rank's shard of ``num_kv_rows``
             under ``layout``; ``inputs.indices``/``q``/``sinks``/``topk_length``/``out`` have
-            inconsistent shapes; ``local_decode`` is not callable or returns wrong shapes.
+            inconsistent shapes; ``sinks`` is not fp32, contiguous and on q's device; ``out`` is on another
+            device or overlaps itself; ``local_decode`` is not callable or returns wrong shapes.
 
     Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
     lightllm/sglang; vLLM ``cp_lse_ag_out_rs`` for the exchange pattern.
