@@ -9,6 +9,7 @@ import pytest
 
 from mla_sink import dispatch
 from mla_sink.core.dtypes import HALF_KEYS
+from mla_sink.core import tables as core_tables
 from mla_sink.core.tables import table_path
 from mla_sink.kernels.gluon import tuning
 
@@ -120,7 +121,7 @@ def test_the_shipped_loader_refuses_a_bad_table_at_load(monkeypatch, tmp_path):
     a bad param (this module's check) are errors at the first lookup, not wrong launches."""
     text = table_path("gluon_fp8").read_text()
     path = tmp_path / "gluon_fp8.yaml"
-    monkeypatch.setattr(tuning, "table_path", lambda name: path)
+    monkeypatch.setattr(core_tables, "table_path", lambda name: path)  # the loader every table shares
     try:
         for new, message in [
                 (E4M3_H16.replace("}", "}\n    sm: 90"), r"gluon_fp8.yaml:\d+: row 'e4m3_h16': unknown row key"),

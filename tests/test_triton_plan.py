@@ -15,6 +15,7 @@ import attrs
 import pytest
 
 from mla_sink import dispatch
+from mla_sink.core import tables as core_tables
 from mla_sink.core.tables import table_path
 from mla_sink.paths.triton import plan as P
 
@@ -234,7 +235,7 @@ def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tm
     start = text.index("  - id: sm90_bf16_gluon_seesaw")
     end = text.index("  - id: sm90_fp16_gluon_seesaw")
     path = tmp_path / "triton_tuning.yaml"
-    monkeypatch.setattr(P, "table_path", lambda name: path)
+    monkeypatch.setattr(core_tables, "table_path", lambda name: path)  # the loader every table shares
     try:
         path.write_text(text[:start] + text[end:] + text[start:end])  # after the row it overrides: never wins
         P.tuning_table.cache_clear()

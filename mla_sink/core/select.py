@@ -14,7 +14,7 @@ from mla_sink import dispatch
 
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import call_key, CallSpec, check_records, Platform
-from mla_sink.core.tables import table_path
+from mla_sink.core.tables import load_checked_table
 
 log = logging.getLogger("mla_sink")
 
@@ -52,9 +52,7 @@ def mla_table() -> "dispatch.RuleTable":
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
     """
-    table = dispatch.load_table(table_path("mla_decode"))
-    dispatch.assert_table_ok(table)
-    return table
+    return load_checked_table("mla_decode")
 
 
 def platform_fields(platform: Platform) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 from pathlib import Path
+from typing import Callable, Optional
 
 
 def table_path(name: str) -> Path:
@@ -27,3 +28,21 @@ def table_path(name: str) -> Path:
         if path.is_file():
             return path
     raise FileNotFoundError(f"table {name!r} not found (looked in {[str(c) for c in candidates]})")
+
+
+def load_checked_table(name: str, check: Optional[Callable] = None):
+    """The shipped table ``name`` loaded (:func:`dispatch.load_table`), proven by the rule-table checker (every
+    combination of the declared domains gets a row, no row is shadowed: :func:`dispatch.assert_table_ok`) and,
+    with ``check``, checked for what its reader relies on beyond that (``check(table)`` raises). Callers cache it.
+
+    Raises:
+        FileNotFoundError: no such table is shipped.
+        dispatch.TableError / dispatch.TableCheckError: the table is malformed, has a gap or a shadowed row.
+    """
+    from mla_sink import dispatch
+
+    table = dispatch.load_table(table_path(name))
+    dispatch.assert_table_ok(table)
+    if check is not None:
+        check(table)
+    return table

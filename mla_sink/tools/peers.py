@@ -34,7 +34,7 @@ import torch
 
 from mla_sink.core.kv_layout import LAYOUT, ROW_BYTES, quantize_kv_cache
 from mla_sink.core.records import D_QK, D_V
-from mla_sink.core.tables import table_path
+from mla_sink.core.tables import load_checked_table
 
 #: rows of one page block of FlashMLA's decode cache (its tests and vLLM use 64)
 FLASH_MLA_BLOCK = 64
@@ -74,11 +74,7 @@ def peers_table():
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed, has a gap or a shadowed row.
     """
-    from mla_sink import dispatch
-
-    table = dispatch.load_table(table_path("peers"))
-    dispatch.assert_table_ok(table)
-    return table
+    return load_checked_table("peers")
 
 
 def skip_reason(peer: str, num_heads: int) -> Optional[str]:

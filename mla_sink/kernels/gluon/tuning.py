@@ -17,7 +17,7 @@ import functools
 
 import attrs
 
-from mla_sink.core.tables import table_path
+from mla_sink.core.tables import load_checked_table
 
 #: The paths of ``tables/gluon_fp8.yaml``: the three arrangements of the consumers (neither ``COLS`` nor
 #: ``PAIRS``; ``COLS``; ``PAIRS``).
@@ -156,12 +156,7 @@ def _load(name: str):
         dispatch.TableError: a malformed table (file, line, row and field named).
         dispatch.TableCheckError: a gap or a shadowed row.
     """
-    from mla_sink import dispatch
-
-    table = dispatch.load_table(table_path(name))
-    dispatch.assert_table_ok(table)
-    {"gluon_fp8": check_fp8_table, "gluon_seesaw": check_seesaw_table}[name](table)
-    return table
+    return load_checked_table(name, {"gluon_fp8": check_fp8_table, "gluon_seesaw": check_seesaw_table}[name])
 
 
 def gluon_fp8_table():

@@ -25,7 +25,7 @@ from typing import Mapping, Optional
 import attrs
 
 from mla_sink.core.records import D_V
-from mla_sink.core.tables import table_path
+from mla_sink.core.tables import load_checked_table
 
 #: The kernel of every ``portable`` row: the one the first lookup always yields and the one a Gluon
 #: kernel that failed to compile falls back to.
@@ -181,12 +181,7 @@ def tuning_table():
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
     """
-    from mla_sink import dispatch
-
-    table = dispatch.load_table(table_path("triton_tuning"))
-    dispatch.assert_table_ok(table)
-    _check_structure(table)
-    return table
+    return load_checked_table("triton_tuning", _check_structure)
 
 
 @functools.lru_cache(maxsize=None)
@@ -301,12 +296,7 @@ def dcp_merge_table():
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
     """
-    from mla_sink import dispatch
-
-    table = dispatch.load_table(table_path("dcp_merge"))
-    dispatch.assert_table_ok(table)
-    _check_merge_rows(table)
-    return table
+    return load_checked_table("dcp_merge", _check_merge_rows)
 
 
 @functools.lru_cache(maxsize=None)
