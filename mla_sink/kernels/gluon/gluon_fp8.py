@@ -655,9 +655,7 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         kn = kn_smem.index(s)
         kr = kr_smem.index(s)
-        st = warpgroup_mma(kn, q_n.index(s - FIRST).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        st = warpgroup_mma(kr, q_r.index(s - FIRST).permute((1, 0)), st, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+        st = _e4m3_scores(kn, kr, q_n.index(s - FIRST), q_r.index(s - FIRST), s_zero)
         p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i)
         p_smem.index(0).store(p.to(gl.float16))
         fence_async_shared()
@@ -682,6 +680,58 @@ def _merge_factors(m_i, l_i, m_o, l_o, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS
     empty_row, l_safe, lse2 = _final_lse2(m_new, l_i * a_self + l_o * a_other)
     scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
     return a_self * scale, a_other * scale, lse2
+
+
+@gluon.jit
+def _half_state(acc_l: gl.constexpr, NCOLS: gl.constexpr, BLOCK_H: gl.constexpr, KV_DS_MLA: gl.constexpr):
+    """``(acc, acc_b)``: a consumer's zero half of ``O^T`` (``NCOLS`` value columns) on the column split and the
+    alternate scores - V3.2 rows: its two 128-column tiles (one per tile scale); e4m3: one ``[NCOLS, heads]``
+    accumulator and an unread ``acc_b`` (:func:`_half_pv` passes it through)."""
+    if KV_DS_MLA:
+        acc = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+        acc_b = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
+    else:
+        acc = gl.zeros([NCOLS, BLOCK_H], gl.float32, layout=acc_l)
+        acc_b = gl.zeros([1], gl.float32, layout=gl.SliceLayout(1, acc_l))
+    return acc, acc_b
+
+
+@gluon.jit
+def _half_pv(kn, p_ring, base, acc, acc_b, alpha, COL0: gl.constexpr, KV_DS_MLA: gl.constexpr):
+    """One consumer's half of a block's ``P V`` (value columns ``COL0 .. COL0 + 255`` of ``O^T``), rescaled by
+    ``alpha`` first, with the block's ``P^T`` at ``p_ring[base]`` (V3.2: its two tiles' ``P_t^T`` at ``base + t``,
+    into ``acc`` and ``acc_b``; e4m3: one ``[256, heads]`` accumulator ``acc``, ``acc_b`` passed through), waited
+    for."""
+    if KV_DS_MLA:
+        acc, acc_b = _tile_pair_pv(kn, COL0 // DS_TILE, p_ring, base, acc, acc_b, alpha)
+    else:
+        acc = warpgroup_mma(kn.slice(COL0, acc.shape[0], dim=1).permute((1, 0)), p_ring.index(base),
+                            acc * alpha[None, :], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, acc_b
+
+
+@gluon.jit
+def _e4m3_scores(kn, kr, qn, qr, s_zero):
+    """``S^T = K q^T`` of a block of an e4m3 cache (``[ids, heads]`` fp32, before the per-head score scale): the
+    latent and RoPE wgmmas into one accumulator, waited for."""
+    st = warpgroup_mma(kn, qn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    st = warpgroup_mma(kr, qr.permute((1, 0)), st, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+
+
+@gluon.jit
+def _store_half(acc, acc_b, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stride_ps, stride_ph, stride_ot,
+                stride_oh, scale, hmask, COL0: gl.constexpr, SPLIT: gl.constexpr, KV_DS_MLA: gl.constexpr):
+    """A consumer's half of ``O^T`` (:func:`_half_state`: value columns ``COL0 ..``) times the per-head ``scale``
+    into the fp32 partials (``SPLIT``) or ``out`` (:func:`_store_cols`)."""
+    if SPLIT:
+        o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
+    else:
+        o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64) * stride_oh
+    _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
+    if KV_DS_MLA:
+        _store_cols(acc_b, o_row, COL0 + DS_TILE, scale, hmask, SPLIT)
 
 
 @gluon.jit
@@ -716,16 +766,11 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     half)."""
     NCOLS: gl.constexpr = D_NOPE // 2  # this consumer's value columns of O^T: the first or the second half
     COL0: gl.constexpr = ROLE * NCOLS
-    T0: gl.constexpr = COL0 // DS_TILE  # V3.2: this consumer's first value tile
     P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
     head_l: gl.constexpr = gl.SliceLayout(0, acc_l)
-    if KV_DS_MLA:  # this consumer's two value tiles
-        acc = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-        acc_b = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    else:
-        acc = gl.zeros([NCOLS, BLOCK_H], gl.float32, layout=acc_l)
+    acc, acc_b = _half_state(acc_l, NCOLS, BLOCK_H, KV_DS_MLA)
     offs_h = gl.arange(0, BLOCK_H, layout=head_l)
     hmask = offs_h < num_heads
     if ROLE == 0:
@@ -765,9 +810,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                     gl.thread_barrier()  # every warp's copies landed
                 st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
             else:
-                st = warpgroup_mma(kn, q_n.index(z).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                st = warpgroup_mma(kr_smem.index(s), q_r.index(z).permute((1, 0)), st, is_async=True)
-                st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+                st = _e4m3_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero)
             p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i,
                                                  l_i)
             if KV_DS_MLA:
@@ -782,11 +825,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 if COPY_ROPE and i + STAGES < num_blocks:  # this stage's RoPE tile was read by this block's scores
                     _copy_rope(KV, kr_smem.index(s), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
                                rope_l)
-                acc, acc_b = _tile_pair_pv(kn, T0, p_ring, s * P_TILES, acc, acc_b, alpha)
-            else:
-                acc = warpgroup_mma(kn.slice(0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s), acc * alpha[None, :],
-                                    is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s
             mbarrier.arrive(empty.index(s))
         empty_row, l_safe, lse2 = _final_lse2(m_i, l_i)
@@ -803,41 +842,13 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             s = i % STAGES
             mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
             alpha = alpha_smem.index(s).load(head_l)
-            kn = kn_smem.index(s)
-            if KV_DS_MLA:
-                acc, acc_b = _tile_pair_pv(kn, T0, p_ring, s * P_TILES, acc, acc_b, alpha)
-            else:
-                acc = warpgroup_mma(kn.slice(COL0, NCOLS, dim=1).permute((1, 0)), p_ring.index(s),
-                                    acc * alpha[None, :], is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc, acc_b = _half_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s and its P^T
             mbarrier.arrive(empty.index(s))
         mbarrier.wait(merged, 0)
         scale = f_smem.load(head_l)
-    if SPLIT:
-        o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
-    else:
-        o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64) * stride_oh
-    if KV_DS_MLA:
-        _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
-        _store_cols(acc_b, o_row, COL0 + DS_TILE, scale, hmask, SPLIT)
-    else:
-        _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
-
-
-@gluon.jit
-def _half_pv(kn, p_ring, base, acc, acc_b, alpha, COL0: gl.constexpr, KV_DS_MLA: gl.constexpr):
-    """One consumer's half of a block's ``P V`` (value columns ``COL0 .. COL0 + 255`` of ``O^T``), rescaled by
-    ``alpha`` first, with the block's ``P^T`` at ``p_ring[base]`` (V3.2: its two tiles' ``P_t^T`` at ``base + t``,
-    into ``acc`` and ``acc_b``; e4m3: one ``[256, heads]`` accumulator ``acc``, ``acc_b`` passed through), waited
-    for."""
-    if KV_DS_MLA:
-        acc, acc_b = _tile_pair_pv(kn, COL0 // DS_TILE, p_ring, base, acc, acc_b, alpha)
-    else:
-        acc = warpgroup_mma(kn.slice(COL0, acc.shape[0], dim=1).permute((1, 0)), p_ring.index(base),
-                            acc * alpha[None, :], is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    return acc, acc_b
+    _store_half(acc, acc_b, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stride_ps, stride_ph, stride_ot, stride_oh,
+                scale, hmask, COL0, SPLIT, KV_DS_MLA)
 
 
 @gluon.jit
@@ -870,12 +881,7 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
     head_l: gl.constexpr = gl.SliceLayout(0, acc_l)
-    if KV_DS_MLA:  # this consumer's two value tiles
-        acc = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-        acc_b = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    else:
-        acc = gl.zeros([NCOLS, BLOCK_H], gl.float32, layout=acc_l)
-        acc_b = gl.zeros([1], gl.float32, layout=gl.SliceLayout(1, acc_l))  # not read (one accumulator)
+    acc, acc_b = _half_state(acc_l, NCOLS, BLOCK_H, KV_DS_MLA)
     offs_h = gl.arange(0, BLOCK_H, layout=head_l)
     hmask = offs_h < num_heads
     if ROLE == 1:
@@ -915,9 +921,7 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
                 gl.thread_barrier()  # every warp's copies landed
             st = _ds_scores(kn, kr_smem.index(own), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
         else:
-            st = warpgroup_mma(kn, q_n.index(z).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            st = warpgroup_mma(kr_smem.index(own), q_r.index(z).permute((1, 0)), st, is_async=True)
-            st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+            st = _e4m3_scores(kn, kr_smem.index(own), q_n.index(z), q_r.index(z), s_zero)
         sm = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
         if ROLE == 0:  # m0 = max(m, rowmax S0), published at once
             m_own = gl.maximum(m_i, gl.max(sm, axis=0))
@@ -981,15 +985,8 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
             gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=hmask)
         else:
             gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
-    if SPLIT:
-        o_row = PART_OUT + pid_t * stride_pt + pid_s * stride_ps + offs_h.to(gl.int64) * stride_ph
-    else:
-        o_row = OUT + pid_t * stride_ot + offs_h.to(gl.int64) * stride_oh
-    if KV_DS_MLA:
-        _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
-        _store_cols(acc_b, o_row, COL0 + DS_TILE, scale, hmask, SPLIT)
-    else:
-        _store_cols(acc, o_row, COL0, scale, hmask, SPLIT)
+    _store_half(acc, acc_b, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stride_ps, stride_ph, stride_ot, stride_oh,
+                scale, hmask, COL0, SPLIT, KV_DS_MLA)
 
 
 @gluon.jit
