@@ -15,11 +15,10 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   prefetch, the ids loaded one block ahead, masked lanes read 0), converts them to fp16 once (``cvt`` e4m3
   -> f16: exact) and stores them into a 2-stage ring of ``[64, 512]`` + ``[64, 64]`` fp16 tiles. Its lanes
   sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
-  8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); at 16 heads, and on e4m3's 32-head
-  alternate blocks (``lines`` in tables/gluon_fp8.yaml), 16 to a row with 8 bytes a lane, so each load
-  instruction reads whole 128-byte lines and each 8-lane phase of a store one swizzle row;
-* at 16-head blocks, and in e4m3's unsplit launches of 32-head blocks, two consumer warpgroups take alternate
-  blocks (one ring stage each) and keep their own online
+  8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); with ``lines`` (tables/gluon_fp8.yaml:
+  every row today), 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each
+  8-lane phase of a store one swizzle row;
+* at 16-head blocks two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
   shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
   merges them 64 value columns at a time, applies the sink and the per-tensor ``kv_scale`` and stores
@@ -31,8 +30,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   consumers on every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages
   q, computes ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511
   with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
-  registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us; its unsplit launches keep the
-  alternate blocks: 179.1 against 174.4);
+  registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us on the alternate blocks; its
+  unsplit launches took 179.1 here against 174.4 there, and take the alternate scores below);
 * e4m3's unsplit launches of 32-head blocks (the table's ``alternate_scores`` rows, ``PAIRS``) take the blocks in
   pairs: each consumer computes the scores, the softmax and ``P^T`` of one block of the pair (the running max
   shared as on the seesaw) and accumulates one half of ``O^T``'s value columns over both, so both score chains run
