@@ -554,7 +554,7 @@ def test_subnormal_tile_scales_give_finite_tiny_outputs(q_dtype):
 # recomputes what it flags) ----
 
 @pytest.mark.parametrize("H", [1, 16, 17, 32, 33, 64, 128])
-@pytest.mark.parametrize("T", [1, 2, 64, 256])
+@pytest.mark.parametrize("T", [1, 2, 3, 64, 256])
 def test_sm90_plans(H, T):
     from mla_sink.paths.triton.plan import plan_triton_launch
 
@@ -565,10 +565,11 @@ def test_sm90_plans(H, T):
             # few heads, split or not: gluon_fp8, every tile scale applied exactly
             assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon", launch
             # the split policy of bf16 q's own row (splits down to one 64-id block)
-            assert launch.tuning_row == "sm90_ds_mla_h16_bf16"
+            # one or two tokens: splits down to one 64-id block; from three, sm90_ds_mla_h16's 128-id floor
+            assert launch.tuning_row == ("sm90_ds_mla_h16_bf16_two_tokens" if T <= 2 else "sm90_ds_mla_h16")
         elif q == "bf16" and H <= 32:  # gluon_fp8's 32-head blocks on the column-split consumers, split or not
             assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon_h32", launch
-            assert launch.tuning_row == "sm90_ds_mla_h32_bf16"
+            assert launch.tuning_row == "sm90_ds_mla_h32_bf16" + ("_two_tokens" if T <= 2 else "")
         elif q == "bf16":  # more heads, split or not: 64-head blocks
             # the seesaw decodes into bf16: exact for power-of-two scales, and it flags tokens with others
             assert launch.kernel == "gluon_seesaw" and launch.kernel_row == "sm90_ds_mla_gluon_seesaw", launch
@@ -589,10 +590,15 @@ def test_sm90_plans(H, T):
 
 
 @pytest.mark.parametrize("H,T,q,splits,ids", [
-    (16, 2, "bf16", 32, 64),  # sm90_ds_mla_h16_bf16: one 64-id Gluon block a split (14.3 us against 15.8 at 16)
+    (16, 2, "bf16", 32, 64),  # sm90_ds_mla_h16_bf16_two_tokens: one 64-id Gluon block a split (14.3 us against 15.8 at 16)
     (16, 2, "fp16", 16, 128),  # the portable kernel keeps its measured 128-id floor
     (32, 64, "bf16", 2, 1024),  # sm90_ds_mla_h32_bf16: two splits (on the seesaw 67.3 us against 75.7 at 3)
     (32, 2, "bf16", 32, 64),  # sm90_ds_mla_h32_bf16 on gluon_fp8's column split (14.5 us against 15.1 at 16)
+    # from T=3 128-id splits again (twenty-seventh session: H=32 T=4 16.1 us against 19.1 in 64-id splits)
+    (32, 3, "bf16", 16, 128),
+    (32, 4, "bf16", 16, 128),
+    (16, 4, "bf16", 16, 128),
+    (16, 1, "bf16", 32, 64),
 ])
 def test_sm90_ds_mla_split_counts(H, T, q, splits, ids):
     """The split counts the H200 A/Bs of the fourteenth and sixteenth sessions chose (tables/triton_tuning.yaml)."""

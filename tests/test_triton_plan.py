@@ -22,7 +22,7 @@ from mla_sink.paths.triton import plan as P
 DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz")
 ARCHS = ("sm90", "sm80", "gfx942", "cpu")
 HEADS = (1, 16, 17, 32, 33, 65, 128)
-TOKENS = (1, 2, 64, 256)
+TOKENS = (1, 2, 3, 64, 256)
 TOPKS = (37, 2048)
 SMS = (1, 132)
 
@@ -56,10 +56,12 @@ def _old_splits(cfg, T, H, topk, sms, requested=None):
 def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, gluon, block_h):
     """The tuning row's ``kernel`` param, then kernel_for, as they were."""
     kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8",
-              "sm90_fp8_h32": "gluon_seesaw", "sm90_h32": "gluon_seesaw"}.get(row, "portable")
+              "sm90_fp8_h32": "gluon_seesaw", "sm90_fp8_h32_two_tokens": "gluon_seesaw",
+              "sm90_h32": "gluon_seesaw"}.get(row, "portable")
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
-    if row == "sm90_fp8_h32" and kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16"):
+    # sm90_fp8_h32_two_tokens: sm90_fp8_h32's 64-id splits at T <= 2, since the twenty-seventh session
+    if row in ("sm90_fp8_h32", "sm90_fp8_h32_two_tokens") and kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16"):
         return "gluon_fp8"  # since the tenth session: 32-head blocks of gluon_fp8, unsplit or in two splits; since
         # the sixteenth, at any split count (its column-split consumers)
     if kernel == "gluon_fp8" and splits > 2:  # gluon_fp8 splits since the ninth session, up to 2 splits; since
@@ -145,6 +147,11 @@ def test_where_the_gluon_kernels_serve():
     f8_32_split = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=2)  # more splits: its column-split consumers
     assert (f8_32_split.kernel, f8_32_split.kernel_row) == ("gluon_fp8", "sm90_fp8_gluon_h32")
     assert f8_32_split.num_kv_splits > 2
+    # one or two tokens: one 64-id block a split (sm90_fp8_h32_two_tokens); from three tokens 128-id splits again
+    assert (f8_32_split.tuning_row, f8_32_split.num_kv_splits, f8_32_split.ids_per_split) == (
+        "sm90_fp8_h32_two_tokens", 32, 64)
+    f8_32_t3 = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=3)
+    assert (f8_32_t3.tuning_row, f8_32_t3.num_kv_splits, f8_32_t3.ids_per_split) == ("sm90_fp8_h32", 16, 128)
     assert plan(kv_dtype="fp8_e4m3", num_heads=33).kernel == "gluon_seesaw"
     f8_split = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2)  # split at 16 heads: the seesaw, padded
     assert (f8_split.kernel, f8_split.kernel_row, f8_split.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw",

@@ -55,19 +55,23 @@ def _sparse_mla_combine_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
 
+    n_live = tl.where(mask_h, num_splits, 0)[:, None]  # splits to read per head row (0: padded head)
+    base_o = PART_OUT + pid_t * stride_pt + offs_h[:, None] * stride_ph + offs_d[None, :]
+    base_l = PART_LSE + pid_t * stride_plt + offs_h[:, None]
+    # the first group's loads are issued before the LSEs' reduction, so that both wait on the L2 together: their
+    # addresses need no LSE, only their math needs the max (one round trip fewer a program; the loads of the
+    # primary's partials are the combine's whole critical path at small T)
+    first = kmath.split_group_states(base_o, base_l, 0, stride_ps, stride_pls, n_live, GROUP)
     m_safe, empty, l_sum = kmath.splits_max_and_sum(PART_LSE, pid_t, offs_s, offs_h, mask_h, num_splits,
                                                     stride_plt, stride_pls)
 
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     # the splits GROUP at a time (4, 8 or 16), each group's loads issued before any of its math: their loads do
     # not depend on each other, so a program waits on memory about once per group (a loop over the splits
     # waited twice per split, 32 round trips at 16 splits). Per-head values stay [BLOCK_H, 1] columns of
     # the tile's layout (no layout conversion in the loop).
     m_col = m_safe[:, None]
-    n_live = tl.where(mask_h, num_splits, 0)[:, None]  # splits to read per head row (0: padded head)
-    base_o = PART_OUT + pid_t * stride_pt + offs_h[:, None] * stride_ph + offs_d[None, :]
-    base_l = PART_LSE + pid_t * stride_plt + offs_h[:, None]
-    for s in tl.static_range(0, BLOCK_S, GROUP):
+    acc = kmath.add_split_states(tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32), first, m_col, GROUP)
+    for s in tl.static_range(GROUP, BLOCK_S, GROUP):
         acc = kmath.add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP)
 
     kmath.combine_store(acc, m_safe, empty, l_sum, SINKS, OUT, LSE, pid_t, pid_d, offs_h, offs_d, mask_h,

@@ -284,19 +284,36 @@ def _add4(acc, states, m_col):
 
 
 @triton.jit
-def add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP: tl.constexpr):
-    """The combine kernel's step: splits ``s .. s + GROUP - 1`` (``GROUP`` 4, 8 or 16) added to ``acc``, every one
-    of their loads issued before any of their math, so that a program waits on memory once per group."""
+def split_group_states(base_o, base_l, s, stride_ps, stride_pls, n_live, GROUP: tl.constexpr):
+    """The reads of splits ``s .. s + GROUP - 1`` (``GROUP`` 4, 8 or 16), issued together, as four
+    :func:`_states4` tuples (those past ``GROUP`` alias the first and are never added)."""
     a = _states4(base_o, base_l, s, stride_ps, stride_pls, n_live)
+    b = a
+    c = a
+    d = a
     if GROUP >= 8:
         b = _states4(base_o, base_l, s + 4, stride_ps, stride_pls, n_live)
     if GROUP >= 16:
         c = _states4(base_o, base_l, s + 8, stride_ps, stride_pls, n_live)
         d = _states4(base_o, base_l, s + 12, stride_ps, stride_pls, n_live)
-    acc = _add4(acc, a, m_col)
+    return a, b, c, d
+
+
+@triton.jit
+def add_split_states(acc, states, m_col, GROUP: tl.constexpr):
+    """``acc`` plus the weighted partials of a group read by :func:`split_group_states`."""
+    acc = _add4(acc, states[0], m_col)
     if GROUP >= 8:
-        acc = _add4(acc, b, m_col)
+        acc = _add4(acc, states[1], m_col)
     if GROUP >= 16:
-        acc = _add4(acc, c, m_col)
-        acc = _add4(acc, d, m_col)
+        acc = _add4(acc, states[2], m_col)
+        acc = _add4(acc, states[3], m_col)
     return acc
+
+
+@triton.jit
+def add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP: tl.constexpr):
+    """The combine kernel's step: splits ``s .. s + GROUP - 1`` (``GROUP`` 4, 8 or 16) added to ``acc``, every one
+    of their loads issued before any of their math, so that a program waits on memory once per group."""
+    states = split_group_states(base_o, base_l, s, stride_ps, stride_pls, n_live, GROUP)
+    return add_split_states(acc, states, m_col, GROUP)
