@@ -83,7 +83,7 @@ def test_empty_rows_topk_length_and_strided_q(H, splits):
     check_budget(o, l, ro, rl, "fp8_e4m3")
 
 
-@pytest.mark.parametrize("H,T", [(16, 256), (16, 64), (32, 256), (32, 64), (32, 2)])
+@pytest.mark.parametrize("H,T", [(16, 256), (16, 64), (32, 256), (32, 64), (32, 2), (32, 3)])
 def test_routed_big_pool_and_cuda_graph(H, T):
     """H=16 and 32 through the public launcher (routed here: unsplit at T=256, two splits and the combine at T=64;
     at 32 heads split launches take the column-split consumers, T=2 in more splits), ids in a pool beyond 2^31
