@@ -242,8 +242,10 @@ def test_explain_triton_launch(tokens, splits, kernel, capsys):
     (["--heads", "128", "--tokens", "256"], "sm90_default", "kernel gluon_seesaw (mla_sink/kernels/gluon/gluon_seesaw.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "256"], "sm90_fp8_h16",
      "kernel gluon_fp8 (mla_sink/kernels/gluon/gluon_fp8.py)"),
-    (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "2"], "sm90_fp8_h16",
-     "kernel gluon_seesaw (mla_sink/kernels/gluon/gluon_seesaw.py)"),
+    (["--heads", "16", "--kv-dtype", "fp8_e4m3", "--tokens", "2"], "sm90_fp8_h16_two_tokens",
+     "kernel gluon_fp8 (mla_sink/kernels/gluon/gluon_fp8.py)"),
+    (["--heads", "16", "--tokens", "2"], "sm90_h16", "kernel gluon_seesaw (mla_sink/kernels/gluon/gluon_seesaw.py)"),
+    (["--heads", "16", "--tokens", "9"], "sm90_h16", "kernel portable (mla_sink/kernels/triton/portable.py)"),
     (["--heads", "16", "--kv-dtype", "fp8_e4m3fnuz", "--tokens", "2"], "sm90_fp8_h16",
      "kernel portable (mla_sink/kernels/triton/portable.py)"),
 ])

@@ -142,10 +142,10 @@ def test_adversarial_fp8(H, T, topk, kv_dtype, splits):
 @pytest.mark.parametrize("H", [128, 16])
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3"])
 def test_fp8_public_call_routes_to_the_seesaw(kv_dtype, H):
-    """The library sends bf16 q with a per-tensor e4m3 cache to the seesaw kernel when the launch is split (T = 2
-    and 64 here; H = 16 padded to a 64-head block) at H > 32 and at H <= 16, except H <= 16 launches of at most
-    two splits (H = 16, T = 64), which take gluon_fp8 as 17-32 heads always do (tests/test_gluon_fp8_gpu.py), and
-    checks the result."""
+    """The library sends bf16 q with a per-tensor e4m3 cache to the seesaw kernel at H > 32 (T = 2 and 64 here, split
+    at T=2), and to gluon_fp8 at H <= 32 at every split count (since the twenty-seventh session; until then H <= 16
+    launches of more than two splits, H = 16 T = 2 here, took the seesaw padded to a 64-head block), and checks the
+    result."""
     g = torch.Generator(device="cuda").manual_seed(11)
     N = 70000
     cache, kv_scale = fp8_cache(kv_dtype, N, g)
@@ -155,9 +155,9 @@ def test_fp8_public_call_routes_to_the_seesaw(kv_dtype, H):
         launch = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype=kv_dtype, num_heads=H, num_tokens=T,
                                     topk=2048, logit_cap=0.0, gluon=True,
                                     num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
-        assert launch.kernel == ("gluon_fp8" if (H, T) == (16, 64) else "gluon_seesaw"), launch
-        if H < 64:
-            assert launch.num_kv_splits > 1, launch
+        assert launch.kernel == ("gluon_fp8" if H <= 32 else "gluon_seesaw"), launch
+        if T == 2:
+            assert launch.num_kv_splits > 2, launch
         sinks = torch.randn(H, device="cuda", generator=g)
         o, l = sparse_mla_decode_triton(q, cache, idx, sinks, kv_scale=kv_scale)
         ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, kv_scale=kv_scale)
@@ -187,6 +187,32 @@ def test_half_public_call_at_17_to_32_heads_routes_to_the_seesaw(H, dtype):
         ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks)
         assert not torch.isnan(o).any() and not torch.isnan(l).any()
         check_budget(o, l, ro, rl, key)
+
+
+@pytest.mark.parametrize("H", [16, 5, 1])
+def test_bf16_public_call_at_few_heads_and_tokens_routes_to_the_seesaw(H):
+    """bf16 q and KV at H <= 16 with at most 8 tokens take the seesaw, padded to a 64-head block (split, T = 1, 2
+    and 8: tables/triton_tuning.yaml row sm90_bf16_gluon_seesaw_few_heads); from 9 tokens the portable kernel's
+    16-head blocks; on adversarial ids and sinks, checked against the float64 reference."""
+    g = torch.Generator(device="cuda").manual_seed(H * 17)
+    N = 70000
+    kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    kv[3] = float("nan")
+    for T in (1, 2, 8, 9):
+        q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+        q = torch.cat([q, q], dim=-1)[..., :D_QK] if T == 2 else q  # T=2: q not contiguous (a row stride of 1152)
+        idx = adversarial_ids(T, 2048, N, g)
+        if T > 1:
+            idx[T // 2] = -1  # a row with no valid id
+        launch = plan_triton_launch(arch="sm90", q_dtype="bf16", kv_dtype="bf16", num_heads=H, num_tokens=T,
+                                    topk=2048, logit_cap=0.0, gluon=True,
+                                    num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+        assert launch.kernel == ("gluon_seesaw" if T <= 8 else "portable"), launch
+        sinks = adversarial_sinks(H, g)
+        o, l = sparse_mla_decode_triton(q, kv, idx, sinks)
+        ro, rl = sparse_mla_decode_reference(q, kv, idx, sinks)
+        assert not torch.isnan(o).any() and not torch.isnan(l).any()
+        check_budget(o, l, ro, rl, "bf16")
 
 
 def test_odd_block_count_per_split():

@@ -53,21 +53,24 @@ def _old_splits(cfg, T, H, topk, sms, requested=None):
     return -(-ids // ids_per_split), ids_per_split
 
 
-def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, splits, logit_cap, gluon, block_h):
+def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, num_tokens, splits, logit_cap, gluon, block_h):
     """The tuning row's ``kernel`` param, then kernel_for, as they were."""
     kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8",
-              "sm90_fp8_h32": "gluon_seesaw", "sm90_fp8_h32_two_tokens": "gluon_seesaw",
-              "sm90_h32": "gluon_seesaw"}.get(row, "portable")
+              "sm90_fp8_h16_two_tokens": "gluon_fp8", "sm90_fp8_h32": "gluon_seesaw",
+              "sm90_fp8_h32_two_tokens": "gluon_seesaw", "sm90_h32": "gluon_seesaw"}.get(row, "portable")
+    # since the twenty-seventh session bf16 at H <= 16 and T <= 8 takes the padded seesaw (sm90_h16's split policy)
+    if row == "sm90_h16" and q_dtype == kv_dtype == "bf16" and num_tokens <= 8:
+        kernel = "gluon_seesaw"
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
     # sm90_fp8_h32_two_tokens: sm90_fp8_h32's 64-id splits at T <= 2, since the twenty-seventh session
     if row in ("sm90_fp8_h32", "sm90_fp8_h32_two_tokens") and kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16"):
         return "gluon_fp8"  # since the tenth session: 32-head blocks of gluon_fp8, unsplit or in two splits; since
         # the sixteenth, at any split count (its column-split consumers)
-    if kernel == "gluon_fp8" and splits > 2:  # gluon_fp8 splits since the ninth session, up to 2 splits; since
-        # the seventh session e4m3 launches of more splits at <= 16 heads go to the seesaw, padded
-        split_e4m3 = kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16")
-        return "gluon_seesaw" if split_e4m3 else "portable"
+    # gluon_fp8 splits since the ninth session, up to 2 splits (more at <= 16 heads went to the padded seesaw from
+    # the seventh session); since the twenty-seventh at any split count
+    if kernel == "gluon_seesaw" and row == "sm90_h16":
+        return kernel if gluon and arch == "sm90" and not logit_cap > 0 else "portable"
     if kernel == "gluon_seesaw":
         ok = q_dtype in ("bf16", "fp16") and (
             (block_h == 64 and (q_dtype == kv_dtype or kv_dtype == "fp8_e4m3"))
@@ -88,7 +91,7 @@ def test_kernels_and_splits_as_before_on_a_grid():
         assert got.tuning_row == cfg.row
         splits = _old_splits(cfg, T, H, topk, sms)
         assert (got.num_kv_splits, got.ids_per_split) == splits
-        want = _old_kernel(cfg.row, arch=arch, q_dtype=q, kv_dtype=kv, num_heads=H, splits=splits[0],
+        want = _old_kernel(cfg.row, arch=arch, q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, splits=splits[0],
                            logit_cap=cap, gluon=gluon, block_h=cfg.block_h_for(H))
         assert got.kernel == want, (arch, q, kv, H, T, topk, sms, cap, gluon, got)
         seen.add(got.kernel)
@@ -112,15 +115,15 @@ def test_gluon_never_on_cpu_capped_without_gluon_or_fnuz(field, value):
         assert plan(**kw).kernel == "portable", kw
 
 
-def test_gluon_fp8_splits_at_most_twice_at_16_heads():
+def test_gluon_fp8_serves_e4m3_at_every_split_count_up_to_32_heads():
     for q, kv, H, T, sms in itertools.product(DTYPES, DTYPES, HEADS, TOKENS, SMS):
         got = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms)
-        if got.kernel == "gluon_fp8":  # more splits at 17-32 heads only (the column-split consumers)
-            assert (got.num_kv_splits <= 2 or 16 < H) and kv == "fp8_e4m3" and H <= 32
+        if got.kernel == "gluon_fp8":
+            assert kv == "fp8_e4m3" and H <= 32
         forced = plan(q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, num_sms=sms, num_kv_splits=3)
-        # topk < 3 blocks: fewer splits; 17-32 heads: gluon_fp8's column-split consumers take any split count
-        assert (forced.kernel in ("portable", "gluon_seesaw") or forced.num_kv_splits < 3
-                or (forced.kernel == "gluon_fp8" and 16 < H <= 32))
+        # e4m3 with bf16 / fp16 q at <= 32 heads: gluon_fp8 at any split count (twenty-seventh session)
+        want = "gluon_fp8" if kv == "fp8_e4m3" and q in ("bf16", "fp16") and H <= 32 else forced.kernel
+        assert forced.kernel == want, (q, kv, H, T)
 
 
 def test_where_the_gluon_kernels_serve():
@@ -135,6 +138,12 @@ def test_where_the_gluon_kernels_serve():
     assert (h32.kernel, h32.kernel_row, h32.tuning_row) == ("gluon_seesaw", "sm90_bf16_gluon_seesaw", "sm90_h32")
     assert plan(q_dtype="fp16", kv_dtype="fp16", num_heads=17).kernel == "gluon_seesaw"  # 32-head row's
     assert plan(num_heads=16).kernel == "portable"  # 16-head blocks: the portable row's
+    # bf16 at <= 16 heads and <= 8 tokens: the seesaw, padded to 64 heads, with the portable row's split policy
+    few = plan(num_heads=16, num_tokens=8)
+    assert (few.kernel, few.kernel_row, few.tuning_row) == ("gluon_seesaw", "sm90_bf16_gluon_seesaw_few_heads",
+                                                            "sm90_h16")
+    assert plan(num_heads=1, num_tokens=1).kernel == "gluon_seesaw"
+    assert plan(num_heads=16, num_tokens=9).kernel == "portable"
     assert plan(q_dtype="fp16", kv_dtype="fp16", num_heads=16, num_tokens=2).kernel == "portable"
     assert plan(q_dtype="bf16", kv_dtype="fp16").kernel == "portable"  # q and KV of one dtype
     f8 = plan(kv_dtype="fp8_e4m3", num_heads=16)
@@ -153,10 +162,12 @@ def test_where_the_gluon_kernels_serve():
     f8_32_t3 = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=3)
     assert (f8_32_t3.tuning_row, f8_32_t3.num_kv_splits, f8_32_t3.ids_per_split) == ("sm90_fp8_h32", 16, 128)
     assert plan(kv_dtype="fp8_e4m3", num_heads=33).kernel == "gluon_seesaw"
-    f8_split = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2)  # split at 16 heads: the seesaw, padded
-    assert (f8_split.kernel, f8_split.kernel_row, f8_split.tuning_row) == ("gluon_seesaw", "sm90_fp8_gluon_seesaw",
-                                                                           "sm90_fp8_h16")
-    assert f8_split.num_kv_splits > 2
+    f8_split = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=2)  # more splits at 16 heads: gluon_fp8 too
+    assert (f8_split.kernel, f8_split.kernel_row, f8_split.tuning_row) == ("gluon_fp8", "sm90_fp8_gluon",
+                                                                           "sm90_fp8_h16_two_tokens")
+    assert (f8_split.num_kv_splits, f8_split.ids_per_split) == (32, 64)
+    f8_t8 = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=8)
+    assert (f8_t8.kernel, f8_t8.tuning_row) == ("gluon_fp8", "sm90_fp8_h16") and f8_t8.num_kv_splits > 2
     f8_two = plan(kv_dtype="fp8_e4m3", num_heads=16, num_tokens=64)  # two splits at 16 heads: gluon_fp8
     assert (f8_two.kernel, f8_two.kernel_row, f8_two.num_kv_splits) == ("gluon_fp8", "sm90_fp8_gluon", 2)
     assert plan(q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3", num_heads=16).kernel == "portable"
@@ -170,11 +181,13 @@ def test_rejected_kernels_say_why():
     # every Gluon path serves split launches: each row says its own mismatches, its split bound among them
     rejected = dict(split.rejected_kernels)
     assert rejected["sm90_fp8_gluon"].startswith("kv_dtype=fp16, needs fp8_e4m3")
-    assert f"num_kv_splits={split.num_kv_splits}, needs <= 2 (" in rejected["sm90_fp8_gluon"]
     assert "q_dtype=bf16, needs fp16" in rejected["sm90_fp16_gluon_seesaw"]
     unsplit = dict(plan(num_tokens=256).rejected_kernels)  # requirements hold: each row says its own mismatch
-    assert set(unsplit) == {"sm90_fp8_gluon", "sm90_fp8_gluon_h32"}
-    assert all(unsplit[row].startswith("kv_dtype=bf16, needs fp8_e4m3") for row in unsplit)
+    assert set(unsplit) == {"sm90_fp8_gluon", "sm90_fp8_gluon_h32", "sm90_bf16_gluon_seesaw_few_heads"}
+    assert unsplit["sm90_bf16_gluon_seesaw_few_heads"].startswith("num_heads=128, needs <= 16")
+    assert "num_tokens=256, needs <= 8" in unsplit["sm90_bf16_gluon_seesaw_few_heads"]
+    assert all(unsplit[row].startswith("kv_dtype=bf16, needs fp8_e4m3") for row in unsplit
+               if row != "sm90_bf16_gluon_seesaw_few_heads")
     assert "num_heads=128, needs <= 32" in unsplit["sm90_fp8_gluon_h32"]
     assert plan(kv_dtype="fp8_e4m3", num_heads=16).rejected_kernels == ()  # the first row is the winner
     cpu = plan(arch="cpu", num_sms=1)
@@ -190,8 +203,10 @@ def test_failed_kernel_falls_back_to_portable():
                                                             kernel_why=got.why)
     other = plan(failed={"gluon_fp8": "boom"})  # another kernel's failure changes nothing here
     assert other.kernel == "gluon_seesaw" and other.fallback is None
-    assert plan(num_tokens=2, kv_dtype="fp8_e4m3", num_heads=16,
-                failed={"gluon_fp8": "boom"}).fallback is None  # the seesaw anyway (16 splits)
+    fp8_failed = plan(num_tokens=2, kv_dtype="fp8_e4m3", num_heads=16, failed={"gluon_fp8": "boom"})
+    assert fp8_failed.kernel == "portable" and fp8_failed.fallback.startswith("gluon_fp8 (row sm90_fp8_gluon)")
+    assert plan(num_tokens=2, kv_dtype="fp8_e4m3", num_heads=64,
+                failed={"gluon_fp8": "boom"}).fallback is None  # the seesaw anyway (64 heads)
 
 
 def test_unknown_sm_count_leaves_splits_and_kernel_open():
