@@ -288,3 +288,37 @@ def test_ds_mla_runner_reused_for_a_pool_4_bytes_off_a_boundary(H):
         o, l = mla_sink.sparse_mla_decode(q, pool, idx, sinks, return_lse=True)
         ro, rl = sparse_mla_decode_reference(q, pool, idx, sinks)
         check_budget(o, l, ro, rl, "bf16")
+
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("H", [16, 32])
+def test_non_finite_q_matches_the_reference(H, kv_dtype, splits):
+    """The README's non-finite semantics on gluon_fp8, split or not (twenty-seventh session's break test): a
+    ``-inf`` in a head row of q gives every score ``-inf`` (an empty row: e4m3's per-row fp16 scale of q comes
+    from the row's largest finite |q|, so the inf stays inf; it was 0, and inf * 0 NaN), a NaN in q a NaN row,
+    beside a huge finite |q| in the same row."""
+    g = torch.Generator(device="cuda").manual_seed(H + splits)
+    N = 4096
+    kv = torch.randn(N, D_QK, device="cuda", generator=g)
+    kv[:, 5] = kv[:, 5].abs() + 0.5
+    q = torch.randn(2, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    q[0, 0, 5] = float("-inf")  # every score -inf: an empty row
+    q[0, 1, 9] = float("nan")  # NaN scores
+    q[1, :, 5] = float("-inf")  # every head of token 1 empty
+    q[1, 2, 6] = 3e38  # the row's largest finite |q| beside its inf
+    if kv_dtype == "fp8_e4m3":
+        cache, kv_scale = kv.to(torch.float8_e4m3fn), torch.tensor([1.0], device="cuda")
+    else:
+        cache, kv_scale = quantize_kv_cache(kv, scale="pow2"), None
+    idx = torch.randint(0, N, (2, 2048), device="cuda", dtype=torch.int32, generator=g)
+    sinks = adversarial_sinks(H, g)
+    o, l = fp8_kernel()(q, cache, idx, sinks, kv_scale=kv_scale, num_kv_splits=splits)
+    ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, kv_scale=kv_scale)
+    assert torch.equal(l.isnan(), rl.isnan()) and torch.equal(l.isneginf(), rl.isneginf())
+    assert torch.equal(o.isnan(), ro.isnan())
+    assert rl[0, 0] == float("-inf") and rl[0, 1].isnan() and rl[1].isneginf().all()
+    fin = rl.isfinite()
+    check_budget(o[fin][:, None], l[fin][:, None], ro[fin][:, None], rl[fin][:, None],
+                 "fp8_e4m3" if kv_dtype == "fp8_e4m3" else "bf16")

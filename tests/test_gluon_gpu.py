@@ -215,6 +215,30 @@ def test_bf16_public_call_at_few_heads_and_tokens_routes_to_the_seesaw(H):
         check_budget(o, l, ro, rl, "bf16")
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_zero_weight_times_inf_value_is_nan_at_every_split_count(splits):
+    """An id whose score is ``-inf`` and whose value column is ``-inf`` gives that column NaN (``0 * inf``) on the
+    seesaw, split or not, as the reference does: token 0 holds it alone in one split's range beside finite ones,
+    token 1 as its only valid id (twenty-seventh session's break test: the combine dropped a split of weight 0
+    whatever its partial held; the library's split launches now keep its NaN)."""
+    g = torch.Generator(device="cuda").manual_seed(splits)
+    H, N = 64, 4099
+    q = torch.randn(2, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    q[..., 0] = 1.0
+    kv = torch.randn(N, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    kv[7, 0] = float("-inf")  # row 7: score -inf (q[..., 0] = 1) and value column 0 = -inf
+    idx = torch.randint(8, N, (2, 2048), device="cuda", dtype=torch.int32, generator=g)
+    idx[0, 512:1024] = -1
+    idx[0, 600] = 7
+    idx[1] = -1
+    idx[1, 3] = 7
+    o, l = gluon(splits)(q, kv, idx, None)
+    ro, rl = sparse_mla_decode_reference(q, kv, idx, None)
+    assert ro[:, :, 0].isnan().all() and not ro[:, :, 1:].isnan().any()
+    assert torch.equal(o.isnan(), ro.isnan()) and torch.equal(l.isneginf(), rl.isneginf())
+    check_budget(o[0:1, :, 1:], l[0:1], ro[0:1, :, 1:], rl[0:1], "bf16")
+
+
 def test_odd_block_count_per_split():
     """Ranges of 3 blocks (the public plan rounds ranges to 64 ids, not to the 128 of a block pair): the last
     pair of each range has a masked odd block, which must neither read the next range's ids nor count."""

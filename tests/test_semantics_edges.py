@@ -16,7 +16,7 @@ from mla_sink import CallSpec, DecodeInputs, Platform, SparseMLADecode, prepare,
 from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.reference import sparse_mla_decode_reference as ref
 from mla_sink.paths.aiter import AiterWorkspace, launch_aiter
-from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+from mla_sink.paths.triton.launch import sparse_mla_decode_triton, triton_plan_for
 
 from aiter_contract import AiterContractFake
 
@@ -70,6 +70,8 @@ def test_reference_duplicate_id_counts_once_per_occurrence():
 @pytest.mark.parametrize("num_kv_splits", [1, 2])
 def test_triton_duplicate_ids_match_the_reference(num_kv_splits):
     q, kv, dup, _, sinks = _duplicate_case()
+    dup = _spread(dup) if num_kv_splits > 1 else dup  # 192 ids: the requested splits really split
+    assert _splits_used(q, kv, dup, num_kv_splits) == num_kv_splits
     out, lse = sparse_mla_decode_triton(q, kv, dup, sinks, num_kv_splits=num_kv_splits)
     r_out, r_lse = ref(q, kv, dup, sinks)
     torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2)
@@ -101,6 +103,20 @@ def test_aiter_contract_duplicate_ids_match_the_reference(path, arch):
 # --------------------------------------------------------------------------------------------
 # Non-finite scores: +inf / NaN make the row NaN, all -inf is an empty row
 # --------------------------------------------------------------------------------------------
+
+
+def _spread(idx: torch.Tensor, width: int = 192) -> torch.Tensor:
+    """``idx`` ``[T, k]`` placed every ``width // k`` columns of ``[T, width]`` (``-1`` between), so that a
+    requested split count of 2 or 3 really splits (one split per 64 ids at most, ``split_plan``) and every split
+    holds some of the ids."""
+    out = torch.full((idx.shape[0], width), -1, dtype=idx.dtype)
+    out[:, :: width // idx.shape[1]][:, : idx.shape[1]] = idx
+    return out
+
+
+def _splits_used(q, kv, idx, requested, **kw):
+    """The split count the triton path's plan gives a call with ``num_kv_splits=requested``."""
+    return triton_plan_for(q, kv, idx, num_kv_splits=requested, **kw).launch.num_kv_splits
 
 
 def _non_finite_case():
@@ -136,13 +152,16 @@ def test_reference_non_finite_scores():
 
 
 @interpreter
-@pytest.mark.parametrize("num_kv_splits", [1, 2])
+@pytest.mark.parametrize("num_kv_splits", [1, 3])
 @pytest.mark.parametrize("sinks", [None, "mixed"])
 @pytest.mark.parametrize("logit_cap", [0.0, 5.0])
 def test_triton_non_finite_scores_match_the_reference(num_kv_splits, sinks, logit_cap):
     """Same NaN / -inf / finite pattern and values as the reference, with and without sinks, the soft cap
-    (which maps +-inf scores to +-cap) and split-KV (the combine kernel)."""
+    (which maps +-inf scores to +-cap) and split-KV (the combine kernel: the ids spread over three splits)."""
     q, kv, idx = _non_finite_case()
+    if num_kv_splits > 1:
+        idx = _spread(idx)
+        assert _splits_used(q, kv, idx, num_kv_splits) == num_kv_splits
     s = None if sinks is None else torch.tensor([0.0, INF, -1.0])
     out, lse = sparse_mla_decode_triton(q, kv, idx, s, logit_cap=logit_cap, num_kv_splits=num_kv_splits)
     r_out, r_lse = ref(q, kv, idx, s, logit_cap=logit_cap)
@@ -176,12 +195,71 @@ def test_nan_in_referenced_kv_gives_nan_without_warnings(num_kv_splits):
     kv = torch.randn(128, 576, generator=g).bfloat16()
     kv[:, 0] = NAN
     idx = torch.randint(0, 128, (3, 64), generator=g, dtype=torch.int32)
+    if num_kv_splits > 1:
+        idx = _spread(idx, 256)
+        assert _splits_used(q, kv, idx, num_kv_splits) == num_kv_splits
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out, lse = sparse_mla_decode_triton(q, kv, idx, num_kv_splits=num_kv_splits)
     r_out, r_lse = ref(q, kv, idx)
     assert torch.equal(out.isnan(), r_out.isnan()) and out.isnan().any()
     assert torch.equal(lse.isnan(), r_lse.isnan())
+
+
+@interpreter
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 4])
+def test_zero_weight_times_inf_value_is_nan_at_every_split_count(num_kv_splits):
+    """An id whose score is -inf and whose value column is -inf gives that column NaN (0 * inf) at every split
+    count, as the reference and the unsplit kernel do: token 0 holds it alone in one split beside finite ones (that
+    split's LSE is -inf, its partial NaN), token 1 as its only valid id (every split empty but that one). Found by
+    a fresh user's break test (twenty-seventh session): the combine dropped a split of weight 0 whatever its
+    partial held."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 16, 576, generator=g).bfloat16()
+    q[..., 0] = 1.0
+    kv = torch.randn(200, 576, generator=g).bfloat16()
+    kv[7, 0] = -INF  # row 7: score -inf (q[..., 0] = 1) and value column 0 = -inf
+    idx = torch.randint(8, 200, (2, 256), generator=g, dtype=torch.int32)
+    idx[0, 64:128] = -1
+    idx[0, 70] = 7
+    idx[1] = -1
+    idx[1, 3] = 7
+    assert _splits_used(q, kv, idx, num_kv_splits) == num_kv_splits
+    out, lse = sparse_mla_decode_triton(q, kv, idx, num_kv_splits=num_kv_splits)
+    r_out, r_lse = ref(q, kv, idx)
+    assert r_out[:, :, 0].isnan().all() and not r_out[:, :, 1:].isnan().any()
+    assert torch.equal(out.isnan(), r_out.isnan())
+    assert torch.equal(lse.isneginf(), r_lse.isneginf()) and lse[1].isneginf().all()
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2, equal_nan=True)
+
+
+@interpreter
+@pytest.mark.parametrize("logit_cap", [0.0, 5.0])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_infinite_q_with_a_per_tensor_fp8_cache_matches_the_reference(q_dtype, kv_dtype, logit_cap):
+    """q = -inf in one column gives every score -inf: an empty row (or, capped, finite scores of -cap) as the
+    reference gives. bf16 q over an e4m3 cache is scaled per head row into fp16 by a power of two from its largest
+    |q|; an infinite largest |q| made the scale 0 and q * 0 NaN (a fresh user's break test, twenty-seventh
+    session): the scale now comes from the largest finite |q|. A NaN in q stays NaN."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 576, generator=g)
+    kv = torch.randn(16, 576, generator=g)
+    kv[:, 5] = kv[:, 5].abs() + 0.5
+    q[0, 0, 5] = -INF  # every score -inf
+    q[0, 1, 9] = NAN  # NaN scores
+    q[1, 2, 5] = -INF
+    q[1, 2, 6] = 3e38 if q_dtype == torch.bfloat16 else 6e4  # the row's largest finite |q| beside the inf
+    idx = torch.arange(8, dtype=torch.int32)[None].repeat(2, 1)
+    kv_scale = torch.tensor([1.0])
+    out, lse = sparse_mla_decode(q.to(q_dtype), kv.to(kv_dtype), idx, kv_scale=kv_scale, logit_cap=logit_cap,
+                                 return_lse=True, path="triton")
+    r_out, r_lse = ref(q.to(q_dtype), kv.to(kv_dtype), idx, kv_scale=kv_scale, logit_cap=logit_cap)
+    assert torch.equal(lse.isnan(), r_lse.isnan()) and torch.equal(lse.isneginf(), r_lse.isneginf())
+    assert torch.equal(out.isnan(), r_out.isnan())
+    assert math.isnan(lse[0, 1]) and (math.isfinite(lse[0, 0]) if logit_cap else lse[0, 0] == -INF)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-3, rtol=1e-2, equal_nan=True)
+    torch.testing.assert_close(lse.double(), r_lse.double(), atol=1e-4, rtol=1e-5, equal_nan=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -517,6 +517,13 @@ def _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINK
 
 
 @gluon.jit
+def _finite_abs(x):
+    """``|x|`` where finite, 0 at ``inf`` and NaN (``kmath.finite_abs``, for :func:`_stage_q`'s row scale)."""
+    a = gl.abs(x)
+    return gl.where(a < float("inf"), a, 0.0)
+
+
+@gluon.jit
 def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads,
              BLOCK_H: gl.constexpr, KV_DS_MLA: gl.constexpr):
     """q of token ``pid_t`` into shared memory, while the producer already gathers the first block. On the
@@ -550,7 +557,9 @@ def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stri
     else:
         qn = qn.to(gl.float32)
         qr = qr.to(gl.float32)
-        qmax = gl.maximum(gl.max(gl.abs(qn), axis=1), gl.max(gl.abs(qr), axis=1))
+        # the largest finite |q| of each head row (an inf or NaN stays itself: an infinite max would make the
+        # scale 0 and inf * 0 NaN)
+        qmax = gl.maximum(gl.max(_finite_abs(qn), axis=1), gl.max(_finite_abs(qr), axis=1))
         row_exp = gl.ceil(gl.log2(gl.maximum(qmax, 1e-30)))
         q_n.index(0).store((qn * gl.exp2(14.0 - row_exp)[:, None]).to(dt))
         q_r.index(0).store((qr * gl.exp2(14.0 - row_exp)[:, None]).to(dt))

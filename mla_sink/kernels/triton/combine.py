@@ -37,12 +37,14 @@ def _sparse_mla_combine_kernel(
     stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
     stride_ot, stride_oh, stride_lt, stride_lh,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr, WAIT_PRIMARY: tl.constexpr, GROUP: tl.constexpr,
+    HAS_SINKS: tl.constexpr, WAIT_PRIMARY: tl.constexpr, GROUP: tl.constexpr, ZERO_WEIGHT_NAN: tl.constexpr,
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
     BLOCK_D value columns); apply the sink once. The LSE is written by the first column block. A split
     whose LSE is ``-inf`` (no valid id) contributes nothing, whatever its partial holds; one whose LSE is
-    ``+inf`` makes the row's LSE ``+inf`` and its output NaN (``kmath.splits_max_and_sum``). ``WAIT_PRIMARY``:
+    ``+inf`` makes the row's LSE ``+inf`` and its output NaN (``kmath.splits_max_and_sum``). ``ZERO_WEIGHT_NAN``:
+    a NaN in the partial of a split of weight 0 stays NaN (``kmath.add_split``: the library's split launches; the
+    DCP merge leaves it out). ``WAIT_PRIMARY``:
     launched as a programmatic dependent of the kernel that writes the partials; wait for it (and its
     memory) first."""
     if WAIT_PRIMARY:
@@ -70,9 +72,11 @@ def _sparse_mla_combine_kernel(
     # waited twice per split, 32 round trips at 16 splits). Per-head values stay [BLOCK_H, 1] columns of
     # the tile's layout (no layout conversion in the loop).
     m_col = m_safe[:, None]
-    acc = kmath.add_split_states(tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32), first, m_col, GROUP)
+    acc = kmath.add_split_states(tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32), first, m_col, GROUP,
+                                 ZERO_WEIGHT_NAN)
     for s in tl.static_range(GROUP, BLOCK_S, GROUP):
-        acc = kmath.add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP)
+        acc = kmath.add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP,
+                                    ZERO_WEIGHT_NAN)
 
     kmath.combine_store(acc, m_safe, empty, l_sum, SINKS, OUT, LSE, pid_t, pid_d, offs_h, offs_d, mask_h,
                         stride_ot, stride_oh, stride_lt, stride_lh, HAS_SINKS)
@@ -81,15 +85,18 @@ def _sparse_mla_combine_kernel(
 combine_jit = triton.jit(_sparse_mla_combine_kernel)
 
 
-def combine_constexprs(splits: int, has_sinks: bool, block_h: int, block_d: int, wait_primary: bool = False) -> dict:
+def combine_constexprs(splits: int, has_sinks: bool, block_h: int, block_d: int, wait_primary: bool = False,
+                       zero_weight_nan: bool = True) -> dict:
     """The constexpr arguments of a combine launch over ``splits`` partials with ``block_h x block_d`` tiles
     (``GROUP``: splits whose loads are issued together, :data:`MIN_GROUP` to :data:`MAX_GROUP`); ``wait_primary``:
-    launched with ``launch_pdl=True`` after the kernel writing the partials (sm90+)."""
+    launched with ``launch_pdl=True`` after the kernel writing the partials (sm90+); ``zero_weight_nan``: the
+    partials are the library's own split launches' (exactly 0 where a split has no valid id), so a NaN in a split
+    of weight 0 is kept (``0 * inf`` as unsplit); ``False`` for the DCP merge, which leaves such a part out."""
     block_s = 1 << max(0, (splits - 1).bit_length())
     # splits loaded together: as many as GROUP_VALUES holds, 4, 8 or 16 (kmath.add_split_group)
     group = max(MIN_GROUP, min(MAX_GROUP, block_s, GROUP_VALUES // (block_h * block_d)))
     return dict(BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_S=block_s,
-                HAS_SINKS=has_sinks, WAIT_PRIMARY=wait_primary, GROUP=group)
+                HAS_SINKS=has_sinks, WAIT_PRIMARY=wait_primary, GROUP=group, ZERO_WEIGHT_NAN=zero_weight_nan)
 
 
 def combine_launch_args(T: int, H: int, splits: int, out_strides: tuple, has_sinks: bool, block_h: int,

@@ -59,6 +59,14 @@ BF16_TO_F32_SHIFT = tl.constexpr(16)  # a bf16 value's bits are the high half of
 
 
 @triton.jit
+def finite_abs(x):
+    """``|x|`` where finite, 0 at ``inf`` and NaN: the largest finite magnitude of a row, which a power-of-two
+    row scale maps into fp16's range (an infinite max would make the scale 0 and ``inf * 0`` NaN)."""
+    a = tl.abs(x)
+    return tl.where(a < float("inf"), a, 0.0)
+
+
+@triton.jit
 def upcast(x, UPCAST: tl.constexpr):
     """A half tile (bf16 or fp16) in fp32 under the interpreter's ``UPCAST``, unchanged otherwise. bf16 is widened
     by its bits (shifted into an fp32's high half): Triton 3.9's interpreter converts bf16 subnormals (below
@@ -257,10 +265,16 @@ def split_state(base_o, base_l, s, stride_ps, stride_pls, live):
 
 
 @triton.jit
-def add_split(acc, o, ls, m_col):
-    """The combine kernel's step: ``acc + 2^(ls - m) o`` (``ls``, ``m_col``: ``[BLOCK_H, 1]`` columns); a
-    split with no valid id (``ls = -inf``: weight 0) adds nothing, whatever its partial holds (NaN too)."""
+def add_split(acc, o, ls, m_col, ZERO_WEIGHT_NAN: tl.constexpr):
+    """The combine kernel's step: ``acc + 2^(ls - m) o`` (``ls``, ``m_col``: ``[BLOCK_H, 1]`` columns). A split
+    of weight 0 (``ls = -inf``) adds 0 times its partial: with ``ZERO_WEIGHT_NAN`` (the library's own split
+    launches, whose kernels write exactly 0 where a split has no valid id) a NaN there stays NaN, as the unsplit
+    kernels' ``0 * inf`` does (an ``inf`` value column of an id whose score is ``-inf``, README semantics);
+    without it (the DCP merge, whose parts any path may write) such a split adds nothing, whatever its partial
+    holds, as :func:`mla_sink.core.lse.merge_states` does."""
     w = tl.exp2(ls - m_col)
+    if ZERO_WEIGHT_NAN:
+        return acc + w * o
     return acc + tl.where(w > 0.0, w * o, 0.0)
 
 
@@ -275,12 +289,12 @@ def _states4(base_o, base_l, s, stride_ps, stride_pls, n_live):
 
 
 @triton.jit
-def _add4(acc, states, m_col):
+def _add4(acc, states, m_col, ZERO_WEIGHT_NAN: tl.constexpr):
     """``acc`` plus four splits' weighted partials (:func:`add_split`) read by :func:`_states4`."""
-    acc = add_split(acc, states[0], states[1], m_col)
-    acc = add_split(acc, states[2], states[3], m_col)
-    acc = add_split(acc, states[4], states[5], m_col)
-    return add_split(acc, states[6], states[7], m_col)
+    acc = add_split(acc, states[0], states[1], m_col, ZERO_WEIGHT_NAN)
+    acc = add_split(acc, states[2], states[3], m_col, ZERO_WEIGHT_NAN)
+    acc = add_split(acc, states[4], states[5], m_col, ZERO_WEIGHT_NAN)
+    return add_split(acc, states[6], states[7], m_col, ZERO_WEIGHT_NAN)
 
 
 @triton.jit
@@ -300,20 +314,21 @@ def split_group_states(base_o, base_l, s, stride_ps, stride_pls, n_live, GROUP: 
 
 
 @triton.jit
-def add_split_states(acc, states, m_col, GROUP: tl.constexpr):
-    """``acc`` plus the weighted partials of a group read by :func:`split_group_states`."""
-    acc = _add4(acc, states[0], m_col)
+def add_split_states(acc, states, m_col, GROUP: tl.constexpr, ZERO_WEIGHT_NAN: tl.constexpr):
+    """``acc`` plus the weighted partials of a group read by :func:`split_group_states` (:func:`add_split`)."""
+    acc = _add4(acc, states[0], m_col, ZERO_WEIGHT_NAN)
     if GROUP >= 8:
-        acc = _add4(acc, states[1], m_col)
+        acc = _add4(acc, states[1], m_col, ZERO_WEIGHT_NAN)
     if GROUP >= 16:
-        acc = _add4(acc, states[2], m_col)
-        acc = _add4(acc, states[3], m_col)
+        acc = _add4(acc, states[2], m_col, ZERO_WEIGHT_NAN)
+        acc = _add4(acc, states[3], m_col, ZERO_WEIGHT_NAN)
     return acc
 
 
 @triton.jit
-def add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP: tl.constexpr):
+def add_split_group(acc, base_o, base_l, s, stride_ps, stride_pls, n_live, m_col, GROUP: tl.constexpr,
+                    ZERO_WEIGHT_NAN: tl.constexpr):
     """The combine kernel's step: splits ``s .. s + GROUP - 1`` (``GROUP`` 4, 8 or 16) added to ``acc``, every one
     of their loads issued before any of their math, so that a program waits on memory once per group."""
     states = split_group_states(base_o, base_l, s, stride_ps, stride_pls, n_live, GROUP)
-    return add_split_states(acc, states, m_col, GROUP)
+    return add_split_states(acc, states, m_col, GROUP, ZERO_WEIGHT_NAN)

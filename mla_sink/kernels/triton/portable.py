@@ -96,11 +96,12 @@ def _sparse_mla_decode_kernel(
         q_rope = kmath.fp8_tile(q_rope, Q_FNUZ, UPCAST, q_dtype)
     elif ROW_SCALE:
         # bf16 q with fp8 KV computed in fp16 (fp8 -> fp16 is one instruction, fp8 -> bf16 several):
-        # scale each head row by a power of two so that its largest |q| is 2^14 (fits fp16, exact
-        # for bf16 mantissas); the inverse scale is applied to the scores.
+        # scale each head row by a power of two so that its largest finite |q| is 2^14 (fits fp16, exact
+        # for bf16 mantissas); the inverse scale is applied to the scores. An inf or NaN in q stays what it
+        # is (inf times the scale; the max of an inf would make the scale 0 and inf * 0 NaN)
         qn = kmath.upcast(q_nope, UPCAST).to(tl.float32)
         qr = kmath.upcast(q_rope, UPCAST).to(tl.float32)
-        qmax = tl.maximum(tl.max(tl.abs(qn), 1), tl.max(tl.abs(qr), 1))
+        qmax = tl.maximum(tl.max(kmath.finite_abs(qn), 1), tl.max(kmath.finite_abs(qr), 1))
         row_exp = tl.math.ceil(tl.log2(tl.maximum(qmax, 1e-30)))
         row_scale = tl.exp2(14.0 - row_exp)
         inv_row_scale = tl.exp2(row_exp - 14.0)

@@ -726,6 +726,6 @@ def combine_states_triton(
             part_out.stride(1), part_out.stride(0), part_out.stride(2),
             lse2.stride(0), lse2.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            **combine_constexprs(R, sinks is not None, cbh, cbd), num_warps=4, num_stages=1,
+            **combine_constexprs(R, sinks is not None, cbh, cbd, zero_weight_nan=False), num_warps=4, num_stages=1,
         )
     return out, lse
