@@ -41,10 +41,11 @@ def _sparse_mla_combine_kernel(
 ):
     """Stage 2: merge the fp32 partial states of the splits of one (token, head block, block of
     BLOCK_D value columns); apply the sink once. The LSE is written by the first column block. A split
-    whose LSE is ``-inf`` (no valid id) contributes nothing, whatever its partial holds; one whose LSE is
-    ``+inf`` makes the row's LSE ``+inf`` and its output NaN (``kmath.splits_max_and_sum``). ``ZERO_WEIGHT_NAN``:
-    a NaN in the partial of a split of weight 0 stays NaN (``kmath.add_split``: the library's split launches; the
-    DCP merge leaves it out). ``WAIT_PRIMARY``:
+    whose LSE is ``-inf`` (no valid id, or every score ``-inf``) has weight 0: with ``ZERO_WEIGHT_NAN`` (the
+    library's split launches) it adds 0 times its partial, so a NaN there (``0 * inf`` in its ``P V``) stays NaN
+    as unsplit; without it (the DCP merge) it adds nothing, whatever its partial holds (``kmath.add_split``). A
+    split whose LSE is ``+inf`` makes the row's LSE ``+inf`` and its output NaN (``kmath.splits_max_and_sum``).
+    ``WAIT_PRIMARY``:
     launched as a programmatic dependent of the kernel that writes the partials; wait for it (and its
     memory) first."""
     if WAIT_PRIMARY:
