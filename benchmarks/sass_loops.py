@@ -65,7 +65,8 @@ def main(argv=None) -> None:
     q = torch.empty(3, a.H, 576, dtype=torch.bfloat16)
     idx = torch.empty(3, 2048, dtype=torch.int32)
     _, scalars, constexprs, options = gf.fp8_launch_args(
-        q, torch.empty(*shape, dtype=torch.uint8), idx, num_kv_splits=a.splits, ids_per_split=2048 // a.splits,
+        q, torch.empty(*shape, dtype=torch.uint8 if a.kv_dtype == "fp8_ds_mla" else torch.float8_e4m3fn), idx,
+        num_kv_splits=a.splits, ids_per_split=2048 // a.splits,
         out_strides=(a.H * 512, 512), kv_dtype=a.kv_dtype)
     constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=a.topk_length)
     if a.regs:

@@ -46,7 +46,7 @@ CACHES = {"e4m3": ("fp8_e4m3", (4096, 576), "*fp8e4nv"), "ds": ("fp8_ds_mla", (4
 def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
     kv_dtype, shape, kv_ptr = CACHES[cache]
     q = torch.empty(3, H, 576, dtype=torch.bfloat16)
-    kv = torch.empty(*shape, dtype=torch.uint8)  # its element type is given below
+    kv = torch.empty(*shape, dtype=torch.uint8 if kv_dtype == "fp8_ds_mla" else torch.float8_e4m3fn)
     idx = torch.empty(3, 2048, dtype=torch.int32)
     _, scalars, constexprs, options = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits,
                                                          ids_per_split=2048 // splits, out_strides=(H * 512, 512),
@@ -90,3 +90,16 @@ def test_more_heads_than_a_block_are_refused():
                                          "at most 32 heads"):
         gf.fp8_launch_args(q, torch.empty(8, 576, dtype=torch.uint8), torch.empty(1, 64, dtype=torch.int32),
                            num_kv_splits=1, ids_per_split=64, out_strides=(33 * 512, 512))
+
+
+def test_a_cache_of_another_kv_dtype_is_refused():
+    """A 656-byte V3.2 pool launched as an e4m3 cache (the kernel would read its bytes as codes), or the reverse,
+    is refused before any launch (twenty-seventh session: a GPU test passed the V3.2 pool without its kv_dtype)."""
+    q, idx = torch.empty(1, 16, 576, dtype=torch.bfloat16), torch.empty(1, 64, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"'kv_cache' \(torch.uint8, shape \(8, 656\)\) is a 'fp8_ds_mla' cache, "
+                                         r"not the kv_dtype='fp8_e4m3'"):
+        gf.fp8_launch_args(q, torch.empty(8, 656, dtype=torch.uint8), idx, num_kv_splits=1, ids_per_split=64,
+                           out_strides=(16 * 512, 512))
+    with pytest.raises(ValueError, match=r"is a 'fp8_e4m3' cache, not the kv_dtype='fp8_ds_mla'"):
+        gf.fp8_launch_args(q, torch.empty(8, 576, dtype=torch.float8_e4m3fn), idx, num_kv_splits=1,
+                           ids_per_split=64, out_strides=(16 * 512, 512), kv_dtype="fp8_ds_mla")

@@ -1169,12 +1169,13 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ``fp8_arrangement`` to try others).
 
     Raises:
-        ValueError: ``kv_dtype`` not one the table declares; q of a dtype with no dtype key
+        ValueError: ``kv_dtype`` not one the table declares, or not the cache's own (its dtype and row size,
+            :func:`mla_sink.core.dtypes.kv_dtype_key`); q of a dtype with no dtype key
             (:func:`mla_sink.core.dtypes.dtype_key`); a refusal row of the table (q of a dtype the cache is not
             read with - V3.2 rows: bf16 only -, or more heads than its largest head block, 32).
     """
     from mla_sink.core import kv_layout
-    from mla_sink.core.dtypes import DS_MLA_KEYS, dtype_key
+    from mla_sink.core.dtypes import DS_MLA_KEYS, dtype_key, kv_dtype_key
 
     T, H, d_qk = q.shape
     d_v = 512
@@ -1187,6 +1188,9 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     except ValueError as e:
         raise ValueError(f"the gluon_fp8 kernel: q {e}") from None
     arr = fp8_arrangement(kv_dtype, q_key, H, splits > 1)
+    if kv_dtype_key(kv_cache) != kv_dtype:  # a 656-byte V3.2 pool read as e4m3 codes would decode as garbage
+        raise ValueError(f"the gluon_fp8 kernel: 'kv_cache' ({kv_cache.dtype}, shape {tuple(kv_cache.shape)}) is a "
+                         f"{kv_dtype_key(kv_cache)!r} cache, not the kv_dtype={kv_dtype!r} asked for")
     ds = kv_dtype in DS_MLA_KEYS  # the rows carry their tile scales (and a bf16 RoPE)
     paged = ds and kv_cache.dim() == 3
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
