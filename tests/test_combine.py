@@ -51,6 +51,28 @@ def test_combine_known_numbers():
     assert lse.item() == pytest.approx(math.log(10), abs=1e-6)
 
 
+@pytest.mark.parametrize("lse0", [1e4, 1e6, 1e8, -1e8, 3e38])
+def test_merge_states_and_the_combine_at_large_lse(lse0):
+    """Parts at a large |lse| merge to the convex combination of their outputs: two equal parts of output 1 give 1,
+    a part ``log 3`` above the other weighs 3/4 (within fp32's rounding of ``lse0 + log 3``). merge_states divided
+    by ``exp(lse)`` with the fp32 merged lse, whose ulp swallowed ``log 2`` from about 1e7 (a second break test,
+    twenty-seventh session: 2.0 at 1e8); the combine kernel divides by its weights' sum."""
+    ones = torch.ones(1, 1, 512)
+    out, lse = merge_states([ones, ones], [torch.tensor([[lse0]])] * 2)
+    torch.testing.assert_close(out, ones, atol=0, rtol=0)
+    assert lse.item() == pytest.approx(lse0 + math.log(2), abs=abs(lse0) * 2 ** -23 + 1e-6)
+    lo, hi = torch.tensor([[lse0]]).float(), torch.tensor([[lse0]]).float() + math.log(3)
+    w_hi = 1 / (1 + math.exp(-(hi - lo).item()))  # the weight the fp32 inputs really give
+    out, _ = merge_states([torch.zeros(1, 1, 512), ones], [lo, hi])
+    assert out[0, 0, 0].item() == pytest.approx(w_hi, rel=1e-6)
+    parts, lses = torch.stack([torch.zeros(1, 1, 512), ones]), torch.stack([lo, hi])
+    k_out, k_lse = torch.empty(1, 1, 512), torch.empty(1, 1)
+    if abs(lse0) < 1e38:  # the combine keeps base-2 LSEs in fp32: above about 2.36e38 they overflow (documented)
+        combine_states_triton(parts, lses, None, out=k_out, lse=k_lse)
+        # each LSE rounded once more to fp32 in base 2 moves a weight by about |lse| 2^-24 (3e-4 at 1e6)
+        assert k_out[0, 0, 0].item() == pytest.approx(w_hi, rel=1e-6 + abs(lse0) * 2 ** -24)
+
+
 @pytest.mark.parametrize("tile", [None, (16, 32)])
 def test_combine_a_part_with_lse_plus_inf_gives_what_merge_states_gives(tile):
     """A part whose LSE is ``+inf`` (an fp32 overflow, a peer's convention) makes its row's LSE ``+inf`` and its

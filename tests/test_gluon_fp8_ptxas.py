@@ -103,3 +103,19 @@ def test_a_cache_of_another_kv_dtype_is_refused():
     with pytest.raises(ValueError, match=r"is a 'fp8_e4m3' cache, not the kv_dtype='fp8_ds_mla'"):
         gf.fp8_launch_args(q, torch.empty(8, 576, dtype=torch.float8_e4m3fn), idx, num_kv_splits=1,
                            ids_per_split=64, out_strides=(16 * 512, 512), kv_dtype="fp8_ds_mla")
+
+
+@pytest.mark.parametrize("shape,dtype,kv_dtype,match", [
+    ((8, 656), torch.float8_e4m3fn, "fp8_e4m3", r"kv_dtype='fp8_e4m3' 'kv_cache' must be \[N, 576\] \(got shape \(8, 656\)\)"),
+    ((8, 512), torch.float8_e4m3fn, "fp8_e4m3", r"must be \[N, 576\] \(got shape \(8, 512\)\)"),
+    ((2, 4, 576), torch.float8_e4m3fn, "fp8_e4m3", r"must be \[N, 576\] \(got shape \(2, 4, 576\)\)"),
+    ((2, 2, 4, 656), torch.uint8, "fp8_ds_mla", r"must be \[N, 656\] or \[blocks, block_size, 656\]"),
+])
+def test_a_cache_of_another_shape_is_refused(shape, dtype, kv_dtype, match):
+    """The V3.2 pool viewed as e4m3 codes, a 512-byte e4m3 row (the kernel reads 576 bytes a row), a paged e4m3
+    cache (its rows would count as pages) and a 4-D V3.2 cache are refused (a second break test, twenty-seventh
+    session)."""
+    q, idx = torch.empty(1, 16, 576, dtype=torch.bfloat16), torch.empty(1, 64, dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        gf.fp8_launch_args(q, torch.empty(*shape, dtype=dtype), idx, num_kv_splits=1, ids_per_split=64,
+                           out_strides=(16 * 512, 512), kv_dtype=kv_dtype)

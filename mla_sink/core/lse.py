@@ -57,8 +57,10 @@ def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
         lses: R fp32 tensors ``[...]``, natural log, sink excluded; ``-inf`` = no valid id in that part.
 
     Returns:
-        ``(out, lse)``: fp32 ``[..., d_v]`` and fp32 ``[...]``, with
-        ``lse = logsumexp_r(lse_r)`` and ``out = sum_r out_r * exp(lse_r - lse)``; parts with
+        ``(out, lse)``: fp32 ``[..., d_v]`` and fp32 ``[...]``, with ``lse = logsumexp_r(lse_r)`` and
+        ``out = sum_r out_r * exp(lse_r - lse)``, computed as ``m + log(sum_r w_r)`` and ``sum_r w_r out_r /
+        sum_r w_r`` with ``w_r = exp(lse_r - m)``, ``m`` the largest ``lse_r`` (so the weights sum to 1 exactly
+        at any ``|lse|``, as the combine kernel takes them); a NaN ``lse_r`` makes the row NaN; parts with
         ``lse_r = -inf`` contribute exactly 0 (their ``out_r`` is never read into the sum, so even a
         NaN there does not leak); a row empty in every part gives ``out = 0``, ``lse = -inf``; a row where a
         part has ``lse_r = +inf`` gives ``lse = +inf`` and ``out = NaN`` (that part's weight ``exp(+inf - +inf)``
@@ -70,13 +72,19 @@ def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty and of equal length (got {len(outs)} and {len(lses)})")
     lse_stack = torch.stack([x.float() for x in lses])  # [R, ...]
-    lse = torch.logsumexp(lse_stack, dim=0)
-    empty = torch.isneginf(lse)
-    weights = torch.exp(lse_stack - torch.where(empty, torch.zeros_like(lse), lse).unsqueeze(0))
-    weights = torch.where(torch.isneginf(lse_stack), torch.zeros_like(weights), weights)
+    # relative to the largest part (0 where every part is empty or one is +inf, as the combine kernel takes it),
+    # and the output normalised by the weights' own sum: normalising by exp(lse_r - lse) with the fp32 merged
+    # lse lost the log of the sum at large |lse| (two equal parts at lse = 1e8 merged to 2x their output)
+    m = lse_stack.amax(dim=0)  # NaN where a part's LSE is NaN
+    empty = torch.isneginf(m)
+    m_safe = torch.where(empty | torch.isposinf(m), torch.zeros_like(m), m)
+    weights = torch.exp(lse_stack - m_safe.unsqueeze(0))  # exactly 0 for lse_r = -inf; +inf for lse_r = +inf
+    w_sum = weights.sum(dim=0)
+    lse = torch.where(empty, m, m_safe + torch.log(w_sum))
     out = torch.zeros_like(outs[0], dtype=torch.float32)
     for w, o in zip(weights, outs):
         o32 = o.float()
         o32 = torch.where(w.unsqueeze(-1) > 0, o32, torch.zeros_like(o32))
         out = out + w.unsqueeze(-1) * o32
+    out = out / torch.where(empty, torch.ones_like(w_sum), w_sum).unsqueeze(-1)
     return out, lse

@@ -1170,7 +1170,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
 
     Raises:
         ValueError: ``kv_dtype`` not one the table declares, or not the cache's own (its dtype and row size,
-            :func:`mla_sink.core.dtypes.kv_dtype_key`); q of a dtype with no dtype key
+            :func:`mla_sink.core.dtypes.kv_dtype_key`), or a cache of another shape than ``[N, 576]`` (e4m3) or
+            ``[N, 656]`` / ``[blocks, block_size, 656]`` (V3.2); q of a dtype with no dtype key
             (:func:`mla_sink.core.dtypes.dtype_key`); a refusal row of the table (q of a dtype the cache is not
             read with - V3.2 rows: bf16 only -, or more heads than its largest head block, 32).
     """
@@ -1191,6 +1192,11 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     if kv_dtype_key(kv_cache) != kv_dtype:  # a 656-byte V3.2 pool read as e4m3 codes would decode as garbage
         raise ValueError(f"the gluon_fp8 kernel: 'kv_cache' ({kv_cache.dtype}, shape {tuple(kv_cache.shape)}) is a "
                          f"{kv_dtype_key(kv_cache)!r} cache, not the kv_dtype={kv_dtype!r} asked for")
+    shapes = ((2, kv_layout.ROW_BYTES), (3, kv_layout.ROW_BYTES)) if kv_dtype in DS_MLA_KEYS else ((2, d_qk),)
+    if (kv_cache.dim(), kv_cache.shape[-1]) not in shapes:  # e4m3 [N, 576]; V3.2 [N, 656] or paged
+        want = "[N, 656] or [blocks, block_size, 656]" if kv_dtype in DS_MLA_KEYS else f"[N, {d_qk}]"
+        raise ValueError(f"the gluon_fp8 kernel: a kv_dtype={kv_dtype!r} 'kv_cache' must be {want} (got shape "
+                         f"{tuple(kv_cache.shape)})")
     ds = kv_dtype in DS_MLA_KEYS  # the rows carry their tile scales (and a bf16 RoPE)
     paged = ds and kv_cache.dim() == 3
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
