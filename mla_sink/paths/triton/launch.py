@@ -37,7 +37,7 @@ from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
-from mla_sink.paths.triton.plan import MIN_BLOCK_H, dcp_merge_tile
+from mla_sink.paths.triton.plan import MIN_BLOCK_H, all_heads_block, dcp_merge_tile, is_pow2
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -339,7 +339,7 @@ def _combine_args(launch, x: DecodeInputs, splits: int, out_strides: tuple, pdl:
     """``(grid, constexprs, static)`` of the split-KV combine of a launch (fp32 partials
     ``[T, splits, H, 512]``, base-2 LSEs ``[T, splits, H]``), its tile from the tuning row."""
     T, H, _ = x.q.shape
-    cbh = min(launch.combine_block_h, max(MIN_BLOCK_H, 1 << max(0, (H - 1).bit_length())))
+    cbh = min(launch.combine_block_h, all_heads_block(H))
     return combine_launch_args(T, H, splits, out_strides, x.sinks is not None, cbh, min(launch.combine_block_d, D_V),
                                wait_primary=pdl)
 
@@ -655,13 +655,12 @@ def _merge_tile(tile, num_heads: int) -> tuple[int, int]:
         ValueError: not a pair; heads not ``None`` or a power of two from 16 to that bound; columns not a power
             of two dividing 512.
     """
-    every = max(MIN_BLOCK_H, 1 << max(0, num_heads - 1).bit_length())
+    every = all_heads_block(num_heads)
     pair = tuple(tile) if isinstance(tile, (tuple, list)) else ()
     if len(pair) == 2:
         cbh = every if pair[0] is None else pair[0]
         cbd = pair[1]
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0 for v in (cbh, cbd)) \
-                and MIN_BLOCK_H <= cbh <= every and cbd <= D_V:
+        if is_pow2(cbh) and is_pow2(cbd) and MIN_BLOCK_H <= cbh <= every and cbd <= D_V:
             return cbh, cbd
     raise ValueError(f"'tile' must be (heads, value columns): heads None (every head) or a power of two from "
                      f"{MIN_BLOCK_H} to {every} (H={num_heads}), columns a power of two dividing {D_V} (got {tile!r})")

@@ -46,8 +46,15 @@ _PARAM_NAMES = {
 }
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+def all_heads_block(num_heads: int) -> int:
+    """The head block that holds every one of ``num_heads`` heads: ``max(MIN_BLOCK_H, next_pow2(num_heads))`` (16
+    is ``tl.dot``'s smallest M), the bound every head block of a launch, a combine or a DCP merge is clamped to."""
+    return max(MIN_BLOCK_H, 1 << max(0, (num_heads - 1).bit_length()))
+
+
+def is_pow2(n: object) -> bool:
+    """``n`` is an int (not a bool) and a positive power of two: the shape of every tile size."""
+    return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
 
 
 @attrs.frozen
@@ -90,7 +97,7 @@ class TritonConfig:
 
     def block_h_for(self, num_heads: int) -> int:
         """Head block for ``num_heads`` heads: ``min(block_h, max(MIN_BLOCK_H, next_pow2(num_heads)))``."""
-        return min(self.block_h, max(MIN_BLOCK_H, _next_pow2(num_heads)))
+        return min(self.block_h, all_heads_block(num_heads))
 
 
 @attrs.frozen
@@ -240,7 +247,7 @@ def num_kv_splits_for(cfg: TritonConfig, num_tokens: int, num_head_blocks: int, 
 
 def combine_block_h_for(cfg: TritonConfig, num_heads: int) -> int:
     """Heads per combine program: the tuning row's ``combine_block_h``, clamped like ``block_h``. Pure."""
-    return min(cfg.combine_block_h, max(MIN_BLOCK_H, _next_pow2(num_heads)))
+    return min(cfg.combine_block_h, all_heads_block(num_heads))
 
 
 def combine_block_d_for(cfg: TritonConfig, num_tokens: int, num_heads: int, num_sms: Optional[int]) -> int:
@@ -262,10 +269,6 @@ def combine_block_d_for(cfg: TritonConfig, num_tokens: int, num_heads: int, num_
 _MERGE_PARAMS = ("combine_block_h", "combine_block_d")
 
 
-def _is_pow2(n: object) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
-
-
 def _check_merge_rows(table) -> None:
     """Every row of ``tables/dcp_merge.yaml`` gives exactly its two params: ``combine_block_h`` a power of two
     ``>= MIN_BLOCK_H`` (or null: every head), ``combine_block_d`` a power of two dividing 512.
@@ -280,8 +283,8 @@ def _check_merge_rows(table) -> None:
         if row.path is None:
             continue
         h, d = row.params.get("combine_block_h"), row.params.get("combine_block_d")
-        if set(row.params) != set(_MERGE_PARAMS) or not (h is None or (_is_pow2(h) and h >= MIN_BLOCK_H)) \
-                or not (_is_pow2(d) and D_V % d == 0):
+        if set(row.params) != set(_MERGE_PARAMS) or not (h is None or (is_pow2(h) and h >= MIN_BLOCK_H)) \
+                or not (is_pow2(d) and D_V % d == 0):
             raise dispatch.TableError(
                 f"{where}:{row.line}: row {row.id!r}: a merge row gives exactly the params {list(_MERGE_PARAMS)}: "
                 f"combine_block_h a power of two >= {MIN_BLOCK_H} or null, combine_block_d a power of two dividing "
@@ -317,7 +320,7 @@ def dcp_merge_tile(arch: str, num_heads: int) -> tuple[int, int]:
         from mla_sink import dispatch
 
         raise LookupError(f"no row of the DCP merge table serves this call:\n{dispatch.explain(sel)}")
-    heads = max(MIN_BLOCK_H, _next_pow2(num_heads))
+    heads = all_heads_block(num_heads)
     block_h = sel.params["combine_block_h"]
     return (heads if block_h is None else min(block_h, heads)), sel.params["combine_block_d"]
 
