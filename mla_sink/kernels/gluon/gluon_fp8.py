@@ -344,17 +344,25 @@ def _tile_pv(kn, t: gl.constexpr, p_t, acc, alpha):
 
 
 @gluon.jit
-def _fresh_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
-    """An alternate-block consumer's state before its first block: ``(m, l, acc0, acc1, acc2, acc3, s_zero)`` - the
-    base-2 running max (``-inf``) and sum (0) per head, ``O^T`` as four zero 128-column tiles, and the zero
-    ``[ids, heads]`` accumulator every block's scores start from (all in ``acc_l``'s rows and columns)."""
+def _softmax_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """A scores-computing consumer's state before its first block: ``(m, l, s_zero)`` - the base-2 running max
+    (``-inf``) and sum (0) per head, and the zero ``[ids, heads]`` accumulator every block's scores start from (in
+    ``acc_l``'s rows and columns)."""
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+    return m_i, l_i, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+
+
+@gluon.jit
+def _fresh_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """An alternate-block consumer's state before its first block: ``(m, l, acc0, acc1, acc2, acc3, s_zero)`` -
+    :func:`_softmax_state` and ``O^T`` as four zero 128-column tiles."""
+    m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N)
     acc0 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)  # O^T, value columns 0-127
     acc1 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
     acc2 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
     acc3 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
-    return m_i, l_i, acc0, acc1, acc2, acc3, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    return m_i, l_i, acc0, acc1, acc2, acc3, s_zero
 
 
 @gluon.jit
@@ -787,9 +795,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         nrows = num_rows.to(gl.uint32)
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_l)
-        l_i = gl.zeros([BLOCK_H], gl.float32, layout=head_l)
-        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+        m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N)
         rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
         if COPY_ROPE:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
             for b in gl.static_range(STAGES):
@@ -901,9 +907,7 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
     col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
     nrows = num_rows.to(gl.uint32)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_l)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=head_l)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N)
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
     if KV_DS_MLA:
         if COPY_ROPE and num_pairs > 0:
