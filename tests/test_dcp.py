@@ -457,6 +457,32 @@ def test_merge_states_known_numbers_natural_log():
     assert abs(lse.item() - math.log(10.0)) < 1e-6
 
 
+@pytest.mark.parametrize("outs,lses,bad", [
+    ([torch.ones(1, 1, 4), torch.ones(1, 2, 4)], [torch.zeros(1, 1), torch.zeros(1, 2)], "outs\\[1\\] \\[1, 2, 4\\]"),
+    ([torch.ones(1, 2, 4), torch.ones(1, 2, 4)], [torch.zeros(1, 2), torch.zeros(2)], "lses\\[1\\] \\[2\\]"),
+    ([torch.ones(2, 4)], [torch.zeros(2, 4)], "lses\\[0\\] \\[2, 4\\]"),
+])
+def test_merge_states_names_a_part_of_another_shape(outs, lses, bad):
+    """Parts of different shapes: a ValueError naming the part and its shape, not torch.stack's bare RuntimeError (a
+    fresh user's break test, twenty-eighth session)."""
+    with pytest.raises(ValueError, match=bad):
+        merge_states(outs, lses)
+
+
+def test_dcp_bench_refuses_bad_flags_with_one_line(capsys):
+    """``python -m mla_sink.tools.dcp_bench`` (docs/DCP.md) on bad input prints one ``error:`` line and returns 2, as
+    ``mla-sink bench --dcp`` does; it raised a traceback (a fresh user's break test, twenty-eighth session)."""
+    from mla_sink.tools import dcp_bench
+
+    assert dcp_bench.main(["--dcp", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "got 0" in err[0]
+    if torch.cuda.device_count() < 64:
+        assert dcp_bench.main(["--dcp", "64"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "CUDA devices" in err[0]
+
+
 # --------------------------------------------------------------------------------------------
 # Sharding (in-process)
 # --------------------------------------------------------------------------------------------

@@ -67,10 +67,16 @@ def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
         has no value, as a ``+inf`` score makes the reference's ``out`` NaN).
 
     Raises:
-        ValueError: ``outs`` and ``lses`` differ in length or are empty.
+        ValueError: ``outs`` and ``lses`` differ in length or are empty; a part of another shape than the first
+            (``outs[r]`` ``[..., d_v]``, ``lses[r]`` its ``[...]``).
     """
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty and of equal length (got {len(outs)} and {len(lses)})")
+    shape = tuple(outs[0].shape)
+    for r, (o, x) in enumerate(zip(outs, lses)):  # named here, not torch.stack's bare RuntimeError
+        if tuple(o.shape) != shape or tuple(x.shape) != shape[:-1]:
+            raise ValueError(f"every part must have the shapes of the first, outs[r] {list(shape)} and lses[r] "
+                             f"{list(shape[:-1])} (got outs[{r}] {list(o.shape)} and lses[{r}] {list(x.shape)})")
     lse_stack = torch.stack([x.float() for x in lses])  # [R, ...]
     # relative to the largest part (0 where every part is empty or one is +inf, as the combine kernel takes it),
     # and the output normalised by the weights' own sum: normalising by exp(lse_r - lse) with the fp32 merged

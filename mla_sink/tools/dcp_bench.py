@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import traceback
@@ -325,8 +326,12 @@ def run_dcp_bench(args: Any) -> dict:
     return result
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m mla_sink.tools.dcp_bench --dcp 2 [--heads H --tokens T --topk K --pool-rows N --json PATH]``."""
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m mla_sink.tools.dcp_bench --dcp 2 [--heads H --tokens T --topk K --pool-rows N --json PATH]``.
+    Bad input (a ``ValueError``: too few GPUs, a flag out of range) prints one ``error:`` line and returns 2, as
+    ``mla-sink bench --dcp`` does."""
+    from mla_sink.tools.flags import flag_named
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dcp", type=int, default=DEFAULTS["dcp"])
     p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
@@ -334,8 +339,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--topk", type=int, default=DEFAULTS["topk"])
     p.add_argument("--pool-rows", dest="pool_rows", type=int, default=DEFAULTS["pool_rows"])
     p.add_argument("--json", default=None)
-    run_dcp_bench(p.parse_args(argv))
+    args = p.parse_args(argv)
+    try:
+        run_dcp_bench(args)
+    except ValueError as e:  # one line naming the argument, exit 2 (a fresh user's break test: it was a traceback)
+        print(f"error: {flag_named(str(e))}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
