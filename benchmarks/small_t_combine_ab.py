@@ -5,7 +5,9 @@ run): the combine's first group of partials loaded with the LSEs, and the fp8 sp
 splits at T <= 2, 128-id ones from T=3) at 1-8 tokens and 16 / 32 heads, T = 2 / 64 at 64 / 128 heads;
 ``AB_CASES=combine`` (third run): the combine's change alone at T = 2 / 16 / 64 and 32 / 64 / 128 heads, each tree
 twice; ``AB_CASES=h16`` (fourth run): at 16 heads and T = 1-64, e4m3 on gluon_fp8 at every split count (its
-row's two-split limit lifted), also with 64-id splits at T <= 2, and bf16 on the padded seesaw. Each variant is a tree run
+row's two-split limit lifted), also with 64-id splits at T <= 2, and bf16 on the padded seesaw; ``AB_CASES=t2``
+(twenty-eighth session): the combine's tile at T = 1 / 2 / 4 and 16 / 32 heads (the two-token rows' heads and
+columns per combine program). Each variant is a tree run
 in a child process (:mod:`tree_ab`) on the same data through the library, CUDA-graph replay, L2 flushed, sinks on,
 topk 2048, bf16 q; every variant's ``out`` is compared with the first one's.
 
@@ -25,6 +27,8 @@ if os.environ.get("AB_CASES") == "wide":
              + [(kv, h, t) for h in (64, 128) for t in (2, 64) for kv in KV])
 elif os.environ.get("AB_CASES") == "h16":
     CASES = [(kv, 16, t) for t in (1, 2, 4, 8, 16, 64) for kv in KV]
+elif os.environ.get("AB_CASES") == "t2":
+    CASES = [(kv, h, t) for h in (16, 32) for t in (1, 2, 4) for kv in KV]
 elif os.environ.get("AB_CASES") == "combine":
     CASES = [(kv, h, t) for h in (32, 64, 128) for t in (2, 16, 64) for kv in KV]
 else:
