@@ -355,6 +355,18 @@ def test_version(capsys):
     (["bench", "--calls", "10"], "'--calls' applies to --host only (got --calls 10 without it)"),
     (["bench", "--dcp", "2", "--repeats", "3"], "'--repeats' applies to --host only (got --repeats 3 without it)"),
     (["bench", "--host", "--calls", "0"], "'--calls' must be an int >= 1 (got 0)"),
+    # written after the run: a path that cannot be written is refused before it (a fresh user's check, twenty-eighth
+    # session: a traceback once the benchmark was done)
+    (["bench", "--json", "/nonexistent-mla-sink/x.json"],
+     "'--json' must be a file in an existing folder (got '/nonexistent-mla-sink/x.json': no folder "
+     "'/nonexistent-mla-sink')"),
+    (["bench", "--host", "--json", "/nonexistent-mla-sink/x.json"],
+     "'--json' must be a file in an existing folder (got '/nonexistent-mla-sink/x.json': no folder "
+     "'/nonexistent-mla-sink')"),
+    (["bench", "--dcp", "2", "--json", "/nonexistent-mla-sink/x.json"],
+     "'--json' must be a file in an existing folder (got '/nonexistent-mla-sink/x.json': no folder "
+     "'/nonexistent-mla-sink')"),
+    (["bench", "--png", "/"], "'--png' must name a file, not a folder (got '/')"),
 ])
 def test_bench_flag_values_are_checked_before_the_gpu(argv, text, capsys):
     code = main(argv)
@@ -384,6 +396,22 @@ def test_explain_json_leaves_the_kernel_open_without_an_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json", "--sms", "132", "--tokens", "256")
     launch = json.loads(out)["launch"]
     assert (launch["kernel"], launch["kernel_file"]) == ("gluon_seesaw", "mla_sink/kernels/gluon/gluon_seesaw.py")
+
+
+def test_explain_prints_the_combine_tile_of_a_split_launch(capsys):
+    """A split launch's text explain names the combine's tile and program count, from the plan (a fresh user's
+    check, twenty-eighth session: the tile was in --json only); an unsplit launch has no combine line."""
+    args = ["explain", "--arch", "sm90", "--triton", "--heads", "16", "--kv-dtype", "fp8_ds_mla", "--topk", "2048",
+            "--sms", "132", "--sinks"]
+    code, out = run_cli(capsys, *args, "--tokens", "2", "--json")
+    launch = json.loads(out)["launch"]
+    assert code == 0 and launch["num_kv_splits"] > 1
+    h, d = launch["combine_block_h"], launch["combine_block_d"]
+    code, out = run_cli(capsys, *args, "--tokens", "2")
+    programs = 2 * -(-16 // h) * (512 // d)
+    assert code == 0 and f"    combine: {h} heads x {d} value columns a program, {programs} programs" in out
+    code, out = run_cli(capsys, *args, "--tokens", "256")
+    assert code == 0 and "1 KV split(s)" in out and "combine:" not in out
 
 
 def test_bench_peers_flag_needs_flash_mla(monkeypatch, capsys):

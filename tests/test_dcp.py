@@ -461,10 +461,13 @@ def test_merge_states_known_numbers_natural_log():
     ([torch.ones(1, 1, 4), torch.ones(1, 2, 4)], [torch.zeros(1, 1), torch.zeros(1, 2)], "outs\\[1\\] \\[1, 2, 4\\]"),
     ([torch.ones(1, 2, 4), torch.ones(1, 2, 4)], [torch.zeros(1, 2), torch.zeros(2)], "lses\\[1\\] \\[2\\]"),
     ([torch.ones(2, 4)], [torch.zeros(2, 4)], "lses\\[0\\] \\[2, 4\\]"),
+    ([torch.tensor(1.0)], [torch.tensor(0.0)], "at least one dim"),
+    ([torch.ones(2, 4), torch.ones(2, 4, device="meta")], [torch.zeros(2), torch.zeros(2)], "outs\\[1\\] on meta"),
+    ([torch.ones(2, 4)], [torch.zeros(2, dtype=torch.int64)], "lses\\[0\\] torch.int64"),
 ])
 def test_merge_states_names_a_part_of_another_shape(outs, lses, bad):
-    """Parts of different shapes: a ValueError naming the part and its shape, not torch.stack's bare RuntimeError (a
-    fresh user's break test, twenty-eighth session)."""
+    """Parts of different shapes, devices or integer dtypes: a ValueError naming the part, not torch.stack's bare
+    RuntimeError or a silent cast (a fresh user's break tests, twenty-eighth session)."""
     with pytest.raises(ValueError, match=bad):
         merge_states(outs, lses)
 
@@ -477,6 +480,9 @@ def test_dcp_bench_refuses_bad_flags_with_one_line(capsys):
     assert dcp_bench.main(["--dcp", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "got 0" in err[0]
+    assert dcp_bench.main(["--json", "/nonexistent-mla-sink/x.json"]) == 2  # before the ranks, not after them
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: '--json' must be a file in an existing folder")
     if torch.cuda.device_count() < 64:
         assert dcp_bench.main(["--dcp", "64"]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -68,15 +68,24 @@ def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
 
     Raises:
         ValueError: ``outs`` and ``lses`` differ in length or are empty; a part of another shape than the first
-            (``outs[r]`` ``[..., d_v]``, ``lses[r]`` its ``[...]``).
+            (``outs[r]`` ``[..., d_v]``, at least one dim, ``lses[r]`` its ``[...]``), on another device, or not
+            floating point.
     """
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty and of equal length (got {len(outs)} and {len(lses)})")
-    shape = tuple(outs[0].shape)
+    shape, device = tuple(outs[0].shape), outs[0].device
+    if not shape:
+        raise ValueError("outs[r] must be [..., d_v], at least one dim (got outs[0] of shape [])")
     for r, (o, x) in enumerate(zip(outs, lses)):  # named here, not torch.stack's bare RuntimeError
         if tuple(o.shape) != shape or tuple(x.shape) != shape[:-1]:
             raise ValueError(f"every part must have the shapes of the first, outs[r] {list(shape)} and lses[r] "
                              f"{list(shape[:-1])} (got outs[{r}] {list(o.shape)} and lses[{r}] {list(x.shape)})")
+        if o.device != device or x.device != device:
+            raise ValueError(f"every part must be on {device}, like outs[0] (got outs[{r}] on {o.device} and "
+                             f"lses[{r}] on {x.device})")
+        if not (o.dtype.is_floating_point and x.dtype.is_floating_point):
+            raise ValueError(f"outs[r] and lses[r] must be floating point (got outs[{r}] {o.dtype} and lses[{r}] "
+                             f"{x.dtype})")
     lse_stack = torch.stack([x.float() for x in lses])  # [R, ...]
     # relative to the largest part (0 where every part is empty or one is +inf, as the combine kernel takes it),
     # and the output normalised by the weights' own sum: normalising by exp(lse_r - lse) with the fp32 merged

@@ -37,6 +37,7 @@ from mla_sink.core.kv_layout import LAYOUT as DS_MLA_KV  # the 656-byte V3.2 FP8
 from mla_sink.core.kv_layout import SCALE_CONVENTIONS
 from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, call_key
 from mla_sink.tools import dcp_bench, peers
+from mla_sink.tools.flags import check_output_path
 
 FLUSH_BYTES = 256 << 20
 
@@ -558,7 +559,8 @@ def check_bench_args(args: argparse.Namespace) -> None:
         ValueError: naming the flag, e.g. ``'--reps' must be an int >= 1 (got 0)``; ``--ds-pages`` not 0 or a
             divisor of 64, or given with ``--host`` / ``--dcp``; ``--heads`` / ``--tokens`` / ``--topk`` without
             ``--dcp`` > 1, ``--calls`` / ``--repeats`` without ``--host`` (:data:`MODE_FLAGS`; ``None`` means not
-            given); ``--peers`` given while ``flash_mla`` is not importable.
+            given); ``--peers`` given while ``flash_mla`` is not importable; ``--json`` / ``--png`` a path that cannot
+            be written (:func:`mla_sink.tools.flags.check_output_path`).
     """
     modes = {"--dcp > 1": getattr(args, "dcp", 1) > 1, "--host": getattr(args, "host", False)}
     for name, (mode, _) in MODE_FLAGS.items():
@@ -581,6 +583,8 @@ def check_bench_args(args: argparse.Namespace) -> None:
     if value and (getattr(args, "host", False) or getattr(args, "dcp", 1) > 1):
         raise ValueError(f"'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages "
                          f"{value})")
+    for flag in ("json", "png"):  # written after the run: a path that cannot be written fails now, not then
+        check_output_path(f"--{flag}", getattr(args, flag, ""))
     scale = getattr(args, "ds_scale", "pow2")
     if scale not in SCALE_CONVENTIONS:
         raise ValueError(f"'--ds-scale' must be one of {SCALE_CONVENTIONS} (got {scale!r})")

@@ -37,6 +37,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from mla_sink.tools.flags import check_output_path
+
 #: Environment that keeps NVLink multicast off (set in the parent and in every child before init).
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -274,7 +276,8 @@ def run_dcp_bench(args: Any) -> dict:
         the max difference to the DCP 1 result, and ``per_rank`` medians.
 
     Raises:
-        ValueError: ``args.dcp`` < 2, an int argument < 1, or fewer than ``args.dcp`` CUDA devices.
+        ValueError: ``args.dcp`` < 2, an int argument < 1, ``args.json`` a path that cannot be written
+            (:func:`mla_sink.tools.flags.check_output_path`), or fewer than ``args.dcp`` CUDA devices.
         RuntimeError: a child failed or hung (its traceback
             is in the message).
 
@@ -288,6 +291,7 @@ def run_dcp_bench(args: Any) -> dict:
             raise ValueError(f"'{k}' must be an int >= 1 (got {cfg[k]!r})")
     if cfg["dcp"] < 2:
         raise ValueError(f"'dcp' must be >= 2 for the DCP benchmark (got {cfg['dcp']})")
+    check_output_path("--json", cfg["json"])  # written after the ranks finish: fail before they start
     _set_no_multicast_env()
     if not torch.cuda.is_available() or torch.cuda.device_count() < cfg["dcp"]:
         n_dev = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -14,6 +14,7 @@ import attrs
 from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.kv_layout import BF16_EXACT_SCALE_EXP
 from mla_sink.core.platform import arch_of
+from mla_sink.core.records import D_V
 
 #: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
 KERNEL_FILES = {
@@ -59,6 +60,10 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
             tiles = f"the kernel's own tiles (on a fallback to the portable kernel: {tiles})"
         rounded = " (topk rounded up to whole blocks of ids)" if launch.ids_per_split > plan.spec.topk else ""
         lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids{rounded}; {tiles}")
+        if launch.num_kv_splits > 1:  # the split launch's partials merge in the combine kernel
+            programs = T * -(-plan.spec.num_heads // launch.combine_block_h) * (D_V // launch.combine_block_d)
+            lines.append(f"    combine: {launch.combine_block_h} heads x {launch.combine_block_d} value columns a "
+                         f"program, {programs} programs (mla_sink/kernels/triton/combine.py)")
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")
     if launch.kernel_row != launch.tuning_row:
         lines.append(f"    kernel: row {launch.kernel_row}: {launch.kernel_why}")

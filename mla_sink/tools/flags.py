@@ -4,6 +4,8 @@ for the record field that flag gave (:func:`flag_named`)."""
 
 from __future__ import annotations
 
+import os
+
 #: The largest count a flag may give: the kernels take heads, topk, tokens, pool rows and SM counts as int32
 #: arguments.
 COUNT_MAX = 2 ** 31 - 1
@@ -40,6 +42,25 @@ def check_not_empty(flag: str, value, default: str) -> None:
     """
     if value is not None and not value.strip():
         raise ValueError(f"'{flag}' must not be empty (got {value!r}); leave it out for {default}")
+
+
+def check_output_path(flag: str, path) -> None:
+    """A given output file (``--json``, ``--png``) can be written: its folder exists and is writable and the path is
+    not a folder - checked before a benchmark runs, whose report would otherwise be lost to a traceback at the end.
+    An empty or ``None`` path (the flag left out) passes.
+
+    Raises:
+        ValueError: naming ``flag``, the path and what is wrong.
+    """
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"'{flag}' must name a file, not a folder (got {path!r})")
+    if not os.path.isdir(folder):
+        raise ValueError(f"'{flag}' must be a file in an existing folder (got {path!r}: no folder {folder!r})")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"'{flag}' must be a file in a writable folder (got {path!r}: {folder!r} is not writable)")
 
 
 #: The flag that gives each record field that the library's errors name (``'arch' must be ...``).
