@@ -14,7 +14,7 @@ import attrs
 from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.kv_layout import BF16_EXACT_SCALE_EXP
 from mla_sink.core.platform import arch_of
-from mla_sink.core.records import D_V
+from mla_sink.paths.triton.plan import combine_programs
 
 #: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
 KERNEL_FILES = {
@@ -61,7 +61,7 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
         rounded = " (topk rounded up to whole blocks of ids)" if launch.ids_per_split > plan.spec.topk else ""
         lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids{rounded}; {tiles}")
         if launch.num_kv_splits > 1:  # the split launch's partials merge in the combine kernel
-            programs = T * -(-plan.spec.num_heads // launch.combine_block_h) * (D_V // launch.combine_block_d)
+            programs = combine_programs(T, plan.spec.num_heads, launch.combine_block_h, launch.combine_block_d)
             lines.append(f"    combine: {launch.combine_block_h} heads x {launch.combine_block_d} value columns a "
                          f"program, {programs} programs (mla_sink/kernels/triton/combine.py)")
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")

@@ -259,10 +259,15 @@ def combine_block_d_for(cfg: TritonConfig, num_tokens: int, num_heads: int, num_
     block_h = combine_block_h_for(cfg, num_heads)
     if num_sms is None:
         return block_d
-    rows = max(1, num_tokens) * -(-num_heads // block_h)
-    while block_d > cfg.min_combine_block_d and rows * (D_V // block_d) < num_sms:
+    while block_d > cfg.min_combine_block_d and combine_programs(num_tokens, num_heads, block_h, block_d) < num_sms:
         block_d //= 2
     return block_d
+
+
+def combine_programs(num_tokens: int, num_heads: int, block_h: int, block_d: int) -> int:
+    """Programs of a combine launch over ``num_tokens`` tokens (at least one) with ``block_h x block_d`` tiles:
+    ``T x head blocks x 512 / columns`` (:func:`combine_block_d_for`'s measure, and what explain prints). Pure."""
+    return max(1, num_tokens) * -(-num_heads // block_h) * (D_V // block_d)
 
 
 #: Params of a row of ``tables/dcp_merge.yaml`` (both required).
