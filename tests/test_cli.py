@@ -343,17 +343,33 @@ def test_version(capsys):
     (["bench", "--ds-pages", "3"], "'--ds-pages' must be 0 (a flat [N, 656] cache) or a divisor of 64 (got 3)"),
     (["bench", "--ds-pages", "-64"], "'--ds-pages' must be 0 (a flat [N, 656] cache) or a divisor of 64 (got -64)"),
     (["bench", "--ds-pages", "64", "--host"],
-     "'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages 64)"),
+     "'--ds-pages' applies to the kernel grid only, not to --host (got --ds-pages 64)"),
     (["bench", "--ds-pages", "64", "--dcp", "2"],
-     "'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages 64)"),
+     "'--ds-pages' applies to the kernel grid only, not to --dcp > 1 (got --ds-pages 64)"),
     (["bench", "--ds-scale", "amax", "--host"],
-     "'--ds-scale' applies to the kernel grid only, not to --host or --dcp (got --ds-scale amax)"),
+     "'--ds-scale' applies to the kernel grid only, not to --host (got --ds-scale amax)"),
     (["bench", "--ds-scale", "amax", "--dcp", "2"],
-     "'--ds-scale' applies to the kernel grid only, not to --host or --dcp (got --ds-scale amax)"),
-    (["bench", "--heads", "16"], "'--heads' applies to --dcp > 1 only (got --heads 16 without it)"),
-    (["bench", "--host", "--topk", "256"], "'--topk' applies to --dcp > 1 only (got --topk 256 without it)"),
-    (["bench", "--calls", "10"], "'--calls' applies to --host only (got --calls 10 without it)"),
-    (["bench", "--dcp", "2", "--repeats", "3"], "'--repeats' applies to --host only (got --repeats 3 without it)"),
+     "'--ds-scale' applies to the kernel grid only, not to --dcp > 1 (got --ds-scale amax)"),
+    (["bench", "--heads", "16"], "'--heads' applies to --dcp > 1 only, not to the kernel grid (got --heads 16)"),
+    (["bench", "--host", "--topk", "256"], "'--topk' applies to --dcp > 1 only, not to --host (got --topk 256)"),
+    (["bench", "--calls", "10"], "'--calls' applies to --host only, not to the kernel grid (got --calls 10)"),
+    (["bench", "--dcp", "2", "--repeats", "3"], "'--repeats' applies to --host only, not to --dcp > 1 (got --repeats 3)"),
+    # the kernel grid's flags in the other modes were dropped without a word (a fresh user's check, twenty-ninth
+    # session)
+    (["bench", "--dcp", "2", "--reps", "7"], "'--reps' applies to the kernel grid only, not to --dcp > 1 (got --reps 7)"),
+    (["bench", "--dcp", "2", "--cases", "x"],
+     "'--cases' applies to the kernel grid only, not to --dcp > 1 (got --cases x)"),
+    (["bench", "--host", "--png", "x.png"], "'--png' applies to the kernel grid only, not to --host (got --png x.png)"),
+    (["bench", "--host", "--replays", "3"],
+     "'--replays' applies to the kernel grid only, not to --host (got --replays 3)"),
+    (["bench", "--host", "--flush", "write"],
+     "'--flush' applies to the kernel grid only, not to --host (got --flush write)"),
+    (["bench", "--dcp", "2", "--peer-max-tokens", "2"],
+     "'--peer-max-tokens' applies to the kernel grid only, not to --dcp > 1 (got --peer-max-tokens 2)"),
+    (["bench", "--dcp", "2", "--no-peers"],
+     "'--peers' applies to the kernel grid and --host only, not to --dcp > 1 (got --no-peers)"),
+    (["bench", "--host", "--dcp", "2"],
+     "'--host' and '--dcp 2' are two benchmarks; give one or the other"),
     (["bench", "--host", "--calls", "0"], "'--calls' must be an int >= 1 (got 0)"),
     # written after the run: a path that cannot be written is refused before it (a fresh user's check, twenty-eighth
     # session: a traceback once the benchmark was done)
@@ -430,6 +446,38 @@ def test_bench_peers_flag_needs_flash_mla(monkeypatch, capsys):
     assert code == 2 and "--peers" not in err and "mla-sink bench needs a CUDA GPU" in err
     code = main(["bench", "--no-peers", "--reps", "0"])  # --no-peers never imports; other flags still checked
     assert code == 2 and "'--reps' must be an int >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,mode,expected", [
+    (["bench"], "grid", dict(pool_rows=3_500_000, reps=10, replays=7, flush="read", cases="", png="",
+                             peer_max_tokens=256, ds_pages=0, ds_scale="pow2", peers=None)),
+    (["bench", "--reps", "3", "--pool-rows", "5000"], "grid", dict(reps=3, pool_rows=5000, replays=7)),
+    # the DCP benchmark's own pool whichever way it is started (mla-sink bench gave it the grid's 3.5M rows)
+    (["bench", "--dcp", "2"], "dcp", dict(pool_rows=1 << 22, heads=128, tokens=64, topk=2048, reps=None,
+                                          cases=None)),
+    (["bench", "--host", "--no-peers"], "host", dict(pool_rows=3_500_000, calls=300, repeats=11, peers=False,
+                                                     reps=None)),
+])
+def test_bench_modes_get_their_own_defaults(argv, mode, expected, monkeypatch):
+    """Each mode's flags get that mode's defaults, and the flags it does not read stay unset (a fresh user's check,
+    twenty-ninth session)."""
+    from mla_sink.tools import bench, dcp_bench, host_bench
+
+    seen = {}
+
+    def capture(name):
+        def run(args):
+            seen[name] = vars(args)
+            return 0
+        return run
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(dcp_bench, "run_dcp_bench", capture("dcp"))
+    monkeypatch.setattr(host_bench, "cmd_host_bench", capture("host"))
+    monkeypatch.setattr(bench, "run_bench", lambda args: (capture("grid")(args), {})[1])
+    monkeypatch.setattr(bench, "print_table", lambda report: None)
+    assert main(argv) == 0 and list(seen) == [mode]
+    assert {k: seen[mode][k] for k in expected} == expected
 
 
 def test_bench_peers_and_no_peers_exclude_each_other(capsys):

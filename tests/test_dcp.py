@@ -464,6 +464,9 @@ def test_merge_states_known_numbers_natural_log():
     ([torch.tensor(1.0)], [torch.tensor(0.0)], "at least one dim"),
     ([torch.ones(2, 4), torch.ones(2, 4, device="meta")], [torch.zeros(2), torch.zeros(2)], "outs\\[1\\] on meta"),
     ([torch.ones(2, 4)], [torch.zeros(2, dtype=torch.int64)], "lses\\[0\\] torch.int64"),
+    # not tensors at all: named, not AttributeError (twenty-ninth session)
+    ([1], [2], "outs\\[0\\] of type int"),
+    ([torch.ones(2, 4)], [[0.0, 0.0]], "lses\\[0\\] of type list"),
 ])
 def test_merge_states_names_a_part_of_another_shape(outs, lses, bad):
     """Parts of different shapes, devices or integer dtypes: a ValueError naming the part, not torch.stack's bare
@@ -538,6 +541,37 @@ def test_compact_local_indices_keeps_order_and_counts():
     assert ids.dtype == torch.int32 and length.dtype == torch.int32 and ids.is_contiguous()
     assert ids.tolist() == [[4, 2, 7, -1, -1], [-1, -1, -1, -1, -1], [0, 1, 2, 3, 4]]
     assert length.tolist() == [3, 0, 5]
+
+
+@pytest.mark.parametrize("loc,bad", [
+    (torch.zeros(5, dtype=torch.int32), "int32 of shape \\[5\\]"),
+    (torch.zeros(2, 5, dtype=torch.int64), "int64 of shape \\[2, 5\\]"),
+    (torch.zeros(2, 5), "float32"),
+    ([[0, 1]], "list"),
+])
+def test_compact_local_indices_refuses_other_inputs(loc, bad):
+    """Not an int32 ``[T, topk]`` tensor: a ValueError naming ``loc`` (a 1-D input unpacked with Python's own
+    message, an int64 one came back int64 against the docstring; fresh user's check, twenty-ninth session)."""
+    with pytest.raises(ValueError, match="'loc' must be an int32 \\[T, topk\\] tensor of local ids \\(got .*" + bad):
+        compact_local_indices(loc)
+
+
+@pytest.mark.parametrize("out,lse,sinks,bad", [
+    (torch.ones(2, 3, 4), torch.zeros(2, 3), torch.zeros(5), "'sinks' must be \\[H\\].*got sinks \\[5\\]"),
+    (torch.ones(2, 3, 4), torch.zeros(2, 3), torch.zeros(1), "'sinks' must be \\[H\\].*got sinks \\[1\\]"),
+    (torch.ones(2, 3, 4), torch.zeros(2, 1), torch.zeros(3), "'lse' must have the shape.*got out \\[2, 3, 4\\] and lse"),
+    (torch.ones(2, 3, 4), torch.zeros(2, 3, dtype=torch.int32), None, "'lse' must be a floating-point tensor"),
+    (torch.ones(2, 3, 4), [0.0], None, "'lse' must be a floating-point tensor \\(got list\\)"),
+])
+def test_apply_sink_refuses_shapes_that_would_broadcast(out, lse, sinks, bad):
+    """``apply_sink`` (docs/DCP.md, step 5) names a short ``lse`` or a ``sinks`` of another length; they broadcast
+    silently or failed in torch (fresh user's check, twenty-ninth session)."""
+    from mla_sink.core.lse import apply_sink
+
+    with pytest.raises(ValueError, match=bad):
+        apply_sink(out, lse, sinks)
+    good = apply_sink(torch.ones(2, 3, 4), torch.zeros(2, 3), torch.zeros(3))
+    assert torch.allclose(good, torch.full((2, 3, 4), 0.5))
 
 
 def test_local_indices_explicit_table():

@@ -229,7 +229,13 @@ def compact_local_indices(loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     Returns:
         ``(ids, length)``: int32 ``[T, topk]`` with the ``length[t]`` valid ids of row t first and
         ``-1`` after them, and int32 ``[T]`` ``length`` (usable as ``topk_length``).
+
+    Raises:
+        ValueError: ``loc`` not an int32 ``[T, topk]`` tensor.
     """
+    if not isinstance(loc, torch.Tensor) or loc.dim() != 2 or loc.dtype != torch.int32:
+        got = f"{loc.dtype} of shape {list(loc.shape)}" if isinstance(loc, torch.Tensor) else type(loc).__name__
+        raise ValueError(f"'loc' must be an int32 [T, topk] tensor of local ids (got {got})")
     t, topk = loc.shape
     owned = loc >= 0
     # Owned ids go to their rank among the owned; the rest all write -1 into a spare column.

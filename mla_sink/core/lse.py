@@ -43,7 +43,22 @@ def apply_sink(out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tenso
         out: ``[T, H, d_v]`` sink-free output (any float dtype); must be 0 on empty rows.
         lse: fp32 ``[T, H]`` natural-log, sink-free.
         sinks: fp32 ``[H]`` or ``None`` (then ``out`` is returned as fp32 unchanged).
+
+    Raises:
+        ValueError: naming the argument: one that is not a floating-point tensor, ``lse`` not of ``out``'s shape
+            without its last dim, ``sinks`` not ``[H]`` (``lse``'s last dim) - checked before any math (a fresh
+            user's check, twenty-ninth session: a short ``lse`` or a one-element ``sinks`` broadcast silently).
     """
+    for name, x in (("out", out), ("lse", lse), ("sinks", sinks)):
+        if x is not None and not (isinstance(x, torch.Tensor) and x.dtype.is_floating_point):
+            raise ValueError(f"'{name}' must be a floating-point tensor (got "
+                             f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__})")
+    if out.dim() < 1 or tuple(lse.shape) != tuple(out.shape[:-1]):
+        raise ValueError(f"'lse' must have the shape of 'out' without its last dim, 'out' [..., d_v] and 'lse' "
+                         f"[...] (got out {list(out.shape)} and lse {list(lse.shape)})")
+    if sinks is not None and (lse.dim() < 1 or tuple(sinks.shape) != tuple(lse.shape[-1:])):
+        raise ValueError(f"'sinks' must be [H], one per head of 'lse' [T, H] (got sinks {list(sinks.shape)} and lse "
+                         f"{list(lse.shape)})")
     out_c = out.to(torch.promote_types(out.dtype, torch.float32))
     factor = sink_factor(lse, sinks)
     return out_c if factor is None else out_c * factor.to(out_c.dtype).unsqueeze(-1)
@@ -67,12 +82,17 @@ def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
         has no value, as a ``+inf`` score makes the reference's ``out`` NaN).
 
     Raises:
-        ValueError: ``outs`` and ``lses`` differ in length or are empty; a part of another shape than the first
+        ValueError: ``outs`` and ``lses`` differ in length or are empty; a part that is not a tensor, or of another
+            shape than the first
             (``outs[r]`` ``[..., d_v]``, at least one dim, ``lses[r]`` its ``[...]``), on another device, or not
             floating point.
     """
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty and of equal length (got {len(outs)} and {len(lses)})")
+    for name, parts in (("outs", outs), ("lses", lses)):
+        for r, x in enumerate(parts):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"every part must be a torch.Tensor (got {name}[{r}] of type {type(x).__name__})")
     shape, device = tuple(outs[0].shape), outs[0].device
     if not shape:
         raise ValueError("outs[r] must be [..., d_v], at least one dim (got outs[0] of shape [])")

@@ -456,8 +456,8 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
     if args.cases:
         wanted = args.cases.split(",")
         cases = [c for c in cases if any(w in case_name(c, platform) for w in wanted)]
-    ds_pages = getattr(args, "ds_pages", 0)
-    ds_scale = getattr(args, "ds_scale", "pow2")
+    ds_pages = getattr(args, "ds_pages", None) or 0
+    ds_scale = getattr(args, "ds_scale", None) or "pow2"
     results, ds_source = run_cases(
         cases, device=device, pool_rows=args.pool_rows, peer_max_tokens=args.peer_max_tokens, timer=timer,
         ceilings=ceilings, platform=platform, flash_mla=flash_mla, ds_pages=ds_pages, ds_scale=ds_scale,
@@ -546,10 +546,42 @@ def plot(report: dict, path: str) -> None:
 
 #: ``mla-sink bench`` flags that must be ints >= 1 (``--peer-max-tokens`` may be 0: no peers).
 POSITIVE_FLAGS = ("dcp", "reps", "replays", "pool_rows", "heads", "tokens", "topk", "calls", "repeats")
-#: Flags that only one mode reads -> (the mode, the default it gets there: the DCP benchmark's own for its flags).
-#: Given without that mode, they are refused rather than silently ignored.
-MODE_FLAGS = {**{name: ("--dcp > 1", dcp_bench.DEFAULTS[name]) for name in ("heads", "tokens", "topk")},
-              "calls": ("--host", 300), "repeats": ("--host", 11)}
+#: The three modes of ``mla-sink bench``: the kernel grid (:func:`run_bench`), the host cost (``--host``,
+#: :mod:`mla_sink.tools.host_bench`) and the DCP benchmark (``--dcp`` > 1, :mod:`mla_sink.tools.dcp_bench`).
+GRID, HOST, DCP = "the kernel grid", "--host", "--dcp > 1"
+#: Every flag that not all modes read -> {mode that reads it: its default there} (the DCP benchmark's own defaults
+#: for its flags and its pool). The parser leaves them ``None`` when not given; one given in a mode that does not
+#: read it is refused rather than silently ignored (a fresh user's check, twenty-ninth session: ``--dcp 2 --reps 7
+#: --cases x --png x.png`` ran the DCP benchmark and dropped the three).
+MODE_FLAGS = {
+    **{name: {DCP: dcp_bench.DEFAULTS[name]} for name in ("heads", "tokens", "topk")},
+    "calls": {HOST: 300}, "repeats": {HOST: 11},
+    "cases": {GRID: ""}, "png": {GRID: ""}, "reps": {GRID: 10}, "replays": {GRID: 7}, "flush": {GRID: "read"},
+    "peer_max_tokens": {GRID: 256}, "ds_pages": {GRID: 0}, "ds_scale": {GRID: "pow2"},
+    "peers": {GRID: None, HOST: None},  # None: timed when importable
+    "pool_rows": {GRID: 3_500_000, HOST: 3_500_000, DCP: dcp_bench.DEFAULTS["pool_rows"]},
+}
+
+
+def bench_mode(args: argparse.Namespace) -> str:
+    """The mode of these ``mla-sink bench`` flags: :data:`DCP` for ``--dcp`` > 1, :data:`HOST` for ``--host``, else
+    :data:`GRID`.
+
+    Raises:
+        ValueError: ``--host`` given with ``--dcp`` > 1 (two modes).
+    """
+    dcp, host = getattr(args, "dcp", 1), getattr(args, "host", False)
+    if host and isinstance(dcp, int) and dcp > 1:
+        raise ValueError(f"'--host' and '--dcp {dcp}' are two benchmarks; give one or the other")
+    return DCP if isinstance(dcp, int) and dcp > 1 else HOST if host else GRID
+
+
+def _flag(name: str, value: Any) -> str:
+    if value is True:
+        return f"--{name.replace('_', '-')}"
+    if value is False and name == "peers":
+        return "--no-peers"
+    return f"--{name.replace('_', '-')} {value}"
 
 
 def check_bench_args(args: argparse.Namespace) -> None:
@@ -557,40 +589,37 @@ def check_bench_args(args: argparse.Namespace) -> None:
 
     Raises:
         ValueError: naming the flag, e.g. ``'--reps' must be an int >= 1 (got 0)``; ``--ds-pages`` not 0 or a
-            divisor of 64, or given with ``--host`` / ``--dcp``; ``--heads`` / ``--tokens`` / ``--topk`` without
-            ``--dcp`` > 1, ``--calls`` / ``--repeats`` without ``--host`` (:data:`MODE_FLAGS`; ``None`` means not
-            given); ``--peers`` given while ``flash_mla`` is not importable; ``--json`` / ``--png`` a path that cannot
-            be written (:func:`mla_sink.tools.flags.check_output_path`).
+            divisor of 64; ``--host`` with ``--dcp`` > 1; a flag of :data:`MODE_FLAGS` given (not ``None``) in a mode
+            that does not read it, e.g. ``--heads`` without ``--dcp`` > 1 or ``--reps`` with ``--host``; ``--peers``
+            given while ``flash_mla`` is not importable; ``--json`` / ``--png`` a path that cannot be written
+            (:func:`mla_sink.tools.flags.check_output_path`).
     """
-    modes = {"--dcp > 1": getattr(args, "dcp", 1) > 1, "--host": getattr(args, "host", False)}
-    for name, (mode, _) in MODE_FLAGS.items():
+    mode = bench_mode(args)
+    for name, modes in MODE_FLAGS.items():
         value = getattr(args, name, None)
-        if value is not None and not modes[mode]:
-            raise ValueError(f"'--{name}' applies to {mode} only (got --{name} {value} without it)")
+        if value is not None and mode not in modes:
+            raise ValueError(f"'{_flag(name, True)}' applies to {' and '.join(modes)} only, not to {mode} (got "
+                             f"{_flag(name, value)})")
     for name in POSITIVE_FLAGS:
-        value = getattr(args, name, 1)
+        value = getattr(args, name, None)
         if value is None and name in MODE_FLAGS:
             continue
+        if value is None:
+            value = 1
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"'--{name.replace('_', '-')}' must be an int >= 1 (got {value!r})")
-    value = getattr(args, "peer_max_tokens", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    value = getattr(args, "peer_max_tokens", None)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"'--peer-max-tokens' must be an int >= 0 (got {value!r})")
-    value = getattr(args, "ds_pages", 0)
-    if not _ds_pages_ok(value):
+    value = getattr(args, "ds_pages", None)
+    if value is not None and not _ds_pages_ok(value):
         raise ValueError(f"'--ds-pages' must be 0 (a flat [N, 656] cache) or a divisor of {peers.FLASH_MLA_BLOCK} "
                          f"(got {value!r})")
-    if value and (getattr(args, "host", False) or getattr(args, "dcp", 1) > 1):
-        raise ValueError(f"'--ds-pages' applies to the kernel grid only, not to --host or --dcp (got --ds-pages "
-                         f"{value})")
     for flag in ("json", "png"):  # written after the run: a path that cannot be written fails now, not then
-        check_output_path(f"--{flag}", getattr(args, flag, ""))
-    scale = getattr(args, "ds_scale", "pow2")
-    if scale not in SCALE_CONVENTIONS:
+        check_output_path(f"--{flag}", getattr(args, flag, None) or "")
+    scale = getattr(args, "ds_scale", None)
+    if scale is not None and scale not in SCALE_CONVENTIONS:
         raise ValueError(f"'--ds-scale' must be one of {SCALE_CONVENTIONS} (got {scale!r})")
-    if scale != "pow2" and (getattr(args, "host", False) or getattr(args, "dcp", 1) > 1):
-        raise ValueError(f"'--ds-scale' applies to the kernel grid only, not to --host or --dcp (got --ds-scale "
-                         f"{scale})")
     if getattr(args, "peers", None) is True:
         flash_mla, why = peers.import_flash_mla()
         if flash_mla is None:
@@ -606,17 +635,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ValueError: a flag value out of its domain (:func:`check_bench_args`), checked before the GPU.
     """
     check_bench_args(args)
-    for name, (_, default) in MODE_FLAGS.items():  # the modes' defaults, for the flags left out
-        if getattr(args, name, None) is None:
-            setattr(args, name, default)
-    if args.host:
+    mode = bench_mode(args)
+    for name, modes in MODE_FLAGS.items():  # this mode's defaults, for the flags left out
+        if getattr(args, name, None) is None and mode in modes:
+            setattr(args, name, modes[mode])
+    if mode == HOST:
         from mla_sink.tools.host_bench import cmd_host_bench
 
         if not torch.cuda.is_available():
             print("mla-sink bench --host needs a CUDA GPU", file=sys.stderr)
             return 2
         return cmd_host_bench(args)
-    if args.dcp > 1:
+    if mode == DCP:
         from mla_sink.tools import dcp_bench
 
         return dcp_bench.run_dcp_bench(args) or 0
@@ -636,20 +666,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to an argparse subparsers object (dispatched via ``args.func``)."""
     p = subparsers.add_parser("bench", help="time the Triton kernel and its peers on this GPU (cold L2, CUDA graphs)")
-    p.add_argument("--cases", default="",
+    p.add_argument("--cases", default=None,
                    help="comma-separated substrings of case names to keep (default: all), e.g. 'bf16-h' (the bf16 "
                         "cases), 'kv_fp8' (the fp8 cases), '-h128-'")
     p.add_argument("--json", default="", help="write the report as JSON here")
-    p.add_argument("--png", default="", help="write a bar chart of time per case here")
-    p.add_argument("--pool-rows", type=int, default=3_500_000, help="rows of the random KV pool (default 3.5M, ~4 GB bf16)")
-    p.add_argument("--reps", type=int, default=10, help="calls per CUDA graph")
-    p.add_argument("--replays", type=int, default=7, help="graph replays; the median is reported")
-    p.add_argument("--flush", choices=["read", "write"], default="read", help="how the L2 is flushed before each call")
-    p.add_argument("--peer-max-tokens", type=int, default=256, help="time peers only up to this many tokens")
-    p.add_argument("--ds-pages", type=int, default=0,
+    p.add_argument("--png", default=None, help="write a bar chart of time per case here (the kernel grid)")
+    p.add_argument("--pool-rows", type=int, default=None,
+                   help=f"rows of the random KV pool (default 3.5M, ~4 GB bf16; with --dcp the DCP benchmark's "
+                        f"{MODE_FLAGS['pool_rows'][DCP]})")
+    p.add_argument("--reps", type=int, default=None, help="calls per CUDA graph (default 10)")
+    p.add_argument("--replays", type=int, default=None, help="graph replays; the median is reported (default 7)")
+    p.add_argument("--flush", choices=["read", "write"], default=None,
+                   help="how the L2 is flushed before each call (default read)")
+    p.add_argument("--peer-max-tokens", type=int, default=None, help="time peers only up to this many tokens (default 256)")
+    p.add_argument("--ds-pages", type=int, default=None,
                    help="give our fp8_ds_mla calls the paged view [rows / N, N, 656] of the same cache (64: vLLM's and "
                         "FlashMLA's pages; default 0: the flat [rows, 656])")
-    p.add_argument("--ds-scale", choices=SCALE_CONVENTIONS, default="pow2",
+    p.add_argument("--ds-scale", choices=SCALE_CONVENTIONS, default=None,
                    help="tile scales of the fp8_ds_mla cache: pow2 (FlashMLA's quantiser, the default) or amax "
                         "(amax / 448, vLLM's writer); every implementation reads the same bytes")
     peer = p.add_mutually_exclusive_group()
@@ -658,13 +691,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     peer.add_argument("--no-peers", dest="peers", action="store_false", help="do not time FlashMLA")
     p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel ranks (>1 runs mla_sink.tools.dcp_bench)")
     for name, what in (("heads", "query heads H"), ("tokens", "query tokens T"), ("topk", "ids per token")):
-        p.add_argument(f"--{name}", type=int, default=None, help=f"with --dcp: {what} (default {MODE_FLAGS[name][1]})")
+        p.add_argument(f"--{name}", type=int, default=None, help=f"with --dcp: {what} (default {MODE_FLAGS[name][DCP]})")
     p.add_argument("--host", action="store_true",
                    help="host cost of one eager call (function, layer, operator; FlashMLA when importable) at "
                         "T in {1, 2, 8}, H in {16, 128}, beside the GPU time (mla_sink.tools.host_bench)")
     p.add_argument("--calls", type=int, default=None,
-                   help=f"with --host: back-to-back calls per timing (default {MODE_FLAGS['calls'][1]})")
+                   help=f"with --host: back-to-back calls per timing (default {MODE_FLAGS['calls'][HOST]})")
     p.add_argument("--repeats", type=int, default=None,
-                   help=f"with --host: timings; the median is reported (default {MODE_FLAGS['repeats'][1]})")
+                   help=f"with --host: timings; the median is reported (default {MODE_FLAGS['repeats'][HOST]})")
     p.set_defaults(func=cmd_bench)
     return p
