@@ -467,6 +467,8 @@ def test_merge_states_known_numbers_natural_log():
     # not tensors at all: named, not AttributeError (twenty-ninth session)
     ([1], [2], "outs\\[0\\] of type int"),
     ([torch.ones(2, 4)], [[0.0, 0.0]], "lses\\[0\\] of type list"),
+    (None, None, "'outs' must be a list or tuple of tensors, one per part \\(got NoneType\\)"),
+    (torch.ones(2, 2, 4), torch.zeros(2, 2), "'outs' must be a list or tuple .*got Tensor"),
 ])
 def test_merge_states_names_a_part_of_another_shape(outs, lses, bad):
     """Parts of different shapes, devices or integer dtypes: a ValueError naming the part, not torch.stack's bare
@@ -483,6 +485,13 @@ def test_dcp_bench_refuses_bad_flags_with_one_line(capsys):
     assert dcp_bench.main(["--dcp", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "got 0" in err[0]
+    # named as the flags (it printed 'heads' and a doubled '--topk: 'topk''), and counts capped at int32 (twenty-ninth
+    # session)
+    for argv, text in ((["--heads", "0"], "'--heads' must be an int in [1, 2147483647] (got 0)"),
+                       (["--topk", "0"], "'--topk' must be an int in [1, 2147483647] (got 0)"),
+                       (["--pool-rows", str(2 ** 31)], "'--pool-rows' must be an int in [1, 2147483647] (got 2147483648)"),
+                       (["--dcp", "1"], "'--dcp' must be >= 2 for the DCP benchmark (got 1)")):
+        assert dcp_bench.main(argv) == 2 and capsys.readouterr().err.strip() == f"error: {text}"
     assert dcp_bench.main(["--json", "/nonexistent-mla-sink/x.json"]) == 2  # before the ranks, not after them
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: '--json' must be a file in an existing folder")
@@ -562,6 +571,10 @@ def test_compact_local_indices_refuses_other_inputs(loc, bad):
     (torch.ones(2, 3, 4), torch.zeros(2, 1), torch.zeros(3), "'lse' must have the shape.*got out \\[2, 3, 4\\] and lse"),
     (torch.ones(2, 3, 4), torch.zeros(2, 3, dtype=torch.int32), None, "'lse' must be a floating-point tensor"),
     (torch.ones(2, 3, 4), [0.0], None, "'lse' must be a floating-point tensor \\(got list\\)"),
+    (None, torch.zeros(2, 3), None, "'out' must be a floating-point tensor \\(got NoneType\\)"),
+    (torch.ones(2, 3, 4), None, None, "'lse' must be a floating-point tensor \\(got NoneType\\)"),
+    (torch.ones(2, 3, 4), torch.zeros(2, 3), torch.zeros(3, device="meta"), "'sinks' must be on cpu"),
+    (torch.tensor(1.0), torch.tensor(1.0), None, "'out' must be \\[..., d_v\\], at least one dim"),
 ])
 def test_apply_sink_refuses_shapes_that_would_broadcast(out, lse, sinks, bad):
     """``apply_sink`` (docs/DCP.md, step 5) names a short ``lse`` or a ``sinks`` of another length; they broadcast

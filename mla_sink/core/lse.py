@@ -45,15 +45,19 @@ def apply_sink(out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tenso
         sinks: fp32 ``[H]`` or ``None`` (then ``out`` is returned as fp32 unchanged).
 
     Raises:
-        ValueError: naming the argument: one that is not a floating-point tensor, ``lse`` not of ``out``'s shape
-            without its last dim, ``sinks`` not ``[H]`` (``lse``'s last dim) - checked before any math (a fresh
+        ValueError: naming the argument: one that is not a floating-point tensor (``sinks`` may be ``None``) or
+            not on ``out``'s device, a 0-d ``out``, ``lse`` not of ``out``'s shape without its last dim, ``sinks`` not ``[H]`` (``lse``'s last dim) - checked before any math (a fresh
             user's check, twenty-ninth session: a short ``lse`` or a one-element ``sinks`` broadcast silently).
     """
     for name, x in (("out", out), ("lse", lse), ("sinks", sinks)):
-        if x is not None and not (isinstance(x, torch.Tensor) and x.dtype.is_floating_point):
+        if (x is not None or name != "sinks") and not (isinstance(x, torch.Tensor) and x.dtype.is_floating_point):
             raise ValueError(f"'{name}' must be a floating-point tensor (got "
                              f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__})")
-    if out.dim() < 1 or tuple(lse.shape) != tuple(out.shape[:-1]):
+        if x is not None and x.device != out.device:
+            raise ValueError(f"'{name}' must be on {out.device}, like 'out' (got {x.device})")
+    if out.dim() < 1:
+        raise ValueError(f"'out' must be [..., d_v], at least one dim (got shape {list(out.shape)})")
+    if tuple(lse.shape) != tuple(out.shape[:-1]):
         raise ValueError(f"'lse' must have the shape of 'out' without its last dim, 'out' [..., d_v] and 'lse' "
                          f"[...] (got out {list(out.shape)} and lse {list(lse.shape)})")
     if sinks is not None and (lse.dim() < 1 or tuple(sinks.shape) != tuple(lse.shape[-1:])):
@@ -82,11 +86,15 @@ def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
         has no value, as a ``+inf`` score makes the reference's ``out`` NaN).
 
     Raises:
-        ValueError: ``outs`` and ``lses`` differ in length or are empty; a part that is not a tensor, or of another
+        ValueError: ``outs`` or ``lses`` not a list or tuple; they differ in length or are empty; a part that is not
+            a tensor, or of another
             shape than the first
             (``outs[r]`` ``[..., d_v]``, at least one dim, ``lses[r]`` its ``[...]``), on another device, or not
             floating point.
     """
+    for name, parts in (("outs", outs), ("lses", lses)):  # a list or tuple of parts (a stacked tensor is not one)
+        if not isinstance(parts, (list, tuple)):
+            raise ValueError(f"'{name}' must be a list or tuple of tensors, one per part (got {type(parts).__name__})")
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty and of equal length (got {len(outs)} and {len(lses)})")
     for name, parts in (("outs", outs), ("lses", lses)):

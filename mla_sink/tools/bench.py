@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,7 +38,7 @@ from mla_sink.core.kv_layout import LAYOUT as DS_MLA_KV  # the 656-byte V3.2 FP8
 from mla_sink.core.kv_layout import SCALE_CONVENTIONS
 from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, call_key
 from mla_sink.tools import dcp_bench, peers
-from mla_sink.tools.flags import check_output_path
+from mla_sink.tools.flags import COUNT_MAX, check_output_path
 
 FLUSH_BYTES = 256 << 20
 
@@ -544,7 +545,7 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-#: ``mla-sink bench`` flags that must be ints >= 1 (``--peer-max-tokens`` may be 0: no peers).
+#: ``mla-sink bench`` flags that must be ints in ``[1, COUNT_MAX]`` (``--peer-max-tokens`` may be 0: no peers).
 POSITIVE_FLAGS = ("dcp", "reps", "replays", "pool_rows", "heads", "tokens", "topk", "calls", "repeats")
 #: The three modes of ``mla-sink bench``: the kernel grid (:func:`run_bench`), the host cost (``--host``,
 #: :mod:`mla_sink.tools.host_bench`) and the DCP benchmark (``--dcp`` > 1, :mod:`mla_sink.tools.dcp_bench`).
@@ -584,6 +585,25 @@ def _flag(name: str, value: Any) -> str:
     return f"--{name.replace('_', '-')} {value}"
 
 
+def check_chart_path(path: str) -> None:
+    """``--png``: matplotlib is importable and writes the format the path's extension names (none: PNG) - checked
+    before the grid runs, which took the chart's error to its end (a fresh user's check, twenty-ninth session).
+
+    Raises:
+        ValueError: naming ``--png``: matplotlib missing, or an extension it cannot write.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ValueError(f"'--png' needs matplotlib ({e}); install it (pip install 'mla-sink[bench]') or leave the "
+                         f"flag out") from None
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    formats = Figure().canvas.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise ValueError(f"'--png' must name a chart file matplotlib writes ({', '.join(sorted(formats))}; got "
+                         f"{path!r})")
+
+
 def check_bench_args(args: argparse.Namespace) -> None:
     """Check the values of the ``mla-sink bench`` flags, before looking for a GPU.
 
@@ -592,22 +612,23 @@ def check_bench_args(args: argparse.Namespace) -> None:
             divisor of 64; ``--host`` with ``--dcp`` > 1; a flag of :data:`MODE_FLAGS` given (not ``None``) in a mode
             that does not read it, e.g. ``--heads`` without ``--dcp`` > 1 or ``--reps`` with ``--host``; ``--peers``
             given while ``flash_mla`` is not importable; ``--json`` / ``--png`` a path that cannot be written
-            (:func:`mla_sink.tools.flags.check_output_path`).
+            (:func:`mla_sink.tools.flags.check_output_path`), ``--png`` a chart matplotlib cannot write
+            (:func:`check_chart_path`); a count outside ``[1, 2^31 - 1]`` (the kernels' int32 arguments).
     """
+    for name in POSITIVE_FLAGS:  # first: a --dcp out of range decides no mode
+        value = getattr(args, name, None)
+        if value is None and name in MODE_FLAGS:
+            continue
+        if value is None:
+            value = 1
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= COUNT_MAX:
+            raise ValueError(f"'--{name.replace('_', '-')}' must be an int in [1, {COUNT_MAX}] (got {value!r})")
     mode = bench_mode(args)
     for name, modes in MODE_FLAGS.items():
         value = getattr(args, name, None)
         if value is not None and mode not in modes:
             raise ValueError(f"'{_flag(name, True)}' applies to {' and '.join(modes)} only, not to {mode} (got "
                              f"{_flag(name, value)})")
-    for name in POSITIVE_FLAGS:
-        value = getattr(args, name, None)
-        if value is None and name in MODE_FLAGS:
-            continue
-        if value is None:
-            value = 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"'--{name.replace('_', '-')}' must be an int >= 1 (got {value!r})")
     value = getattr(args, "peer_max_tokens", None)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"'--peer-max-tokens' must be an int >= 0 (got {value!r})")
@@ -617,6 +638,8 @@ def check_bench_args(args: argparse.Namespace) -> None:
                          f"(got {value!r})")
     for flag in ("json", "png"):  # written after the run: a path that cannot be written fails now, not then
         check_output_path(f"--{flag}", getattr(args, flag, None) or "")
+    if getattr(args, "png", None):
+        check_chart_path(args.png)
     scale = getattr(args, "ds_scale", None)
     if scale is not None and scale not in SCALE_CONVENTIONS:
         raise ValueError(f"'--ds-scale' must be one of {SCALE_CONVENTIONS} (got {scale!r})")

@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mla_sink.tools.flags import check_output_path
+from mla_sink.tools.flags import COUNT_MAX, check_output_path
 
 #: Environment that keeps NVLink multicast off (set in the parent and in every child before init).
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -276,7 +276,7 @@ def run_dcp_bench(args: Any) -> dict:
         the max difference to the DCP 1 result, and ``per_rank`` medians.
 
     Raises:
-        ValueError: ``args.dcp`` < 2, an int argument < 1, ``args.json`` a path that cannot be written
+        ValueError: ``args.dcp`` < 2, an int argument outside [1, 2^31 - 1] (named as its flag), ``args.json`` a path that cannot be written
             (:func:`mla_sink.tools.flags.check_output_path`), or fewer than ``args.dcp`` CUDA devices.
         RuntimeError: a child failed or hung (its traceback
             is in the message).
@@ -286,11 +286,11 @@ def run_dcp_bench(args: Any) -> dict:
     """
     cfg = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
     cfg = {k: (v if v is not None or k == "json" else DEFAULTS[k]) for k, v in cfg.items()}
-    for k in ("dcp", "heads", "tokens", "topk", "pool_rows"):
-        if isinstance(cfg[k], bool) or not isinstance(cfg[k], int) or cfg[k] < 1:
-            raise ValueError(f"'{k}' must be an int >= 1 (got {cfg[k]!r})")
+    for k in ("dcp", "heads", "tokens", "topk", "pool_rows"):  # named as the flags that give them
+        if isinstance(cfg[k], bool) or not isinstance(cfg[k], int) or not 1 <= cfg[k] <= COUNT_MAX:
+            raise ValueError(f"'--{k.replace('_', '-')}' must be an int in [1, {COUNT_MAX}] (got {cfg[k]!r})")
     if cfg["dcp"] < 2:
-        raise ValueError(f"'dcp' must be >= 2 for the DCP benchmark (got {cfg['dcp']})")
+        raise ValueError(f"'--dcp' must be >= 2 for the DCP benchmark (got {cfg['dcp']})")
     check_output_path("--json", cfg["json"])  # written after the ranks finish: fail before they start
     _set_no_multicast_env()
     if not torch.cuda.is_available() or torch.cuda.device_count() < cfg["dcp"]:
@@ -334,8 +334,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``python -m mla_sink.tools.dcp_bench --dcp 2 [--heads H --tokens T --topk K --pool-rows N --json PATH]``.
     Bad input (a ``ValueError``: too few GPUs, a flag out of range) prints one ``error:`` line and returns 2, as
     ``mla-sink bench --dcp`` does."""
-    from mla_sink.tools.flags import flag_named
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dcp", type=int, default=DEFAULTS["dcp"])
     p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
@@ -347,7 +345,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         run_dcp_bench(args)
     except ValueError as e:  # one line naming the argument, exit 2 (a fresh user's break test: it was a traceback)
-        print(f"error: {flag_named(str(e))}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
 
