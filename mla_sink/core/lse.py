@@ -46,8 +46,9 @@ def apply_sink(out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tenso
 
     Raises:
         ValueError: naming the argument: one that is not a floating-point tensor (``sinks`` may be ``None``) or
-            not on ``out``'s device, a 0-d ``out``, ``lse`` not of ``out``'s shape without its last dim, ``sinks`` not ``[H]`` (``lse``'s last dim) - checked before any math (a fresh
-            user's check, twenty-ninth session: a short ``lse`` or a one-element ``sinks`` broadcast silently).
+            not on ``out``'s device, a 0-d ``out``, ``lse`` not of ``out``'s shape without its last dim, ``sinks``
+            not ``[H]`` (``lse``'s last dim) - checked before any math (fresh users' checks, twenty-ninth session:
+            a short ``lse`` or a one-element ``sinks`` broadcast silently).
     """
     for name, x in (("out", out), ("lse", lse), ("sinks", sinks)):
         if (x is not None or name != "sinks") and not (isinstance(x, torch.Tensor) and x.dtype.is_floating_point):
@@ -87,10 +88,8 @@ def merge_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
 
     Raises:
         ValueError: ``outs`` or ``lses`` not a list or tuple; they differ in length or are empty; a part that is not
-            a tensor, or of another
-            shape than the first
-            (``outs[r]`` ``[..., d_v]``, at least one dim, ``lses[r]`` its ``[...]``), on another device, or not
-            floating point.
+            a tensor, of another shape than the first (``outs[r]`` ``[..., d_v]``, at least one dim, ``lses[r]``
+            its ``[...]``), on another device, or not floating point.
     """
     for name, parts in (("outs", outs), ("lses", lses)):  # a list or tuple of parts (a stacked tensor is not one)
         if not isinstance(parts, (list, tuple)):

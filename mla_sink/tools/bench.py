@@ -701,7 +701,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--replays", type=int, default=None, help="graph replays; the median is reported (default 7)")
     p.add_argument("--flush", choices=["read", "write"], default=None,
                    help="how the L2 is flushed before each call (default read)")
-    p.add_argument("--peer-max-tokens", type=int, default=None, help="time peers only up to this many tokens (default 256)")
+    p.add_argument("--peer-max-tokens", type=int, default=None,
+                   help="time peers only up to this many tokens (default 256)")
     p.add_argument("--ds-pages", type=int, default=None,
                    help="give our fp8_ds_mla calls the paged view [rows / N, N, 656] of the same cache (64: vLLM's and "
                         "FlashMLA's pages; default 0: the flat [rows, 656])")
@@ -714,7 +715,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     peer.add_argument("--no-peers", dest="peers", action="store_false", help="do not time FlashMLA")
     p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel ranks (>1 runs mla_sink.tools.dcp_bench)")
     for name, what in (("heads", "query heads H"), ("tokens", "query tokens T"), ("topk", "ids per token")):
-        p.add_argument(f"--{name}", type=int, default=None, help=f"with --dcp: {what} (default {MODE_FLAGS[name][DCP]})")
+        p.add_argument(f"--{name}", type=int, default=None,
+                       help=f"with --dcp: {what} (default {MODE_FLAGS[name][DCP]})")
     p.add_argument("--host", action="store_true",
                    help="host cost of one eager call (function, layer, operator; FlashMLA when importable) at "
                         "T in {1, 2, 8}, H in {16, 128}, beside the GPU time (mla_sink.tools.host_bench)")

@@ -276,8 +276,9 @@ def run_dcp_bench(args: Any) -> dict:
         the max difference to the DCP 1 result, and ``per_rank`` medians.
 
     Raises:
-        ValueError: ``args.dcp`` < 2, an int argument outside [1, 2^31 - 1] (named as its flag), ``args.json`` a path that cannot be written
-            (:func:`mla_sink.tools.flags.check_output_path`), or fewer than ``args.dcp`` CUDA devices.
+        ValueError: ``args.dcp`` < 2, an int argument outside ``[1, 2^31 - 1]`` (named as its flag), ``args.json`` a
+            path that cannot be written (:func:`mla_sink.tools.flags.check_output_path`), or fewer than ``args.dcp``
+            CUDA devices.
         RuntimeError: a child failed or hung (its traceback
             is in the message).
 
