@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
-from mla_sink.core.lse import apply_sink, merge_states
+from mla_sink.core.lse import apply_sink, merge_states, sink_applied
 from mla_sink.core.records import D_V
 from mla_sink.core.validate import check_sinks, overlaps_itself
 
@@ -453,7 +453,7 @@ def dcp_sparse_mla_decode(
     if fused is not None:
         return fused
     out32, lse = merge_states(outs, lses)
-    out32 = apply_sink(out32, lse, inputs.sinks)
+    out32 = sink_applied(out32, lse, inputs.sinks)  # merge_states checked the parts: apply_sink without its checks
     if inputs.out is not None:
         inputs.out.copy_(out32)
         return inputs.out, lse

@@ -38,7 +38,7 @@ from mla_sink.core.kv_layout import LAYOUT as DS_MLA_KV  # the 656-byte V3.2 FP8
 from mla_sink.core.kv_layout import SCALE_CONVENTIONS
 from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, call_key
 from mla_sink.tools import dcp_bench, peers
-from mla_sink.tools.flags import COUNT_MAX, check_output_path
+from mla_sink.tools.flags import check_int_count, check_output_path
 
 FLUSH_BYTES = 256 << 20
 
@@ -443,8 +443,7 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
 
     torch.manual_seed(0)
     platform = detect_platform(device)
-    flash_mla, why = (None, "off (--no-peers)") if getattr(args, "peers", None) is False \
-        else peers.import_flash_mla()
+    flash_mla, why = peers.flash_mla_unless_off(getattr(args, "peers", None))
     peer_doc: dict = {"flash_mla": {"status": "timed", "file": getattr(flash_mla, "__file__", None)}
                       if flash_mla is not None else {"status": why}}
     checks = None
@@ -545,7 +544,8 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-#: ``mla-sink bench`` flags that must be ints in ``[1, COUNT_MAX]`` (``--peer-max-tokens`` may be 0: no peers).
+#: ``mla-sink bench`` flags that must be ints in ``[1, 2^31 - 1]`` (:func:`mla_sink.tools.flags.check_int_count`;
+#: ``--peer-max-tokens`` may be 0: no peers).
 POSITIVE_FLAGS = ("dcp", "reps", "replays", "pool_rows", "heads", "tokens", "topk", "calls", "repeats")
 #: The three modes of ``mla-sink bench``: the kernel grid (:func:`run_bench`), the host cost (``--host``,
 #: :mod:`mla_sink.tools.host_bench`) and the DCP benchmark (``--dcp`` > 1, :mod:`mla_sink.tools.dcp_bench`).
@@ -578,6 +578,7 @@ def bench_mode(args: argparse.Namespace) -> str:
 
 
 def _flag(name: str, value: Any) -> str:
+    """How the command line gave ``args.<name>`` = ``value``: ``--name``, ``--no-peers`` or ``--name value``."""
     if value is True:
         return f"--{name.replace('_', '-')}"
     if value is False and name == "peers":
@@ -617,12 +618,8 @@ def check_bench_args(args: argparse.Namespace) -> None:
     """
     for name in POSITIVE_FLAGS:  # first: a --dcp out of range decides no mode
         value = getattr(args, name, None)
-        if value is None and name in MODE_FLAGS:
-            continue
-        if value is None:
-            value = 1
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= COUNT_MAX:
-            raise ValueError(f"'--{name.replace('_', '-')}' must be an int in [1, {COUNT_MAX}] (got {value!r})")
+        if value is not None:  # None: left out (its mode's default)
+            check_int_count(f"--{name.replace('_', '-')}", value)
     mode = bench_mode(args)
     for name, modes in MODE_FLAGS.items():
         value = getattr(args, name, None)

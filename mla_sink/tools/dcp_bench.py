@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mla_sink.tools.flags import COUNT_MAX, check_output_path
+from mla_sink.tools.flags import check_int_count, check_output_path
 
 #: Environment that keeps NVLink multicast off (set in the parent and in every child before init).
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -288,8 +288,7 @@ def run_dcp_bench(args: Any) -> dict:
     cfg = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
     cfg = {k: (v if v is not None or k == "json" else DEFAULTS[k]) for k, v in cfg.items()}
     for k in ("dcp", "heads", "tokens", "topk", "pool_rows"):  # named as the flags that give them
-        if isinstance(cfg[k], bool) or not isinstance(cfg[k], int) or not 1 <= cfg[k] <= COUNT_MAX:
-            raise ValueError(f"'--{k.replace('_', '-')}' must be an int in [1, {COUNT_MAX}] (got {cfg[k]!r})")
+        check_int_count(f"--{k.replace('_', '-')}", cfg[k])
     if cfg["dcp"] < 2:
         raise ValueError(f"'--dcp' must be >= 2 for the DCP benchmark (got {cfg['dcp']})")
     check_output_path("--json", cfg["json"])  # written after the ranks finish: fail before they start

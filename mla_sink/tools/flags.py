@@ -23,6 +23,17 @@ def check_count(flag: str, value: int) -> None:
         raise ValueError(f"'{flag}' must be in [1, {COUNT_MAX}] (got {value})")
 
 
+def check_int_count(flag: str, value) -> None:
+    """``value`` an int (not a bool) in ``[1, COUNT_MAX]``: the benchmarks' count flags, whose values may also come
+    from a Namespace built in code.
+
+    Raises:
+        ValueError: naming ``flag`` (e.g. ``'--reps'``), the value and the allowed range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= COUNT_MAX:
+        raise ValueError(f"'{flag}' must be an int in [1, {COUNT_MAX}] (got {value!r})")
+
+
 def check_seed(flag: str, value: int) -> None:
     """``value`` in ``[0, SEED_MAX]``.
 

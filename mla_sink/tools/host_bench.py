@@ -87,7 +87,7 @@ def run_host_bench(args: argparse.Namespace) -> dict:
     kv = (torch.randn(pool, 576, device=dev, generator=gen) * 0.5).to(torch.bfloat16)
     platform = detect_platform(dev)
     timer = GraphTimer(reps=10, replays=5)
-    flash_mla, _ = (None, "off") if getattr(args, "peers", None) is False else peers.import_flash_mla()
+    flash_mla, _ = peers.flash_mla_unless_off(getattr(args, "peers", None))
     fp8_cache = None  # the 656-byte cache of the pool, built at the first FlashMLA case
     cases = []
     for H in HOST_HEADS:

@@ -66,6 +66,12 @@ def import_flash_mla() -> tuple[Optional[Any], str]:
     return flash_mla, ""
 
 
+def flash_mla_unless_off(peers_flag: Optional[bool]) -> tuple[Optional[Any], str]:
+    """:func:`import_flash_mla`, or ``(None, "off (--no-peers)")`` where the benchmarks' ``--no-peers`` gave
+    ``peers_flag=False`` (``None``: left out, ``True``: ``--peers``; both import)."""
+    return (None, "off (--no-peers)") if peers_flag is False else import_flash_mla()
+
+
 @functools.cache
 def peers_table():
     """``tables/peers.yaml`` (at which shapes each peer is called) as a checked :class:`dispatch.RuleTable`

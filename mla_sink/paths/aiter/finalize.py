@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from mla_sink.core.lse import apply_sink
+from mla_sink.core.lse import sink_applied
 from mla_sink.paths.aiter.buffers import row_counts
 
 
@@ -71,7 +71,7 @@ def finalize_aiter(
         lse32 = lse[:, :num_heads].float()
         lse32 = torch.where(empty.view(T, 1), torch.full((), float("-inf"), device=lse32.device), lse32)
     if sinks is not None:
-        o32 = apply_sink(o32, lse32, sinks)
+        o32 = sink_applied(o32, lse32, sinks)  # shapes fixed above: apply_sink without its checks
     result = o32.to(out_dtype)
     if out is not None:
         out.copy_(result)
