@@ -258,7 +258,9 @@ def test_explain_names_the_kernel_file(argv, row, kernel_file, capsys):
     (["--kv-dtype", "fp8_e4m3", "--heads", "32", "--tokens", "64"], "e4m3_h32_split"),  # two splits
     (["--kv-dtype", "fp8_e4m3", "--heads", "32", "--tokens", "256"], "e4m3_h32_unsplit"),
     (["--kv-dtype", "fp8_ds_mla", "--heads", "16", "--tokens", "256"], "ds_mla_h16"),
-    (["--kv-dtype", "fp8_ds_mla", "--heads", "24", "--tokens", "2"], "ds_mla_h32"),
+    (["--kv-dtype", "fp8_ds_mla", "--heads", "24", "--tokens", "64"], "ds_mla_h32"),
+    (["--kv-dtype", "fp8_ds_mla", "--heads", "24", "--tokens", "2"], "ds_mla_h32_short"),  # one block a CTA
+    (["--kv-dtype", "fp8_e4m3", "--heads", "16", "--tokens", "4"], "e4m3_h16_short"),  # two blocks a CTA
 ])
 def test_explain_names_the_gluon_fp8_arrangement_row(argv, row, capsys):
     """A gluon_fp8 launch names its row of tables/gluon_fp8.yaml and why; no other launch prints one."""

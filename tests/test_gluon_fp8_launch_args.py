@@ -27,45 +27,52 @@ def launch(kv_dtype, H, splits, q_dtype=torch.bfloat16):
     return constexprs
 
 
-@pytest.mark.parametrize("kv_dtype,H,splits,block_h,cols,pairs", [
-    ("fp8_e4m3", 16, 1, 16, False, False), ("fp8_e4m3", 5, 16, 16, False, False),  # 16-head blocks: alternate blocks
-    ("fp8_e4m3", 32, 1, 32, False, True),  # e4m3's unsplit 32-head blocks: alternate scores
-    ("fp8_e4m3", 17, 2, 32, True, False), ("fp8_e4m3", 32, 16, 32, True, False),
-    ("fp8_ds_mla", 16, 1, 16, False, False), ("fp8_ds_mla", 9, 2, 16, False, False),
-    ("fp8_ds_mla", 32, 1, 32, True, False), ("fp8_ds_mla", 27, 32, 32, True, False),  # V3.2 32 heads: split columns
+@pytest.mark.parametrize("kv_dtype,H,splits,block_h,cols,pairs,defer", [
+    ("fp8_e4m3", 16, 1, 16, False, False, True),  # 16-head blocks: alternate blocks unsplit
+    ("fp8_e4m3", 5, 2, 16, True, False, True),  # the column split on split launches, the row sum deferred
+    ("fp8_e4m3", 5, 16, 16, True, False, False),  # two blocks a CTA: the row sum once a block
+    ("fp8_e4m3", 32, 1, 32, False, True, True),  # e4m3's unsplit 32-head blocks: alternate scores
+    ("fp8_e4m3", 17, 2, 32, True, False, True), ("fp8_e4m3", 32, 16, 32, True, False, False),
+    ("fp8_ds_mla", 16, 1, 16, False, False, False), ("fp8_ds_mla", 9, 2, 16, False, False, False),
+    ("fp8_ds_mla", 9, 32, 16, True, False, False),  # one block a CTA: the column split at 16 heads too
+    ("fp8_ds_mla", 32, 1, 32, True, False, True), ("fp8_ds_mla", 27, 32, 32, True, False, False),
 ])
-def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, pairs):
+def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, pairs, defer):
     c = launch(kv_dtype, H, splits)
-    assert (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["SPLIT"]) == (block_h, cols, pairs, splits > 1)
+    assert (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["SPLIT"], c["DEFER_ROW_SUM"]) == (block_h, cols, pairs, splits > 1,
+                                                                                      defer)
     # the producer a worker with 16 heads' whole-block, whole-line steps everywhere
     assert (c["PRODUCER_ROWS"], c["LINES"]) == (gf.BLOCK_N, True)
     assert "PRODUCER_DEFAULT" not in c  # the first consumer is the default partition on every arrangement
 
 
 def _arrangement_of(c: dict) -> tuple:
-    return (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"])
+    return (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
+            c["DEFER_ROW_SUM"])
 
 
 @pytest.mark.parametrize("kv_dtype", tuning.fp8_kv_dtypes())
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
 def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
-    """For every head count up to the largest head block and past it, split or not, and both half q dtypes, the
-    launch's arrangement constexprs are the params of the row tables/gluon_fp8.yaml selects (refusals refused)."""
+    """For every head count up to the largest head block and past it, split or not (one to 32 blocks a CTA), and both
+    half q dtypes, the launch's arrangement constexprs are the params of the row tables/gluon_fp8.yaml selects
+    (refusals refused)."""
     key = DTYPE_KEYS[q_dtype]
     for H in range(0, 35):
-        for splits in (1, 2, 16):
-            sel = tuning.fp8_selection(kv_dtype, key, H, splits > 1)
+        for splits in (1, 2, 16, 32):
+            blocks = tuning.cta_blocks(2048 // splits, 2048)
+            sel = tuning.fp8_selection(kv_dtype, key, H, splits > 1, blocks)
             if sel.refused:
                 with pytest.raises(ValueError, match=f"row {sel.row.id} of tables/gluon_fp8.yaml"):
                     launch(kv_dtype, H, splits, q_dtype)
                 continue
-            arr = tuning.fp8_arrangement(kv_dtype, key, H, splits > 1)
+            arr = tuning.fp8_arrangement(kv_dtype, key, H, splits > 1, blocks)
             p = sel.params
             assert _arrangement_of(launch(kv_dtype, H, splits, q_dtype)) == (
                 p["head_block"], sel.path == tuning.COLUMN_SPLIT, sel.path == tuning.ALTERNATE_SCORES,
-                p["consumer_regs"], p["producer_regs"], p["producer_rows"], p["lines"]) == (
+                p["consumer_regs"], p["producer_regs"], p["producer_rows"], p["lines"], p["deferred_row_sum"]) == (
                 arr.head_block, arr.cols, arr.pairs, arr.consumer_regs, arr.producer_regs, arr.producer_rows,
-                arr.lines), (kv_dtype, q_dtype, H, splits)
+                arr.lines, arr.deferred_row_sum), (kv_dtype, q_dtype, H, splits)
             assert gf.BLOCK_N % p["producer_rows"] == 0  # whole blocks, or an even part of one a step
             assert tuning.BLOCK_IDS == gf.BLOCK_N  # the table's load check divides the kernel's block
 

@@ -30,52 +30,66 @@ def _head_blocks() -> list:
     return sorted({table.row_params(row)["head_block"] for row in table.rows if not row.is_refusal})
 
 
-def test_every_kv_dtype_head_block_and_split_gets_exactly_one_path_row():
-    """For every (kv dtype, head count 0-32, split) one path row answers, with the smallest head block that holds
-    the heads; every path row answers some of them; more heads are refused."""
+def test_every_kv_dtype_head_block_split_and_cta_length_gets_exactly_one_path_row():
+    """For every (kv dtype, head count 0-32, split, blocks a CTA) one path row answers, with the smallest head block
+    that holds the heads; every path row answers some of them; more heads are refused."""
     table = FP8()
     blocks = _head_blocks()
     assert blocks == sorted(blocks) and len(blocks) >= 2
     seen = set()
     for kv in tuning.fp8_kv_dtypes():
         for split in (False, True):
-            for heads in range(0, blocks[-1] + 1):
-                sel = tuning.fp8_selection(kv, "bf16", heads, split)
-                assert not sel.refused and sel.path in tuning.FP8_PATHS, (kv, heads, split, sel.reason)
-                arr = tuning.fp8_arrangement(kv, "bf16", heads, split)
-                assert arr.head_block == min(b for b in blocks if b >= heads), (kv, heads, split)
-                assert arr.row == sel.row.id and arr.cols == (sel.path == tuning.COLUMN_SPLIT)
-                seen.add(sel.row.id)
-            with pytest.raises(ValueError, match=f"at most {blocks[-1]} heads.*row more_than_32_heads"):
-                tuning.fp8_arrangement(kv, "bf16", blocks[-1] + 1, split)
+            for n in (0, 1, 2, 3, 16, 32, 1 << 20):
+                for heads in range(0, blocks[-1] + 1):
+                    sel = tuning.fp8_selection(kv, "bf16", heads, split, n)
+                    assert not sel.refused and sel.path in tuning.FP8_PATHS, (kv, heads, split, n, sel.reason)
+                    arr = tuning.fp8_arrangement(kv, "bf16", heads, split, n)
+                    assert arr.head_block == min(b for b in blocks if b >= heads), (kv, heads, split, n)
+                    assert arr.row == sel.row.id and arr.cols == (sel.path == tuning.COLUMN_SPLIT)
+                    seen.add(sel.row.id)
+                with pytest.raises(ValueError, match=f"at most {blocks[-1]} heads.*row more_than_32_heads"):
+                    tuning.fp8_arrangement(kv, "bf16", blocks[-1] + 1, split, n)
     assert seen == {row.id for row in table.rows if not row.is_refusal}
+
+
+@pytest.mark.parametrize("ids_per_split,topk,blocks", [(64, 2048, 1), (65, 2048, 2), (128, 2048, 2), (1024, 2048, 16),
+                                                       (2048, 2048, 32), (4096, 100, 2), (64, 1, 1), (0, 0, 0)])
+def test_the_blocks_of_a_cta(ids_per_split, topk, blocks):
+    """The table's ``blocks``: 64-id blocks of one CTA's id range, no more than topk holds."""
+    assert tuning.cta_blocks(ids_per_split, topk) == blocks
 
 
 def test_q_dtypes_each_cache_is_read_with():
     """e4m3 caches take bf16 / fp16 q, V3.2 rows bf16 only; every other q dtype key is refused by a row."""
-    read = {kv: {q for q in FP8().fields["q_dtype"].domain if not tuning.fp8_selection(kv, q, 16, False).refused}
+    read = {kv: {q for q in FP8().fields["q_dtype"].domain if not tuning.fp8_selection(kv, q, 16, False, 32).refused}
             for kv in tuning.fp8_kv_dtypes()}
     assert read == {"fp8_e4m3": set(HALF_KEYS), "fp8_ds_mla": {"bf16"}}
     with pytest.raises(ValueError, match="read with bf16 q only.*row ds_mla_q_not_bf16"):
-        tuning.fp8_arrangement("fp8_ds_mla", "fp16", 16, False)
+        tuning.fp8_arrangement("fp8_ds_mla", "fp16", 16, False, 32)
     with pytest.raises(ValueError, match="bf16 or fp16 q.*row e4m3_q_not_half"):
-        tuning.fp8_arrangement("fp8_e4m3", "fp8_e4m3", 16, True)
+        tuning.fp8_arrangement("fp8_e4m3", "fp8_e4m3", 16, True, 1)
     with pytest.raises(ValueError, match="q_dtype"):
-        tuning.fp8_arrangement("fp8_e4m3", "fp32", 16, True)  # not a dtype key
+        tuning.fp8_arrangement("fp8_e4m3", "fp32", 16, True, 1)  # not a dtype key
 
 
 def test_the_measured_arrangements():
     """The rows' numbers as the measurements left them (the tables' why / source say where from)."""
-    def get(kv, heads, split):
-        a = tuning.fp8_arrangement(kv, "bf16", heads, split)
-        return (a.head_block, a.cols, a.pairs, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines)
+    def get(kv, heads, split, blocks):
+        a = tuning.fp8_arrangement(kv, "bf16", heads, split, blocks)
+        return (a.head_block, a.cols, a.pairs, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines,
+                a.deferred_row_sum)
 
     for split in (False, True):
-        assert get("fp8_e4m3", 16, split) == (16, False, False, 136, 152, 64, True)
-        assert get("fp8_ds_mla", 16, split) == (16, False, False, 176, 120, 64, True)
-        assert get("fp8_ds_mla", 32, split) == (32, True, False, 104, 152, 64, True)
-    assert get("fp8_e4m3", 32, False) == (32, False, True, 176, 152, 64, True)
-    assert get("fp8_e4m3", 17, True) == (32, True, False, 104, 152, 64, True)
+        for kv in tuning.fp8_kv_dtypes():  # one- and two-block CTAs: the column split, the row sum once a block
+            for blocks in (1, 2):
+                assert get(kv, 16, split, blocks) == (16, True, False, 104, 152, 64, True, False)
+                assert get(kv, 17, split, blocks) == (32, True, False, 104, 152, 64, True, False)
+        assert get("fp8_ds_mla", 16, split, 16) == (16, False, False, 176, 120, 64, True, False)
+        assert get("fp8_ds_mla", 32, split, 32) == (32, True, False, 104, 152, 64, True, True)
+    assert get("fp8_e4m3", 16, False, 32) == (16, False, False, 136, 152, 64, True, True)
+    assert get("fp8_e4m3", 16, True, 16) == (16, True, False, 104, 152, 64, True, True)
+    assert get("fp8_e4m3", 32, False, 32) == (32, False, True, 176, 152, 64, True, True)
+    assert get("fp8_e4m3", 17, True, 3) == (32, True, False, 104, 152, 64, True, True)
     assert {kv: tuning.seesaw_producer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {
         "bf16": 72, "fp16": 72, "fp8_e4m3": 80, "fp8_ds_mla": 72}
     assert {tuning.seesaw_consumer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {216}
@@ -91,11 +105,16 @@ def _edited(name: str, old: str, new: str):
     return dispatch.load_table(text.replace(old, new), name="edited.yaml")
 
 
-E4M3_H16 = "{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_rows: 64, lines: true}"
+E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_rows: 64, lines: true, "
+            "deferred_row_sum: true}")
 
 
 @pytest.mark.parametrize("new,message", [
     (E4M3_H16.replace(", lines: true", ""), r"row 'e4m3_h16': params must be exactly .*missing \['lines'\]"),
+    (E4M3_H16.replace(", deferred_row_sum: true", ""),
+     r"row 'e4m3_h16': params must be exactly .*missing \['deferred_row_sum'\]"),
+    (E4M3_H16.replace("deferred_row_sum: true", "deferred_row_sum: 1"),
+     r"row 'e4m3_h16': params deferred_row_sum: expected bool, got 1"),
     (E4M3_H16.replace("}", ", stages: 2}"), r"row 'e4m3_h16': params .*unknown \['stages'\]"),
     (E4M3_H16.replace("consumer_regs: 136", "consumer_regs: 140"),
      r"row 'e4m3_h16': params consumer_regs: setmaxnreg takes a multiple of 8 in \[24, 256\], got 140"),
@@ -132,7 +151,7 @@ def test_the_shipped_loader_refuses_a_bad_table_at_load(monkeypatch, tmp_path):
             tuning.fp8_selection.cache_clear()
             tuning.fp8_arrangement.cache_clear()
             with pytest.raises(dispatch.TableError, match=message):
-                tuning.fp8_arrangement("fp8_e4m3", "bf16", 16, False)
+                tuning.fp8_arrangement("fp8_e4m3", "bf16", 16, False, 32)
     finally:
         tuning._load.cache_clear()
         tuning.fp8_selection.cache_clear()

@@ -100,14 +100,17 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     if plan.path != "triton" or launch is None or launch.kernel != "gluon_fp8" or launch.num_kv_splits is None:
         return None
     spec = plan.spec
-    sel = tuning.fp8_selection(spec.kv_dtype, spec.q_dtype, spec.num_heads, launch.num_kv_splits > 1)
+    key = (spec.kv_dtype, spec.q_dtype, spec.num_heads, launch.num_kv_splits > 1,
+           tuning.cta_blocks(launch.ids_per_split, spec.topk))
+    sel = tuning.fp8_selection(*key)
     if sel.refused:
         return dict(row=sel.row.id if sel.row else None, path=None, summary="refused", why=sel.reason)
-    arr = tuning.fp8_arrangement(spec.kv_dtype, spec.q_dtype, spec.num_heads, launch.num_kv_splits > 1)
+    arr = tuning.fp8_arrangement(*key)
     regs = (f"second consumer {arr.consumer_regs} / producer {arr.producer_regs} registers, the first consumer "
             "(the default partition) what they leave")
     summary = (f"{sel.path}, {arr.head_block}-head blocks, {regs}, {arr.producer_rows} rows a producer step"
-               f"{', whole lines' if arr.lines else ''}")
+               f"{', whole lines' if arr.lines else ''}, the row sum "
+               f"{'deferred' if arr.deferred_row_sum else 'once a block'}")
     return dict(row=arr.row, path=sel.path, summary=summary, why=arr.why)
 
 

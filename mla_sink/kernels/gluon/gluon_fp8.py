@@ -32,6 +32,14 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
   registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us on the alternate blocks; its
   unsplit launches took 179.1 here against 174.4 there, and take the alternate scores below);
+* CTAs of one or two blocks (T <= 8 at topk 2048; the table's ``*_short`` rows) take the column split at 16 heads
+  too: the two halves of a block's ``P V`` run at once and each consumer stores its own columns, with no merge of
+  two consumers' states through shared memory (H=16 T=2, thirtieth session: e4m3 9.7, V3.2 10.4 against 11.5 and
+  12.9 us on the alternate blocks; bf16 10.9);
+* the softmax's row sum is deferred on long id ranges (``DEFER_ROW_SUM``, the rows' ``deferred_row_sum``): each
+  thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
+  the end instead of once a block (:func:`_row_sums`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
+  171.2 at H=32);
 * e4m3's unsplit launches of 32-head blocks (the table's ``alternate_scores`` rows, ``PAIRS``) take the blocks in
   pairs: each consumer computes the scores, the softmax and ``P^T`` of one block of the pair (the running max
   shared as on the seesaw) and accumulates one half of ``O^T``'s value columns over both, so both score chains run
@@ -83,7 +91,7 @@ from mla_sink.kernels.gluon.math import LOG2E, sink_scale
 from mla_sink.kernels.gluon.seesaw_common import _opaque_zero
 from mla_sink.kernels.gluon.pdl import launch_dependents
 from mla_sink.kernels.gluon.seesaw_fp8 import DS_ROPE_AT, DS_SCALES_AT, DS_TILE, _row_offsets
-from mla_sink.kernels.gluon.tuning import fp8_arrangement, fp8_kv_dtypes
+from mla_sink.kernels.gluon.tuning import cta_blocks, fp8_arrangement, fp8_kv_dtypes
 
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
 #: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
@@ -295,14 +303,56 @@ def _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _online_softmax(st, m_i, l_i):
+def _online_softmax(st, m_i, l_i, DEFER: gl.constexpr):
     """One block of the base-2 online softmax over ``S^T`` (``[ids, heads]``, skipped ids ``-inf``):
-    ``(P^T, alpha, m, l)``; an all ``-inf`` column keeps ``m = -inf`` and ``l = 0``."""
+    ``(P^T, alpha, m, l)``; an all ``-inf`` column keeps ``m = -inf`` and ``l = 0``. ``l`` is a row sum of
+    :func:`_row_sums` (``DEFER``: deferred)."""
     m_new = gl.maximum(m_i, gl.max(st, axis=0))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
     p = gl.exp2(st - m_safe[None, :])
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=0)
+    return p, alpha, m_new, _add_rows(l_i, alpha, p, DEFER)
+
+
+@gluon.jit
+def _row_sums(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DEFER: gl.constexpr):
+    """A scores-computing consumer's zero row sum ``l``: per head (``[BLOCK_H]``), or deferred (``DEFER``:
+    ``[ids, heads]`` in ``acc_l``, each thread adding its own ``P^T`` elements, rescaled by ``alpha``). The sum over
+    ids crosses the consumer's four warps (a shared-memory round trip and a barrier); deferred, it runs once, at
+    the end (:func:`_row_sum`). Which one a launch takes is its ``tables/gluon_fp8.yaml`` row's
+    ``deferred_row_sum`` (measured: it shortens the period of every block and lengthens the end of a CTA)."""
+    if DEFER:
+        return gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    else:
+        return gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+
+
+@gluon.jit
+def _add_rows(l_i, alpha, p, DEFER: gl.constexpr):
+    """``l * alpha + (the row sums of P^T)``: one block added to a row sum of :func:`_row_sums` (``alpha`` and the
+    result per head; deferred, ``P^T`` itself is added)."""
+    if DEFER:
+        return l_i * alpha[None, :] + p
+    else:
+        return l_i * alpha + gl.sum(p, axis=0)
+
+
+@gluon.jit
+def _rescale_rows(l_i, alpha, DEFER: gl.constexpr):
+    """``l * alpha`` (``alpha`` per head) for a row sum of :func:`_row_sums`."""
+    if DEFER:
+        return l_i * alpha[None, :]
+    else:
+        return l_i * alpha
+
+
+@gluon.jit
+def _row_sum(l_i, DEFER: gl.constexpr):
+    """The per-head sum ``l`` of a row sum of :func:`_row_sums`: deferred, its one reduction over ids."""
+    if DEFER:
+        return gl.sum(l_i, axis=0)
+    else:
+        return l_i
 
 
 @gluon.jit
@@ -344,20 +394,19 @@ def _tile_pv(kn, t: gl.constexpr, p_t, acc, alpha):
 
 
 @gluon.jit
-def _softmax_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+def _softmax_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DEFER: gl.constexpr):
     """A scores-computing consumer's state before its first block: ``(m, l, s_zero)`` - the base-2 running max
-    (``-inf``) and sum (0) per head, and the zero ``[ids, heads]`` accumulator every block's scores start from (in
-    ``acc_l``'s rows and columns)."""
+    (``-inf``) per head, the zero row sum (:func:`_row_sums`; ``DEFER``: deferred), and the zero ``[ids, heads]``
+    accumulator every block's scores start from (in ``acc_l``'s rows and columns)."""
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
-    return m_i, l_i, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    return m_i, _row_sums(acc_l, BLOCK_H, BLOCK_N, DEFER), gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
 
 
 @gluon.jit
-def _fresh_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+def _fresh_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DEFER: gl.constexpr):
     """An alternate-block consumer's state before its first block: ``(m, l, acc0, acc1, acc2, acc3, s_zero)`` -
     :func:`_softmax_state` and ``O^T`` as four zero 128-column tiles."""
-    m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N)
+    m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
     acc0 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)  # O^T, value columns 0-127
     acc1 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
     acc2 = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
@@ -434,7 +483,8 @@ def _copy_rope(KV, kr, ids, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr, l
 @gluon.jit
 def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, stride_kv,
                kv_block_size, num_rows, start, end, num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr,
-               BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, FIRST: gl.constexpr, COPY_ROPE: gl.constexpr):
+               BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, FIRST: gl.constexpr, COPY_ROPE: gl.constexpr,
+               DEFER: gl.constexpr):
     """One consumer's blocks of V3.2 rows: ``(m, l, O^T)`` with ``O^T`` as its four 128-column tiles. The
     ring holds exact bf16 codes. ``COPY_ROPE`` (16-byte aligned rows): the consumer copies the bf16 RoPE of its
     blocks into its own stage's RoPE tile by cp.async, the next block's once this block's scores are read, so
@@ -449,7 +499,7 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
     round ``P``), so every scale, power of two or not, decodes exactly."""
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
     nrows = num_rows.to(gl.uint32)
-    m_i, l_i, acc0, acc1, acc2, acc3, s_zero = _fresh_state(acc_l, BLOCK_H, BLOCK_N)
+    m_i, l_i, acc0, acc1, acc2, acc3, s_zero = _fresh_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
     # each consumer copies the bf16 RoPE of its blocks into its own ring stage's RoPE tile (cp.async, 16 bytes a
     # copy, 8 a row), the next block's as soon as this one's scores are read, off the producer's path
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -474,7 +524,8 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
         kn = kn_smem.index(s)
         z = s - FIRST  # an opaque 0: q and P's tiles indexed through it too (their descriptors are not hoisted)
         st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
-        p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i)
+        p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i,
+                                             DEFER)
         _store_p_tiles(p_smem, z, p, sc0, sc1, sc2, sc3)
         ids, ok = _block_ids(IDX, idx_base, start, i + STAGES, end, nrows, offs_n, BLOCK_N)
         sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
@@ -487,7 +538,7 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
                                            p_smem.index(z + 3), acc0, acc1, acc2, acc3, alpha)
         gl.thread_barrier()  # every warp of this consumer is done with stage s and with the P_t^T
         mbarrier.arrive(empty.index(s))
-    return m_i, l_i, acc0, acc1, acc2, acc3
+    return m_i, _row_sum(l_i, DEFER), acc0, acc1, acc2, acc3
 
 
 @gluon.jit
@@ -583,7 +634,7 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
               HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS_MLA: gl.constexpr,
-              ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr):
+              ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, DEFER: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
     merges the other's state and runs the epilogue. The second consumer (``FIRST == 1``, whose first block is the
     ring's second) stages q (:func:`_stage_q`) and signals ``q_ready``, for which the first waits. ``ROWS_16B``:
@@ -609,11 +660,11 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
                                                       col_scale, idx_base, stride_kv, kv_block_size, num_rows, start,
                                                       end, num_blocks, acc_l, BLOCK_H, BLOCK_N, ROW_BYTES, FIRST,
-                                                      ROWS_16B)
+                                                      ROWS_16B, DEFER)
     else:
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale,
                                                         idx_base, num_rows.to(gl.uint32), start, end, num_blocks,
-                                                        acc_l, BLOCK_H, BLOCK_N, FIRST)
+                                                        acc_l, BLOCK_H, BLOCK_N, FIRST, DEFER)
 
     if FIRST == 1:
         m_smem.store(m_i)
@@ -656,7 +707,8 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
 
 @gluon.jit
 def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, nrows, start, end,
-                 num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, FIRST: gl.constexpr):
+                 num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, FIRST: gl.constexpr,
+                 DEFER: gl.constexpr):
     """One consumer's blocks of a per-tensor e4m3 cache (the ring holds the exact codes as fp16, q is scaled per
     head into fp16): ``(m, l, O^T)`` with ``O^T`` as four 128-column tiles, as for V3.2 rows - the same wgmma
     instructions as one 512-column accumulator, and outputs bitwise equal; twentieth session, same run, us at T=256
@@ -664,7 +716,7 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
     against 170.6 / 170.0. The stage index is opaque at every head count (:func:`_stage`): with four tiles the
     hoisted descriptors spill at 16 heads too (AOT sm90, 212 bytes)."""
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    m_i, l_i, acc0, acc1, acc2, acc3, s_zero = _fresh_state(acc_l, BLOCK_H, BLOCK_N)
+    m_i, l_i, acc0, acc1, acc2, acc3, s_zero = _fresh_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
     for i in range(FIRST, num_blocks, STAGES):
         s = _stage(i, FIRST)
         ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
@@ -672,7 +724,8 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
         kn = kn_smem.index(s)
         kr = kr_smem.index(s)
         st = _e4m3_scores(kn, kr, q_n.index(s - FIRST), q_r.index(s - FIRST), s_zero)
-        p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i)
+        p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i,
+                                             DEFER)
         p_smem.index(0).store(p.to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()  # P^T complete in shared memory before the wgmma reads it
@@ -680,7 +733,7 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
         acc0, acc1, acc2, acc3 = _tiles_pv(kn, p_t, p_t, p_t, p_t, acc0, acc1, acc2, acc3, alpha)
         gl.thread_barrier()  # every warp of this consumer is done with stage s and with P^T
         mbarrier.arrive(empty.index(s))
-    return m_i, l_i, acc0, acc1, acc2, acc3
+    return m_i, _row_sum(l_i, DEFER), acc0, acc1, acc2, acc3
 
 
 @gluon.jit
@@ -757,7 +810,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
-                   ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr):
+                   ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -795,7 +848,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         nrows = num_rows.to(gl.uint32)
-        m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N)
+        m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
         rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
         if COPY_ROPE:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
             for b in gl.static_range(STAGES):
@@ -826,7 +879,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             else:
                 st = _e4m3_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero)
             p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i,
-                                                 l_i)
+                                                 l_i, DEFER)
             if KV_DS_MLA:
                 _store_p_tiles(p_ring, s * P_TILES, p, sc0, sc1, sc2, sc3)
             else:
@@ -842,7 +895,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s
             mbarrier.arrive(empty.index(s))
-        empty_row, l_safe, lse2 = _final_lse2(m_i, l_i)
+        empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER))
         scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
         f_smem.store(scale)
         gl.thread_barrier()
@@ -872,7 +925,7 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
                     num_rows, start, end, num_pairs, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt,
                     stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                     D_NOPE: gl.constexpr, HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr,
-                    KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr):
+                    KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr):
     """One of two consumers on the alternate-scores arrangement (``PAIRS``): the blocks go in pairs, ROLE 0
     computes the scores, the softmax and ``P^T`` of the even block (ring stage 0), ROLE 1 those of the odd block
     (stage 1), at the same time; each accumulates one half of ``O^T``'s value columns (ROLE 0 columns 0-255, ROLE
@@ -907,7 +960,7 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
     col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
     nrows = num_rows.to(gl.uint32)
-    m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N)
+    m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
     if KV_DS_MLA:
         if COPY_ROPE and num_pairs > 0:
@@ -948,7 +1001,7 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
             m_x.index(1).store(m_own)  # read by ROLE 0 after p_ready[1], below
         m_use = gl.where(m_own == float("-inf"), 0.0, m_own)
         p = gl.exp2(sm - m_use[None, :])
-        l_i = l_i * gl.exp2(m_i - m_use) + gl.sum(p, axis=0)
+        l_i = _add_rows(l_i, gl.exp2(m_i - m_use), p, DEFER)
         if KV_DS_MLA:
             _store_p_tiles(p_ring, own * P_TILES, p, sc0, sc1, sc2, sc3)
         else:
@@ -968,7 +1021,7 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
             m_1 = m_x.index(1).load(head_l)
             a_1 = gl.exp2(m_own - gl.where(m_1 == float("-inf"), 0.0, m_1))
             acc, acc_b = _half_pv(kn_smem.index(other), p_ring, other * P_TILES, acc, acc_b, a_1, COL0, KV_DS_MLA)
-            l_i = l_i * a_1
+            l_i = _rescale_rows(l_i, a_1, DEFER)
             m_i = m_1
         else:  # the even block (ROLE 0's P, against m0), then its own
             mbarrier.wait(p_ready.index(other), phase)
@@ -981,14 +1034,14 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
         gl.thread_barrier()  # every warp of this consumer is done with the pair's last stage
         mbarrier.arrive(empty.index(z + 1))
     if ROLE == 1:
-        l_smem.store(l_i)
+        l_smem.store(_row_sum(l_i, DEFER))
         gl.thread_barrier()
         mbarrier.arrive(merged)
         mbarrier.wait(f_ready, 0)
         scale = f_smem.load(head_l)
     else:
         mbarrier.wait(merged, 0)
-        empty_row, l_safe, lse2 = _final_lse2(m_i, l_i + l_smem.load(head_l))
+        empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER) + l_smem.load(head_l))
         scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
         f_smem.store(scale)
         gl.thread_barrier()
@@ -1024,10 +1077,11 @@ def sparse_mla_decode_fp8_ws_kernel(
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
-    LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr,
+    LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
 ):
     """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
-    ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``KV_DS_MLA``:
+    ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``DEFER_ROW_SUM``:
+    the softmax's row sum per thread, summed over ids once at the end (:func:`_row_sums`). ``KV_DS_MLA``:
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
     ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
@@ -1107,13 +1161,15 @@ def sparse_mla_decode_fp8_ws_kernel(
                                merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
                                kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
                                stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
-                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B)),
+                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
+                               DEFER_ROW_SUM)),
             (_consumer_pairs, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x,
                                kn_smem, kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, m_smem,
                                merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
                                kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
                                stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
-                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B)),
+                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
+                               DEFER_ROW_SUM)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, 2 * num_pairs, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES)),
@@ -1126,13 +1182,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B)),
+                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B)),
+                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES)),
@@ -1144,13 +1200,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B)),
+                         ROWS_16B, DEFER_ROW_SUM)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B)),
+                         ROWS_16B, DEFER_ROW_SUM)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES)),
@@ -1167,8 +1223,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
     the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
     ``ROWS_16B`` (:func:`rows_16b`) is this ``kv_cache``'s: a runner reused for other pools checks it per call.
-    The consumers' arrangement (``COLS``), the head block, the partitions' registers and the producer's steps
-    are the row of ``tables/gluon_fp8.yaml`` for (kv dtype, q dtype, heads, split or not)
+    The consumers' arrangement (``COLS``), the head block, the partitions' registers, the producer's steps and the
+    row sums are the row of ``tables/gluon_fp8.yaml`` for (kv dtype, q dtype, heads, split or not, blocks a CTA)
     (:func:`mla_sink.kernels.gluon.tuning.fp8_arrangement`, cached; a sweep may rebind this module's
     ``fp8_arrangement`` to try others).
 
@@ -1192,7 +1248,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
         q_key = dtype_key(q.dtype)
     except ValueError as e:
         raise ValueError(f"the gluon_fp8 kernel: q {e}") from None
-    arr = fp8_arrangement(kv_dtype, q_key, H, splits > 1)
+    arr = fp8_arrangement(kv_dtype, q_key, H, splits > 1, cta_blocks(ids_per_split, indices.shape[1]))
     if kv_dtype_key(kv_cache) != kv_dtype:  # a 656-byte V3.2 pool read as e4m3 codes would decode as garbage
         raise ValueError(f"the gluon_fp8 kernel: 'kv_cache' ({kv_cache.dtype}, shape {tuple(kv_cache.shape)}) is a "
                          f"{kv_dtype_key(kv_cache)!r} cache, not the kv_dtype={kv_dtype!r} asked for")
@@ -1221,7 +1277,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
-                      COLS=arr.cols, PAIRS=arr.pairs)
+                      COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum)
     return (1, splits, T), scalars, constexprs, dict(num_warps=4)
 
 

@@ -1,5 +1,6 @@
 """The Gluon kernels' launch tables: ``tables/gluon_fp8.yaml`` (the few-heads fp8 kernel's consumer arrangement,
-head block, register split and producer steps per kv dtype, q dtype, head count and split) and
+head block, register split, producer steps and row sums per kv dtype, q dtype, head count, split and blocks a CTA)
+and
 ``tables/gluon_seesaw.yaml`` (the seesaw's producer registers per KV dtype). The measurements behind every number
 are the rows' ``why`` and ``source``.
 
@@ -27,7 +28,8 @@ COLUMN_SPLIT = "column_split"
 #: The path of the consumers that take alternate blocks' scores and split ``P V`` by columns (``PAIRS``).
 ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
-FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool}
+FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
+              "deferred_row_sum": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -54,6 +56,8 @@ class Fp8Arrangement:
             description says which partitions those are).
         producer_rows: rows the producer gathers per step (64: whole blocks).
         lines: the producer loads whole 128-byte lines (8 codes a lane, 16 lanes a row).
+        deferred_row_sum: the consumers that compute scores keep the softmax's row sum per thread (``[ids, heads]``)
+            and sum it over ids once at the end, instead of once a block (``DEFER_ROW_SUM``).
     """
 
     row: str
@@ -66,6 +70,7 @@ class Fp8Arrangement:
     producer_regs: int
     producer_rows: int
     lines: bool
+    deferred_row_sum: bool
 
 
 def _error(table, row, message: str):
@@ -183,37 +188,43 @@ def fp8_kv_dtypes() -> tuple:
     return tuple(gluon_fp8_table().fields["kv_dtype"].domain)
 
 
+def cta_blocks(ids_per_split: int, topk: int) -> int:
+    """The ``blocks`` field of ``tables/gluon_fp8.yaml``: the :data:`BLOCK_IDS`-id blocks of one CTA's id range,
+    ``cdiv(min(ids_per_split, topk), 64)`` (an unsplit launch's range is the whole ``topk``)."""
+    return -(-max(min(int(ids_per_split), int(topk)), 0) // BLOCK_IDS)
+
+
 @functools.cache
-def fp8_selection(kv_dtype: str, q_dtype: str, num_heads: int, split: bool):
+def fp8_selection(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, blocks: int):
     """The ``tables/gluon_fp8.yaml`` :class:`dispatch.Selection` of one launch configuration (cached; for
     ``mla-sink explain`` and :func:`fp8_arrangement`).
 
     Args:
         kv_dtype: ``fp8_e4m3`` or ``fp8_ds_mla``. q_dtype: q's dtype key (``bf16``, ``fp16``, ...).
-        num_heads: H (``>= 0``). split: ``num_kv_splits > 1``.
+        num_heads: H (``>= 0``). split: ``num_kv_splits > 1``. blocks: 64-id blocks a CTA (:func:`cta_blocks`).
 
     Raises:
         ValueError: a dtype key outside the table's closed domains.
     """
     return gluon_fp8_table().select(dict(kv_dtype=kv_dtype, q_dtype=q_dtype, num_heads=int(num_heads),
-                                         split=bool(split)))
+                                         split=bool(split), blocks=int(blocks)))
 
 
 @functools.cache
-def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool) -> Fp8Arrangement:
+def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, blocks: int) -> Fp8Arrangement:
     """The :class:`Fp8Arrangement` of a ``gluon_fp8`` launch: the first row of ``tables/gluon_fp8.yaml`` that
     matches (cached: one lookup per launch configuration).
 
     Args:
         kv_dtype: ``fp8_e4m3`` (an e4m3fn ``[N, 576]`` cache) or ``fp8_ds_mla`` (656-byte V3.2 rows).
         q_dtype: q's dtype key (:data:`mla_sink.core.dtypes.DTYPE_KEYS`).
-        num_heads: H. split: ``num_kv_splits > 1``.
+        num_heads: H. split: ``num_kv_splits > 1``. blocks: 64-id blocks a CTA (:func:`cta_blocks`).
 
     Raises:
         ValueError: a dtype key outside the table's domains, or a refusal row matched (the message names the
             row and says why: q of a dtype the cache is not read with; more heads than the largest head block).
     """
-    sel = fp8_selection(kv_dtype, q_dtype, num_heads, split)
+    sel = fp8_selection(kv_dtype, q_dtype, num_heads, split, blocks)
     if sel.refused:
         raise ValueError(f"the gluon_fp8 kernel does not serve kv_dtype={kv_dtype!r} with q dtype {q_dtype}, "
                          f"num_heads={num_heads}: {sel.reason} (row {sel.row.id if sel.row else None} of "
@@ -222,7 +233,8 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool) ->
     return Fp8Arrangement(row=sel.row.id, why=sel.row.why, source=sel.row.source, cols=sel.path == COLUMN_SPLIT,
                           pairs=sel.path == ALTERNATE_SCORES,
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
-                          producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"])
+                          producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
+                          deferred_row_sum=p["deferred_row_sum"])
 
 
 @functools.cache
