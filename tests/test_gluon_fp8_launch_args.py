@@ -17,14 +17,15 @@ from mla_sink.kernels.gluon import tuning  # noqa: E402
 CACHES = {"fp8_e4m3": (576, torch.float8_e4m3fn), "fp8_ds_mla": (656, torch.uint8), "bf16": (576, torch.bfloat16)}
 
 
-def launch(kv_dtype, H, splits, q_dtype=torch.bfloat16):
+def launch(kv_dtype, H, splits, q_dtype=torch.bfloat16, grid=False):
+    """The constexprs of a two-token launch (``grid``: and its grid) over 2048 ids in ``splits`` splits."""
     width, dtype = CACHES[kv_dtype]
     q = torch.empty(2, H, 576, dtype=q_dtype)
     kv = torch.empty(4096, width, dtype=dtype)
     idx = torch.empty(2, 2048, dtype=torch.int32)
-    _, _, constexprs, _ = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits, ids_per_split=2048 // splits,
+    g, _, constexprs, _ = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits, ids_per_split=2048 // splits,
                                              out_strides=(H * 512, 512), kv_dtype=kv_dtype)
-    return constexprs
+    return (constexprs, g) if grid else constexprs
 
 
 @pytest.mark.parametrize("kv_dtype,H,splits,block_h,cols,pairs,defer", [
@@ -32,15 +33,17 @@ def launch(kv_dtype, H, splits, q_dtype=torch.bfloat16):
     ("fp8_e4m3", 5, 2, 16, True, False, True),  # the column split on split launches, the row sum deferred
     ("fp8_e4m3", 5, 16, 16, True, False, False),  # two blocks a CTA: the row sum once a block
     ("fp8_e4m3", 32, 1, 32, False, True, True),  # e4m3's unsplit 32-head blocks: alternate scores
-    ("fp8_e4m3", 17, 2, 32, True, False, True), ("fp8_e4m3", 32, 16, 32, True, False, False),
+    ("fp8_e4m3", 17, 2, 32, True, False, True),
+    ("fp8_e4m3", 32, 16, 16, True, False, False),  # two blocks a CTA: two 16-head CTAs a token
     ("fp8_ds_mla", 16, 1, 16, False, False, False), ("fp8_ds_mla", 9, 2, 16, False, False, False),
     ("fp8_ds_mla", 9, 32, 16, True, False, False),  # one block a CTA: the column split at 16 heads too
-    ("fp8_ds_mla", 32, 1, 32, True, False, True), ("fp8_ds_mla", 27, 32, 32, True, False, False),
+    ("fp8_ds_mla", 32, 1, 32, True, False, True), ("fp8_ds_mla", 27, 32, 16, True, False, False),
 ])
 def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, pairs, defer):
-    c = launch(kv_dtype, H, splits)
+    c, grid = launch(kv_dtype, H, splits, grid=True)
     assert (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["SPLIT"], c["DEFER_ROW_SUM"]) == (block_h, cols, pairs, splits > 1,
                                                                                       defer)
+    assert grid == (-(-H // block_h), splits, 2)  # head groups x splits x tokens
     # the producer a worker with 16 heads' whole-block, whole-line steps everywhere
     assert (c["PRODUCER_ROWS"], c["LINES"]) == (gf.BLOCK_N, True)
     assert "PRODUCER_DEFAULT" not in c  # the first consumer is the default partition on every arrangement

@@ -4,8 +4,9 @@ H <= 32, or the 656-byte V3.2 rows (``fp8_ds_mla``, four float32 tile scales per
 Semantics of :mod:`mla_sink.paths.triton.launch` (float64 reference in :mod:`mla_sink.core.reference`).
 At few heads the portable kernel is bound by converting fp8 tiles inside its MMA loop (once per operand
 layout) and by mma.sync's 16-row tiles re-reading q from shared memory in every warp, and the seesaw
-kernel pads the heads to its 64-row wgmma tiles. Here one CTA = one token (all of its heads, padded to
-``BLOCK_H``: 16 or 32) and one id range (``SPLIT``: the range of ``pid_s``; fp32 partials and
+kernel pads the heads to its 64-row wgmma tiles. Here one CTA = one token's heads (all of them, padded to
+``BLOCK_H``: 16 or 32, or a group of ``BLOCK_H`` of them where the table's head block is smaller than H) and one id
+range (``SPLIT``: the range of ``pid_s``; fp32 partials and
 base-2 LSEs for the combine kernel, which applies the sink, launched as a programmatic dependent):
 
 * roles are swapped so the tensor cores see a wide M: ``S^T = K q^T`` (wgmma M = 64 ids, N = BLOCK_H
@@ -1079,7 +1080,8 @@ def sparse_mla_decode_fp8_ws_kernel(
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
 ):
-    """One CTA = (id range ``pid_s``, token): all of the token's heads. See the module docstring.
+    """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
+    when one group holds them). See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``DEFER_ROW_SUM``:
     the softmax's row sum per thread, summed over ids once at the end (:func:`_row_sums`). ``KV_DS_MLA``:
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
@@ -1091,6 +1093,16 @@ def sparse_mla_decode_fp8_ws_kernel(
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
     pid_t = gl.program_id(2).to(gl.int64)
+    # head group pid_h: heads h0 .. h0 + BLOCK_H - 1 of the token (one group unless the table's head block is
+    # smaller than the call's heads), as a CTA of that many heads whose q, outputs and sinks start at head h0
+    h0 = gl.program_id(0) * BLOCK_H
+    Q += h0 * stride_qh
+    OUT += h0 * stride_oh
+    LSE += h0 * stride_lh
+    PART_OUT += h0 * stride_ph
+    PART_LSE += h0  # [T, splits, H]: heads at stride 1
+    SINKS += h0
+    num_heads -= h0
     t_end = topk
     if HAS_TOPK_LEN:
         t_end = gl.minimum(gl.maximum(gl.load(TOPK_LEN + pid_t), 0), topk)
@@ -1216,7 +1228,7 @@ def sparse_mla_decode_fp8_ws_kernel(
 def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple,
                     kv_dtype: str = "fp8_e4m3"):
     """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_fp8_ws_kernel` launch on these
-    tensors' metadata (shared by :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of
+    tensors' metadata (the grid: head groups ``cdiv(H, head block)``, splits, tokens; shared by :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of
     :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name; ``out_strides``
     the ``(token, head)`` strides of ``out``. Split launches (``num_kv_splits > 1``) write fp32 partials
     ``[T, splits, H, 512]`` and base-2 LSEs ``[T, splits, H]`` and let the combine launch early.
@@ -1278,7 +1290,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum)
-    return (1, splits, T), scalars, constexprs, dict(num_warps=4)
+    return (-(-H // arr.head_block), splits, T), scalars, constexprs, dict(num_warps=4)
 
 
 #: Bytes a row's start must be a multiple of for the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`).

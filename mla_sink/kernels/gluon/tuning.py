@@ -36,6 +36,9 @@ SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 REG_MIN, REG_MAX, REG_STEP = 24, 256, 8
 #: Ids per block of the gluon_fp8 kernel (its ``BLOCK_N``, the wgmma M of ``S^T``): a producer step's rows divide it.
 BLOCK_IDS = 64
+#: The head blocks the gluon_fp8 kernel is built for (its ``BLOCK_H``, the wgmma N of both swapped GEMMs): a token's
+#: ``H`` heads take ``cdiv(H, head_block)`` CTAs (head groups).
+HEAD_BLOCKS = (16, 32)
 #: Rows of one pass of the producer's layouts (4 warps x 2 rows a warp): a producer step's rows are a multiple.
 ROWS_PER_PASS = 8
 #: The params that are ``setmaxnreg`` register counts.
@@ -51,7 +54,8 @@ class Fp8Arrangement:
         row, why, source: the row that chose it (``tables/gluon_fp8.yaml``).
         cols: the column-split consumers (its path is :data:`COLUMN_SPLIT`).
         pairs: the alternate-scores consumers (its path is :data:`ALTERNATE_SCORES`); neither: alternate blocks.
-        head_block: heads of one CTA (the wgmma N dimension), ``>= num_heads``.
+        head_block: heads of one CTA (the wgmma N dimension); a token's ``H`` heads take ``cdiv(H, head_block)``
+            CTAs (head groups).
         consumer_regs, producer_regs: ``setmaxnreg`` registers of the two worker partitions (the table's
             description says which partitions those are).
         producer_rows: rows the producer gathers per step (64: whole blocks).
@@ -104,8 +108,8 @@ def _check_params(table, row, params: dict, wanted: dict) -> None:
 def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
-    divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`); its head block is a
-    power of two that holds every head count of the field's domain the row matches.
+    divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`); its head block one of
+    :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token).
 
     Args:
         table: tables/gluon_fp8.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
@@ -118,7 +122,6 @@ def check_fp8_table(table) -> None:
     where = table.source_file or table.name
     if tuple(table.paths) != FP8_PATHS:
         raise dispatch.TableError(f"{where}: the paths must be the arrangements {FP8_PATHS} (got {tuple(table.paths)})")
-    heads = table.fields["num_heads"].grid()
     for row in table.rows:
         if row.is_refusal:
             continue
@@ -128,13 +131,9 @@ def check_fp8_table(table) -> None:
         if BLOCK_IDS % rows or rows % ROWS_PER_PASS:
             raise _error(table, row, f"params producer_rows: expected a divisor of {BLOCK_IDS} (the ids of a block) "
                                      f"and a multiple of {ROWS_PER_PASS} (a pass of the producer's warps), got {rows}")
-        block = params["head_block"]
-        if block & (block - 1):
-            raise _error(table, row, f"params head_block: expected a power of two, got {block}")
-        matched = [h for h in heads if all(c.holds(h) for c in row.when if c.field == "num_heads")]
-        if not matched or max(matched) > block:
-            raise _error(table, row, f"when num_heads: matches num_heads={max(matched, default=None)}, which "
-                                     f"head_block {block} does not hold (the row must bound num_heads by it)")
+        if params["head_block"] not in HEAD_BLOCKS:
+            raise _error(table, row, f"params head_block: expected one of {HEAD_BLOCKS} (the kernel's head blocks), "
+                                     f"got {params['head_block']!r}")
 
 
 def check_seesaw_table(table) -> None:
