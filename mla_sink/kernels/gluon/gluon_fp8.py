@@ -39,7 +39,7 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   12.9 us on the alternate blocks; bf16 10.9);
 * the softmax's row sum is deferred on long id ranges (``DEFER_ROW_SUM``, the rows' ``deferred_row_sum``): each
   thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
-  the end instead of once a block (:func:`_row_sums`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
+  the end instead of once a block (:func:`_zero_row_sum`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
   171.2 at H=32);
 * e4m3's unsplit launches of 32-head blocks (the table's ``alternate_scores`` rows, ``PAIRS``) take the blocks in
   pairs: each consumer computes the scores, the softmax and ``P^T`` of one block of the pair (the running max
@@ -307,7 +307,7 @@ def _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N: gl.constexp
 def _online_softmax(st, m_i, l_i, DEFER: gl.constexpr):
     """One block of the base-2 online softmax over ``S^T`` (``[ids, heads]``, skipped ids ``-inf``):
     ``(P^T, alpha, m, l)``; an all ``-inf`` column keeps ``m = -inf`` and ``l = 0``. ``l`` is a row sum of
-    :func:`_row_sums` (``DEFER``: deferred)."""
+    :func:`_zero_row_sum` (``DEFER``: deferred)."""
     m_new = gl.maximum(m_i, gl.max(st, axis=0))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
@@ -316,12 +316,13 @@ def _online_softmax(st, m_i, l_i, DEFER: gl.constexpr):
 
 
 @gluon.jit
-def _row_sums(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DEFER: gl.constexpr):
+def _zero_row_sum(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DEFER: gl.constexpr):
     """A scores-computing consumer's zero row sum ``l``: per head (``[BLOCK_H]``), or deferred (``DEFER``:
     ``[ids, heads]`` in ``acc_l``, each thread adding its own ``P^T`` elements, rescaled by ``alpha``). The sum over
     ids crosses the consumer's four warps (a shared-memory round trip and a barrier); deferred, it runs once, at
     the end (:func:`_row_sum`). Which one a launch takes is its ``tables/gluon_fp8.yaml`` row's
-    ``deferred_row_sum`` (measured: it shortens the period of every block and lengthens the end of a CTA)."""
+    ``deferred_row_sum`` (measured faster on long id ranges, slower on CTAs of one or two blocks; BENCHMARKS.md,
+    thirtieth session)."""
     if DEFER:
         return gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
     else:
@@ -330,7 +331,7 @@ def _row_sums(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 
 @gluon.jit
 def _add_rows(l_i, alpha, p, DEFER: gl.constexpr):
-    """``l * alpha + (the row sums of P^T)``: one block added to a row sum of :func:`_row_sums` (``alpha`` and the
+    """``l * alpha + (the row sums of P^T)``: one block added to a row sum of :func:`_zero_row_sum` (``alpha`` and the
     result per head; deferred, ``P^T`` itself is added)."""
     if DEFER:
         return l_i * alpha[None, :] + p
@@ -340,7 +341,7 @@ def _add_rows(l_i, alpha, p, DEFER: gl.constexpr):
 
 @gluon.jit
 def _rescale_rows(l_i, alpha, DEFER: gl.constexpr):
-    """``l * alpha`` (``alpha`` per head) for a row sum of :func:`_row_sums`."""
+    """``l * alpha`` (``alpha`` per head) for a row sum of :func:`_zero_row_sum`."""
     if DEFER:
         return l_i * alpha[None, :]
     else:
@@ -349,7 +350,7 @@ def _rescale_rows(l_i, alpha, DEFER: gl.constexpr):
 
 @gluon.jit
 def _row_sum(l_i, DEFER: gl.constexpr):
-    """The per-head sum ``l`` of a row sum of :func:`_row_sums`: deferred, its one reduction over ids."""
+    """The per-head sum ``l`` of a row sum of :func:`_zero_row_sum`: deferred, its one reduction over ids."""
     if DEFER:
         return gl.sum(l_i, axis=0)
     else:
@@ -397,10 +398,10 @@ def _tile_pv(kn, t: gl.constexpr, p_t, acc, alpha):
 @gluon.jit
 def _softmax_state(acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DEFER: gl.constexpr):
     """A scores-computing consumer's state before its first block: ``(m, l, s_zero)`` - the base-2 running max
-    (``-inf``) per head, the zero row sum (:func:`_row_sums`; ``DEFER``: deferred), and the zero ``[ids, heads]``
+    (``-inf``) per head, the zero row sum (:func:`_zero_row_sum`; ``DEFER``: deferred), and the zero ``[ids, heads]``
     accumulator every block's scores start from (in ``acc_l``'s rows and columns)."""
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
-    return m_i, _row_sums(acc_l, BLOCK_H, BLOCK_N, DEFER), gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+    return m_i, _zero_row_sum(acc_l, BLOCK_H, BLOCK_N, DEFER), gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
 
 
 @gluon.jit
@@ -1083,7 +1084,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
     ``LAUNCH_DEPENDENTS``: let the combine, launched as a programmatic dependent, start at once. ``DEFER_ROW_SUM``:
-    the softmax's row sum per thread, summed over ids once at the end (:func:`_row_sums`). ``KV_DS_MLA``:
+    the softmax's row sum per thread, summed over ids once at the end (:func:`_zero_row_sum`). ``KV_DS_MLA``:
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
     ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
@@ -1228,8 +1229,8 @@ def sparse_mla_decode_fp8_ws_kernel(
 def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple,
                     kv_dtype: str = "fp8_e4m3"):
     """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_fp8_ws_kernel` launch on these
-    tensors' metadata (the grid: head groups ``cdiv(H, head block)``, splits, tokens; shared by :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of
-    :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name; ``out_strides``
+    tensors' metadata (the grid: head groups ``cdiv(H, head block)``, splits, tokens; shared by
+    :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name; ``out_strides``
     the ``(token, head)`` strides of ``out``. Split launches (``num_kv_splits > 1``) write fp32 partials
     ``[T, splits, H, 512]`` and base-2 LSEs ``[T, splits, H]`` and let the combine launch early.
     ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
