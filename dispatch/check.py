@@ -93,11 +93,40 @@ def _redundancies(table: RuleTable, grid: Grid, row: Row, spec) -> list[Problem]
     return out
 
 
-def check_table(table: RuleTable) -> list[Problem]:
+def boundary_values(table: RuleTable) -> dict:
+    """The values an open int field takes on either side of every threshold its conditions name (rows' ``when``
+    and paths' ``requires``): ``b - 1``, ``b`` and ``b + 1`` for each bound ``b`` (each end of a ``range``, each
+    member of ``in`` / ``not_in``). Enumerated beside the declared domain, they make the checker see a gap or a
+    shadow that falls between the domain's values (e.g. ``ne: 16`` with 16 not declared).
+
+    Args:
+        table: The table.
+
+    Returns:
+        ``{field name: sorted values}`` for the open int fields with conditions.
+    """
+    ints = {name for name, f in table.fields.items() if f.type == "int" and not f.closed}
+    conds = [c for row in table.rows for c in row.when]
+    conds += [c for spec in table.paths.values() for c in spec.requires]
+    out: dict = {}
+    for c in conds:
+        if c.field not in ints or c.op == "present":
+            continue
+        bounds = c.arg if isinstance(c.arg, (tuple, list)) else (c.arg,)
+        for b in bounds:
+            if isinstance(b, int) and not isinstance(b, bool):
+                out.setdefault(c.field, set()).update((b - 1, b, b + 1))
+    return {name: tuple(sorted(vals)) for name, vals in out.items()}
+
+
+def check_table(table: RuleTable, *, thresholds: bool = False) -> list[Problem]:
     """Check a table over the full product of its declared field domains.
 
     Args:
         table: The table (loaded or built in code).
+        thresholds: Also enumerate each open int field's values on either side of its conditions' thresholds
+            (:func:`boundary_values`), for a table whose rows must answer every value of such a field, not only
+            the declared ones (a gap at a value the domain skips is then found).
 
     Returns:
         Every problem found, errors and warnings, in row order; empty when clean.
@@ -105,7 +134,7 @@ def check_table(table: RuleTable) -> list[Problem]:
     Raises:
         ValueError: A field has no domain to enumerate.
     """
-    grid = Grid(table.fields)
+    grid = Grid(table.fields, boundary_values(table) if thresholds else None)
     problems: list[Problem] = []
     remaining = grid.all
     taken: list[tuple[str, int]] = []

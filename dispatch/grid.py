@@ -33,14 +33,20 @@ class Grid:
 
     Args:
         fields: Mapping from field name to ``Field``, in declaration order.
+        extra: Values to enumerate beside a field's declared domain (field name -> values; those already in it are
+            skipped), e.g. the thresholds of the rows' conditions on an open int field (``boundary_values``).
 
     Raises:
         ValueError: A field has an empty grid (a non-bool field without domain).
     """
 
-    def __init__(self, fields: Mapping[str, Field]) -> None:
+    def __init__(self, fields: Mapping[str, Field], extra: Mapping[str, tuple] | None = None) -> None:
         self.names = list(fields)
-        self.domains = [fields[n].grid() for n in self.names]
+        extra = extra or {}
+        self.domains = []
+        for n in self.names:
+            dom = tuple(fields[n].grid())
+            self.domains.append(dom + tuple(v for v in extra.get(n, ()) if dom and v not in dom))
         for name, dom in zip(self.names, self.domains):
             if not dom:
                 raise ValueError(f"field {name!r} has no domain; the checker cannot enumerate it")

@@ -277,6 +277,18 @@ def test_explain_names_the_gluon_fp8_arrangement_row(argv, row, capsys):
     assert code == 0 and "arrangement:" not in out
 
 
+@pytest.mark.parametrize("heads,tokens,block,ctas,defer", [(24, 2, 16, 2, False), (32, 4, 16, 2, False),
+                                                           (32, 64, 32, 1, True), (16, 2, 16, 1, False),
+                                                           (5, 256, 16, 1, True)])
+def test_explain_json_gives_the_gluon_fp8_head_block_and_ctas_a_token(heads, tokens, block, ctas, defer, capsys):
+    """Head groups in structured fields: one- and two-block CTAs at 17-32 heads run two 16-head CTAs a token."""
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--q-dtype", "bf16", "--kv-dtype", "fp8_e4m3", "--heads",
+                        str(heads), "--tokens", str(tokens), "--sms", "132", "--json")
+    arr = json.loads(out)["launch"]["gluon_fp8_arrangement"]
+    assert code == 0 and (arr["head_block"], arr["ctas_per_token"], arr["deferred_row_sum"]) == (block, ctas, defer)
+    assert ("CTAs a token" in arr["summary"]) == (ctas > 1)
+
+
 @pytest.mark.parametrize("argv,row,regs", [
     (["--kv-dtype", "fp8_ds_mla", "--heads", "64"], "ds_mla_producer_72", 72),
     (["--kv-dtype", "fp8_e4m3", "--heads", "128"], "e4m3_producer_80", 80),

@@ -308,3 +308,21 @@ def test_large_grid_completes():
     problems = check_table(table)
     assert all(p.kind in ("shadowed", "unsatisfiable") for p in problems)
     assert not any(p.kind == "gap" for p in problems)
+
+
+@pytest.mark.parametrize("first,second,value", [
+    ("{num_heads: {ne: 48}}", None, 48),  # a value between the declared 32 and 64
+    ("{num_heads: {lt: 40}}", "{num_heads: {gt: 40}}", 40),  # the threshold itself
+    ("{num_heads: {le: 100}}", None, 101),  # past the largest declared value
+    ("{num_heads: {range: [10, 20]}}", "{num_heads: {not_in: [17, 18, 19, 20, 21]}}", 21),
+])
+def test_a_gap_between_declared_int_values_is_found(first, second, value):
+    """With ``thresholds`` the rows' thresholds on an open int field are enumerated beside its declared domain, so a
+    combination the declared values skip (a gap only a call with that value would meet) is found."""
+    rows = f"- id: first\n  when: {first}\n  path: slow\n  why: w\n  source: s\n"
+    if second:
+        rows += f"- id: second\n  when: {second}\n  path: slow\n  why: w\n  source: s\n"
+    assert [p for p in check_table(make(rows)) if p.kind == "gap"] == []  # the declared values alone: covered
+    problems = check_table(make(rows), thresholds=True)
+    gaps = [p for p in problems if p.kind == "gap"]
+    assert len(gaps) == 1 and f"num_heads={value}" in str(gaps[0]), [str(p) for p in problems]

@@ -142,6 +142,32 @@ def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message)
         tuning.check_fp8_table(table)
 
 
+def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
+    table = _edited("gluon_fp8", E4M3_H16, E4M3_H16.replace("consumer_regs: 136, producer_regs: 152",
+                                                            "consumer_regs: 256, producer_regs: 256"))
+    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_h16': .*default partition gets 504 - 256 - 256 = -8 "
+                                                  r"registers, outside \[24, 256\]"):
+        tuning.check_fp8_table(table)
+
+
+def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
+    old = "params: {producer_rows: 64, lines: true}\n    description: both consumers read every block"
+    table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
+    with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "
+                                                  r".*got deferred_row_sum='maybe'"):
+        tuning.check_fp8_table(table)
+
+
+def test_a_gap_between_the_declared_block_counts_is_refused():
+    """``blocks`` is an open count: a row that leaves out a value the domain does not declare (16 blocks a CTA, T=64)
+    is a gap a launch would meet, found at load, not at the launch."""
+    old = "  - id: e4m3_h16\n    when:\n      kv_dtype: fp8_e4m3\n"
+    table = _edited("gluon_fp8", old, old + "      blocks: {ne: 16}\n")
+    assert dispatch.check_table(table) == []  # the declared values alone do not show it
+    with pytest.raises(dispatch.TableError, match=r"between the declared values: .*gap.*blocks=16"):
+        tuning.check_fp8_table(table)
+
+
 def test_the_shipped_loader_refuses_a_bad_table_at_load(monkeypatch, tmp_path):
     """Through the cached loader itself: a malformed row (the engine's loader, naming file, line, row and field) and
     a bad param (this module's check) are errors at the first lookup, not wrong launches."""

@@ -91,7 +91,9 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
 
 def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     """The ``tables/gluon_fp8.yaml`` row of a plan whose Triton launch runs ``gluon_fp8`` with a known split count:
-    ``{row, path, summary, why}`` (``summary``: the arrangement in a few words), or ``None`` for any other plan.
+    ``{row, path, head_block, ctas_per_token, deferred_row_sum, summary, why}`` (``head_block``: heads of one CTA,
+    ``ctas_per_token``: ``cdiv(H, head_block)``; ``summary``: the arrangement in a few words), or ``None`` for any
+    other plan.
     Needs neither Triton nor a GPU; a configuration the table refuses (the tuning table never sends one) gives
     ``{row, path: None, summary: "refused", why: the refusal}``."""
     from mla_sink.kernels.gluon import tuning
@@ -113,7 +115,8 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{arr.producer_rows} rows a producer step"
                f"{', whole lines' if arr.lines else ''}, the row sum "
                f"{'deferred' if arr.deferred_row_sum else 'once a block'}")
-    return dict(row=arr.row, path=sel.path, summary=summary, why=arr.why)
+    return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
+                deferred_row_sum=arr.deferred_row_sum, summary=summary, why=arr.why)
 
 
 def gluon_seesaw_producer(plan: Any) -> Optional[dict]:

@@ -41,6 +41,9 @@ BLOCK_IDS = 64
 HEAD_BLOCKS = (16, 32)
 #: Rows of one pass of the producer's layouts (4 warps x 2 rows a warp): a producer step's rows are a multiple.
 ROWS_PER_PASS = 8
+#: Registers per thread-slot the three warpgroups' ``setmaxnreg`` counts add up to (the SASS of every arrangement):
+#: the default partition (the first consumer) gets what the two workers leave, which must itself be a legal count.
+PARTITION_REGS = 504
 #: The params that are ``setmaxnreg`` register counts.
 _REG_PARAMS = ("consumer_regs", "producer_regs")
 
@@ -108,8 +111,12 @@ def _check_params(table, row, params: dict, wanted: dict) -> None:
 def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
-    divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`); its head block one of
-    :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token).
+    divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
+    partition a legal count of :data:`PARTITION_REGS`); its head block one of :data:`HEAD_BLOCKS` (a row matching
+    more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type
+    even where every row overrides them; and every head count and block count gets a row, the values on either
+    side of each row's thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``:
+    a launch meets every value).
 
     Args:
         table: tables/gluon_fp8.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
@@ -122,6 +129,15 @@ def check_fp8_table(table) -> None:
     where = table.source_file or table.name
     if tuple(table.paths) != FP8_PATHS:
         raise dispatch.TableError(f"{where}: the paths must be the arrangements {FP8_PATHS} (got {tuple(table.paths)})")
+    for name, spec in table.paths.items():
+        for key, value in spec.params.items():
+            if key not in FP8_PARAMS or type(value) is not FP8_PARAMS[key]:
+                raise dispatch.TableError(f"{where}:{spec.line}: path {name!r}: params {key}: expected one of "
+                                          f"{sorted(FP8_PARAMS)} of its type, got {key}={value!r}")
+    errors = [p for p in dispatch.check_table(table, thresholds=True) if p.level == "error"]
+    if errors:
+        raise dispatch.TableError(f"{where}: a head or block count between the declared values: "
+                                  + "; ".join(map(str, errors)))
     for row in table.rows:
         if row.is_refusal:
             continue
@@ -131,6 +147,11 @@ def check_fp8_table(table) -> None:
         if BLOCK_IDS % rows or rows % ROWS_PER_PASS:
             raise _error(table, row, f"params producer_rows: expected a divisor of {BLOCK_IDS} (the ids of a block) "
                                      f"and a multiple of {ROWS_PER_PASS} (a pass of the producer's warps), got {rows}")
+        left = PARTITION_REGS - params["consumer_regs"] - params["producer_regs"]
+        if not REG_MIN <= left <= REG_MAX:
+            raise _error(table, row, f"params consumer_regs + producer_regs: the default partition gets "
+                                     f"{PARTITION_REGS} - {params['consumer_regs']} - {params['producer_regs']} = "
+                                     f"{left} registers, outside [{REG_MIN}, {REG_MAX}]")
         if params["head_block"] not in HEAD_BLOCKS:
             raise _error(table, row, f"params head_block: expected one of {HEAD_BLOCKS} (the kernel's head blocks), "
                                      f"got {params['head_block']!r}")
@@ -224,6 +245,9 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
             row and says why: q of a dtype the cache is not read with; more heads than the largest head block).
     """
     sel = fp8_selection(kv_dtype, q_dtype, num_heads, split, blocks)
+    if sel.row is None:  # a table the checker proves has no gap never gets here
+        raise ValueError(f"no row of tables/gluon_fp8.yaml matches kv_dtype={kv_dtype!r}, q_dtype={q_dtype!r}, "
+                         f"num_heads={num_heads}, split={bool(split)}, blocks={blocks}")
     if sel.refused:
         raise ValueError(f"the gluon_fp8 kernel does not serve kv_dtype={kv_dtype!r} with q dtype {q_dtype}, "
                          f"num_heads={num_heads}: {sel.reason} (row {sel.row.id if sel.row else None} of "
