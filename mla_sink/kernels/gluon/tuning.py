@@ -242,7 +242,8 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
 
     Raises:
         ValueError: a dtype key outside the table's domains, or a refusal row matched (the message names the
-            row and says why: q of a dtype the cache is not read with; more heads than the largest head block).
+            row and says why: q of a dtype the cache is not read with; more heads than the largest head block), or
+            no row (an edited table with a gap; the message names every field's value).
     """
     sel = fp8_selection(kv_dtype, q_dtype, num_heads, split, blocks)
     if sel.row is None:  # a table the checker proves has no gap never gets here
