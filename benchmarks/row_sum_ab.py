@@ -2,7 +2,7 @@
 own ``P^T`` elements per thread and sums over ids once at the end, instead of a reduction across its four warps
 every block) and the column-split consumers at 16 heads for split launches (one-block splits at T <= 2), at 16 and
 32 heads, T = 1 / 2 / 4 / 64 / 256 (``AB_CASES=rows``: also 8 and 16; ``AB_CASES=heads``: 24 and 32 heads at
-T = 1-8 in two 16-head CTAs a token), bf16 / e4m3 / V3.2 caches. Each variant is a tree run in a child process
+T = 1-8, two 16-head CTAs a token at T <= 6), bf16 / e4m3 / V3.2 caches. Each variant is a tree run in a child process
 (:mod:`tree_ab`) on the same data through the library, CUDA-graph replay, L2 flushed, sinks on, topk 2048, bf16
 q; every variant's ``out`` is compared with the first one's.
 

@@ -96,7 +96,8 @@ def _redundancies(table: RuleTable, grid: Grid, row: Row, spec) -> list[Problem]
 def boundary_values(table: RuleTable) -> dict:
     """The values an open int field takes on either side of every threshold its conditions name (rows' ``when``
     and paths' ``requires``): ``b - 1``, ``b`` and ``b + 1`` for each bound ``b`` (each end of a ``range``, each
-    member of ``in`` / ``not_in``). Enumerated beside the declared domain, they make the checker see a gap or a
+    member of ``in`` / ``not_in``), none below the smallest declared value (a domain starts at its field's least
+    legal value, e.g. 0 for a count). Enumerated beside the declared domain, they make the checker see a gap or a
     shadow that falls between the domain's values (e.g. ``ne: 16`` with 16 not declared).
 
     Args:
@@ -108,6 +109,7 @@ def boundary_values(table: RuleTable) -> dict:
     ints = {name for name, f in table.fields.items() if f.type == "int" and not f.closed}
     conds = [c for row in table.rows for c in row.when]
     conds += [c for spec in table.paths.values() for c in spec.requires]
+    floor = {name: min((v for v in table.fields[name].domain if isinstance(v, int)), default=None) for name in ints}
     out: dict = {}
     for c in conds:
         if c.field not in ints or c.op == "present":
@@ -115,7 +117,8 @@ def boundary_values(table: RuleTable) -> dict:
         bounds = c.arg if isinstance(c.arg, (tuple, list)) else (c.arg,)
         for b in bounds:
             if isinstance(b, int) and not isinstance(b, bool):
-                out.setdefault(c.field, set()).update((b - 1, b, b + 1))
+                low = floor[c.field]
+                out.setdefault(c.field, set()).update(v for v in (b - 1, b, b + 1) if low is None or v >= low)
     return {name: tuple(sorted(vals)) for name, vals in out.items()}
 
 

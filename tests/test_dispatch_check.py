@@ -326,3 +326,9 @@ def test_a_gap_between_declared_int_values_is_found(first, second, value):
     problems = check_table(make(rows), thresholds=True)
     gaps = [p for p in problems if p.kind == "gap"]
     assert len(gaps) == 1 and f"num_heads={value}" in str(gaps[0]), [str(p) for p in problems]
+
+
+def test_no_threshold_value_below_the_smallest_declared_one():
+    """The declared domain's smallest value is the field's floor: ``ge: 16`` over ``[16, 32, 64]`` has no gap at 15."""
+    rows = "- id: first\n  when: {num_heads: {ge: 16}}\n  path: slow\n  why: w\n  source: s\n"
+    assert [p for p in check_table(make(rows), thresholds=True) if p.kind == "gap"] == []

@@ -154,7 +154,7 @@ def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
     old = "params: {producer_rows: 64, lines: true}\n    description: both consumers read every block"
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "
-                                                  r".*got deferred_row_sum='maybe'"):
+                                                  r"expected bool, got 'maybe'"):
         tuning.check_fp8_table(table)
 
 
@@ -164,8 +164,29 @@ def test_a_gap_between_the_declared_block_counts_is_refused():
     old = "  - id: e4m3_h16\n    when:\n      kv_dtype: fp8_e4m3\n"
     table = _edited("gluon_fp8", old, old + "      blocks: {ne: 16}\n")
     assert dispatch.check_table(table) == []  # the declared values alone do not show it
-    with pytest.raises(dispatch.TableError, match=r"between the declared values: .*gap.*blocks=16"):
+    with pytest.raises(dispatch.TableError, match=r"either side of each row's head and block thresholds: .*gap.*"
+                                                  r"blocks=16"):
         tuning.check_fp8_table(table)
+
+
+@pytest.mark.parametrize("old,new", [
+    ("  kv_dtype:\n    type: str\n    closed: true", "  kv_dtype:\n    type: str\n    closed: false"),
+    ("  blocks:\n    type: int\n", "  blocks:\n    type: int\n    closed: true\n"),
+    ("  blocks:\n    type: int\n", "  blocks:\n    type: float\n"),
+])
+def test_fields_that_would_hide_or_refuse_a_count_are_refused(old, new):
+    """A closed count (a launch of another count refused at the lookup) or a float one (no threshold enumerated)
+    is refused at load, naming the fields."""
+    with pytest.raises(dispatch.TableError, match=r"edited\.yaml: the fields must be"):
+        tuning.check_fp8_table(_edited("gluon_fp8", old, new))
+
+
+def test_a_threshold_at_the_least_count_finds_no_gap_below_it():
+    """``range: [0, 16]`` means ``le: 16`` for every head count: no gap at -1."""
+    old = 'num_heads: {le: 16, because: "16-head blocks"}\n    path: alternate_blocks\n    params: {head_block: 16, '
+    table = _edited("gluon_fp8", old + "consumer_regs: 136", old.replace("{le: 16,", "{range: [0, 16],")
+                    + "consumer_regs: 136")
+    tuning.check_fp8_table(table)
 
 
 def test_the_shipped_loader_refuses_a_bad_table_at_load(monkeypatch, tmp_path):

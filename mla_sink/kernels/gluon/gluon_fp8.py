@@ -33,7 +33,7 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
   registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us on the alternate blocks; its
   unsplit launches took 179.1 here against 174.4 there, and take the alternate scores below);
-* CTAs of one or two blocks (T <= 8 at topk 2048; the table's ``*_short`` rows) take the column split at 16 heads
+* CTAs of one or two blocks (T <= 6 at topk 2048 on 132 SMs; the table's ``*_short`` rows) take the column split at 16 heads
   too: the two halves of a block's ``P V`` run at once and each consumer stores its own columns, with no merge of
   two consumers' states through shared memory (H=16 T=2, thirtieth session: e4m3 9.7, V3.2 10.4 against 11.5 and
   12.9 us on the alternate blocks; bf16 10.9);

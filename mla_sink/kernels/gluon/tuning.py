@@ -44,6 +44,10 @@ ROWS_PER_PASS = 8
 #: Registers per thread-slot the three warpgroups' ``setmaxnreg`` counts add up to (the SASS of every arrangement):
 #: the default partition (the first consumer) gets what the two workers leave, which must itself be a legal count.
 PARTITION_REGS = 504
+#: The fields of ``tables/gluon_fp8.yaml`` that its lookups fill (:func:`fp8_selection`) -> (type, closed): the
+#: counts are open ints, so that every head and block count is answered (and checked) and not only the declared ones.
+FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": ("int", False), "split": ("bool", False),
+              "blocks": ("int", False)}
 #: The params that are ``setmaxnreg`` register counts.
 _REG_PARAMS = ("consumer_regs", "producer_regs")
 
@@ -129,15 +133,21 @@ def check_fp8_table(table) -> None:
     where = table.source_file or table.name
     if tuple(table.paths) != FP8_PATHS:
         raise dispatch.TableError(f"{where}: the paths must be the arrangements {FP8_PATHS} (got {tuple(table.paths)})")
+    fields = {name: (f.type, f.closed) for name, f in table.fields.items()}
+    if fields != FP8_FIELDS:
+        raise dispatch.TableError(f"{where}: the fields must be {FP8_FIELDS} as (type, closed), got {fields}")
     for name, spec in table.paths.items():
         for key, value in spec.params.items():
-            if key not in FP8_PARAMS or type(value) is not FP8_PARAMS[key]:
-                raise dispatch.TableError(f"{where}:{spec.line}: path {name!r}: params {key}: expected one of "
-                                          f"{sorted(FP8_PARAMS)} of its type, got {key}={value!r}")
+            if key not in FP8_PARAMS:
+                raise dispatch.TableError(f"{where}:{spec.line}: path {name!r}: params {key}: not a param, expected "
+                                          f"one of {sorted(FP8_PARAMS)}")
+            if type(value) is not FP8_PARAMS[key]:
+                raise dispatch.TableError(f"{where}:{spec.line}: path {name!r}: params {key}: expected "
+                                          f"{FP8_PARAMS[key].__name__}, got {value!r}")
     errors = [p for p in dispatch.check_table(table, thresholds=True) if p.level == "error"]
     if errors:
-        raise dispatch.TableError(f"{where}: a head or block count between the declared values: "
-                                  + "; ".join(map(str, errors)))
+        raise dispatch.TableError(f"{where}: the rows checked at every declared value and on either side of each "
+                                  "row's head and block thresholds: " + "; ".join(map(str, errors)))
     for row in table.rows:
         if row.is_refusal:
             continue
