@@ -110,7 +110,7 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     arr = tuning.fp8_arrangement(*key)
     regs = (f"second consumer {arr.consumer_regs} / producer {arr.producer_regs} registers, the first consumer "
             "(the default partition) what they leave")
-    groups = -(-spec.num_heads // arr.head_block)
+    groups = arr.ctas_per_token(spec.num_heads)
     summary = (f"{sel.path}, {arr.head_block}-head blocks{f' ({groups} CTAs a token)' if groups > 1 else ''}, {regs}, "
                f"{arr.producer_rows} rows a producer step"
                f"{', whole lines' if arr.lines else ''}, the row sum "

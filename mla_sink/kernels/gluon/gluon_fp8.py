@@ -1291,7 +1291,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum)
-    return (-(-H // arr.head_block), splits, T), scalars, constexprs, dict(num_warps=4)
+    return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 
 #: Bytes a row's start must be a multiple of for the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`).

@@ -83,6 +83,10 @@ class Fp8Arrangement:
     lines: bool
     deferred_row_sum: bool
 
+    def ctas_per_token(self, num_heads: int) -> int:
+        """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
+        return -(-int(num_heads) // self.head_block)
+
 
 def _error(table, row, message: str):
     from mla_sink import dispatch
