@@ -41,6 +41,30 @@ def test_combine_matches_merge_then_sink(R, T, H, tile):
     assert not out.isnan().any()
 
 
+def test_merge_beyond_the_grid_token_limit_runs_in_token_ranges(monkeypatch):
+    """More tokens than the grid's y dimension holds (65535 on CUDA; lowered to 2 here): the merge runs per
+    token range (2 + 2 + 1) and equals one launch over all five tokens, bit for bit."""
+    import mla_sink.paths.triton.launch as launch_mod
+
+    R, T, H = 3, 5, 17
+    g = torch.Generator().manual_seed(5)
+    parts = torch.randn(R, T, H, 512, generator=g)
+    lses = torch.randn(R, T, H, generator=g) * 3
+    lses[1, 2, :] = -math.inf
+    sinks = torch.linspace(-3, 3, H)
+    results = []
+    for limit in (None, 2):
+        if limit is not None:
+            monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", limit)
+        out, lse = torch.full((T, H, 512), float("nan")), torch.full((T, H), float("nan"))
+        combine_states_triton(parts, lses, sinks, out=out, lse=lse)
+        results.append((out, lse))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=0, rtol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=0, rtol=0)
+    ref_out, ref_lse = merge_states(list(parts), list(lses))
+    torch.testing.assert_close(results[1][0], apply_sink(ref_out, ref_lse, sinks), atol=1e-5, rtol=1e-5)
+
+
 def test_combine_known_numbers():
     """Normalisers 2 and 8 with outputs 0 and 10 merge to 8 (a base-2 mix-up gives about 7.23)."""
     parts = torch.stack([torch.zeros(1, 1, 512), torch.full((1, 1, 512), 10.0)])

@@ -230,6 +230,40 @@ def test_head_strides_beyond_int32(tmp_path, split):
     check(o, l, ro, rl)
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_calls_beyond_the_grid_token_limit_run_in_token_ranges(monkeypatch, split):
+    """A call of more tokens than a grid's y / z dimension holds (65535 on CUDA) runs as launches over token
+    ranges: with the limit lowered to 2, seven tokens (ranges 2 + 2 + 2 + 1, two prepared runners) give what one
+    launch gives, bit for bit, into a strided ``out`` and with ``topk_length`` (each range reads its own rows)."""
+    import mla_sink.paths.triton.launch as launch_mod
+
+    T, H, topk = 7, 5, 37
+    case = make_case(T, H, topk, seed=23)
+    tl_ = torch.tensor([37, 20, 5, 0, 37, 1, 36], dtype=torch.int32)
+    kw = SPLIT_KW if split else dict(config=UNSPLIT)
+
+    def call():
+        out = torch.full((T, H + 1, D_V), float("nan"), dtype=torch.bfloat16)[:, 1:]  # head-strided out
+        lse = torch.full((T, H), float("nan"))
+        o, l = sparse_mla_decode_triton(case["q"], case["kv_cache"], case["indices"], case["sinks"], None,
+                                        topk_length=tl_, out=out, lse=lse, **kw)
+        assert o.data_ptr() == out.data_ptr() and l.data_ptr() == lse.data_ptr()
+        return o, l
+
+    whole = call()
+    monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", 2)
+    ranged = call()
+    torch.testing.assert_close(ranged[0], whole[0], atol=0, rtol=0)
+    torch.testing.assert_close(ranged[1], whole[1], atol=0, rtol=0)
+    ro, rl = sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"],
+                                         topk_length=tl_)
+    check(*ranged, ro, rl)
+    allocated = sparse_mla_decode_triton(case["q"], case["kv_cache"], case["indices"], case["sinks"],
+                                         topk_length=tl_, **kw)  # outputs allocated by the ranged runner
+    assert allocated[0].shape == (T, H, D_V) and allocated[1].shape == (T, H)
+    check(*allocated, ro, rl)
+
+
 def test_topk_length():
     case = make_case(4, 5, 37, seed=6)
     tl_ = torch.tensor([37, 20, 5, 0], dtype=torch.int32)

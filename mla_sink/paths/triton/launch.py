@@ -49,6 +49,11 @@ MAX_ROWS = 2 ** 31
 #: for tensors with the same alignment pattern.
 POINTER_ALIGN = 16
 LOG2E = _LOG2E.value  # the kernels' one definition (mla_sink.kernels.triton.math)
+#: CUDA caps a grid's y and z dimensions at 65535 (CUDA C++ Programming Guide, "Features and Technical
+#: Specifications": maximum y- or z-dimension of a grid of thread blocks; HIP keeps the same bound for portable
+#: code). Every kernel here puts the tokens on one of them (the decode kernels on z, the combine on y), so a call
+#: of more tokens runs as launches of at most this many tokens each (:func:`_token_ranges`).
+MAX_GRID_TOKENS = 65535
 #: ``MLA_SINK_TRITON_FAST_LAUNCH=0`` launches through Triton's ``kernel[grid](...)`` on every call.
 FAST_LAUNCH = os.environ.get("MLA_SINK_TRITON_FAST_LAUNCH", "1") != "0"
 
@@ -222,11 +227,41 @@ def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Resul
     device = x.q.device
     if T == 0:
         return lambda x, lse=None: _outputs(x, (0, H), out_dtype, device, lse)
+    if T > MAX_GRID_TOKENS:
+        return _token_ranges(plan, x, out_dtype, device)
     if launch.kernel == "gluon_seesaw":
         return _seesaw_runner(plan, launch, x, out_dtype, device)
     if launch.kernel == "gluon_fp8":
         return _gluon_fp8_runner(plan, launch, x, out_dtype, device)
     return _portable_runner(plan, launch, x, out_dtype, device)
+
+
+def _token_ranges(plan: Any, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
+    """A runner of a call of more than :data:`MAX_GRID_TOKENS` tokens: one launch (or launch and combine) per
+    range of at most that many consecutive tokens, each writing its rows of one ``out`` and ``lse``. The
+    ranges' runners are prepared here, once: the full ranges share one (same metadata), the last its own."""
+    T, H, _ = x.q.shape
+    ranges = [(a, min(a + MAX_GRID_TOKENS, T)) for a in range(0, T, MAX_GRID_TOKENS)]
+    runners: dict = {}
+    for a, b in ranges:
+        if b - a not in runners:
+            runners[b - a] = prepare_triton(plan, _token_slice(x, a, b))
+
+    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        out, lse = _outputs(x, (T, H), out_dtype, device, lse)
+        x = x._replace(out=out)
+        for a, b in ranges:
+            runners[b - a](_token_slice(x, a, b), lse[a:b])
+        return out, lse
+
+    return run
+
+
+def _token_slice(x: DecodeInputs, a: int, b: int) -> DecodeInputs:
+    """Tokens ``a <= t < b`` of a call: its rows of ``q``, ``indices``, ``topk_length`` and ``out`` (views)."""
+    return x._replace(q=x.q[a:b], indices=x.indices[a:b],
+                      topk_length=None if x.topk_length is None else x.topk_length[a:b],
+                      out=None if x.out is None else x.out[a:b])
 
 
 def _outputs(x: DecodeInputs, th: tuple, out_dtype: torch.dtype, device: torch.device, lse=None) -> Result:
@@ -719,12 +754,22 @@ def combine_states_triton(
         cbh, cbd = dcp_merge_tile(detect_platform(part_out.device, tensor="part_out").arch, H)
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():
-        combine[(-(-H // cbh), T, D_V // cbd)](
-            part_out, lse2, sinks if sinks is not None else dummy, out, lse,
-            H, R,
-            part_out.stride(1), part_out.stride(0), part_out.stride(2),
-            lse2.stride(0), lse2.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            **combine_constexprs(R, sinks is not None, cbh, cbd, zero_weight_nan=False), num_warps=4, num_stages=1,
-        )
+        for a in range(0, T, MAX_GRID_TOKENS):  # the tokens sit on the grid's y dimension
+            b = min(a + MAX_GRID_TOKENS, T)
+            _merge_launch(combine, (-(-H // cbh), b - a, D_V // cbd), part_out[:, a:b], lse2[a:b],
+                          sinks if sinks is not None else dummy, out[a:b], lse[a:b], H, R,
+                          combine_constexprs(R, sinks is not None, cbh, cbd, zero_weight_nan=False))
     return out, lse
+
+
+def _merge_launch(combine: Any, grid: tuple, part_out: torch.Tensor, lse2: torch.Tensor, sinks: torch.Tensor,
+                  out: torch.Tensor, lse: torch.Tensor, H: int, R: int, constexprs: dict) -> None:
+    """One launch of the DCP merge (:func:`combine_states_triton`) over the tokens of ``out``."""
+    combine[grid](
+        part_out, lse2, sinks, out, lse,
+        H, R,
+        part_out.stride(1), part_out.stride(0), part_out.stride(2),
+        lse2.stride(0), lse2.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        **constexprs, num_warps=4, num_stages=1,
+    )
