@@ -569,7 +569,8 @@ def test_sm90_plans(H, T):
             assert launch.tuning_row == ("sm90_ds_mla_h16_bf16_two_tokens" if T <= 2 else "sm90_ds_mla_h16")
         elif q == "bf16" and H <= 32:  # gluon_fp8's 32-head blocks on the column-split consumers, split or not
             assert launch.kernel == "gluon_fp8" and launch.kernel_row == "sm90_ds_mla_gluon_h32", launch
-            assert launch.tuning_row == "sm90_ds_mla_h32_bf16" + ("_two_tokens" if T <= 2 else "")
+            # one token: splits down to one 64-id block; from two, the 128-id floor (thirty-first session)
+            assert launch.tuning_row == "sm90_ds_mla_h32_bf16" + ("_one_token" if T <= 1 else "")
         elif q == "bf16":  # more heads, split or not: 64-head blocks
             # the seesaw decodes into bf16: exact for power-of-two scales, and it flags tokens with others
             assert launch.kernel == "gluon_seesaw" and launch.kernel_row == "sm90_ds_mla_gluon_seesaw", launch
@@ -593,7 +594,9 @@ def test_sm90_plans(H, T):
     (16, 2, "bf16", 32, 64),  # sm90_ds_mla_h16_bf16_two_tokens: one 64-id Gluon block a split (14.3 us against 15.8 at 16)
     (16, 2, "fp16", 16, 128),  # the portable kernel keeps its measured 128-id floor
     (32, 64, "bf16", 2, 1024),  # sm90_ds_mla_h32_bf16: two splits (on the seesaw 67.3 us against 75.7 at 3)
-    (32, 2, "bf16", 32, 64),  # sm90_ds_mla_h32_bf16 on gluon_fp8's column split (14.5 us against 15.1 at 16)
+    (32, 1, "bf16", 32, 64),  # sm90_ds_mla_h32_bf16_one_token: one 64-id block a split, two 16-head CTAs each
+    # T=2: 16 two-block splits of two 16-head CTAs each (thirty-first session: 12.6-12.7 us against 13.5 in 32)
+    (32, 2, "bf16", 16, 128),
     # from T=3 128-id splits again (twenty-seventh session: H=32 T=4 16.1 us against 19.1 in 64-id splits)
     (32, 3, "bf16", 16, 128),
     (32, 4, "bf16", 16, 128),

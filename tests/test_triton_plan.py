@@ -57,14 +57,15 @@ def _old_kernel(row, *, arch, q_dtype, kv_dtype, num_heads, num_tokens, splits, 
     """The tuning row's ``kernel`` param, then kernel_for, as they were."""
     kernel = {"sm90_default": "gluon_seesaw", "sm90_fp8": "gluon_seesaw", "sm90_fp8_h16": "gluon_fp8",
               "sm90_fp8_h16_two_tokens": "gluon_fp8", "sm90_fp8_h32": "gluon_seesaw",
-              "sm90_fp8_h32_two_tokens": "gluon_seesaw", "sm90_h32": "gluon_seesaw"}.get(row, "portable")
+              "sm90_fp8_h32_one_token": "gluon_seesaw", "sm90_h32": "gluon_seesaw"}.get(row, "portable")
     # since the twenty-seventh session bf16 at H <= 16 and T <= 8 takes the padded seesaw (sm90_h16's split policy)
     if row == "sm90_h16" and q_dtype == kv_dtype == "bf16" and num_tokens <= 8:
         kernel = "gluon_seesaw"
     if kernel == "portable" or not (gluon and arch != "cpu" and not logit_cap > 0):
         return "portable"
-    # sm90_fp8_h32_two_tokens: sm90_fp8_h32's 64-id splits at T <= 2, since the twenty-seventh session
-    if row in ("sm90_fp8_h32", "sm90_fp8_h32_two_tokens") and kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16"):
+    # sm90_fp8_h32_one_token: sm90_fp8_h32's 64-id splits at T <= 2 since the twenty-seventh session, at T=1 since
+    # the thirty-first
+    if row in ("sm90_fp8_h32", "sm90_fp8_h32_one_token") and kv_dtype == "fp8_e4m3" and q_dtype in ("bf16", "fp16"):
         return "gluon_fp8"  # since the tenth session: 32-head blocks of gluon_fp8, unsplit or in two splits; since
         # the sixteenth, at any split count (its column-split consumers)
     # gluon_fp8 splits since the ninth session, up to 2 splits (more at <= 16 heads went to the padded seesaw from
@@ -156,9 +157,13 @@ def test_where_the_gluon_kernels_serve():
     f8_32_split = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=2)  # more splits: its column-split consumers
     assert (f8_32_split.kernel, f8_32_split.kernel_row) == ("gluon_fp8", "sm90_fp8_gluon_h32")
     assert f8_32_split.num_kv_splits > 2
-    # one or two tokens: one 64-id block a split (sm90_fp8_h32_two_tokens); from three tokens 128-id splits again
+    # one token: one 64-id block a split (sm90_fp8_h32_one_token); from two tokens 128-id splits (thirty-first
+    # session: 16 splits of two 16-head CTAs at T=2 beat 32 one-block splits)
     assert (f8_32_split.tuning_row, f8_32_split.num_kv_splits, f8_32_split.ids_per_split) == (
-        "sm90_fp8_h32_two_tokens", 32, 64)
+        "sm90_fp8_h32", 16, 128)
+    f8_32_t1 = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=1)
+    assert (f8_32_t1.tuning_row, f8_32_t1.num_kv_splits, f8_32_t1.ids_per_split) == (
+        "sm90_fp8_h32_one_token", 32, 64)
     f8_32_t3 = plan(kv_dtype="fp8_e4m3", num_heads=32, num_tokens=3)
     assert (f8_32_t3.tuning_row, f8_32_t3.num_kv_splits, f8_32_t3.ids_per_split) == ("sm90_fp8_h32", 16, 128)
     assert plan(kv_dtype="fp8_e4m3", num_heads=33).kernel == "gluon_seesaw"
