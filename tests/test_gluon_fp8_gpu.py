@@ -211,7 +211,7 @@ def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits, H):
 @pytest.mark.parametrize("H,T", [(16, 256), (16, 64), (32, 256), (32, 64), (32, 2)])
 def test_ds_mla_routed_big_pool_and_cuda_graph(H, T, scale):
     """V3.2 rows at H=16 and 32 through the public launcher (routed to gluon_fp8: unsplit at T=256, two splits at
-    T=64; 32 heads on the column-split consumers, at T=2 in 32 splits of one block), ids in a pool beyond 2^31
+    T=64; 32 heads on the column-split consumers, at T=2 in 16 two-block splits), ids in a pool beyond 2^31
     bytes, then CUDA-graph replays with new ids and sinks."""
     g = torch.Generator(device="cuda").manual_seed(19)
     rows = ((1 << 31) + (64 << 20)) // DS_ROW + 1
@@ -227,8 +227,10 @@ def test_ds_mla_routed_big_pool_and_cuda_graph(H, T, scale):
     assert plan.kernel == ("gluon_fp8" if gluon_available() else "portable"), plan
     if gluon_available():
         assert plan.kernel_row == ("sm90_ds_mla_gluon" if H <= 16 else "sm90_ds_mla_gluon_h32"), plan
-    # T=256 fills the H200 unsplit, T=64 splits in two on its 132 SMs, T=2 in one 64-id block a split
-    assert plan.num_kv_splits == 1 if T == 256 else plan.num_kv_splits <= 2 if T == 64 else plan.num_kv_splits == 32
+    # T=256 fills the H200 unsplit, T=64 splits in two on its 132 SMs, T=2 at 16 heads in one 64-id block a split,
+    # at 32 in 16 two-block splits of two 16-head CTAs each (thirty-first session)
+    assert plan.num_kv_splits == 1 if T == 256 else plan.num_kv_splits <= 2 if T == 64 else (
+        plan.num_kv_splits == (32 if H <= 16 else 16))
     out = torch.empty(T, H, D_V, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(T, H, device="cuda")
     sparse_mla_decode_triton(q, cache, idx, sinks, DS_SM_SCALE, out=out, lse=lse)
