@@ -50,8 +50,8 @@ MAX_ROWS = 2 ** 31
 POINTER_ALIGN = 16
 LOG2E = _LOG2E.value  # the kernels' one definition (mla_sink.kernels.triton.math)
 #: CUDA caps a grid's y and z dimensions at 65535 (CUDA C++ Programming Guide, "Features and Technical
-#: Specifications": maximum y- or z-dimension of a grid of thread blocks; HIP keeps the same bound for portable
-#: code). Every kernel here puts the tokens on one of them (the decode kernels on z, the combine on y), so a call
+#: Specifications": maximum y- or z-dimension of a grid of thread blocks; AMD GPUs under HIP allow 65536, so the
+#: smaller bound serves both). Every kernel here puts the tokens on one of them (the decode kernels on z, the combine on y), so a call
 #: of more tokens runs as launches of at most this many tokens each (:func:`_token_ranges`).
 MAX_GRID_TOKENS = 65535
 #: ``MLA_SINK_TRITON_FAST_LAUNCH=0`` launches through Triton's ``kernel[grid](...)`` on every call.
