@@ -289,6 +289,20 @@ def test_explain_json_gives_the_gluon_fp8_head_block_and_ctas_a_token(heads, tok
     assert ("CTAs a token" in arr["summary"]) == (ctas > 1)
 
 
+@pytest.mark.parametrize("tokens,ranges", [(64, 1), (65535, 1), (65536, 2), (70000, 2), (131071, 3)])
+def test_explain_names_the_launches_of_a_call_beyond_the_grid_token_limit(tokens, ranges, capsys):
+    """More tokens than a CUDA grid's y / z dimension holds (65535) run as one launch per token range; explain says
+    how many (text) and gives them as ``launch.token_ranges`` (JSON)."""
+    argv = ("explain", "--arch", "sm90", "--heads", "32", "--kv-dtype", "fp8_ds_mla", "--q-dtype", "bf16",
+            "--tokens", str(tokens), "--sms", "132")
+    code, out = run_cli(capsys, *argv)
+    said = [line for line in out.splitlines() if "token ranges of at most 65535" in line]
+    assert code == 0 and said == ([] if ranges == 1 else [f"    the call runs as {ranges} such launches, over token "
+                                                           "ranges of at most 65535 tokens (a CUDA grid's y / z limit)"])
+    code, out = run_cli(capsys, *argv, "--json")
+    assert code == 0 and json.loads(out)["launch"]["token_ranges"] == ranges
+
+
 @pytest.mark.parametrize("argv,row,regs", [
     (["--kv-dtype", "fp8_ds_mla", "--heads", "64"], "ds_mla_producer_72", 72),
     (["--kv-dtype", "fp8_e4m3", "--heads", "128"], "e4m3_producer_80", 80),

@@ -264,6 +264,44 @@ def test_calls_beyond_the_grid_token_limit_run_in_token_ranges(monkeypatch, spli
     check(*allocated, ro, rl)
 
 
+@pytest.mark.parametrize("limit", [None, 2])
+def test_a_gluon_compile_failure_writes_the_callers_lse(monkeypatch, limit):
+    """A Gluon kernel that fails to compile falls back to the portable kernel for the call itself, which must write
+    the caller's ``lse`` buffer (and, over token ranges, each range's rows of the whole call's ``lse``): before, the
+    fallback wrote a fresh tensor and a ranged call returned its uninitialised buffer (a break test, thirty-first
+    session). The compile failure is simulated: the compiled launch raises Triton's ``OutOfResources``."""
+    import attrs
+    from triton.runtime.errors import OutOfResources
+
+    import mla_sink.core.plan as plan_mod
+    import mla_sink.paths.triton.launch as launch_mod
+    from mla_sink.core.inputs import DecodeInputs
+
+    def failing_launches(*args, **kwargs):
+        def decode(*a):
+            raise OutOfResources(300000, 232448, "shared memory")
+        return decode, None
+
+    monkeypatch.setattr(plan_mod, "_FAILED_KERNELS", {})
+    monkeypatch.setattr(launch_mod, "_gluon_launches", failing_launches)
+    if limit is not None:
+        monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", limit)
+    plan_mod._build_plan_cached.cache_clear()
+    case = make_case(3, 16, 64, seed=29)
+    plan = launch_mod.triton_plan_for(case["q"], case["kv_cache"], case["indices"], sinks=case["sinks"])
+    plan = attrs.evolve(plan, launch=attrs.evolve(plan.launch, kernel="gluon_seesaw"))
+    x = DecodeInputs(q=case["q"], kv_cache=case["kv_cache"], indices=case["indices"], sm_scale=D_QK ** -0.5,
+                     sinks=case["sinks"])
+    lse = torch.full((3, 16), float("nan"))
+    try:
+        with pytest.warns(RuntimeWarning, match="portable kernel serves"):
+            o, l = launch_mod.prepare_triton(plan, x)(x, lse)
+    finally:
+        plan_mod._build_plan_cached.cache_clear()
+    assert l.data_ptr() == lse.data_ptr()
+    check(o, l, *sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"]))
+
+
 def test_topk_length():
     case = make_case(4, 5, 37, seed=6)
     tl_ = torch.tensor([37, 20, 5, 0], dtype=torch.int32)

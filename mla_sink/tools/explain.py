@@ -14,7 +14,7 @@ import attrs
 from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.kv_layout import BF16_EXACT_SCALE_EXP
 from mla_sink.core.platform import arch_of
-from mla_sink.paths.triton.plan import combine_programs
+from mla_sink.paths.triton.plan import MAX_GRID_TOKENS, combine_programs
 
 #: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
 KERNEL_FILES = {
@@ -60,6 +60,10 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
             tiles = f"the kernel's own tiles (on a fallback to the portable kernel: {tiles})"
         rounded = " (topk rounded up to whole blocks of ids)" if launch.ids_per_split > plan.spec.topk else ""
         lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids{rounded}; {tiles}")
+        ranges = _token_ranges(T)
+        if ranges > 1:  # the tokens sit on a grid dimension CUDA caps
+            lines.append(f"    the call runs as {ranges} such launches, over token ranges of at most {MAX_GRID_TOKENS} "
+                         "tokens (a CUDA grid's y / z limit)")
         if launch.num_kv_splits > 1:  # the split launch's partials merge in the combine kernel
             programs = combine_programs(T, plan.spec.num_heads, launch.combine_block_h, launch.combine_block_d)
             lines.append(f"    combine: {launch.combine_block_h} heads x {launch.combine_block_d} value columns a "
@@ -146,10 +150,16 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
+def _token_ranges(num_tokens: Optional[int]) -> int:
+    """The launches (each with the plan's splits) a call of ``num_tokens`` tokens runs as: one per range of at most
+    :data:`~mla_sink.paths.triton.plan.MAX_GRID_TOKENS` tokens (1 when the token count is unknown or 0)."""
+    return max(1, -(-(num_tokens or 0) // MAX_GRID_TOKENS))
+
+
 def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     """The plan record as JSON-ready data: the rule table's selection (when given: path, row, params,
     rejections grouped by path) and the plan's ``key``, ``spec``, ``platform``, ``num_tokens`` and
-    ``launch`` (kernel file included on the triton path)."""
+    ``launch`` (on the triton path with its kernel file and ``token_ranges``, the launches the call runs as)."""
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
@@ -162,6 +172,7 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
             doc["launch"].update(kernel=None, kernel_row=None, kernel_why=None)
         else:
             doc["launch"]["kernel_file"] = KERNEL_FILES.get(plan.launch.kernel)
+            doc["launch"]["token_ranges"] = _token_ranges(plan.num_tokens)
             arrangement = gluon_fp8_arrangement(plan)
             if arrangement is not None:
                 doc["launch"]["gluon_fp8_arrangement"] = arrangement

@@ -37,7 +37,7 @@ from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
-from mla_sink.paths.triton.plan import MIN_BLOCK_H, all_heads_block, dcp_merge_tile, is_pow2
+from mla_sink.paths.triton.plan import MAX_GRID_TOKENS, MIN_BLOCK_H, all_heads_block, dcp_merge_tile, is_pow2
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -49,11 +49,6 @@ MAX_ROWS = 2 ** 31
 #: for tensors with the same alignment pattern.
 POINTER_ALIGN = 16
 LOG2E = _LOG2E.value  # the kernels' one definition (mla_sink.kernels.triton.math)
-#: CUDA caps a grid's y and z dimensions at 65535 (CUDA C++ Programming Guide, "Features and Technical
-#: Specifications": maximum y- or z-dimension of a grid of thread blocks; AMD GPUs under HIP allow 65536, so the
-#: smaller bound serves both). Every kernel here puts the tokens on one of them (the decode kernels on z, the combine on y), so a call
-#: of more tokens runs as launches of at most this many tokens each (:func:`_token_ranges`).
-MAX_GRID_TOKENS = 65535
 #: ``MLA_SINK_TRITON_FAST_LAUNCH=0`` launches through Triton's ``kernel[grid](...)`` on every call.
 FAST_LAUNCH = os.environ.get("MLA_SINK_TRITON_FAST_LAUNCH", "1") != "0"
 
@@ -489,7 +484,7 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
                      topk_length if topk_length is not None else lse, out, lse, part_out, part_lse, lse, flags,
                      x.sm_scale)
         except errors as e:
-            return _fall_back(plan, "gluon_seesaw", e, x)
+            return _fall_back(plan, "gluon_seesaw", e, x, lse)
         if split:
             combine(align, part_out, part_lse, sinks, out, lse)
         return out, lse
@@ -541,7 +536,7 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
             launch_decode(align, x.q, x.kv_cache, x.indices, sinks, topk_length if topk_length is not None else lse,
                           kv_scale, out, lse, part_out, part_lse, x.sm_scale)
         except errors as e:
-            return _fall_back(plan, launch.kernel, e, x)
+            return _fall_back(plan, launch.kernel, e, x, lse)
         if split:
             combine(align, part_out, part_lse, sinks, out, lse)
         return out, lse
@@ -573,9 +568,10 @@ def _call_buffers(x: DecodeInputs, lse: Optional[torch.Tensor], splits: int, out
     return out, lse, lse, lse
 
 
-def _fall_back(plan, kernel: str, error: BaseException, x: DecodeInputs) -> Result:
+def _fall_back(plan, kernel: str, error: BaseException, x: DecodeInputs, lse: Optional[torch.Tensor]) -> Result:
     """Record the compile failure (every later plan names the portable kernel and why) and run this
-    call on the portable kernel."""
+    call on the portable kernel, into the caller's ``lse`` buffer when one was given (a token range's rows of the
+    whole call's, :func:`_token_ranges`)."""
     import warnings
 
     import attrs
@@ -590,7 +586,7 @@ def _fall_back(plan, kernel: str, error: BaseException, x: DecodeInputs) -> Resu
                            path=None if plan.row_id != "forced" else plan.path)
     if replanned.launch.kernel != "portable":  # pragma: no cover - the planner honours failed kernels
         replanned = attrs.evolve(replanned, launch=attrs.evolve(replanned.launch, kernel="portable"))
-    return prepare_triton(replanned, x)(x)
+    return prepare_triton(replanned, x)(x, lse)
 
 
 def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,

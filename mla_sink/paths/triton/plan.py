@@ -33,6 +33,13 @@ PORTABLE = "portable"
 #: The tuning table's paths: every kernel the Triton launcher can run.
 KERNELS = (PORTABLE, "gluon_seesaw", "gluon_fp8")
 
+#: CUDA caps a grid's y and z dimensions at 65535 (CUDA C++ Programming Guide, "Features and Technical
+#: Specifications": maximum y- or z-dimension of a grid of thread blocks; AMD GPUs under HIP allow 65536, so the
+#: smaller bound serves both). Every Triton kernel here puts the tokens on one of them (the decode kernels on z, the
+#: combine and the DCP merge on y), so a call of more tokens runs as launches over ranges of at most this many
+#: tokens each (:func:`mla_sink.paths.triton.launch.prepare_triton`).
+MAX_GRID_TOKENS = 65535
+
 #: Smallest head block: ``tl.dot`` needs at least 16 rows (M), so fewer heads are padded to 16 (the
 #: combine kernel's head block takes the same floor).
 MIN_BLOCK_H = 16
