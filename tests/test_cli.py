@@ -289,18 +289,33 @@ def test_explain_json_gives_the_gluon_fp8_head_block_and_ctas_a_token(heads, tok
     assert ("CTAs a token" in arr["summary"]) == (ctas > 1)
 
 
-@pytest.mark.parametrize("tokens,ranges", [(64, 1), (65535, 1), (65536, 2), (70000, 2), (131071, 3)])
+@pytest.mark.parametrize("tokens,ranges", [(64, 1), (65535, 1), (65536, 2), (70000, 2), (131071, 3), (131064, 2)])
 def test_explain_names_the_launches_of_a_call_beyond_the_grid_token_limit(tokens, ranges, capsys):
-    """More tokens than a CUDA grid's y / z dimension holds (65535) run as one launch per token range; explain says
-    how many (text) and gives them as ``launch.token_ranges`` (JSON)."""
-    argv = ("explain", "--arch", "sm90", "--heads", "32", "--kv-dtype", "fp8_ds_mla", "--q-dtype", "bf16",
-            "--tokens", str(tokens), "--sms", "132")
-    code, out = run_cli(capsys, *argv)
-    said = [line for line in out.splitlines() if "token ranges of at most 65535" in line]
-    assert code == 0 and said == ([] if ranges == 1 else [f"    the call runs as {ranges} such launches, over token "
-                                                           "ranges of at most 65535 tokens (a CUDA grid's y / z limit)"])
-    code, out = run_cli(capsys, *argv, "--json")
-    assert code == 0 and json.loads(out)["launch"]["token_ranges"] == ranges
+    """More tokens than a CUDA grid's y / z dimension holds (65535) run as one launch per token range of 65532 tokens
+    (a multiple of 4: every range's 4-byte per-token rows stay 16-byte aligned); explain says how many (text, with or
+    without an SM count) and gives them as ``launch.token_ranges`` (JSON)."""
+    for sms in (("--sms", "132"), ()):
+        argv = ("explain", "--arch", "sm90", "--heads", "32", "--kv-dtype", "fp8_ds_mla", "--q-dtype", "bf16",
+                "--tokens", str(tokens), *sms)
+        code, out = run_cli(capsys, *argv)
+        said = [line for line in out.splitlines() if "token ranges" in line]
+        assert code == 0 and said == ([] if ranges == 1 else [
+            f"    the call runs as {ranges} launches, over token ranges of 65532 tokens, the last shorter (a CUDA "
+            "grid's y / z dimension holds 65535)"])
+        code, out = run_cli(capsys, *argv, "--json")
+        assert code == 0 and json.loads(out)["launch"]["token_ranges"] == ranges
+
+
+def test_token_ranges_keep_every_range_16_byte_aligned():
+    """Ranges of a multiple of 4 tokens below the bound; one range when the call fits; none without tokens."""
+    from mla_sink.paths.triton.plan import MAX_GRID_TOKENS, token_ranges
+
+    assert token_ranges(0) == [] and token_ranges(5) == [(0, 5)] and token_ranges(65535) == [(0, 65535)]
+    assert token_ranges(65536) == [(0, 65532), (65532, 65536)]
+    ranges = token_ranges(4 * 65535 + 10)
+    assert all(b - a <= MAX_GRID_TOKENS and a % 4 == 0 for a, b in ranges) and ranges[-1][1] == 4 * 65535 + 10
+    assert [b - a for a, b in ranges[:-1]] == [65532] * (len(ranges) - 1)
+    assert token_ranges(7, limit=2) == [(0, 2), (2, 4), (4, 6), (6, 7)]  # a bound below 4 (tests lower it)
 
 
 @pytest.mark.parametrize("argv,row,regs", [

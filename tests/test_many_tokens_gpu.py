@@ -1,5 +1,5 @@
 """Calls of more tokens than a CUDA grid's y / z dimension holds (65535): the library runs them as launches over
-token ranges (:data:`mla_sink.paths.triton.launch.MAX_GRID_TOKENS`); every kernel path here (the sm90 seesaw
+token ranges (:func:`mla_sink.paths.triton.plan.token_ranges`); every kernel path here (the sm90 seesaw
 and fp8 kernels, the portable kernel, the DCP merge) is checked on the tokens on either side of each range's
 edge against the float64 reference (GPU marker: run on the device).
 
@@ -16,12 +16,14 @@ from mla_sink import quantize_kv_cache, sparse_mla_decode
 from mla_sink.core.lse import apply_sink, merge_states
 from mla_sink.core.reference import sparse_mla_decode_reference as ref
 from mla_sink.paths.triton.launch import MAX_GRID_TOKENS, combine_states_triton, sparse_mla_decode_triton
+from mla_sink.paths.triton.plan import token_ranges
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-T = MAX_GRID_TOKENS + 3  # ranges of 65535 and 3 tokens
+T = MAX_GRID_TOKENS + 3  # ranges of 65532 and 6 tokens
+EDGE = token_ranges(T)[0][1]
 #: the tokens checked: the first, either side of the range edge, the last
-CHECKED = [0, 1, MAX_GRID_TOKENS - 1, MAX_GRID_TOKENS, MAX_GRID_TOKENS + 1, T - 1]
+CHECKED = [0, 1, EDGE - 1, EDGE, EDGE + 1, T - 1]
 
 
 def _inputs(H: int, kv_dtype: str, N: int = 4096, topk: int = 64):
@@ -29,7 +31,7 @@ def _inputs(H: int, kv_dtype: str, N: int = 4096, topk: int = 64):
     q = torch.randn(T, H, 576, device="cuda", generator=g).bfloat16()
     kv = torch.randn(N, 576, device="cuda", generator=g).bfloat16()
     idx = torch.randint(0, N, (T, topk), device="cuda", dtype=torch.int32, generator=g)
-    idx[MAX_GRID_TOKENS, :5] = -1  # the second range's first row: skipped ids
+    idx[EDGE, :5] = -1  # the second range's first row: skipped ids
     idx[T - 1] = -1  # a row with no valid id, in the last range
     sinks = torch.randn(H, device="cuda", generator=g) + 1.0
     if kv_dtype == "fp8_e4m3":

@@ -264,42 +264,85 @@ def test_calls_beyond_the_grid_token_limit_run_in_token_ranges(monkeypatch, spli
     check(*allocated, ro, rl)
 
 
-@pytest.mark.parametrize("limit", [None, 2])
-def test_a_gluon_compile_failure_writes_the_callers_lse(monkeypatch, limit):
-    """A Gluon kernel that fails to compile falls back to the portable kernel for the call itself, which must write
-    the caller's ``lse`` buffer (and, over token ranges, each range's rows of the whole call's ``lse``): before, the
-    fallback wrote a fresh tensor and a ranged call returned its uninitialised buffer (a break test, thirty-first
-    session). The compile failure is simulated: the compiled launch raises Triton's ``OutOfResources``."""
-    import attrs
-    from triton.runtime.errors import OutOfResources
-
+def _failing_gluon(monkeypatch, error):
+    """Simulate a Gluon kernel that fails to compile here: its compiled launch raises ``error``; the failed-kernel
+    record starts empty. Returns the launch module."""
     import mla_sink.core.plan as plan_mod
     import mla_sink.paths.triton.launch as launch_mod
-    from mla_sink.core.inputs import DecodeInputs
 
     def failing_launches(*args, **kwargs):
         def decode(*a):
-            raise OutOfResources(300000, 232448, "shared memory")
+            raise error
         return decode, None
 
     monkeypatch.setattr(plan_mod, "_FAILED_KERNELS", {})
     monkeypatch.setattr(launch_mod, "_gluon_launches", failing_launches)
-    if limit is not None:
-        monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", limit)
     plan_mod._build_plan_cached.cache_clear()
-    case = make_case(3, 16, 64, seed=29)
+    return launch_mod
+
+
+def _seesaw_call(launch_mod, T, H, topk, seed, topk_length=None):
+    """``(plan, x)`` of a bf16 call whose plan names the seesaw."""
+    import attrs
+
+    from mla_sink.core.inputs import DecodeInputs
+
+    case = make_case(T, H, topk, seed=seed)
     plan = launch_mod.triton_plan_for(case["q"], case["kv_cache"], case["indices"], sinks=case["sinks"])
     plan = attrs.evolve(plan, launch=attrs.evolve(plan.launch, kernel="gluon_seesaw"))
     x = DecodeInputs(q=case["q"], kv_cache=case["kv_cache"], indices=case["indices"], sm_scale=D_QK ** -0.5,
-                     sinks=case["sinks"])
-    lse = torch.full((3, 16), float("nan"))
+                     sinks=case["sinks"], topk_length=topk_length)
+    return plan, x, case
+
+
+@pytest.mark.parametrize("error", ["OutOfResources", "PTXASError"])
+@pytest.mark.parametrize("limit", [None, 2])
+def test_a_gluon_compile_failure_writes_the_callers_lse(monkeypatch, limit, error):
+    """A Gluon kernel that fails to compile (Triton's ``OutOfResources``, or ptxas refusing the PTX) falls back to the
+    portable kernel for the call itself, which must write the caller's ``lse`` buffer (and, over token ranges, each
+    range's rows of the whole call's ``lse``): before, the fallback wrote a fresh tensor and a ranged call returned
+    its uninitialised buffer, and a ``PTXASError`` propagated (break tests, thirty-first session). Over token ranges
+    only the first range tries the kernel: one warning, the later ranges on the portable kernel at once."""
+    import warnings
+
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    import mla_sink.core.plan as plan_mod
+
+    exc = OutOfResources(300000, 232448, "shared memory") if error == "OutOfResources" else PTXASError("ptxas fatal")
+    launch_mod = _failing_gluon(monkeypatch, exc)
+    if limit is not None:
+        monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", limit)
+    plan, x, case = _seesaw_call(launch_mod, 5, 16, 64, seed=29)
+    lse = torch.full((5, 16), float("nan"))
     try:
-        with pytest.warns(RuntimeWarning, match="portable kernel serves"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             o, l = launch_mod.prepare_triton(plan, x)(x, lse)
     finally:
         plan_mod._build_plan_cached.cache_clear()
+    assert [str(w.message).count("portable kernel serves") for w in caught] == [1]
+    assert "gluon_seesaw" in plan_mod.failed_kernels() and error in plan_mod.failed_kernels()["gluon_seesaw"]
     assert l.data_ptr() == lse.data_ptr()
     check(o, l, *sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"]))
+
+
+def test_token_ranges_keep_the_gluon_kernels_pointers_aligned(monkeypatch):
+    """Every token range runs the planned Gluon kernel: ranges of a multiple of 4 tokens keep 4-byte per-token rows
+    (``topk_length``; ``lse`` at an odd head count) 16-byte aligned, which the seesaw checks on every call (a
+    misaligned range took the portable kernel: a break test, thirty-first session). The launches are recorded, not
+    run; the limit is lowered to 6 (ranges of 4)."""
+    import mla_sink.paths.triton.launch as launch_mod
+
+    ran = []
+    monkeypatch.setattr(launch_mod, "_gluon_launches",
+                        lambda *a, **k: ((lambda align, *args: ran.append(("seesaw", align))), None))
+    monkeypatch.setattr(launch_mod, "_portable_instead", lambda *a, **k: (lambda x, lse=None: ran.append("portable")))
+    monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", 6)
+    T = 13
+    plan, x, _ = _seesaw_call(launch_mod, T, 5, 16, seed=31, topk_length=torch.full((T,), 16, dtype=torch.int32))
+    launch_mod.prepare_triton(plan, x)(x)
+    assert ran == [("seesaw", True)] * 4  # ranges 0-4, 4-8, 8-12, 12-13, every pointer 16-byte aligned
 
 
 def test_topk_length():

@@ -14,7 +14,7 @@ import attrs
 from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.kv_layout import BF16_EXACT_SCALE_EXP
 from mla_sink.core.platform import arch_of
-from mla_sink.paths.triton.plan import MAX_GRID_TOKENS, combine_programs
+from mla_sink.paths.triton.plan import MAX_GRID_TOKENS, combine_programs, token_ranges
 
 #: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
 KERNEL_FILES = {
@@ -60,14 +60,17 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
             tiles = f"the kernel's own tiles (on a fallback to the portable kernel: {tiles})"
         rounded = " (topk rounded up to whole blocks of ids)" if launch.ids_per_split > plan.spec.topk else ""
         lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids{rounded}; {tiles}")
-        ranges = _token_ranges(T)
-        if ranges > 1:  # the tokens sit on a grid dimension CUDA caps
-            lines.append(f"    the call runs as {ranges} such launches, over token ranges of at most {MAX_GRID_TOKENS} "
-                         "tokens (a CUDA grid's y / z limit)")
         if launch.num_kv_splits > 1:  # the split launch's partials merge in the combine kernel
             programs = combine_programs(T, plan.spec.num_heads, launch.combine_block_h, launch.combine_block_d)
             lines.append(f"    combine: {launch.combine_block_h} heads x {launch.combine_block_d} value columns a "
                          f"program, {programs} programs (mla_sink/kernels/triton/combine.py)")
+    ranges = _token_ranges(T)
+    if ranges == 0:
+        lines.append("    a call of no tokens launches nothing")
+    elif ranges is not None and ranges > 1:  # the tokens sit on a grid dimension CUDA caps
+        step = token_ranges(T)[0][1]
+        lines.append(f"    the call runs as {ranges} launches, over token ranges of {step} tokens, the last shorter (a "
+                     f"CUDA grid's y / z dimension holds {MAX_GRID_TOKENS})")
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")
     if launch.kernel_row != launch.tuning_row:
         lines.append(f"    kernel: row {launch.kernel_row}: {launch.kernel_why}")
@@ -150,16 +153,17 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
-def _token_ranges(num_tokens: Optional[int]) -> int:
-    """The launches (each with the plan's splits) a call of ``num_tokens`` tokens runs as: one per range of at most
-    :data:`~mla_sink.paths.triton.plan.MAX_GRID_TOKENS` tokens (1 when the token count is unknown or 0)."""
-    return max(1, -(-(num_tokens or 0) // MAX_GRID_TOKENS))
+def _token_ranges(num_tokens: Optional[int]) -> Optional[int]:
+    """The launches (each with the plan's splits) a call of ``num_tokens`` tokens runs as: one per token range
+    (:func:`~mla_sink.paths.triton.plan.token_ranges`), none for no tokens; ``None`` when the count is unknown."""
+    return None if num_tokens is None else len(token_ranges(num_tokens))
 
 
 def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     """The plan record as JSON-ready data: the rule table's selection (when given: path, row, params,
     rejections grouped by path) and the plan's ``key``, ``spec``, ``platform``, ``num_tokens`` and
-    ``launch`` (on the triton path with its kernel file and ``token_ranges``, the launches the call runs as)."""
+    ``launch`` (on the triton path with its kernel file and ``token_ranges``: the launches the call runs as, 0 for no
+    tokens)."""
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
@@ -168,11 +172,11 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     doc.update(key=call_key(plan.spec, plan.platform), spec=_plain(plan.spec), platform=_plain(plan.platform),
                need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens, launch=_plain(plan.launch))
     if plan.launch is not None and plan.path == "triton":
+        doc["launch"]["token_ranges"] = _token_ranges(plan.num_tokens)
         if plan.launch.num_kv_splits is None:  # the SM count decides splits and kernel: both stay open
             doc["launch"].update(kernel=None, kernel_row=None, kernel_why=None)
         else:
             doc["launch"]["kernel_file"] = KERNEL_FILES.get(plan.launch.kernel)
-            doc["launch"]["token_ranges"] = _token_ranges(plan.num_tokens)
             arrangement = gluon_fp8_arrangement(plan)
             if arrangement is not None:
                 doc["launch"]["gluon_fp8_arrangement"] = arrangement

@@ -37,7 +37,8 @@ from mla_sink.core.records import D_QK, D_V
 from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
-from mla_sink.paths.triton.plan import MAX_GRID_TOKENS, MIN_BLOCK_H, all_heads_block, dcp_merge_tile, is_pow2
+from mla_sink.paths.triton.plan import (MAX_GRID_TOKENS, MIN_BLOCK_H, PORTABLE, all_heads_block, dcp_merge_tile,
+                                        is_pow2, token_ranges)
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -67,6 +68,12 @@ def _compile_errors() -> tuple:
 
         errors.append(OutOfResources)
     except ImportError:  # pragma: no cover
+        pass
+    try:  # ptxas refusing the PTX (Triton's autotuner counts it as a compile failure too)
+        from triton.runtime.errors import PTXASError
+
+        errors.append(PTXASError)
+    except ImportError:  # pragma: no cover - Triton before 3.3
         pass
     return tuple(errors)
 
@@ -233,23 +240,35 @@ def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Resul
 
 def _token_ranges(plan: Any, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
     """A runner of a call of more than :data:`MAX_GRID_TOKENS` tokens: one launch (or launch and combine) per
-    range of at most that many consecutive tokens, each writing its rows of one ``out`` and ``lse``. The
-    ranges' runners are prepared here, once: the full ranges share one (same metadata), the last its own."""
+    token range (:func:`~mla_sink.paths.triton.plan.token_ranges`: 65532 tokens, the last range shorter), each
+    writing its rows of one ``out`` and ``lse``. The ranges' runners are prepared here, once: the full ranges share
+    one (same metadata), the last its own. A range whose Gluon kernel fails to compile falls back (one warning); the
+    ranges after it, in this call and later ones, take the portable kernel's runners without trying it again."""
+    from mla_sink.core.plan import failed_kernels
+
     T, H, _ = x.q.shape
-    ranges = [(a, min(a + MAX_GRID_TOKENS, T)) for a in range(0, T, MAX_GRID_TOKENS)]
+    ranges = token_ranges(T, MAX_GRID_TOKENS)
+    state = {"kernel": plan.launch.kernel, "runners": _range_runners(plan, x, ranges)}
+
+    def run(x_call: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
+        out, lse = _outputs(x_call, (T, H), out_dtype, device, lse)
+        x_call = x_call._replace(out=out)
+        for a, b in ranges:
+            state["runners"][b - a](_token_slice(x_call, a, b), lse[a:b])
+            if state["kernel"] != PORTABLE and state["kernel"] in failed_kernels():  # this range fell back
+                state.update(kernel=PORTABLE, runners=_range_runners(_portable_plan(plan), x, ranges))
+        return out, lse
+
+    return run
+
+
+def _range_runners(plan: Any, x: DecodeInputs, ranges: list) -> dict:
+    """A prepared runner per range length of ``ranges`` (on the rows of the first range of that length)."""
     runners: dict = {}
     for a, b in ranges:
         if b - a not in runners:
             runners[b - a] = prepare_triton(plan, _token_slice(x, a, b))
-
-    def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
-        out, lse = _outputs(x, (T, H), out_dtype, device, lse)
-        x = x._replace(out=out)
-        for a, b in ranges:
-            runners[b - a](_token_slice(x, a, b), lse[a:b])
-        return out, lse
-
-    return run
+    return runners
 
 
 def _token_slice(x: DecodeInputs, a: int, b: int) -> DecodeInputs:
@@ -574,19 +593,26 @@ def _fall_back(plan, kernel: str, error: BaseException, x: DecodeInputs, lse: Op
     whole call's, :func:`_token_ranges`)."""
     import warnings
 
-    import attrs
-
-    from mla_sink.core.plan import build_plan, mark_kernel_failed
+    from mla_sink.core.plan import mark_kernel_failed
 
     reason = f"{type(error).__name__}: {str(error)[:300]}"
     mark_kernel_failed(kernel, reason)
     warnings.warn(f"mla_sink: kernel {kernel} failed to compile here ({reason[:200]}); the portable kernel serves "
                   "these calls (mla-sink explain shows the reason)", RuntimeWarning, stacklevel=4)
+    return prepare_triton(_portable_plan(plan), x)(x, lse)
+
+
+def _portable_plan(plan: Any) -> Any:
+    """``plan`` made again once a Gluon kernel is marked failed: the planner names the portable kernel."""
+    import attrs
+
+    from mla_sink.core.plan import build_plan
+
     replanned = build_plan(plan.spec, plan.platform, num_tokens=plan.num_tokens,
                            path=None if plan.row_id != "forced" else plan.path)
-    if replanned.launch.kernel != "portable":  # pragma: no cover - the planner honours failed kernels
-        replanned = attrs.evolve(replanned, launch=attrs.evolve(replanned.launch, kernel="portable"))
-    return prepare_triton(replanned, x)(x, lse)
+    if replanned.launch.kernel != PORTABLE:  # pragma: no cover - the planner honours failed kernels
+        replanned = attrs.evolve(replanned, launch=attrs.evolve(replanned.launch, kernel=PORTABLE))
+    return replanned
 
 
 def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,
@@ -750,8 +776,7 @@ def combine_states_triton(
         cbh, cbd = dcp_merge_tile(detect_platform(part_out.device, tensor="part_out").arch, H)
     dummy = lse2.new_empty(1)
     with interpreter_stdlib() if interp else contextlib.nullcontext():
-        for a in range(0, T, MAX_GRID_TOKENS):  # the tokens sit on the grid's y dimension
-            b = min(a + MAX_GRID_TOKENS, T)
+        for a, b in token_ranges(T, MAX_GRID_TOKENS):  # the tokens sit on the grid's y dimension
             _merge_launch(combine, (-(-H // cbh), b - a, D_V // cbd), part_out[:, a:b], lse2[a:b],
                           sinks if sinks is not None else dummy, out[a:b], lse[a:b], H, R,
                           combine_constexprs(R, sinks is not None, cbh, cbd, zero_weight_nan=False))

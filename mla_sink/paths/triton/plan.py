@@ -37,8 +37,23 @@ KERNELS = (PORTABLE, "gluon_seesaw", "gluon_fp8")
 #: Specifications": maximum y- or z-dimension of a grid of thread blocks; AMD GPUs under HIP allow 65536, so the
 #: smaller bound serves both). Every Triton kernel here puts the tokens on one of them (the decode kernels on z, the
 #: combine and the DCP merge on y), so a call of more tokens runs as launches over ranges of at most this many
-#: tokens each (:func:`mla_sink.paths.triton.launch.prepare_triton`).
+#: tokens each (:func:`token_ranges`, :func:`mla_sink.paths.triton.launch.prepare_triton`).
 MAX_GRID_TOKENS = 65535
+#: A token range below the last is a multiple of this many tokens (65532 at the bound above): 4-byte per-token
+#: values (``topk_length``; ``lse`` at any head count) then start every range 16-byte aligned, as the Gluon kernels'
+#: pointers must be (a misaligned range would take the portable kernel).
+RANGE_ALIGN = 4
+
+
+def token_ranges(num_tokens: int, limit: int = MAX_GRID_TOKENS) -> list:
+    """The consecutive token ranges ``[(a, b), ...]`` a call of ``num_tokens`` tokens runs as: one range when it
+    fits a grid (``<= limit``: :data:`MAX_GRID_TOKENS`), none for no tokens; otherwise ranges of the largest
+    multiple of :data:`RANGE_ALIGN` up to ``limit`` (the whole ``limit`` when it is smaller: tests lower it), the
+    last one shorter."""
+    if num_tokens <= limit:
+        return [(0, num_tokens)] if num_tokens > 0 else []
+    step = limit - limit % RANGE_ALIGN if limit >= RANGE_ALIGN else limit
+    return [(a, min(a + step, num_tokens)) for a in range(0, num_tokens, step)]
 
 #: Smallest head block: ``tl.dot`` needs at least 16 rows (M), so fewer heads are padded to 16 (the
 #: combine kernel's head block takes the same floor).
