@@ -302,7 +302,8 @@ def test_a_gluon_compile_failure_writes_the_callers_lse(monkeypatch, limit, erro
     portable kernel for the call itself, which must write the caller's ``lse`` buffer (and, over token ranges, each
     range's rows of the whole call's ``lse``): before, the fallback wrote a fresh tensor and a ranged call returned
     its uninitialised buffer, and a ``PTXASError`` propagated (break tests, thirty-first session). Over token ranges
-    only the first range tries the kernel: one warning, the later ranges on the portable kernel at once."""
+    only the first range tries the kernel: one warning, the later ranges on the portable kernel at once; a runner
+    prepared later from the same (stale) plan takes the portable kernel without trying it again."""
     import warnings
 
     from triton.runtime.errors import OutOfResources, PTXASError
@@ -314,17 +315,20 @@ def test_a_gluon_compile_failure_writes_the_callers_lse(monkeypatch, limit, erro
     if limit is not None:
         monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", limit)
     plan, x, case = _seesaw_call(launch_mod, 5, 16, 64, seed=29)
-    lse = torch.full((5, 16), float("nan"))
+    lse, lse2 = torch.full((5, 16), float("nan")), torch.full((5, 16), float("nan"))
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             o, l = launch_mod.prepare_triton(plan, x)(x, lse)
+            o2, l2 = launch_mod.prepare_triton(plan, x)(x, lse2)  # a plan made before the failure: portable at once
     finally:
         plan_mod._build_plan_cached.cache_clear()
     assert [str(w.message).count("portable kernel serves") for w in caught] == [1]
     assert "gluon_seesaw" in plan_mod.failed_kernels() and error in plan_mod.failed_kernels()["gluon_seesaw"]
-    assert l.data_ptr() == lse.data_ptr()
-    check(o, l, *sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"]))
+    assert l.data_ptr() == lse.data_ptr() and l2.data_ptr() == lse2.data_ptr()
+    ref = sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"])
+    check(o, l, *ref)
+    check(o2, l2, *ref)
 
 
 def test_token_ranges_keep_the_gluon_kernels_pointers_aligned(monkeypatch):

@@ -231,11 +231,21 @@ def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Resul
         return lambda x, lse=None: _outputs(x, (0, H), out_dtype, device, lse)
     if T > MAX_GRID_TOKENS:
         return _token_ranges(plan, x, out_dtype, device)
+    if launch.kernel != PORTABLE and launch.kernel in _failed_kernels():  # a plan made before its kernel failed here
+        plan = _portable_plan(plan)
+        launch = plan.launch
     if launch.kernel == "gluon_seesaw":
         return _seesaw_runner(plan, launch, x, out_dtype, device)
     if launch.kernel == "gluon_fp8":
         return _gluon_fp8_runner(plan, launch, x, out_dtype, device)
     return _portable_runner(plan, launch, x, out_dtype, device)
+
+
+def _failed_kernels() -> Any:
+    """The kernels recorded as failing to compile here (:func:`mla_sink.core.plan.failed_kernels`)."""
+    from mla_sink.core.plan import failed_kernels
+
+    return failed_kernels()
 
 
 def _token_ranges(plan: Any, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
@@ -244,8 +254,6 @@ def _token_ranges(plan: Any, x: DecodeInputs, out_dtype: torch.dtype, device: to
     writing its rows of one ``out`` and ``lse``. The ranges' runners are prepared here, once: the full ranges share
     one (same metadata), the last its own. A range whose Gluon kernel fails to compile falls back (one warning); the
     ranges after it, in this call and later ones, take the portable kernel's runners without trying it again."""
-    from mla_sink.core.plan import failed_kernels
-
     T, H, _ = x.q.shape
     ranges = token_ranges(T, MAX_GRID_TOKENS)
     state = {"kernel": plan.launch.kernel, "runners": _range_runners(plan, x, ranges)}
@@ -255,7 +263,7 @@ def _token_ranges(plan: Any, x: DecodeInputs, out_dtype: torch.dtype, device: to
         x_call = x_call._replace(out=out)
         for a, b in ranges:
             state["runners"][b - a](_token_slice(x_call, a, b), lse[a:b])
-            if state["kernel"] != PORTABLE and state["kernel"] in failed_kernels():  # this range fell back
+            if state["kernel"] != PORTABLE and state["kernel"] in _failed_kernels():  # this range fell back
                 state.update(kernel=PORTABLE, runners=_range_runners(_portable_plan(plan), x, ranges))
         return out, lse
 
