@@ -64,13 +64,12 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
             programs = combine_programs(T, plan.spec.num_heads, launch.combine_block_h, launch.combine_block_d)
             lines.append(f"    combine: {launch.combine_block_h} heads x {launch.combine_block_d} value columns a "
                          f"program, {programs} programs (mla_sink/kernels/triton/combine.py)")
-    ranges = _token_ranges(T)
-    if ranges == 0:
+    ranges = token_ranges(T) if T is not None else None
+    if ranges == []:
         lines.append("    a call of no tokens launches nothing")
-    elif ranges is not None and ranges > 1:  # the tokens sit on a grid dimension CUDA caps
-        step = token_ranges(T)[0][1]
-        lines.append(f"    the call runs as {ranges} launches, over token ranges of {step} tokens, the last shorter (a "
-                     f"CUDA grid's y / z dimension holds {MAX_GRID_TOKENS})")
+    elif ranges is not None and len(ranges) > 1:  # the tokens sit on a grid dimension CUDA caps
+        lines.append(f"    the call runs as {len(ranges)} launches, over token ranges of {ranges[0][1]} tokens, the last "
+                     f"shorter (a CUDA grid's y / z dimension holds {MAX_GRID_TOKENS})")
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")
     if launch.kernel_row != launch.tuning_row:
         lines.append(f"    kernel: row {launch.kernel_row}: {launch.kernel_why}")
@@ -153,7 +152,7 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
-def _token_ranges(num_tokens: Optional[int]) -> Optional[int]:
+def _launch_count(num_tokens: Optional[int]) -> Optional[int]:
     """The launches (each with the plan's splits) a call of ``num_tokens`` tokens runs as: one per token range
     (:func:`~mla_sink.paths.triton.plan.token_ranges`), none for no tokens; ``None`` when the count is unknown."""
     return None if num_tokens is None else len(token_ranges(num_tokens))
@@ -172,7 +171,7 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     doc.update(key=call_key(plan.spec, plan.platform), spec=_plain(plan.spec), platform=_plain(plan.platform),
                need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens, launch=_plain(plan.launch))
     if plan.launch is not None and plan.path == "triton":
-        doc["launch"]["token_ranges"] = _token_ranges(plan.num_tokens)
+        doc["launch"]["token_ranges"] = _launch_count(plan.num_tokens)
         if plan.launch.num_kv_splits is None:  # the SM count decides splits and kernel: both stay open
             doc["launch"].update(kernel=None, kernel_row=None, kernel_why=None)
         else:
