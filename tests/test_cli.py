@@ -171,7 +171,7 @@ def test_help(argv, capsys):
     (["explain", "--matrix", "--tok", "64"], "'--tokens' does not apply to --matrix"),
     (["explain", "--logit-cap", "nan"], "--logit-cap: 'logit_cap' must be a finite float"),
     (["demo", "--path", "bogus"], "--path: 'path' must be one of"),
-    (["explain", "--tokens", "0"], "'--tokens' must be in [1, 2147483647] (got 0)"),
+    (["explain", "--tokens", "-1"], "'--tokens' must be in [0, 2147483647] (got -1)"),  # 0 is a call (below)
     (["explain", "--heads", "0"], "'--heads' must be in [1, 2147483647] (got 0)"),
     (["explain", "--topk", "-3"], "'--topk' must be in [1, 2147483647] (got -3)"),
     (["explain", "--dcp", "0"], "'--dcp' must be in [1, 2147483647] (got 0)"),
@@ -179,7 +179,7 @@ def test_help(argv, capsys):
     # counts past int32 (the kernels' argument type) were accepted and explained
     (["explain", "--heads", str(10 ** 20)], f"'--heads' must be in [1, 2147483647] (got {10 ** 20})"),
     (["explain", "--topk", str(2 ** 31)], f"'--topk' must be in [1, 2147483647] (got {2 ** 31})"),
-    (["explain", "--tokens", str(10 ** 20)], "'--tokens' must be in [1, 2147483647]"),
+    (["explain", "--tokens", str(10 ** 20)], "'--tokens' must be in [0, 2147483647]"),
     (["explain", "--arch", "sm90", "--sms", str(2 ** 40)], "'--sms' must be in [1, 2147483647]"),
     # the CPU's interpreter has no SMs: a count made the plan split as if it had them
     (["explain", "--arch", "cpu", "--sms", "132"], "--sms: 'num_sms' counts a GPU's SMs / CUs; arch 'cpu'"),
@@ -304,6 +304,22 @@ def test_explain_names_the_launches_of_a_call_beyond_the_grid_token_limit(tokens
             "grid's y / z dimension holds 65535)"])
         code, out = run_cli(capsys, *argv, "--json")
         assert code == 0 and json.loads(out)["launch"]["token_ranges"] == ranges
+
+
+@pytest.mark.parametrize("arch", ["sm90", "cpu"])
+def test_explain_a_call_of_no_tokens(arch, capsys):
+    """``T = 0`` is a call the library takes (empty ``out`` and ``lse``), so explain takes ``--tokens 0`` too (it
+    refused it until the thirty-second session): the path and its rows, and that nothing launches - no split, combine
+    or arrangement line, which would describe launches that do not happen."""
+    argv = ("explain", "--arch", arch, "--heads", "32", "--kv-dtype", "fp8_ds_mla", "--q-dtype", "bf16", "--tokens", "0",
+            *(("--sms", "132") if arch == "sm90" else ()))
+    code, out = run_cli(capsys, *argv)
+    launch = [line for line in out.splitlines() if "triton launch" in line]
+    assert code == 0 and len(launch) == 1 and launch[0].startswith("  triton launch at T=0: none (a call of no tokens")
+    assert "KV split" not in out and "combine:" not in out and "arrangement:" not in out
+    code, out = run_cli(capsys, *argv, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["num_tokens"] == 0 and doc["launch"]["token_ranges"] == 0
 
 
 def test_token_ranges_keep_every_range_16_byte_aligned():

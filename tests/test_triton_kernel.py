@@ -295,7 +295,7 @@ def _seesaw_call(launch_mod, T, H, topk, seed, topk_length=None):
     return plan, x, case
 
 
-@pytest.mark.parametrize("error", ["OutOfResources", "PTXASError"])
+@pytest.mark.parametrize("error", ["OutOfResources", "PTXASError", "MLIRPassError"])
 @pytest.mark.parametrize("limit", [None, 2])
 def test_a_gluon_compile_failure_writes_the_callers_lse(monkeypatch, limit, error):
     """A Gluon kernel that fails to compile (Triton's ``OutOfResources``, or ptxas refusing the PTX) falls back to the
@@ -310,7 +310,11 @@ def test_a_gluon_compile_failure_writes_the_callers_lse(monkeypatch, limit, erro
 
     import mla_sink.core.plan as plan_mod
 
-    exc = OutOfResources(300000, 232448, "shared memory") if error == "OutOfResources" else PTXASError("ptxas fatal")
+    import mla_sink.paths.triton.launch as launch_mod
+
+    exc = {"OutOfResources": lambda: OutOfResources(300000, 232448, "shared memory"),
+           "PTXASError": lambda: PTXASError("ptxas fatal"),
+           "MLIRPassError": lambda: launch_mod.MLIRPassError("PassManager::run failed")}[error]()
     launch_mod = _failing_gluon(monkeypatch, exc)
     if limit is not None:
         monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", limit)
@@ -329,6 +333,38 @@ def test_a_gluon_compile_failure_writes_the_callers_lse(monkeypatch, limit, erro
     ref = sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"])
     check(o, l, *ref)
     check(o2, l2, *ref)
+
+
+class _FailingJit:
+    """A stand-in for a ``@triton.jit`` function whose first launch raises ``error`` (compiling, or launching)."""
+
+    arg_names = ("X",)
+    __name__ = "failing_kernel"
+
+    def __init__(self, error):
+        self.error = error
+
+    def __getitem__(self, grid):
+        def launch(**kwargs):
+            raise self.error
+        return launch
+
+
+def test_a_failed_mlir_pass_is_a_compile_failure_and_a_cuda_error_is_not():
+    """Triton reports a failed MLIR pass as a plain ``RuntimeError('PassManager::run failed')``, which propagated
+    out of a Gluon runner instead of falling back (break test, thirty-first session). ``CompiledLaunch`` raises it as
+    ``MLIRPassError``, one of the compile errors the runners fall back on; any other ``RuntimeError`` of a first
+    launch (a CUDA error) propagates as it was, since falling back would hide it."""
+    from mla_sink.paths.triton.launch import CompiledLaunch, MLIRPassError, _compile_errors
+
+    mlir = CompiledLaunch(_FailingJit(RuntimeError("PassManager::run failed")), (1,), {}, {}, ("X",), {})
+    with pytest.raises(MLIRPassError, match="failing_kernel: PassManager::run failed") as info:
+        mlir(True, 0)
+    assert isinstance(info.value, _compile_errors()) and isinstance(info.value.__cause__, RuntimeError)
+    cuda = RuntimeError("Triton Error [CUDA]: invalid argument")
+    with pytest.raises(RuntimeError) as info:
+        CompiledLaunch(_FailingJit(cuda), (1,), {}, {}, ("X",), {})(True, 0)
+    assert info.value is cuda and not isinstance(info.value, _compile_errors())
 
 
 def test_token_ranges_keep_the_gluon_kernels_pointers_aligned(monkeypatch):

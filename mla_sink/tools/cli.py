@@ -129,7 +129,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from mla_sink.core.select import NoKernelError, select
     from mla_sink.tools.explain import launch_lines, plan_to_dict
 
-    check_count("--tokens", args.tokens)
+    check_count("--tokens", args.tokens, low=0)  # T = 0 is a call (it launches nothing), as in the library
     if args.sms is not None:
         check_count("--sms", args.sms)
 

@@ -47,6 +47,9 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
         where = "Triton's CPU interpreter"
     else:
         where = f"on {sms} SM(s)" if sms is not None else "SM count unknown"
+    if T == 0:  # the plan's row and tiles stand, but nothing of them runs (as the AITER launch says it)
+        return [f"  triton launch at T=0: none (a call of no tokens launches nothing; kernel row "
+                f"{launch.kernel_row}, tuning row {launch.tuning_row})"]
     if launch.num_kv_splits is None:  # a Gluon row needs the split count: the kernel is not decided yet
         lines = [f"  triton launch at T={T} ({where}): kernel not decided",
                  "    splits and kernel depend on the SM count: pass --sms N (without it, the portable kernel's row "
@@ -58,16 +61,15 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
                  f"num_stages={launch.num_stages}")
         if launch.kernel != "portable":  # a Gluon kernel fixes its own tiles; the row's serve a fallback
             tiles = f"the kernel's own tiles (on a fallback to the portable kernel: {tiles})"
-        rounded = " (topk rounded up to whole blocks of ids)" if launch.ids_per_split > plan.spec.topk else ""
+        rounded = (f" (topk rounded up to whole blocks of {launch.block_n} ids)"
+                   if launch.ids_per_split > plan.spec.topk else "")
         lines.append(f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids{rounded}; {tiles}")
         if launch.num_kv_splits > 1:  # the split launch's partials merge in the combine kernel
             programs = combine_programs(T, plan.spec.num_heads, launch.combine_block_h, launch.combine_block_d)
             lines.append(f"    combine: {launch.combine_block_h} heads x {launch.combine_block_d} value columns a "
                          f"program, {programs} programs (mla_sink/kernels/triton/combine.py)")
     ranges = token_ranges(T) if T is not None else None
-    if ranges == []:
-        lines.append("    a call of no tokens launches nothing")
-    elif ranges is not None and len(ranges) > 1:  # the tokens sit on a grid dimension CUDA caps
+    if ranges is not None and len(ranges) > 1:  # the tokens sit on a grid dimension CUDA caps
         lines.append(f"    the call runs as {len(ranges)} launches, over token ranges of {ranges[0][1]} tokens, the last "
                      f"shorter (a CUDA grid's y / z dimension holds {MAX_GRID_TOKENS})")
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")

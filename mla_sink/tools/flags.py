@@ -13,14 +13,14 @@ COUNT_MAX = 2 ** 31 - 1
 SEED_MAX = 2 ** 64 - 1
 
 
-def check_count(flag: str, value: int) -> None:
-    """``value`` in ``[1, COUNT_MAX]``.
+def check_count(flag: str, value: int, low: int = 1) -> None:
+    """``value`` in ``[low, COUNT_MAX]`` (``low`` 0 for ``--tokens``: a call of no tokens is a valid call).
 
     Raises:
         ValueError: naming ``flag`` (e.g. ``'--heads'``) and the allowed range.
     """
-    if not 1 <= value <= COUNT_MAX:
-        raise ValueError(f"'{flag}' must be in [1, {COUNT_MAX}] (got {value})")
+    if not low <= value <= COUNT_MAX:
+        raise ValueError(f"'{flag}' must be in [{low}, {COUNT_MAX}] (got {value})")
 
 
 def check_int_count(flag: str, value) -> None:

@@ -54,9 +54,22 @@ LOG2E = _LOG2E.value  # the kernels' one definition (mla_sink.kernels.triton.mat
 FAST_LAUNCH = os.environ.get("MLA_SINK_TRITON_FAST_LAUNCH", "1") != "0"
 
 
+#: What Triton's MLIR pass manager says when a pass fails while it compiles a kernel (``PassManager::run failed``,
+#: raised as a plain ``RuntimeError`` from its C++ bindings, triton/_C/libtriton: ``ir.cc``).
+MLIR_PASS_FAILURE = "PassManager::run failed"
+
+
+class MLIRPassError(RuntimeError):
+    """A kernel Triton could not compile because one of its MLIR passes failed: a compile failure like
+    ``CompilationError``, told apart from the other ``RuntimeError`` s of a first call (a CUDA error at the launch,
+    which must propagate) by Triton's message :data:`MLIR_PASS_FAILURE`. Raised by :class:`CompiledLaunch` from
+    the ``RuntimeError`` it wraps."""
+
+
 def _compile_errors() -> tuple:
-    """The exception types Triton raises when a kernel cannot be compiled or loaded here."""
-    errors: list = []
+    """The exception types Triton raises when a kernel cannot be compiled or loaded here, and
+    :class:`MLIRPassError`, which :class:`CompiledLaunch` raises for a failed MLIR pass."""
+    errors: list = [MLIRPassError]
     try:
         from triton.compiler.errors import CompilationError
 
@@ -137,7 +150,12 @@ class CompiledLaunch:
         named = dict(zip(self.jit_fn.arg_names, self._bind(args)))
         for name in self.constexprs:
             named.pop(name)
-        compiled = self.jit_fn[self.grid](**named, **self.constexprs, **self.options)
+        try:
+            compiled = self.jit_fn[self.grid](**named, **self.constexprs, **self.options)
+        except RuntimeError as e:  # a failed MLIR pass is a compile failure; any other error (CUDA's) propagates
+            if MLIR_PASS_FAILURE in str(e) and not isinstance(e, MLIRPassError):
+                raise MLIRPassError(f"{getattr(self.jit_fn, '__name__', 'kernel')}: {e}") from e
+            raise
         if FAST_LAUNCH and compiled is not None and hasattr(compiled, "__getitem__"):
             runner = compiled[self.grid]  # also loads the module (function handle) on this device
             self._launchers[align] = (compiled.run, compiled.function, compiled.packed_metadata, runner)
