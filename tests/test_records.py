@@ -121,3 +121,15 @@ def test_one_aiter_version_is_one_platform(given):
     one ``str`` (a second break test: ``' 0.1.20 '`` printed as ``gfx942-aiter 0.1.20 -triton``)."""
     p = Platform("gfx942", given)
     assert p == Platform("gfx942", "0.1.20") and str(p) == "gfx942-aiter0.1.20-triton"
+
+
+@pytest.mark.parametrize("field", ["num_heads", "topk", "dcp_world_size"])
+def test_counts_beyond_int32_are_refused(field):
+    """The kernels take heads, topk and rank counts as int32: a record took 2^31 (and ``mla-sink explain`` refused the
+    same value as a flag; a break test, thirty-first session). 2^31 - 1 is still a valid record."""
+    base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
+    CallSpec(**{**base, field: 2 ** 31 - 1})
+    with pytest.raises(ValueError, match=rf"'{field}' must be an int <= 2147483647: the kernels take it as an int32"):
+        CallSpec(**{**base, field: 2 ** 31})
+    with pytest.raises(ValueError, match=r"'num_sms' must be None or an int in \[1, 2147483647\]"):
+        Platform("sm90", None, num_sms=2 ** 31)

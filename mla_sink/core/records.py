@@ -33,10 +33,17 @@ def _as_int(value: Any) -> Any:
     return value
 
 
+#: The largest count a record takes: the kernels take heads, topk and rank counts as int32 arguments.
+COUNT_MAX = 2 ** 31 - 1
+
+
 def _int_at_least(lo: int):
     def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise ValueError(f"'{attribute.name}' must be an int >= {lo} (got {value!r})")
+        if value > COUNT_MAX:  # CLI flags were refused beyond it while the records took them (break test)
+            raise ValueError(f"'{attribute.name}' must be an int <= {COUNT_MAX}: the kernels take it as an int32 "
+                             f"(got {value!r})")
 
     return check
 
@@ -197,8 +204,8 @@ class Platform:
         if not isinstance(self.gluon, bool):
             raise ValueError(f"'gluon' must be a bool or None (got {self.gluon!r})")
         if self.num_sms is not None and (isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int)
-                                         or self.num_sms < 1):
-            raise ValueError(f"'num_sms' must be None or an int >= 1 (got {self.num_sms!r})")
+                                         or not 1 <= self.num_sms <= COUNT_MAX):
+            raise ValueError(f"'num_sms' must be None or an int in [1, {COUNT_MAX}] (got {self.num_sms!r})")
         if self.arch == "cpu" and self.num_sms not in (None, 1):  # a plan would split for SMs it does not have
             raise ValueError(f"'num_sms' counts a GPU's SMs / CUs; arch 'cpu' runs Triton's interpreter, one program "
                              f"at a time, as one SM (got {self.num_sms}; leave it None or pass 1)")

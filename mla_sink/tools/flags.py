@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 
-#: The largest count a flag may give: the kernels take heads, topk, tokens, pool rows and SM counts as int32
-#: arguments.
-COUNT_MAX = 2 ** 31 - 1
+from mla_sink.core.records import COUNT_MAX  # the largest count a flag may give, as the records take: int32
+
 #: The seeds ``torch.Generator.manual_seed`` takes as unsigned 64-bit values.
 SEED_MAX = 2 ** 64 - 1
 
