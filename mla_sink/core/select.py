@@ -127,8 +127,9 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
 
 def explain_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> str:
     """The text ``mla-sink explain`` prints for a call's path (without the launch lines, which need a token count:
-    ``mla-sink explain --tokens``, :func:`mla_sink.tools.explain.launch_lines`): key, chosen path and params, its row, and the rejected rows grouped by path, each
-    mismatch stated once (:func:`dispatch.explain`). A refused call gives its refusal row's text; never raises for it.
+    ``mla-sink explain --tokens``, :func:`mla_sink.tools.explain.launch_lines`): key, chosen path and params, its
+    row, and the rejected rows grouped by path, each mismatch stated once (:func:`dispatch.explain`). A refused call
+    gives its refusal row's text; never raises for it.
 
     Args:
         spec: the call. platform: where it runs.

@@ -42,14 +42,14 @@ def launch_lines(plan: Any) -> list[str]:
 
 def _triton_lines(plan: Any, launch: Any) -> list[str]:
     T = plan.num_tokens
+    if T == 0:  # the plan's row and tiles stand, but nothing of them runs (as the AITER launch says it)
+        return [f"  triton launch at T=0: none (a call of no tokens launches nothing; kernel row "
+                f"{launch.kernel_row}, tuning row {launch.tuning_row})"]
     sms = plan.platform.num_sms
     if plan.platform.arch == arch_of("cpu"):  # Triton's interpreter: one program at a time, no SMs
         where = "Triton's CPU interpreter"
     else:
         where = f"on {sms} SM(s)" if sms is not None else "SM count unknown"
-    if T == 0:  # the plan's row and tiles stand, but nothing of them runs (as the AITER launch says it)
-        return [f"  triton launch at T=0: none (a call of no tokens launches nothing; kernel row "
-                f"{launch.kernel_row}, tuning row {launch.tuning_row})"]
     if launch.num_kv_splits is None:  # a Gluon row needs the split count: the kernel is not decided yet
         lines = [f"  triton launch at T={T} ({where}): kernel not decided",
                  "    splits and kernel depend on the SM count: pass --sms N (without it, the portable kernel's row "
