@@ -175,6 +175,26 @@ def test_triton_non_finite_scores_match_the_reference(num_kv_splits, sinks, logi
 
 
 @interpreter
+@pytest.mark.parametrize("logit_cap", [0.0, 2.0])
+@pytest.mark.parametrize("which", ["q_scale", "kv_scale"])
+def test_a_nan_per_tensor_scale_gives_nan_with_and_without_the_cap(which, logit_cap):
+    """A NaN ``q_scale`` or ``kv_scale`` makes every referenced token's ``out`` and ``lse`` NaN on the portable
+    kernel, as on the reference and as README says (NaN in scales propagates). With the soft cap the kernel clamped
+    the scale ratio with Triton's default ``minimum``, which returns the non-NaN operand: every score became the cap
+    and the output finite (break test, thirty-second session)."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 3, 576, generator=g).to(torch.float8_e4m3fn)
+    kv = torch.randn(16, 576, generator=g).to(torch.float8_e4m3fn)
+    idx = torch.tensor([[0, 5, -1], [3, 3, 9]], dtype=torch.int32)
+    scales = {"q_scale": torch.ones(1), "kv_scale": torch.ones(1)}
+    scales[which] = torch.tensor([NAN])
+    out, lse = sparse_mla_decode(q, kv, idx, return_lse=True, logit_cap=logit_cap, path="triton", **scales)
+    r_out, r_lse = sparse_mla_decode(q, kv, idx, return_lse=True, logit_cap=logit_cap, path="reference", **scales)
+    assert r_out.isnan().all() and r_lse.isnan().all()  # the reference's answer: the case is not vacuous
+    assert out.isnan().all() and lse.isnan().all()
+
+
+@interpreter
 def test_public_function_non_finite_q_same_on_both_paths():
     q, kv, idx = _non_finite_case()
     a_out, a_lse = sparse_mla_decode(q, kv, idx, return_lse=True, path="triton")

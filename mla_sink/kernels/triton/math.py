@@ -163,7 +163,9 @@ def scores_base2(qk, qk_scale, logit_cap, HAS_CAP: tl.constexpr):
     one that overflowed fp32 from finite values is capped the same way, with the sign of the overflowed sum, which
     may differ from the float64 one (README)."""
     if HAS_CAP:
-        x = qk * tl.minimum(qk_scale / logit_cap, FP32_MAX)
+        # NaN propagates: a NaN q_scale / kv_scale (folded into qk_scale) gives NaN scores, as without the cap
+        # (Triton's default minimum returns the other operand, FP32_MAX, and every score was capped instead)
+        x = qk * tl.minimum(qk_scale / logit_cap, FP32_MAX, propagate_nan=tl.PropagateNan.ALL)
         ax = tl.abs(x)
         e = tl.exp(-2.0 * ax)
         t_big = (1.0 - e) / (1.0 + e)
