@@ -15,7 +15,7 @@ from .conditions import OPERATORS, Condition, Failure, statements
 from .errors import TableCheckError, TableError
 from .explain import ReasonsOnce, explain, rejection_groups, selection_to_dict
 from .loader import load_table
-from .schema import Field, PathSpec
+from .schema import Field, FrozenDict, PathSpec, readonly
 from .table import Row, RuleTable, Selection
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "Condition",
     "Failure",
     "Field",
+    "FrozenDict",
     "PathSpec",
     "Problem",
     "ReasonsOnce",
@@ -38,4 +39,5 @@ __all__ = [
     "rejection_groups",
     "selection_to_dict",
     "statements",
+    "readonly",
 ]

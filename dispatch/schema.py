@@ -9,7 +9,6 @@ own ``params`` override).
 
 from __future__ import annotations
 
-import types
 from typing import Any, Mapping
 
 import attrs
@@ -150,9 +149,37 @@ class Field:
         return ()
 
 
+class FrozenDict(dict):
+    """A read-only ``dict``: the params and fields of rows, selections and plans. Unlike ``types.MappingProxyType``
+    (used until the thirty-second session) it pickles and deep-copies, so the records that hold it (a
+    ``LaunchPlan``, a ``NoKernelError``'s selection, a layer) cross process boundaries and ``copy.deepcopy``. Lookups
+    are ``dict``'s own; every mutating method raises ``TypeError``."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(f"{type(self).__name__} is read-only")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:  # rebuilt from a plain dict: no item assignment
+        return type(self), (dict(self),)
+
+    def __copy__(self) -> "FrozenDict":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "FrozenDict":
+        import copy
+
+        return type(self)(copy.deepcopy(dict(self), memo))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict.__repr__(self)})"
+
+
 def readonly(mapping: Mapping | None) -> Mapping:
-    """Return a read-only copy of ``mapping`` (``{}`` for ``None``)."""
-    return types.MappingProxyType(dict(mapping or {}))
+    """Return a read-only copy of ``mapping`` (``{}`` for ``None``): a :class:`FrozenDict`."""
+    return FrozenDict(mapping or {})
 
 
 @attrs.frozen

@@ -133,3 +133,31 @@ def test_counts_beyond_int32_are_refused(field):
         CallSpec(**{**base, field: 2 ** 31})
     with pytest.raises(ValueError, match=r"'num_sms' must be None or an int in \[1, 2147483647\]"):
         Platform("sm90", None, num_sms=2 ** 31)
+
+
+def test_plans_layers_and_refusals_pickle_and_deep_copy():
+    """A plan's params, a selection's fields and a row's params were ``MappingProxyType`` s, which neither pickle
+    nor deep-copy: ``copy.deepcopy`` of a model holding the layer failed, and a ``NoKernelError`` raised in a worker
+    process reached the parent as a pickling ``TypeError`` (break test, thirty-second session). They are read-only
+    dicts now; the error pickles with its text and selection."""
+    import copy
+    import pickle
+
+    import torch
+
+    from mla_sink import NoKernelError, SparseMLADecode, plan_call
+
+    plan = plan_call(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64), Platform("cpu"))
+    for clone in (pickle.loads(pickle.dumps(plan)), copy.deepcopy(plan)):
+        assert clone == plan and dict(clone.params) == dict(plan.params)
+    with pytest.raises(TypeError, match="read-only"):
+        plan.params["num_kv_splits"] = 2
+    layer = SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=torch.zeros(4))
+    q, kv = torch.randn(2, 4, 576).bfloat16(), torch.randn(64, 576).bfloat16()
+    idx = torch.randint(0, 64, (2, 8), dtype=torch.int32)
+    assert torch.equal(copy.deepcopy(layer)(q, kv, idx)[0], layer(q, kv, idx)[0])
+    with pytest.raises(NoKernelError) as info:
+        plan_call(CallSpec(q_dtype="bf16", kv_dtype="fp8_e4m3", num_heads=4, topk=8), Platform("sm80"))
+    for clone in (pickle.loads(pickle.dumps(info.value)), copy.copy(info.value)):
+        assert str(clone) == str(info.value) and "refused" in clone.explanation
+        assert clone.selection.row.id == info.value.selection.row.id

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import functools
 import threading
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 import attrs
 
+from mla_sink.dispatch import readonly
 from mla_sink.core.records import CallSpec, Platform
 
 
 def _freeze(params: Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(params, Mapping):
         raise ValueError(f"'params' must be a mapping of kernel parameters (got {params!r})")
-    return MappingProxyType(dict(params))
+    return readonly(params)
 
 
 def _known_path(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -87,7 +87,7 @@ _LOCK = threading.Lock()
 
 def failed_kernels() -> Mapping[str, str]:
     """Kernels that failed to compile here this process (name -> error text), as the planner sees them."""
-    return MappingProxyType(dict(_FAILED_KERNELS))
+    return readonly(_FAILED_KERNELS)
 
 
 def mark_kernel_failed(kernel: str, reason: str) -> None:

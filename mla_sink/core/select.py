@@ -43,6 +43,9 @@ class NoKernelError(RuntimeError):
         self.explanation = explanation
         self.selection = selection
 
+    def __reduce__(self) -> tuple:  # pickled and copied with both arguments (a worker process's refusal keeps its text)
+        return type(self), (self.explanation, self.selection)
+
 
 @functools.lru_cache(maxsize=None)
 def mla_table() -> "dispatch.RuleTable":

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import functools
 import math
-import types
 from typing import Mapping, Optional
 
 import attrs
 
+from mla_sink.dispatch import readonly
 from mla_sink.core.records import D_V
 from mla_sink.core.tables import load_checked_table
 
@@ -417,7 +417,7 @@ def _rejected_kernels(sel) -> tuple:
     return tuple(out)
 
 
-_NO_FAILURES: Mapping[str, str] = types.MappingProxyType({})
+_NO_FAILURES: Mapping[str, str] = readonly({})
 
 
 def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, topk: int,
