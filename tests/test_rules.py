@@ -6,6 +6,8 @@ winner of at least one case below (checked by test_every_row_is_exercised).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mla_sink import dispatch
@@ -234,3 +236,29 @@ def test_explain_states_each_mismatch_and_reason_once(p):
                 for rid in grouped:
                     assert not any(ln.startswith(f"  ✗ {rid}:") for ln in rejected), (rid, text)
                     assert rid in path_lines[0]
+
+
+@pytest.mark.parametrize("old,new,text", [
+    # a misspelt param was ignored: the fp8 path then let AITER pick one split, whose LSE is never written
+    ("params: {pad_heads_to: 16, min_kv_splits: 2}", "params: {pad_heads_to: 16, min_kv_split: 2}",
+     "path 'aiter_lse_fp8_two_split' reads no param 'min_kv_split'"),
+    ("params: {pad_heads_to: 16, num_kv_splits: 1}", "params: {pad_heads_to: 16, num_kv_splits: one}",
+     "param 'num_kv_splits' must be an int >= 1 (got 'one')"),
+    ("params: {pad_heads_to: 16}\n", "params: {pad_heads_to: 16, return_lse: false}\n",
+     "path 'aiter_lse' reads no param 'return_lse'"),  # the aiter_lse paths always return the LSE
+    ("params: {pad_heads_to: 16, pad_heads_multiple: 16, max_split_per_batch: 32}",
+     "params: {pad_heads_multiple: 16, max_split_per_batch: 32}", "needs the params ['pad_heads_to']"),
+])
+def test_row_params_are_checked_when_the_table_loads(tmp_path, old, new, text):
+    """A row's params, merged with its path's, are the ones its path's planner reads, of their types: a table
+    with a misspelt or mistyped param loaded and passed the checker (break test, thirty-second session)."""
+    from mla_sink import dispatch
+    from mla_sink.core.tables import table_path
+    from mla_sink.paths.aiter.plan import check_mla_params
+
+    source = open(table_path("mla_decode")).read()
+    assert source.count(old) == 1
+    path = tmp_path / "mla_decode.yaml"
+    path.write_text(source.replace(old, new))
+    with pytest.raises(dispatch.TableError, match=re.escape(text)):
+        check_mla_params(dispatch.load_table(str(path)))

@@ -55,7 +55,9 @@ def mla_table() -> "dispatch.RuleTable":
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
     """
-    return load_checked_table("mla_decode")
+    from mla_sink.paths.aiter.plan import check_mla_params  # the params each path's planner reads
+
+    return load_checked_table("mla_decode", check_mla_params)
 
 
 def platform_fields(platform: Platform) -> dict[str, Any]:

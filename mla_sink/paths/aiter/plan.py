@@ -41,6 +41,15 @@ from mla_sink.core.records import D_QK, D_V
 
 #: The four AITER paths of the rule table.
 AITER_PATHS: tuple[str, ...] = ("aiter_persistent", "aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split")
+#: The params :func:`plan_aiter` reads on each AITER path (a row's merged with its path's defaults), and their
+#: types: ``int`` params are counts >= 1. ``check_mla_params`` refuses any other param name, and a value of another
+#: type, when ``tables/mla_decode.yaml`` loads (a misspelt ``min_kv_split`` was silently ignored: a break test).
+PATH_PARAMS: dict = {
+    "aiter_persistent": {"pad_heads_to": int, "pad_heads_multiple": int, "max_split_per_batch": int,
+                         "return_lse": bool},
+    **{path: {"pad_heads_to": int, "pad_heads_multiple": int, "num_kv_splits": int, "min_kv_splits": int}
+       for path in ("aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split")},
+}
 NON_PERSISTENT_PATHS: frozenset[str] = frozenset({"aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split"})
 
 # Values fixed by how our call maps onto AITER's paged decode (see the module docstring), passed to
@@ -321,6 +330,43 @@ class AiterPersistentCall(AiterCall):
 
     def buffer_key(self) -> tuple:
         return super().buffer_key() + (self.metadata,)
+
+
+def check_mla_params(table: Any) -> None:
+    """Every row of the ``mla_decode`` table gives, merged with its path's defaults, only params its path reads
+    (:data:`PATH_PARAMS` for the AITER paths; none on ``triton`` and ``reference``), each of its type; the AITER
+    paths' required ones (``pad_heads_to``; ``max_split_per_batch`` and ``return_lse`` on ``aiter_persistent``) are
+    given. Refusal rows choose no path and are skipped.
+
+    Raises:
+        dispatch.TableError: naming the file, line, row, param and what is allowed.
+    """
+    from mla_sink import dispatch
+
+    where = table.source_file or table.name
+    required = {"aiter_persistent": ("pad_heads_to", "max_split_per_batch", "return_lse")}
+    for row in table.rows:
+        if row.path is None:
+            continue
+        allowed = PATH_PARAMS.get(row.path, {})
+        params = table.row_params(row)
+        for name, value in params.items():
+            kind = allowed.get(name)
+            if kind is None:
+                raise dispatch.TableError(
+                    f"{where}:{row.line}: row {row.id!r}: path {row.path!r} reads no param {name!r} (its params: "
+                    f"{sorted(allowed) or 'none'})")
+            ok = (isinstance(value, bool) if kind is bool
+                  else not isinstance(value, bool) and isinstance(value, int) and value >= 1)
+            if not ok:
+                raise dispatch.TableError(
+                    f"{where}:{row.line}: row {row.id!r}: param {name!r} must be "
+                    f"{'a bool' if kind is bool else 'an int >= 1'} (got {value!r})")
+        missing = [n for n in required.get(row.path, ("pad_heads_to",) if row.path in PATH_PARAMS else ())
+                   if n not in params]
+        if missing:
+            raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: path {row.path!r} needs the params "
+                                      f"{missing}")
 
 
 def _param(plan: LaunchPlan, name: str, *, required: bool) -> Any:
