@@ -310,7 +310,8 @@ def test_explain_names_the_launches_of_a_call_beyond_the_grid_token_limit(tokens
 def test_explain_a_call_of_no_tokens(arch, capsys):
     """``T = 0`` is a call the library takes (empty ``out`` and ``lse``), so explain takes ``--tokens 0`` too (it
     refused it until the thirty-second session): the path and its rows, and that nothing launches - no split, combine
-    or arrangement line, which would describe launches that do not happen."""
+    or arrangement line, which would describe launches that do not happen; the JSON's launch is null, with or
+    without an SM count (a second break test: it gave a split count and a kernel)."""
     argv = ("explain", "--arch", arch, "--heads", "32", "--kv-dtype", "fp8_ds_mla", "--q-dtype", "bf16", "--tokens", "0",
             *(("--sms", "132") if arch == "sm90" else ()))
     code, out = run_cli(capsys, *argv)
@@ -319,7 +320,9 @@ def test_explain_a_call_of_no_tokens(arch, capsys):
     assert "KV split" not in out and "combine:" not in out and "arrangement:" not in out
     code, out = run_cli(capsys, *argv, "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["num_tokens"] == 0 and doc["launch"]["token_ranges"] == 0
+    assert code == 0 and doc["num_tokens"] == 0 and doc["launch"] is None  # as on the AITER paths
+    code, out = run_cli(capsys, *argv[:-2] if arch == "sm90" else argv)  # without --sms the same
+    assert code == 0 and "triton launch at T=0: none (a call of no tokens launches nothing)" in out
 
 
 def test_token_ranges_keep_every_range_16_byte_aligned():

@@ -42,9 +42,8 @@ def launch_lines(plan: Any) -> list[str]:
 
 def _triton_lines(plan: Any, launch: Any) -> list[str]:
     T = plan.num_tokens
-    if T == 0:  # the plan's row and tiles stand, but nothing of them runs (as the AITER launch says it)
-        return [f"  triton launch at T=0: none (a call of no tokens launches nothing; kernel row "
-                f"{launch.kernel_row}, tuning row {launch.tuning_row})"]
+    if T == 0:  # nothing runs (as the AITER launch says it; the JSON's launch is null)
+        return ["  triton launch at T=0: none (a call of no tokens launches nothing)"]
     sms = plan.platform.num_sms
     if plan.platform.arch == arch_of("cpu"):  # Triton's interpreter: one program at a time, no SMs
         where = "Triton's CPU interpreter"
@@ -163,16 +162,17 @@ def _launch_count(num_tokens: Optional[int]) -> Optional[int]:
 def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     """The plan record as JSON-ready data: the rule table's selection (when given: path, row, params,
     rejections grouped by path) and the plan's ``key``, ``spec``, ``platform``, ``num_tokens`` and
-    ``launch`` (on the triton path with its kernel file and ``token_ranges``: the launches the call runs as, 0 for no
-    tokens)."""
+    ``launch`` (on the triton path with its kernel file and ``token_ranges``: the launches the call runs as;
+    ``None`` for a call of no tokens, which launches nothing, on every path, as the text says)."""
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
     doc = dispatch.selection_to_dict(selection) if selection is not None else dict(
         path=plan.path, row=plan.row_id, params=_plain(plan.params), refused=False)
     doc.update(key=call_key(plan.spec, plan.platform), spec=_plain(plan.spec), platform=_plain(plan.platform),
-               need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens, launch=_plain(plan.launch))
-    if plan.launch is not None and plan.path == "triton":
+               need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens,
+               launch=None if plan.num_tokens == 0 else _plain(plan.launch))
+    if doc["launch"] is not None and plan.path == "triton":
         doc["launch"]["token_ranges"] = _launch_count(plan.num_tokens)
         if plan.launch.num_kv_splits is None:  # the SM count decides splits and kernel: both stay open
             doc["launch"].update(kernel=None, kernel_row=None, kernel_why=None)
