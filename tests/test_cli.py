@@ -215,6 +215,11 @@ def test_forced_refused_path_exits_2_with_explanation(capsys):
 def test_explain_forced_reference(capsys):
     code, out = run_cli(capsys, "explain", "--path", "reference")
     assert code == 0 and "→ reference" in out
+    code, out = run_cli(capsys, "explain", "--path", "reference", "--json")
+    doc, other = json.loads(out), json.loads(run_cli(capsys, "explain", "--json")[1])
+    # the same document as any other path's (it gave only key, path, row and refused: a break test)
+    assert code == 0 and set(doc) >= {"key", "spec", "platform", "num_tokens", "launch", "params"}
+    assert (doc["path"], doc["row"], doc["launch"]) == ("reference", "forced", None) and doc["key"] == other["key"]
 
 
 def test_matrix_json(capsys):

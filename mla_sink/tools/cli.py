@@ -144,8 +144,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
     key = call_key(spec, platform)
     if args.path == "reference":  # always honoured (see mla_sink.core.select.plan_call)
-        if args.json:
-            print(json.dumps({"key": key, "path": "reference", "row": "forced", "refused": False}, indent=2))
+        if args.json:  # the plan's document, as for every other path (row "forced": no row consulted)
+            plan = build_plan(spec, platform, num_tokens=args.tokens, path="reference")
+            print(json.dumps(plan_to_dict(plan), indent=2))
         else:
             print(f"{key}\n  → reference   (forced: the float64 reference runs anywhere; no row consulted)")
         return 0
