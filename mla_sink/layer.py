@@ -42,7 +42,9 @@ class SparseMLADecode:
         sinks: optional fp32 ``[H]`` learned sink logits (natural log, not scaled by ``sm_scale``),
             checked now (dtype, shape, contiguity, device) and used by every call. A parameter that
             requires grad is held detached (the decode has no backward), sharing its memory, so a later
-            in-place load of the weights is seen and no call is refused for it.
+            in-place load of the weights is seen and no call is refused for it; a parameter whose storage is
+            replaced (``p.data = ...``, ``load_state_dict(..., assign=True)``, a module's ``.to()``) is
+            detached again at the next call, whose validation then checks the new tensor.
         sm_scale: default ``576 ** -0.5``.
         dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md).
         return_lse: return the LSE from every call.
@@ -73,6 +75,7 @@ class SparseMLADecode:
         self.plan: LaunchPlan = prepare(self.spec, platform, path=path, sinks=sinks, sm_scale=self.sm_scale)
         self.platform = self.plan.platform
         self.sinks = sinks.detach() if sinks is not None else None  # a tensor: prepare() checked it
+        self._sinks_source = sinks  # the caller's tensor: its storage may be replaced later (__call__)
         self.path = path
         self._dcp = (dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
                      if dcp_world_size > 1 else None)
@@ -87,6 +90,9 @@ class SparseMLADecode:
         """
         if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[1] != self.spec.num_heads:
             raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={self.spec.num_heads}")
+        source = self._sinks_source
+        if source is not None and source.data_ptr() != self.sinks.data_ptr():  # new storage: one int compare a call
+            self.sinks = source.detach()
         x = DecodeInputs(q, kv_cache, indices, self.sm_scale, self.sinks, topk_length, q_scale, kv_scale, out,
                          self.spec.logit_cap)
         if self._dcp is not None:

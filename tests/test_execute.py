@@ -124,6 +124,23 @@ def test_layer_holds_parameter_sinks_detached_and_sees_later_loads():
         sparse_mla_decode(q, kv, idx, param)
 
 
+def test_layer_sees_sinks_whose_storage_was_replaced():
+    """``p.data = ...`` (and ``load_state_dict(..., assign=True)``, a module's ``.to()``) gives the parameter new
+    storage: the layer kept using the old sinks, silently (break test, thirty-second session). It detaches the
+    parameter again when its storage changed, and the call checks the new tensor."""
+    q, kv, idx, sinks = _case(seed=7)
+    param = torch.nn.Parameter(torch.zeros_like(sinks))
+    layer = SparseMLADecode(num_heads=4, q_dtype="fp16", kv_dtype="fp16", topk=16, sinks=param)
+    layer(q, kv, idx)
+    param.data = sinks.clone()
+    lo, ll = layer(q, kv, idx)
+    fo, fl = sparse_mla_decode(q, kv, idx, sinks)
+    assert torch.equal(lo, fo) and torch.equal(ll, fl)
+    param.data = torch.zeros(5)
+    with pytest.raises(ValueError, match="'sinks' must have num_heads=4 entries"):
+        layer(q, kv, idx)
+
+
 def test_shape_inference_under_fake_tensor_mode_outside_compile():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
