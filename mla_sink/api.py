@@ -269,8 +269,8 @@ def sparse_mla_decode(
         sinks: optional fp32 ``[H]`` natural-log sink logits, not scaled by ``sm_scale``.
         sm_scale: default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]``: use only the first ``topk_length[t]`` ids of row t.
-        q_scale, kv_scale: fp32 ``[1]`` dequantisation scales, required for fp8 q / fp8 KV (``kv_scale``
-            None for ``fp8_ds_mla``, whose scales are in its rows).
+        q_scale, kv_scale: fp32 ``[1]`` or ``[]`` dequantisation scales, required for fp8 q / fp8 KV
+            (``kv_scale`` None for ``fp8_ds_mla``, whose scales are in its rows).
         out: optional ``[T, H, 512]`` output buffer.
         return_lse: guarantee the LSE is returned (it is always returned with sinks).
         logit_cap: ``> 0`` soft-caps the scaled logits.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -210,3 +211,22 @@ def test_bad_shapes_name_the_argument_before_any_gather(case, match):
         kwargs["topk_length"] = torch.zeros(3, dtype=torch.int32)
     with pytest.raises(ValueError, match=match):
         ref(args["q"], args["kv_cache"], args["indices"], args["sinks"], **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,text", [
+    (dict(d_v=-1), "'d_v' must be an int in [1, 576]"), (dict(d_v=577), "'d_v' must be an int in [1, 576]"),
+    (dict(d_v=0), "'d_v' must be an int in [1, 576]"),
+    (dict(compute_dtype=torch.int32), "'compute_dtype' must be a floating-point torch dtype"),
+    (dict(out_dtype=torch.int64), "'out_dtype' must be a floating-point torch dtype"),
+    (dict(q_scale=torch.ones(2)), "'q_scale' must be None or a one-element tensor"),
+    (dict(kv_scale=1.0), "'kv_scale' must be None or a one-element tensor"),
+    (dict(chunk_bytes=0), "'chunk_bytes' must be an int >= 1"),
+])
+def test_reference_refuses_bad_extra_arguments(kwargs, text):
+    """``d_v=-1`` returned 575 columns, ``compute_dtype=torch.int32`` raised from ``torch.finfo`` and a two-element
+    ``q_scale`` a reshape error (break test, thirty-second session): each is a ValueError naming the argument."""
+    q = torch.randn(1, 2, 576).bfloat16()
+    kv = torch.randn(8, 576).bfloat16()
+    idx = torch.tensor([[0, 3]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=re.escape(text)):
+        ref(q, kv, idx, **kwargs)

@@ -27,8 +27,8 @@ class DecodeInputs(NamedTuple):
             ``576 ** -0.5`` (:func:`mla_sink.run` fills it in).
         sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
         topk_length: optional int32 ``[T]``; only the first ``topk_length[t]`` ids of row t are used.
-        q_scale: fp32 ``[1]`` dequantisation scale of fp8 q (value = stored * scale), else ``None``.
-        kv_scale: fp32 ``[1]`` dequantisation scale of fp8 KV, else ``None`` (``None`` for ``fp8_ds_mla``).
+        q_scale: fp32 ``[1]`` or ``[]`` dequantisation scale of fp8 q (value = stored * scale), else ``None``.
+        kv_scale: fp32 ``[1]`` or ``[]`` dequantisation scale of fp8 KV, else ``None`` (``None`` for ``fp8_ds_mla``).
         out: optional caller-provided ``[T, H, 512]`` output buffer (q's dtype; bf16 for fp8 q).
         logit_cap: ``> 0`` soft-caps scaled logits (``cap * tanh(s / cap)``); ``<= 0`` disables.
     """

@@ -70,6 +70,23 @@ def _normalise(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return out, shift + torch.log(denom)  # empty row: 0 + log(0) = -inf
 
 
+def _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_bytes) -> None:
+    """The reference's other arguments: ``d_v`` in ``[1, d_qk]``, the scales one-element tensors, the dtypes
+    floating-point, ``chunk_bytes`` a positive int - a ``ValueError`` naming the argument (``d_v=-1`` returned 575
+    columns and ``compute_dtype=torch.int32`` raised from ``torch.finfo``: a break test)."""
+    if isinstance(d_v, bool) or not isinstance(d_v, int) or not 1 <= d_v <= d_qk:
+        raise ValueError(f"'d_v' must be an int in [1, {d_qk}] (q's last dimension; got {d_v!r})")
+    for name, x in (("q_scale", q_scale), ("kv_scale", kv_scale)):
+        if x is not None and (not isinstance(x, torch.Tensor) or x.numel() != 1):
+            raise ValueError(f"'{name}' must be None or a one-element tensor, shape [1] or [] "
+                             f"(got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__})")
+    for name, dt in (("compute_dtype", compute_dtype), ("out_dtype", out_dtype)):
+        if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
+            raise ValueError(f"'{name}' must be a floating-point torch dtype (got {dt!r})")
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        raise ValueError(f"'chunk_bytes' must be an int >= 1 (got {chunk_bytes!r})")
+
+
 def _check_shapes(q, kv_cache, indices, sinks, topk_length) -> None:
     """The shapes :func:`sparse_mla_decode_reference` computes with (its dtypes and strides are free): a
     ``ValueError`` naming the argument, its shape and what is allowed, before anything is gathered."""
@@ -126,7 +143,7 @@ def sparse_mla_decode_reference(
         sm_scale: multiplies ``q.k``; default ``576 ** -0.5``.
         d_v: value dims (512).
         topk_length: optional int32 ``[T]``: only the first ``topk_length[t]`` ids of row t are used.
-        q_scale, kv_scale: fp32 ``[1]`` dequantisation scales of fp8 q / fp8 KV (value = stored * scale).
+        q_scale, kv_scale: fp32 ``[1]`` or ``[]`` dequantisation scales of fp8 q / fp8 KV (value = stored * scale).
         logit_cap: ``> 0`` soft-caps the scaled logits with ``cap * tanh(s / cap)``; ``<= 0`` disables.
         compute_dtype: float64 (the reference) or float32 (the fallback path on machines without Triton).
         out_dtype: dtype of ``out``; default ``compute_dtype``.
@@ -139,7 +156,9 @@ def sparse_mla_decode_reference(
     Raises:
         ValueError: a shape that does not fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a
             656-byte-row uint8 cache, indices not ``[T, topk]`` integers, sinks not ``[H]``, topk_length not
-            ``[T]``), before anything is gathered; ``sm_scale`` or ``logit_cap`` that the library refuses
+            ``[T]``), before anything is gathered; ``d_v`` outside ``[1, d_qk]``, a scale that is not a
+            one-element tensor, a ``compute_dtype`` / ``out_dtype`` that is not floating-point, ``chunk_bytes``
+            below 1; ``sm_scale`` or ``logit_cap`` that the library refuses
             (:func:`mla_sink.core.validate.check_sm_scale`, :func:`~mla_sink.core.validate.check_logit_cap`).
             Dtypes are not checked: the reference computes in ``compute_dtype`` whatever it is given.
 
@@ -148,6 +167,7 @@ def sparse_mla_decode_reference(
     """
     _check_shapes(q, kv_cache, indices, sinks, topk_length)
     T, H, d_qk = q.shape
+    _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_bytes)
     byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout
     N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
     # the scalars the library takes, checked as it checks them (any real - a numpy scalar, a Fraction - as the
