@@ -90,10 +90,13 @@ class SparseMLADecode:
         """
         if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[1] != self.spec.num_heads:
             raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={self.spec.num_heads}")
-        source = self._sinks_source
-        if source is not None and source.data_ptr() != self.sinks.data_ptr():  # new storage: one int compare a call
-            self.sinks = source.detach()
-        x = DecodeInputs(q, kv_cache, indices, self.sm_scale, self.sinks, topk_length, q_scale, kv_scale, out,
+        sinks, source = self.sinks, self._sinks_source
+        if source is not None:
+            if torch.compiler.is_compiling():  # traced: a detach is free in the graph (data_ptr is not traceable)
+                sinks = source.detach()
+            elif source.data_ptr() != sinks.data_ptr():  # new storage: one int compare an eager call
+                self.sinks = sinks = source.detach()
+        x = DecodeInputs(q, kv_cache, indices, self.sm_scale, sinks, topk_length, q_scale, kv_scale, out,
                          self.spec.logit_cap)
         if self._dcp is not None:
             return run(self.spec, x, platform=self.platform, path=self.path, **self._dcp)
