@@ -98,6 +98,11 @@ def load_yaml(text: str, label: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 0
-        raise TableError(f"{label}:{line}: invalid YAML: {exc.problem or exc}") from exc
+        problem = str(exc.problem or exc)
+        hint = ""
+        if "mapping values are not allowed" in problem:  # the usual cause in a table: ': ' inside a plain string
+            hint = (" (a plain, unquoted string may not contain ': ' - quote the why / because text, or write"
+                    " ' - ' instead)")
+        raise TableError(f"{label}:{line}: invalid YAML: {problem}{hint}") from exc
     finally:
         loader.dispose()

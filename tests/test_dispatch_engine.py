@@ -630,3 +630,18 @@ def test_statements_merge_one_field_and_drop_duplicates():
     same = Failure("v", "at_least", None, "0.2", "absent")
     assert statements((f1, same)) == ("v=None, needs a value and >= 0.2 (absent)",)
     assert statements((f3,)) == (str(f3),)
+
+
+def test_a_colon_in_a_plain_string_names_the_fix(tmp_path):
+    """A ``why`` holding ``': '`` in plain YAML broke a shipped table for two commits (thirty-first session); the
+    loader's error now says what to do about it, with the file and line."""
+    from mla_sink.core.tables import table_path
+
+    source = open(table_path("mla_decode")).read()
+    row = "    why: Triton is not importable; the float64"
+    assert source.count(row) == 1
+    path = tmp_path / "mla_decode.yaml"
+    path.write_text(source.replace(row, "    why: Triton is not importable: the float64"))
+    with pytest.raises(TableError, match=r"mla_decode.yaml:\d+: invalid YAML: mapping values are not allowed here "
+                                         r"\(a plain, unquoted string may not contain ': '"):
+        load_table(str(path))
