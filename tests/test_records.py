@@ -161,3 +161,17 @@ def test_plans_layers_and_refusals_pickle_and_deep_copy():
     for clone in (pickle.loads(pickle.dumps(info.value)), copy.copy(info.value)):
         assert str(clone) == str(info.value) and "refused" in clone.explanation
         assert clone.selection.row.id == info.value.selection.row.id
+
+
+def test_equal_versions_are_one_record_and_gluon_needs_triton():
+    """'0.1.20.0' and '0.1.20' are one PEP 440 version, so one record and one key (they made two); Gluon is Triton's
+    dialect, so ``triton=False`` makes ``gluon`` False (``gluon=True`` was kept; a break test), also through
+    ``attrs.evolve``."""
+    assert Platform("gfx942", "0.1.20.0") == Platform("gfx942", "0.1.20") == Platform("gfx942", "v0.1.20")
+    assert Platform("gfx942", "0.1.20.0.post1").aiter_version == "0.1.20.post1"
+    assert Platform("gfx942", "0.1.0").aiter_version == "0.1.0"  # three release numbers stay
+    assert Platform("cpu", triton=False).gluon is False
+    assert Platform("cpu", triton=False, gluon=True).gluon is False
+    import attrs
+
+    assert attrs.evolve(Platform("sm90"), triton=False).gluon is False

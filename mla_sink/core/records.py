@@ -147,13 +147,20 @@ def _arch(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def _canonical_version(value: Any) -> Any:
-    """A PEP 440 version string in its canonical form (``' v0.1.20 '`` -> ``'0.1.20'``), so that one version is one
-    record (its key, its ``str``); anything else as given, for :func:`_version` to refuse."""
+    """A PEP 440 version string in its canonical form (``' v0.1.20 '`` -> ``'0.1.20'``; zeros past the third release
+    number dropped, ``'0.1.20.0'`` -> ``'0.1.20'``, which PEP 440 calls equal), so that one version is one record
+    (its key, its ``str``); anything else as given, for :func:`_version` to refuse."""
     if isinstance(value, str):
         try:
-            return str(Version(value))
+            v = Version(value)
         except InvalidVersion:
             return value
+        release = list(v.release)
+        while len(release) > 3 and release[-1] == 0:
+            release.pop()
+        text = str(v)
+        head = (f"{v.epoch}!" if v.epoch else "") + ".".join(map(str, v.release))
+        return (f"{v.epoch}!" if v.epoch else "") + ".".join(map(str, release)) + text[len(head):]
     return value
 
 
@@ -178,8 +185,9 @@ class Platform:
         triton: whether Triton can run the kernel here: importable, and on the CPU (``arch='cpu'``)
             its interpreter works with the installed numpy (:func:`mla_sink.core.platform.triton_interpreter_ok`).
         gluon: whether Triton's Gluon dialect (the warp-specialised kernels of
-            :mod:`mla_sink.kernels.gluon`) imports here; default: as ``triton``. Which archs and calls
-            those kernels serve is the tuning table's answer (``tables/triton_tuning.yaml``).
+            :mod:`mla_sink.kernels.gluon`) imports here; default: as ``triton``, and always False without
+            Triton (``triton=False`` corrects ``gluon=True``, as in ``attrs.evolve(p, triton=False)``). Which
+            archs and calls those kernels serve is the tuning table's answer (``tables/triton_tuning.yaml``).
         num_sms: streaming multiprocessors (compute units) of the device, which the split-KV decision
             of the ``triton`` path reads; ``None`` when unknown (then ``mla-sink explain`` leaves the
             split count open); 1 on the CPU (or ``None``: Triton's interpreter runs one program at a time).
@@ -203,6 +211,8 @@ class Platform:
             object.__setattr__(self, "gluon", self.triton)
         if not isinstance(self.gluon, bool):
             raise ValueError(f"'gluon' must be a bool or None (got {self.gluon!r})")
+        if self.gluon and not self.triton:  # Gluon is Triton's dialect: implied False, as CallSpec corrects need_lse
+            object.__setattr__(self, "gluon", False)
         if self.num_sms is not None and (isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int)
                                          or not 1 <= self.num_sms <= COUNT_MAX):
             raise ValueError(f"'num_sms' must be None or an int in [1, {COUNT_MAX}] (got {self.num_sms!r})")
