@@ -153,7 +153,8 @@ class FrozenDict(dict):
     """A read-only ``dict``: the params and fields of rows, selections and plans. Unlike ``types.MappingProxyType``
     (used until the thirty-second session) it pickles and deep-copies, so the records that hold it (a
     ``LaunchPlan``, a ``NoKernelError``'s selection, a layer) cross process boundaries and ``copy.deepcopy``. Lookups
-    are ``dict``'s own; every mutating method raises ``TypeError``."""
+    are ``dict``'s own; every mutating method raises ``TypeError`` (``dict``'s own methods called on it directly, as
+    ``dict.__setitem__(d, k, v)``, are not stopped: it guards against mistakes, not against intent)."""
 
     __slots__ = ()
 

@@ -43,8 +43,10 @@ class SparseMLADecode:
             checked now (dtype, shape, contiguity, device) and used by every call. A parameter that
             requires grad is held detached (the decode has no backward), sharing its memory, so a later
             in-place load of the weights is seen and no call is refused for it; a parameter whose storage is
-            replaced (``p.data = ...``, ``load_state_dict(..., assign=True)``, a module's ``.to()``) is
-            detached again at the next call, whose validation then checks the new tensor.
+            replaced (``p.data = ...``, a module's ``.to()``) is detached again at the next call, whose
+            validation then checks the new tensor. A new parameter object (``load_state_dict(...,
+            assign=True)`` puts one in the module) is not this tensor: build the layer with it, or load without
+            ``assign``.
         sm_scale: default ``576 ** -0.5``.
         dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md).
         return_lse: return the LSE from every call.

@@ -125,9 +125,9 @@ def test_layer_holds_parameter_sinks_detached_and_sees_later_loads():
 
 
 def test_layer_sees_sinks_whose_storage_was_replaced():
-    """``p.data = ...`` (and ``load_state_dict(..., assign=True)``, a module's ``.to()``) gives the parameter new
-    storage: the layer kept using the old sinks, silently (break test, thirty-second session). It detaches the
-    parameter again when its storage changed, and the call checks the new tensor."""
+    """``p.data = ...`` (and a module's ``.to()``) gives the parameter new storage: the layer kept using the old sinks,
+    silently (break test, thirty-second session). It detaches the parameter again when its storage changed, and the
+    call checks the new tensor."""
     q, kv, idx, sinks = _case(seed=7)
     param = torch.nn.Parameter(torch.zeros_like(sinks))
     layer = SparseMLADecode(num_heads=4, q_dtype="fp16", kv_dtype="fp16", topk=16, sinks=param)

@@ -158,8 +158,10 @@ def test_plans_layers_and_refusals_pickle_and_deep_copy():
     assert torch.equal(copy.deepcopy(layer)(q, kv, idx)[0], layer(q, kv, idx)[0])
     with pytest.raises(NoKernelError) as info:
         plan_call(CallSpec(q_dtype="bf16", kv_dtype="fp8_e4m3", num_heads=4, topk=8), Platform("sm80"))
+    info.value.add_note("raised in a worker")
     for clone in (pickle.loads(pickle.dumps(info.value)), copy.copy(info.value)):
         assert str(clone) == str(info.value) and "refused" in clone.explanation
+        assert clone.__notes__ == ["raised in a worker"]
         assert clone.selection.row.id == info.value.selection.row.id
 
 
@@ -170,6 +172,7 @@ def test_equal_versions_are_one_record_and_gluon_needs_triton():
     assert Platform("gfx942", "0.1.20.0") == Platform("gfx942", "0.1.20") == Platform("gfx942", "v0.1.20")
     assert Platform("gfx942", "0.1.20.0.post1").aiter_version == "0.1.20.post1"
     assert Platform("gfx942", "0.1.0").aiter_version == "0.1.0"  # three release numbers stay
+    assert Platform("gfx942", "0.1") == Platform("gfx942", "0.1.0")  # and missing ones are added
     assert Platform("cpu", triton=False).gluon is False
     assert Platform("cpu", triton=False, gluon=True).gluon is False
     import attrs

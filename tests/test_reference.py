@@ -216,8 +216,11 @@ def test_bad_shapes_name_the_argument_before_any_gather(case, match):
 @pytest.mark.parametrize("kwargs,text", [
     (dict(d_v=-1), "'d_v' must be an int in [1, 576]"), (dict(d_v=577), "'d_v' must be an int in [1, 576]"),
     (dict(d_v=0), "'d_v' must be an int in [1, 576]"),
-    (dict(compute_dtype=torch.int32), "'compute_dtype' must be a floating-point torch dtype"),
-    (dict(out_dtype=torch.int64), "'out_dtype' must be a floating-point torch dtype"),
+    (dict(compute_dtype=torch.int32), "'compute_dtype' must be torch.float64 (the reference) or torch.float32"),
+    (dict(compute_dtype=None), "'compute_dtype' must be torch.float64"),
+    (dict(compute_dtype=torch.float8_e4m3fn), "'compute_dtype' must be torch.float64"),
+    (dict(q_scale=torch.ones(1, 1)), "'q_scale' must be None or a one-element tensor, shape [1] or []"),
+    (dict(out_dtype=torch.int64), "'out_dtype' must be None or a floating-point torch dtype"),
     (dict(q_scale=torch.ones(2)), "'q_scale' must be None or a one-element tensor"),
     (dict(kv_scale=1.0), "'kv_scale' must be None or a one-element tensor"),
     (dict(chunk_bytes=0), "'chunk_bytes' must be an int >= 1"),
@@ -230,3 +233,19 @@ def test_reference_refuses_bad_extra_arguments(kwargs, text):
     idx = torch.tensor([[0, 3]], dtype=torch.int32)
     with pytest.raises(ValueError, match=re.escape(text)):
         ref(q, kv, idx, **kwargs)
+
+
+def test_reference_takes_numpy_integers_and_both_compute_dtypes():
+    """The new argument checks keep what worked: numpy integers for ``d_v`` and ``chunk_bytes`` (a third break test
+    found them refused for a while), float32 compute (the fallback path's), scales of shape ``[1]`` and ``[]``."""
+    import numpy as np
+
+    q = torch.randn(1, 2, 576).bfloat16()
+    kv = torch.randn(8, 576).bfloat16()
+    idx = torch.tensor([[0, 3]], dtype=torch.int32)
+    a, la = ref(q, kv, idx, d_v=np.int64(512), chunk_bytes=np.int64(4096))
+    b, lb = ref(q, kv, idx, compute_dtype=torch.float32)
+    assert torch.allclose(a.float(), b.float(), atol=1e-5) and torch.allclose(la, lb, atol=1e-5)
+    q8, k8 = q.to(torch.float8_e4m3fn), kv.to(torch.float8_e4m3fn)
+    c, _ = ref(q8, k8, idx, q_scale=torch.ones(1), kv_scale=torch.tensor(1.0))
+    assert c.shape == (1, 2, 512) and c.isfinite().all()

@@ -241,9 +241,10 @@ def test_explain_states_each_mismatch_and_reason_once(p):
 @pytest.mark.parametrize("old,new,text", [
     # a misspelt param was ignored: the fp8 path then let AITER pick one split, whose LSE is never written
     ("params: {pad_heads_to: 16, min_kv_splits: 2}", "params: {pad_heads_to: 16, min_kv_split: 2}",
-     "path 'aiter_lse_fp8_two_split' reads no param 'min_kv_split'"),
+     "path 'aiter_lse_fp8_two_split' (its default params, for row 'gfx942_fp8_lse_two_split_h16'): path "
+     "'aiter_lse_fp8_two_split' reads no param 'min_kv_split'"),  # named at the path's own line
     ("params: {pad_heads_to: 16, num_kv_splits: 1}", "params: {pad_heads_to: 16, num_kv_splits: one}",
-     "param 'num_kv_splits' must be an int >= 1 (got 'one')"),
+     "param 'num_kv_splits' must be an int in [1, 2147483647] (got 'one')"),
     ("params: {pad_heads_to: 16}\n", "params: {pad_heads_to: 16, return_lse: false}\n",
      "path 'aiter_lse' reads no param 'return_lse'"),  # the aiter_lse paths always return the LSE
     ("params: {pad_heads_to: 16, pad_heads_multiple: 16, max_split_per_batch: 32}",

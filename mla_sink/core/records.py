@@ -147,15 +147,16 @@ def _arch(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def _canonical_version(value: Any) -> Any:
-    """A PEP 440 version string in its canonical form (``' v0.1.20 '`` -> ``'0.1.20'``; zeros past the third release
-    number dropped, ``'0.1.20.0'`` -> ``'0.1.20'``, which PEP 440 calls equal), so that one version is one record
-    (its key, its ``str``); anything else as given, for :func:`_version` to refuse."""
+    """A PEP 440 version string in its canonical form (``' v0.1.20 '`` -> ``'0.1.20'``; the release numbers made three,
+    as PEP 440's equal versions are - zeros past the third dropped, missing ones added: ``'0.1.20.0'`` -> ``'0.1.20'``,
+    ``'0.1'`` -> ``'0.1.0'``), so that one version is one record (its key, its ``str``); anything else as given,
+    for :func:`_version` to refuse."""
     if isinstance(value, str):
         try:
             v = Version(value)
         except InvalidVersion:
             return value
-        release = list(v.release)
+        release = list(v.release) + [0] * (3 - len(v.release))
         while len(release) > 3 and release[-1] == 0:
             release.pop()
         text = str(v)

@@ -26,8 +26,10 @@ is a convex combination of the attended rows at any score scale (ids ``[2, 2]`` 
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
+import numpy as np
 import torch
 
 from mla_sink.core import kv_layout, validate
@@ -71,19 +73,25 @@ def _normalise(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_bytes) -> None:
-    """The reference's other arguments: ``d_v`` in ``[1, d_qk]``, the scales one-element tensors, the dtypes
-    floating-point, ``chunk_bytes`` a positive int - a ``ValueError`` naming the argument (``d_v=-1`` returned 575
+    """The reference's other arguments: ``d_v`` in ``[1, d_qk]``, the scales one-element tensors of at most one
+    dimension, ``compute_dtype`` float64 or float32, ``out_dtype`` floating-point, ``chunk_bytes`` a positive int (ints
+    and numpy integers) - a ``ValueError`` naming the argument (``d_v=-1`` returned 575
     columns and ``compute_dtype=torch.int32`` raised from ``torch.finfo``: a break test)."""
-    if isinstance(d_v, bool) or not isinstance(d_v, int) or not 1 <= d_v <= d_qk:
+    def integral(x) -> bool:  # an int or a numpy integer, not a bool
+        return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+    if not integral(d_v) or not 1 <= d_v <= d_qk:
         raise ValueError(f"'d_v' must be an int in [1, {d_qk}] (q's last dimension; got {d_v!r})")
     for name, x in (("q_scale", q_scale), ("kv_scale", kv_scale)):
-        if x is not None and (not isinstance(x, torch.Tensor) or x.numel() != 1):
+        if x is not None and (not isinstance(x, torch.Tensor) or x.numel() != 1 or x.dim() > 1):
             raise ValueError(f"'{name}' must be None or a one-element tensor, shape [1] or [] "
                              f"(got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__})")
-    for name, dt in (("compute_dtype", compute_dtype), ("out_dtype", out_dtype)):
-        if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
-            raise ValueError(f"'{name}' must be a floating-point torch dtype (got {dt!r})")
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+    if compute_dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"'compute_dtype' must be torch.float64 (the reference) or torch.float32 (the fallback "
+                         f"path's) (got {compute_dtype!r})")
+    if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
+        raise ValueError(f"'out_dtype' must be None or a floating-point torch dtype (got {out_dtype!r})")
+    if not integral(chunk_bytes) or chunk_bytes < 1:
         raise ValueError(f"'chunk_bytes' must be an int >= 1 (got {chunk_bytes!r})")
 
 

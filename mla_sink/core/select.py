@@ -44,7 +44,7 @@ class NoKernelError(RuntimeError):
         self.selection = selection
 
     def __reduce__(self) -> tuple:  # pickled and copied with both arguments (a worker process's refusal keeps its text)
-        return type(self), (self.explanation, self.selection)
+        return type(self), (self.explanation, self.selection), dict(self.__dict__)  # and any notes added to it
 
 
 @functools.lru_cache(maxsize=None)

@@ -343,6 +343,8 @@ def check_mla_params(table: Any) -> None:
     """
     from mla_sink import dispatch
 
+    from mla_sink.core.records import COUNT_MAX
+
     where = table.source_file or table.name
     required = {"aiter_persistent": ("pad_heads_to", "max_split_per_batch", "return_lse")}
     for row in table.rows:
@@ -351,22 +353,24 @@ def check_mla_params(table: Any) -> None:
         allowed = PATH_PARAMS.get(row.path, {})
         params = table.row_params(row)
         for name, value in params.items():
+            # a param from the path's defaults is the path's line's fault, not the row's
+            at = (f"{where}:{row.line}: row {row.id!r}" if name in row.params else
+                  f"{where}:{table.paths[row.path].line}: path {row.path!r} (its default params, for row {row.id!r})")
             kind = allowed.get(name)
             if kind is None:
-                raise dispatch.TableError(
-                    f"{where}:{row.line}: row {row.id!r}: path {row.path!r} reads no param {name!r} (its params: "
-                    f"{sorted(allowed) or 'none'})")
+                raise dispatch.TableError(f"{at}: path {row.path!r} reads no param {name!r} (its params: "
+                                          f"{sorted(allowed) or 'none'})")
             ok = (isinstance(value, bool) if kind is bool
-                  else not isinstance(value, bool) and isinstance(value, int) and value >= 1)
+                  else not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= COUNT_MAX)
             if not ok:
-                raise dispatch.TableError(
-                    f"{where}:{row.line}: row {row.id!r}: param {name!r} must be "
-                    f"{'a bool' if kind is bool else 'an int >= 1'} (got {value!r})")
+                raise dispatch.TableError(f"{at}: param {name!r} must be "
+                                          f"{'a bool' if kind is bool else f'an int in [1, {COUNT_MAX}]'} "
+                                          f"(got {value!r})")
         missing = [n for n in required.get(row.path, ("pad_heads_to",) if row.path in PATH_PARAMS else ())
                    if n not in params]
         if missing:
             raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: path {row.path!r} needs the params "
-                                      f"{missing}")
+                                      f"{missing} (in the row or the path's defaults)")
 
 
 def _param(plan: LaunchPlan, name: str, *, required: bool) -> Any:
