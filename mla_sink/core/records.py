@@ -159,9 +159,9 @@ def _canonical_version(value: Any) -> Any:
         release = list(v.release) + [0] * (3 - len(v.release))
         while len(release) > 3 and release[-1] == 0:
             release.pop()
-        text = str(v)
-        head = (f"{v.epoch}!" if v.epoch else "") + ".".join(map(str, v.release))
-        return (f"{v.epoch}!" if v.epoch else "") + ".".join(map(str, release)) + text[len(head):]
+        epoch = f"{v.epoch}!" if v.epoch else ""
+        suffix = str(v)[len(epoch + ".".join(map(str, v.release))):]  # str(v): epoch, release, then pre/post/dev/local
+        return epoch + ".".join(map(str, release)) + suffix
     return value
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import numbers
 from typing import Optional
 
-import numpy as np
 import torch
 
 from mla_sink.core import kv_layout, validate
@@ -75,10 +74,10 @@ def _normalise(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 def _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_bytes) -> None:
     """The reference's other arguments: ``d_v`` in ``[1, d_qk]``, the scales one-element tensors of at most one
     dimension, ``compute_dtype`` float64 or float32, ``out_dtype`` floating-point, ``chunk_bytes`` a positive int (ints
-    and numpy integers) - a ``ValueError`` naming the argument (``d_v=-1`` returned 575
-    columns and ``compute_dtype=torch.int32`` raised from ``torch.finfo``: a break test)."""
-    def integral(x) -> bool:  # an int or a numpy integer, not a bool
-        return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+    and numpy integers) - a ``ValueError`` naming the argument (``d_v=-1`` returned 575 columns and
+    ``compute_dtype=torch.int32`` raised from ``torch.finfo``: a break test)."""
+    def integral(x) -> bool:  # an int or a numpy integer, not a bool (numpy's bool is no numbers.Integral)
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
     if not integral(d_v) or not 1 <= d_v <= d_qk:
         raise ValueError(f"'d_v' must be an int in [1, {d_qk}] (q's last dimension; got {d_v!r})")
@@ -165,10 +164,11 @@ def sparse_mla_decode_reference(
         ValueError: a shape that does not fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a
             656-byte-row uint8 cache, indices not ``[T, topk]`` integers, sinks not ``[H]``, topk_length not
             ``[T]``), before anything is gathered; ``d_v`` outside ``[1, d_qk]``, a scale that is not a
-            one-element tensor, a ``compute_dtype`` / ``out_dtype`` that is not floating-point, ``chunk_bytes``
-            below 1; ``sm_scale`` or ``logit_cap`` that the library refuses
-            (:func:`mla_sink.core.validate.check_sm_scale`, :func:`~mla_sink.core.validate.check_logit_cap`).
-            Dtypes are not checked: the reference computes in ``compute_dtype`` whatever it is given.
+            one-element tensor of at most one dimension, a ``compute_dtype`` other than float64 / float32, an
+            ``out_dtype`` that is not floating-point, ``chunk_bytes`` below 1; ``sm_scale`` or ``logit_cap`` that
+            the library refuses (:func:`mla_sink.core.validate.check_sm_scale`,
+            :func:`~mla_sink.core.validate.check_logit_cap`). The inputs' dtypes are not checked: the reference
+            computes in ``compute_dtype`` whatever it is given.
 
     Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).

@@ -50,6 +50,9 @@ PATH_PARAMS: dict = {
     **{path: {"pad_heads_to": int, "pad_heads_multiple": int, "num_kv_splits": int, "min_kv_splits": int}
        for path in ("aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split")},
 }
+#: The params of :data:`PATH_PARAMS` that :func:`plan_aiter` requires on each AITER path.
+REQUIRED_PARAMS: dict = {"aiter_persistent": ("pad_heads_to", "max_split_per_batch", "return_lse"),
+                         **{path: ("pad_heads_to",) for path in PATH_PARAMS if path != "aiter_persistent"}}
 NON_PERSISTENT_PATHS: frozenset[str] = frozenset({"aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split"})
 
 # Values fixed by how our call maps onto AITER's paged decode (see the module docstring), passed to
@@ -335,8 +338,7 @@ class AiterPersistentCall(AiterCall):
 def check_mla_params(table: Any) -> None:
     """Every row of the ``mla_decode`` table gives, merged with its path's defaults, only params its path reads
     (:data:`PATH_PARAMS` for the AITER paths; none on ``triton`` and ``reference``), each of its type; the AITER
-    paths' required ones (``pad_heads_to``; ``max_split_per_batch`` and ``return_lse`` on ``aiter_persistent``) are
-    given. Refusal rows choose no path and are skipped.
+    paths' required ones (:data:`REQUIRED_PARAMS`) are given. Refusal rows choose no path and are skipped.
 
     Raises:
         dispatch.TableError: naming the file, line, row, param and what is allowed.
@@ -346,7 +348,6 @@ def check_mla_params(table: Any) -> None:
     from mla_sink.core.records import COUNT_MAX
 
     where = table.source_file or table.name
-    required = {"aiter_persistent": ("pad_heads_to", "max_split_per_batch", "return_lse")}
     for row in table.rows:
         if row.path is None:
             continue
@@ -366,8 +367,7 @@ def check_mla_params(table: Any) -> None:
                 raise dispatch.TableError(f"{at}: param {name!r} must be "
                                           f"{'a bool' if kind is bool else f'an int in [1, {COUNT_MAX}]'} "
                                           f"(got {value!r})")
-        missing = [n for n in required.get(row.path, ("pad_heads_to",) if row.path in PATH_PARAMS else ())
-                   if n not in params]
+        missing = [n for n in REQUIRED_PARAMS.get(row.path, ()) if n not in params]
         if missing:
             raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: path {row.path!r} needs the params "
                                       f"{missing} (in the row or the path's defaults)")
