@@ -40,6 +40,8 @@ def type_error(ftype: str, value: Any) -> str | None:
         return None if ok else f"expected an int, {got}"
     if ftype == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and value != value:  # NaN equals nothing: a row or domain holding it could never match
+            return f"expected a number other than NaN, {got}"
         return None if ok else f"expected a number, {got}"
     if ftype == "version":
         if isinstance(value, Version):

@@ -1,16 +1,34 @@
 """YAML loading that keeps line numbers and rejects duplicate keys.
 
 Mappings load as ``LineDict`` and sequences as ``LineList``; both remember the
-line where they start and the line of each key or item (1-based).
+line where they start and the line of each key or item (1-based). Booleans are
+YAML 1.2's: only ``true`` / ``false`` (any case); YAML 1.1's ``yes``, ``no``,
+``on``, ``off``, ``y`` and ``n`` load as the strings they are, so a bool field
+written ``yes`` is refused by its type check instead of read as true.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
 from .errors import TableError
+
+#: YAML 1.2's core-schema booleans (PyYAML's SafeLoader resolves YAML 1.1's, with yes/no/on/off).
+_BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with YAML 1.2's booleans (see the module docstring)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL_12, list("tTfF"))
 
 
 class LineDict(dict):
@@ -49,7 +67,7 @@ def _row_id(node: yaml.MappingNode) -> str | None:
     return None
 
 
-def _convert(node: yaml.Node, loader: yaml.SafeLoader, label: str, where: str = "") -> Any:
+def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "") -> Any:
     if isinstance(node, yaml.MappingNode):
         row_id = _row_id(node)
         if row_id is not None:
@@ -89,7 +107,7 @@ def load_yaml(text: str, label: str) -> Any:
     Raises:
         TableError: On a YAML syntax error or a duplicate key.
     """
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+import re
+
 import pytest
 
 from mla_sink.dispatch import TableError, explain, load_table, selection_to_dict
@@ -425,6 +427,46 @@ def test_closed_field_rejects_unknown_value_at_load(tmp_path):
     table = load_table(f)
     with pytest.raises(ValueError, match="dtype"):
         table.select({"dtype": "fp8", "arch": "a"})
+
+
+YAML11_TABLE = """
+table: yaml11
+fields:
+  sinks: {type: bool}
+  cap: {type: float, nullable: true, domain: [null, 30.0]}
+  dtype: {type: str, domain: [bf16]}
+paths:
+  p: {description: x}
+rows:
+  - id: r1
+    when: %s
+    path: p
+    why: w
+    source: s
+"""
+
+
+@pytest.mark.parametrize("when,text", [
+    ("{sinks: yes}", "expected a bool (true/false), got str 'yes'"),
+    ("{sinks: off}", "expected a bool (true/false), got str 'off'"),
+    ("{cap: .nan}", "expected a number other than NaN"),
+    ("{cap: [30.0, .NaN]}", "expected a number other than NaN"),
+], ids=["yes", "off", "nan", "nan_in_list"])
+def test_yaml11_booleans_and_nan_are_refused_at_load(tmp_path, when, text):
+    """YAML 1.1's yes/no/on/off are strings here (YAML 1.2), so a bool field written that way is a type error, not
+    true; a NaN could never match, so a float field refuses it."""
+    f = tmp_path / "yaml11.yaml"
+    f.write_text(YAML11_TABLE % when)
+    with pytest.raises(TableError, match=r"yaml11.yaml:11: row 'r1': .*" + re.escape(text)):
+        load_table(f)
+
+
+def test_yaml12_booleans_and_strings_named_like_yaml11_booleans_load(tmp_path):
+    f = tmp_path / "yaml11.yaml"
+    f.write_text((YAML11_TABLE % "{sinks: True, dtype: on}").replace("domain: [bf16]", "domain: [bf16, on, 'no']"))
+    table = load_table(f)
+    assert table.select({"sinks": True, "dtype": "on", "cap": None}).row.id == "r1"
+    assert table.select({"sinks": False, "dtype": "on", "cap": None}).row is None
 
 
 def test_closed_only_on_str_and_int(tmp_path):
