@@ -25,10 +25,11 @@ def test_every_file_in_benchmarks_is_cited():
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
-def test_benchmark_script_imports(script):
+def test_benchmark_script_imports(script, monkeypatch):
     """Importing runs the script's imports (``mla_sink.paths.triton.launch``, ``mla_sink.core.reference``,
     ...) and nothing else: every script keeps its work under ``if __name__ == "__main__"``."""
     pytest.importorskip("triton")  # every script times or checks a Triton kernel
+    monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their helpers (tree_ab, ...) as run from there
     spec = importlib.util.spec_from_file_location(f"_bench_{script[:-3]}", BENCH / script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

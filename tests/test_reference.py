@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mla_sink.core.lse import apply_sink, merge_states
+from mla_sink.core.kv_layout import quantize_kv_cache
 from mla_sink.core.reference import sparse_mla_decode_reference as ref
 
 
@@ -249,3 +250,45 @@ def test_reference_takes_numpy_integers_and_both_compute_dtypes():
     q8, k8 = q.to(torch.float8_e4m3fn), kv.to(torch.float8_e4m3fn)
     c, _ = ref(q8, k8, idx, q_scale=torch.ones(1), kv_scale=torch.tensor(1.0))
     assert c.shape == (1, 2, 512) and c.isfinite().all()
+
+
+@pytest.mark.parametrize("shape,dtype", [((0, 656), torch.uint8), ((0, 64, 656), torch.uint8),
+                                         ((5, 0, 656), torch.uint8), ((0, 576), torch.bfloat16)],
+                         ids=["ds_flat", "ds_no_blocks", "ds_block_size_0", "bf16"])
+def test_reference_serves_a_pool_of_no_rows(shape, dtype):
+    """An empty pool (an empty DCP shard) gathered row 0 as every invalid id's placeholder and raised IndexError or
+    ZeroDivisionError (break test, thirty-third session): every id is invalid, so every row is empty."""
+    q = torch.randn(2, 3, 576).bfloat16()
+    idx = torch.tensor([[-1, 0, 7], [5, -1, -1]], dtype=torch.int32)
+    out, lse = ref(q, torch.zeros(shape, dtype=dtype), idx)
+    assert out.shape == (2, 3, 512) and (out == 0).all() and torch.isneginf(lse).all()
+    out, lse = ref(q, torch.zeros(shape, dtype=dtype), idx, torch.tensor([0.5, -float("inf"), float("inf")]))
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("case,text", [
+    ("ds_kv_scale", "'kv_scale' must be None with a fp8_ds_mla kv_cache: its scales are in the rows"),
+    ("bf16_q_scale", "'q_scale' must be None with q in torch.bfloat16 (scales apply to fp8 only)"),
+    ("bf16_kv_scale", "'kv_scale' must be None with kv_cache in torch.bfloat16"),
+    ("bool_ids", "'indices' must be integer [T=1, topk] (got torch.bool"),
+    ("complex_ids", "'indices' must be integer [T=1, topk] (got torch.complex64"),
+])
+def test_reference_refuses_calls_the_library_refuses(case, text):
+    """A kv_scale beside a V3.2 cache was applied (a result no library call returns), and bool or complex ids were
+    read as 0 / 1 or their real part (break test, thirty-third session)."""
+    q = torch.randn(1, 2, 576).bfloat16()
+    kv = torch.randn(8, 576).bfloat16()
+    idx = torch.tensor([[0, 3]], dtype=torch.int32)
+    kwargs = {}
+    if case == "ds_kv_scale":
+        kv, kwargs = quantize_kv_cache(kv.float()), dict(kv_scale=torch.ones(1))
+    elif case == "bf16_q_scale":
+        kwargs = dict(q_scale=torch.ones(1))
+    elif case == "bf16_kv_scale":
+        kwargs = dict(kv_scale=torch.ones(1))
+    elif case == "bool_ids":
+        idx = idx > 1
+    else:
+        idx = idx.to(torch.complex64)
+    with pytest.raises(ValueError, match=re.escape(text)):
+        ref(q, kv, idx, **kwargs)

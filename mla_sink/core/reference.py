@@ -32,7 +32,11 @@ from typing import Optional
 import torch
 
 from mla_sink.core import kv_layout, validate
+from mla_sink.core.dtypes import DTYPE_KEYS, FP8_KEYS
 from mla_sink.core.lse import apply_sink
+
+#: the torch dtypes a q_scale / kv_scale may come with (the fp8 ones)
+_FP8 = frozenset(d for d, key in DTYPE_KEYS.items() if key in FP8_KEYS)
 
 
 def valid_mask(indices: torch.Tensor, num_rows: int, topk_length: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -94,9 +98,21 @@ def _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_
         raise ValueError(f"'chunk_bytes' must be an int >= 1 (got {chunk_bytes!r})")
 
 
+def _check_scale_owners(q, kv_cache, q_scale, kv_scale) -> None:
+    """A ``q_scale`` / ``kv_scale`` only beside an fp8 ``q`` / ``kv_cache``, as the library takes them
+    (:func:`mla_sink.core.validate.check_inputs`): a V3.2 cache's scales are in its rows, and a half tensor has
+    none (a break test found a ``kv_scale`` applied to a V3.2 cache, giving numbers no library call returns)."""
+    for name, scale, owner, x in (("q_scale", q_scale, "q", q), ("kv_scale", kv_scale, "kv_cache", kv_cache)):
+        if scale is not None and x.dtype not in _FP8:
+            what = (f"a {kv_layout.LAYOUT} kv_cache: its scales are in the rows" if x.dtype == torch.uint8 else
+                    f"{owner} in {x.dtype} (scales apply to fp8 only)")
+            raise ValueError(f"'{name}' must be None with {what} (got a tensor)")
+
+
 def _check_shapes(q, kv_cache, indices, sinks, topk_length) -> None:
-    """The shapes :func:`sparse_mla_decode_reference` computes with (its dtypes and strides are free): a
-    ``ValueError`` naming the argument, its shape and what is allowed, before anything is gathered."""
+    """The shapes :func:`sparse_mla_decode_reference` computes with (its dtypes and strides are free, but for the
+    ids' integer dtype): a ``ValueError`` naming the argument, its shape and what is allowed, before anything is
+    gathered."""
     for name, x in (("q", q), ("kv_cache", kv_cache), ("indices", indices)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"'{name}' must be a torch.Tensor (got {type(x).__name__})")
@@ -111,7 +127,8 @@ def _check_shapes(q, kv_cache, indices, sinks, topk_length) -> None:
     elif kv_cache.dim() != 2 or kv_cache.shape[1] != d_qk:
         raise ValueError(f"'kv_cache' must be [N, {d_qk}] (q's d_qk), or a uint8 {kv_layout.LAYOUT} cache "
                          f"(got shape {tuple(kv_cache.shape)})")
-    if indices.dim() != 2 or indices.shape[0] != T or indices.dtype.is_floating_point:
+    if (indices.dim() != 2 or indices.shape[0] != T or indices.dtype.is_floating_point or indices.dtype.is_complex
+            or indices.dtype == torch.bool):
         raise ValueError(f"'indices' must be integer [T={T}, topk] (got {indices.dtype} shape {tuple(indices.shape)})")
     if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (H,)):
         got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
@@ -167,8 +184,10 @@ def sparse_mla_decode_reference(
             one-element tensor of at most one dimension, a ``compute_dtype`` other than float64 / float32, an
             ``out_dtype`` that is not floating-point, ``chunk_bytes`` below 1; ``sm_scale`` or ``logit_cap`` that
             the library refuses (:func:`mla_sink.core.validate.check_sm_scale`,
-            :func:`~mla_sink.core.validate.check_logit_cap`). The inputs' dtypes are not checked: the reference
-            computes in ``compute_dtype`` whatever it is given.
+            :func:`~mla_sink.core.validate.check_logit_cap`); ``indices`` of a bool or complex dtype; a ``q_scale``
+            or ``kv_scale`` beside a ``q`` / ``kv_cache`` that is not fp8 (a V3.2 cache's scales are in its rows).
+            The other dtypes are not checked: the reference computes in ``compute_dtype`` whatever it is given. A
+            pool of no rows (``N = 0``, e.g. an empty DCP shard) is served: every id is then invalid.
 
     Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
@@ -176,6 +195,7 @@ def sparse_mla_decode_reference(
     _check_shapes(q, kv_cache, indices, sinks, topk_length)
     T, H, d_qk = q.shape
     _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_bytes)
+    _check_scale_owners(q, kv_cache, q_scale, kv_scale)
     byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout
     N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
     # the scalars the library takes, checked as it checks them (any real - a numpy scalar, a Fraction - as the
@@ -199,7 +219,9 @@ def sparse_mla_decode_reference(
         t1 = min(T, t0 + chunk)
         m = mask[t0:t1]
         safe = torch.where(m, indices[t0:t1].long(), torch.zeros_like(indices[t0:t1], dtype=torch.long))
-        if byte_rows:  # decode only the gathered rows (a pool beyond 2^31 bytes is never decoded whole)
+        if N == 0:  # nothing to gather (every id is invalid): the placeholder row 0 does not exist
+            kv = torch.zeros((t1 - t0, topk, d_qk), dtype=compute_dtype, device=q.device)
+        elif byte_rows:  # decode only the gathered rows (a pool beyond 2^31 bytes is never decoded whole)
             rows = kv_layout.gather_rows(kv_cache, safe.reshape(-1))
             kv = kv_layout.dequantize_kv_cache(rows).to(compute_dtype).reshape(t1 - t0, topk, d_qk)
         else:
