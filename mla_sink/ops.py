@@ -6,7 +6,8 @@ Both select the path on the device the tensors live on (or take a forced ``path`
 fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces :func:`mla_sink.api.run`
 without a graph break. Both validate their inputs (:func:`mla_sink.core.validate.check_inputs`) in
 the real and in the fake implementation, so a malformed call fails with a ``ValueError`` when traced
-and when run. ``lse`` is ``[T, H]`` when the call needs one (sinks, or ``return_lse``),
+and when run; a forced ``path`` is checked when traced too (its name, and on a real device whether it serves
+the call there: ``NoKernelError``). ``lse`` is ``[T, H]`` when the call needs one (sinks, or ``return_lse``),
 else an empty ``[T, 0]`` tensor (the Python API turns that into ``None``).
 """
 
@@ -35,6 +36,30 @@ def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale
     if lse is None:
         lse = q.new_empty((q.shape[0], 0), dtype=torch.float32)
     return res_out, lse
+
+
+def _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, return_lse, logit_cap,
+                       path) -> None:
+    """A forced ``path`` in the fake implementations: its name always, and whether it serves the call on the
+    tensors' device (not on ``meta``, which names none, nor with symbolic sizes), so that ``torch.compile`` / ``torch.export`` refuse such a
+    call while tracing, as the eager call does, instead of when the graph first runs (a break test, thirty-third
+    session). Tracing only: the real implementation plans the same way (:func:`mla_sink.api.execute`).
+
+    Raises:
+        ValueError: ``path`` is not a path of the rule table. NoKernelError: it does not serve this call here.
+    """
+    from mla_sink.core.select import check_path
+
+    check_path(path or None)
+    sizes = (q.shape[0], q.shape[1], indices.shape[1])
+    if not path or q.device.type == "meta" or not all(isinstance(n, int) for n in sizes):
+        return  # no device to plan for, or symbolic sizes (dynamic shapes): the run plans
+    from mla_sink.core.describe import spec_of
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.platform import detect_platform
+
+    x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, None, logit_cap)
+    build_plan(spec_of(x, need_lse=return_lse or sinks is not None), detect_platform(q.device), path=path)
 
 
 def _lse_shape(q: Tensor, sinks: Optional[Tensor], return_lse: bool) -> tuple[int, int]:
@@ -80,6 +105,8 @@ def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, ret
       logit_cap, path):
     check_logit_cap(logit_cap)
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale)
+    _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, return_lse, logit_cap,
+                       path)
     out = q.new_empty((q.shape[0], q.shape[1], D_V), dtype=out_dtype_for(DTYPE_KEYS[q.dtype]))
     return out, q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)
 
@@ -115,4 +142,36 @@ def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out
     check_logit_cap(logit_cap)
     check_inputs(q, kv_cache, indices, sinks, sm_scale, topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale,
                  out=out)
+    _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, return_lse, logit_cap,
+                       path)
     return q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)
+
+
+#: The operator's differentiable inputs by position (both operators' schemas start ``q, kv_cache, indices, sinks, sm_scale,
+#: topk_length, q_scale, kv_scale``), named as the eager refusal names them.
+_GRAD_INPUTS = {0: "q", 1: "kv_cache", 3: "sinks", 6: "q_scale", 7: "kv_scale"}
+
+
+def _refuse_grad(ctx, inputs, output) -> None:
+    """The out-of-place operator's autograd ``setup_context``, which PyTorch calls only when an input requires grad
+    in grad mode:
+    the eager call's refusal (:func:`mla_sink.core.validate.no_backward_error`), at the forward and while
+    ``torch.compile`` traces it, instead of an output that requires grad and fails at ``backward()`` with
+    PyTorch's generic message (a break test, thirty-third session).
+
+    Raises:
+        ValueError: naming the inputs that require grad.
+    """
+    from mla_sink.core.validate import no_backward_error
+
+    names = [name for i, name in _GRAD_INPUTS.items() if getattr(inputs[i], "requires_grad", False)]
+    raise no_backward_error(names or ["an input"])
+
+
+def _no_backward(ctx, *grads):
+    """Never reached: :func:`_refuse_grad` refuses every forward that would record a backward."""
+    raise RuntimeError("mla_sink's decode operators have no backward")
+
+
+# the out-of-place operator only: PyTorch takes no autograd formula for a mutating one (``sparse_mla_decode_out``)
+torch.library.register_autograd("mla_sink::sparse_mla_decode", _no_backward, setup_context=_refuse_grad)

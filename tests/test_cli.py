@@ -593,3 +593,62 @@ def test_explain_on_the_cpu_names_the_interpreter_not_sms(capsys):
     assert code == 0
     assert "triton launch at T=64 (Triton's CPU interpreter): kernel portable" in out
     assert "SM(s)" not in out
+
+
+def test_a_table_with_a_gap_or_a_misnamed_table_is_one_error_line(capsys, tmp_path, monkeypatch):
+    """An edited mla_decode.yaml without its catch-all row made ``explain`` print a TableCheckError traceback
+    (an AssertionError, outside the CLI's ValueError handling), and one whose ``table:`` was renamed loaded (break
+    test, thirty-third session): each is now ``error: ...`` on stderr, exit 2."""
+    from mla_sink.core import select, tables
+
+    shipped = tables.table_path("mla_decode").read_text()
+    edits = {"gap": shipped.replace("    when:\n      triton: true\n    path: triton\n",
+                                    "    when:\n      triton: true\n      arch: sm90\n    path: triton\n", 1),
+             "renamed": shipped.replace("table: mla_decode\n", "table: something_else\n", 1)}
+    assert all(text != shipped for text in edits.values())
+    for case, text in edits.items():
+        path = tmp_path / f"{case}.yaml"
+        path.write_text(text)
+        monkeypatch.setattr(tables, "table_path", lambda name, path=path: path)
+        select.mla_table.cache_clear()
+        try:
+            code = main(["explain", "--arch", "cpu", "--heads", "16"])
+        finally:
+            select.mla_table.cache_clear()
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: ") and "Traceback" not in err, (case, err)
+        assert ("'table' must be 'mla_decode'" in err) if case == "renamed" else ("gap" in err.lower()), (case, err)
+
+
+def test_the_readme_explain_examples_are_what_explain_prints(capsys):
+    """Each line of README.md's ``$ mla-sink explain ...`` examples is a line the command prints, its elisions
+    (``...``, ``(...)``) aside: a break test (thirty-third session) found a reason there that the table no longer
+    gives."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    starts = [i for i, line in enumerate(readme) if line.startswith("$ mla-sink explain ")]
+    assert len(starts) >= 2
+    for i in starts:
+        code = main(shlex.split(readme[i])[2:])
+        out = capsys.readouterr().out.splitlines()
+        assert code == 0, readme[i]
+        for line in readme[i + 1:]:
+            if line.startswith(("```", "$ ")):
+                break
+            pieces = [p for p in re.split(r"\(\.\.\.\)|\.\.\.", line) if p.strip()]
+            if not pieces:
+                continue
+
+            def shown(o: str) -> bool:
+                at = 0
+                for piece in pieces:
+                    at = o.find(piece, at)
+                    if at < 0:
+                        return False
+                    at += len(piece)
+                return line.lstrip().startswith("...") or o.startswith(pieces[0])  # same indentation
+
+            assert any(shown(o) for o in out), (readme[i], line)

@@ -243,3 +243,53 @@ def test_run_accepts_a_mapping_of_tensors():
         run(spec, {"q": q, "kv": kv, "indices": idx})
     with pytest.raises(ValueError, match="'inputs' must be"):
         run(spec, (q, kv, idx))
+
+
+def test_a_bad_forced_path_is_refused_while_tracing():
+    """The fake implementations never looked at ``path``: meta tensors and ``torch.compile`` took ``path="bogus"``
+    and a path that cannot serve the device, which failed only when the graph ran (break test, thirty-third
+    session). The name is checked on every device, whether it serves the call where the device is known."""
+    from mla_sink.core.select import NoKernelError
+
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    meta = [t.to("meta") for t in (q, kv, idx, s)]
+    with pytest.raises(ValueError, match="'path' must be one of"):
+        torch.ops.mla_sink.sparse_mla_decode(*_op_args(*meta, "bogus"))
+    out = torch.empty(2, 3, 512, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="'path' must be one of"):
+        a = _op_args(*meta, "bogus")
+        torch.ops.mla_sink.sparse_mla_decode_out(*a[:8], out, *a[8:])
+    assert torch.ops.mla_sink.sparse_mla_decode(*_op_args(*meta, "aiter_lse"))[0].shape == (2, 3, 512)  # no device
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in (q, kv, idx, s)]
+        with pytest.raises(NoKernelError):
+            torch.ops.mla_sink.sparse_mla_decode(*_op_args(*fake, "aiter_lse"))
+        assert torch.ops.mla_sink.sparse_mla_decode(*_op_args(*fake, "reference"))[0].shape == (2, 3, 512)
+    f = torch.compile(lambda q: sparse_mla_decode(q, kv, idx, s, path="bogus"), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="'path' must be one of"):
+        f(q)
+
+
+def test_the_operators_refuse_inputs_that_require_grad():
+    """The operators and compiled calls returned outputs that required grad, whose ``backward()`` failed with
+    PyTorch's generic "no autograd formula" (break test, thirty-third session): they refuse such a call as the
+    eager function does, and run it under ``torch.no_grad()``."""
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    qg = q.clone().requires_grad_()
+    with pytest.raises(ValueError, match=r"^'q' must not require grad .* no backward"):
+        torch.ops.mla_sink.sparse_mla_decode(*_op_args(qg, kv, idx, s, "reference"))
+    sg = s.clone().requires_grad_()
+    with pytest.raises(ValueError, match=r"^'sinks' must not require grad"):
+        torch.ops.mla_sink.sparse_mla_decode(*_op_args(q, kv, idx, sg, "reference"))
+    with torch.no_grad():
+        out, _ = torch.ops.mla_sink.sparse_mla_decode(*_op_args(qg, kv, idx, s, "reference"))
+    ref_out, _ = ref(q, kv, idx, s)
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-3, rtol=1e-2)
+    buf = torch.empty(2, 3, 512, dtype=torch.float16)
+    for kwargs in ({}, {"out": buf}):
+        f = torch.compile(lambda q: sparse_mla_decode(q, kv, idx, s, path="reference", **kwargs), fullgraph=True,
+                          backend="aot_eager")
+        with pytest.raises(Exception, match="'q' must not require grad"):
+            f(qg)
+        with torch.no_grad():
+            assert f(qg)[0].shape == (2, 3, 512)

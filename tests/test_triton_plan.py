@@ -12,6 +12,8 @@ import itertools
 import math
 
 import attrs
+import re
+
 import pytest
 
 from mla_sink import dispatch
@@ -294,6 +296,44 @@ def test_structure_check_refuses(edit, message):
     assert text.count(edit[0]) == 1
     table = dispatch.load_table(text.replace(*edit), name="edited.yaml")
     with pytest.raises(dispatch.TableError, match=message):
+        P._check_structure(table)
+
+
+CPU_PARAMS = ("{BLOCK_H: 64, BLOCK_N: 64, num_warps: 4, num_stages: 1, max_kv_splits: 4,\n"
+              "             min_ids_per_split: 64, split_waves: 1.0, split_min_fill: 1.0, combine_block_h: 64,\n"
+              "             combine_block_d: 512, min_combine_block_d: 32, fp8_f16: true}")
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("BLOCK_N: 64,", "BLOCK_N: 0,", "param 'BLOCK_N' must be a power of two in [16, "),
+    ("BLOCK_N: 64,", "BLOCK_N: 48,", "param 'BLOCK_N' must be a power of two in [16, "),
+    ("BLOCK_N: 64,", "BLOCK_N: '64',", "param 'BLOCK_N' must be a power of two in [16, "),
+    ("BLOCK_N: 64,", "BLOCK_N: 64.0,", "param 'BLOCK_N' must be a power of two in [16, "),
+    ("BLOCK_H: 64,", "BLOCK_H: 48,", "param 'BLOCK_H' must be a power of two"),
+    ("num_warps: 4,", "num_warps: 3,", "param 'num_warps' must be a power of two in [1, 32]"),
+    ("num_stages: 1,", "num_stages: 0,", "param 'num_stages' must be an int in [1, "),
+    ("max_kv_splits: 4,", "max_kv_splits: -1,", "param 'max_kv_splits' must be an int in [1, "),
+    ("min_ids_per_split: 64,", "min_ids_per_split: 0,", "param 'min_ids_per_split' must be an int in [1, "),
+    ("split_waves: 1.0,", "split_waves: .inf,", "param 'split_waves' must be a finite number > 0.0"),
+    ("split_waves: 1.0,", "split_waves: .nan,", "param 'split_waves' must be a finite number > 0.0"),
+    ("split_waves: 1.0,", "split_waves: 0,", "param 'split_waves' must be a finite number > 0.0"),
+    ("split_min_fill: 1.0,", "split_min_fill: -0.5,", "param 'split_min_fill' must be a finite number >= 0.0"),
+    ("combine_block_h: 64,", "combine_block_h: null,", "param 'combine_block_h' must be a power of two"),
+    ("combine_block_d: 512,", "combine_block_d: 1024,", "param 'combine_block_d' must be a power of two in [1, 512]"),
+    ("combine_block_d: 512,", "combine_block_d: 0,", "param 'combine_block_d' must be a power of two in [1, 512]"),
+    ("min_combine_block_d: 32,", "min_combine_block_d: 24,", "param 'min_combine_block_d' must be a power of two"),
+    ("combine_block_d: 512,", "combine_block_d: 16,", "param 'min_combine_block_d' must be <= combine_block_d=16"),
+    ("fp8_f16: true}", "fp8_f16: 'yes'}", "param 'fp8_f16' must be true or false (got 'yes')"),
+    ("fp8_f16: true}", "fp8_f16: yes}", "param 'fp8_f16' must be true or false (got 'yes')"),
+])
+def test_tuning_params_are_checked_when_the_table_loads(old, new, message):
+    """A portable row's params are typed and ranged at load (a break test, thirty-third session: ``BLOCK_N: 0`` and
+    ``min_ids_per_split: 0`` raised ZeroDivisionError at the first call, ``split_waves: .nan`` a bare conversion
+    error, ``num_warps: 3`` and ``combine_block_d: 500`` loaded and ran): the error names file, line, row, param."""
+    text = _shipped_text()
+    assert text.count(CPU_PARAMS) == 1
+    table = dispatch.load_table(text.replace(CPU_PARAMS, CPU_PARAMS.replace(old, new, 1)), name="edited.yaml")
+    with pytest.raises(dispatch.TableError, match=r"^edited\.yaml:77: row 'cpu_interpreter': " + re.escape(message)):
         P._check_structure(table)
 
 

@@ -37,11 +37,15 @@ def load_checked_table(name: str, check: Optional[Callable] = None):
 
     Raises:
         FileNotFoundError: no such table is shipped.
-        dispatch.TableError / dispatch.TableCheckError: the table is malformed, has a gap or a shadowed row.
+        dispatch.TableError / dispatch.TableCheckError: the table is malformed (or its ``table:`` name is not
+            ``name``), has a gap or a shadowed row.
     """
     from mla_sink import dispatch
 
-    table = dispatch.load_table(table_path(name))
+    path = table_path(name)
+    table = dispatch.load_table(path)
+    if table.name != name:  # the name keys the calls' explanations and the readers' checks
+        raise dispatch.TableError(f"{path}: 'table' must be {name!r}, the file's name (got {table.name!r})")
     dispatch.assert_table_ok(table)
     if check is not None:
         check(table)

@@ -359,6 +359,14 @@ def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[f
     return (sm_scale if keep else float(sm_scale)), check_logit_cap(logit_cap)
 
 
+def no_backward_error(names) -> ValueError:
+    """The refusal of a call whose tensors ``names`` require grad (the eager check of :func:`check_inputs`, and the
+    operators' autograd registration, :mod:`mla_sink.ops`): the decode has no backward."""
+    return ValueError(f"{', '.join(repr(n) for n in names)} must not require grad (got requires_grad=True): "
+                      "mla-sink is a decode (inference) op with no backward; call it under torch.no_grad() or "
+                      "torch.inference_mode(), or pass .detach()")
+
+
 def check_inputs(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -439,9 +447,7 @@ def check_inputs(
     grads = [name for name, t in (("q", q), ("kv_cache", kv_cache), ("sinks", sinks), ("q_scale", q_scale),
                                   ("kv_scale", kv_scale)) if getattr(t, "requires_grad", False)]
     if torch.is_grad_enabled() and grads:
-        raise ValueError(f"{', '.join(repr(n) for n in grads)} must not require grad (got requires_grad=True): "
-                         "mla-sink is a decode (inference) op with no backward; call it under torch.no_grad() or "
-                         "torch.inference_mode(), or pass .detach()")
+        raise no_backward_error(grads)
     for name, t in (("kv_cache", kv_cache), ("indices", indices)):
         if t.device != device:
             raise ValueError(f"'{name}' must be on {device}, like q (got {t.device})")

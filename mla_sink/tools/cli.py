@@ -359,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mla-sink`` console script."""
     from mla_sink.core.select import NoKernelError
+    from mla_sink.dispatch import TableCheckError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -373,6 +374,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(e.explanation)
     except ValueError as e:  # bad input: one line naming the argument (and the flag that gave it), exit 2
         print(f"error: {flag_named(str(e))}", file=sys.stderr)
+        return 2
+    except TableCheckError as e:  # an edited table with a gap or a shadowed row: the checker's problems, exit 2
+        print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like: keep the command's status
         pass

@@ -24,7 +24,7 @@ from typing import Mapping, Optional
 import attrs
 
 from mla_sink.dispatch import readonly
-from mla_sink.core.records import D_V
+from mla_sink.core.records import COUNT_MAX, D_V
 from mla_sink.core.tables import load_checked_table
 
 #: The kernel of every ``portable`` row: the one the first lookup always yields and the one a Gluon
@@ -79,6 +79,43 @@ def is_pow2(n: object) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
 
 
+#: :class:`TritonConfig` attribute -> its param in the table (named so in the validators' errors).
+_ATTR_PARAMS = {v: k for k, v in _PARAM_NAMES.items()}
+#: Triton launches 1-32 warps a program (a power of two).
+MAX_WARPS = 32
+
+
+def _int_in(low: int, high: int = COUNT_MAX, pow2: bool = False, divides: int = 0):
+    """An attrs validator: an int (not a bool) in ``[low, high]``, a power of two if ``pow2``, dividing ``divides``
+    if given; the error names the table param (``BLOCK_N``, ``num_warps``, ...) and what is allowed."""
+    def check(_, attribute, value) -> None:
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        ok = ok and (not pow2 or is_pow2(value)) and (not divides or divides % value == 0)
+        if not ok:
+            allowed = (f"a power of two in [{low}, {high}]" if pow2 else f"an int in [{low}, {high}]") + (
+                f" dividing {divides}" if divides else "")
+            raise ValueError(f"param {_ATTR_PARAMS.get(attribute.name, attribute.name)!r} must be {allowed} "
+                             f"(got {value!r})")
+    return check
+
+
+def _finite(low: float, inclusive: bool):
+    """An attrs validator: a finite real (int or float, not a bool) above ``low`` (or equal, if ``inclusive``)."""
+    def check(_, attribute, value) -> None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < low or (value == low and not inclusive):
+            raise ValueError(f"param {_ATTR_PARAMS.get(attribute.name, attribute.name)!r} must be a finite number "
+                             f"{'>=' if inclusive else '>'} {low} (got {value!r})")
+    return check
+
+
+def _bool(_, attribute, value) -> None:
+    """An attrs validator: a bool (a YAML ``true`` / ``false``)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"param {_ATTR_PARAMS.get(attribute.name, attribute.name)!r} must be true or false "
+                         f"(got {value!r})")
+
+
 @attrs.frozen
 class TritonConfig:
     """Tiles and split policy of the portable kernel: the params of a ``portable`` row of the tuning
@@ -99,20 +136,24 @@ class TritonConfig:
         fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
             scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
         row, why, source: the table row that produced it (``"explicit"`` and empty when built by hand).
+
+    Raises:
+        ValueError: a value outside what is allowed above (naming the table's param), checked at construction,
+            so a tuning row with one is refused when the table loads (:func:`_check_structure`).
     """
 
-    block_h: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    max_kv_splits: int
-    min_ids_per_split: int
-    split_waves: float
-    split_min_fill: float
-    combine_block_h: int
-    combine_block_d: int
-    min_combine_block_d: int
-    fp8_f16: bool
+    block_h: int = attrs.field(validator=_int_in(MIN_BLOCK_H, pow2=True))
+    block_n: int = attrs.field(validator=_int_in(MIN_BLOCK_H, pow2=True))
+    num_warps: int = attrs.field(validator=_int_in(1, MAX_WARPS, pow2=True))
+    num_stages: int = attrs.field(validator=_int_in(1))
+    max_kv_splits: int = attrs.field(validator=_int_in(1))
+    min_ids_per_split: int = attrs.field(validator=_int_in(1))
+    split_waves: float = attrs.field(validator=_finite(0.0, inclusive=False))
+    split_min_fill: float = attrs.field(validator=_finite(0.0, inclusive=True))
+    combine_block_h: int = attrs.field(validator=_int_in(1, pow2=True))
+    combine_block_d: int = attrs.field(validator=_int_in(1, D_V, pow2=True, divides=D_V))
+    min_combine_block_d: int = attrs.field(validator=_int_in(1, D_V, pow2=True, divides=D_V))
+    fp8_f16: bool = attrs.field(validator=_bool)
     row: str = "explicit"
     why: str = ""
     source: str = ""
@@ -171,8 +212,9 @@ def _check_structure(table) -> None:
 
     Raises:
         dispatch.TableError: the table's paths are not :data:`KERNELS`; a portable row tests
-            ``num_kv_splits`` or lacks a param (or has an unknown one); a Gluon row has params or can
-            match ``num_kv_splits = None``.
+            ``num_kv_splits``, lacks a param (or has an unknown one) or gives one a value :class:`TritonConfig`
+            refuses (type, range, power of two; ``min_combine_block_d`` above ``combine_block_d``); a Gluon row has
+            params or can match ``num_kv_splits = None``.
     """
     from mla_sink import dispatch
 
@@ -192,6 +234,14 @@ def _check_structure(table) -> None:
                     f"{where}:{row.line}: row {row.id!r}: a portable row gives exactly the params "
                     f"{sorted(_PARAM_NAMES)} (missing {sorted(set(_PARAM_NAMES) - set(row.params))}, "
                     f"unknown {sorted(set(row.params) - set(_PARAM_NAMES))})")
+            try:  # each param's type and range (TritonConfig's validators), before any call plans with them
+                TritonConfig(**{_PARAM_NAMES[k]: v for k, v in row.params.items()})
+            except ValueError as exc:
+                raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: {exc}") from None
+            if row.params["min_combine_block_d"] > row.params["combine_block_d"]:
+                raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: param 'min_combine_block_d' must be "
+                                          f"<= combine_block_d={row.params['combine_block_d']} (got "
+                                          f"{row.params['min_combine_block_d']})")
         else:
             if row.params:
                 raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a Gluon row takes no params "
