@@ -94,3 +94,30 @@ def test_compiled_run_captures_in_cuda_graph():
     e_out, e_lse = step(q, kv, idx, sinks)
     torch.testing.assert_close(out, e_out, atol=0, rtol=0)
     torch.testing.assert_close(lse, e_lse, atol=0, rtol=0)
+
+
+def test_compiled_calls_refuse_a_path_this_gpu_lacks_and_inputs_that_require_grad_while_tracing():
+    """On the GPU the traced device is known: a forced AITER path on NVIDIA is refused while tracing (the fake
+    implementation plans it), as are inputs that require grad; a forced ``triton`` path compiles and matches the
+    eager call (thirty-third session's break test)."""
+    from mla_sink import sparse_mla_decode
+
+    device = "cuda"
+    T, H, N, topk = 2, 16, 4096, 256
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(T, H, 576, generator=g).bfloat16().to(device)
+    kv = torch.randn(N, 576, generator=g).bfloat16().to(device)
+    idx = torch.randint(0, N, (T, topk), generator=g, dtype=torch.int32).to(device)
+    sinks = torch.randn(H, generator=g).float().to(device)
+
+    def call(path):
+        return torch.compile(lambda q: sparse_mla_decode(q, kv, idx, sinks, path=path), fullgraph=True)
+
+    with pytest.raises(Exception, match=r"NoKernelError\(\"bf16-h16-sm\d+-sinks-dcp1"):  # while tracing
+        call("aiter_lse")(q)
+    with pytest.raises(Exception, match="'q' must not require grad"):
+        call("triton")(q.clone().requires_grad_())
+    out, lse = call("triton")(q)
+    e_out, e_lse = sparse_mla_decode(q, kv, idx, sinks, path="triton")
+    torch.testing.assert_close(out, e_out, atol=0, rtol=0)
+    torch.testing.assert_close(lse, e_lse, atol=0, rtol=0)
