@@ -41,9 +41,10 @@ def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale
 def _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, return_lse, logit_cap,
                        path) -> None:
     """A forced ``path`` in the fake implementations: its name always, and whether it serves the call on the
-    tensors' device (not on ``meta``, which names none, nor with symbolic sizes), so that ``torch.compile`` / ``torch.export`` refuse such a
-    call while tracing, as the eager call does, instead of when the graph first runs (a break test, thirty-third
-    session). Tracing only: the real implementation plans the same way (:func:`mla_sink.api.execute`).
+    tensors' device (not on ``meta``, which names none, nor with symbolic sizes), so that ``torch.compile`` and
+    ``torch.export`` refuse such a call while tracing, as the eager call does, instead of when the graph first runs
+    (a break test, thirty-third session). Tracing only: the real implementation plans the same way
+    (:func:`mla_sink.api.execute`).
 
     Raises:
         ValueError: ``path`` is not a path of the rule table. NoKernelError: it does not serve this call here.
@@ -147,16 +148,15 @@ def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out
     return q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)
 
 
-#: The operator's differentiable inputs by position (both operators' schemas start ``q, kv_cache, indices, sinks, sm_scale,
-#: topk_length, q_scale, kv_scale``), named as the eager refusal names them.
+#: The operator's differentiable inputs by position (both operators' schemas start ``q, kv_cache, indices, sinks,
+#: sm_scale, topk_length, q_scale, kv_scale``), named as the eager refusal names them.
 _GRAD_INPUTS = {0: "q", 1: "kv_cache", 3: "sinks", 6: "q_scale", 7: "kv_scale"}
 
 
 def _refuse_grad(ctx, inputs, output) -> None:
     """The out-of-place operator's autograd ``setup_context``, which PyTorch calls only when an input requires grad
-    in grad mode:
-    the eager call's refusal (:func:`mla_sink.core.validate.no_backward_error`), at the forward and while
-    ``torch.compile`` traces it, instead of an output that requires grad and fails at ``backward()`` with
+    in grad mode: the eager call's refusal (:func:`mla_sink.core.validate.no_backward_error`), at the forward and
+    while ``torch.compile`` traces it, instead of an output that requires grad and fails at ``backward()`` with
     PyTorch's generic message (a break test, thirty-third session).
 
     Raises:
