@@ -1,10 +1,13 @@
 """YAML loading that keeps line numbers and rejects duplicate keys.
 
 Mappings load as ``LineDict`` and sequences as ``LineList``; both remember the
-line where they start and the line of each key or item (1-based). Booleans are
-YAML 1.2's: only ``true`` / ``false`` (any case); YAML 1.1's ``yes``, ``no``,
-``on``, ``off``, ``y`` and ``n`` load as the strings they are, so a bool field
-written ``yes`` is refused by its type check instead of read as true.
+line where they start and the line of each key or item (1-based). Plain scalars
+resolve as YAML 1.2's core schema, not PyYAML's YAML 1.1: booleans are only
+``true`` / ``false`` (``yes``, ``no``, ``on``, ``off``, ``y`` and ``n`` load as
+the strings they are, so a bool field written ``yes`` is refused by its type
+check instead of read as true); ints are decimal (``016`` is 16, not octal 14),
+``0o17`` or ``0x1f`` (``2:08`` and ``1_000`` are strings, not 128 and 1000);
+floats take an exponent without a dot (``1e3`` is 1000.0).
 """
 
 from __future__ import annotations
@@ -16,19 +19,32 @@ import yaml
 
 from .errors import TableError
 
-#: YAML 1.2's core-schema booleans (PyYAML's SafeLoader resolves YAML 1.1's, with yes/no/on/off).
+#: YAML 1.2 core-schema scalars (YAML 1.2.2, section 10.3.2), which replace PyYAML's YAML 1.1 resolvers.
 _BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_INT_12 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT_12 = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_CORE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float")}
 
 
 class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` with YAML 1.2's booleans (see the module docstring)."""
+    """``yaml.SafeLoader`` with YAML 1.2's core-schema booleans, ints and floats (see the module docstring)."""
+
+    def construct_yaml_int(self, node: yaml.Node) -> int:
+        """A YAML 1.2 int: decimal (leading zeros allowed), ``0o`` octal or ``0x`` hex."""
+        value = self.construct_scalar(node)
+        return int(value, 0) if value[:2] in ("0o", "0x") else int(value, 10)
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _CORE_TAGS]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+# ints before floats: a plain "16" matches both patterns, and the first resolver added for a character wins
 _Loader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL_12, list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT_12, list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 class LineDict(dict):

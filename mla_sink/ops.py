@@ -41,10 +41,10 @@ def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale
 def _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, return_lse, logit_cap,
                        path) -> None:
     """A forced ``path`` in the fake implementations: its name always, and whether it serves the call on the
-    tensors' device (not on ``meta``, which names none, nor with symbolic sizes), so that ``torch.compile`` and
-    ``torch.export`` refuse such a call while tracing, as the eager call does, instead of when the graph first runs
-    (a break test, thirty-third session). Tracing only: the real implementation plans the same way
-    (:func:`mla_sink.api.execute`).
+    tensors' device (not on ``meta``, which names none, on a GPU this machine lacks, nor with symbolic sizes), so
+    that ``torch.compile`` and ``torch.export`` refuse such a call while tracing, as the eager call does, instead of
+    when the graph first runs (a break test, thirty-third session). Tracing only: the real implementation plans the
+    same way (:func:`mla_sink.api.execute`).
 
     Raises:
         ValueError: ``path`` is not a path of the rule table. NoKernelError: it does not serve this call here.
@@ -53,8 +53,11 @@ def _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_sca
 
     check_path(path or None)
     sizes = (q.shape[0], q.shape[1], indices.shape[1])
-    if not path or q.device.type == "meta" or not all(isinstance(n, int) for n in sizes):
-        return  # no device to plan for, or symbolic sizes (dynamic shapes): the run plans
+    device = q.device
+    absent = device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count())
+    if not path or device.type == "meta" or absent or not all(isinstance(n, int) for n in sizes):
+        return  # no device here to plan for (meta, or a GPU target traced on a machine without it: torch.export),
+        # or symbolic sizes (dynamic shapes): the run plans
     from mla_sink.core.describe import spec_of
     from mla_sink.core.plan import build_plan
     from mla_sink.core.platform import detect_platform

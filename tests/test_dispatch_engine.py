@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import math
 import re
 
 import pytest
@@ -687,3 +688,14 @@ def test_a_colon_in_a_plain_string_names_the_fix(tmp_path):
     with pytest.raises(TableError, match=r"mla_decode.yaml:\d+: invalid YAML: mapping values are not allowed here "
                                          r"\(a plain, unquoted string may not contain ': '"):
         load_table(str(path))
+
+
+def test_yaml12_numbers():
+    """Plain scalars are YAML 1.2 core-schema numbers (a fourth break test, thirty-third session): ``016`` was read
+    as octal 14, ``2:08`` as 128 (base 60) and ``1_000`` as 1000, while ``1e3`` stayed a string."""
+    from mla_sink.dispatch.yaml_lines import load_yaml
+
+    got = load_yaml("a: [016, 2:08, 1_000, 0o17, 0x1f, 1e3, -2, .5, 1., .inf, -.inf, 3.0e-2, '016', 0.1.19]", "x")["a"]
+    assert got[:6] == [16, "2:08", "1_000", 15, 31, 1000.0] and type(got[5]) is float
+    assert got[6:12] == [-2, 0.5, 1.0, float("inf"), float("-inf"), 0.03] and got[12:] == ["016", "0.1.19"]
+    assert math.isnan(load_yaml("a: .nan", "x")["a"])

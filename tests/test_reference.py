@@ -250,6 +250,9 @@ def test_reference_takes_numpy_integers_and_both_compute_dtypes():
     q8, k8 = q.to(torch.float8_e4m3fn), kv.to(torch.float8_e4m3fn)
     c, _ = ref(q8, k8, idx, q_scale=torch.ones(1), kv_scale=torch.tensor(1.0))
     assert c.shape == (1, 2, 512) and c.isfinite().all()
+    # any float8 dtype takes its scale, those the library refuses too (e5m2: a fourth break test)
+    d, _ = ref(q.to(torch.float8_e5m2), k8, idx, q_scale=torch.tensor([0.5]), kv_scale=torch.tensor(1.0))
+    assert d.shape == (1, 2, 512) and d.isfinite().all()
 
 
 @pytest.mark.parametrize("shape,dtype", [((0, 656), torch.uint8), ((0, 64, 656), torch.uint8),
@@ -268,7 +271,7 @@ def test_reference_serves_a_pool_of_no_rows(shape, dtype):
 
 @pytest.mark.parametrize("case,text", [
     ("ds_kv_scale", "'kv_scale' must be None with a fp8_ds_mla kv_cache: its scales are in the rows"),
-    ("bf16_q_scale", "'q_scale' must be None with q in torch.bfloat16 (scales apply to fp8 only)"),
+    ("bf16_q_scale", "'q_scale' must be None with q in torch.bfloat16 (scales apply to the float8 dtypes only)"),
     ("bf16_kv_scale", "'kv_scale' must be None with kv_cache in torch.bfloat16"),
     ("bool_ids", "'indices' must be integer [T=1, topk] (got torch.bool"),
     ("complex_ids", "'indices' must be integer [T=1, topk] (got torch.complex64"),

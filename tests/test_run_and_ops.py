@@ -268,6 +268,13 @@ def test_a_bad_forced_path_is_refused_while_tracing():
     f = torch.compile(lambda q: sparse_mla_decode(q, kv, idx, s, path="bogus"), fullgraph=True, backend="eager")
     with pytest.raises(Exception, match="'path' must be one of"):
         f(q)
+    # fake tensors of a GPU this machine may lack (torch.export for a GPU target on a CPU host): the name is checked,
+    # the serving check needs the device (a fourth break test found every forced path refused there)
+    with torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=False):
+        fake = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (q, kv, idx, s)]
+        assert sparse_mla_decode(*fake[:3], fake[3], path="reference")[0].shape == (2, 3, 512)
+        with pytest.raises(ValueError, match="'path' must be one of"):
+            sparse_mla_decode(*fake[:3], fake[3], path="bogus")
 
 
 def test_the_operators_refuse_inputs_that_require_grad():

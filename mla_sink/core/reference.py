@@ -32,11 +32,8 @@ from typing import Optional
 import torch
 
 from mla_sink.core import kv_layout, validate
-from mla_sink.core.dtypes import DTYPE_KEYS, FP8_KEYS
 from mla_sink.core.lse import apply_sink
 
-#: the torch dtypes a q_scale / kv_scale may come with (the fp8 ones)
-_FP8 = frozenset(d for d, key in DTYPE_KEYS.items() if key in FP8_KEYS)
 
 
 def valid_mask(indices: torch.Tensor, num_rows: int, topk_length: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -99,13 +96,14 @@ def _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_
 
 
 def _check_scale_owners(q, kv_cache, q_scale, kv_scale) -> None:
-    """A ``q_scale`` / ``kv_scale`` only beside an fp8 ``q`` / ``kv_cache``, as the library takes them
+    """A ``q_scale`` / ``kv_scale`` only beside a float8 ``q`` / ``kv_cache`` (any float8 dtype: the reference
+    computes the ones the library refuses too), as the library takes them
     (:func:`mla_sink.core.validate.check_inputs`): a V3.2 cache's scales are in its rows, and a half tensor has
     none (a break test found a ``kv_scale`` applied to a V3.2 cache, giving numbers no library call returns)."""
     for name, scale, owner, x in (("q_scale", q_scale, "q", q), ("kv_scale", kv_scale, "kv_cache", kv_cache)):
-        if scale is not None and x.dtype not in _FP8:
+        if scale is not None and not (x.dtype.is_floating_point and x.dtype.itemsize == 1):  # any float8 dtype
             what = (f"a {kv_layout.LAYOUT} kv_cache: its scales are in the rows" if x.dtype == torch.uint8 else
-                    f"{owner} in {x.dtype} (scales apply to fp8 only)")
+                    f"{owner} in {x.dtype} (scales apply to the float8 dtypes only)")
             raise ValueError(f"'{name}' must be None with {what} (got a tensor)")
 
 

@@ -45,7 +45,8 @@ def load_checked_table(name: str, check: Optional[Callable] = None):
     path = table_path(name)
     table = dispatch.load_table(path)
     if table.name != name:  # the name keys the calls' explanations and the readers' checks
-        raise dispatch.TableError(f"{path}: 'table' must be {name!r}, the file's name (got {table.name!r})")
+        line = next((i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("table:")), 1)
+        raise dispatch.TableError(f"{path}:{line}: 'table' must be {name!r}, the file's name (got {table.name!r})")
     dispatch.assert_table_ok(table)
     if check is not None:
         check(table)

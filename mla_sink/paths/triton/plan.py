@@ -83,6 +83,12 @@ def is_pow2(n: object) -> bool:
 _ATTR_PARAMS = {v: k for k, v in _PARAM_NAMES.items()}
 #: Triton launches 1-32 warps a program (a power of two).
 MAX_WARPS = 32
+#: The largest head block, id block or combine head block a tuning row may give: a ``[BLOCK_N, 576]`` tile of 256
+#: ids is 147,456 elements (288 KB in bf16, beyond any GPU's shared memory; the interpreter caps a tensor at 2^20
+#: elements); the shipped rows give at most 64.
+MAX_TILE = 256
+#: The most software-pipeline stages a tuning row may give (each holds a KV tile in shared memory; the rows give 1-3).
+MAX_STAGES = 8
 
 
 def _int_in(low: int, high: int = COUNT_MAX, pow2: bool = False, divides: int = 0):
@@ -142,15 +148,15 @@ class TritonConfig:
             so a tuning row with one is refused when the table loads (:func:`_check_structure`).
     """
 
-    block_h: int = attrs.field(validator=_int_in(MIN_BLOCK_H, pow2=True))
-    block_n: int = attrs.field(validator=_int_in(MIN_BLOCK_H, pow2=True))
+    block_h: int = attrs.field(validator=_int_in(MIN_BLOCK_H, MAX_TILE, pow2=True))
+    block_n: int = attrs.field(validator=_int_in(MIN_BLOCK_H, MAX_TILE, pow2=True))
     num_warps: int = attrs.field(validator=_int_in(1, MAX_WARPS, pow2=True))
-    num_stages: int = attrs.field(validator=_int_in(1))
+    num_stages: int = attrs.field(validator=_int_in(1, MAX_STAGES))
     max_kv_splits: int = attrs.field(validator=_int_in(1))
     min_ids_per_split: int = attrs.field(validator=_int_in(1))
     split_waves: float = attrs.field(validator=_finite(0.0, inclusive=False))
     split_min_fill: float = attrs.field(validator=_finite(0.0, inclusive=True))
-    combine_block_h: int = attrs.field(validator=_int_in(1, pow2=True))
+    combine_block_h: int = attrs.field(validator=_int_in(1, MAX_TILE, pow2=True))
     combine_block_d: int = attrs.field(validator=_int_in(1, D_V, pow2=True, divides=D_V))
     min_combine_block_d: int = attrs.field(validator=_int_in(1, D_V, pow2=True, divides=D_V))
     fp8_f16: bool = attrs.field(validator=_bool)
