@@ -31,6 +31,7 @@ from mla_sink.core.validate import (
     check_out_overlaps,
     check_sinks,
     check_sm_scale,
+    no_backward_error,
 )
 
 Result = tuple[torch.Tensor, Optional[torch.Tensor]]
@@ -457,6 +458,12 @@ def _traced(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, platform:
     (the exact GPU arch needs a device query, left to eager calls)."""
     if platform is not None and (platform.arch == "cpu") != (x.q.device.type == "cpu"):
         raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device}")
+    if x.out is not None and torch.is_grad_enabled():  # the out operator mutates: PyTorch takes no autograd formula
+        # for it, so the out-of-place operator's refusal (mla_sink.ops) is made here, while tracing
+        grads = [n for n in ("q", "kv_cache", "sinks", "q_scale", "kv_scale")
+                 if getattr(getattr(x, n), "requires_grad", False)]
+        if grads:
+            raise no_backward_error(grads)
     if spec is not None:
         check_spec_matches(spec, x)
         need_lse = spec.need_lse

@@ -7,10 +7,8 @@ fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces :func:`
 without a graph break. Both validate their inputs (:func:`mla_sink.core.validate.check_inputs`) in
 the real and in the fake implementation, so a malformed call fails with a ``ValueError`` when traced
 and when run; a forced ``path`` is checked when traced too (its name, and on a real device whether it serves
-the call there: ``NoKernelError``). Neither has a backward: an input that requires grad in grad mode is refused
-with the eager call's ``ValueError`` (an autograd registration, and an ``Autograd`` kernel for the mutating
-operator), so no output ever requires grad. ``lse`` is ``[T, H]`` when the call needs one (sinks, or
-``return_lse``), else an empty ``[T, 0]`` tensor (the Python API turns that into ``None``).
+the call there: ``NoKernelError``). ``lse`` is ``[T, H]`` when the call needs one (sinks, or ``return_lse``),
+else an empty ``[T, 0]`` tensor (the Python API turns that into ``None``).
 """
 
 from __future__ import annotations
@@ -178,28 +176,5 @@ def _no_backward(ctx, *grads):
     raise RuntimeError("mla_sink's decode operators have no backward")
 
 
+# the out-of-place operator only: PyTorch takes no autograd formula for a mutating one (``sparse_mla_decode_out``)
 torch.library.register_autograd("mla_sink::sparse_mla_decode", _no_backward, setup_context=_refuse_grad)
-
-
-def _out_op_autograd(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, return_lse,
-                     logit_cap, path):
-    """The ``Autograd`` kernel of ``sparse_mla_decode_out``, which PyTorch takes no autograd formula for (it
-    mutates ``out``): the same refusal as :func:`_refuse_grad` when an input requires grad in grad mode, else the
-    operator below autograd. Without it the operator returned an LSE that required grad and failed at
-    ``backward()`` with PyTorch's generic message (a break test, thirty-third session).
-
-    Raises:
-        ValueError: naming the inputs that require grad.
-    """
-    from mla_sink.core.validate import no_backward_error
-
-    args = (q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale)
-    names = [name for i, name in _GRAD_INPUTS.items() if getattr(args[i], "requires_grad", False)]
-    if names and torch.is_grad_enabled():
-        raise no_backward_error(names)
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.mla_sink.sparse_mla_decode_out(*args, out, return_lse, logit_cap, path)
-
-
-_LIB = torch.library.Library("mla_sink", "FRAGMENT")
-_LIB.impl("sparse_mla_decode_out", _out_op_autograd, "Autograd")

@@ -288,19 +288,11 @@ def test_the_operators_refuse_inputs_that_require_grad():
     sg = s.clone().requires_grad_()
     with pytest.raises(ValueError, match=r"^'sinks' must not require grad"):
         torch.ops.mla_sink.sparse_mla_decode(*_op_args(q, kv, idx, sg, "reference"))
-    buf = torch.empty(2, 3, 512, dtype=torch.float16)
-    a = _op_args(qg, kv, idx, s, "reference")
-    with pytest.raises(ValueError, match=r"^'q' must not require grad"):  # the mutating operator too
-        torch.ops.mla_sink.sparse_mla_decode_out(*a[:8], buf, *a[8:])
-    with torch.no_grad():
-        assert torch.ops.mla_sink.sparse_mla_decode_out(*a[:8], buf, *a[8:]).shape == (2, 3)
-    with torch.inference_mode():
-        assert torch.ops.mla_sink.sparse_mla_decode_out(*a[:8], buf, *a[8:]).shape == (2, 3)
     with torch.no_grad():
         out, _ = torch.ops.mla_sink.sparse_mla_decode(*_op_args(qg, kv, idx, s, "reference"))
     ref_out, _ = ref(q, kv, idx, s)
     torch.testing.assert_close(out.double(), ref_out, atol=2e-3, rtol=1e-2)
-    torch.testing.assert_close(buf.double(), ref_out, atol=2e-3, rtol=1e-2)
+    buf = torch.empty(2, 3, 512, dtype=torch.float16)
     for kwargs in ({}, {"out": buf}):
         f = torch.compile(lambda q: sparse_mla_decode(q, kv, idx, s, path="reference", **kwargs), fullgraph=True,
                           backend="aot_eager")
