@@ -7,8 +7,12 @@ fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces :func:`
 without a graph break. Both validate their inputs (:func:`mla_sink.core.validate.check_inputs`) in
 the real and in the fake implementation, so a malformed call fails with a ``ValueError`` when traced
 and when run; a forced ``path`` is checked when traced too (its name, and on a real device whether it serves
-the call there: ``NoKernelError``). ``lse`` is ``[T, H]`` when the call needs one (sinks, or ``return_lse``),
-else an empty ``[T, 0]`` tensor (the Python API turns that into ``None``).
+the call there: ``NoKernelError``). Neither has a backward. The out-of-place operator refuses an input that requires
+grad in grad mode with the eager call's ``ValueError`` (its autograd registration); PyTorch takes no autograd
+formula for the mutating one, so :func:`mla_sink.api.sparse_mla_decode` and :func:`mla_sink.api.run` refuse such a
+call with ``out=`` themselves (eager and traced), while ``sparse_mla_decode_out`` called directly returns an LSE that
+requires grad, whose ``backward()`` fails with PyTorch's message. ``lse`` is ``[T, H]`` when the call needs one
+(sinks, or ``return_lse``), else an empty ``[T, 0]`` tensor (the Python API turns that into ``None``).
 """
 
 from __future__ import annotations

@@ -121,3 +121,13 @@ def test_compiled_calls_refuse_a_path_this_gpu_lacks_and_inputs_that_require_gra
     e_out, e_lse = sparse_mla_decode(q, kv, idx, sinks, path="triton")
     torch.testing.assert_close(out, e_out, atol=0, rtol=0)
     torch.testing.assert_close(lse, e_lse, atol=0, rtol=0)
+    # the mutating operator (out=) under CUDA graphs, and its refusal of inputs that require grad
+    buf = torch.empty_like(e_out)
+    with_out = torch.compile(lambda q, o: sparse_mla_decode(q, kv, idx, sinks, out=o), fullgraph=True,
+                             mode="reduce-overhead")
+    with pytest.raises(Exception, match="'q' must not require grad"):
+        with_out(q.clone().requires_grad_(), buf)
+    for _ in range(3):
+        _, lse = with_out(q, buf)
+    torch.testing.assert_close(buf, e_out, atol=0, rtol=0)
+    torch.testing.assert_close(lse, e_lse, atol=0, rtol=0)
