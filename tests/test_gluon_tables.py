@@ -84,19 +84,21 @@ def test_the_measured_arrangements():
     def get(kv, heads, split, blocks):
         a = tuning.fp8_arrangement(kv, "bf16", heads, split, blocks)
         return (a.head_block, a.cols, a.pairs, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines,
-                a.deferred_row_sum)
+                a.deferred_row_sum, a.scores_only)
 
     for split in (False, True):
-        for kv in tuning.fp8_kv_dtypes():  # one- and two-block CTAs: the column split, the row sum once a block
+        for kv in tuning.fp8_kv_dtypes():  # one- and two-block CTAs: the column split, the row sum once a block,
+            # V3.2's first consumer on the scores only (thirty-third session)
             for blocks in (1, 2):
-                assert get(kv, 16, split, blocks) == (16, True, False, 104, 152, 64, True, False)
-                assert get(kv, 17, split, blocks) == (16, True, False, 104, 152, 64, True, False)  # 2 CTAs
-        assert get("fp8_ds_mla", 16, split, 16) == (16, False, False, 176, 120, 64, True, False)
-        assert get("fp8_ds_mla", 32, split, 32) == (32, True, False, 104, 152, 64, True, True)
-    assert get("fp8_e4m3", 16, False, 32) == (16, False, False, 136, 152, 64, True, True)
-    assert get("fp8_e4m3", 16, True, 16) == (16, True, False, 104, 152, 64, True, True)
-    assert get("fp8_e4m3", 32, False, 32) == (32, False, True, 176, 152, 64, True, True)
-    assert get("fp8_e4m3", 17, True, 3) == (32, True, False, 104, 152, 64, True, True)
+                only = kv == "fp8_ds_mla"
+                assert get(kv, 16, split, blocks) == (16, True, False, 104, 152, 64, True, False, only)
+                assert get(kv, 17, split, blocks) == (16, True, False, 104, 152, 64, True, False, only)  # 2 CTAs
+        assert get("fp8_ds_mla", 16, split, 16) == (16, False, False, 176, 120, 64, True, False, False)
+        assert get("fp8_ds_mla", 32, split, 32) == (32, True, False, 104, 152, 64, True, True, False)
+    assert get("fp8_e4m3", 16, False, 32) == (16, False, False, 136, 152, 64, True, True, False)
+    assert get("fp8_e4m3", 16, True, 16) == (16, True, False, 104, 152, 64, True, True, False)
+    assert get("fp8_e4m3", 32, False, 32) == (32, False, True, 176, 152, 64, True, True, False)
+    assert get("fp8_e4m3", 17, True, 3) == (32, True, False, 104, 152, 64, True, True, False)
     assert {kv: tuning.seesaw_producer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {
         "bf16": 72, "fp16": 72, "fp8_e4m3": 80, "fp8_ds_mla": 72}
     assert {tuning.seesaw_consumer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {216}
@@ -135,6 +137,9 @@ E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_r
     (E4M3_H16.replace("head_block: 16", "head_block: 8"),
      r"row 'e4m3_h16': params head_block: expected one of \(16, 32\) \(the kernel's head blocks\), got 8"),
     (E4M3_H16.replace("head_block: 16", "head_block: 24"), r"row 'e4m3_h16': params head_block: expected one of"),
+    (E4M3_H16.replace("}", ", scores_only: true}"),
+     r"row 'e4m3_h16': params scores_only: only the column_split path has a consumer that computes the scores only"),
+    (E4M3_H16.replace("}", ", scores_only: 1}"), r"row 'e4m3_h16': params scores_only: expected bool, got 1"),
 ])
 def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
     table = _edited("gluon_fp8", E4M3_H16, new)
@@ -151,7 +156,7 @@ def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
 
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
-    old = "params: {producer_rows: 64, lines: true}\n    description: both consumers read every block"
+    old = "params: {producer_rows: 64, lines: true, scores_only: false}\n    description: both consumers read every block"
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "
                                                   r"expected bool, got 'maybe'"):

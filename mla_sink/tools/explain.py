@@ -121,7 +121,8 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     summary = (f"{sel.path}, {arr.head_block}-head blocks{f' ({groups} CTAs a token)' if groups > 1 else ''}, {regs}, "
                f"{arr.producer_rows} rows a producer step"
                f"{', whole lines' if arr.lines else ''}, the row sum "
-               f"{'deferred' if arr.deferred_row_sum else 'once a block'}")
+               f"{'deferred' if arr.deferred_row_sum else 'once a block'}"
+               f"{', the first consumer on the scores only (the second all of P V)' if arr.scores_only else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
                 deferred_row_sum=arr.deferred_row_sum, summary=summary, why=arr.why)
 

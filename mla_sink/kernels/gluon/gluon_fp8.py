@@ -36,7 +36,11 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
 * CTAs of one or two blocks (T <= 6 at topk 2048 on 132 SMs; the table's ``*_short`` rows) take the column split at 16 heads
   too: the two halves of a block's ``P V`` run at once and each consumer stores its own columns, with no merge of
   two consumers' states through shared memory (H=16 T=2, thirtieth session: e4m3 9.7, V3.2 10.4 against 11.5 and
-  12.9 us on the alternate blocks; bf16 10.9);
+  12.9 us on the alternate blocks; bf16 10.9). V3.2's short rows (``scores_only``, ``SCORES_ONLY``) leave the first
+  consumer the scores, the softmax and the four ``P_t`` only and give the second all four value tiles (64 registers
+  at 16 heads), so a second block's scores do not wait for the first consumer's half of the first block's ``P V``
+  (thirty-third session: V3.2 H=32 T=2 12.43-12.57 against 12.69-12.92 us, H=16 T=2 10.44-10.49 against
+  10.75-11.03; e4m3 lost 0.1-0.4 us with it);
 * the softmax's row sum is deferred on long id ranges (``DEFER_ROW_SUM``, the rows' ``deferred_row_sum``): each
   thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
   the end instead of once a block (:func:`_zero_row_sum`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
@@ -812,7 +816,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
-                   ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr):
+                   ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -834,14 +838,18 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     ahead into shared memory instead took 213.4 / 63.7: benchmarks/ds_h32_ab_twentysixth_2026-12-03.json). Source:
     the roles
     of FlashMLA's sm90 sparse fp8 decode (one warpgroup the scores, the softmax and half of ``P V``, one the other
-    half)."""
-    NCOLS: gl.constexpr = D_NOPE // 2  # this consumer's value columns of O^T: the first or the second half
-    COL0: gl.constexpr = ROLE * NCOLS
+    half). ``SCORES_ONLY`` (V3.2's CTAs of one or two blocks at 16 heads, ``tables/gluon_fp8.yaml``): ROLE 0 computes
+    no ``P V`` and stores no columns; ROLE 1 accumulates and stores all four value tiles, each rescaled before any of
+    their wgmmas is issued (rescaling between them made ptxas serialise the wgmmas, C7517)."""
+    NCOLS: gl.constexpr = D_NOPE if SCORES_ONLY else D_NOPE // 2  # this consumer's value columns of O^T
+    COL0: gl.constexpr = 0 if SCORES_ONLY else ROLE * NCOLS
     P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
     head_l: gl.constexpr = gl.SliceLayout(0, acc_l)
     acc, acc_b = _half_state(acc_l, NCOLS, BLOCK_H, KV_DS_MLA)
+    if SCORES_ONLY and KV_DS_MLA and ROLE == 1:  # the second consumer holds all four tiles
+        acc_c, acc_d = _half_state(acc_l, NCOLS, BLOCK_H, KV_DS_MLA)
     offs_h = gl.arange(0, BLOCK_H, layout=head_l)
     hmask = offs_h < num_heads
     if ROLE == 0:
@@ -894,7 +902,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 if COPY_ROPE and i + STAGES < num_blocks:  # this stage's RoPE tile was read by this block's scores
                     _copy_rope(KV, kr_smem.index(s), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
                                rope_l)
-            acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
+            if not SCORES_ONLY:
+                acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s
             mbarrier.arrive(empty.index(s))
         empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER))
@@ -911,13 +920,33 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             s = i % STAGES
             mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
             alpha = alpha_smem.index(s).load(head_l)
-            acc, acc_b = _half_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
+            if SCORES_ONLY and KV_DS_MLA:  # every accumulator rescaled before any wgmma is issued (C7517)
+                kn = kn_smem.index(s)
+                acc = acc * alpha[None, :]
+                acc_b = acc_b * alpha[None, :]
+                acc_c = acc_c * alpha[None, :]
+                acc_d = acc_d * alpha[None, :]
+                acc = warpgroup_mma(kn.slice(0, DS_TILE, dim=1).permute((1, 0)), p_ring.index(s * P_TILES), acc,
+                                    is_async=True)
+                acc_b = warpgroup_mma(kn.slice(DS_TILE, DS_TILE, dim=1).permute((1, 0)),
+                                      p_ring.index(s * P_TILES + 1), acc_b, is_async=True)
+                acc_c = warpgroup_mma(kn.slice(2 * DS_TILE, DS_TILE, dim=1).permute((1, 0)),
+                                      p_ring.index(s * P_TILES + 2), acc_c, is_async=True)
+                acc_d = warpgroup_mma(kn.slice(3 * DS_TILE, DS_TILE, dim=1).permute((1, 0)),
+                                      p_ring.index(s * P_TILES + 3), acc_d, is_async=True)
+                acc, acc_b, acc_c, acc_d = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b, acc_c, acc_d))
+            else:
+                acc, acc_b = _half_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s and its P^T
             mbarrier.arrive(empty.index(s))
         mbarrier.wait(merged, 0)
         scale = f_smem.load(head_l)
-    _store_half(acc, acc_b, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stride_ps, stride_ph, stride_ot, stride_oh,
-                scale, hmask, COL0, SPLIT, KV_DS_MLA)
+    if not (SCORES_ONLY and ROLE == 0):
+        _store_half(acc, acc_b, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stride_ps, stride_ph, stride_ot,
+                    stride_oh, scale, hmask, COL0, SPLIT, KV_DS_MLA)
+    if SCORES_ONLY and KV_DS_MLA and ROLE == 1:
+        _store_half(acc_c, acc_d, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stride_ps, stride_ph, stride_ot,
+                    stride_oh, scale, hmask, D_NOPE // 2, SPLIT, KV_DS_MLA)
 
 
 @gluon.jit
@@ -1080,6 +1109,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
+    SCORES_ONLY: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1195,13 +1225,15 @@ def sparse_mla_decode_fp8_ws_kernel(
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM)),
+                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
+                              SCORES_ONLY)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM)),
+                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
+                              SCORES_ONLY)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES)),
@@ -1290,7 +1322,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
-                      COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum)
+                      COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
+                      SCORES_ONLY=arr.scores_only)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

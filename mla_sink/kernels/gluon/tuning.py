@@ -29,7 +29,7 @@ COLUMN_SPLIT = "column_split"
 ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
-              "deferred_row_sum": bool}
+              "deferred_row_sum": bool, "scores_only": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -69,6 +69,8 @@ class Fp8Arrangement:
         lines: the producer loads whole 128-byte lines (8 codes a lane, 16 lanes a row).
         deferred_row_sum: the consumers that compute scores keep the softmax's row sum per thread (``[ids, heads]``)
             and sum it over ids once at the end, instead of once a block (``DEFER_ROW_SUM``).
+        scores_only: on the column split, the first consumer computes only the scores, the softmax and ``P`` and
+            the second accumulates all of ``P V`` (``SCORES_ONLY``); always ``False`` on the other paths.
     """
 
     row: str
@@ -82,6 +84,7 @@ class Fp8Arrangement:
     producer_rows: int
     lines: bool
     deferred_row_sum: bool
+    scores_only: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -120,7 +123,7 @@ def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
-    partition a legal count of :data:`PARTITION_REGS`); its head block one of :data:`HEAD_BLOCKS` (a row matching
+    partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` only on :data:`COLUMN_SPLIT`); its head block one of :data:`HEAD_BLOCKS` (a row matching
     more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type
     even where every row overrides them; and every head count and block count gets a row, the values on either
     side of each row's thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``:
@@ -166,6 +169,9 @@ def check_fp8_table(table) -> None:
             raise _error(table, row, f"params consumer_regs + producer_regs: the default partition gets "
                                      f"{PARTITION_REGS} - {params['consumer_regs']} - {params['producer_regs']} = "
                                      f"{left} registers, outside [{REG_MIN}, {REG_MAX}]")
+        if params["scores_only"] and row.path != COLUMN_SPLIT:
+            raise _error(table, row, f"params scores_only: only the {COLUMN_SPLIT} path has a consumer that computes "
+                                     f"the scores only (got true on {row.path!r})")
         if params["head_block"] not in HEAD_BLOCKS:
             raise _error(table, row, f"params head_block: expected one of {HEAD_BLOCKS} (the kernel's head blocks), "
                                      f"got {params['head_block']!r}")
@@ -272,7 +278,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           pairs=sel.path == ALTERNATE_SCORES,
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
-                          deferred_row_sum=p["deferred_row_sum"])
+                          deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"])
 
 
 @functools.cache
