@@ -446,6 +446,26 @@ def _tile_pair_pv(kn, T0: gl.constexpr, p_ring, base, acc, acc_b, alpha):
 
 
 @gluon.jit
+def _tile_quad_pv(kn, p_ring, base, acc0, acc1, acc2, acc3, alpha):
+    """One block's ``P V`` of V3.2 rows into all four 128-column tiles of ``O^T`` (the column split's second consumer
+    when the first computes the scores only), with their ``P_t^T`` at ``p_ring[base + t]``, waited for. Every tile is
+    rescaled before any wgmma is issued (rescaling between them made ptxas serialise the wgmmas, C7517, as in
+    :func:`_tile_pair_pv`)."""
+    acc0 = acc0 * alpha[None, :]
+    acc1 = acc1 * alpha[None, :]
+    acc2 = acc2 * alpha[None, :]
+    acc3 = acc3 * alpha[None, :]
+    acc0 = warpgroup_mma(kn.slice(0, DS_TILE, dim=1).permute((1, 0)), p_ring.index(base), acc0, is_async=True)
+    acc1 = warpgroup_mma(kn.slice(DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_ring.index(base + 1), acc1,
+                         is_async=True)
+    acc2 = warpgroup_mma(kn.slice(2 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_ring.index(base + 2), acc2,
+                         is_async=True)
+    acc3 = warpgroup_mma(kn.slice(3 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_ring.index(base + 3), acc3,
+                         is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
+
+
+@gluon.jit
 def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, BLOCK_N: gl.constexpr,
                  ROW_BYTES: gl.constexpr):
     """The four float32 tile scales of a block's ids (``ids``, ``ok`` in the rows of ``acc_l``), each
@@ -920,21 +940,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             s = i % STAGES
             mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
             alpha = alpha_smem.index(s).load(head_l)
-            if SCORES_ONLY and KV_DS_MLA:  # every accumulator rescaled before any wgmma is issued (C7517)
-                kn = kn_smem.index(s)
-                acc = acc * alpha[None, :]
-                acc_b = acc_b * alpha[None, :]
-                acc_c = acc_c * alpha[None, :]
-                acc_d = acc_d * alpha[None, :]
-                acc = warpgroup_mma(kn.slice(0, DS_TILE, dim=1).permute((1, 0)), p_ring.index(s * P_TILES), acc,
-                                    is_async=True)
-                acc_b = warpgroup_mma(kn.slice(DS_TILE, DS_TILE, dim=1).permute((1, 0)),
-                                      p_ring.index(s * P_TILES + 1), acc_b, is_async=True)
-                acc_c = warpgroup_mma(kn.slice(2 * DS_TILE, DS_TILE, dim=1).permute((1, 0)),
-                                      p_ring.index(s * P_TILES + 2), acc_c, is_async=True)
-                acc_d = warpgroup_mma(kn.slice(3 * DS_TILE, DS_TILE, dim=1).permute((1, 0)),
-                                      p_ring.index(s * P_TILES + 3), acc_d, is_async=True)
-                acc, acc_b, acc_c, acc_d = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b, acc_c, acc_d))
+            if SCORES_ONLY and KV_DS_MLA:
+                acc, acc_b, acc_c, acc_d = _tile_quad_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, acc_c,
+                                                         acc_d, alpha)
             else:
                 acc, acc_b = _half_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s and its P^T
