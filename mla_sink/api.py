@@ -31,6 +31,7 @@ from mla_sink.core.validate import (
     check_out_overlaps,
     check_sinks,
     check_sm_scale,
+    grad_inputs,
     no_backward_error,
 )
 
@@ -460,8 +461,7 @@ def _traced(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, platform:
         raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device}")
     if x.out is not None and torch.is_grad_enabled():  # the out operator mutates: PyTorch takes no autograd formula
         # for it, so the out-of-place operator's refusal (mla_sink.ops) is made here, while tracing
-        grads = [n for n in ("q", "kv_cache", "sinks", "q_scale", "kv_scale")
-                 if getattr(getattr(x, n), "requires_grad", False)]
+        grads = grad_inputs(x.q, x.kv_cache, x.sinks, x.q_scale, x.kv_scale)
         if grads:
             raise no_backward_error(grads)
     if spec is not None:

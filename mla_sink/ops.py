@@ -155,9 +155,9 @@ def _(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out
     return q.new_empty(_lse_shape(q, sinks, return_lse), dtype=torch.float32)
 
 
-#: The operator's differentiable inputs by position (both operators' schemas start ``q, kv_cache, indices, sinks,
-#: sm_scale, topk_length, q_scale, kv_scale``), named as the eager refusal names them.
-_GRAD_INPUTS = {0: "q", 1: "kv_cache", 3: "sinks", 6: "q_scale", 7: "kv_scale"}
+#: Positions of ``q, kv_cache, sinks, q_scale, kv_scale`` (the differentiable inputs) in the operator's schema
+#: (``q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, ...``).
+_GRAD_POSITIONS = (0, 1, 3, 6, 7)
 
 
 def _refuse_grad(ctx, inputs, output) -> None:
@@ -169,10 +169,9 @@ def _refuse_grad(ctx, inputs, output) -> None:
     Raises:
         ValueError: naming the inputs that require grad.
     """
-    from mla_sink.core.validate import no_backward_error
+    from mla_sink.core.validate import grad_inputs, no_backward_error
 
-    names = [name for i, name in _GRAD_INPUTS.items() if getattr(inputs[i], "requires_grad", False)]
-    raise no_backward_error(names or ["an input"])
+    raise no_backward_error(grad_inputs(*(inputs[i] for i in _GRAD_POSITIONS)) or ["an input"])
 
 
 def _no_backward(ctx, *grads):

@@ -72,17 +72,21 @@ def test_platform_detects_this_gpu():
     assert p.arch.startswith("sm") or p.arch.startswith("gfx")
 
 
+def _random_call(T, H, N, topk, seed, device="cuda"):
+    """``(q, kv_cache, indices, sinks)`` of a bf16 call: random q and pool, ids anywhere in the pool, random sinks."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, 576, generator=g).bfloat16().to(device)
+    kv = torch.randn(N, 576, generator=g).bfloat16().to(device)
+    idx = torch.randint(0, N, (T, topk), generator=g, dtype=torch.int32).to(device)
+    return q, kv, idx, torch.randn(H, generator=g).float().to(device)
+
+
 def test_compiled_run_captures_in_cuda_graph():
     """torch.compile(mode='reduce-overhead') puts the custom op inside a CUDA graph."""
     from mla_sink import CallSpec, DecodeInputs, run
 
-    device = "cuda"
     T, H, N, topk = 4, 16, 10_000, 256
-    g = torch.Generator().manual_seed(7)
-    q = torch.randn(T, H, 576, generator=g).bfloat16().to(device)
-    kv = torch.randn(N, 576, generator=g).bfloat16().to(device)
-    idx = torch.randint(0, N, (T, topk), generator=g, dtype=torch.int32).to(device)
-    sinks = torch.randn(H, generator=g).float().to(device)
+    q, kv, idx, sinks = _random_call(T, H, N, topk, seed=7)
     spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=topk, sinks=True)
 
     def step(q, kv, idx, sinks):
@@ -102,13 +106,7 @@ def test_compiled_calls_refuse_a_path_this_gpu_lacks_and_inputs_that_require_gra
     eager call (thirty-third session's break test)."""
     from mla_sink import sparse_mla_decode
 
-    device = "cuda"
-    T, H, N, topk = 2, 16, 4096, 256
-    g = torch.Generator().manual_seed(11)
-    q = torch.randn(T, H, 576, generator=g).bfloat16().to(device)
-    kv = torch.randn(N, 576, generator=g).bfloat16().to(device)
-    idx = torch.randint(0, N, (T, topk), generator=g, dtype=torch.int32).to(device)
-    sinks = torch.randn(H, generator=g).float().to(device)
+    q, kv, idx, sinks = _random_call(T=2, H=16, N=4096, topk=256, seed=11)
 
     def call(path):
         return torch.compile(lambda q: sparse_mla_decode(q, kv, idx, sinks, path=path), fullgraph=True)

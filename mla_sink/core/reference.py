@@ -35,7 +35,6 @@ from mla_sink.core import kv_layout, validate
 from mla_sink.core.lse import apply_sink
 
 
-
 def valid_mask(indices: torch.Tensor, num_rows: int, topk_length: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Bool ``[T, topk]``: which entries of ``indices`` are valid row ids of a pool of ``num_rows`` rows.
 

@@ -359,6 +359,14 @@ def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[f
     return (sm_scale if keep else float(sm_scale)), check_logit_cap(logit_cap)
 
 
+def grad_inputs(q, kv_cache, sinks, q_scale, kv_scale) -> list:
+    """The names of the call's differentiable inputs that require grad (``None`` and non-tensors do not): what
+    :func:`no_backward_error` names, for :func:`check_inputs`, the traced ``out=`` call (:mod:`mla_sink.api`) and the
+    operator's autograd registration (:mod:`mla_sink.ops`)."""
+    return [name for name, t in (("q", q), ("kv_cache", kv_cache), ("sinks", sinks), ("q_scale", q_scale),
+                                 ("kv_scale", kv_scale)) if getattr(t, "requires_grad", False)]
+
+
 def no_backward_error(names) -> ValueError:
     """The refusal of a call whose tensors ``names`` require grad (the eager check of :func:`check_inputs`, and the
     operators' autograd registration, :mod:`mla_sink.ops`): the decode has no backward."""
@@ -444,8 +452,7 @@ def check_inputs(
     if device.type not in ("cpu", "cuda") and not (allow_meta and device.type == "meta"):
         traced = " (meta tensors serve shape inference: torch.ops.mla_sink.sparse_mla_decode)" if device.type == "meta" else ""
         raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device{traced} (got {device})")
-    grads = [name for name, t in (("q", q), ("kv_cache", kv_cache), ("sinks", sinks), ("q_scale", q_scale),
-                                  ("kv_scale", kv_scale)) if getattr(t, "requires_grad", False)]
+    grads = grad_inputs(q, kv_cache, sinks, q_scale, kv_scale)
     if torch.is_grad_enabled() and grads:
         raise no_backward_error(grads)
     for name, t in (("kv_cache", kv_cache), ("indices", indices)):
