@@ -319,12 +319,7 @@ def forget_prepared_calls() -> None:
     """Drop every prepared call (after a kernel failed to compile: later calls re-plan)."""
     with _PREPARED_LOCK:
         _PREPARED.clear()
-
-
-def _meta(t: Any) -> Any:
-    if t is None:
-        return None
-    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg())
+        _PREPARED_DCP.clear()
 
 
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
@@ -368,9 +363,7 @@ def _execute_eager(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pl
     if _fake(x.q):
         return _traced(x, spec, need_lse, platform, path)
     try:
-        key = (_meta(x.q), _meta(x.kv_cache), _meta(x.indices), _meta(x.sinks), _meta(x.topk_length),
-               _meta(x.q_scale), _meta(x.kv_scale), _meta(x.out), x.logit_cap, need_lse, spec, platform, path,
-               torch.is_grad_enabled())
+        key = (x.signature(), need_lse, spec, platform, path, torch.is_grad_enabled())
         prepared = _PREPARED.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full
         # checks say what is wrong
@@ -423,20 +416,37 @@ def _platform_of(x: DecodeInputs, platform: Optional[Platform]) -> Platform:
     return platform
 
 
+#: DCP calls prepared per signature and DCP arguments (:func:`_run_dcp`): their rank-local decode.
+_PREPARED_DCP: dict = {}
+
+
 def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
-    """DCP: validate, plan, run this rank's shard and merge over the group (collectives: eager only)."""
+    """DCP: validate, plan and prepare the rank-local decode on the first call of a signature (with these DCP
+    arguments; later ones reuse it, as :func:`execute` does), then run this rank's shard and merge over the group
+    (collectives: eager only). The merge checks each call's shard and ids itself, before any collective."""
     if torch.compiler.is_compiling():
         return _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
-    check_kv_dtype_matches(spec, x)
-    check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
-                 kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
-    check_spec_matches(spec, x)
-    platform = _platform_of(x, platform)
-    check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
-    plan = build_plan(spec, platform, num_tokens=x.q.shape[0], path=path)
-    from mla_sink.core.dcp_run import run_dcp
+    from mla_sink.core.dcp_run import local_decode_fp32, run_dcp
 
-    return run_dcp(plan, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows)
+    try:
+        key = (x.signature(), spec, platform, path, dcp_group, dcp_layout, num_kv_rows, torch.is_grad_enabled())
+        local = _PREPARED_DCP.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full checks
+        key = local = None
+    if local is None:
+        check_kv_dtype_matches(spec, x)
+        check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
+                     kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
+        check_spec_matches(spec, x)
+        check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
+        local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0], path=path))
+        if key is not None:
+            with _PREPARED_LOCK:
+                if len(_PREPARED_DCP) >= MAX_PREPARED:
+                    _PREPARED_DCP.clear()
+                _PREPARED_DCP[key] = local
+    return run_dcp(local, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows,
+                   dcp_world_size=spec.dcp_world_size)
 
 
 def _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:

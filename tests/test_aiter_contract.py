@@ -230,6 +230,36 @@ def test_workspace_reuses_buffers_and_refills_metadata():
     assert_matches_reference(x2, out2, lse2)
 
 
+def test_prepared_runner_serves_calls_of_its_signature_without_rechecking(monkeypatch):
+    """The library's AITER runner (``prepare_aiter``, what eager calls reuse per signature) checks the inputs
+    against the call and fetches the workspace's buffers once; each call then fills the ids and the persistent
+    metadata afresh and matches the reference (a break test, thirty-fourth session: every call re-planned,
+    re-resolved and re-checked). The runner keeps no tensor of the inputs it was prepared on."""
+    import gc
+    import weakref
+
+    import mla_sink.paths.aiter.launch as launch_mod
+
+    fake = AiterContractFake(arch="gfx950")
+    ws = AiterWorkspace()
+    plan = make_plan("aiter_persistent", "gfx950", "bf16", 16, params={"return_lse": True})
+    checks = []
+    real_check = launch_mod._check_inputs
+    monkeypatch.setattr(launch_mod, "_check_inputs", lambda call, x: checks.append(1) or real_check(call, x))
+    x0 = make_inputs(4, 16, "bf16", sinks="finite", seed=3)
+    runner = launch_mod.prepare_aiter(plan, x0, impl=fake, workspace=ws)
+    pool = weakref.ref(x0.kv_cache)
+    del x0
+    gc.collect()
+    assert pool() is None
+    for seed in (4, 5):
+        x = make_inputs(4, 16, "bf16", sinks="finite", seed=seed)
+        out, lse = runner(x)
+        assert_matches_reference(x, out, lse)
+        assert fake.calls[-1]["sm_scale"] == x.sm_scale
+    assert len(checks) == 1 and fake.metadata_fills == 2 and len(ws) == 1
+
+
 # ---- failure modes: present in the fake without the fix, neutralised with it ------------------------
 
 def raw_call(fake, call, x: DecodeInputs, **override):

@@ -260,6 +260,40 @@ def _cancelling_partials_calls(rank: int, w: int) -> dict:
     return res
 
 
+def _repeated_layer_calls(rank: int, w: int) -> dict:
+    """Three calls of one DCP layer on one signature: validated, planned and prepared once (the first call), as
+    eager calls without DCP are; the outputs equal bit for bit. A break test (thirty-fourth session) found every
+    DCP call re-validating, re-planning and re-preparing its rank's runner."""
+    import mla_sink.api as api_mod
+    import mla_sink.core.dcp_run as dcp_run_mod
+    from mla_sink import SparseMLADecode
+
+    counts = {"check_inputs": 0, "prepare_runner": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    saved = api_mod.check_inputs, dcp_run_mod.prepare_runner
+    api_mod.check_inputs = counted("check_inputs", saved[0])
+    dcp_run_mod.prepare_runner = counted("prepare_runner", saved[1])
+    try:
+        g = torch.Generator().manual_seed(11)
+        kv = torch.randn(9, 576, generator=g).bfloat16()
+        q = torch.randn(2, 3, 576, generator=g).bfloat16()
+        idx = torch.randint(-1, 10, (2, 5), generator=g, dtype=torch.int32)
+        shard = shard_kv_cache(kv, w, rank, "interleaved", copy=True)
+        layer = SparseMLADecode(num_heads=3, q_dtype="bf16", kv_dtype="bf16", topk=5, dcp_world_size=w,
+                                dcp_group=dist.group.WORLD, num_kv_rows=9, return_lse=True)
+        outs = [layer(q, shard, idx) for _ in range(3)]
+    finally:
+        api_mod.check_inputs, dcp_run_mod.prepare_runner = saved
+    same = all(torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs)
+    return dict(counts=counts, same=same, out=outs[0][0], lse=outs[0][1], q=q, kv=kv, idx=idx)
+
+
 def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -> None:
     try:
         torch.set_num_threads(1)
@@ -292,6 +326,7 @@ def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -
             results[f"known-{label}"] = dict(out=out, lse=lse)
         results.update(_public_run_calls(rank, w))
         results["cancel"] = _cancelling_partials_calls(rank, w)
+        results["repeated"] = _repeated_layer_calls(rank, w)
         errors = _validation_calls(rank, w)
         dist.barrier()  # the group is still in step: no failed call entered a collective
         torch.save(dict(results=results, errors=errors), os.path.join(out_dir, f"rank{rank}.pt"))
@@ -378,6 +413,20 @@ def test_public_run_with_process_group(groups, w, key):
     torch.testing.assert_close(c["lse"][finite].double(), ref_lse[finite].double(), atol=1e-4, rtol=1e-4)
     t0 = groups[w]["ranks"][0]["results"]["run-T0"]
     assert t0["out_shape"] == (0, 4, 512) and t0["lse_shape"] == (0, 4)
+
+
+@pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
+def test_repeated_dcp_layer_calls_prepare_once(groups, w):
+    """A DCP layer's calls of one signature validate and prepare once (:func:`_repeated_layer_calls`), and give the
+    float64 reference's answer every time."""
+    for g in groups[w]["ranks"]:
+        r = g["results"]["repeated"]
+        assert r["counts"] == {"check_inputs": 1, "prepare_runner": 1} and r["same"]
+        ref_out, ref_lse = sparse_mla_decode_reference(r["q"], r["kv"], r["idx"], None)
+        torch.testing.assert_close(r["out"].double(), ref_out, atol=2e-2, rtol=2e-2)
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(finite, torch.isfinite(r["lse"]))
+        torch.testing.assert_close(r["lse"][finite].double(), ref_lse[finite].double(), atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")

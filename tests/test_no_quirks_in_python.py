@@ -3,9 +3,12 @@
 Scanned: every module of ``mla_sink/`` and ``dispatch/`` except the float64 reference (which defines
 the semantics). Comments and docstrings may name archs, dtypes and head counts; code may not:
 
-* an arch name (``gfx942``, ``sm90``, ...) in a string constant;
+* an arch name in a string constant that is nothing else: a target (``gfx942``, ``sm90``), a prefix of one
+  (``"sm9"``, ``"gfx9"``, as ``arch.startswith("sm9")`` uses it) or a family (``hopper``, ``blackwell``,
+  ``cdna3``, ``mi300x``, any case); messages may name archs inside longer text;
 * a dtype rule: a comparison (``==``, ``!=``, ``in``, ``not in``) against a dtype key (``"bf16"``,
-  ``"fp8_e4m3"``, ...) or a half/fp8 torch dtype (``torch.bfloat16``, ``torch.float8_e4m3fn``, ...);
+  ``"fp8_e4m3"``, ...) or a half/fp8 torch dtype (``torch.bfloat16``, ``torch.float8_e4m3fn``, ...), or of a
+  dtype's size (``.itemsize``, ``.element_size()``) with an integer literal;
 * a head-count literal: a comparison of a head count (a name with "head" in it, or ``H``) with an
   integer other than 0 and 1, or such a literal given to ``min``/``max`` beside a head count;
 * a rule table in code: a module-level dict literal keyed by dtype keys (``{"fp8_e4m3": ...}``) or by integer
@@ -28,7 +31,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = sorted(p for d in ("mla_sink", "dispatch") for p in (ROOT / d).rglob("*.py")
                  if p.relative_to(ROOT).as_posix() != "mla_sink/core/reference.py")
-ARCH = re.compile(r"^(gfx\d{2,4}[a-z]?|sm_?\d{2,3}[a-z]?)$")
+ARCH = re.compile(r"^(gfx\d{1,4}[a-z]?|sm_?\d{1,3}[a-z]?|hopper|blackwell|ampere|cdna\d?|mi\d{3}[a-z]?)$",
+                  re.IGNORECASE)
 DTYPE_KEYS = {"bf16", "fp16", "fp8_e4m3", "fp8_e4m3fnuz", "fp8_ds_mla"}
 TORCH_DTYPES = {"bfloat16", "float16", "half", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
 HEAD = re.compile(r"(^H$|head)", re.IGNORECASE)
@@ -65,6 +69,14 @@ def _is_dtype_literal(node: ast.AST) -> bool:
         return node.value in DTYPE_KEYS
     return (isinstance(node, ast.Attribute) and node.attr in TORCH_DTYPES and isinstance(node.value, ast.Name)
             and node.value.id == "torch")
+
+
+def _is_dtype_size(node: ast.AST) -> bool:
+    """``x.itemsize`` or ``x.element_size()``: a dtype's size, which compared with a literal is a dtype rule."""
+    if isinstance(node, ast.Call):
+        node = node.func
+        return isinstance(node, ast.Attribute) and node.attr == "element_size"
+    return isinstance(node, ast.Attribute) and node.attr == "itemsize"
 
 
 def _is_count(node: ast.AST) -> bool:
@@ -118,7 +130,9 @@ def findings(path: Path, root: Path = ROOT) -> list[str]:
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             consts = [c for s in sides for c in _constants(s)]
-            if any(_is_dtype_literal(c) for c in consts):
+            if any(_is_dtype_literal(c) for c in consts) or (
+                    any(_is_dtype_size(s) for s in sides)
+                    and any(isinstance(c, ast.Constant) and type(c.value) is int for c in consts)):
                 found.append(f"{where}: dtype rule {ast.unparse(node)!r}")
             if any(_is_count(c) for c in consts) and any(_is_head(s) for s in sides if not _is_count(s)):
                 found.append(f"{where}: head-count literal {ast.unparse(node)!r}")
@@ -142,7 +156,9 @@ def test_the_scan_catches_each_kind_of_quirk(tmp_path):
                    '    c = q.dtype == torch.float8_e4m3fnuz\n'
                    '    d = num_heads <= 16\n'
                    '    e = max(num_heads, 16)\n'
-                   '    return a, b, c, d, e, num_heads > 0\n'
+                   '    f = arch.startswith("sm9") or "Hopper" == arch\n'
+                   '    g = q.dtype.itemsize == 1\n'
+                   '    return a, b, c, d, e, f, g, num_heads > 0, f"{arch} is not sm90"\n'
                    'REGS = {16: (136, 152), 32: (200, 112)}\n'
                    'FORMATS: dict = {"fp8_e4m3": (False, (torch.bfloat16,)), "fp8_ds_mla": (True, ())}\n'
                    'BY_KV = {"fp8_e4m3": 80}\n'
@@ -151,8 +167,8 @@ def test_the_scan_catches_each_kind_of_quirk(tmp_path):
                    'SIZES = {656: kv_layout.LAYOUT}\n')
     got = findings(bad, tmp_path)
     kinds = [g.split(": ", 1)[1].split(" ")[0] for g in got]
-    assert kinds.count("arch") == 1 and kinds.count("dtype") == 2 and kinds.count("head-count") == 2, got
-    assert kinds.count("dtype-keyed") == 2 and kinds.count("head-count-keyed") == 1 and len(got) == 8, got
+    assert kinds.count("arch") == 3 and kinds.count("dtype") == 3 and kinds.count("head-count") == 2, got
+    assert kinds.count("dtype-keyed") == 2 and kinds.count("head-count-keyed") == 1 and len(got) == 11, got
 
 
 @pytest.mark.parametrize("path", SCANNED, ids=lambda p: p.relative_to(ROOT).as_posix())

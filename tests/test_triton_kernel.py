@@ -264,6 +264,32 @@ def test_calls_beyond_the_grid_token_limit_run_in_token_ranges(monkeypatch, spli
     check(*allocated, ro, rl)
 
 
+def test_a_token_range_runner_keeps_no_call_tensors_alive(monkeypatch):
+    """The prepared runner of a call beyond the grid's token limit (limit lowered to 2) holds the call's metadata,
+    not its tensors: once the caller drops a pool and the runner stays cached, the pool is freed. It held the first
+    call's inputs (q, a pool of any size, indices, out) for as long as it stayed cached (a break test, thirty-fourth
+    session)."""
+    import gc
+    import weakref
+
+    import mla_sink.paths.triton.launch as launch_mod
+    from mla_sink.core.inputs import DecodeInputs
+
+    monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", 2)
+    case = make_case(5, 3, 40, seed=31)
+    plan = launch_mod.triton_plan_for(case["q"], case["kv_cache"], case["indices"], sinks=case["sinks"])
+    x = DecodeInputs(q=case["q"], kv_cache=case["kv_cache"], indices=case["indices"], sm_scale=D_QK ** -0.5,
+                     sinks=case["sinks"])
+    runner = launch_mod.prepare_triton(plan, x)
+    out, lse = runner(x)
+    ro, rl = sparse_mla_decode_reference(case["q"], case["kv_cache"], case["indices"], case["sinks"])
+    check(out, lse, ro, rl)
+    pool = weakref.ref(case["kv_cache"])
+    del x, case, out, lse
+    gc.collect()
+    assert runner is not None and pool() is None
+
+
 def _failing_gluon(monkeypatch, error):
     """Simulate a Gluon kernel that fails to compile here: its compiled launch raises ``error``; the failed-kernel
     record starts empty. Returns the launch module."""

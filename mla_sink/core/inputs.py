@@ -44,6 +44,19 @@ class DecodeInputs(NamedTuple):
     out: Optional[torch.Tensor] = None
     logit_cap: float = 0.0
 
+    def signature(self) -> tuple:
+        """What a prepared runner depends on: every tensor's dtype, shape, strides, device, ``requires_grad`` and
+        negative bit (not its data or pointer), and ``logit_cap``. Calls of one signature share a runner, which
+        reads ``sm_scale`` and the tensors per call.
+
+        Raises:
+            AttributeError, TypeError: a field that is not a tensor where one is due (the caller's full checks
+                name it).
+        """
+        return (_tensor_meta(self.q), _tensor_meta(self.kv_cache), _tensor_meta(self.indices), _tensor_meta(self.sinks),
+                _tensor_meta(self.topk_length), _tensor_meta(self.q_scale), _tensor_meta(self.kv_scale),
+                _tensor_meta(self.out), self.logit_cap)
+
     @property
     def num_tokens(self) -> int:
         return self.q.shape[0]
@@ -57,3 +70,10 @@ class DecodeInputs(NamedTuple):
     @property
     def device(self) -> torch.device:
         return self.q.device
+
+
+def _tensor_meta(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    """A tensor's metadata for :meth:`DecodeInputs.signature` (``None`` stays ``None``)."""
+    if t is None:
+        return None
+    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg())

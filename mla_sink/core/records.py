@@ -35,6 +35,9 @@ def _as_int(value: Any) -> Any:
 
 #: The largest count a record takes: the kernels take heads, topk and rank counts as int32 arguments.
 COUNT_MAX = 2 ** 31 - 1
+#: Rows of a pool the kernels index with a 32-bit unsigned compare: a larger pool's row count is passed as this
+#: (ids are int32, so no id reaches past it; the rows themselves are addressed with 64-bit offsets).
+MAX_ROWS = 2 ** 31
 
 
 def _int_at_least(lo: int):

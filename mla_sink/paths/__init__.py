@@ -34,9 +34,9 @@ def _prepare_triton(plan: LaunchPlan, x: DecodeInputs) -> Runner:
 
 
 def _prepare_aiter(plan: LaunchPlan, x: DecodeInputs) -> Runner:
-    from mla_sink.paths.aiter import launch_aiter
+    from mla_sink.paths.aiter.launch import prepare_aiter
 
-    return lambda x: launch_aiter(plan, x)
+    return prepare_aiter(plan, x)
 
 
 PREPARERS: dict[str, Callable[[LaunchPlan, DecodeInputs], Runner]] = {

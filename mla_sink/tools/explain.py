@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 import attrs
 
-from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.kv_layout import BF16_EXACT_SCALE_EXP
 from mla_sink.core.platform import arch_of
 from mla_sink.paths.triton.plan import MAX_GRID_TOKENS, combine_programs, token_ranges
@@ -82,7 +81,7 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     if producer is not None:
         lines.append(f"    producer: row {producer['row']} (tables/gluon_seesaw.yaml): {producer['producer_regs']} "
                      f"registers (second consumer {producer['consumer_regs']}); {producer['why']}")
-    if launch.kernel == "gluon_seesaw" and plan.spec.kv_dtype in DS_MLA_KEYS:
+    if launch.exact_recompute:
         lo, hi = BF16_EXACT_SCALE_EXP
         lines.append("    recompute: a second gluon_seesaw launch of the same grid, gated per program by the first "
                      "launch's flags, reads every tile scale exactly (seesaw_fp8.KV_DS_EXACT); the first flags the "

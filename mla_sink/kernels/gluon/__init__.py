@@ -9,9 +9,11 @@ def launch_buffers(q, out, lse, sm_scale):
     prologue)."""
     import torch
 
+    from mla_sink.core.records import D_V
+
     T, H, d_qk = q.shape
     if out is None:
-        out = torch.empty((T, H, 512), dtype=q.dtype, device=q.device)
+        out = torch.empty((T, H, D_V), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
     return out, lse, (d_qk ** -0.5 if sm_scale is None else sm_scale)

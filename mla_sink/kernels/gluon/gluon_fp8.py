@@ -1290,9 +1290,10 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     """
     from mla_sink.core import kv_layout
     from mla_sink.core.dtypes import DS_MLA_KEYS, dtype_key, kv_dtype_key
+    from mla_sink.core.records import D_V, MAX_ROWS
 
     T, H, d_qk = q.shape
-    d_v = 512
+    d_v = D_V
     if kv_dtype not in fp8_kv_dtypes():
         raise ValueError(f"the gluon_fp8 kernel reads kv_dtype {' or '.join(map(repr, fp8_kv_dtypes()))}, got "
                          f"kv_dtype={kv_dtype!r}")
@@ -1316,7 +1317,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     # pages that follow each other without a gap are the flat pool they are (kv_layout.row_addressing)
     kv_block_size, stride_kv = kv_layout.row_addressing(kv_cache)
     scalars = dict(
-        num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=indices.shape[1], ids_per_split=ids_per_split,
+        num_heads=H, num_rows=min(num_rows, MAX_ROWS), topk=indices.shape[1], ids_per_split=ids_per_split,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,
@@ -1377,6 +1378,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
     """
     import torch
 
+    from mla_sink.core.records import D_V
     from mla_sink.kernels.gluon import launch_buffers
     from mla_sink.kernels.triton.combine import combine_jit, combine_launch_args
 
@@ -1393,7 +1395,7 @@ def sparse_mla_decode_fp8_gluon(q, kv_cache, indices, sinks=None, sm_scale=None,
     if kv_scale is None:
         kv_scale = torch.ones(1, dtype=torch.float32, device=q.device)
     split = num_kv_splits > 1
-    part_out = torch.empty((T, num_kv_splits, H, 512), dtype=torch.float32, device=q.device) if split else lse
+    part_out = torch.empty((T, num_kv_splits, H, D_V), dtype=torch.float32, device=q.device) if split else lse
     part_lse = torch.empty((T, num_kv_splits, H), dtype=torch.float32, device=q.device) if split else lse
     constexprs.update(HAS_SINKS=sinks is not None, HAS_TOPK_LEN=topk_length is not None)
     sparse_mla_decode_fp8_ws_kernel[grid](

@@ -471,6 +471,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     (:data:`KV_DS_EXACT_FMT`; the recompute of the programs the first launch flagged), ``gated``: only the
     programs whose ``REDO`` word is nonzero."""
     from mla_sink.core import kv_layout
+    from mla_sink.core.records import MAX_ROWS
 
     T, H, d_qk = q.shape
     topk = indices.shape[1]
@@ -487,7 +488,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
     # pages that follow each other without a gap are the flat pool they are (kv_layout.row_addressing)
     kv_block_size, stride_kv = kv_layout.row_addressing(kv_cache)
     scalars = dict(
-        num_heads=H, num_rows=min(num_rows, 2 ** 31), topk=topk, ids_per_split=ids_per_split,
+        num_heads=H, num_rows=min(num_rows, MAX_ROWS), topk=topk, ids_per_split=ids_per_split,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_it=indices.stride(0),
         stride_ot=out_strides[0], stride_oh=out_strides[1], stride_lt=H, stride_lh=1,
         stride_pt=splits * H * d_v, stride_ps=H * d_v, stride_ph=d_v, stride_plt=splits * H, stride_pls=H,

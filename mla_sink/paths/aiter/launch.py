@@ -277,6 +277,28 @@ def launch_aiter(
         ValueError: a non-AITER path, inputs that disagree with the plan, or what :func:`plan_aiter` raises.
         RuntimeError: AITER is not importable (only when ``impl`` is None).
     """
+    return prepare_aiter(plan, inputs, impl=impl, workspace=workspace)(inputs)
+
+
+def prepare_aiter(
+    plan: LaunchPlan,
+    inputs: DecodeInputs,
+    *,
+    impl: Optional[AiterImpl] = None,
+    workspace: Optional[AiterWorkspace] = None,
+):
+    """The runner of an AITER path for calls shaped like ``inputs`` (the first call of a signature; the library's
+    eager calls reuse it, :mod:`mla_sink.paths`): what :func:`launch_aiter` settles once - the planned and resolved
+    call, AITER's entry points, the checks of the inputs against the call, the workspace's buffers and the call's
+    constant keyword arguments. The runner then fills the id buffers (and the persistent metadata), calls AITER and
+    finalises (:func:`run_call`'s steps).
+
+    Returns:
+        ``DecodeInputs -> (out, lse)`` as :func:`launch_aiter` returns them, for inputs of this signature.
+
+    Raises:
+        ValueError, RuntimeError: as :func:`launch_aiter`.
+    """
     if plan.path not in AITER_PATHS:
         raise ValueError(f"'plan.path' must be one of {AITER_PATHS} (got {plan.path!r})")
     if inputs.q.dim() != 3:
@@ -288,8 +310,7 @@ def launch_aiter(
     if impl is None:
         impl = load_aiter_impl()
     workspace = _DEFAULT_WORKSPACE if workspace is None else workspace
-    call = workspace.resolve(call, inputs.device, impl)
-    return run_call(call, inputs, impl=impl, workspace=workspace)
+    return _call_runner(workspace.resolve(call, inputs.device, impl), inputs, impl, workspace)
 
 
 def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspace: AiterWorkspace) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -304,6 +325,17 @@ def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspac
             :func:`launch_aiter`), or the inputs disagree with the call (dtypes, shapes, a KV cache that
             is not contiguous, missing fp8 scales).
     """
+    return _call_runner(call, inputs, impl, workspace)(inputs)
+
+
+def _call_runner(call: AiterCall, inputs: DecodeInputs, impl: AiterImpl, workspace: AiterWorkspace):
+    """The runner of a planned, resolved ``call`` for inputs shaped like ``inputs``: the inputs checked against the
+    call and the workspace's buffers fetched once; per call, the id buffers filled, q padded, AITER called and the
+    result finalised (see :func:`launch_aiter`). Keeps no tensor of ``inputs``.
+
+    Raises:
+        ValueError: as :func:`run_call`.
+    """
     if call.needs_meta_param:
         raise ValueError(
             f"'call' has an unresolved split count (num_kv_splits=None with min_kv_splits={call.min_kv_splits}): "
@@ -313,31 +345,37 @@ def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspac
     _check_inputs(call, inputs)
     ws = workspace.entry(call, inputs.device, impl)
     bufs: AiterBuffers = ws["buffers"]
-    fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, inputs.indices, inputs.num_kv_rows, inputs.topk_length,
-                    layout=call.kv_indices_layout)
-    if ws["q_pad"] is not None:
-        q = ws["q_pad"]
-        q[:, : call.num_heads].copy_(inputs.q)
-    else:
-        q = inputs.q.contiguous()
-    o = ws["o"]
-    kwargs = call.scalar_kwargs()
-    kwargs["sm_scale"] = inputs.sm_scale
-    if call.pass_q_scale:
-        kwargs["q_scale"] = inputs.q_scale.reshape(1)  # [] or [1]: AITER takes [1]
-    if call.pass_kv_scale:
-        kwargs["kv_scale"] = inputs.kv_scale.reshape(1)
-    if isinstance(call, AiterPersistentCall):
-        md = ws["metadata"]
-        fill_metadata(call.metadata, md, bufs, impl)
-        kwargs.update(md)
-    elif bufs.num_kv_splits_indptr is not None:
-        kwargs["num_kv_splits_indptr"] = bufs.num_kv_splits_indptr
-    _logits, lse = impl.mla_decode_fwd(
-        q, inputs.kv_cache.view(call.kv_view_shape), o, bufs.qo_indptr, bufs.kv_indptr, bufs.kv_indices,
-        bufs.kv_last_page_lens, MAX_SEQLEN_Q, **kwargs,
-    )
-    if not call.return_lse:
-        lse = None
-    return finalize_aiter(o, lse, bufs.kv_indptr, num_heads=call.num_heads, sinks=inputs.sinks,
-                          out_dtype=TORCH_DTYPES[call.out_dtype], out=inputs.out)
+    q_pad, o = ws["q_pad"], ws["o"]
+    persistent = isinstance(call, AiterPersistentCall)
+    md = ws["metadata"] if persistent else None
+    constant = call.scalar_kwargs()
+    if not persistent and bufs.num_kv_splits_indptr is not None:
+        constant["num_kv_splits_indptr"] = bufs.num_kv_splits_indptr
+    out_dtype = TORCH_DTYPES[call.out_dtype]
+
+    def run(x: DecodeInputs) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, x.indices, x.num_kv_rows, x.topk_length,
+                        layout=call.kv_indices_layout)
+        if q_pad is not None:
+            q_pad[:, : call.num_heads].copy_(x.q)
+            q = q_pad
+        else:
+            q = x.q.contiguous()
+        kwargs = dict(constant, sm_scale=x.sm_scale)
+        if call.pass_q_scale:
+            kwargs["q_scale"] = x.q_scale.reshape(1)  # [] or [1]: AITER takes [1]
+        if call.pass_kv_scale:
+            kwargs["kv_scale"] = x.kv_scale.reshape(1)
+        if persistent:
+            fill_metadata(call.metadata, md, bufs, impl)
+            kwargs.update(md)
+        _logits, lse = impl.mla_decode_fwd(
+            q, x.kv_cache.view(call.kv_view_shape), o, bufs.qo_indptr, bufs.kv_indptr, bufs.kv_indices,
+            bufs.kv_last_page_lens, MAX_SEQLEN_Q, **kwargs,
+        )
+        if not call.return_lse:
+            lse = None
+        return finalize_aiter(o, lse, bufs.kv_indptr, num_heads=call.num_heads, sinks=x.sinks, out_dtype=out_dtype,
+                              out=x.out)
+
+    return run

@@ -33,7 +33,7 @@ import torch
 from mla_sink.core import kv_layout
 from mla_sink.core.dtypes import DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, kv_dtype_key, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
-from mla_sink.core.records import D_QK, D_V
+from mla_sink.core.records import D_QK, D_V, MAX_ROWS
 from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
@@ -43,9 +43,6 @@ from mla_sink.paths.triton.plan import (MAX_GRID_TOKENS, MIN_BLOCK_H, PORTABLE, 
 Result = tuple[torch.Tensor, torch.Tensor]
 
 D_ROPE = D_QK - D_V
-#: rows of a pool the kernels index with a 32-bit unsigned compare (ids are int32: larger pools are
-#: addressed with 64-bit offsets, but no id can exceed this)
-MAX_ROWS = 2 ** 31
 #: Triton specialises pointer arguments on this alignment (bytes); a compiled kernel is reused only
 #: for tensors with the same alignment pattern.
 POINTER_ALIGN = 16
@@ -282,7 +279,8 @@ def _token_ranges(plan: Any, x: DecodeInputs, out_dtype: torch.dtype, device: to
         for a, b in ranges:
             state["runners"][b - a](_token_slice(x_call, a, b), lse[a:b])
             if state["kernel"] != PORTABLE and state["kernel"] in _failed_kernels():  # this range fell back
-                state.update(kernel=PORTABLE, runners=_range_runners(_portable_plan(plan), x, ranges))
+                # prepared on this call's tensors (metadata only): the runner keeps no call's tensors alive
+                state.update(kernel=PORTABLE, runners=_range_runners(_portable_plan(plan), x_call, ranges))
         return out, lse
 
     return run
@@ -451,7 +449,8 @@ def _gather_aligned(x: DecodeInputs) -> bool:
 def _portable_instead(plan, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
     """The portable kernel's runner for a call the planned Gluon kernel cannot gather (its split count:
     the tuning row's, which the portable kernel shares)."""
-    return _portable_runner(plan, attrs.evolve(plan.launch, kernel="portable"), x, out_dtype, device)
+    return _portable_runner(plan, attrs.evolve(plan.launch, kernel=PORTABLE, exact_recompute=False), x, out_dtype,
+                            device)
 
 
 def _gluon_launches(kernel: str, dynamic: tuple, launch, x: DecodeInputs, device: torch.device, grid: tuple,
@@ -485,7 +484,7 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     split = splits > 1
     kv_dtype = plan.spec.kv_dtype
     kv_fp8 = kv_dtype in FP8_KEYS or kv_dtype in DS_MLA_KEYS  # read as bytes
-    ds = kv_dtype in DS_MLA_KEYS
+    ds = kv_dtype in DS_MLA_KEYS  # the rows' float32 scales are read in place: their pointer is checked per call
     out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
     grid, static, constexprs, options = seesaw_launch_args(
         x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, num_kv_splits=splits,
@@ -499,7 +498,7 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     # seesaw (its programs wait for the flags, griddepcontrol.wait): 0.2-1.0 us less at T=2; after an unsplit one
     # it is launched plainly, as a dependent measured up to 2.7% slower there (BENCHMARKS.md, twenty-second session).
     redo = None
-    if ds:
+    if launch.exact_recompute:  # the planner's record (TritonLaunch.exact_recompute)
         e_grid, e_static, e_constexprs, e_options = seesaw_launch_args(
             x.q, x.kv_cache.view(torch.uint8), x.indices, num_kv_splits=splits, ids_per_split=launch.ids_per_split,
             out_strides=out_strides, kv_dtype=kv_dtype, exact=True, gated=True)
@@ -519,7 +518,7 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
             return unaligned[0](x, lse)
         out, lse, part_out, part_lse = _call_buffers(x, lse, splits, out_dtype)
         sinks = x.sinks if x.sinks is not None else lse
-        flags = torch.empty((T, grid[0] * grid[1]), dtype=torch.int32, device=x.q.device) if ds else lse
+        flags = torch.empty((T, grid[0] * grid[1]), dtype=torch.int32, device=x.q.device) if redo is not None else lse
         try:
             decode(align, x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, sinks,
                    topk_length if topk_length is not None else lse, out, lse, part_out, part_lse,
@@ -637,7 +636,8 @@ def _portable_plan(plan: Any) -> Any:
     replanned = build_plan(plan.spec, plan.platform, num_tokens=plan.num_tokens,
                            path=None if plan.row_id != "forced" else plan.path)
     if replanned.launch.kernel != PORTABLE:  # pragma: no cover - the planner honours failed kernels
-        replanned = attrs.evolve(replanned, launch=attrs.evolve(replanned.launch, kernel=PORTABLE))
+        replanned = attrs.evolve(replanned, launch=attrs.evolve(replanned.launch, kernel=PORTABLE,
+                                                                 exact_recompute=False))
     return replanned
 
 

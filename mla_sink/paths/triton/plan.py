@@ -24,14 +24,17 @@ from typing import Mapping, Optional
 import attrs
 
 from mla_sink.dispatch import readonly
+from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.records import COUNT_MAX, D_V
 from mla_sink.core.tables import load_checked_table
 
 #: The kernel of every ``portable`` row: the one the first lookup always yields and the one a Gluon
 #: kernel that failed to compile falls back to.
 PORTABLE = "portable"
+#: The seesaw kernel, whose V3.2 launches carry an exact recompute (:attr:`TritonLaunch.exact_recompute`).
+SEESAW = "gluon_seesaw"
 #: The tuning table's paths: every kernel the Triton launcher can run.
-KERNELS = (PORTABLE, "gluon_seesaw", "gluon_fp8")
+KERNELS = (PORTABLE, SEESAW, "gluon_fp8")
 
 #: CUDA caps a grid's y and z dimensions at 65535 (CUDA C++ Programming Guide, "Features and Technical
 #: Specifications": maximum y- or z-dimension of a grid of thread blocks; AMD GPUs under HIP allow 65536, so the
@@ -192,6 +195,11 @@ class TritonLaunch:
             second; the first when the split count is open), the reason listing every failed condition.
         fallback: why the kernel is ``portable`` although a Gluon row matched (it failed to compile here);
             ``None`` otherwise.
+        exact_recompute: the seesaw on V3.2 rows (``fp8_ds_mla``): it decodes tiles into bf16, exact only for
+            scales of 0 or a power of two (:data:`mla_sink.core.kv_layout.BF16_EXACT_SCALE_EXP`), and flags the
+            programs that meet any other scale; a second launch of the same grid, gated by those flags, recomputes
+            them reading every scale exactly (:mod:`mla_sink.kernels.gluon.gluon_seesaw`). Set by the planner, read
+            by the launcher and ``mla-sink explain``; only with ``kernel="gluon_seesaw"``.
     """
 
     kernel: str = attrs.field(validator=attrs.validators.in_(KERNELS))
@@ -211,6 +219,12 @@ class TritonLaunch:
     ids_per_split: Optional[int]
     rejected_kernels: tuple = ()
     fallback: Optional[str] = None
+    exact_recompute: bool = attrs.field(default=False)
+
+    @exact_recompute.validator
+    def _recompute_needs_the_seesaw(self, attribute, value) -> None:
+        if value and self.kernel != SEESAW:
+            raise ValueError(f"exact_recompute is the {SEESAW} kernel's second launch (got kernel={self.kernel!r})")
 
 
 def _check_structure(table) -> None:
@@ -511,4 +525,4 @@ def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int
         return attrs.evolve(launch, rejected_kernels=rejected,
                             fallback=f"{sel.path} (row {sel.row.id}) failed to compile here: {failed[sel.path]}")
     return attrs.evolve(launch, kernel=sel.path, kernel_row=sel.row.id, kernel_why=sel.row.why,
-                        rejected_kernels=rejected)
+                        rejected_kernels=rejected, exact_recompute=sel.path == SEESAW and kv_dtype in DS_MLA_KEYS)
