@@ -21,7 +21,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=4, help="T, query tokens (default 4)")
     p.add_argument("--heads", type=int, default=16, help="H, query heads (default 16)")
     p.add_argument("--topk", type=int, default=256, help="ids per token (default 256)")
-    p.add_argument("--pool", type=int, default=4096, help="N, rows in the KV pool (default 4096)")
+    p.add_argument("--pool-rows", "--pool", dest="pool", type=int, default=4096,
+                   help="N, rows in the KV pool (default 4096; --pool-rows as the bench names it)")
     p.add_argument("--dtype", default=None, choices=sorted(HALF_KEYS),
                    help="q dtype (default: the KV dtype when that is bf16 or fp16, else bf16)")
     p.add_argument("--kv-dtype", default=None, choices=_DTYPES,
