@@ -313,6 +313,17 @@ _PREPARED: dict = {}
 #: signatures kept; the table is cleared beyond this (eager calls with ever new shapes)
 MAX_PREPARED = 4096
 _PREPARED_LOCK = threading.Lock()
+#: DCP calls prepared per signature and DCP arguments (:func:`_run_dcp`): their rank-local decode.
+_PREPARED_DCP: dict = {}
+
+
+def _keep_prepared(cache: dict, key: Any, value: Any) -> None:
+    """Remember ``value`` under ``key`` in ``cache`` (:data:`_PREPARED` or :data:`_PREPARED_DCP`), clearing the
+    cache first once it holds :data:`MAX_PREPARED` signatures (eager calls with ever new shapes)."""
+    with _PREPARED_LOCK:
+        if len(cache) >= MAX_PREPARED:
+            cache.clear()
+        cache[key] = value
 
 
 def forget_prepared_calls() -> None:
@@ -371,10 +382,7 @@ def _execute_eager(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pl
     if prepared is None:
         prepared = _prepare_call(x, spec, need_lse, platform, path)
         if key is not None:
-            with _PREPARED_LOCK:
-                if len(_PREPARED) >= MAX_PREPARED:
-                    _PREPARED.clear()
-                _PREPARED[key] = prepared
+            _keep_prepared(_PREPARED, key, prepared)
     elif x.out is not None:
         check_out_overlaps(x)  # data pointers: not part of the signature
     out, lse = prepared.run(x)
@@ -416,10 +424,6 @@ def _platform_of(x: DecodeInputs, platform: Optional[Platform]) -> Platform:
     return platform
 
 
-#: DCP calls prepared per signature and DCP arguments (:func:`_run_dcp`): their rank-local decode.
-_PREPARED_DCP: dict = {}
-
-
 def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
     """DCP: validate, plan and prepare the rank-local decode on the first call of a signature (with these DCP
     arguments; later ones reuse it, as :func:`execute` does), then run this rank's shard and merge over the group
@@ -441,10 +445,7 @@ def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Res
         check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0], path=path))
         if key is not None:
-            with _PREPARED_LOCK:
-                if len(_PREPARED_DCP) >= MAX_PREPARED:
-                    _PREPARED_DCP.clear()
-                _PREPARED_DCP[key] = local
+            _keep_prepared(_PREPARED_DCP, key, local)
     return run_dcp(local, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows,
                    dcp_world_size=spec.dcp_world_size)
 

@@ -125,6 +125,14 @@ def _bool(_, attribute, value) -> None:
                          f"(got {value!r})")
 
 
+def _not_above_combine(cfg, _, value) -> None:
+    """An attrs validator: ``min_combine_block_d`` may not exceed ``combine_block_d``, since the combine narrows its
+    columns from the latter down to the former (:func:`combine_block_d_for`)."""
+    if value > cfg.combine_block_d:
+        raise ValueError(f"param 'min_combine_block_d' must be <= combine_block_d={cfg.combine_block_d} "
+                         f"(got {value})")
+
+
 @attrs.frozen
 class TritonConfig:
     """Tiles and split policy of the portable kernel: the params of a ``portable`` row of the tuning
@@ -141,7 +149,7 @@ class TritonConfig:
         combine_block_h: head block of the combine kernel.
         combine_block_d: value columns per combine program (a power of two dividing 512).
         min_combine_block_d: the narrowest columns :func:`combine_block_d_for` narrows ``combine_block_d`` to
-            (a power of two).
+            (a power of two, at most ``combine_block_d``).
         fp8_f16: with fp8 KV, compute in fp16 tiles (one-instruction fp8 -> fp16 conversion; bf16 q is
             scaled per head row by a power of two to fit fp16) instead of bf16 tiles.
         row, why, source: the table row that produced it (``"explicit"`` and empty when built by hand).
@@ -161,7 +169,8 @@ class TritonConfig:
     split_min_fill: float = attrs.field(validator=_finite(0.0, inclusive=True))
     combine_block_h: int = attrs.field(validator=_int_in(1, MAX_TILE, pow2=True))
     combine_block_d: int = attrs.field(validator=_int_in(1, D_V, pow2=True, divides=D_V))
-    min_combine_block_d: int = attrs.field(validator=_int_in(1, D_V, pow2=True, divides=D_V))
+    min_combine_block_d: int = attrs.field(validator=[_int_in(1, D_V, pow2=True, divides=D_V),
+                                                      _not_above_combine])
     fp8_f16: bool = attrs.field(validator=_bool)
     row: str = "explicit"
     why: str = ""
@@ -258,10 +267,6 @@ def _check_structure(table) -> None:
                 TritonConfig(**{_PARAM_NAMES[k]: v for k, v in row.params.items()})
             except ValueError as exc:
                 raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: {exc}") from None
-            if row.params["min_combine_block_d"] > row.params["combine_block_d"]:
-                raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: param 'min_combine_block_d' must be "
-                                          f"<= combine_block_d={row.params['combine_block_d']} (got "
-                                          f"{row.params['min_combine_block_d']})")
         else:
             if row.params:
                 raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a Gluon row takes no params "
