@@ -294,6 +294,17 @@ def test_explain_json_gives_the_gluon_fp8_head_block_and_ctas_a_token(heads, tok
     assert ("CTAs a token" in arr["summary"]) == (ctas > 1)
 
 
+@pytest.mark.parametrize("kv,heads,tokens,early", [("fp8_ds_mla", 32, 2, True), ("fp8_ds_mla", 16, 4, True),
+                                                    ("fp8_ds_mla", 32, 256, False), ("fp8_e4m3", 32, 2, False)])
+def test_explain_json_says_whether_the_first_ids_are_loaded_before_q(kv, heads, tokens, early, capsys):
+    """V3.2's short CTAs load their first ids before q (``early_ids``): a structured field and the summary say so."""
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--q-dtype", "bf16", "--kv-dtype", kv, "--heads",
+                        str(heads), "--tokens", str(tokens), "--sms", "132", "--json")
+    arr = json.loads(out)["launch"]["gluon_fp8_arrangement"]
+    assert code == 0 and arr["early_ids"] is early
+    assert ("the first ids loaded before q" in arr["summary"]) == early
+
+
 @pytest.mark.parametrize("tokens,ranges", [(64, 1), (65535, 1), (65536, 2), (70000, 2), (131071, 3), (131064, 2)])
 def test_explain_names_the_launches_of_a_call_beyond_the_grid_token_limit(tokens, ranges, capsys):
     """More tokens than a CUDA grid's y / z dimension holds (65535) run as one launch per token range of 65532 tokens

@@ -86,6 +86,9 @@ def test_the_measured_arrangements():
         return (a.head_block, a.cols, a.pairs, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines,
                 a.deferred_row_sum, a.scores_only)
 
+    def early(kv, heads, split, blocks):
+        return tuning.fp8_arrangement(kv, "bf16", heads, split, blocks).early_ids
+
     for split in (False, True):
         for kv in tuning.fp8_kv_dtypes():  # one- and two-block CTAs: the column split, the row sum once a block,
             # V3.2's first consumer on the scores only (thirty-third session)
@@ -93,6 +96,10 @@ def test_the_measured_arrangements():
                 only = kv == "fp8_ds_mla"
                 assert get(kv, 16, split, blocks) == (16, True, False, 104, 152, 64, True, False, only)
                 assert get(kv, 17, split, blocks) == (16, True, False, 104, 152, 64, True, False, only)  # 2 CTAs
+                # V3.2's short CTAs load their first ids before q (thirty-fifth session); e4m3's have no such loads
+                assert early(kv, 16, split, blocks) is only and early(kv, 32, split, blocks) is only
+        # long id ranges keep each block's ids at its own turn (a block ahead lost 20 us at H=32 T=256)
+        assert not any(early(kv, h, split, 32) for kv in tuning.fp8_kv_dtypes() for h in (16, 32))
         assert get("fp8_ds_mla", 16, split, 16) == (16, False, False, 176, 120, 64, True, False, False)
         assert get("fp8_ds_mla", 32, split, 32) == (32, True, False, 104, 152, 64, True, True, False)
     assert get("fp8_e4m3", 16, False, 32) == (16, False, False, 136, 152, 64, True, True, False)
@@ -140,6 +147,9 @@ E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_r
     (E4M3_H16.replace("}", ", scores_only: true}"),
      r"row 'e4m3_h16': params scores_only: only the column_split path has a consumer that computes the scores only"),
     (E4M3_H16.replace("}", ", scores_only: 1}"), r"row 'e4m3_h16': params scores_only: expected bool, got 1"),
+    (E4M3_H16.replace("}", ", early_ids: true}"),
+     r"row 'e4m3_h16': params early_ids: only the column_split path's first consumer loads ids early"),
+    (E4M3_H16.replace("}", ", early_ids: 0}"), r"row 'e4m3_h16': params early_ids: expected bool, got 0"),
 ])
 def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
     table = _edited("gluon_fp8", E4M3_H16, new)
@@ -156,7 +166,8 @@ def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
 
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
-    old = "params: {producer_rows: 64, lines: true, scores_only: false}\n    description: both consumers read every block"
+    old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false}\n"
+           "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "
                                                   r"expected bool, got 'maybe'"):

@@ -121,9 +121,10 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{arr.producer_rows} rows a producer step"
                f"{', whole lines' if arr.lines else ''}, the row sum "
                f"{'deferred' if arr.deferred_row_sum else 'once a block'}"
-               f"{', the first consumer on the scores only (the second all of P V)' if arr.scores_only else ''}")
+               f"{', the first consumer on the scores only (the second all of P V)' if arr.scores_only else ''}"
+               f"{', the first ids loaded before q' if arr.early_ids else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
-                deferred_row_sum=arr.deferred_row_sum, summary=summary, why=arr.why)
+                deferred_row_sum=arr.deferred_row_sum, early_ids=arr.early_ids, summary=summary, why=arr.why)
 
 
 def gluon_seesaw_producer(plan: Any) -> Optional[dict]:

@@ -40,7 +40,10 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   consumer the scores, the softmax and the four ``P_t`` only and give the second all four value tiles (64 registers
   at 16 heads), so a second block's scores do not wait for the first consumer's half of the first block's ``P V``
   (thirty-third session: V3.2 H=32 T=2 12.43-12.57 against 12.69-12.92 us, H=16 T=2 10.44-10.49 against
-  10.75-11.03; e4m3 lost 0.1-0.4 us with it);
+  10.75-11.03; e4m3 lost 0.1-0.4 us with it). Their first consumer also loads the first block's ids and the first
+  two blocks' RoPE ids before it stages q (``early_ids``, ``EARLY_IDS``), so the dependent loads of the tile scales
+  and the RoPE copies do not wait behind q's (thirty-fifth session: V3.2 H=32 T=2 11.43-11.55 against 12.14-12.22
+  us; on long id ranges it lost, 209 against 189 at T=256);
 * the softmax's row sum is deferred on long id ranges (``DEFER_ROW_SUM``, the rows' ``deferred_row_sum``): each
   thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
   the end instead of once a block (:func:`_zero_row_sum`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
@@ -836,7 +839,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
-                   ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr):
+                   ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr,
+                   EARLY_IDS: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -860,7 +864,11 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     of FlashMLA's sm90 sparse fp8 decode (one warpgroup the scores, the softmax and half of ``P V``, one the other
     half). ``SCORES_ONLY`` (V3.2's CTAs of one or two blocks at 16 heads, ``tables/gluon_fp8.yaml``): ROLE 0 computes
     no ``P V`` and stores no columns; ROLE 1 accumulates and stores all four value tiles, each rescaled before any of
-    their wgmmas is issued (rescaling between them made ptxas serialise the wgmmas, C7517)."""
+    their wgmmas is issued (rescaling between them made ptxas serialise the wgmmas, C7517). ``EARLY_IDS`` (V3.2's
+    CTAs of one or two blocks, ``early_ids``): ROLE 0 loads the first block's ids and the first two blocks' RoPE ids
+    before it stages q and issues those copies once q is stored, and loads each later block's ids a block ahead
+    (thirty-fifth session, benchmarks/ds_first_ids_ab_thirtyfifth_2026-12-04.json: H=32 T=2 11.43-11.55 against
+    12.14-12.22 us; T=256 208.8 against 189.0, so long ranges keep the loads at each block's turn)."""
     NCOLS: gl.constexpr = D_NOPE if SCORES_ONLY else D_NOPE // 2  # this consumer's value columns of O^T
     COL0: gl.constexpr = 0 if SCORES_ONLY else ROLE * NCOLS
     P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
@@ -873,23 +881,40 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     offs_h = gl.arange(0, BLOCK_H, layout=head_l)
     hmask = offs_h < num_heads
     if ROLE == 0:
+        rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
+        if KV_DS_MLA and EARLY_IDS:  # the ids the first block's scales and the first two blocks' RoPE copies need,
+            # loaded while q is staged: issued after it, those dependent loads each waited a round trip behind q's
+            ids, ok = _block_ids(IDX, idx_base, start, 0, end, num_rows.to(gl.uint32),
+                                 gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l)), BLOCK_N)
+            if COPY_ROPE:
+                gl.static_assert(STAGES == 2, "the first two blocks' RoPE ids, one per ring stage")
+                rope_ids0 = _raw_ids(IDX, idx_base, end, start, BLOCK_N, rope_l)
+                rope_ids1 = _raw_ids(IDX, idx_base, end, start + BLOCK_N, BLOCK_N, rope_l)
         _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
                  KV_DS_MLA)
         col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         nrows = num_rows.to(gl.uint32)
         m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
-        rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
         if COPY_ROPE:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
-            for b in gl.static_range(STAGES):
-                if b < num_blocks:
-                    _copy_rope(KV, kr_smem.index(b),
-                               _checked(_raw_ids(IDX, idx_base, end, start + b * BLOCK_N, BLOCK_N, rope_l), nrows),
-                               stride_kv, kv_block_size, ROW_BYTES, rope_l)
+            if EARLY_IDS:
+                if 0 < num_blocks:
+                    _copy_rope(KV, kr_smem.index(0), _checked(rope_ids0, nrows), stride_kv, kv_block_size, ROW_BYTES,
+                               rope_l)
+                if 1 < num_blocks:
+                    _copy_rope(KV, kr_smem.index(1), _checked(rope_ids1, nrows), stride_kv, kv_block_size, ROW_BYTES,
+                               rope_l)
+            else:
+                for b in gl.static_range(STAGES):
+                    if b < num_blocks:
+                        _copy_rope(KV, kr_smem.index(b),
+                                   _checked(_raw_ids(IDX, idx_base, end, start + b * BLOCK_N, BLOCK_N, rope_l), nrows),
+                                   stride_kv, kv_block_size, ROW_BYTES, rope_l)
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1
-            ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
+            if not (KV_DS_MLA and EARLY_IDS):  # (EARLY_IDS: this block's ids were loaded a block ahead)
+                ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
             if KV_DS_MLA:
                 if COPY_ROPE:
                     ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
@@ -922,6 +947,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 if COPY_ROPE and i + STAGES < num_blocks:  # this stage's RoPE tile was read by this block's scores
                     _copy_rope(KV, kr_smem.index(s), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
                                rope_l)
+                if EARLY_IDS:  # the next block's
+                    ids, ok = _block_ids(IDX, idx_base, start, i + 1, end, nrows, offs_n, BLOCK_N)
             if not SCORES_ONLY:
                 acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s
@@ -1117,7 +1144,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
-    SCORES_ONLY: gl.constexpr,
+    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1127,7 +1154,9 @@ def sparse_mla_decode_fp8_ws_kernel(
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
     ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
     (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``PAIRS``: the alternate-scores consumers
-    (:func:`_consumer_pairs`; the producer a worker, gathering the ``2 * cdiv(blocks, 2)`` blocks of the pairs)."""
+    (:func:`_consumer_pairs`; the producer a worker, gathering the ``2 * cdiv(blocks, 2)`` blocks of the pairs).
+    ``EARLY_IDS``: V3.2 rows on the column split, the first consumer's first ids loaded before q
+    (:func:`_consumer_cols`)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
@@ -1234,14 +1263,14 @@ def sparse_mla_decode_fp8_ws_kernel(
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY)),
+                              SCORES_ONLY, EARLY_IDS)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY)),
+                              SCORES_ONLY, EARLY_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES)),
@@ -1332,7 +1361,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
-                      SCORES_ONLY=arr.scores_only)
+                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

@@ -29,7 +29,7 @@ COLUMN_SPLIT = "column_split"
 ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
-              "deferred_row_sum": bool, "scores_only": bool}
+              "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -71,6 +71,9 @@ class Fp8Arrangement:
             and sum it over ids once at the end, instead of once a block (``DEFER_ROW_SUM``).
         scores_only: on the column split, the first consumer computes only the scores, the softmax and ``P`` and
             the second accumulates all of ``P V`` (``SCORES_ONLY``); always ``False`` on the other paths.
+        early_ids: on the column split with V3.2 rows, the first consumer loads the first block's ids and the first
+            two blocks' RoPE ids before it stages q, and each later block's ids a block ahead (``EARLY_IDS``); always
+            ``False`` on the other paths (the kernel reads it for V3.2 rows only).
     """
 
     row: str
@@ -85,6 +88,7 @@ class Fp8Arrangement:
     lines: bool
     deferred_row_sum: bool
     scores_only: bool = False
+    early_ids: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -123,7 +127,7 @@ def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
-    partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` only on :data:`COLUMN_SPLIT`); its head block one of :data:`HEAD_BLOCKS` (a row matching
+    partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` and ``early_ids`` only on :data:`COLUMN_SPLIT`); its head block one of :data:`HEAD_BLOCKS` (a row matching
     more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type
     even where every row overrides them; and every head count and block count gets a row, the values on either
     side of each row's thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``:
@@ -169,6 +173,9 @@ def check_fp8_table(table) -> None:
             raise _error(table, row, f"params consumer_regs + producer_regs: the default partition gets "
                                      f"{PARTITION_REGS} - {params['consumer_regs']} - {params['producer_regs']} = "
                                      f"{left} registers, outside [{REG_MIN}, {REG_MAX}]")
+        if params["early_ids"] and row.path != COLUMN_SPLIT:
+            raise _error(table, row, f"params early_ids: only the {COLUMN_SPLIT} path's first consumer loads ids early "
+                                     f"(got true on {row.path!r})")
         if params["scores_only"] and row.path != COLUMN_SPLIT:
             raise _error(table, row, f"params scores_only: only the {COLUMN_SPLIT} path has a consumer that computes "
                                      f"the scores only (got true on {row.path!r})")
@@ -278,7 +285,8 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           pairs=sel.path == ALTERNATE_SCORES,
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
-                          deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"])
+                          deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
+                          early_ids=p["early_ids"])
 
 
 @functools.cache
