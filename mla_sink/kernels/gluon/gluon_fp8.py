@@ -897,19 +897,14 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         nrows = num_rows.to(gl.uint32)
         m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
         if COPY_ROPE:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
-            if EARLY_IDS:
-                if 0 < num_blocks:
-                    _copy_rope(KV, kr_smem.index(0), _checked(rope_ids0, nrows), stride_kv, kv_block_size, ROW_BYTES,
+            for b in gl.static_range(STAGES):
+                if b < num_blocks:
+                    if EARLY_IDS:
+                        rope_ids = rope_ids0 if b == 0 else rope_ids1
+                    else:
+                        rope_ids = _raw_ids(IDX, idx_base, end, start + b * BLOCK_N, BLOCK_N, rope_l)
+                    _copy_rope(KV, kr_smem.index(b), _checked(rope_ids, nrows), stride_kv, kv_block_size, ROW_BYTES,
                                rope_l)
-                if 1 < num_blocks:
-                    _copy_rope(KV, kr_smem.index(1), _checked(rope_ids1, nrows), stride_kv, kv_block_size, ROW_BYTES,
-                               rope_l)
-            else:
-                for b in gl.static_range(STAGES):
-                    if b < num_blocks:
-                        _copy_rope(KV, kr_smem.index(b),
-                                   _checked(_raw_ids(IDX, idx_base, end, start + b * BLOCK_N, BLOCK_N, rope_l), nrows),
-                                   stride_kv, kv_block_size, ROW_BYTES, rope_l)
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1

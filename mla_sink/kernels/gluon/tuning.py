@@ -48,6 +48,9 @@ PARTITION_REGS = 504
 #: counts are open ints, so that every head and block count is answered (and checked) and not only the declared ones.
 FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": ("int", False), "split": ("bool", False),
               "blocks": ("int", False)}
+#: The params only the column split reads (true on another path is refused) -> what the column split has for them.
+_COLUMN_SPLIT_ONLY = {"scores_only": " has a consumer that computes the scores only",
+                      "early_ids": "'s first consumer loads ids early"}
 #: The params that are ``setmaxnreg`` register counts.
 _REG_PARAMS = ("consumer_regs", "producer_regs")
 
@@ -173,12 +176,10 @@ def check_fp8_table(table) -> None:
             raise _error(table, row, f"params consumer_regs + producer_regs: the default partition gets "
                                      f"{PARTITION_REGS} - {params['consumer_regs']} - {params['producer_regs']} = "
                                      f"{left} registers, outside [{REG_MIN}, {REG_MAX}]")
-        if params["early_ids"] and row.path != COLUMN_SPLIT:
-            raise _error(table, row, f"params early_ids: only the {COLUMN_SPLIT} path's first consumer loads ids early "
-                                     f"(got true on {row.path!r})")
-        if params["scores_only"] and row.path != COLUMN_SPLIT:
-            raise _error(table, row, f"params scores_only: only the {COLUMN_SPLIT} path has a consumer that computes "
-                                     f"the scores only (got true on {row.path!r})")
+        for key, what in _COLUMN_SPLIT_ONLY.items():
+            if params[key] and row.path != COLUMN_SPLIT:
+                raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
+                                         f"{row.path!r})")
         if params["head_block"] not in HEAD_BLOCKS:
             raise _error(table, row, f"params head_block: expected one of {HEAD_BLOCKS} (the kernel's head blocks), "
                                      f"got {params['head_block']!r}")
