@@ -1,6 +1,7 @@
-"""Probes of the thirty-sixth session's raw ring (2026-12-04, ``raw_ring_ab.py``): the same kernel with the second
-consumer's ``V_t^T`` operands not decoded (on the first tree, ``raw`` = c586c66 of ``wip/raw-ring``) (zeros: ``noV``) or the first consumer's ``K_t`` operands not decoded
-(``noK``), outputs wrong, to see which decode sets the period. Same harness as ``raw_ring_ab.py``::
+"""Probes of the thirty-sixth session's raw ring (2026-12-04, ``raw_ring_ab.py``) on its first tree (``raw`` =
+c586c66 of ``wip/raw-ring``): the same kernel with the second consumer's ``V_t^T`` operands not decoded (zeros:
+``noV``) or the first consumer's ``K_t`` operands not decoded (``noK``), outputs wrong, to see which decode sets the
+period. Same harness as ``raw_ring_ab.py``::
 
     cd benchmarks && PYTHONPATH=..:. python3 -u raw_ring_probe_ab.py OUT.json main=../out/main raw=../out/raw \
         noV=../out/raw_noV noK=../out/raw_noK
