@@ -467,8 +467,9 @@ def _traced(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, platform:
             path: Optional[str]) -> Result:
     """The traced form of a call: one custom op, so ``torch.compile`` sees no graph break. The op
     validates in its fake and real implementations; the CPU/GPU kind of ``platform`` is checked here
-    (the exact GPU arch needs a device query, left to eager calls)."""
-    if platform is not None and (platform.arch == "cpu") != (x.q.device.type == "cpu"):
+    (the exact GPU arch needs a device query, left to eager calls). Meta tensors (shape inference: no kernel runs)
+    match any platform, so a layer built for a device also infers shapes on meta."""
+    if platform is not None and x.q.device.type != "meta" and (platform.arch == "cpu") != (x.q.device.type == "cpu"):
         raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device}")
     if x.out is not None and torch.is_grad_enabled():  # the out operator mutates: PyTorch takes no autograd formula
         # for it, so the out-of-place operator's refusal (mla_sink.ops) is made here, while tracing

@@ -163,6 +163,18 @@ def test_shape_inference_on_the_meta_device():
     assert out.device.type == "meta" and out.shape == (3, 5, 512) and lse.shape == (3, 5)
 
 
+def test_a_layer_built_for_a_device_infers_shapes_on_meta():
+    # a break test's finding: the layer (whose platform is its device's) refused meta tensors, naming 'platform'
+    layer = SparseMLADecode(num_heads=5, q_dtype="fp16", kv_dtype="fp16", topk=32, return_lse=True)
+    q = torch.empty(3, 5, 576, dtype=torch.float16, device="meta")
+    kv = torch.empty(100, 576, dtype=torch.float16, device="meta")
+    idx = torch.empty(3, 32, dtype=torch.int32, device="meta")
+    out, lse = layer(q, kv, idx)
+    assert out.device.type == "meta" and out.shape == (3, 5, 512) and lse.shape == (3, 5)
+    with pytest.raises(ValueError, match="'q'"):  # the checks still run on meta: 4 heads against the layer's 5
+        layer(q[:, :4], kv, idx)
+
+
 def test_cpu_bf16_output_is_rounded_to_nearest_like_the_gpu():
     # the kernel computes in fp32; rounding that to nearest gives the float64 answer's nearest bf16
     # except at near-ties, while truncation toward zero misses about half the elements

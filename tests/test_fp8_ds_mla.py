@@ -1026,16 +1026,20 @@ def test_messages_name_the_v32_rows_where_they_apply():
     assert "odd" not in str(e.value)
 
 
-@pytest.mark.parametrize("arch", ["sm30", "sm35", "sm37", "sm50", "sm61", "sm62", "sm70", "sm72", "sm75", "sm86", "sm87"])
+@pytest.mark.parametrize("arch", ["sm30", "sm35", "sm37", "sm50", "sm61", "sm62", "sm70", "sm72", "sm75", "sm81", "sm86",
+                                  "sm87", "sm88", "sm88a"])
 def test_every_nvidia_arch_below_sm89_refuses_fp8_kv(arch):
     """Every NVIDIA compute capability below 8.9 is refused fp8 KV (row fp8_needs_sm89), Jetson's 7.2 included: the
     row once listed only sm70 / 75 / 80 / 86 / 87, and an sm72 call reached the portable kernel, whose fp8e4nv tiles
     Triton does not compile there (twenty-fourth session's audit), and Kepler's were missing until a second break
-    test (twenty-fifth session); sm89 and newer are served."""
+    test (twenty-fifth session); since the thirty-seventh session's break test (sm88, which one source lists as a CUDA 13 target, and made-up
+    ones such as sm81 were served) the row compares the compute capability as a number (``Platform.cuda_arch``);
+    sm89 and newer are served."""
     from mla_sink import NoKernelError, Platform, plan_call
 
     for kv_dtype in ("fp8_e4m3", "fp8_ds_mla"):
         spec = CallSpec(q_dtype="bf16", kv_dtype=kv_dtype, num_heads=16, topk=2048)
         with pytest.raises(NoKernelError, match="sm89"):
             plan_call(spec, Platform(arch, num_sms=8))
-        assert plan_call(spec, Platform("sm89", num_sms=8)).path == "triton"
+        for served in ("sm89", "sm90a", "sm100", "sm120"):
+            assert plan_call(spec, Platform(served, num_sms=8)).path == "triton"

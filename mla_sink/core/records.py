@@ -24,6 +24,9 @@ D_V = 512  #: latent dims that serve as the value.
 _DTYPES = tuple(sorted(DTYPE_KEYS.values()))
 _KV_DTYPES = KV_DTYPE_KEYS
 _ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm[0-9]{2,3}[a-z]?|cpu)$")
+#: An NVIDIA target (``sm`` and its compute capability, major and minor digits, as :func:`mla_sink.core.platform.arch_of`
+#: writes it): :attr:`Platform.cuda_arch` reads the number.
+_CUDA_ARCH_RE = re.compile(r"^sm([0-9]{2,3})[a-z]?$")
 
 
 def _as_int(value: Any) -> Any:
@@ -223,6 +226,13 @@ class Platform:
         if self.arch == "cpu" and self.num_sms not in (None, 1):  # a plan would split for SMs it does not have
             raise ValueError(f"'num_sms' counts a GPU's SMs / CUs; arch 'cpu' runs Triton's interpreter, one program "
                              f"at a time, as one SM (got {self.num_sms}; leave it None or pass 1)")
+
+    @property
+    def cuda_arch(self) -> Optional[int]:
+        """An NVIDIA target's compute capability as one number (``sm89`` -> 89, ``sm90a`` -> 90, ``sm100`` -> 100);
+        ``None`` on any other target. The rule table compares it (``tables/mla_decode.yaml``, field ``cuda_arch``)."""
+        m = _CUDA_ARCH_RE.match(self.arch)
+        return int(m.group(1)) if m else None
 
     def __str__(self) -> str:
         aiter = f"aiter{self.aiter_version}" if self.aiter_version else "noaiter"

@@ -64,6 +64,7 @@ def platform_fields(platform: Platform) -> dict[str, Any]:
     """The field values of the rule table that describe the machine (not the call), from the record."""
     return {
         "arch": platform.arch,
+        "cuda_arch": platform.cuda_arch,
         "aiter_version": platform.aiter_version,
         "triton": platform.triton,
     }
