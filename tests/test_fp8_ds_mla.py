@@ -1032,9 +1032,9 @@ def test_every_nvidia_arch_below_sm89_refuses_fp8_kv(arch):
     """Every NVIDIA compute capability below 8.9 is refused fp8 KV (row fp8_needs_sm89), Jetson's 7.2 included: the
     row once listed only sm70 / 75 / 80 / 86 / 87, and an sm72 call reached the portable kernel, whose fp8e4nv tiles
     Triton does not compile there (twenty-fourth session's audit), and Kepler's were missing until a second break
-    test (twenty-fifth session); since the thirty-seventh session's break test (sm88, which one source lists as a CUDA 13 target, and made-up
-    ones such as sm81 were served) the row compares the compute capability as a number (``Platform.cuda_arch``);
-    sm89 and newer are served."""
+    test (twenty-fifth session); since the thirty-seventh session's break test (sm88, which one source lists as a
+    CUDA 13 target, and made-up ones such as sm81 were served) the row compares the compute capability as a number
+    (``Platform.cuda_arch``); sm89 and newer are served."""
     from mla_sink import NoKernelError, Platform, plan_call
 
     for kv_dtype in ("fp8_e4m3", "fp8_ds_mla"):

@@ -23,10 +23,9 @@ D_V = 512  #: latent dims that serve as the value.
 
 _DTYPES = tuple(sorted(DTYPE_KEYS.values()))
 _KV_DTYPES = KV_DTYPE_KEYS
-_ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm[0-9]{2,3}[a-z]?|cpu)$")
-#: An NVIDIA target (``sm`` and its compute capability, major and minor digits, as :func:`mla_sink.core.platform.arch_of`
-#: writes it): :attr:`Platform.cuda_arch` reads the number.
-_CUDA_ARCH_RE = re.compile(r"^sm([0-9]{2,3})[a-z]?$")
+#: A compile target; on NVIDIA ``sm`` and the compute capability's digits (as :func:`mla_sink.core.platform.arch_of`
+#: writes them), which :attr:`Platform.cuda_arch` reads from the group ``cc``.
+_ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm(?P<cc>[0-9]{2,3})[a-z]?|cpu)$")
 
 
 def _as_int(value: Any) -> Any:
@@ -231,8 +230,8 @@ class Platform:
     def cuda_arch(self) -> Optional[int]:
         """An NVIDIA target's compute capability as one number (``sm89`` -> 89, ``sm90a`` -> 90, ``sm100`` -> 100);
         ``None`` on any other target. The rule table compares it (``tables/mla_decode.yaml``, field ``cuda_arch``)."""
-        m = _CUDA_ARCH_RE.match(self.arch)
-        return int(m.group(1)) if m else None
+        cc = _ARCH_RE.match(self.arch).group("cc")  # the validator matched it
+        return None if cc is None else int(cc)
 
     def __str__(self) -> str:
         aiter = f"aiter{self.aiter_version}" if self.aiter_version else "noaiter"
