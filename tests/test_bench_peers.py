@@ -437,6 +437,8 @@ def test_run_bench_end_to_end_on_cpu(fake_flash_mla, monkeypatch, tmp_path, peer
     # the 656-byte cache (ours is timed on it with or without peers) names its quantiser
     assert report["peers"]["fp8_ds_mla_cache"] == peers.DS_MLA_SOURCE
     assert report["device"] == "cpu stand-in" and report["flush_us"] == 80.0 and report["ceilings"] == CEILINGS
+    # the keys every mode's report starts with (mla_sink.tools.report)
+    assert list(report)[:5] == ["mode", "device", "torch", "triton", "date"] and report["mode"] == "kernels"
     if peers_flag is None:
         assert report["peers"]["flash_mla"]["status"] == "timed"
         assert "flash_mla" not in report["peers_missing"]
@@ -508,3 +510,23 @@ def test_the_peers_table_calls_flash_mla_at_its_head_counts_only():
             peers.skip_reason(peers.DECODE, bad)
     with pytest.raises(ValueError, match="'peer' must be a peer name"):
         peers.peer_heads(["x"])
+
+
+def test_report_header_is_what_every_bench_mode_starts_with():
+    """The common keys: the mode, the device's name, torch's and Triton's versions and the date; an unknown mode is
+    refused with the allowed ones named. The host and DCP modes (GPU only) build their reports with it."""
+    import inspect
+    import re
+
+    from mla_sink.tools import dcp_bench, host_bench
+    from mla_sink.tools.report import MODES, report_header
+
+    header = report_header("dcp", "H200")
+    assert list(header) == ["mode", "device", "torch", "triton", "date"]
+    assert header["mode"] == "dcp" and header["device"] == "H200" and header["torch"] == torch.__version__
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", header["date"])
+    with pytest.raises(ValueError, match=r"'mode' must be one of \['kernels', 'host', 'dcp'\] \(got 'grid'\)"):
+        report_header("grid", "H200")
+    assert MODES == ("kernels", "host", "dcp")
+    assert 'report_header("host"' in inspect.getsource(host_bench.run_host_bench)
+    assert 'report_header("dcp"' in inspect.getsource(dcp_bench)

@@ -29,7 +29,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -39,6 +38,7 @@ from mla_sink.core.kv_layout import SCALE_CONVENTIONS
 from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, call_key
 from mla_sink.tools import dcp_bench, peers
 from mla_sink.tools.flags import check_int_count, check_output_path
+from mla_sink.tools.report import report_header
 
 FLUSH_BYTES = 256 << 20
 
@@ -465,11 +465,8 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
     if ds_source:
         peer_doc[DS_MLA_KV + "_cache"] = ds_source
     props = torch.cuda.get_device_properties(device)
-    import triton
-
     report = dict(
-        device=props.name, sms=props.multi_processor_count, platform=str(platform),
-        torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
+        **report_header("kernels", props.name), sms=props.multi_processor_count, platform=str(platform),
         pool_rows=args.pool_rows, ds_pages=ds_pages, ds_scale=ds_scale,
         flush=args.flush, flush_us=timer.flush_ms() * 1e3, method=__doc__.split("Method (see BENCHMARKS.md): ")[1].split("\n\n")[0],
         ceilings=ceilings, peers=peer_doc, results=results,

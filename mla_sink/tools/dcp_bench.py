@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from mla_sink.tools.flags import check_int_count, check_output_path
+from mla_sink.tools.report import report_header
 
 #: Environment that keeps NVLink multicast off (set in the parent and in every child before init).
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -205,9 +206,9 @@ def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None
         worst = {k: (None if any(r[k] is None for r in per_rank) else max(r[k] for r in per_rank)) for k in mine}
         comm_ms = worst["dcp_comm_graph_ms"] or worst["dcp_comm_ms"]
         result = dict(
+            **report_header("dcp", torch.cuda.get_device_name(dev)),
             dcp=w, heads=h, tokens=t, topk=topk, pool_rows=n, layout=LAYOUT, local_path=path,
-            dtype="bf16", device=torch.cuda.get_device_name(dev), torch=torch.__version__,
-            warmup=WARMUP, repeats=REPEATS,
+            dtype="bf16", warmup=WARMUP, repeats=REPEATS,
             dcp1_ms=dcp1_ms, dcp1_cpu_ms=dcp1_cpu_ms, dcp1_graph_ms=dcp1_graph_ms, **worst,
             speedup_vs_dcp1=dcp1_ms / worst["dcp_total_ms"],
             speedup_vs_dcp1_graph=(

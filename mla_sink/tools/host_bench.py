@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from mla_sink.tools.report import report_header
+
 #: the grid of the issue: T in {1, 2, 8} and H in {16, 128}, topk 2048, sinks on
 HOST_TOKENS = (1, 2, 8)
 HOST_HEADS = (16, 128)
@@ -61,7 +63,9 @@ def run_host_bench(args: argparse.Namespace) -> dict:
     """Time the host cost of every entry point on the grid (see the module docstring).
 
     Returns:
-        ``{"machine", "torch", "triton", "method", "cases": [{"name", "num_heads", "num_tokens", "topk",
+        ``{"mode": "host", "device", "torch", "triton", "date"`` (:func:`mla_sink.tools.report.report_header`),
+        ``"machine"`` (the device's name again, as before the common keys), ``"platform", "calls", "repeats",
+        "method", "cases": [{"name", "num_heads", "num_tokens", "topk",
         "gpu_us", "kernel", "num_kv_splits", "host_us": {impl: us}}]}``.
 
     Raises:
@@ -79,8 +83,6 @@ def run_host_bench(args: argparse.Namespace) -> dict:
             raise ValueError(f"'--{flag}' must be >= 1 (got {getattr(args, flag)})")
     if not torch.cuda.is_available():
         raise RuntimeError("mla-sink bench --host needs a CUDA GPU")
-    import triton
-
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     pool = args.pool_rows
@@ -120,8 +122,8 @@ def run_host_bench(args: argparse.Namespace) -> dict:
             cases.append(dict(name=f"bf16-h{H}-t{T}-topk{HOST_TOPK}-sinks", num_heads=H, num_tokens=T, topk=HOST_TOPK,
                               kernel=plan.launch.kernel, num_kv_splits=plan.launch.num_kv_splits,
                               host_us=host, wall_us=wall, gpu_us=gpu))
-    return dict(machine=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
-                platform=str(platform), calls=args.calls, repeats=args.repeats,
+    device = torch.cuda.get_device_name(0)
+    return dict(**report_header("host", device), machine=device, platform=str(platform), calls=args.calls, repeats=args.repeats,
                 method=__doc__.split("Method: ")[1].split("\n\n")[0].replace("\n", " "), cases=cases)
 
 
