@@ -336,13 +336,23 @@ def forget_prepared_calls() -> None:
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 
 
-def _fake(t: Any) -> bool:
+def has_no_data(t: Any) -> bool:
     """Whether ``t`` has no data to compute on: a meta tensor, or a FakeTensor (``FakeTensorMode``
     outside ``torch.compile``). Such calls go through the operator, whose fake implementation infers the
     output shapes."""
     if type(t) is torch.Tensor:  # the common case: one type test
         return t.is_meta
     return isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, _FakeTensor))
+
+
+def without_data_like(like: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a tensor with data) as a tensor without data of the same kind as ``like`` (for which
+    :func:`has_no_data` holds): a meta tensor for a meta ``like``, else a FakeTensor of ``like``'s
+    ``FakeTensorMode`` (on ``t``'s device). Same shape, dtype and strides; no data is copied. Used by the layer,
+    whose sinks live on its device, when it is called on tensors without data for shape inference."""
+    if like.is_meta:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    return like.fake_mode.from_tensor(t)
 
 
 def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],
@@ -371,7 +381,7 @@ def _execute_eager(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pl
                    path: Optional[str]) -> Result:
     """:func:`execute` outside torch.compile's tracing: the prepared runner of the call's signature (prepared on
     its first call), or the operator for tensors without data (meta, fake)."""
-    if _fake(x.q):
+    if has_no_data(x.q):
         return _traced(x, spec, need_lse, platform, path)
     try:
         key = (x.signature(), need_lse, spec, platform, path, torch.is_grad_enabled())

@@ -15,7 +15,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import D_QK, CallSpec, Platform
-from mla_sink.api import Result, check_dcp_args, execute, prepare, run
+from mla_sink.api import Result, check_dcp_args, execute, has_no_data, prepare, run, without_data_like
 from mla_sink.core.validate import call_scalars
 
 
@@ -96,6 +96,8 @@ class SparseMLADecode:
         if source is not None:
             if torch.compiler.is_compiling():  # traced: a detach is free in the graph (data_ptr is not traceable)
                 sinks = source.detach()
+            elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device
+                sinks = without_data_like(q, sinks)
             elif source.data_ptr() != sinks.data_ptr():  # new storage: one int compare an eager call
                 self.sinks = sinks = source.detach()
         x = DecodeInputs(q, kv_cache, indices, self.sm_scale, sinks, topk_length, q_scale, kv_scale, out,

@@ -175,6 +175,35 @@ def test_a_layer_built_for_a_device_infers_shapes_on_meta():
         layer(q[:, :4], kv, idx)
 
 
+def test_a_layer_with_sinks_infers_shapes_on_meta_and_fake_tensors():
+    # a break test's finding: the layer's sinks (on its device) were refused next to meta q ("'sinks' must be on
+    # meta, like q"), and under FakeTensorMode PyTorch asserted on the real sinks tensor
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    sinks = torch.tensor([0.5, -1.0, float("inf"), 2.0])
+    layer = SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=sinks)
+    meta = dict(device="meta")
+    out, lse = layer(torch.empty(2, 4, 576, dtype=torch.bfloat16, **meta),
+                     torch.empty(16, 576, dtype=torch.bfloat16, **meta), torch.empty(2, 8, dtype=torch.int32, **meta))
+    assert out.device.type == "meta" and out.shape == (2, 4, 512) and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 4) and lse.dtype == torch.float32
+    with FakeTensorMode():
+        out, lse = layer(torch.empty(3, 4, 576, dtype=torch.bfloat16), torch.empty(16, 576, dtype=torch.bfloat16),
+                         torch.zeros(3, 8, dtype=torch.int32))
+    assert isinstance(out, FakeTensor) and out.shape == (3, 4, 512) and lse.shape == (3, 4)
+    with pytest.raises(ValueError, match="'q' has 3 heads"):  # the checks still run without data
+        layer(torch.empty(2, 3, 576, dtype=torch.bfloat16, **meta), torch.empty(16, 576, dtype=torch.bfloat16, **meta),
+              torch.empty(2, 8, dtype=torch.int32, **meta))
+    g = torch.Generator().manual_seed(1)  # the same layer still computes on real tensors, with its sinks
+    q = torch.randn(2, 4, 576, generator=g).to(torch.bfloat16)
+    kv = torch.randn(16, 576, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 16, (2, 8), generator=g, dtype=torch.int32)
+    out, lse = layer(q, kv, idx)
+    ref, ref_lse = sparse_mla_decode_reference(q, kv, idx, sinks)
+    assert torch.allclose(out.double(), ref, atol=2e-2) and torch.allclose(lse.double(), ref_lse.double(), atol=1e-3)
+    assert (out[:, 2] == 0).all()  # the +inf sink takes all of head 2's weight
+
+
 def test_cpu_bf16_output_is_rounded_to_nearest_like_the_gpu():
     # the kernel computes in fp32; rounding that to nearest gives the float64 answer's nearest bf16
     # except at near-ties, while truncation toward zero misses about half the elements

@@ -61,9 +61,21 @@ def test_callspec_rejects_bad_field(kwargs, field):
     assert "got" in str(info.value)
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx90a", "gfx1100", "sm80", "sm90", "sm100", "sm90a", "cpu"])
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx90a", "gfx1100", "sm80", "sm90", "sm100", "cpu"])
 def test_platform_accepts_arch(arch):
     assert Platform(arch).arch == arch
+
+
+@pytest.mark.parametrize("arch,plain", [("sm90a", "sm90"), ("sm100a", "sm100"), ("sm100f", "sm100"), ("sm120a", "sm120")])
+def test_nvidia_feature_suffixes_name_the_plain_target(arch, plain):
+    """A break test's finding: ``--arch sm90a`` was accepted but planned as an unknown target (the portable kernel with
+    the fallback tiles), while ``sm90`` gets the Gluon kernels. The suffix names the same GPUs: the record keeps the
+    plain name, so both plan alike. AMD's ``gfx90a`` (its own GPU) keeps its letter (above)."""
+    from mla_sink import plan_call
+
+    assert Platform(arch).arch == plain and Platform(arch) == Platform(plain)
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=128, topk=2048)
+    assert plan_call(spec, Platform(arch, num_sms=132)) == plan_call(spec, Platform(plain, num_sms=132))
 
 
 @pytest.mark.parametrize(

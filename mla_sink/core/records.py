@@ -143,6 +143,18 @@ class CallSpec:
         return "-".join([head, *tail])
 
 
+def _canonical_arch(value: Any) -> Any:
+    """An NVIDIA target with a feature suffix as its plain compute capability (``'sm90a'`` -> ``'sm90'``,
+    ``'sm100f'`` -> ``'sm100'``): the suffix (``a`` arch-specific, ``f`` family features) names the same GPUs, and
+    the tables know each target by its plain name. AMD names keep their letter (``gfx90a`` is its own GPU); anything
+    else as given, for :func:`_arch` to refuse."""
+    if isinstance(value, str):
+        m = _ARCH_RE.match(value)
+        if m is not None and m.group("cc") is not None:
+            return f"sm{m.group('cc')}"
+    return value
+
+
 def _arch(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, str) or not _ARCH_RE.match(value):
         raise ValueError(
@@ -185,7 +197,8 @@ class Platform:
 
     Attributes:
         arch: compile target: ``gfx942`` (MI300), ``gfx950`` (MI350), ``sm80``, ``sm90``, ``sm100``,
-            ``cpu``, ... (never a capability tuple).
+            ``cpu``, ... (never a capability tuple). An NVIDIA target's feature suffix is dropped (``sm90a`` is
+            kept as ``sm90``: the same GPUs, and the tables' name for them).
         aiter_version: installed AITER version (e.g. ``'0.1.20'``), ``None`` when AITER is not
             importable (always ``None`` off ROCm).
         triton: whether Triton can run the kernel here: importable, and on the CPU (``arch='cpu'``)
@@ -206,7 +219,7 @@ class Platform:
             ``requires``): an ``aiter_version`` on any other arch makes those paths ineligible, with that reason.
     """
 
-    arch: str = attrs.field(validator=_arch)
+    arch: str = attrs.field(converter=_canonical_arch, validator=_arch)
     aiter_version: Optional[str] = attrs.field(default=None, converter=_canonical_version, validator=_version)
     triton: bool = attrs.field(default=True, validator=_bool)
     gluon: Optional[bool] = attrs.field(default=None)
