@@ -65,7 +65,8 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
         seen, default = flags.get(action.dest, ((), action.default))
         flags[action.dest] = (seen + (action.option_strings[0],), default)
 
-    add(p, "--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine)")
+    add(p, "--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine); an NVIDIA "
+                          "feature suffix names the plain target (sm90a is sm90)")
     add(p, "--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
     tri = p.add_mutually_exclusive_group()
     add(tri, "--triton", dest="triton", action="store_true", default=None, help="Triton importable")
