@@ -348,10 +348,14 @@ def has_no_data(t: Any) -> bool:
 def without_data_like(like: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``t`` (a tensor with data) as a tensor without data of the same kind as ``like`` (for which
     :func:`has_no_data` holds): a meta tensor for a meta ``like``, else a FakeTensor of ``like``'s
-    ``FakeTensorMode`` (on ``t``'s device). Same shape, dtype and strides; no data is copied. Used by the layer,
-    whose sinks live on its device, when it is called on tensors without data for shape inference."""
+    ``FakeTensorMode`` (on ``t``'s device), detached. Same shape, dtype and strides; no data is copied. Used by the
+    layer, whose sinks live on its device, when it is called on tensors without data for shape inference."""
     if like.is_meta:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # a real tensor's detach, outside the mode (which refuses real tensors)
+        t = t.detach()
     return like.fake_mode.from_tensor(t)
 
 

@@ -96,8 +96,10 @@ class SparseMLADecode:
         if source is not None:
             if torch.compiler.is_compiling():  # traced: a detach is free in the graph (data_ptr is not traceable)
                 sinks = source.detach()
-            elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device
-                sinks = without_data_like(q, sinks)
+                if q.device.type == "meta" and sinks.device.type != "meta":  # a compiled call's shape inference
+                    sinks = sinks.to("meta")
+            elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device: the current sinks
+                sinks = without_data_like(q, source)  # (whose storage may have been replaced) without data
             elif source.data_ptr() != sinks.data_ptr():  # new storage: one int compare an eager call
                 self.sinks = sinks = source.detach()
         x = DecodeInputs(q, kv_cache, indices, self.sm_scale, sinks, topk_length, q_scale, kv_scale, out,

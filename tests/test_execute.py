@@ -204,6 +204,29 @@ def test_a_layer_with_sinks_infers_shapes_on_meta_and_fake_tensors():
     assert (out[:, 2] == 0).all()  # the +inf sink takes all of head 2's weight
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_compiled_layer_with_sinks_infers_shapes_on_meta(backend):
+    # a second break test's finding: the compiled call passed the layer's real sinks next to meta q
+    layer = SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=torch.zeros(4))
+    f = torch.compile(lambda q, kv, idx: layer(q, kv, idx), fullgraph=True, backend=backend)
+    out, lse = f(torch.empty(2, 4, 576, dtype=torch.bfloat16, device="meta"),
+                 torch.empty(16, 576, dtype=torch.bfloat16, device="meta"),
+                 torch.empty(2, 8, dtype=torch.int32, device="meta"))
+    assert out.device.type == "meta" and out.shape == (2, 4, 512) and lse.shape == (2, 4)
+
+
+def test_a_meta_call_checks_the_layers_current_sinks():
+    # a second break test's finding: a meta call checked the sinks of the layer's last real call, not the tensor
+    # the layer was given (whose storage may have been replaced since), so it accepted what a real call refuses
+    p = torch.nn.Parameter(torch.zeros(4))
+    layer = SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=p)
+    p.data = torch.zeros(5)
+    meta = dict(device="meta")
+    with pytest.raises(ValueError, match="'sinks' must have num_heads=4 entries"):
+        layer(torch.empty(2, 4, 576, dtype=torch.bfloat16, **meta), torch.empty(16, 576, dtype=torch.bfloat16, **meta),
+              torch.empty(2, 8, dtype=torch.int32, **meta))
+
+
 def test_cpu_bf16_output_is_rounded_to_nearest_like_the_gpu():
     # the kernel computes in fp32; rounding that to nearest gives the float64 answer's nearest bf16
     # except at near-ties, while truncation toward zero misses about half the elements

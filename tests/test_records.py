@@ -66,7 +66,8 @@ def test_platform_accepts_arch(arch):
     assert Platform(arch).arch == arch
 
 
-@pytest.mark.parametrize("arch,plain", [("sm90a", "sm90"), ("sm100a", "sm100"), ("sm100f", "sm100"), ("sm120a", "sm120")])
+@pytest.mark.parametrize("arch,plain", [("sm90a", "sm90"), ("sm100a", "sm100"), ("sm100f", "sm100"), ("sm120a", "sm120"),
+                                        ("sm090", "sm90"), ("sm090a", "sm90")])
 def test_nvidia_feature_suffixes_name_the_plain_target(arch, plain):
     """A break test's finding: ``--arch sm90a`` was accepted but planned as an unknown target (the portable kernel with
     the fallback tiles), while ``sm90`` gets the Gluon kernels. The suffix names the same GPUs: the record keeps the
@@ -190,3 +191,28 @@ def test_equal_versions_are_one_record_and_gluon_needs_triton():
     import attrs
 
     assert attrs.evolve(Platform("sm90"), triton=False).gluon is False
+
+
+def test_an_arch_with_a_trailing_newline_is_refused():
+    # a second break test's finding: the pattern's "$" matched before a trailing newline, so "sm90\n" became sm90
+    # once the suffix was folded, while "cpu\n" was kept with its newline
+    for arch in ("sm90\n", "cpu\n", "gfx942\n"):
+        with pytest.raises(ValueError, match="'arch' must be a compile target"):
+            Platform(arch)
+
+
+def test_explain_arch_with_a_feature_suffix_is_this_machines_target(monkeypatch):
+    """A second break test's finding: ``explain --arch sm90a`` on an sm90 machine compared the text with the
+    detected arch before the suffix was folded, so it lost the machine's SM count and Gluon flag (and on AMD the
+    AITER version) that ``--arch sm90`` keeps."""
+    import argparse
+
+    from mla_sink.core import platform as platform_mod
+    from mla_sink.tools import cli
+
+    here = Platform("sm90", num_sms=132, gluon=False)
+    monkeypatch.setattr(platform_mod, "detect_platform", lambda *a, **k: here)
+    args = dict(aiter=None, triton=None, sms=None)
+    plain = cli._platform_from_args(argparse.Namespace(arch="sm90", **args))
+    assert plain == here
+    assert cli._platform_from_args(argparse.Namespace(arch="sm90a", **args)) == plain

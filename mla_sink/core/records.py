@@ -143,20 +143,23 @@ class CallSpec:
         return "-".join([head, *tail])
 
 
-def _canonical_arch(value: Any) -> Any:
-    """An NVIDIA target with a feature suffix as its plain compute capability (``'sm90a'`` -> ``'sm90'``,
-    ``'sm100f'`` -> ``'sm100'``): the suffix (``a`` arch-specific, ``f`` family features) names the same GPUs, and
-    the tables know each target by its plain name. AMD names keep their letter (``gfx90a`` is its own GPU); anything
-    else as given, for :func:`_arch` to refuse."""
+def canonical_arch(value: Any) -> Any:
+    """An NVIDIA target in its plain form: the compute capability as written without leading zeros and without a
+    feature suffix (``'sm90a'`` -> ``'sm90'``, ``'sm100f'`` -> ``'sm100'``, ``'sm090'`` -> ``'sm90'``): the suffix
+    (``a`` arch-specific, ``f`` family features) names the same GPUs, and the tables know each target by its plain
+    name. AMD names keep their letter (``gfx90a`` is its own GPU); anything else (or a form whose plain name would not
+    be a target) as given, for :class:`Platform`'s check to refuse by what was written. Used by :class:`Platform`
+    and by ``mla-sink explain --arch``."""
     if isinstance(value, str):
-        m = _ARCH_RE.match(value)
+        m = _ARCH_RE.fullmatch(value)
         if m is not None and m.group("cc") is not None:
-            return f"sm{m.group('cc')}"
+            plain = f"sm{int(m.group('cc'))}"
+            return plain if _ARCH_RE.fullmatch(plain) else value
     return value
 
 
 def _arch(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, str) or not _ARCH_RE.match(value):
+    if not isinstance(value, str) or not _ARCH_RE.fullmatch(value):
         raise ValueError(
             f"'arch' must be a compile target such as 'gfx942', 'gfx950', 'sm80', 'sm90', 'sm100' "
             f"or 'cpu' (got {value!r})"
@@ -219,7 +222,7 @@ class Platform:
             ``requires``): an ``aiter_version`` on any other arch makes those paths ineligible, with that reason.
     """
 
-    arch: str = attrs.field(converter=_canonical_arch, validator=_arch)
+    arch: str = attrs.field(converter=canonical_arch, validator=_arch)
     aiter_version: Optional[str] = attrs.field(default=None, converter=_canonical_version, validator=_version)
     triton: bool = attrs.field(default=True, validator=_bool)
     gluon: Optional[bool] = attrs.field(default=None)
@@ -243,7 +246,7 @@ class Platform:
     def cuda_arch(self) -> Optional[int]:
         """An NVIDIA target's compute capability as one number (``sm89`` -> 89, ``sm90a`` -> 90, ``sm100`` -> 100);
         ``None`` on any other target. The rule table compares it (``tables/mla_decode.yaml``, field ``cuda_arch``)."""
-        cc = _ARCH_RE.match(self.arch).group("cc")  # the validator matched it
+        cc = _ARCH_RE.fullmatch(self.arch).group("cc")  # the validator matched it
         return None if cc is None else int(cc)
 
     def __str__(self) -> str:

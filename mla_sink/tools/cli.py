@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import attrs
 
 from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
-from mla_sink.core.records import CallSpec, Platform, call_key
+from mla_sink.core.records import CallSpec, Platform, call_key, canonical_arch
 from mla_sink.tools.flags import check_count, check_not_empty, flag_named
 
 _DTYPES = sorted(DTYPE_KEYS.values())  # q (and 576-column KV) dtypes
@@ -36,7 +36,7 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
     for flag, value in (("--arch", args.arch), ("--aiter", args.aiter)):
         check_not_empty(flag, value, "this machine's")  # not silently "this machine" / "none"
     here = detect_platform()
-    arch = args.arch or here.arch
+    arch = canonical_arch(args.arch) if args.arch else here.arch  # sm90a is this machine's sm90 too
     if args.aiter is None:
         aiter = here.aiter_version if arch == here.arch else None
     else:
