@@ -663,3 +663,17 @@ def test_the_readme_explain_examples_are_what_explain_prints(capsys):
                 return line.lstrip().startswith("...") or o.startswith(pieces[0])  # same indentation
 
             assert any(shown(o) for o in out), (readme[i], line)
+
+
+@pytest.mark.parametrize("value,shown", [("-inf", "-inf"), ("-nan", "nan"), ("-1e400", "-inf")])
+def test_a_negative_non_number_logit_cap_gets_the_librarys_message(value, shown, capsys):
+    # a break test's finding: argparse took "-inf" after --logit-cap for a flag ("expected one argument")
+    assert main(["explain", "--arch", "cpu", "--logit-cap", value]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --logit-cap: 'logit_cap' must be a finite float (got {shown})"
+
+
+def test_a_negative_logit_cap_still_means_no_cap_and_a_missing_value_is_still_refused(capsys):
+    assert main(["explain", "--arch", "cpu", "--logit-cap", "-1", "--heads", "16"]) == 0
+    assert "→" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # argparse's own refusal: the next token is a flag, not a number
+        main(["explain", "--arch", "cpu", "--logit-cap", "--heads", "16"])

@@ -357,12 +357,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Flags whose value may be a negative non-number (``-inf``, ``-nan``), which argparse would take for a flag.
+_FLOAT_FLAGS = ("--logit-cap",)
+
+
+def _joined_float_values(argv: list) -> list:
+    """``--logit-cap -inf`` as ``--logit-cap=-inf``: argparse reads a value that starts with ``-`` and is not a plain
+    number as the next flag ("expected one argument"); joined, the library's own check names the value."""
+    out, i = [], 0
+    while i < len(argv):
+        flag = argv[i]
+        if flag in _FLOAT_FLAGS and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            try:
+                float(argv[i + 1])
+            except ValueError:
+                pass
+            else:
+                out.append(f"{flag}={argv[i + 1]}")
+                i += 2
+                continue
+        out.append(flag)
+        i += 1
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mla-sink`` console script."""
     from mla_sink.core.select import NoKernelError
     from mla_sink.dispatch import TableCheckError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _joined_float_values(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     if args.command == "explain":  # its own arguments, for --matrix's check of the call flags given
         args.explain_argv = argv[argv.index("explain") + 1:]
