@@ -96,8 +96,8 @@ class SparseMLADecode:
         if source is not None:
             if torch.compiler.is_compiling():  # traced: a detach is free in the graph (data_ptr is not traceable)
                 sinks = source.detach()
-                if q.device.type == "meta" and sinks.device.type != "meta":  # a compiled call's shape inference
-                    sinks = sinks.to("meta")
+                if q.is_meta and not sinks.is_meta:  # a compiled call's shape inference
+                    sinks = without_data_like(q, sinks)
             elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device: the current sinks
                 sinks = without_data_like(q, source)  # (whose storage may have been replaced) without data
             elif source.data_ptr() != sinks.data_ptr():  # new storage: one int compare an eager call
