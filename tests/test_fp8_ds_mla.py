@@ -1043,3 +1043,49 @@ def test_every_nvidia_arch_below_sm89_refuses_fp8_kv(arch):
             plan_call(spec, Platform(arch, num_sms=8))
         for served in ("sm89", "sm90a", "sm100", "sm120"):
             assert plan_call(spec, Platform(served, num_sms=8)).path == "triton"
+
+
+def test_sparse_and_nested_tensors_are_refused_by_the_quantiser_the_decoder_and_the_reference():
+    """A sparse (COO, CSR) or nested ``kv``, ``kv_cache``, ``q``, ``indices``, ``sinks`` or ``topk_length`` gets the
+    library's ``ValueError`` naming the argument and the layout, as the decode's entry points give it, not the error
+    of the first torch op that does not take it (thirty-ninth session's break test)."""
+    import mla_sink
+    from mla_sink.core.reference import sparse_mla_decode_reference as reference
+
+    x = torch.randn(8, 576)
+    cache = mla_sink.quantize_kv_cache(x)
+    for bad in (x.to_sparse(), x.to_sparse_csr(), torch.nested.nested_tensor([x[:3], x[:5]])):
+        with pytest.raises(ValueError, match=r"'kv' must be a dense strided tensor \(got layout"):
+            mla_sink.quantize_kv_cache(bad)
+    with pytest.raises(ValueError, match=r"'kv_cache' must be a dense strided tensor \(got layout torch.sparse_coo"):
+        mla_sink.dequantize_kv_cache(cache.to_sparse())
+    q = torch.randn(1, 2, 576).bfloat16()
+    idx = torch.zeros(1, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"'kv_cache' must be a dense strided tensor \(got layout torch.sparse_coo"):
+        reference(q, cache.to_sparse(), idx)
+    with pytest.raises(ValueError, match=r"'q' must be a dense strided tensor \(got layout torch.sparse_coo"):
+        reference(q.float().to_sparse(), cache, idx)
+    with pytest.raises(ValueError, match=r"'indices' must be a dense strided tensor"):
+        reference(q, cache, idx.to_sparse())
+    with pytest.raises(ValueError, match=r"'sinks' must be a dense strided tensor"):
+        reference(q, cache, idx, sinks=torch.zeros(2).to_sparse())
+    with pytest.raises(ValueError, match=r"'topk_length' must be a dense strided tensor"):
+        reference(q, cache, idx, topk_length=torch.ones(1, dtype=torch.int32).to_sparse())
+    out, lse = reference(q, cache, idx)  # the dense call still runs
+    assert out.shape == (1, 2, D_V) and lse.shape == (1, 2)
+
+
+def test_a_dynamic_trace_names_the_bad_stride_as_a_number():
+    """Under ``torch.compile(dynamic=True)`` a refused stride is shown as the number it stands for in the call
+    (``658``), not as the trace's symbol (``s32``) (thirty-ninth session's break test)."""
+    import mla_sink
+
+    op = torch.ops.mla_sink.sparse_mla_decode
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, c, i: op(q, c, i, None, 576 ** -0.5, None, None, None, True, 0.0, ""),
+                      fullgraph=True, dynamic=True, backend="aot_eager")
+    kv = mla_sink.quantize_kv_cache(torch.randn(64, 576))
+    bad = torch.as_strided(torch.zeros(65 * ROW, dtype=torch.uint8), (64, ROW), (ROW + 2, 1))
+    bad.copy_(kv)
+    with torch.no_grad(), pytest.raises(Exception, match=r"got strides \(658, 1\)"):
+        f(torch.randn(2, 4, 576).bfloat16(), bad, torch.zeros(2, 8, dtype=torch.int32))

@@ -104,15 +104,14 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
         RoPE columns rounded to bf16 (exact for bf16 input).
 
     Raises:
-        ValueError: ``kv`` not a tensor of shape ``[N, 576]`` / ``[B, S, 576]`` in bf16/fp16/float32, on
+        ValueError: ``kv`` not a dense tensor of shape ``[N, 576]`` / ``[B, S, 576]`` in bf16/fp16/float32, on
             the meta device, a non-finite value in ``kv`` or one too large for the layout (a RoPE value
             beyond bf16's largest finite value, about 3.39e38), an unknown ``layout`` or ``scale``.
     """
     _check_layout(layout)
     if scale not in SCALE_CONVENTIONS:
         raise ValueError(f"'scale' must be one of {SCALE_CONVENTIONS} (got {scale!r})")
-    if not isinstance(kv, torch.Tensor):
-        raise ValueError(f"'kv' must be a torch.Tensor (got {type(kv).__name__})")
+    check_dense("kv", kv)
     if kv.dtype not in _KV_DTYPES:
         raise ValueError(f"'kv' must be bfloat16, float16 or float32 (got {kv.dtype})")
     if kv.dim() not in (2, 3) or kv.shape[-1] != D_NOPE + D_ROPE:
@@ -151,11 +150,23 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
     return out.reshape(*lead, ROW_BYTES)
 
 
+def check_dense(name: str, value: Any) -> torch.Tensor:
+    """``value`` if it is a dense strided ``torch.Tensor``; else a ``ValueError`` naming ``name`` and what it got (not
+    a tensor, a sparse or other non-strided layout, a nested tensor). Every entry point's first check of a tensor
+    argument (the library's :mod:`mla_sink.core.validate`, the quantiser, the decoder and the reference), so a
+    sparse ``kv`` gets this message rather than the error of the first torch op that does not take it."""
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"'{name}' must be a torch.Tensor (got {type(value).__name__})")
+    if value.layout != torch.strided or value.is_nested:
+        raise ValueError(f"'{name}' must be a dense strided tensor (got layout {value.layout}"
+                         f"{', nested' if value.is_nested else ''})")
+    return value
+
+
 def check_cache(kv_cache: Any) -> None:
-    """Raise ``ValueError`` (naming ``kv_cache``, its dtype and shape) unless it is a uint8 tensor of
+    """Raise ``ValueError`` (naming ``kv_cache``, its dtype and shape) unless it is a dense uint8 tensor of
     656-byte rows, ``[N, 656]`` or ``[num_blocks, block_size, 656]``; strides are the callers' concern."""
-    if not isinstance(kv_cache, torch.Tensor):
-        raise ValueError(f"'kv_cache' must be a torch.Tensor (got {type(kv_cache).__name__})")
+    check_dense("kv_cache", kv_cache)
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != ROW_BYTES:
         raise ValueError(f"'kv_cache' must be uint8 [N, {ROW_BYTES}] or [num_blocks, block_size, {ROW_BYTES}] "
                          f"(got {kv_cache.dtype} shape {tuple(kv_cache.shape)})")
@@ -229,7 +240,7 @@ def dequantize_kv_cache(kv_cache: torch.Tensor, layout: str = LAYOUT) -> torch.T
         NaN; NaN or inf scales propagate (``0 * inf`` is NaN).
 
     Raises:
-        ValueError: ``kv_cache`` not a uint8 ``[N, 656]`` / ``[B, S, 656]`` tensor (or on the meta device),
+        ValueError: ``kv_cache`` not a dense uint8 ``[N, 656]`` / ``[B, S, 656]`` tensor (or on the meta device),
             or an unknown ``layout``.
     """
     _check_layout(layout)

@@ -111,8 +111,10 @@ def _check_shapes(q, kv_cache, indices, sinks, topk_length) -> None:
     ids' integer dtype): a ``ValueError`` naming the argument, its shape and what is allowed, before anything is
     gathered."""
     for name, x in (("q", q), ("kv_cache", kv_cache), ("indices", indices)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"'{name}' must be a torch.Tensor (got {type(x).__name__})")
+        kv_layout.check_dense(name, x)
+    for name, x in (("sinks", sinks), ("topk_length", topk_length)):
+        if isinstance(x, torch.Tensor):
+            kv_layout.check_dense(name, x)
     if q.dim() != 3:
         raise ValueError(f"'q' must be [T, H, d_qk] (got shape {tuple(q.shape)})")
     T, H, d_qk = q.shape
@@ -175,7 +177,8 @@ def sparse_mla_decode_reference(
         natural log, sink excluded (``-inf`` on empty rows).
 
     Raises:
-        ValueError: a shape that does not fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a
+        ValueError: a tensor argument that is not a dense strided tensor (sparse, nested); a shape that does not
+            fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a
             656-byte-row uint8 cache, indices not ``[T, topk]`` integers, sinks not ``[H]``, topk_length not
             ``[T]``), before anything is gathered; ``d_v`` outside ``[1, d_qk]``, a scale that is not a
             one-element tensor of at most one dimension, a ``compute_dtype`` other than float64 / float32, an

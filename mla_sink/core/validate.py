@@ -78,17 +78,17 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
                          f"(got shape {tuple(kv_cache.shape)})")
     if kv_layout.num_rows(kv_cache) < (0 if allow_empty_pool else 1):
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must hold N >= 1 rows (got shape {tuple(kv_cache.shape)})")
-    strides = tuple(kv_cache.stride())
+    strides = tuple(kv_cache.stride())  # compared as they are (symbolic sizes install their guards)
     if kv_cache.shape[-1] > 1 and strides[-1] != 1:
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must have the {row} bytes of a row contiguous (stride(-1) == 1; "
-                         f"got strides {strides})")
+                         f"got strides {concrete(strides)})")
     if kv_cache.dim() == 3 and kv_cache.shape[1] > 1 and strides[1] != row:
         raise ValueError(f"'kv_cache' (fp8_ds_mla) [num_blocks, block_size, {row}] must have the rows of a block "
-                         f"contiguous (stride(1) == {row}; got strides {strides})")
+                         f"contiguous (stride(1) == {row}; got strides {concrete(strides)})")
     if kv_cache.shape[0] > 1 and strides[0] % DS_MLA_ALIGN:
         what = "block" if kv_cache.dim() == 3 else "row"
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must have a {what} stride that is a multiple of {DS_MLA_ALIGN} "
-                         f"bytes (its float32 scales are read in place; got strides {strides})")
+                         f"bytes (its float32 scales are read in place; got strides {concrete(strides)})")
     if _has_memory(kv_cache):
         if kv_cache.numel():
             check_ds_mla_pointer(kv_cache)
@@ -98,12 +98,19 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
         _misaligned_ds_mla(f"a view at byte offset {offset * kv_cache.element_size()} of its storage")
 
 
+def concrete(values) -> tuple:
+    """``values`` (a shape or strides) for an error message: a symbolic size of a ``torch.compile(dynamic=True)``
+    trace shown as the number it stands for in this call (its hint), so the message says ``658`` where the
+    symbol is ``s32``; one without a hint stays as it is."""
+    shown = []
+    for v in values:
+        hint = getattr(getattr(v, "node", None), "hint", None) if isinstance(v, torch.SymInt) else None
+        shown.append(int(hint) if hint is not None else v)
+    return tuple(shown)
+
+
 def _require_tensor(name: str, value: object) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(f"'{name}' must be a torch.Tensor (got {type(value).__name__})")
-    if value.layout != torch.strided or value.is_nested:
-        raise ValueError(f"'{name}' must be a dense strided tensor (got layout {value.layout}"
-                         f"{', nested' if value.is_nested else ''})")
+    kv_layout.check_dense(name, value)
     if value.is_neg() or value.is_conj():
         raise ValueError(f"'{name}' must not be a lazily negated or conjugated view (resolve it first: "
                          "t.resolve_neg() / t.resolve_conj())")
@@ -205,7 +212,7 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
     if sinks.shape[0] != num_heads:
         raise ValueError(f"'sinks' must have num_heads={num_heads} entries (got {sinks.shape[0]})")
     if not sinks.is_contiguous():
-        raise ValueError(f"'sinks' must be contiguous (got stride {tuple(sinks.stride())})")
+        raise ValueError(f"'sinks' must be contiguous (got stride {concrete(sinks.stride())})")
     if device is not None and sinks.device != device:
         raise ValueError(f"'sinks' must be on {device}, like {like} (got {sinks.device})")
 
@@ -248,7 +255,7 @@ def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
     if part_out.dtype not in MERGE_DTYPES:
         raise ValueError(f"'part_out' must be {' / '.join(map(str, MERGE_DTYPES))} (got {part_out.dtype})")
     if out.numel() and out.stride(2) != 1:
-        raise ValueError(f"'out' must have innermost stride 1 (got strides {out.stride()})")
+        raise ValueError(f"'out' must have innermost stride 1 (got strides {concrete(out.stride())})")
     check_sinks(sinks, H, dev, like="part_out")
     for name, t in (("out", out), ("lse", lse)):
         if overlaps_itself(t):
@@ -426,7 +433,7 @@ def check_inputs(
     if q.dim() != 3 or q.shape[2] != D_QK or q.shape[1] < 1:
         raise ValueError(f"'q' must be [T, H, {D_QK}] with H >= 1 (got shape {tuple(q.shape)})")
     if q.stride(2) != 1:
-        raise ValueError(f"'q' must have innermost stride 1 (got strides {tuple(q.stride())})")
+        raise ValueError(f"'q' must have innermost stride 1 (got strides {concrete(q.stride())})")
     if kv_key in DS_MLA_KEYS:
         check_ds_mla_cache(kv_cache, allow_empty_pool=allow_empty_pool)
     elif kv_cache.dim() != 2 or kv_cache.shape[1] != D_QK or kv_cache.shape[0] < (0 if allow_empty_pool else 1):
@@ -437,7 +444,7 @@ def check_inputs(
                     f"e.g. kv_cache.view(torch.uint8), not {kv_cache.dtype})")
         raise ValueError(f"'kv_cache' must be [N, {D_QK}] with N >= 1 (got shape {tuple(kv_cache.shape)}){hint}")
     elif kv_cache.stride(1) != 1:
-        raise ValueError(f"'kv_cache' must have innermost stride 1 (got strides {tuple(kv_cache.stride())})")
+        raise ValueError(f"'kv_cache' must have innermost stride 1 (got strides {concrete(kv_cache.stride())})")
     if indices.dtype != torch.int32:
         raise ValueError(f"'indices' must be int32 (got {indices.dtype})")
     if indices.dim() != 2 or indices.shape[1] < 1:
@@ -495,10 +502,10 @@ def check_inputs(
                 f"'out' must be {want} [T={T}, H={H}, {D_V}] (got {out.dtype} shape {tuple(out.shape)})"
             )
         if out.stride(2) != 1 or out.device != device:
-            raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {tuple(out.stride())})")
+            raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {concrete(out.stride())})")
         if overlaps_itself(out):
             raise ValueError(f"'out' must not overlap itself: each [token, head] row needs its own memory (got strides "
-                             f"{tuple(out.stride())} for shape {tuple(out.shape)}, e.g. from expand())")
+                             f"{concrete(out.stride())} for shape {tuple(out.shape)}, e.g. from expand())")
         if out.requires_grad:
             raise ValueError("'out' must not require grad (the kernel writes it in place; pass a plain buffer)")
         for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
