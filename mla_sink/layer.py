@@ -54,12 +54,19 @@ class SparseMLADecode:
         platform: where the layer runs (default: this machine's current device).
         path: force a kernel path.
 
-    Attributes:
+    Attributes (read-only: the configuration is fixed at construction, where it was checked; assigning any of
+    them raises ``AttributeError`` - build another layer for another configuration):
         spec, platform, plan: the records the layer runs under (``plan.path`` names the kernel path).
+        sm_scale: the float the kernels take. sinks: the sinks tensor as the layer holds it (detached), or None.
+        path: the forced path, or None.
 
     Raises:
         ValueError: bad configuration or sinks. NoKernelError: no path serves it on this platform.
     """
+
+    #: The layer's state: set once by ``__init__`` (and ``_sinks`` again when the caller's parameter gets new
+    #: storage); every public attribute is a read-only view of it.
+    __slots__ = ("_spec", "_sm_scale", "_plan", "_platform", "_sinks", "_sinks_source", "_path", "_dcp")
 
     def __init__(self, *, num_heads: int, q_dtype: Union[str, torch.dtype], kv_dtype: Union[str, torch.dtype],
                  topk: int, sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
@@ -69,18 +76,33 @@ class SparseMLADecode:
                  platform: Optional[Platform] = None, path: Optional[str] = None) -> None:
         if sm_scale is None:
             sm_scale = D_QK ** -0.5
-        self.sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
-        self.spec = CallSpec(q_dtype=_key("q_dtype", q_dtype), kv_dtype=_key("kv_dtype", kv_dtype),
-                             num_heads=num_heads, topk=topk, sinks=sinks is not None,
-                             dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap)
+        self._sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
+        self._spec = CallSpec(q_dtype=_key("q_dtype", q_dtype), kv_dtype=_key("kv_dtype", kv_dtype),
+                              num_heads=num_heads, topk=topk, sinks=sinks is not None,
+                              dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap)
         check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
-        self.plan: LaunchPlan = prepare(self.spec, platform, path=path, sinks=sinks, sm_scale=self.sm_scale)
-        self.platform = self.plan.platform
-        self.sinks = sinks.detach() if sinks is not None else None  # a tensor: prepare() checked it
+        self._plan: LaunchPlan = prepare(self._spec, platform, path=path, sinks=sinks, sm_scale=self._sm_scale)
+        self._platform = self._plan.platform
+        self._sinks = sinks.detach() if sinks is not None else None  # a tensor: prepare() checked it
         self._sinks_source = sinks  # the caller's tensor: its storage may be replaced later (__call__)
-        self.path = path
+        self._path = path
         self._dcp = (dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
                      if dcp_world_size > 1 else None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_"):
+            what = ("is fixed at construction, where it was checked" if isinstance(getattr(type(self), name, None),
+                                                                                   property)
+                    else "is not an attribute of the layer, whose configuration is fixed at construction")
+            raise AttributeError(f"SparseMLADecode.{name} {what} (build another layer for another configuration)")
+        object.__setattr__(self, name, value)
+
+    spec = property(lambda self: self._spec, doc="The layer's :class:`CallSpec`.")
+    platform = property(lambda self: self._platform, doc="The :class:`Platform` the layer runs on.")
+    plan = property(lambda self: self._plan, doc="The :class:`LaunchPlan` the layer's calls run under.")
+    sm_scale = property(lambda self: self._sm_scale, doc="The float ``sm_scale`` the kernels take.")
+    sinks = property(lambda self: self._sinks, doc="The sinks as the layer holds them (detached), or None.")
+    path = property(lambda self: self._path, doc="The forced kernel path, or None.")
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,
                  topk_length: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None,
@@ -90,9 +112,10 @@ class SparseMLADecode:
         Raises:
             ValueError: q's head count (or any tensor) disagrees with the layer's configuration.
         """
-        if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[1] != self.spec.num_heads:
-            raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={self.spec.num_heads}")
-        sinks, source = self.sinks, self._sinks_source
+        spec = self._spec
+        if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[1] != spec.num_heads:
+            raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={spec.num_heads}")
+        sinks, source = self._sinks, self._sinks_source
         if source is not None:
             if torch.compiler.is_compiling():  # traced: a detach is free in the graph (data_ptr is not traceable)
                 sinks = source.detach()
@@ -101,12 +124,12 @@ class SparseMLADecode:
             elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device: the current sinks
                 sinks = without_data_like(q, source)  # (whose storage may have been replaced) without data
             elif source.data_ptr() != sinks.data_ptr():  # new storage: one int compare an eager call
-                self.sinks = sinks = source.detach()
-        x = DecodeInputs(q, kv_cache, indices, self.sm_scale, sinks, topk_length, q_scale, kv_scale, out,
-                         self.spec.logit_cap)
+                self._sinks = sinks = source.detach()
+        x = DecodeInputs(q, kv_cache, indices, self._sm_scale, sinks, topk_length, q_scale, kv_scale, out,
+                         spec.logit_cap)
         if self._dcp is not None:
-            return run(self.spec, x, platform=self.platform, path=self.path, **self._dcp)
-        return execute(x, spec=self.spec, need_lse=self.spec.need_lse, platform=self.platform, path=self.path)
+            return run(spec, x, platform=self._platform, path=self._path, **self._dcp)
+        return execute(x, spec=spec, need_lse=spec.need_lse, platform=self._platform, path=self._path)
 
     def __repr__(self) -> str:
-        return f"SparseMLADecode({self.spec} on {self.platform} -> {self.plan.path}, row {self.plan.row_id})"
+        return f"SparseMLADecode({self._spec} on {self._platform} -> {self._plan.path}, row {self._plan.row_id})"

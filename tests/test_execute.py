@@ -410,3 +410,25 @@ def test_describe_pair_given_as_spec_says_to_unpack_it():
     pair = mla_sink.describe(q, kv, idx)
     with pytest.raises(ValueError, match=r"got tuple\).*spec, platform = mla_sink.describe"):
         mla_sink.run(pair, mla_sink.DecodeInputs(q, kv, idx))
+
+
+def test_a_layers_configuration_cannot_be_changed_after_construction():
+    """``sm_scale``, ``sinks``, ``plan``, ``spec``, ``platform`` and ``path`` were checked in the constructor; a later
+    assignment used to be accepted and either run unchecked (``sm_scale = nan`` made every output NaN, a string
+    failed inside the kernel) or be silently ignored (``plan``, ``sinks``). Each now raises ``AttributeError``, as
+    does a new attribute; the layer still deep-copies and pickles (thirty-ninth session's break test)."""
+    import copy
+    import pickle
+
+    from mla_sink import SparseMLADecode
+
+    layer = SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=torch.zeros(4))
+    for name, value in (("sm_scale", float("nan")), ("sinks", torch.zeros(7)), ("plan", None), ("spec", None),
+                        ("platform", None), ("path", "reference")):
+        with pytest.raises(AttributeError, match=rf"SparseMLADecode\.{name} is fixed at construction"):
+            setattr(layer, name, value)
+    with pytest.raises(AttributeError, match=r"SparseMLADecode\.logit_cap is not an attribute of the layer"):
+        layer.logit_cap = 5.0
+    assert layer.sm_scale == 576 ** -0.5 and layer.path is None and tuple(layer.sinks.shape) == (4,)
+    for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert other.spec == layer.spec and other.sm_scale == layer.sm_scale and other.plan == layer.plan

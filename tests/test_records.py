@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from mla_sink import CallSpec, Platform, call_key
@@ -18,6 +19,9 @@ def test_canonical_key_matches_design_example():
 def test_key_names_non_default_fields():
     s = CallSpec(q_dtype="bf16", kv_dtype="fp8_e4m3", num_heads=16, topk=64, dcp_world_size=2, need_lse=True, logit_cap=30)
     assert call_key(s, Platform("sm90")) == "bf16+kv_fp8_e4m3-h16-sm90-nosinks-dcp2-cap30"
+    # one cap, one key: '%g' gave 30.000001 the key of 30 (thirty-ninth session's break test)
+    for cap, text in ((30.000001, "cap30.000001"), (2 ** 31, "cap2147483648"), (0.5, "cap0.5"), (1e30, "cap1e+30")):
+        assert str(attrs.evolve(s, logit_cap=cap)).endswith(text), cap
 
 
 def test_need_lse():
@@ -85,6 +89,11 @@ def test_nvidia_feature_suffixes_name_the_plain_target(arch, plain):
         (dict(arch="9.0"), "'arch' must be a compile target"),
         (dict(arch=(9, 0)), "'arch' must be a compile target"),
         (dict(arch="cuda"), "'arch' must be a compile target"),
+        # a one-digit compute capability is no target, with or without leading zeros (thirty-ninth session's break
+        # test: 'sm09' and 'sm00' were accepted as cuda_arch 9 and 0 while 'sm9' was refused)
+        (dict(arch="sm09"), r"'arch' must be a compile target .* \(got 'sm09'\)"),
+        (dict(arch="sm00"), r"'arch' must be a compile target .* \(got 'sm00'\)"),
+        (dict(arch="sm9"), r"'arch' must be a compile target .* \(got 'sm9'\)"),
         (dict(arch="gfx942", aiter_version="latest"), "'aiter_version'"),
         (dict(arch="cpu", triton="yes"), "'triton'"),
         # the interpreter has no SMs: a count made the plan split as if it had them (it was the CLI's check)

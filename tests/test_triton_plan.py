@@ -244,6 +244,21 @@ def test_launch_record_fields():
         plan(q_dtype="fp32")
 
 
+def test_one_split_of_a_topk_near_int32s_largest_holds_topk_ids():
+    """Rounded up to whole blocks, a topk of 2^31 - 1 made one split of 2^31 ids, beyond the int32 argument the
+    kernels take (explain printed it; thirty-ninth session's break test): such a split now holds topk ids, its
+    last block partial; two splits and smaller topk keep their whole blocks."""
+    from mla_sink.core.records import COUNT_MAX
+
+    cfg = P.TritonConfig(block_h=16, block_n=64, num_warps=4, num_stages=1, max_kv_splits=32, min_ids_per_split=64,
+                         split_waves=1.0, split_min_fill=0.5, combine_block_h=16, combine_block_d=512,
+                         min_combine_block_d=32, fp8_f16=True)
+    assert P.split_plan(cfg, 1, 16, COUNT_MAX, None, requested=1) == (1, COUNT_MAX)
+    assert P.split_plan(cfg, 1, 16, COUNT_MAX - 64, None, requested=1) == (1, COUNT_MAX - 63)  # whole blocks fit
+    assert P.split_plan(cfg, 1, 16, COUNT_MAX, None, requested=2) == (2, 2 ** 30)
+    assert P.split_plan(cfg, 1, 16, 37, None, requested=1) == (1, 64)
+
+
 # ---- the table -----------------------------------------------------------------------------------------
 
 def _shipped_text():

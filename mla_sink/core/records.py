@@ -25,7 +25,10 @@ _DTYPES = tuple(sorted(DTYPE_KEYS.values()))
 _KV_DTYPES = KV_DTYPE_KEYS
 #: A compile target; on NVIDIA ``sm`` and the compute capability's digits (as :func:`mla_sink.core.platform.arch_of`
 #: writes them), which :attr:`Platform.cuda_arch` reads from the group ``cc``.
-_ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm(?P<cc>[0-9]{2,3})[a-z]?|cpu)$")
+_ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm(?P<cc>[1-9][0-9]{1,2})[a-z]?|cpu)$")
+#: Any ``sm`` name with digits, for :func:`canonical_arch` to read (leading zeros included; the target's own check is
+#: :data:`_ARCH_RE`: a compute capability of two or three digits, the first not 0).
+_NV_NAME_RE = re.compile(r"sm(?P<cc>[0-9]+)[a-z]?")
 
 
 def _as_int(value: Any) -> Any:
@@ -134,8 +137,10 @@ class CallSpec:
         tail = [f"h{self.num_heads}", "sinks" if self.sinks else "nosinks", f"dcp{self.dcp_world_size}"]
         if self.need_lse and not (self.sinks or self.dcp_world_size > 1):
             tail.append("lse")
-        if self.logit_cap > 0:
-            tail.append(f"cap{self.logit_cap:g}")
+        if self.logit_cap > 0:  # the shortest text that reads back as this float: two caps, two keys ('%g' kept 6
+            # digits, so 30 and 30.000001 shared 'cap30')
+            cap = repr(float(self.logit_cap))
+            tail.append(f"cap{cap[:-2] if cap.endswith('.0') else cap}")
         return head, tail
 
     def __str__(self) -> str:
@@ -148,11 +153,11 @@ def canonical_arch(value: Any) -> Any:
     feature suffix (``'sm90a'`` -> ``'sm90'``, ``'sm100f'`` -> ``'sm100'``, ``'sm090'`` -> ``'sm90'``): the suffix
     (``a`` arch-specific, ``f`` family features) names the same GPUs, and the tables know each target by its plain
     name. AMD names keep their letter (``gfx90a`` is its own GPU); anything else (or a form whose plain name would not
-    be a target) as given, for :class:`Platform`'s check to refuse by what was written. Used by :class:`Platform`
-    and by ``mla-sink explain --arch``."""
+    be a target, as ``'sm09'`` or ``'sm00'``: a compute capability of one digit) as given, for :class:`Platform`'s
+    check to refuse by what was written. Used by :class:`Platform` and by ``mla-sink explain --arch``."""
     if isinstance(value, str):
-        m = _ARCH_RE.fullmatch(value)
-        if m is not None and m.group("cc") is not None:
+        m = _NV_NAME_RE.fullmatch(value)
+        if m is not None:
             plain = f"sm{int(m.group('cc'))}"
             return plain if _ARCH_RE.fullmatch(plain) else value
     return value

@@ -79,10 +79,19 @@ FIELD_FLAGS = {"arch": "--arch", "aiter_version": "--aiter", "logit_cap": "--log
                "dcp_world_size": "--dcp", "num_sms": "--sms"}
 
 
+#: The flags that give a dtype pair, by how the library's pair error names the pair
+#: (:func:`mla_sink.core.dtypes.pair_error`): the records' fields (``explain``) or the tensors' dtypes (``demo``).
+PAIR_FLAGS = {"('q_dtype', 'kv_dtype') ": "--q-dtype/--kv-dtype", "(q dtype, kv_cache dtype) ": "--dtype/--kv-dtype"}
+
+
 def flag_named(message: str) -> str:
     """A library error raised for a flag's value, with that flag in front where the message starts with the record
-    field's name: ``'arch' must be ...`` -> ``--arch: 'arch' must be ...``; other messages as they are."""
+    field's name: ``'arch' must be ...`` -> ``--arch: 'arch' must be ...`` (a refused dtype pair: both flags);
+    other messages as they are."""
     for field, flag in FIELD_FLAGS.items():
         if message.startswith(f"'{field}' "):
             return f"{flag}: {message}"
+    for start, flags in PAIR_FLAGS.items():
+        if message.startswith(start):
+            return f"{flags}: {message}"
     return message
