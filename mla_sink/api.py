@@ -23,6 +23,7 @@ from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
 from mla_sink.core.records import D_QK, CallSpec, Platform, check_platform, check_spec
+from mla_sink.core.trace import tracing
 from mla_sink.core.validate import (
     FP32_SCALE_MAX,
     FP32_TINY,
@@ -288,7 +289,7 @@ def sparse_mla_decode(
         sm_scale = D_QK ** -0.5
     # under torch.compile's tracing a float is symbolic and comparing a NaN one raises in the tracer: call_scalars
     # leaves its range to the operator's real implementation; eagerly the common case is checked inline (hot path)
-    compiling = torch.compiler.is_compiling()
+    compiling = tracing()
     if compiling or not (type(sm_scale) is float and type(logit_cap) is float and type(return_lse) is bool
                          and FP32_TINY <= sm_scale <= FP32_SCALE_MAX
                          and (-math.inf < logit_cap <= 0.0 or FP32_TINY <= logit_cap <= FP32_SCALE_MAX)):
@@ -376,7 +377,7 @@ def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platfo
         ValueError: malformed tensors, or tensors that disagree with ``spec`` / ``platform``.
         NoKernelError: no path serves the call.
     """
-    if torch.compiler.is_compiling():
+    if tracing():
         return _traced(x, spec, need_lse, platform, path)
     return _execute_eager(x, spec, need_lse, platform, path)
 
@@ -442,7 +443,7 @@ def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Res
     """DCP: validate, plan and prepare the rank-local decode on the first call of a signature (with these DCP
     arguments; later ones reuse it, as :func:`execute` does), then run this rank's shard and merge over the group
     (collectives: eager only). The merge checks each call's shard and ids itself, before any collective."""
-    if torch.compiler.is_compiling():
+    if tracing():
         return _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
     from mla_sink.core.dcp_run import local_decode_fp32, run_dcp
 

@@ -17,6 +17,7 @@ from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import D_QK, CallSpec, Platform
 from mla_sink.api import Result, check_dcp_args, execute, has_no_data, prepare, run, without_data_like
 from mla_sink.core.validate import call_scalars
+from mla_sink.core.trace import tracing
 
 
 def _key(name: str, dtype: Union[str, torch.dtype]) -> Union[str, torch.dtype]:
@@ -54,8 +55,9 @@ class SparseMLADecode:
         platform: where the layer runs (default: this machine's current device).
         path: force a kernel path.
 
-    Attributes (read-only: the configuration is fixed at construction, where it was checked; assigning any of
-    them raises ``AttributeError`` - build another layer for another configuration):
+    Attributes (read-only: the configuration is fixed at construction, where it was checked; assigning or deleting
+    one of them, or the private state behind them, raises ``AttributeError`` - build another layer for another
+    configuration; other attributes, a subclass's own included, are as on any object):
         spec, platform, plan: the records the layer runs under (``plan.path`` names the kernel path).
         sm_scale: the float the kernels take. sinks: the sinks tensor as the layer holds it (detached), or None.
         path: the forced path, or None.
@@ -64,9 +66,9 @@ class SparseMLADecode:
         ValueError: bad configuration or sinks. NoKernelError: no path serves it on this platform.
     """
 
-    #: The layer's state: set once by ``__init__`` (and ``_sinks`` again when the caller's parameter gets new
-    #: storage); every public attribute is a read-only view of it.
-    __slots__ = ("_spec", "_sm_scale", "_plan", "_platform", "_sinks", "_sinks_source", "_path", "_dcp")
+    #: The layer's state behind its read-only attributes: set by ``__init__``, then fixed (``_sinks`` follows the
+    #: caller's parameter when its storage is replaced, :meth:`__call__`).
+    _STATE = ("_spec", "_sm_scale", "_plan", "_platform", "_sinks", "_sinks_source", "_path", "_dcp")
 
     def __init__(self, *, num_heads: int, q_dtype: Union[str, torch.dtype], kv_dtype: Union[str, torch.dtype],
                  topk: int, sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
@@ -89,13 +91,22 @@ class SparseMLADecode:
         self._dcp = (dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
                      if dcp_world_size > 1 else None)
 
+        self._built = True
+
+    def _refuse(self, name: str) -> None:
+        """AttributeError for a change of the configuration (a read-only attribute, or once built its state)."""
+        if isinstance(getattr(type(self), name, None), property) or (
+                name in SparseMLADecode._STATE and self.__dict__.get("_built")):
+            raise AttributeError(f"{type(self).__name__}.{name} is fixed at construction, where it was checked "
+                                 f"(build another layer for another configuration)")
+
     def __setattr__(self, name: str, value: Any) -> None:
-        if not name.startswith("_"):
-            what = ("is fixed at construction, where it was checked" if isinstance(getattr(type(self), name, None),
-                                                                                   property)
-                    else "is not an attribute of the layer, whose configuration is fixed at construction")
-            raise AttributeError(f"SparseMLADecode.{name} {what} (build another layer for another configuration)")
+        self._refuse(name)
         object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._refuse(name)
+        object.__delattr__(self, name)
 
     spec = property(lambda self: self._spec, doc="The layer's :class:`CallSpec`.")
     platform = property(lambda self: self._platform, doc="The :class:`Platform` the layer runs on.")
@@ -113,18 +124,20 @@ class SparseMLADecode:
             ValueError: q's head count (or any tensor) disagrees with the layer's configuration.
         """
         spec = self._spec
-        if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[1] != spec.num_heads:
+        if (isinstance(q, torch.Tensor) and q.layout == torch.strided and not q.is_nested and q.dim() == 3
+                and q.shape[1] != spec.num_heads):  # (other layouts: the validation's refusal names them)
             raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={spec.num_heads}")
         sinks, source = self._sinks, self._sinks_source
         if source is not None:
-            if torch.compiler.is_compiling():  # traced: a detach is free in the graph (data_ptr is not traceable)
+            if tracing():  # traced: a detach is free in the graph (data_ptr is not traceable)
                 sinks = source.detach()
                 if q.is_meta and not sinks.is_meta:  # a compiled call's shape inference
                     sinks = without_data_like(q, sinks)
             elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device: the current sinks
                 sinks = without_data_like(q, source)  # (whose storage may have been replaced) without data
             elif source.data_ptr() != sinks.data_ptr():  # new storage: one int compare an eager call
-                self._sinks = sinks = source.detach()
+                sinks = source.detach()
+                self.__dict__["_sinks"] = sinks  # the state's one change: the caller's parameter, new storage
         x = DecodeInputs(q, kv_cache, indices, self._sm_scale, sinks, topk_length, q_scale, kv_scale, out,
                          spec.logit_cap)
         if self._dcp is not None:

@@ -415,20 +415,77 @@ def test_describe_pair_given_as_spec_says_to_unpack_it():
 def test_a_layers_configuration_cannot_be_changed_after_construction():
     """``sm_scale``, ``sinks``, ``plan``, ``spec``, ``platform`` and ``path`` were checked in the constructor; a later
     assignment used to be accepted and either run unchecked (``sm_scale = nan`` made every output NaN, a string
-    failed inside the kernel) or be silently ignored (``plan``, ``sinks``). Each now raises ``AttributeError``, as
-    does a new attribute; the layer still deep-copies and pickles (thirty-ninth session's break test)."""
+    failed inside the kernel) or be silently ignored (``plan``, ``sinks``). Assigning or deleting one of them, or the
+    private state behind them, now raises ``AttributeError`` naming the class; other attributes (a subclass's own)
+    work as on any object, and the layer still deep-copies, pickles, takes weak references and has ``vars()``
+    (thirty-ninth session's break tests)."""
     import copy
     import pickle
+    import weakref
 
     from mla_sink import SparseMLADecode
 
     layer = SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=torch.zeros(4))
     for name, value in (("sm_scale", float("nan")), ("sinks", torch.zeros(7)), ("plan", None), ("spec", None),
-                        ("platform", None), ("path", "reference")):
+                        ("platform", None), ("path", "reference"), ("_sm_scale", float("nan")), ("_plan", None)):
         with pytest.raises(AttributeError, match=rf"SparseMLADecode\.{name} is fixed at construction"):
             setattr(layer, name, value)
-    with pytest.raises(AttributeError, match=r"SparseMLADecode\.logit_cap is not an attribute of the layer"):
-        layer.logit_cap = 5.0
+    for name in ("sm_scale", "_spec"):
+        with pytest.raises(AttributeError, match=rf"SparseMLADecode\.{name} is fixed at construction"):
+            delattr(layer, name)
     assert layer.sm_scale == 576 ** -0.5 and layer.path is None and tuple(layer.sinks.shape) == (4,)
+    layer.layer_idx = 3  # an engine's own tag
+    assert vars(layer)["layer_idx"] == 3 and weakref.ref(layer)() is layer
     for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
         assert other.spec == layer.spec and other.sm_scale == layer.sm_scale and other.plan == layer.plan
+        with pytest.raises(AttributeError, match="is fixed at construction"):
+            other._sm_scale = 1.0
+
+    class Tagged(SparseMLADecode):
+        def __init__(self, name, **kw):
+            super().__init__(**kw)
+            self.name = name
+
+    tagged = Tagged("attn0", num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8)
+    assert tagged.name == "attn0"
+    with pytest.raises(AttributeError, match=r"Tagged\.sm_scale is fixed at construction"):
+        tagged.sm_scale = 1.0
+
+
+def test_an_eager_call_is_not_traced_while_another_thread_compiles():
+    """``torch.compiler.is_compiling()`` is one process-wide flag that a compilation holds throughout: an eager call in
+    another thread took the traced branch, the operator, whose real implementation took it again without end
+    (``RecursionError``; thirty-ninth session's break test). The library asks :func:`mla_sink.core.trace.tracing`,
+    per thread: the eager call runs (and a malformed one is refused) while the other thread compiles."""
+    import threading
+
+    import mla_sink
+    from mla_sink.core.reference import sparse_mla_decode_reference as reference
+
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking_backend(gm, example_inputs):
+        entered.set()
+        release.wait(60)
+        return gm
+
+    compiled = torch.compile(lambda x: x * 2, backend=blocking_backend, fullgraph=True)
+    worker = threading.Thread(target=compiled, args=(torch.randn(3),))
+    torch._dynamo.reset()
+    worker.start()
+    try:
+        assert entered.wait(60) and torch.compiler.is_compiling()  # the other thread holds the flag
+        g = torch.Generator().manual_seed(5)
+        q = torch.randn(2, 4, 576, generator=g).bfloat16()
+        kv = torch.randn(64, 576, generator=g).bfloat16()
+        idx = torch.randint(-1, 64, (2, 16), generator=g, dtype=torch.int32)
+        sinks = torch.randn(4, generator=g)
+        out, lse = mla_sink.sparse_mla_decode(q, kv, idx, sinks=sinks)
+        want, want_lse = reference(q, kv, idx, sinks)
+        torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse.double(), want_lse.double(), atol=1e-3, rtol=1e-3)
+        with pytest.raises(ValueError, match="'sm_scale' must be a finite float in"):
+            mla_sink.sparse_mla_decode(q, kv, idx, sm_scale=1e39)
+    finally:
+        release.set()
+        worker.join(60)

@@ -1071,8 +1071,25 @@ def test_sparse_and_nested_tensors_are_refused_by_the_quantiser_the_decoder_and_
         reference(q, cache, idx, sinks=torch.zeros(2).to_sparse())
     with pytest.raises(ValueError, match=r"'topk_length' must be a dense strided tensor"):
         reference(q, cache, idx, topk_length=torch.ones(1, dtype=torch.int32).to_sparse())
+    with pytest.raises(ValueError, match=r"'kv_scale' must be a dense strided tensor"):
+        reference(q, x.to(torch.float8_e4m3fn), idx, kv_scale=torch.ones(1).to_sparse())
     out, lse = reference(q, cache, idx)  # the dense call still runs
     assert out.shape == (1, 2, D_V) and lse.shape == (1, 2)
+    # the layer's head count, run()'s dtype check and a dense call's prepared signature came before the refusal
+    qh = torch.randn(2, 16, 576).bfloat16()
+    kv = torch.randn(64, 576).bfloat16()
+    ids = torch.randint(0, 64, (2, 8), dtype=torch.int32)
+    layer = mla_sink.SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=8)
+    with pytest.raises(ValueError, match=r"'q' must be a dense strided tensor \(got layout torch.strided, nested"):
+        layer(torch.nested.nested_tensor(list(qh)), kv, ids)
+    spec = mla_sink.CallSpec(q_dtype="bf16", kv_dtype="fp8_ds_mla", num_heads=16, topk=8)
+    nested_cache = torch.nested.nested_tensor([cache, cache])
+    with pytest.raises(ValueError, match=r"'kv_cache' must be a dense strided tensor \(got layout torch.strided, nested"):
+        mla_sink.run(spec, dict(q=qh, kv_cache=nested_cache, indices=ids))
+    sinks = torch.randn(16)
+    mla_sink.sparse_mla_decode(qh, kv, ids, sinks=sinks)  # prepares the dense signature
+    with pytest.raises(ValueError, match=r"'sinks' must be a dense strided tensor \(got layout torch._mkldnn"):
+        mla_sink.sparse_mla_decode(qh, kv, ids, sinks=sinks.to_mkldnn())
 
 
 def test_a_dynamic_trace_names_the_bad_stride_as_a_number():
@@ -1089,3 +1106,10 @@ def test_a_dynamic_trace_names_the_bad_stride_as_a_number():
     bad.copy_(kv)
     with torch.no_grad(), pytest.raises(Exception, match=r"got strides \(658, 1\)"):
         f(torch.randn(2, 4, 576).bfloat16(), bad, torch.zeros(2, 8, dtype=torch.int32))
+    with torch.no_grad():  # a good call traces and runs; a later bad one is refused (the guards), its shape a number
+        f(torch.randn(2, 4, 576).bfloat16(), kv, torch.zeros(2, 8, dtype=torch.int32))
+        with pytest.raises(Exception, match=r"got strides \(658, 1\)"):
+            f(torch.randn(3, 4, 576).bfloat16(), bad, torch.zeros(3, 8, dtype=torch.int32))
+        with pytest.raises(Exception, match=r"got torch.uint8 shape \(64, 657\)|got shape \(64, 657\)"):
+            f(torch.randn(2, 4, 576).bfloat16(), torch.zeros(64, 657, dtype=torch.uint8),
+              torch.zeros(2, 8, dtype=torch.int32))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from mla_sink.core import kv_layout
+from mla_sink.core.trace import concrete
 
 #: torch dtype -> dtype key, for every dtype q or kv_cache may have.
 DTYPE_KEYS: dict[torch.dtype, str] = {
@@ -78,9 +79,10 @@ def kv_dtype_key(kv_cache: torch.Tensor) -> str:
     byte layout its last dimension names (656 -> ``fp8_ds_mla``).
 
     Raises:
-        ValueError: naming ``kv_cache``: a dtype outside the keys, or a uint8 tensor whose last dimension
-            is no known row size.
+        ValueError: naming ``kv_cache``: not a dense strided tensor, a dtype outside the keys, or a uint8 tensor
+            whose last dimension is no known row size.
     """
+    kv_layout.check_dense("kv_cache", kv_cache)
     if kv_cache.dtype == torch.uint8:
         last = kv_cache.shape[-1] if kv_cache.dim() else None
         for row_bytes, key in BYTE_KV_LAYOUTS.items():  # compared, not hashed: a traced size is a SymInt
@@ -88,7 +90,7 @@ def kv_dtype_key(kv_cache: torch.Tensor) -> str:
                 return key
         allowed = ", ".join(f"{n} ({k})" for n, k in sorted(BYTE_KV_LAYOUTS.items()))
         raise ValueError(f"'kv_cache' of dtype torch.uint8 must have a last dimension of {allowed} bytes "
-                         f"(got shape {tuple(kv_cache.shape)})")
+                         f"(got shape {concrete(kv_cache.shape)})")
     if kv_cache.dtype not in DTYPE_KEYS:
         halves = ", ".join(f"{d} ({k})" for d, k in DTYPE_KEYS.items())
         rows = ", ".join(f"{n}-byte rows ({k})" for n, k in sorted(BYTE_KV_LAYOUTS.items()))

@@ -45,8 +45,8 @@ class DecodeInputs(NamedTuple):
     logit_cap: float = 0.0
 
     def signature(self) -> tuple:
-        """What a prepared runner depends on: every tensor's dtype, shape, strides, device, ``requires_grad`` and
-        negative bit (not its data or pointer), and ``logit_cap``. Calls of one signature share a runner, which
+        """What a prepared runner depends on: every tensor's dtype, shape, strides, device, ``requires_grad``,
+        negative bit and layout (not its data or pointer), and ``logit_cap``. Calls of one signature share a runner, which
         reads ``sm_scale`` and the tensors per call.
 
         Raises:
@@ -76,4 +76,5 @@ def _tensor_meta(t: Optional[torch.Tensor]) -> Optional[tuple]:
     """A tensor's metadata for :meth:`DecodeInputs.signature` (``None`` stays ``None``)."""
     if t is None:
         return None
-    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg())
+    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg(), t.layout)  # (layout: an mkldnn
+    # tensor has a dense one's strides, and matched a dense call's prepared signature: a break test, thirty-ninth)

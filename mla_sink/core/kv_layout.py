@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from mla_sink.core.trace import concrete
+
 #: The layout's key (the kv dtype key of :class:`mla_sink.core.records.CallSpec`).
 LAYOUT = "fp8_ds_mla"
 D_NOPE = 512  #: latent (value) columns, stored as e4m3
@@ -116,7 +118,7 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
         raise ValueError(f"'kv' must be bfloat16, float16 or float32 (got {kv.dtype})")
     if kv.dim() not in (2, 3) or kv.shape[-1] != D_NOPE + D_ROPE:
         raise ValueError(f"'kv' must be [N, {D_NOPE + D_ROPE}] or [num_blocks, block_size, {D_NOPE + D_ROPE}] "
-                         f"(got shape {tuple(kv.shape)})")
+                         f"(got shape {concrete(kv.shape)})")
     if kv.device.type == "meta":
         raise ValueError("'kv' must hold data (got a tensor on the meta device): the scales depend on the values")
     lead = tuple(kv.shape[:-1])
@@ -169,7 +171,7 @@ def check_cache(kv_cache: Any) -> None:
     check_dense("kv_cache", kv_cache)
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != ROW_BYTES:
         raise ValueError(f"'kv_cache' must be uint8 [N, {ROW_BYTES}] or [num_blocks, block_size, {ROW_BYTES}] "
-                         f"(got {kv_cache.dtype} shape {tuple(kv_cache.shape)})")
+                         f"(got {kv_cache.dtype} shape {concrete(kv_cache.shape)})")
 
 
 def cache_rows(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -206,7 +208,7 @@ def row_addressing(kv_cache: torch.Tensor) -> tuple[int, int]:
         ValueError: ``kv_cache`` is not a tensor of 2 or 3 dimensions (naming its type or shape).
     """
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (2, 3):
-        what = f"shape {tuple(kv_cache.shape)}" if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__
+        what = f"shape {concrete(kv_cache.shape)}" if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__
         raise ValueError(f"'kv_cache' must be a pool [N, D] or [num_blocks, block_size, D] (got {what})")
     if kv_cache.dim() == 2 or kv_cache.shape[1] == 1:
         return 1, kv_cache.stride(0)

@@ -193,6 +193,9 @@ def sparse_mla_decode_reference(
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
     """
     _check_shapes(q, kv_cache, indices, sinks, topk_length)
+    for name, x in (("q_scale", q_scale), ("kv_scale", kv_scale)):
+        if isinstance(x, torch.Tensor):
+            kv_layout.check_dense(name, x)
     T, H, d_qk = q.shape
     _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_bytes)
     _check_scale_owners(q, kv_cache, q_scale, kv_scale)

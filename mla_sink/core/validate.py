@@ -26,6 +26,7 @@ from mla_sink.core.dtypes import (
     pair_error,
 )
 from mla_sink.core.records import D_QK, D_V
+from mla_sink.core.trace import concrete, tracing
 
 
 def _dt(t: torch.Tensor) -> str:
@@ -39,7 +40,7 @@ DS_MLA_ALIGN = 4
 def _has_memory(t: torch.Tensor) -> bool:
     """Whether ``t`` has a real data pointer (not meta, fake or traced)."""
     fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", ())
-    return not (t.device.type == "meta" or isinstance(t, fake) or torch.compiler.is_compiling())
+    return not (t.device.type == "meta" or isinstance(t, fake) or tracing())
 
 
 def check_ds_mla_pointer(kv_cache: torch.Tensor) -> None:
@@ -75,9 +76,9 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
     row = kv_layout.ROW_BYTES
     if kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != row:
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must be uint8 [N, {row}] or [num_blocks, block_size, {row}] "
-                         f"(got shape {tuple(kv_cache.shape)})")
+                         f"(got shape {concrete(kv_cache.shape)})")
     if kv_layout.num_rows(kv_cache) < (0 if allow_empty_pool else 1):
-        raise ValueError(f"'kv_cache' (fp8_ds_mla) must hold N >= 1 rows (got shape {tuple(kv_cache.shape)})")
+        raise ValueError(f"'kv_cache' (fp8_ds_mla) must hold N >= 1 rows (got shape {concrete(kv_cache.shape)})")
     strides = tuple(kv_cache.stride())  # compared as they are (symbolic sizes install their guards)
     if kv_cache.shape[-1] > 1 and strides[-1] != 1:
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must have the {row} bytes of a row contiguous (stride(-1) == 1; "
@@ -96,17 +97,6 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
     offset = kv_cache.storage_offset()
     if isinstance(offset, int) and offset * kv_cache.element_size() % DS_MLA_ALIGN:
         _misaligned_ds_mla(f"a view at byte offset {offset * kv_cache.element_size()} of its storage")
-
-
-def concrete(values) -> tuple:
-    """``values`` (a shape or strides) for an error message: a symbolic size of a ``torch.compile(dynamic=True)``
-    trace shown as the number it stands for in this call (its hint), so the message says ``658`` where the
-    symbol is ``s32``; one without a hint stays as it is."""
-    shown = []
-    for v in values:
-        hint = getattr(getattr(v, "node", None), "hint", None) if isinstance(v, torch.SymInt) else None
-        shown.append(int(hint) if hint is not None else v)
-    return tuple(shown)
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
@@ -169,7 +159,7 @@ def _memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     ``torch.compile``) have no memory to compare: False; the op's real implementation checks again
     with the real tensors."""
     fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", ())
-    if (torch.compiler.is_compiling() or isinstance(a, fake) or isinstance(b, fake) or a.device.type == "meta"
+    if (tracing() or isinstance(a, fake) or isinstance(b, fake) or a.device.type == "meta"
             or b.device.type == "meta" or a.device != b.device):
         return False
     try:
@@ -208,7 +198,7 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
     if sinks.dtype != torch.float32:
         raise ValueError(f"'sinks' must be float32 (got {sinks.dtype})")
     if sinks.dim() != 1:
-        raise ValueError(f"'sinks' must be 1-D [num_heads] (got shape {tuple(sinks.shape)})")
+        raise ValueError(f"'sinks' must be 1-D [num_heads] (got shape {concrete(sinks.shape)})")
     if sinks.shape[0] != num_heads:
         raise ValueError(f"'sinks' must have num_heads={num_heads} entries (got {sinks.shape[0]})")
     if not sinks.is_contiguous():
@@ -238,7 +228,7 @@ def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
         raise ValueError(f"'part_out' must be on a cpu or cuda (CUDA/ROCm) device (got {part_out.device})")
     if part_out.dim() != 4 or part_out.shape[3] != D_V or (part_out.numel() and part_out.stride(3) != 1):
         raise ValueError(f"'part_out' must be [R, T, H, {D_V}] with innermost stride 1 (got shape "
-                         f"{tuple(part_out.shape)}, strides {part_out.stride()})")
+                         f"{concrete(part_out.shape)}, strides {part_out.stride()})")
     R, T, H, _ = part_out.shape
     dev = part_out.device
     for name, t, shape, dtypes in (("part_lse", part_lse, (R, T, H), None), ("out", out, (T, H, D_V), MERGE_DTYPES),
@@ -259,7 +249,7 @@ def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
     check_sinks(sinks, H, dev, like="part_out")
     for name, t in (("out", out), ("lse", lse)):
         if overlaps_itself(t):
-            raise ValueError(f"'{name}' must not overlap itself (got shape {tuple(t.shape)}, strides {t.stride()}): "
+            raise ValueError(f"'{name}' must not overlap itself (got shape {concrete(t.shape)}, strides {t.stride()}): "
                              "every token and head is written once")
     for name, t, other_name, other in (("out", out, "lse", lse), ("out", out, "part_out", part_out),
                                        ("out", out, "sinks", sinks), ("lse", lse, "part_out", part_out),
@@ -284,7 +274,7 @@ def _as_real(value: object) -> Optional[float]:
     a string), else None: huge ints (no fp32 nor fp64 value) and numpy half floats compare as Python floats."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
-    if torch.compiler.is_compiling():
+    if tracing():
         return value  # possibly symbolic (dynamic=True): its value is checked where the operator runs
     try:
         f = float(value)
@@ -317,7 +307,7 @@ def check_sm_scale(sm_scale: float) -> None:
     if _symbolic(sm_scale):
         return
     value = _as_real(sm_scale)
-    if value is None or (not torch.compiler.is_compiling() and not _in_scalar_range(value)):
+    if value is None or (not tracing() and not _in_scalar_range(value)):
         raise ValueError(f"'sm_scale' must be a finite float in [2^-126, 2^126] ({_SCALAR_RANGE_WHY}; got {sm_scale!r})")
 
 
@@ -336,7 +326,7 @@ def check_logit_cap(logit_cap: float) -> float:
     value = _as_real(logit_cap)
     if value is None:
         raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
-    if torch.compiler.is_compiling():
+    if tracing():
         return value
     logit_cap = value
     if logit_cap > 0 and not _in_scalar_range(logit_cap):
@@ -362,7 +352,7 @@ def call_scalars(sm_scale: float, return_lse: bool, logit_cap: float) -> tuple[f
     """
     check_sm_scale(sm_scale)
     check_return_lse(return_lse)
-    keep = _symbolic(sm_scale) or torch.compiler.is_compiling()
+    keep = _symbolic(sm_scale) or tracing()
     return (sm_scale if keep else float(sm_scale)), check_logit_cap(logit_cap)
 
 
@@ -431,7 +421,7 @@ def check_inputs(
         raise ValueError(f"'q' dtype must be one of {sorted(DTYPE_KEYS.values())} (got {q.dtype})")
     kv_key = kv_dtype_key(kv_cache)  # ValueError for other dtypes and uint8 rows of unknown size
     if q.dim() != 3 or q.shape[2] != D_QK or q.shape[1] < 1:
-        raise ValueError(f"'q' must be [T, H, {D_QK}] with H >= 1 (got shape {tuple(q.shape)})")
+        raise ValueError(f"'q' must be [T, H, {D_QK}] with H >= 1 (got shape {concrete(q.shape)})")
     if q.stride(2) != 1:
         raise ValueError(f"'q' must have innermost stride 1 (got strides {concrete(q.stride())})")
     if kv_key in DS_MLA_KEYS:
@@ -442,13 +432,13 @@ def check_inputs(
         if kv_cache.dim() >= 2 and kv_cache.shape[-1] == kv_layout.ROW_BYTES:
             hint = (f" ({kv_layout.ROW_BYTES}-byte rows are the {kv_layout.LAYOUT} layout: pass them as torch.uint8, "
                     f"e.g. kv_cache.view(torch.uint8), not {kv_cache.dtype})")
-        raise ValueError(f"'kv_cache' must be [N, {D_QK}] with N >= 1 (got shape {tuple(kv_cache.shape)}){hint}")
+        raise ValueError(f"'kv_cache' must be [N, {D_QK}] with N >= 1 (got shape {concrete(kv_cache.shape)}){hint}")
     elif kv_cache.stride(1) != 1:
         raise ValueError(f"'kv_cache' must have innermost stride 1 (got strides {concrete(kv_cache.stride())})")
     if indices.dtype != torch.int32:
         raise ValueError(f"'indices' must be int32 (got {indices.dtype})")
     if indices.dim() != 2 or indices.shape[1] < 1:
-        raise ValueError(f"'indices' must be 2-D [T, topk] with topk >= 1 (got shape {tuple(indices.shape)})")
+        raise ValueError(f"'indices' must be 2-D [T, topk] with topk >= 1 (got shape {concrete(indices.shape)})")
     T, H = q.shape[0], q.shape[1]
     if indices.shape[0] != T:
         raise ValueError(f"'indices' must have T={T} rows like q (got {indices.shape[0]})")
@@ -472,7 +462,7 @@ def check_inputs(
         _require_tensor("topk_length", topk_length)
         if topk_length.dtype != torch.int32 or topk_length.dim() != 1 or topk_length.shape[0] != T:
             raise ValueError(
-                f"'topk_length' must be int32 [T={T}] (got {topk_length.dtype} shape {tuple(topk_length.shape)})"
+                f"'topk_length' must be int32 [T={T}] (got {topk_length.dtype} shape {concrete(topk_length.shape)})"
             )
         if topk_length.device != device:
             raise ValueError(f"'topk_length' must be on {device}, like q (got {topk_length.device})")
@@ -491,7 +481,7 @@ def check_inputs(
         if scale is not None:
             _require_tensor(name, scale)
             if scale.dtype != torch.float32 or tuple(scale.shape) not in ((1,), ()):
-                raise ValueError(f"'{name}' must be float32 of shape [1] or [] (got {scale.dtype} shape {tuple(scale.shape)})")
+                raise ValueError(f"'{name}' must be float32 of shape [1] or [] (got {scale.dtype} shape {concrete(scale.shape)})")
             if scale.device != device:
                 raise ValueError(f"'{name}' must be on {device}, like q (got {scale.device})")
     if out is not None:
@@ -499,13 +489,13 @@ def check_inputs(
         want = out_dtype_for(_dt(q))
         if tuple(out.shape) != (T, H, D_V) or out.dtype != want:
             raise ValueError(
-                f"'out' must be {want} [T={T}, H={H}, {D_V}] (got {out.dtype} shape {tuple(out.shape)})"
+                f"'out' must be {want} [T={T}, H={H}, {D_V}] (got {out.dtype} shape {concrete(out.shape)})"
             )
         if out.stride(2) != 1 or out.device != device:
             raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {concrete(out.stride())})")
         if overlaps_itself(out):
             raise ValueError(f"'out' must not overlap itself: each [token, head] row needs its own memory (got strides "
-                             f"{concrete(out.stride())} for shape {tuple(out.shape)}, e.g. from expand())")
+                             f"{concrete(out.stride())} for shape {concrete(out.shape)}, e.g. from expand())")
         if out.requires_grad:
             raise ValueError("'out' must not require grad (the kernel writes it in place; pass a plain buffer)")
         for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),

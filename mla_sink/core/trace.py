@@ -1,0 +1,40 @@
+"""Whether this thread's call of the library is being traced (``torch.compile`` / ``torch.export``), or runs; and
+traced sizes shown as numbers in error messages (:func:`concrete`).
+
+``torch.compiler.is_compiling()`` reads one process-wide flag that a compilation holds for its whole duration, so an
+eager call in another thread saw it set and took the traced branch: the custom operator, whose real implementation
+took it again, without end (``RecursionError``; a break test, thirty-ninth session). :func:`tracing` asks what each
+branch means: Dynamo symbolically evaluating this code (``torch.compiler.is_dynamo_compiling()``, which Dynamo reads
+as True and which is False when the code runs), or a non-strict ``torch.export`` running it in this thread on fake
+tensors (the flag set and a fake or proxy dispatch mode on this thread's stack; dispatch modes are thread-local).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tracing() -> bool:
+    """True while ``torch.compile`` / a strict ``torch.export`` (Dynamo) traces this code, or a non-strict
+    ``torch.export`` runs it in this thread; False for eager calls, also while another thread compiles.
+
+    Source: ``torch.compiler.is_compiling`` (a module-level flag, set by ``torch._dynamo.convert_frame`` for a whole
+    compilation) and ``torch.compiler.is_dynamo_compiling`` (PyTorch's docs: True only under TorchDynamo)."""
+    if torch.compiler.is_dynamo_compiling():  # Dynamo reads it as True: the rest is not traced
+        return True
+    if not torch.compiler.is_compiling():
+        return False
+    keys = torch._C._TorchDispatchModeKey
+    return (torch._C._get_dispatch_mode(keys.FAKE) is not None
+            or torch._C._get_dispatch_mode(keys.PROXY) is not None)
+
+
+def concrete(values) -> tuple:
+    """``values`` (a shape or strides) for an error message: a symbolic size of a ``torch.compile(dynamic=True)``
+    trace shown as the number it stands for in this call (its hint), so the message says ``658`` where the
+    symbol is ``s32``; one without a hint stays as it is."""
+    shown = []
+    for v in values:
+        hint = getattr(getattr(v, "node", None), "hint", None) if isinstance(v, torch.SymInt) else None
+        shown.append(int(hint) if hint is not None else v)
+    return tuple(shown)
