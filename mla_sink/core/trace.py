@@ -20,10 +20,10 @@ def tracing() -> bool:
 
     Source: ``torch.compiler.is_compiling`` (a module-level flag, set by ``torch._dynamo.convert_frame`` for a whole
     compilation) and ``torch.compiler.is_dynamo_compiling`` (PyTorch's docs: True only under TorchDynamo)."""
-    if torch.compiler.is_dynamo_compiling():  # Dynamo reads it as True: the rest is not traced
-        return True
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # the eager case first: one call on the hot path
         return False
+    if torch.compiler.is_dynamo_compiling():  # Dynamo reads both as True: the rest is not traced
+        return True
     keys = torch._C._TorchDispatchModeKey
     return (torch._C._get_dispatch_mode(keys.FAKE) is not None
             or torch._C._get_dispatch_mode(keys.PROXY) is not None)
