@@ -90,8 +90,7 @@ class SparseMLADecode:
         self._path = path
         self._dcp = (dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)
                      if dcp_world_size > 1 else None)
-
-        self._built = True
+        self._built = True  # from here on, _refuse keeps the state as checked
 
     def _refuse(self, name: str) -> None:
         """AttributeError for a change of the configuration (a read-only attribute, or once built its state)."""

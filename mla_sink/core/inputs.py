@@ -46,8 +46,8 @@ class DecodeInputs(NamedTuple):
 
     def signature(self) -> tuple:
         """What a prepared runner depends on: every tensor's dtype, shape, strides, device, ``requires_grad``,
-        negative bit and layout (not its data or pointer), and ``logit_cap``. Calls of one signature share a runner, which
-        reads ``sm_scale`` and the tensors per call.
+        negative bit and layout (not its data or pointer), and ``logit_cap``. Calls of one signature share a runner,
+        which reads ``sm_scale`` and the tensors per call.
 
         Raises:
             AttributeError, TypeError: a field that is not a tensor where one is due (the caller's full checks
@@ -76,5 +76,6 @@ def _tensor_meta(t: Optional[torch.Tensor]) -> Optional[tuple]:
     """A tensor's metadata for :meth:`DecodeInputs.signature` (``None`` stays ``None``)."""
     if t is None:
         return None
-    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg(), t.layout)  # (layout: an mkldnn
-    # tensor has a dense one's strides, and matched a dense call's prepared signature: a break test, thirty-ninth)
+    # the layout too: an mkldnn tensor has a dense one's strides, and matched a dense call's prepared signature,
+    # which skipped the refusal (a break test, thirty-ninth session)
+    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg(), t.layout)
