@@ -68,7 +68,9 @@ class SparseMLADecode:
 
     #: The layer's state behind its read-only attributes: set by ``__init__``, then fixed (``_sinks`` follows the
     #: caller's parameter when its storage is replaced, :meth:`__call__`).
-    _STATE = ("_spec", "_sm_scale", "_plan", "_platform", "_sinks", "_sinks_source", "_path", "_dcp")
+    _STATE = ("_spec", "_sm_scale", "_plan", "_platform", "_sinks", "_sinks_source", "_path", "_dcp", "_built")
+    #: The read-only attributes (properties of this class; a subclass's own properties are its own business).
+    _READ_ONLY = ("spec", "platform", "plan", "sm_scale", "sinks", "path")
 
     def __init__(self, *, num_heads: int, q_dtype: Union[str, torch.dtype], kv_dtype: Union[str, torch.dtype],
                  topk: int, sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
@@ -94,8 +96,7 @@ class SparseMLADecode:
 
     def _refuse(self, name: str) -> None:
         """AttributeError for a change of the configuration (a read-only attribute, or once built its state)."""
-        if isinstance(getattr(type(self), name, None), property) or (
-                name in SparseMLADecode._STATE and self.__dict__.get("_built")):
+        if name in SparseMLADecode._READ_ONLY or (name in SparseMLADecode._STATE and self.__dict__.get("_built")):
             raise AttributeError(f"{type(self).__name__}.{name} is fixed at construction, where it was checked "
                                  f"(build another layer for another configuration)")
 
@@ -128,13 +129,17 @@ class SparseMLADecode:
             raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={spec.num_heads}")
         sinks, source = self._sinks, self._sinks_source
         if source is not None:
-            if tracing():  # traced: a detach is free in the graph (data_ptr is not traceable)
+            # traced (by Dynamo, or a non-strict export, whose sinks are fake): a detach is free in the graph
+            # (data_ptr is not traceable); a fake mode of this thread over the layer's real sinks, while another
+            # thread compiles (which sets is_compiling), is shape inference, as below
+            if tracing() and (torch.compiler.is_dynamo_compiling() or has_no_data(source)):
                 sinks = source.detach()
                 if q.is_meta and not sinks.is_meta:  # a compiled call's shape inference
                     sinks = without_data_like(q, sinks)
             elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device: the current sinks
                 sinks = without_data_like(q, source)  # (whose storage may have been replaced) without data
-            elif source.data_ptr() != sinks.data_ptr():  # new storage: one int compare an eager call
+            elif source.data_ptr() != sinks.data_ptr() or source.shape != sinks.shape:  # new storage (or a view
+                # of it at the same address, p.data = p.data[:4]): two compares an eager call
                 sinks = source.detach()
                 self.__dict__["_sinks"] = sinks  # the state's one change: the caller's parameter, new storage
         x = DecodeInputs(q, kv_cache, indices, self._sm_scale, sinks, topk_length, q_scale, kv_scale, out,

@@ -446,10 +446,76 @@ def test_a_layers_configuration_cannot_be_changed_after_construction():
             super().__init__(**kw)
             self.name = name
 
+        @property
+        def scale(self):
+            return self.__dict__.get("_scale", 1.0)
+
+        @scale.setter
+        def scale(self, value):  # a subclass's own property: its own business
+            self.__dict__["_scale"] = value
+
     tagged = Tagged("attn0", num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8)
-    assert tagged.name == "attn0"
+    tagged.scale = 3.0
+    assert tagged.name == "attn0" and tagged.scale == 3.0
     with pytest.raises(AttributeError, match=r"Tagged\.sm_scale is fixed at construction"):
         tagged.sm_scale = 1.0
+    for change in (lambda: setattr(tagged, "_built", False), lambda: delattr(tagged, "_built")):
+        with pytest.raises(AttributeError, match=r"Tagged\._built is fixed at construction"):
+            change()  # the switch that keeps the state itself
+
+
+def test_a_layers_sinks_follow_a_view_at_the_same_address():
+    """``p.data = p.data[:4]`` keeps the data pointer: the layer compared pointers only and kept running its old
+    8-entry view; it now compares the shape too, and the next call checks (and refuses) the new sinks (thirty-ninth
+    session's break test)."""
+    from mla_sink import SparseMLADecode
+
+    p = torch.nn.Parameter(torch.randn(8))
+    layer = SparseMLADecode(num_heads=8, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=p)
+    q = torch.randn(1, 8, 576).bfloat16()
+    kv = torch.randn(32, 576).bfloat16()
+    idx = torch.randint(0, 32, (1, 8), dtype=torch.int32)
+    layer(q, kv, idx)
+    p.data = p.data[:4]
+    with pytest.raises(ValueError, match=r"'sinks' must have num_heads=8 entries \(got 4\)"):
+        layer(q, kv, idx)
+
+
+def test_fake_shape_inference_on_a_layer_while_another_thread_compiles():
+    """A ``FakeTensorMode`` over a layer's real sinks, while another thread compiles (which sets the process-wide
+    is_compiling flag), took the traced branch and detached the real sinks inside the fake mode, which PyTorch
+    refused; it is shape inference, as without the other thread (thirty-ninth session's break test)."""
+    import threading
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mla_sink import SparseMLADecode
+
+    layer = SparseMLADecode(num_heads=8, q_dtype="bf16", kv_dtype="bf16", topk=16, sinks=torch.randn(8))
+    tensors = (torch.randn(1, 8, 576).bfloat16(), torch.randn(64, 576).bfloat16(),
+               torch.randint(0, 64, (1, 16), dtype=torch.int32))
+
+    def infer():
+        with FakeTensorMode() as mode:
+            return tuple(layer(*[mode.from_tensor(t) for t in tensors])[0].shape)
+
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking_backend(gm, example_inputs):
+        entered.set()
+        release.wait(60)
+        return gm
+
+    torch._dynamo.reset()
+    worker = threading.Thread(target=torch.compile(lambda x: x + 1, backend=blocking_backend), args=(torch.ones(2),))
+    worker.start()
+    try:
+        assert entered.wait(60) and torch.compiler.is_compiling()
+        assert infer() == (1, 8, 512)
+    finally:
+        release.set()
+        worker.join(60)
+    assert infer() == (1, 8, 512)
 
 
 def test_an_eager_call_is_not_traced_while_another_thread_compiles():

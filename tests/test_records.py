@@ -148,9 +148,10 @@ def test_one_aiter_version_is_one_platform(given):
 @pytest.mark.parametrize("field", ["num_heads", "topk", "dcp_world_size"])
 def test_counts_beyond_int32_are_refused(field):
     """The kernels take heads, topk and rank counts as int32: a record took 2^31 (and ``mla-sink explain`` refused the
-    same value as a flag; a break test, thirty-first session). 2^31 - 1 is still a valid record."""
+    same value as a flag; a break test, thirty-first session). 2^31 - 1 is still a valid record, but for topk, whose
+    bound is 2^30 (the test below)."""
     base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
-    CallSpec(**{**base, field: 2 ** 31 - 1})
+    CallSpec(**{**base, field: 2 ** 31 - 1 if field != "topk" else 2 ** 30})
     with pytest.raises(ValueError, match=rf"'{field}' must be an int <= 2147483647: the kernels take it as an int32"):
         CallSpec(**{**base, field: 2 ** 31})
     with pytest.raises(ValueError, match=r"'num_sms' must be None or an int in \[1, 2147483647\]"):
@@ -225,3 +226,26 @@ def test_explain_arch_with_a_feature_suffix_is_this_machines_target(monkeypatch)
     plain = cli._platform_from_args(argparse.Namespace(arch="sm90", **args))
     assert plain == here
     assert cli._platform_from_args(argparse.Namespace(arch="sm90a", **args)) == plain
+
+
+def test_topk_beyond_2_30_is_refused_by_the_records_and_the_call():
+    """The kernels step int32 id positions past the last id: topk 2^31 - 1 planned in 32 splits lost the last split
+    (its end wrapped negative) and in one split read out of bounds on the H200 (thirty-ninth session's break test).
+    topk is at most 2^30, refused beyond it by the records (the layer, the CLI) and by the call's validation."""
+    import torch
+
+    import mla_sink
+    from mla_sink.core.records import TOPK_MAX
+
+    assert TOPK_MAX == 2 ** 30
+    CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=TOPK_MAX)
+    for topk in (TOPK_MAX + 1, 2 ** 31 - 1):
+        with pytest.raises(ValueError, match=r"'topk' must be an int <= 1073741824"):
+            CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=topk)
+    q = torch.empty(1, 16, 576, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(64, 576, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match=r"'indices' must be \[T, topk\] with topk <= 1073741824"):
+        mla_sink.sparse_mla_decode(q, kv, torch.empty(1, TOPK_MAX + 1, dtype=torch.int32, device="meta"))
+    out, _ = mla_sink.sparse_mla_decode(q, kv, torch.empty(1, TOPK_MAX, dtype=torch.int32, device="meta"))
+    assert out.shape == (1, 16, 512)
+

@@ -40,6 +40,11 @@ def _as_int(value: Any) -> Any:
 
 #: The largest count a record takes: the kernels take heads, topk and rank counts as int32 arguments.
 COUNT_MAX = 2 ** 31 - 1
+#: The largest topk: the kernels step int32 id positions (a split's end, ``start + ids_per_split``, and the blocks a
+#: producer loads ahead) past the last id, so topk leaves int32 room above it. 2^31 - 1 ids planned in 32 splits lost
+#: the last (its end wrapped negative), and in one split read out of bounds (H200; a break test, thirty-ninth
+#: session); served topk are thousands.
+TOPK_MAX = 2 ** 30
 #: Rows of a pool the kernels index with a 32-bit unsigned compare: a larger pool's row count is passed as this
 #: (ids are int32, so no id reaches past it; the rows themselves are addressed with 64-bit offsets).
 MAX_ROWS = 2 ** 31
@@ -54,6 +59,13 @@ def _int_at_least(lo: int):
                              f"(got {value!r})")
 
     return check
+
+
+def _topk(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    _int_at_least(1)(inst, attribute, value)
+    if value > TOPK_MAX:
+        raise ValueError(f"'topk' must be an int <= {TOPK_MAX} (2^30: the kernels step int32 id positions past the "
+                         f"last id; got {value!r})")
 
 
 def _one_of(allowed: tuple):
@@ -119,7 +131,7 @@ class CallSpec:
     q_dtype: str = attrs.field(validator=_one_of(_DTYPES))
     kv_dtype: str = attrs.field(validator=_one_of(_KV_DTYPES))
     num_heads: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
-    topk: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
+    topk: int = attrs.field(converter=_as_int, validator=_topk)
     sinks: bool = attrs.field(default=False, validator=_bool)
     dcp_world_size: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
     need_lse: bool = attrs.field(default=False, validator=_bool)

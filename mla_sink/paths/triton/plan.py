@@ -431,19 +431,13 @@ def split_plan(cfg: TritonConfig, num_tokens: int, num_heads: int, topk: int, nu
                requested: Optional[int] = None) -> tuple[int, int]:
     """``(num_kv_splits, ids_per_split)`` of a launch: ``requested`` splits (default
     :func:`num_kv_splits_for`, which needs ``num_sms``), at most one per ``block_n`` ids, rounded so
-    every split but the last holds a whole number of ``block_n`` blocks. Pure. The kernels compute a split's end,
-    ``start + ids_per_split``, in int32 (:data:`COUNT_MAX`): where the splits' whole blocks would reach past it (a topk
-    within a few blocks of 2^31), the launch takes one split of topk ids instead (a last split of 2^26 ids starting at
-    31 * 2^26 ended at 2^31, wrapped negative, and read nothing: a break test, thirty-ninth session)."""
+    every split but the last holds a whole number of ``block_n`` blocks. Pure."""
     if requested is None:
         requested = num_kv_splits_for(cfg, num_tokens, -(-num_heads // cfg.block_h_for(num_heads)), topk, num_sms)
     ids = max(topk, 1)
     splits = max(1, min(int(requested), -(-ids // cfg.block_n)))
     ids_per_split = -(-(-(-ids // splits)) // cfg.block_n) * cfg.block_n
-    splits = -(-ids // ids_per_split)
-    if splits * ids_per_split > COUNT_MAX:  # the last split's end would wrap in int32: one split of topk ids
-        return 1, ids
-    return splits, ids_per_split
+    return -(-ids // ids_per_split), ids_per_split
 
 
 def portable_launch(config: TritonConfig, *, num_heads: int, num_tokens: int, topk: int, num_sms: Optional[int],
