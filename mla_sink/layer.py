@@ -69,8 +69,6 @@ class SparseMLADecode:
     #: The layer's state behind its read-only attributes: set by ``__init__``, then fixed (``_sinks`` follows the
     #: caller's parameter when its storage is replaced, :meth:`__call__`).
     _STATE = ("_spec", "_sm_scale", "_plan", "_platform", "_sinks", "_sinks_source", "_path", "_dcp", "_built")
-    #: The read-only attributes (properties of this class; a subclass's own properties are its own business).
-    _READ_ONLY = ("spec", "platform", "plan", "sm_scale", "sinks", "path")
 
     def __init__(self, *, num_heads: int, q_dtype: Union[str, torch.dtype], kv_dtype: Union[str, torch.dtype],
                  topk: int, sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
@@ -96,7 +94,9 @@ class SparseMLADecode:
 
     def _refuse(self, name: str) -> None:
         """AttributeError for a change of the configuration (a read-only attribute, or once built its state)."""
-        if name in SparseMLADecode._READ_ONLY or (name in SparseMLADecode._STATE and self.__dict__.get("_built")):
+        # the read-only attributes are this class's properties (a subclass's own properties are its own business)
+        if isinstance(vars(SparseMLADecode).get(name), property) or (
+                name in SparseMLADecode._STATE and self.__dict__.get("_built")):
             raise AttributeError(f"{type(self).__name__}.{name} is fixed at construction, where it was checked "
                                  f"(build another layer for another configuration)")
 

@@ -45,6 +45,8 @@ COUNT_MAX = 2 ** 31 - 1
 #: the last (its end wrapped negative), and in one split read out of bounds (H200; a break test, thirty-ninth
 #: session); served topk are thousands.
 TOPK_MAX = 2 ** 30
+#: Why topk is bounded by :data:`TOPK_MAX`, for the refusals that name the bound (the records, the call's checks).
+TOPK_WHY = "2^30: the kernels step int32 id positions past the last id"
 #: Rows of a pool the kernels index with a 32-bit unsigned compare: a larger pool's row count is passed as this
 #: (ids are int32, so no id reaches past it; the rows themselves are addressed with 64-bit offsets).
 MAX_ROWS = 2 ** 31
@@ -61,11 +63,13 @@ def _int_at_least(lo: int):
     return check
 
 
+_at_least_1 = _int_at_least(1)
+
+
 def _topk(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    _int_at_least(1)(inst, attribute, value)
+    _at_least_1(inst, attribute, value)
     if value > TOPK_MAX:
-        raise ValueError(f"'topk' must be an int <= {TOPK_MAX} (2^30: the kernels step int32 id positions past the "
-                         f"last id; got {value!r})")
+        raise ValueError(f"'topk' must be an int <= {TOPK_MAX} ({TOPK_WHY}; got {value!r})")
 
 
 def _one_of(allowed: tuple):

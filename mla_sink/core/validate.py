@@ -25,7 +25,7 @@ from mla_sink.core.dtypes import (
     out_dtype_for,
     pair_error,
 )
-from mla_sink.core.records import D_QK, D_V, TOPK_MAX
+from mla_sink.core.records import D_QK, D_V, TOPK_MAX, TOPK_WHY
 from mla_sink.core.trace import concrete, tracing
 
 
@@ -440,8 +440,8 @@ def check_inputs(
     if indices.dim() != 2 or indices.shape[1] < 1:
         raise ValueError(f"'indices' must be 2-D [T, topk] with topk >= 1 (got shape {concrete(indices.shape)})")
     if indices.shape[1] > TOPK_MAX:
-        raise ValueError(f"'indices' must be [T, topk] with topk <= {TOPK_MAX} (2^30: the kernels step int32 id "
-                         f"positions past the last id; got shape {concrete(indices.shape)})")
+        raise ValueError(f"'indices' must be [T, topk] with topk <= {TOPK_MAX} ({TOPK_WHY}; got shape "
+                         f"{concrete(indices.shape)})")
     T, H = q.shape[0], q.shape[1]
     if indices.shape[0] != T:
         raise ValueError(f"'indices' must have T={T} rows like q (got {indices.shape[0]})")
