@@ -377,6 +377,36 @@ def test_soft_cap_keeps_scores_apart_where_the_scaled_product_overflows(sm_scale
     torch.testing.assert_close(a_lse, b_lse, atol=1e-4 * max(1.0, abs(float(b_lse))), rtol=1e-5)
 
 
+FP8 = torch.float8_e4m3fn
+
+
+@interpreter
+@pytest.mark.parametrize("q_fp8,sm_scale,q_scale,kv_scale", [
+    (True, 2.0 ** 126, 8.0, 2.0 ** -106),    # sm_scale * q_scale = 2^129 overflows fp32, the whole factor is 2^23
+    (False, 2.0 ** 126, None, 8.0),          # the factor 2^129 overflows, q's row scale (tiny q) brings it back
+])
+def test_per_tensor_scales_fold_without_an_intermediate_overflow(q_fp8, sm_scale, q_scale, kv_scale):
+    """fp8 inputs: the portable kernel folds ``sm_scale * q_scale * kv_scale`` (and, for bf16 q on an e4m3 cache,
+    the inverse of q's power-of-two row scale) in float64 and rounds the factor to fp32 once. Folded in fp32 in
+    that order, an intermediate product overflowed to inf (every ``out`` and ``lse`` NaN) where
+    the whole factor is an ordinary fp32 number and the reference's scores are finite (a break test, fortieth
+    session)."""
+    g = torch.Generator().manual_seed(0)
+    if q_fp8:
+        q = torch.randn(2, 3, 576, generator=g).to(FP8)
+    else:
+        q = (torch.randn(2, 3, 576, generator=g) * 2.0 ** -126).bfloat16()  # bf16 subnormals: a tiny q row
+    kv = torch.randn(16, 576, generator=g).to(FP8)
+    idx = torch.randint(-2, 18, (2, 8), generator=g, dtype=torch.int32)
+    kw = dict(sm_scale=sm_scale, kv_scale=torch.tensor([kv_scale]),
+              q_scale=None if q_scale is None else torch.tensor([q_scale]))
+    a_out, a_lse = sparse_mla_decode(q, kv, idx, return_lse=True, path="triton", **kw)
+    b_out, b_lse = ref(q, kv, idx, **kw)
+    assert b_lse.isfinite().all() and a_lse.isfinite().all() and a_out.isfinite().all()
+    torch.testing.assert_close(a_lse.double(), b_lse.double(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(a_out.double(), b_out.double(), atol=2e-2 * float(b_out.abs().max()), rtol=1e-2)
+
+
 # --------------------------------------------------------------------------------------------
 # T = 0 (topk, N, H >= 1 are required; no token is fine)
 # --------------------------------------------------------------------------------------------

@@ -82,13 +82,16 @@ def _sparse_mla_decode_kernel(
     q_nope = tl.load(q_ptr + offs_d[None, :], mask=mask_h[:, None], other=0.0)
     q_rope = tl.load(q_ptr + D_NOPE + offs_r[None, :], mask=mask_h[:, None], other=0.0)
 
-    # Scale of the scores in base 2: sm_scale * log2(e) * q_scale * kv_scale.
-    qk_scale = sm_scale
+    # Scale of the scores: sm_scale * q_scale * kv_scale (times log2(e) in scores_base2), and below the inverse of
+    # q's row scale. The factors are multiplied in float64 and rounded to fp32 once, so that only the whole
+    # factor's range matters, not the order of the product: in fp32, sm_scale = 2^126 times q_scale = 8 overflowed
+    # to inf (NaN scores) where the factor with kv_scale = 2^-106 is 2^23 (a break test, fortieth session).
+    qk_scale64 = tl.cast(sm_scale, tl.float64)
     if Q_FP8:
-        qk_scale = qk_scale * tl.load(Q_SCALE)
+        qk_scale64 = qk_scale64 * tl.load(Q_SCALE).to(tl.float64)
     if KV_FP8:
-        kv_s = tl.load(KV_SCALE)
-        qk_scale = qk_scale * kv_s
+        qk_scale64 = qk_scale64 * tl.load(KV_SCALE).to(tl.float64)
+    qk_scale = qk_scale64.to(tl.float32)
 
     if Q_FP8:
         q_dtype: tl.constexpr = tl.float16 if FP8_F16 else tl.bfloat16
@@ -104,7 +107,9 @@ def _sparse_mla_decode_kernel(
         qmax = tl.maximum(tl.max(kmath.finite_abs(qn), 1), tl.max(kmath.finite_abs(qr), 1))
         row_exp = tl.math.ceil(tl.log2(tl.maximum(qmax, 1e-30)))
         row_scale = tl.exp2(14.0 - row_exp)
-        inv_row_scale = tl.exp2(row_exp - 14.0)
+        # the scores' factor undoes the row scale per head row (in float64 with the others: a tiny q row's scale
+        # 2^138 times sm_scale 2^126 times kv_scale 8 is 2^-9, whose fp32 parts overflowed)
+        qk_scale = (qk_scale64 * tl.exp2(row_exp - 14.0).to(tl.float64)).to(tl.float32)[:, None]
         qn = qn * row_scale[:, None]
         qr = qr * row_scale[:, None]
         if UPCAST:
@@ -233,8 +238,6 @@ def _sparse_mla_decode_kernel(
 
             qk = tl.dot(q_nope, tl.trans(k_nope))
             qk = tl.dot(q_rope, tl.trans(k_rope), qk)
-            if ROW_SCALE:
-                qk = qk * inv_row_scale[:, None]
             s = kmath.scores_base2(qk, qk_scale, logit_cap, HAS_CAP)
             s = tl.where(valid[None, :], s, float("-inf"))
 
@@ -247,7 +250,7 @@ def _sparse_mla_decode_kernel(
         l_safe = tl.where(empty, 1.0, l_i)
         out = acc / l_safe[:, None]
         if KV_FP8:
-            out = out * kv_s
+            out = out * tl.load(KV_SCALE)
         lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))  # base 2
 
         if SPLIT:
