@@ -481,6 +481,31 @@ def test_a_layers_sinks_follow_a_view_at_the_same_address():
         layer(q, kv, idx)
 
 
+@pytest.mark.parametrize("view,error", [
+    (lambda d: d[:1].expand(8), r"'sinks' must be contiguous \(got stride \(0,\)\)"),
+    (lambda d: d.view(torch.bfloat16)[::2], r"'sinks' must be float32 \(got torch.bfloat16\)"),
+])
+def test_a_layers_sinks_follow_a_view_of_new_strides_or_dtype_at_the_same_address(view, error):
+    """``p.data`` replaced by a view at the same address and of the same shape but other strides (an expand) or
+    another dtype (a bf16 reinterpretation): the layer compared the pointer and the shape only and kept computing
+    with its old sinks; it compares strides and dtype too, and the next call checks (and refuses) the new tensor,
+    as the function refuses it (fortieth session's break test)."""
+    from mla_sink import SparseMLADecode
+
+    p = torch.nn.Parameter(torch.randn(8))
+    layer = SparseMLADecode(num_heads=8, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=p)
+    q = torch.randn(1, 8, 576).bfloat16()
+    kv = torch.randn(32, 576).bfloat16()
+    idx = torch.randint(0, 32, (1, 8), dtype=torch.int32)
+    layer(q, kv, idx)
+    p.data = view(p.data)
+    assert p.data_ptr() == layer.sinks.data_ptr() and p.shape == layer.sinks.shape
+    with pytest.raises(ValueError, match=error):
+        layer(q, kv, idx)
+    with pytest.raises(ValueError, match=error):
+        sparse_mla_decode(q, kv, idx, p.detach())
+
+
 def test_fake_shape_inference_on_a_layer_while_another_thread_compiles():
     """A ``FakeTensorMode`` over a layer's real sinks, while another thread compiles (which sets the process-wide
     is_compiling flag), took the traced branch and detached the real sinks inside the fake mode, which PyTorch
