@@ -32,6 +32,21 @@ def _key(name: str, dtype: Union[str, torch.dtype]) -> Union[str, torch.dtype]:
     return dtype
 
 
+def _sinks_for(q: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """The layer's real sinks for a call on ``q`` without data: as they are (detached) where q's ``FakeTensorMode``
+    takes real tensors - a non-strict ``torch.export``'s does, and its tracer lifts them as a constant that shares
+    their storage (a fake copy's fresh symbolic sizes were unknown to that tracer: a ``RuntimeError`` inside
+    PyTorch, fortieth session's break test); else a copy without data of q's kind (meta, or a fake tensor of its
+    mode, which refuses real tensors)."""
+    mode = getattr(q, "fake_mode", None)
+    if mode is not None and mode.allow_non_fake_inputs:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # a real tensor's detach, outside the mode
+            return source.detach()
+    return without_data_like(q, source)
+
+
 class SparseMLADecode:
     """Sparse MLA decode for one attention layer: configuration fixed at construction.
 
@@ -129,15 +144,15 @@ class SparseMLADecode:
             raise ValueError(f"'q' has {q.shape[1]} heads but the layer was built with num_heads={spec.num_heads}")
         sinks, source = self._sinks, self._sinks_source
         if source is not None:
-            # traced (by Dynamo, or a non-strict export, whose sinks are fake): a detach is free in the graph
-            # (data_ptr is not traceable); a fake mode of this thread over the layer's real sinks, while another
-            # thread compiles (which sets is_compiling), is shape inference, as below
+            # traced by Dynamo (or with fake sinks): a detach is free in the graph (data_ptr is not traceable); a
+            # fake mode of this thread over the layer's real sinks - a non-strict export's, or shape inference
+            # while another thread compiles (which sets is_compiling) - takes the shape-inference branch below
             if tracing() and (torch.compiler.is_dynamo_compiling() or has_no_data(source)):
                 sinks = source.detach()
                 if q.is_meta and not sinks.is_meta:  # a compiled call's shape inference
                     sinks = without_data_like(q, sinks)
             elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device: the current sinks
-                sinks = without_data_like(q, source)  # (whose storage may have been replaced) without data
+                sinks = _sinks_for(q, source)  # (whose storage may have been replaced), without data where needed
             elif (source.data_ptr() != sinks.data_ptr() or source.shape != sinks.shape
                   or source.stride() != sinks.stride() or source.dtype is not sinks.dtype):  # new storage, or a
                 # view at the same address (p.data = p.data[:4], p.data[:1].expand(H), p.data.view(bf16)[::2])

@@ -215,6 +215,50 @@ def test_a_compiled_layer_with_sinks_infers_shapes_on_meta(backend):
     assert out.device.type == "meta" and out.shape == (2, 4, 512) and lse.shape == (2, 4)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_export_of_a_module_that_calls_a_layer_with_sinks(strict, dynamic):
+    """``torch.export.export`` of a module whose forward calls a layer built with the module's sink parameter.
+    Non-strict (the default) runs the forward on fake tensors while the layer holds the real parameter: the layer
+    made a fake copy, whose fresh symbolic sizes that tracer did not know (a ``RuntimeError`` inside PyTorch;
+    fortieth session's break test); it hands that mode, which takes real tensors, the real sinks, lifted as a
+    constant sharing their storage, so the exported program sees a later in-place update of the weights."""
+    g = torch.Generator().manual_seed(0)
+    T, H, N, topk = 3, 4, 64, 16
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sinks = torch.nn.Parameter(torch.randn(H, generator=g))
+            self.decode = SparseMLADecode(num_heads=H, q_dtype="bf16", kv_dtype="bf16", topk=topk, sinks=self.sinks)
+
+        def forward(self, q, kv, idx):
+            return self.decode(q, kv, idx)
+
+    m = Attn()
+    q = torch.randn(T, H, 576, generator=g).bfloat16()
+    kv = torch.randn(N, 576, generator=g).bfloat16()
+    idx = torch.randint(-1, N, (T, topk), generator=g, dtype=torch.int32)
+    shapes = None
+    if dynamic:
+        t_dim = torch.export.Dim("T", min=2, max=64)
+        shapes = ({0: t_dim}, None, {0: t_dim})
+    with torch.no_grad():
+        ep = torch.export.export(m, (q, kv, idx), strict=strict, dynamic_shapes=shapes)
+        for t in ((T, 5) if dynamic else (T,)):
+            args = (torch.randn(t, H, 576, generator=g).bfloat16(), kv,
+                    torch.randint(-1, N, (t, topk), generator=g, dtype=torch.int32))
+            out, lse = ep.module()(*args)
+            ref, ref_lse = sparse_mla_decode_reference(*args, m.sinks.detach())
+            assert out.shape == (t, H, 512)
+            torch.testing.assert_close(out.double(), ref.double(), atol=2e-2, rtol=1e-2)
+            torch.testing.assert_close(lse.double(), ref_lse.double(), atol=1e-4, rtol=1e-5)
+        m.sinks.add_(3.0)  # a later in-place load of the weights
+        out, _ = ep.module()(q, kv, idx)
+        torch.testing.assert_close(out.double(), sparse_mla_decode_reference(q, kv, idx, m.sinks.detach())[0].double(),
+                                   atol=2e-2, rtol=1e-2)
+
+
 def test_a_meta_call_checks_the_layers_current_sinks():
     # a second break test's finding: a meta call checked the sinks of the layer's last real call, not the tensor
     # the layer was given (whose storage may have been replaced since), so it accepted what a real call refuses
