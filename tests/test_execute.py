@@ -340,6 +340,29 @@ def test_compile_with_dynamic_shapes_and_default_scalars():
     torch.testing.assert_close(out, ref)
 
 
+def test_compiled_refusals_with_dynamic_shapes_name_numbers_not_symbols():
+    """Under ``torch.compile(dynamic=True)`` the refusals that compare two sizes named the symbols (``'sinks' must
+    have num_heads=s34 entries (got s76)``); they show the numbers (fortieth session's break test)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 16, 576, generator=g).bfloat16()
+    kv = torch.randn(64, 576, generator=g).bfloat16()
+    idx = torch.randint(-1, 64, (2, 32), generator=g, dtype=torch.int32)
+    s = torch.randn(16, generator=g)
+    f = torch.compile(lambda q, kv, idx, s, **kw: sparse_mla_decode(q, kv, idx, s, **kw), backend="eager",
+                      fullgraph=True, dynamic=True)
+    for args, kw, want in [
+            ((q, kv, idx, s[:8]), {}, "'sinks' must have num_heads=16 entries (got 8)"),
+            ((q, kv, idx[:1], s), {}, "'indices' must have T=2 rows like q (got 1)"),
+            ((q, kv, idx, s), {"topk_length": torch.tensor([1, 2, 3], dtype=torch.int32)},
+             "'topk_length' must be int32 [T=2] (got torch.int32 shape (3,))"),
+            ((q, kv, idx, s), {"out": torch.empty(2, 16, 511, dtype=torch.bfloat16)},
+             "'out' must be torch.bfloat16 [T=2, H=16, 512] (got torch.bfloat16 shape (2, 16, 511))")]:
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:
+            f(*args, **kw)
+        assert want in str(info.value), str(info.value)
+
+
 def test_compile_with_dynamic_scalars_names_a_nan_or_infinite_scale():
     """Under ``torch.compile(dynamic=True)`` a float argument is symbolic, and comparing one whose value is NaN
     raised inside the tracer ("Invalid NaN comparison", found by a fresh user's break test): a NaN or infinite

@@ -38,3 +38,8 @@ def concrete(values) -> tuple:
         hint = getattr(getattr(v, "node", None), "hint", None) if isinstance(v, torch.SymInt) else None
         shown.append(int(hint) if hint is not None else v)
     return tuple(shown)
+
+
+def shown(value):
+    """One size for an error message, as :func:`concrete` shows it (the number a symbolic size stands for)."""
+    return concrete((value,))[0]

@@ -26,7 +26,7 @@ from mla_sink.core.dtypes import (
     pair_error,
 )
 from mla_sink.core.records import D_QK, D_V, TOPK_MAX, TOPK_WHY
-from mla_sink.core.trace import concrete, tracing
+from mla_sink.core.trace import concrete, shown, tracing
 
 
 def _dt(t: torch.Tensor) -> str:
@@ -200,7 +200,7 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
     if sinks.dim() != 1:
         raise ValueError(f"'sinks' must be 1-D [num_heads] (got shape {concrete(sinks.shape)})")
     if sinks.shape[0] != num_heads:
-        raise ValueError(f"'sinks' must have num_heads={num_heads} entries (got {sinks.shape[0]})")
+        raise ValueError(f"'sinks' must have num_heads={shown(num_heads)} entries (got {shown(sinks.shape[0])})")
     if not sinks.is_contiguous():
         raise ValueError(f"'sinks' must be contiguous (got stride {concrete(sinks.stride())})")
     if device is not None and sinks.device != device:
@@ -444,7 +444,7 @@ def check_inputs(
                          f"{concrete(indices.shape)})")
     T, H = q.shape[0], q.shape[1]
     if indices.shape[0] != T:
-        raise ValueError(f"'indices' must have T={T} rows like q (got {indices.shape[0]})")
+        raise ValueError(f"'indices' must have T={shown(T)} rows like q (got {shown(indices.shape[0])})")
     pair = (_dt(q), kv_key)
     if pair not in ALLOWED_DTYPE_PAIRS:
         raise ValueError(pair_error(*pair, "(q dtype, kv_cache dtype)"))
@@ -465,7 +465,7 @@ def check_inputs(
         _require_tensor("topk_length", topk_length)
         if topk_length.dtype != torch.int32 or topk_length.dim() != 1 or topk_length.shape[0] != T:
             raise ValueError(
-                f"'topk_length' must be int32 [T={T}] (got {topk_length.dtype} shape {concrete(topk_length.shape)})"
+                f"'topk_length' must be int32 [T={shown(T)}] (got {topk_length.dtype} shape {concrete(topk_length.shape)})"
             )
         if topk_length.device != device:
             raise ValueError(f"'topk_length' must be on {device}, like q (got {topk_length.device})")
@@ -492,7 +492,7 @@ def check_inputs(
         want = out_dtype_for(_dt(q))
         if tuple(out.shape) != (T, H, D_V) or out.dtype != want:
             raise ValueError(
-                f"'out' must be {want} [T={T}, H={H}, {D_V}] (got {out.dtype} shape {concrete(out.shape)})"
+                f"'out' must be {want} [T={shown(T)}, H={shown(H)}, {D_V}] (got {out.dtype} shape {concrete(out.shape)})"
             )
         if out.stride(2) != 1 or out.device != device:
             raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {concrete(out.stride())})")
