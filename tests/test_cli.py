@@ -688,3 +688,28 @@ def test_a_refused_dtype_pair_names_both_flags(argv, flags, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {flags}: ") and "must be one of" in err and err.count("\n") == 0
+
+
+@pytest.mark.parametrize("argv,status,unbuffered", [
+    (["explain", "--arch", "sm80", "--kv-dtype", "fp8_e4m3"], 2, ""),
+    (["explain", "--arch", "sm80", "--kv-dtype", "fp8_e4m3", "--json"], 2, "1"),
+    (["explain"], 0, ""),
+    (["explain", "--matrix", "--json"], 0, "1"),
+])
+def test_output_into_a_closed_pipe_keeps_the_commands_status(argv, status, unbuffered):
+    """``mla-sink explain ... | true``: the reader is gone before the command writes. A refusal exited 0 or 120 (the
+    interrupted command's status, or Python's failed flush at exit, with 'Exception ignored ... BrokenPipeError' on
+    stderr) instead of 2, and an answer 120 instead of 0 (fortieth session's break test)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    proc = subprocess.Popen([sys.executable, "-m", "mla_sink", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader quits before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == status, err
+    assert "BrokenPipeError" not in err and "Traceback" not in err, err

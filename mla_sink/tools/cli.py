@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -381,6 +382,40 @@ def _joined_float_values(argv: list) -> list:
     return out
 
 
+class _ClosedPipeSafe:
+    """``sys.stdout`` for one command: output piped into a reader that quits early (``| head``, ``| true``) makes a
+    write or flush raise ``BrokenPipeError``; from then on the stream's descriptor points at ``/dev/null``, so the
+    command runs to its end and exits with its own status (a break test, fortieth session: the status of a refused
+    ``explain | true`` was 0 or 120 - the interrupted command's, or Python's failed flush at exit - not 2)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _to_devnull(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's capture)
+            pass
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mla-sink`` console script."""
     from mla_sink.core.select import NoKernelError
@@ -390,7 +425,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "explain":  # its own arguments, for --matrix's check of the call flags given
         args.explain_argv = argv[argv.index("explain") + 1:]
-    rc = 0
+    stdout, sys.stdout = sys.stdout, _ClosedPipeSafe(sys.stdout)
     try:
         rc = args.func(args)
         rc = rc if isinstance(rc, int) else 0  # some commands return their report
@@ -399,16 +434,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(e.explanation)
     except ValueError as e:  # bad input: one line naming the argument (and the flag that gave it), exit 2
         print(f"error: {flag_named(str(e))}", file=sys.stderr)
-        return 2
+        rc = 2
     except TableCheckError as e:  # an edited table with a gap or a shadowed row: the checker's problems, exit 2
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # output piped into `head` and the like: keep the command's status
-        pass
-    try:
+        rc = 2
+    finally:
         sys.stdout.flush()
-    except BrokenPipeError:
-        pass
+        sys.stdout = stdout
     return rc
 
 
