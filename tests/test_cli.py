@@ -488,6 +488,21 @@ def test_demo_prints_one_key_for_the_call(capsys):
         assert str(spec) not in out  # CallSpec's own key (no arch) is not printed beside it
 
 
+def test_demo_counts_the_rejected_rows_as_explain_json_lists_them(capsys):
+    """The demo's "(n earlier rows rejected)" counted the explanation's lines, which group a path's rows on one line
+    (3 where 14 rows were rejected; fortieth session's break test); it counts the rows, as ``explain --json``
+    lists them (``rejected`` and each ``rejected_paths`` entry's ``rows``)."""
+    import re
+
+    code, out = run_cli(capsys, "demo", "--device", "cpu", "--tokens", "2", "--topk", "64", "--pool", "256")
+    assert code == 0
+    shown = int(re.search(r"\((\d+) earlier rows rejected", out).group(1))
+    code, text = run_cli(capsys, "explain", "--arch", "cpu", "--heads", "16", "--sinks", "--return-lse", "--json")
+    doc = json.loads(text)
+    rows = len(doc["rejected"]) + sum(len(p["rows"]) for p in doc["rejected_paths"])
+    assert code == 0 and shown == rows and rows > 3
+
+
 def test_explain_json_leaves_the_kernel_open_without_an_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json")
     launch = json.loads(out)["launch"]

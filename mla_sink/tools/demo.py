@@ -137,7 +137,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.path == "reference":  # always honoured, no row consulted (mla_sink.core.select.plan_call)
         print("  → reference   (forced: the float64 reference runs anywhere)")
     else:
-        from mla_sink.core.select import NoKernelError, plan_call
+        from mla_sink.core.select import NoKernelError, plan_call, select
 
         try:
             plan_call(spec, platform, path=args.path)
@@ -148,7 +148,9 @@ def run_demo(args: argparse.Namespace) -> int:
             text = [line for line in explain_call(spec, platform, path=args.path).splitlines() if line.strip() != key]
             winner = [line for line in text if not line.lstrip().startswith("✗ ")]
             print("\n".join(winner))
-            print(f"  ({len(text) - len(winner)} earlier rows rejected; `mla-sink explain` lists why)")
+            # the rows, not the explanation's lines (which group the rows of one path on one line)
+            rejected = len(select(spec, platform, path=args.path).rejected)
+            print(f"  ({rejected} earlier rows rejected; `mla-sink explain` lists why)")
     out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)  # warm-up / compile
     if on_gpu:
         torch.cuda.synchronize()
