@@ -71,7 +71,11 @@ def test_platform_accepts_arch(arch):
 
 
 @pytest.mark.parametrize("arch,plain", [("sm90a", "sm90"), ("sm100a", "sm100"), ("sm100f", "sm100"), ("sm120a", "sm120"),
-                                        ("sm090", "sm90"), ("sm090a", "sm90")])
+                                        ("sm090", "sm90"), ("sm090a", "sm90"),
+                                        # ROCm target ids, as gcnArchName reports them (fortieth session's break
+                                        # test: --arch gfx942:sramecc+:xnack- was refused)
+                                        ("gfx942:sramecc+:xnack-", "gfx942"), ("gfx950:xnack+", "gfx950"),
+                                        ("gfx90a:sramecc-:xnack+", "gfx90a")])
 def test_nvidia_feature_suffixes_name_the_plain_target(arch, plain):
     """A break test's finding: ``--arch sm90a`` was accepted but planned as an unknown target (the portable kernel with
     the fallback tiles), while ``sm90`` gets the Gluon kernels. The suffix names the same GPUs: the record keeps the
@@ -94,6 +98,9 @@ def test_nvidia_feature_suffixes_name_the_plain_target(arch, plain):
         (dict(arch="sm09"), r"'arch' must be a compile target .* \(got 'sm09'\)"),
         (dict(arch="sm00"), r"'arch' must be a compile target .* \(got 'sm00'\)"),
         (dict(arch="sm9"), r"'arch' must be a compile target .* \(got 'sm9'\)"),
+        (dict(arch="gfx0942"), r"'arch' must be a compile target .* \(got 'gfx0942'\)"),  # no AMD name starts at 0
+        (dict(arch="gfx942:"), r"'arch' must be a compile target .* \(got 'gfx942:'\)"),
+        (dict(arch="gfx942:xnack"), r"'arch' must be a compile target .* \(got 'gfx942:xnack'\)"),
         (dict(arch="gfx942", aiter_version="latest"), "'aiter_version'"),
         (dict(arch="cpu", triton="yes"), "'triton'"),
         # the interpreter has no SMs: a count made the plan split as if it had them (it was the CLI's check)

@@ -25,10 +25,13 @@ _DTYPES = tuple(sorted(DTYPE_KEYS.values()))
 _KV_DTYPES = KV_DTYPE_KEYS
 #: A compile target; on NVIDIA ``sm`` and the compute capability's digits (as :func:`mla_sink.core.platform.arch_of`
 #: writes them), which :attr:`Platform.cuda_arch` reads from the group ``cc``.
-_ARCH_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?|sm(?P<cc>[1-9][0-9]{1,2})[a-z]?|cpu)$")
+_ARCH_RE = re.compile(r"^(gfx[1-9][0-9]{1,3}[a-z]?|sm(?P<cc>[1-9][0-9]{1,2})[a-z]?|cpu)$")
 #: Any ``sm`` name with digits, for :func:`canonical_arch` to read (leading zeros included; the target's own check is
 #: :data:`_ARCH_RE`: a compute capability of two or three digits, the first not 0).
 _NV_NAME_RE = re.compile(r"sm(?P<cc>[0-9]+)[a-z]?")
+#: A ROCm target id, the processor and its feature settings (``gfx942:sramecc+:xnack-``, as PyTorch's
+#: ``gcnArchName`` reports it; LLVM AMDGPU docs, "Target ID"), for :func:`canonical_arch` to read.
+_AMD_TARGET_ID_RE = re.compile(r"(?P<name>gfx[0-9a-z]+)(?::[a-z0-9_]+[+-])+")
 
 
 def _as_int(value: Any) -> Any:
@@ -168,7 +171,8 @@ def canonical_arch(value: Any) -> Any:
     """An NVIDIA target in its plain form: the compute capability as written without leading zeros and without a
     feature suffix (``'sm90a'`` -> ``'sm90'``, ``'sm100f'`` -> ``'sm100'``, ``'sm090'`` -> ``'sm90'``): the suffix
     (``a`` arch-specific, ``f`` family features) names the same GPUs, and the tables know each target by its plain
-    name. AMD names keep their letter (``gfx90a`` is its own GPU); anything else (or a form whose plain name would not
+    name. AMD names keep their letter (``gfx90a`` is its own GPU) and drop a target id's feature settings
+    (``'gfx942:sramecc+:xnack-'`` -> ``'gfx942'``, as :func:`mla_sink.core.platform.arch_of` reads a device); anything else (or a form whose plain name would not
     be a target, as ``'sm09'`` or ``'sm00'``: a compute capability of one digit) as given, for :class:`Platform`'s
     check to refuse by what was written. Used by :class:`Platform` and by ``mla-sink explain --arch``."""
     if isinstance(value, str):
@@ -176,6 +180,9 @@ def canonical_arch(value: Any) -> Any:
         if m is not None:
             plain = f"sm{int(m.group('cc'))}"
             return plain if _ARCH_RE.fullmatch(plain) else value
+        m = _AMD_TARGET_ID_RE.fullmatch(value)
+        if m is not None:  # the features (sramecc, xnack) do not change which kernels a GPU runs
+            return m.group("name")
     return value
 
 
