@@ -158,7 +158,8 @@ def test_help(argv, capsys):
 
 @pytest.mark.parametrize("argv,text", [
     (["demo", "--tokens", "0"], "'--tokens' must be in [1, 2147483647] (got 0)"),
-    (["demo", "--pool", "0"], "'--pool' must be in [1, 2147483647] (got 0)"),
+    (["demo", "--pool", "0"], "'--pool-rows' must be in [1, 2147483647] (got 0)"),
+    (["demo", "--pool-rows", "0"], "'--pool-rows' must be in [1, 2147483647] (got 0)"),  # the flag's first spelling
     (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
     (["explain", "--path", "garbage"], "--path: 'path' must be one of"),  # the flag named before the field
     (["explain", "--arch", "foo"], "--arch: 'arch' must be a compile target"),
@@ -187,10 +188,10 @@ def test_help(argv, capsys):
     (["explain", "--arch", "sm90", "--aiter", " "], "'--aiter' must not be empty"),  # was 'none', silently
     (["demo", "--device", "tpu"], "'--device' must be cpu or cuda"),
     # sizes past int32, or beyond the machine's memory, gave an allocator's traceback
-    (["demo", "--pool", str(10 ** 12)], f"'--pool' must be in [1, 2147483647] (got {10 ** 12})"),
+    (["demo", "--pool", str(10 ** 12)], f"'--pool-rows' must be in [1, 2147483647] (got {10 ** 12})"),
     (["demo", "--topk", str(10 ** 10)], "'--topk' must be in [1, 2147483647]"),
     (["demo", "--tokens", "2147483647", "--heads", "2147483647"], "GiB of demo tensors, more than cpu"),
-    (["demo", "--pool", "2000000000"], "'--pool' 2000000000 need about"),
+    (["demo", "--pool", "2000000000"], "'--pool-rows' 2000000000 need about"),
     (["demo", "--seed", str(10 ** 20)], "'--seed' must be in [0, 2**64 - 1]"),  # was an unnamed overflow
     (["demo", "--device", ""], "'--device' must not be empty"),  # was the default device, silently
 ])
@@ -541,7 +542,7 @@ def test_bench_peers_flag_needs_flash_mla(monkeypatch, capsys):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # never start the bench itself
     code = main(["bench", "--peers"])
     err = capsys.readouterr().err
-    assert code == 2 and "--peers" not in err and "mla-sink bench needs a CUDA GPU" in err
+    assert code == 2 and "--peers" not in err and err.strip() == "error: mla-sink bench needs a CUDA GPU"
     code = main(["bench", "--no-peers", "--reps", "0"])  # --no-peers never imports; other flags still checked
     assert code == 2 and "'--reps' must be an int in [1, 2147483647]" in capsys.readouterr().err
 

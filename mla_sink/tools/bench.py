@@ -660,7 +660,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from mla_sink.tools.host_bench import cmd_host_bench
 
         if not torch.cuda.is_available():
-            print("mla-sink bench --host needs a CUDA GPU", file=sys.stderr)
+            print("error: mla-sink bench --host needs a CUDA GPU", file=sys.stderr)
             return 2
         return cmd_host_bench(args)
     if mode == DCP:
@@ -668,7 +668,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return dcp_bench.run_dcp_bench(args) or 0
     if not torch.cuda.is_available():
-        print("mla-sink bench needs a CUDA GPU", file=sys.stderr)
+        print("error: mla-sink bench needs a CUDA GPU", file=sys.stderr)
         return 2
     report = run_bench(args)
     print_table(report)

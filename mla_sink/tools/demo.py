@@ -103,8 +103,8 @@ def run_demo(args: argparse.Namespace) -> int:
     from mla_sink.core.select import check_path, explain_call
 
     check_path(args.path)  # refused before the call's header is printed
-    for flag in ("tokens", "heads", "topk", "pool"):
-        check_count(f"--{flag}", getattr(args, flag))
+    for flag, dest in (("--tokens", "tokens"), ("--heads", "heads"), ("--topk", "topk"), ("--pool-rows", "pool")):
+        check_count(flag, getattr(args, dest))  # named by the flag's first spelling, as --help lists it
     check_seed("--seed", args.seed)
     check_not_empty("--device", args.device, "cuda when available, else cpu")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -119,7 +119,7 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"'--device' is {device!r} but this machine has no CUDA/ROCm GPU (use --device cpu)")
     q_dtype, kv_dtype = demo_dtypes(args)
     need = demo_bytes(args.tokens, args.heads, args.topk, args.pool)
-    too_big = (f"'--tokens' {args.tokens}, '--heads' {args.heads}, '--topk' {args.topk} and '--pool' {args.pool} "
+    too_big = (f"'--tokens' {args.tokens}, '--heads' {args.heads}, '--topk' {args.topk} and '--pool-rows' {args.pool} "
                f"need about {need / 2 ** 30:.3g} GiB of demo tensors, more than {device} %s: choose smaller sizes")
     have = memory_bytes(device)
     if have is not None and need > have:  # refused before allocating (an allocation that fits the address space
