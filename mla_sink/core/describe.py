@@ -41,6 +41,10 @@ def describe(
         logit_cap: soft cap (``<= 0`` disables).
         platform: explicit platform (default: detected from ``q.device``).
 
+    Returns:
+        ``(spec, platform)``, a tuple: the call's :class:`CallSpec` and the :class:`Platform` it runs on (the one
+        given, or the detected one), as :func:`mla_sink.run` and :func:`mla_sink.plan_call` take them.
+
     Raises:
         ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`), a field is
             out of its domain, or ``platform`` is neither ``None`` nor a :class:`Platform`.

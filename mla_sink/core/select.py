@@ -154,7 +154,16 @@ def plan_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = None)
     any other forced path must be named by a row that accepts the call, and refusal rows binding that path
     (``paths`` in the table) still refuse it.
 
+    Args:
+        spec: the call (:class:`CallSpec`). platform: where it runs (:class:`Platform`).
+        path: force this path instead of the table's first match (``None``: the table chooses).
+
+    Returns:
+        The :class:`LaunchPlan`: ``path``, the winning row's ``params`` and ``row_id`` (``'forced'`` for the
+        reference), with ``spec`` and ``platform``.
+
     Raises:
+        ValueError: ``spec`` or ``platform`` is not the record, or ``path`` is not a path of the table.
         NoKernelError: the table refuses the call or no row accepts it (message = full explanation).
     """
     check_records(spec, platform)
