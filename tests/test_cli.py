@@ -729,3 +729,39 @@ def test_output_into_a_closed_pipe_keeps_the_commands_status(argv, status, unbuf
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == status, err
     assert "BrokenPipeError" not in err and "Traceback" not in err, err
+
+
+def test_tables_command_checks_every_shipped_table(capsys):
+    """``mla-sink tables`` checks each table as its reader loads it; every ``tables/*.yaml`` has a reader there (a
+    break test, fortieth session: no command checked an edited table, which most readers load lazily)."""
+    from pathlib import Path
+
+    from mla_sink.tools.cli import table_readers
+
+    shipped = {p.stem for p in (Path(__file__).resolve().parents[1] / "tables").glob("*.yaml")}
+    assert {name for name, _ in table_readers()} == shipped
+    code, out = run_cli(capsys, "tables")
+    assert code == 0 and [line.split(":")[0] for line in out.splitlines()] == [f"✓ {n}" for n, _ in table_readers()]
+
+
+def test_tables_command_names_a_broken_table_and_exits_2(capsys, monkeypatch, tmp_path):
+    """A table with its last row removed (a gap) fails: its line names the checker's problem, stderr one error line,
+    exit 2; the other tables still report."""
+    import mla_sink.core.tables as tables_mod
+    from mla_sink.tools.peers import peers_table
+
+    text = tables_mod.table_path("peers").read_text()
+    broken = tmp_path / "peers.yaml"
+    broken.write_text(text[:text.rindex("  - id:")])  # the catch-all row gone
+    real = tables_mod.table_path
+    monkeypatch.setattr(tables_mod, "table_path", lambda name: broken if name == "peers" else real(name))
+    peers_table.cache_clear()
+    try:
+        code = main(["tables"])
+        captured = capsys.readouterr()
+    finally:
+        monkeypatch.undo()
+        peers_table.cache_clear()
+    assert code == 2
+    assert "✗ peers: " in captured.out and "✓ mla_decode:" in captured.out
+    assert captured.err.strip() == "error: 1 of 6 tables failed their checks: peers"
