@@ -765,3 +765,25 @@ def test_tables_command_names_a_broken_table_and_exits_2(capsys, monkeypatch, tm
     assert code == 2
     assert "✗ peers: " in captured.out and "✓ mla_decode:" in captured.out
     assert captured.err.strip() == "error: 1 of 6 tables failed their checks: peers"
+
+
+def test_the_readme_use_example_runs_as_written():
+    """README's first Python example ("Use"), extracted and run as written on the CPU: the function and the layer
+    give the same answer, equal to the float64 reference within bf16's budget (a break test found the example
+    using tensors it never made)."""
+    from pathlib import Path
+
+    import torch
+
+    from mla_sink.core.reference import sparse_mla_decode_reference
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("```python\nimport torch\nfrom mla_sink import sparse_mla_decode, SparseMLADecode")
+    start += len("```python\n")
+    ns: dict = {}
+    exec(compile(text[start:text.index("```", start)], "README.md", "exec"), ns)  # noqa: S102 - the example as written
+    out_fn, _ = ns["sparse_mla_decode"](ns["q"], ns["kv_cache"], ns["indices"], sinks=ns["sinks"])
+    ref, ref_lse = sparse_mla_decode_reference(ns["q"], ns["kv_cache"], ns["indices"], ns["sinks"])
+    assert torch.equal(ns["out"], out_fn)
+    torch.testing.assert_close(ns["out"].double(), ref.double(), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(ns["lse"].double(), ref_lse.double(), atol=1e-4, rtol=1e-5)
