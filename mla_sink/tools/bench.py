@@ -37,7 +37,7 @@ from mla_sink.core.kv_layout import LAYOUT as DS_MLA_KV  # the 656-byte V3.2 FP8
 from mla_sink.core.kv_layout import SCALE_CONVENTIONS
 from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, call_key
 from mla_sink.tools import dcp_bench, peers
-from mla_sink.tools.flags import check_int_count, check_output_path
+from mla_sink.tools.flags import check_int_count, check_not_empty, check_output_path
 from mla_sink.tools.report import report_header
 
 FLUSH_BYTES = 256 << 20
@@ -630,8 +630,13 @@ def check_bench_args(args: argparse.Namespace) -> None:
     if value is not None and not _ds_pages_ok(value):
         raise ValueError(f"'--ds-pages' must be 0 (a flat [N, 656] cache) or a divisor of {peers.FLASH_MLA_BLOCK} "
                          f"(got {value!r})")
-    for flag in ("json", "png"):  # written after the run: a path that cannot be written fails now, not then
+    for flag, default in (("json", "no JSON file"), ("png", "no chart")):  # written after the run: a path that
+        check_not_empty(f"--{flag}", getattr(args, flag, None), default)  # cannot be written fails now, not then
         check_output_path(f"--{flag}", getattr(args, flag, None) or "")
+    cases = getattr(args, "cases", None)
+    check_not_empty("--cases", cases, "every case")
+    if cases is not None and not all(name.strip() for name in cases.split(",")):
+        raise ValueError(f"'--cases' must be names separated by commas, none empty (got {cases!r})")
     if getattr(args, "png", None):
         check_chart_path(args.png)
     scale = getattr(args, "ds_scale", None)
@@ -686,7 +691,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cases", default=None,
                    help="comma-separated substrings of case names to keep (default: all), e.g. 'bf16-h' (the bf16 "
                         "cases), 'kv_fp8' (the fp8 cases), '-h128-'")
-    p.add_argument("--json", default="", help="write the report as JSON here")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
     p.add_argument("--png", default=None, help="write a bar chart of time per case here (the kernel grid)")
     p.add_argument("--pool-rows", type=int, default=None,
                    help=f"rows of the random KV pool (default 3.5M, ~4 GB bf16; with --dcp the DCP benchmark's "

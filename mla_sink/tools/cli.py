@@ -1,4 +1,4 @@
-"""``mla-sink`` command line: ``explain``, ``demo``, ``info`` and ``bench`` (``mla-sink --version``).
+"""``mla-sink`` command line: ``explain``, ``demo``, ``info``, ``tables`` and ``bench`` (``mla-sink --version``).
 
 ``mla-sink explain`` prints which kernel path a call takes on a platform and why (every platform
 field is a flag, defaulting to this machine); ``--json`` for machines, ``--matrix`` for a grid.
@@ -66,8 +66,9 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
         seen, default = flags.get(action.dest, ((), action.default))
         flags[action.dest] = (seen + (action.option_strings[0],), default)
 
-    add(p, "--arch", help="compile target: gfx942, gfx950, sm80, sm90, sm100, cpu (default: this machine); an NVIDIA "
-                          "feature suffix names the plain target (sm90a is sm90)")
+    add(p, "--arch", help="compile target, e.g. gfx942, gfx950, gfx90a, sm80, sm89, sm90, sm100, cpu (default: this "
+                          "machine); an NVIDIA feature suffix names the plain target (sm90a is sm90), a ROCm target "
+                          "id its processor (gfx942:sramecc+:xnack- is gfx942)")
     add(p, "--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
     tri = p.add_mutually_exclusive_group()
     add(tri, "--triton", dest="triton", action="store_true", default=None, help="Triton importable")
