@@ -465,7 +465,8 @@ def check_inputs(
         _require_tensor("topk_length", topk_length)
         if topk_length.dtype != torch.int32 or topk_length.dim() != 1 or topk_length.shape[0] != T:
             raise ValueError(
-                f"'topk_length' must be int32 [T={shown(T)}] (got {topk_length.dtype} shape {concrete(topk_length.shape)})"
+                f"'topk_length' must be int32 [T={shown(T)}] (got {topk_length.dtype} shape "
+                f"{concrete(topk_length.shape)})"
             )
         if topk_length.device != device:
             raise ValueError(f"'topk_length' must be on {device}, like q (got {topk_length.device})")
@@ -492,7 +493,8 @@ def check_inputs(
         want = out_dtype_for(_dt(q))
         if tuple(out.shape) != (T, H, D_V) or out.dtype != want:
             raise ValueError(
-                f"'out' must be {want} [T={shown(T)}, H={shown(H)}, {D_V}] (got {out.dtype} shape {concrete(out.shape)})"
+                f"'out' must be {want} [T={shown(T)}, H={shown(H)}, {D_V}] (got {out.dtype} shape "
+                f"{concrete(out.shape)})"
             )
         if out.stride(2) != 1 or out.device != device:
             raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {concrete(out.stride())})")
