@@ -398,3 +398,17 @@ def test_forced_split_count_is_checked(bad):
     with pytest.raises(ValueError, match="'num_kv_splits' must be None or an int >= 1"):
         sparse_mla_decode_triton(q, torch.zeros(8, 576, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.int32),
                                  num_kv_splits=bad)
+
+
+@pytest.mark.parametrize("bad", ["bogus", "gluon_fp8", ""])
+def test_a_forced_kernel_other_than_portable_is_refused(bad):
+    """``kernel`` forces the portable kernel or nothing: a misspelt name was ignored and the table's kernel ran (a
+    break test, fortieth session)."""
+    import torch
+
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+    q = torch.zeros(1, 4, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"'kernel' must be None \(the tuning table's kernel\) or 'portable' \(got {bad!r}\)"):
+        sparse_mla_decode_triton(q, torch.zeros(8, 576, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.int32),
+                                 kernel=bad)

@@ -708,14 +708,16 @@ def sparse_mla_decode_triton(
         ``(out, lse)`` as :func:`prepare_triton` describes.
 
     Raises:
-        ValueError: ``num_kv_splits`` given and not a positive int. Tensors are not validated here
-            (:mod:`mla_sink.core.validate` does that for the public entry points).
+        ValueError: ``num_kv_splits`` given and not a positive int, ``kernel`` neither None nor ``'portable'``.
+            Tensors are not validated here (:mod:`mla_sink.core.validate` does that for the public entry points).
     """
     import attrs
 
     if num_kv_splits is not None and (isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int)
                                       or num_kv_splits < 1):
         raise ValueError(f"'num_kv_splits' must be None or an int >= 1 (got {num_kv_splits!r})")
+    if kernel is not None and kernel != PORTABLE:  # a misspelt name was ignored (the table's kernel ran)
+        raise ValueError(f"'kernel' must be None (the tuning table's kernel) or {PORTABLE!r} (got {kernel!r})")
     plan = triton_plan_for(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap, num_kv_splits=num_kv_splits,
                            kernel=kernel)
     launch, spec, platform = plan.launch, plan.spec, plan.platform
