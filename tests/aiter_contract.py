@@ -230,6 +230,13 @@ class AiterContractFake:
                 fp8_q or (q.dtype == torch.bfloat16 and max_seqlen_q == 4) or (bf16_both and nhead in (8, 32)))
             if one_split_fast and fp8_q:
                 lse_mode = "unwritten"
+            # bf16 with one split (AITER's pick or forced): at 32 heads on gfx942 the early return's kernel takes no
+            # LSE pointer (its argument area ends before ptr_LSEP); at 64 and 128 heads stage 2 only copies the
+            # output (FINAL_OUT) and the stage-1 kernels write no LSE. Source: ROCm/aiter aiter/mla.py (the
+            # one-split early return, MAYBE_FINAL_OUT, the stage-2 copy branch), csrc/py_itfs_cu/asm_mla.cu
+            # (ptr_LSEP at argument offset 0x130), the .co kernels' argument areas (fortieth session's review)
+            if num_kv_splits == 1 and bf16_both and (nhead in (64, 128) or (nhead == 32 and self.arch == "gfx942")):
+                lse_mode = "unwritten"
             drop_tail = self.arch == "gfx950" and bf16_both and nhead == 32 and num_kv_splits > 1
             kv = kv_indptr.tolist()
             works = []
@@ -254,6 +261,8 @@ class AiterContractFake:
                 raise AiterAbort(f"persistent return_lse aborts on {self.arch} q={q.dtype} nhead={nhead} qlen={max_seqlen_q}")
             record["num_kv_splits"] = num_kv_splits
             lse_mode = "ok"
+            if return_lse and not _persistent_lse_written(self.arch, q.dtype, kv_buffer.dtype, nhead):
+                lse_mode = "unwritten"  # for every token whose work is not split (modelled: every token)
             n_works = int(work_indptr[-1])
             works = [(r[2], r[3], ids_all[r[4]:r[5]]) for r in work_info_set[:n_works].tolist()]
             empty_lse = float("inf")
@@ -275,6 +284,15 @@ class AiterContractFake:
         elif lse_mode == "garbage":
             final_lse = torch.rand_like(final_lse) * 100.0
         return o, (final_lse if return_lse else None)
+
+
+def _persistent_lse_written(arch: str, q_dtype, kv_dtype, nhead: int) -> bool:
+    """Whether a persistent kernel that takes return_lse writes the LSE of the tokens whose work is not split (the
+    reduce writes the split ones'): gfx950's fp8 32-head kernel (``mla_a8w8_qh32_qseqlen1_gqaratio32_lse_ps.co``)
+    has the same code as its non-LSE twin and an argument area that ends where ptr_LSEP starts, and
+    ``mla_reduce_v1`` returns early for one split. Source: ROCm/aiter hsa/gfx950/mla/mla_asm.csv, the .co files,
+    csrc/kernels/mla/reduce.cu (fortieth session's review)."""
+    return not (arch == "gfx950" and q_dtype in _FP8 and kv_dtype in _FP8 and nhead == 32)
 
 
 def _persistent_lse_kernel(arch: str, q_dtype, kv_dtype, nhead: int, max_seqlen_q: int) -> bool:

@@ -29,9 +29,10 @@ def spec(q="bf16", kv=None, h=16, sinks=False, dcp=1, lse=False, cap=0.0, topk=2
 CASES = [
     (spec(h=32, sinks=True), G950, "aiter_lse_single_split", {"num_kv_splits": 1, "pad_heads_to": 16},
      "gfx950_bf16_h32_lse_single_split"),
-    (spec(h=64, sinks=True), G950, "aiter_lse", {}, "aiter_lse_bf16_gfx950"),
-    (spec(h=128, sinks=True), G942, "aiter_lse", {}, "aiter_lse_bf16_gfx942"),
-    (spec(h=32, dcp=2), G942, "aiter_lse", {}, "aiter_lse_bf16_gfx942"),
+    # at least two splits: with one, these bf16 kernels write no LSE (fortieth session's review of AITER)
+    (spec(h=64, sinks=True), G950, "aiter_lse", {"min_kv_splits": 2}, "aiter_lse_bf16_gfx950"),
+    (spec(h=128, sinks=True), G942, "aiter_lse", {"min_kv_splits": 2}, "aiter_lse_bf16_gfx942"),
+    (spec(h=32, dcp=2), G942, "aiter_lse", {"min_kv_splits": 2}, "aiter_lse_bf16_gfx942"),
     (spec(h=64, sinks=True), Platform("gfx942", "0.1.20", triton=False), "reference", {}, "reference_without_triton"),
     (spec(h=40, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_bf16_lse_persistent"),
     (spec(h=64), Platform("gfx942", "0.1.15"), "triton", {}, "triton_portable"),
@@ -42,6 +43,9 @@ CASES = [
     (spec(FNUZ, h=64, sinks=True), G942, "aiter_persistent", {"return_lse": True}, "gfx942_fp8_h64_q1_persistent_lse"),
     (spec(FNUZ, h=32, sinks=True), G942, "triton", {}, "triton_portable"),
     (spec(OCP, h=64, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_fp8_persistent_lse"),
+    # the 32-head LSE kernel writes none for unsplit work: 17-32 heads padded to the 64-head one (fortieth session)
+    (spec(OCP, h=24, sinks=True), G950, "aiter_persistent", {"return_lse": True, "pad_heads_to": 64},
+     "gfx950_fp8_h32_persistent_lse_padded_64"),
     (spec(h=24, sinks=True), G950, "aiter_persistent", {"return_lse": True}, "gfx950_bf16_lse_persistent"),
     (spec(h=64, sinks=True), G942, "triton", {}, "triton_portable"),  # MI300: no bf16 LSE kernel for 64 heads
     (spec(h=48, dcp=2), G942, "triton", {}, "triton_portable"),
