@@ -507,3 +507,58 @@ def test_ds32_e8m0_scales_are_exact_only_for_pow2_writers():
     rel = ((seen - exact).abs() / exact.abs().clamp_min(1e-30))[:, :512]
     assert rel.max() > 0.1  # a scale rounded down to its power of two: up to a factor 2 off
     torch.testing.assert_close(seen[:, 512:], exact[:, 512:], atol=0, rtol=0)  # the bf16 RoPE part is the same
+
+
+def test_one_workspace_serves_calls_of_the_same_padded_heads_but_other_heads():
+    """A 16-head call (no padding) then a 5-head call padded to 16, on one workspace: the second took the first's
+    buffers, which hold no padded-q scratch, and handed AITER q [T, 5, 576] with o [T, 16, 512] (the fake aborts; a
+    GPU reads out of bounds). The heads before padding are part of the buffers' key (fortieth session)."""
+    fake, ws = AiterContractFake(arch="gfx942"), AiterWorkspace()
+    for H in (16, 5, 16, 7):
+        x = make_inputs(3, H, "bf16", sinks="finite", seed=H)
+        out, lse = launch_aiter(make_plan("aiter_lse", "gfx942", "bf16", H), x, impl=fake, workspace=ws)
+        assert_matches_reference(x, out, lse)
+
+
+@pytest.mark.parametrize("path,params,q_key,has_lse", [
+    ("aiter_lse", {}, "bf16", True),
+    ("aiter_persistent", {"return_lse": False}, "bf16", False),
+    ("aiter_lse_fp8_two_split", {"min_kv_splits": 2}, "fp8_e4m3fnuz", True),
+])
+def test_no_token_launches_nothing_and_returns_empty_results(path, params, q_key, has_lse):
+    """T = 0 failed on the AITER paths ('num_tokens' must be an int >= 1, a name the caller never gave) where every
+    other path returns empty results (fortieth session)."""
+    fake = AiterContractFake(arch="gfx942")
+    x = make_inputs(1, 5, q_key, sinks="finite" if has_lse else None)
+    x = x._replace(q=x.q[:0], indices=x.indices[:0])
+    out, lse = launch_aiter(make_plan(path, "gfx942", q_key, 5, params=params, sinks=has_lse), x, impl=fake,
+                            workspace=AiterWorkspace())
+    assert out.shape == (0, 5, 512) and out.dtype == torch.bfloat16 and not fake.calls
+    assert (lse is not None) == has_lse and (lse is None or (lse.shape == (0, 5) and lse.dtype == torch.float32))
+    buf = torch.empty(0, 5, 512, dtype=torch.bfloat16)
+    assert launch_aiter(make_plan(path, "gfx942", q_key, 5, params=params, sinks=has_lse), x._replace(out=buf),
+                        impl=fake, workspace=AiterWorkspace())[0] is buf
+
+
+def test_calls_of_one_shape_from_several_threads_get_their_own_results():
+    """Four threads' calls of one shape on one workspace: each call fills the shared id buffers and q scratch, calls
+    AITER and finalises; interleaved, they read each other's ids (18 of 20 results wrong). A lock per buffer set
+    serialises the three steps (fortieth session)."""
+    import threading
+
+    fake, ws = AiterContractFake(arch="gfx942"), AiterWorkspace()
+    plan = make_plan("aiter_lse", "gfx942", "bf16", 5)
+    inputs = [make_inputs(3, 5, "bf16", sinks="finite", seed=s) for s in range(20)]
+    results: dict = {}
+
+    def work(k: int) -> None:
+        for s in range(k, 20, 4):
+            results[s] = launch_aiter(plan, inputs[s], impl=fake, workspace=ws)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s, x in enumerate(inputs):
+        assert_matches_reference(x, *results[s])

@@ -86,8 +86,11 @@ class AiterWorkspace:
     Holds, per ``(call.buffer_key(), device)``: the :class:`~.buffers.AiterBuffers`, the padded-q and
     ``o`` scratch, and for persistent calls the six metadata buffers sized by
     ``impl.get_mla_metadata_info_v1``; and, per unresolved call (:attr:`AiterCall.needs_meta_param`),
-    device and ``impl``, the call resolved with AITER's split heuristic. A layer object holds one
-    workspace; :func:`launch_aiter` uses a process-wide default when none is given.
+    device and ``impl``, the call resolved with AITER's split heuristic. The library's calls (the function, the
+    layer, the operators, DCP) share the process-wide default that :func:`launch_aiter` uses when given none. A
+    lock per buffer set lets one call at a time fill, launch on and finalise from it (calls of one shape on several
+    streams at once need a workspace each). A prepared runner holds its buffers, so buffers dropped beyond
+    :attr:`MAX_ENTRIES` stay alive while a runner of theirs is cached (the library's prepared signatures).
     """
 
     #: shapes kept; the least recently used is dropped beyond this (eager calls with ever new T).
@@ -133,7 +136,10 @@ class AiterWorkspace:
 
     @staticmethod
     def _allocate(call: AiterCall, device: torch.device, impl: AiterImpl) -> dict[str, Any]:
-        got: dict[str, Any] = {"impl": impl, "buffers": allocate_buffers(call, device)}
+        # lock: one call at a time fills, launches on and finalises from these buffers (four threads' calls of one
+        # shape read each other's ids and q: a break test, fortieth session; on a GPU the calls' work is ordered
+        # by their stream, so calls of one shape on several streams at once need a workspace each)
+        got: dict[str, Any] = {"impl": impl, "buffers": allocate_buffers(call, device), "lock": threading.Lock()}
         got["q_pad"] = (torch.zeros(call.q_shape, dtype=TORCH_DTYPES[call.q_dtype], device=device)
                         if call.padded_heads > call.num_heads else None)
         got["o"] = torch.empty(call.o_shape, dtype=TORCH_DTYPES[call.out_dtype], device=device)
@@ -304,6 +310,8 @@ def prepare_aiter(
     if inputs.q.dim() != 3:
         raise ValueError(f"'q' must be [T, H, 576] (got {tuple(inputs.q.shape)})")
     num_tokens = inputs.q.shape[0]
+    if num_tokens == 0:  # nothing to launch (AITER takes no empty batch): empty results, as on the other paths
+        return _empty_runner(plan, inputs.q.shape[1])
     call = getattr(plan, "launch", None)
     if not (isinstance(call, AiterCall) and call.path == plan.path and call.num_tokens == num_tokens):
         call = plan_aiter(plan, num_tokens=num_tokens)
@@ -311,6 +319,23 @@ def prepare_aiter(
         impl = load_aiter_impl()
     workspace = _DEFAULT_WORKSPACE if workspace is None else workspace
     return _call_runner(workspace.resolve(call, inputs.device, impl), inputs, impl, workspace)
+
+
+def _empty_runner(plan: LaunchPlan, num_heads: int):
+    """The runner of calls with no token (T = 0 launches nothing; it failed in plan_aiter, a break test, fortieth
+    session): ``out [0, H, 512]`` (``inputs.out`` when given) and, where the path returns one, ``lse [0, H]``."""
+    from mla_sink.core.dtypes import out_dtype_for
+    from mla_sink.core.records import D_V
+
+    returns_lse = plan.path != "aiter_persistent" or bool(plan.params.get("return_lse"))
+    out_dtype = out_dtype_for(plan.spec.q_dtype)
+
+    def run(x: DecodeInputs) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        out = x.out if x.out is not None else torch.empty((0, num_heads, D_V), dtype=out_dtype, device=x.q.device)
+        lse = torch.empty((0, num_heads), dtype=torch.float32, device=x.q.device) if returns_lse else None
+        return out, lse
+
+    return run
 
 
 def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspace: AiterWorkspace) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -345,7 +370,7 @@ def _call_runner(call: AiterCall, inputs: DecodeInputs, impl: AiterImpl, workspa
     _check_inputs(call, inputs)
     ws = workspace.entry(call, inputs.device, impl)
     bufs: AiterBuffers = ws["buffers"]
-    q_pad, o = ws["q_pad"], ws["o"]
+    q_pad, o, lock = ws["q_pad"], ws["o"], ws["lock"]
     persistent = isinstance(call, AiterPersistentCall)
     md = ws["metadata"] if persistent else None
     constant = call.scalar_kwargs()
@@ -354,6 +379,10 @@ def _call_runner(call: AiterCall, inputs: DecodeInputs, impl: AiterImpl, workspa
     out_dtype = TORCH_DTYPES[call.out_dtype]
 
     def run(x: DecodeInputs) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        with lock:
+            return launch(x)
+
+    def launch(x: DecodeInputs) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         fill_kv_buffers(bufs.kv_indptr, bufs.kv_indices, x.indices, x.num_kv_rows, x.topk_length,
                         layout=call.kv_indices_layout)
         if q_pad is not None:

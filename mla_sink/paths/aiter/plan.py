@@ -245,8 +245,10 @@ class AiterCall:
         return kw
 
     def buffer_key(self) -> tuple:
-        """Hashable key of the device buffers this call needs (shape, layout, splits, metadata)."""
-        return (self.num_tokens, self.topk, self.padded_heads, self.q_dtype, self.kv_dtype,
+        """Hashable key of the device buffers this call needs (shape, layout, splits, metadata). The heads before
+        padding are part of it: whether the buffers hold a padded-q scratch depends on them (a 16-head call's
+        buffers, without one, handed q unpadded to a 5-head call padded to 16: a break test, fortieth session)."""
+        return (self.num_tokens, self.topk, self.num_heads, self.padded_heads, self.q_dtype, self.kv_dtype,
                 self.out_dtype, self.kv_indices_layout, self.num_kv_splits)
 
     def __str__(self) -> str:
