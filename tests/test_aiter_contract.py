@@ -562,3 +562,26 @@ def test_calls_of_one_shape_from_several_threads_get_their_own_results():
         t.join()
     for s, x in enumerate(inputs):
         assert_matches_reference(x, *results[s])
+
+
+@pytest.mark.parametrize("change,text", [
+    (lambda x: x._replace(sinks=torch.zeros(1)), r"'sinks' must be fp32 \[5\] as planned \(got shape \(1,\)\)"),
+    (lambda x: x._replace(sinks=torch.zeros(17)), r"'sinks' must be fp32 \[5\] as planned \(got shape \(17,\)\)"),
+    (lambda x: x._replace(out=torch.empty(3, 5, 576, dtype=torch.bfloat16)),
+     r"'out' must have shape \(3, 5, 512\) as planned \(got \(3, 5, 576\)\)"),
+])
+def test_launch_aiter_called_directly_names_a_bad_sinks_or_out(change, text):
+    """``launch_aiter`` is the exported AITER entry point: a ``[1]`` sinks was broadcast over the heads, a
+    ``[17]`` one or a ``[T, H, 576]`` out ended in torch's RuntimeError (fortieth session's break test)."""
+    x = change(make_inputs(3, 5, "bf16", sinks="finite"))
+    with pytest.raises(ValueError, match=text):
+        launch_aiter(make_plan("aiter_lse", "gfx942", "bf16", 5), x, impl=AiterContractFake(arch="gfx942"),
+                     workspace=AiterWorkspace())
+
+
+def test_launch_aiter_called_directly_names_a_scale_of_more_than_one_value():
+    x = make_inputs(3, 16, "fp8_e4m3fnuz", sinks="finite")
+    x = x._replace(q_scale=torch.ones(2))
+    with pytest.raises(ValueError, match=r"'q_scale' must be fp32 \[1\] or \[\] \(got shape \(2,\)\)"):
+        launch_aiter(make_plan("aiter_lse_fp8_two_split", "gfx942", "fp8_e4m3fnuz", 16, params={"min_kv_splits": 2}),
+                     x, impl=AiterContractFake(arch="gfx942"), workspace=AiterWorkspace())

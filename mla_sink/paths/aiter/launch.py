@@ -242,6 +242,17 @@ def _check_inputs(call: AiterCall, x: DecodeInputs) -> None:
         raise ValueError(f"'q_scale' (fp32 [1]) is required for {call.q_dtype} q on AITER")
     if call.pass_kv_scale and x.kv_scale is None:
         raise ValueError(f"'kv_scale' (fp32 [1]) is required for {call.kv_dtype} KV on AITER")
+    # what the public entry points' validation also checks, for launch_aiter called directly (a [1] sinks
+    # broadcast over the heads; other shapes ended in torch's RuntimeError: a break test, fortieth session)
+    for name in ("q_scale", "kv_scale"):
+        scale = getattr(x, name)
+        if scale is not None and scale.numel() != 1:
+            raise ValueError(f"'{name}' must be fp32 [1] or [] (got shape {tuple(scale.shape)})")
+    if x.sinks is not None and tuple(x.sinks.shape) != (call.num_heads,):
+        raise ValueError(f"'sinks' must be fp32 [{call.num_heads}] as planned (got shape {tuple(x.sinks.shape)})")
+    if x.out is not None and tuple(x.out.shape) != (call.num_tokens, call.num_heads, call.o_shape[2]):
+        raise ValueError(f"'out' must have shape {(call.num_tokens, call.num_heads, call.o_shape[2])} as planned "
+                         f"(got {tuple(x.out.shape)})")
 
 
 def launch_aiter(
