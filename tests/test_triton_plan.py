@@ -409,6 +409,7 @@ def test_a_forced_kernel_other_than_portable_is_refused(bad):
     from mla_sink.paths.triton.launch import sparse_mla_decode_triton
 
     q = torch.zeros(1, 4, 576, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=rf"'kernel' must be None \(the tuning table's kernel\) or 'portable' \(got {bad!r}\)"):
+    text = rf"'kernel' must be None \(the tuning table's kernel\) or 'portable' \(got {bad!r}\)"
+    with pytest.raises(ValueError, match=text):
         sparse_mla_decode_triton(q, torch.zeros(8, 576, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.int32),
                                  kernel=bad)

@@ -174,7 +174,8 @@ def canonical_arch(value: Any) -> Any:
     name. AMD names keep their letter (``gfx90a`` is its own GPU) and drop a target id's feature settings
     (``'gfx942:sramecc+:xnack-'`` -> ``'gfx942'``, as :func:`mla_sink.core.platform.arch_of` reads a device);
     anything else (or a form whose plain name would not be a target, as ``'sm09'`` or ``'sm00'``: a compute
-    capability of one digit) as given, for :class:`Platform`'s check to refuse by what was written. Used by :class:`Platform` and by ``mla-sink explain --arch``."""
+    capability of one digit) as given, for :class:`Platform`'s check to refuse by what was written. Used by
+    :class:`Platform` and by ``mla-sink explain --arch``."""
     if isinstance(value, str):
         m = _NV_NAME_RE.fullmatch(value)
         if m is not None:

@@ -287,8 +287,9 @@ def _cmd_tables(args: argparse.Namespace) -> int:
     from mla_sink.core.tables import table_path
     from mla_sink.dispatch import TableCheckError, TableError
 
+    readers = table_readers()
     failed = []
-    for name, load in table_readers():
+    for name, load in readers:
         try:
             table = load()
         except (TableError, TableCheckError, FileNotFoundError) as e:
@@ -298,7 +299,7 @@ def _cmd_tables(args: argparse.Namespace) -> int:
             print(f"✓ {name}: {len(table.rows)} rows, every combination of its fields gets one, none shadowed "
                   f"({table_path(name)})")
     if failed:
-        print(f"error: {len(failed)} of {len(table_readers())} tables failed their checks: {', '.join(failed)}",
+        print(f"error: {len(failed)} of {len(readers)} tables failed their checks: {', '.join(failed)}",
               file=sys.stderr)
         return 2
     return 0

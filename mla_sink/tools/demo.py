@@ -100,7 +100,8 @@ def run_demo(args: argparse.Namespace) -> int:
     from mla_sink.api import sparse_mla_decode
     from mla_sink.core.describe import describe
     from mla_sink.core.reference import sparse_mla_decode_reference
-    from mla_sink.core.select import check_path, explain_call
+    from mla_sink import dispatch
+    from mla_sink.core.select import check_path
 
     check_path(args.path)  # refused before the call's header is printed
     for flag, dest in (("--tokens", "tokens"), ("--heads", "heads"), ("--topk", "topk"), ("--pool-rows", "pool")):
@@ -145,12 +146,12 @@ def run_demo(args: argparse.Namespace) -> int:
             pass
         else:
             key = call_key(spec, platform)  # printed above: not again
-            text = [line for line in explain_call(spec, platform, path=args.path).splitlines() if line.strip() != key]
+            sel = select(spec, platform, path=args.path)
+            text = [line for line in dispatch.explain(sel, key=key).splitlines() if line.strip() != key]
             winner = [line for line in text if not line.lstrip().startswith("✗ ")]
             print("\n".join(winner))
             # the rows, not the explanation's lines (which group the rows of one path on one line)
-            rejected = len(select(spec, platform, path=args.path).rejected)
-            print(f"  ({rejected} earlier rows rejected; `mla-sink explain` lists why)")
+            print(f"  ({len(sel.rejected)} earlier rows rejected; `mla-sink explain` lists why)")
     out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)  # warm-up / compile
     if on_gpu:
         torch.cuda.synchronize()

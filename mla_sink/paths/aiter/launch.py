@@ -322,7 +322,7 @@ def prepare_aiter(
         raise ValueError(f"'q' must be [T, H, 576] (got {tuple(inputs.q.shape)})")
     num_tokens = inputs.q.shape[0]
     if num_tokens == 0:  # nothing to launch (AITER takes no empty batch): empty results, as on the other paths
-        return _empty_runner(plan, inputs.q.shape[1])
+        return _empty_runner(plan_aiter(plan, num_tokens=1))
     call = getattr(plan, "launch", None)
     if not (isinstance(call, AiterCall) and call.path == plan.path and call.num_tokens == num_tokens):
         call = plan_aiter(plan, num_tokens=num_tokens)
@@ -332,18 +332,16 @@ def prepare_aiter(
     return _call_runner(workspace.resolve(call, inputs.device, impl), inputs, impl, workspace)
 
 
-def _empty_runner(plan: LaunchPlan, num_heads: int):
+def _empty_runner(call: AiterCall):
     """The runner of calls with no token (T = 0 launches nothing; it failed in plan_aiter, a break test, fortieth
-    session): ``out [0, H, 512]`` (``inputs.out`` when given) and, where the path returns one, ``lse [0, H]``."""
-    from mla_sink.core.dtypes import out_dtype_for
-    from mla_sink.core.records import D_V
-
-    returns_lse = plan.path != "aiter_persistent" or bool(plan.params.get("return_lse"))
-    out_dtype = out_dtype_for(plan.spec.q_dtype)
+    session), given the plan's call for one token (its heads, output dtype and whether it returns an LSE):
+    ``out [0, H, 512]`` (``inputs.out`` when given) and, where the call returns one, ``lse [0, H]``."""
+    out_dtype = TORCH_DTYPES[call.out_dtype]
 
     def run(x: DecodeInputs) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        out = x.out if x.out is not None else torch.empty((0, num_heads, D_V), dtype=out_dtype, device=x.q.device)
-        lse = torch.empty((0, num_heads), dtype=torch.float32, device=x.q.device) if returns_lse else None
+        out = x.out if x.out is not None else torch.empty((0, call.num_heads, call.o_shape[2]), dtype=out_dtype,
+                                                          device=x.q.device)
+        lse = torch.empty((0, call.num_heads), dtype=torch.float32, device=x.q.device) if call.return_lse else None
         return out, lse
 
     return run
