@@ -687,12 +687,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to an argparse subparsers object (dispatched via ``args.func``)."""
-    p = subparsers.add_parser("bench", help="time the Triton kernel and its peers on this GPU (cold L2, CUDA graphs)")
+    p = subparsers.add_parser("bench", help="time the Triton kernel and its peers on this GPU (cold L2, CUDA graphs)",
+                              description="Time the decode on this GPU (exit 2 without one) in one of three modes: "
+                                          "the kernel grid (default: bf16 and both fp8 caches, H 16-128, T 2-256, "
+                                          "CUDA-graph replays with the L2 flushed, FlashMLA beside ours when "
+                                          "importable), --host (the host cost of one eager call) or --dcp N (decode "
+                                          "context parallel over N GPUs). A flag given in a mode that does not read "
+                                          "it is refused. Method and results: BENCHMARKS.md.")
     p.add_argument("--cases", default=None,
                    help="comma-separated substrings of case names to keep (default: all), e.g. 'bf16-h' (the bf16 "
                         "cases), 'kv_fp8' (the fp8 cases), '-h128-'")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
-    p.add_argument("--png", default=None, help="write a bar chart of time per case here (the kernel grid)")
+    p.add_argument("--json", default=None, help="write the report as JSON to this path (default: no JSON file)")
+    p.add_argument("--png", default=None,
+                   help="write a bar chart of time per case to this path (the kernel grid; needs matplotlib: "
+                        "pip install 'mla-sink[bench]'; default: no chart)")
     p.add_argument("--pool-rows", type=int, default=None,
                    help=f"rows of the random KV pool (default 3.5M, ~4 GB bf16; with --dcp the DCP benchmark's "
                         f"{MODE_FLAGS['pool_rows'][DCP]})")
@@ -701,24 +709,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--flush", choices=["read", "write"], default=None,
                    help="how the L2 is flushed before each call (default read)")
     p.add_argument("--peer-max-tokens", type=int, default=None,
-                   help="time peers only up to this many tokens (default 256)")
+                   help="time peers only up to this many tokens; 0: no peers (default 256)")
     p.add_argument("--ds-pages", type=int, default=None,
-                   help="give our fp8_ds_mla calls the paged view [rows / N, N, 656] of the same cache (64: vLLM's and "
-                        "FlashMLA's pages; default 0: the flat [rows, 656])")
+                   help="give our fp8_ds_mla calls the paged view [rows / N, N, 656] of the same cache; N is 0 or a "
+                        "divisor of 64 (64: vLLM's and FlashMLA's pages; default 0: the flat [rows, 656])")
     p.add_argument("--ds-scale", choices=SCALE_CONVENTIONS, default=None,
                    help="tile scales of the fp8_ds_mla cache: pow2 (FlashMLA's quantiser, the default) or amax "
                         "(amax / 448, vLLM's writer); every implementation reads the same bytes")
     peer = p.add_mutually_exclusive_group()
     peer.add_argument("--peers", dest="peers", action="store_true", default=None,
                       help="time FlashMLA beside ours (the default when flash_mla is importable; an error when not)")
-    peer.add_argument("--no-peers", dest="peers", action="store_false", help="do not time FlashMLA")
-    p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel ranks (>1 runs mla_sink.tools.dcp_bench)")
+    peer.add_argument("--no-peers", dest="peers", action="store_false",
+                      help="do not time FlashMLA (default: timed when importable)")
+    p.add_argument("--dcp", type=int, default=1,
+                   help="decode-context-parallel ranks, one GPU each; > 1 runs the DCP benchmark "
+                        "(mla_sink.tools.dcp_bench; default 1: no DCP)")
     for name, what in (("heads", "query heads H"), ("tokens", "query tokens T"), ("topk", "ids per token")):
         p.add_argument(f"--{name}", type=int, default=None,
                        help=f"with --dcp: {what} (default {MODE_FLAGS[name][DCP]})")
     p.add_argument("--host", action="store_true",
                    help="host cost of one eager call (function, layer, operator; FlashMLA when importable) at "
-                        "T in {1, 2, 8}, H in {16, 128}, beside the GPU time (mla_sink.tools.host_bench)")
+                        "T in {1, 2, 8}, H in {16, 128}, beside the GPU time (mla_sink.tools.host_bench; default: the "
+                        "kernel grid)")
     p.add_argument("--calls", type=int, default=None,
                    help=f"with --host: back-to-back calls per timing (default {MODE_FLAGS['calls'][HOST]})")
     p.add_argument("--repeats", type=int, default=None,

@@ -31,6 +31,11 @@ _ABBREV = {
 }
 
 
+#: ``mla-sink --help``'s description (plain text: the module docstring's markup would show as is).
+DESCRIPTION = ("mla-sink: the decode step of sparse Multi-head Latent Attention with attention sinks. The commands "
+               "explain a call's kernel path, run a demo, show this machine's platform, check the rule tables and "
+               "time the kernels.")
+
 def _platform_from_args(args: argparse.Namespace) -> Platform:
     from mla_sink.core.platform import detect_platform
 
@@ -69,20 +74,28 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     add(p, "--arch", help="compile target, e.g. gfx942, gfx950, gfx90a, sm80, sm89, sm90, sm100, cpu (default: this "
                           "machine); an NVIDIA feature suffix names the plain target (sm90a is sm90), a ROCm target "
                           "id its processor (gfx942:sramecc+:xnack- is gfx942)")
-    add(p, "--aiter", metavar="VERSION", help="AITER version, or 'none' (default: this machine's)")
+    add(p, "--aiter", metavar="VERSION", help="installed AITER version, e.g. 0.1.20, or 'none' for no AITER (default: this "
+                                               "machine's when --arch is this machine's, else none)")
     tri = p.add_mutually_exclusive_group()
-    add(tri, "--triton", dest="triton", action="store_true", default=None, help="Triton importable")
-    add(tri, "--no-triton", dest="triton", action="store_false", help="Triton not importable")
-    add(p, "--q-dtype", default="bf16", choices=_DTYPES)
+    add(tri, "--triton", dest="triton", action="store_true", default=None,
+        help="Triton can run the kernel on the platform (default: as on this machine)")
+    add(tri, "--no-triton", dest="triton", action="store_false",
+        help="Triton cannot run there: no Triton or Gluon kernel (default: as on this machine)")
+    add(p, "--q-dtype", default="bf16", choices=_DTYPES, help="dtype key of q (default %(default)s)")
     add(p, "--kv-dtype", default=None, choices=_KV_DTYPES,
-        help="default: the q dtype; fp8_ds_mla = the 656-byte V3.2 FP8 rows (bf16/fp16 q)")
-    add(p, "--heads", type=int, default=16, help="num_heads H")
-    add(p, "--topk", type=int, default=2048)
-    add(p, "--sinks", action="store_true", help="the call has per-head sinks")
-    add(p, "--dcp", type=int, default=1, help="dcp_world_size")
-    add(p, "--return-lse", action="store_true")
-    add(p, "--logit-cap", type=float, default=0.0)
-    add(p, "--path", default=None, help="consider only rows naming this path")
+        help="dtype key of kv_cache (default: the q dtype); fp8_ds_mla = the 656-byte V3.2 FP8 rows (bf16/fp16 q)")
+    add(p, "--heads", type=int, default=16, help="num_heads H, query heads (default %(default)s)")
+    add(p, "--topk", type=int, default=2048, help="topk, ids per token in indices [T, topk] (default %(default)s)")
+    add(p, "--sinks", action="store_true", help="the call has per-head sinks [H] (default: no sinks)")
+    add(p, "--dcp", type=int, default=1,
+        help="dcp_world_size, decode-context-parallel ranks (default %(default)s: no DCP)")
+    add(p, "--return-lse", action="store_true",
+        help="the call asks for the LSE (default: only where sinks or DCP need one)")
+    add(p, "--logit-cap", type=float, default=0.0,
+        help="logit_cap: soft cap of the scaled scores, cap * tanh(s / cap); <= 0 = no cap (default %(default)s)")
+    add(p, "--path", default=None,
+        help="consider only rows naming this path (a path of tables/mla_decode.yaml; 'reference' is always "
+             "honoured; default: every row, the table's first match wins)")
     add(p, "--tokens", type=int, default=64, help="tokens T per call (Triton launch: tuning row, splits; default 64)")
     add(p, "--sms", type=int, default=None,
         help="SM/CU count for the split decision (default: this machine's GPU when it is that arch)")
@@ -96,9 +109,10 @@ _UNSET = object()
 def _add_explain_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``mla-sink explain``: the call flags, ``--json`` and ``--matrix``."""
     _add_call_flags(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help="print the plan record as JSON (default: text)")
     p.add_argument("--matrix", action="store_true",
-                   help="chosen path over archs x dtypes x heads x sinks (of the call flags only --dcp applies)")
+                   help="print the chosen path over archs x dtypes x heads x sinks instead of one call (of the call "
+                        "flags only --dcp applies; default: one call)")
 
 
 def _given_call_flags(args: argparse.Namespace) -> set:
@@ -368,26 +382,43 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``mla-sink`` argument parser (subcommands explain, demo, info, bench)."""
-    parser = _Parser(prog="mla-sink", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"mla-sink {_version()}")
+    """The ``mla-sink`` argument parser (subcommands explain, demo, info, tables and, when its imports work, bench)."""
+    parser = _Parser(prog="mla-sink", description=DESCRIPTION, epilog="Run 'mla-sink COMMAND --help' for a command's flags.")
+    parser.add_argument("--version", action="version", version=f"mla-sink {_version()}",
+                        help="print the version (mla_sink.__version__) and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("explain", help="which kernel path a call takes, and why")
+    p = sub.add_parser("explain", help="which kernel path a call takes, and why",
+                       description="Print the plan of one call on a platform (every platform field is a flag, "
+                                   "defaulting to this machine): the rule table's path and row, the launch for "
+                                   "--tokens tokens, and every rejected row with its reason. A refused call exits "
+                                   "with status 2.")
     _add_explain_arguments(p)
     p.set_defaults(func=_cmd_explain)
 
-    p = sub.add_parser("demo", help="run sparse MLA decode with sinks on a default input; error vs float64")
+    p = sub.add_parser("demo", help="run sparse MLA decode with sinks on a default input; error vs float64",
+                       description="Run one sparse MLA decode call with sinks on random inputs (some -1 ids; with "
+                                   "T > 1 one empty row) on this machine, and print the chosen path, the error against the "
+                                   "float64 reference and the time of one call. Exits 1 if the output holds NaN or "
+                                   "an empty row is not out = 0, lse = -inf.")
     from mla_sink.tools.demo import add_demo_arguments
 
     add_demo_arguments(p)
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("info", help="detected platform, versions, and which paths are available")
+    p = sub.add_parser("info", help="detected platform, versions, and which paths are available",
+                       description="Print this machine's platform record (arch, AITER, Triton, Gluon, SM count), the "
+                                   "installed versions, which kernel paths can run here and why not, the plan of the "
+                                   "demo's call and its path with each KV dtype. No flags.")
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("tables", help="check every shipped rule table (tables/*.yaml) as its reader loads it: "
-                                      "schema, no gap, no shadowed row, the reader's own checks; exit 2 if one fails")
+                                      "schema, no gap, no shadowed row, the reader's own checks; exit 2 if one fails",
+                       description="Load every shipped rule table (tables/*.yaml) as the library does and check it: "
+                                   "schema, every combination of its fields matched by a row, no shadowed row, the "
+                                   "reader's checks of its params. One line a table; exit status 2 if one fails. Run "
+                                   "it after editing a table (most are read only when a call first needs them). No "
+                                   "flags.")
     p.set_defaults(func=_cmd_tables)
 
     try:

@@ -20,17 +20,19 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``mla-sink demo`` options (shape, dtypes, device, forced path, seed) to ``p``."""
     p.add_argument("--tokens", type=int, default=4, help="T, query tokens (default 4)")
     p.add_argument("--heads", type=int, default=16, help="H, query heads (default 16)")
-    p.add_argument("--topk", type=int, default=256, help="ids per token (default 256)")
+    p.add_argument("--topk", type=int, default=256, help="topk, ids per token in indices [T, topk] (default 256)")
     p.add_argument("--pool-rows", "--pool", dest="pool", type=int, default=4096,
                    help="N, rows in the KV pool (default 4096; --pool-rows as the bench names it)")
     p.add_argument("--dtype", default=None, choices=sorted(HALF_KEYS),
                    help="q dtype (default: the KV dtype when that is bf16 or fp16, else bf16)")
     p.add_argument("--kv-dtype", default=None, choices=_DTYPES,
                    help="KV dtype (default: q dtype; fp8_ds_mla: the 656-byte V3.2 FP8 rows, pow2 scales)")
-    p.add_argument("--no-sinks", action="store_true", help="run without sinks")
+    p.add_argument("--no-sinks", action="store_true", help="run without sinks (default: random fp32 sinks [H])")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--path", default=None, help="force a kernel path")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--path", default=None,
+                   help="force a kernel path of tables/mla_decode.yaml, e.g. triton or reference (default: the "
+                        "rule table's choice)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs, in [0, 2^64 - 1] (default 0)")
 
 
 def demo_dtypes(args: argparse.Namespace) -> tuple:
