@@ -335,15 +335,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``python -m mla_sink.tools.dcp_bench --dcp 2 [--heads H --tokens T --topk K --pool-rows N --json PATH]``.
     Bad input (a ``ValueError``: too few GPUs, a flag out of range) prints one ``error:`` line and returns 2, as
     ``mla-sink bench --dcp`` does."""
-    p = argparse.ArgumentParser(prog="python -m mla_sink.tools.dcp_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mla_sink.tools.dcp_bench",
+                                description="Time decode context parallel (DCP) on N GPUs of this host against DCP 1 on "
+                                            "the same pool (what mla-sink bench --dcp N runs); see docs/DCP.md.")
     p.add_argument("--dcp", type=int, default=DEFAULTS["dcp"],
                    help="ranks (GPUs of this host, one process each; default %(default)s)")
     p.add_argument("--heads", type=int, default=DEFAULTS["heads"], help="H, query heads (default %(default)s)")
     p.add_argument("--tokens", type=int, default=DEFAULTS["tokens"], help="T, query tokens (default %(default)s)")
-    p.add_argument("--topk", type=int, default=DEFAULTS["topk"], help="ids per token (default %(default)s)")
+    p.add_argument("--topk", type=int, default=DEFAULTS["topk"], help="topk, ids per token (default %(default)s)")
     p.add_argument("--pool-rows", dest="pool_rows", type=int, default=DEFAULTS["pool_rows"],
                    help="N, rows of the global KV pool, sharded over the ranks (default %(default)s)")
-    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file (default: none)")
     args = p.parse_args(argv)
     try:
         run_dcp_bench(args)
