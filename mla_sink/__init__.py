@@ -11,6 +11,10 @@ The pipeline (``describe -> validate -> select -> plan -> launch -> finalize``) 
 :mod:`mla_sink.kernels` (``triton/``, ``gluon/``); the command-line tools in :mod:`mla_sink.tools`.
 Semantics are defined by :mod:`mla_sink.core.reference` (float64); the kernel path of a call is chosen
 by the rule table ``tables/mla_decode.yaml`` and explained by ``mla-sink explain``.
+
+Also: the operators ``torch.ops.mla_sink.sparse_mla_decode`` / ``sparse_mla_decode_out`` (:mod:`mla_sink.ops`,
+registered on import) for ``torch.compile`` and CUDA graphs; decode context parallel through ``run`` / the layer
+with ``dcp_world_size > 1`` and :mod:`mla_sink.core.dcp` (docs/DCP.md); the command line ``mla-sink --help``.
 """
 
 

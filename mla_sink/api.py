@@ -50,20 +50,29 @@ def prepare(
     """Validate and select with no call tensors: the layer-construction-time check.
 
     Args:
-        spec: the call description (fields already validated by construction).
-        platform: where it will run (default: this machine's current device).
-        path: force a path (only rows naming it are considered).
-        sinks: the layer's fp32 ``[H]`` sinks, checked now (dtype, shape, contiguity) if given.
-        sm_scale: checked now if given.
+        spec: the call description (:class:`CallSpec`; its fields were validated when it was built).
+        platform: where it will run (:class:`Platform`; default: detected from the device of ``sinks`` when given,
+            else this machine's current device).
+        path: force a path (a path name of ``tables/mla_decode.yaml``; only rows naming it are considered,
+            ``'reference'`` is always honoured); ``None``: the table's first match.
+        sinks: the layer's fp32 ``[H]`` sinks (natural-log units, not scaled by ``sm_scale``), checked now
+            (dtype, shape, contiguity, device kind) if given.
+        sm_scale: the score scale, checked now if given: a real in ``[2^-126, 2^126]``.
 
     Returns:
-        The token-free :class:`LaunchPlan` (path and row) every call of this configuration runs;
-        the per-token-count launch is planned (and cached) at the first call with that count.
+        The token-free :class:`LaunchPlan` (path and row, ``num_tokens=None``, ``launch=None``) every call of this
+        configuration runs; the per-token-count launch is planned (and cached) at the first call with that count.
+        On an AITER path the call is also planned once for one token, so its planner's refusals come now.
 
     Raises:
-        ValueError: sinks or sm_scale malformed, sinks on a device of another kind than the
-            platform's (a GPU platform needs CUDA/ROCm sinks), or sinks given while ``spec.sinks`` is False.
-        NoKernelError: the rule table refuses the call on this platform.
+        ValueError: ``spec`` not a :class:`CallSpec` or ``platform`` neither ``None`` nor a :class:`Platform`;
+            ``sinks`` malformed (not fp32, not ``[H]``, not contiguous), on a device of another kind than the
+            platform's (a GPU platform needs CUDA/ROCm sinks) or on a CUDA device this machine lacks, or given
+            while ``spec.sinks`` is False; ``sm_scale`` not a real in ``[2^-126, 2^126]``; ``path`` not a path of
+            the table; on an AITER path, a call its planner refuses
+            (:func:`mla_sink.paths.aiter.plan.plan_aiter`).
+        NoKernelError: the rule table refuses the call on this platform, or no row accepts it (or the forced
+            ``path``).
     """
     _check_records(spec, platform)
     if platform is None:
@@ -205,10 +214,12 @@ def run(
     """Run one sparse MLA decode call described by ``spec``.
 
     Args:
-        spec: the call description (see :func:`mla_sink.core.describe.describe`).
+        spec: the call description (see :func:`mla_sink.core.describe.describe`); its ``need_lse`` decides
+            whether an LSE is returned.
         inputs: the tensors: a :class:`DecodeInputs`, or a mapping with its field names
             (``{'q': ..., 'kv_cache': ..., 'indices': ..., 'sinks': ...}``; ``sm_scale`` defaults to
-            ``576 ** -0.5``). With DCP, ``kv_cache`` is this rank's shard and ``indices`` hold global ids.
+            ``576 ** -0.5``). Shapes, dtypes and sentinels as :func:`sparse_mla_decode`. With DCP, ``kv_cache`` is
+            this rank's shard and ``indices`` hold global ids.
         platform: the platform to plan for (default: detected from the tensors' device). It must
             describe the device the tensors are on.
         path: force a path instead of the table's first match.
@@ -223,9 +234,16 @@ def run(
         else ``None`` (so the answer never depends on which path ran).
 
     Raises:
-        ValueError: ``spec`` not a CallSpec, malformed tensors or scalars, or tensors that disagree with
-            ``spec`` or ``platform``.
-        NoKernelError: no path serves the call on this platform.
+        ValueError: ``spec`` not a :class:`CallSpec` or ``platform`` neither ``None`` nor a :class:`Platform`;
+            ``inputs`` neither a :class:`DecodeInputs` nor a mapping of its fields (unknown or missing keys);
+            malformed tensors or scalars (as :func:`sparse_mla_decode`); tensors that disagree with ``spec``
+            (dtypes, ``H``, ``topk``, sinks present or not) or a positive ``inputs.logit_cap`` other than
+            ``spec.logit_cap``; ``platform`` describing another arch than the tensors' device; an input that
+            requires grad in grad mode (no backward); ``path`` not a path of the table. With DCP, before any
+            collective: the DCP arguments (:func:`check_dcp_args`) and a shard or ids that disagree with
+            ``num_kv_rows`` and ``dcp_layout`` (:func:`mla_sink.core.dcp.dcp_sparse_mla_decode`); without DCP, a
+            ``dcp_group`` or ``num_kv_rows`` given, or a ``dcp_layout`` that is not a layout name.
+        NoKernelError: no path serves the call on this platform (the message is the full explanation).
     """
     _check_records(spec, platform)
     x = as_inputs(inputs)
@@ -262,28 +280,56 @@ def sparse_mla_decode(
     :mod:`mla_sink.core.reference` for the full semantics.
 
     Args:
-        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (innermost stride 1).
-        kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns. Or the
-            656-byte V3.2 FP8 layout (``fp8_ds_mla``, :mod:`mla_sink.core.kv_layout`): uint8 ``[N, 656]`` or
-            paged ``[num_blocks, block_size, 656]`` (ids ``block * block_size + offset``), with bf16/fp16 q
-            and no ``kv_scale`` (:func:`mla_sink.quantize_kv_cache` writes one).
-        indices: int32 ``[T, topk]`` global row ids; ``-1`` or any id outside ``[0, N)`` = skip; a
-            duplicated id counts once per occurrence.
-        sinks: optional fp32 ``[H]`` natural-log sink logits, not scaled by ``sm_scale``.
-        sm_scale: default ``576 ** -0.5``.
-        topk_length: optional int32 ``[T]``: use only the first ``topk_length[t]`` ids of row t.
-        q_scale, kv_scale: fp32 ``[1]`` or ``[]`` dequantisation scales, required for fp8 q / fp8 KV
-            (``kv_scale`` None for ``fp8_ds_mla``, whose scales are in its rows).
-        out: optional ``[T, H, 512]`` output buffer.
-        return_lse: guarantee the LSE is returned (it is always returned with sinks).
-        logit_cap: ``> 0`` soft-caps the scaled logits.
+        q: ``[T, H, 576]`` (``d_qk`` = 512 latent + 64 RoPE columns), bf16, fp16, ``torch.float8_e4m3fn``
+            (``fp8_e4m3``) or ``torch.float8_e4m3fnuz`` (``fp8_e4m3fnuz``); innermost stride 1, any token and head
+            strides. ``T >= 0``, ``H >= 1``.
+        kv_cache: ``[N, 576]``, ``N >= 1``, one shared KV head, page size 1, innermost stride 1; value = first
+            ``d_v = 512`` columns. Its dtype pairs with q's: q's own dtype, a half q with either fp8 format, or fp8 q
+            with KV of the same fp8 format. Or the 656-byte V3.2 FP8 layout (``fp8_ds_mla``,
+            :mod:`mla_sink.core.kv_layout`): uint8 ``[N, 656]`` or paged ``[num_blocks, block_size, 656]`` (ids
+            ``block * block_size + offset``; the 656 bytes of a row contiguous, the rows of a block contiguous,
+            data pointer and row / block strides multiples of 4 bytes), with bf16/fp16 q and no ``kv_scale``
+            (:func:`mla_sink.quantize_kv_cache` writes one).
+        indices: int32 ``[T, topk]``, ``1 <= topk <= 2^30``, global row ids; ``-1`` or any id outside
+            ``[0, N)`` = skip, wherever it sits in the row; a duplicated id counts once per occurrence.
+        sinks: optional fp32 ``[H]``, contiguous: one sink logit per head, natural-log units, not scaled by
+            ``sm_scale`` (``-inf`` changes nothing, ``+inf`` gives zeros).
+        sm_scale: multiplies ``q.k`` before the natural-exp softmax; a real in ``[2^-126, 2^126]``; default
+            ``576 ** -0.5``.
+        topk_length: optional int32 ``[T]``: use only the first ``topk_length[t]`` ids of row t (values are
+            clamped to ``[0, topk]``: ``<= 0`` uses no id, ``>= topk`` every id).
+        q_scale, kv_scale: fp32 ``[1]`` or ``[]`` per-tensor dequantisation scales (value = stored * scale),
+            required exactly for fp8 q / fp8 KV (``kv_scale`` None for ``fp8_ds_mla``, whose scales are in its
+            rows); on q's device.
+        out: optional ``[T, H, 512]`` output buffer in the output dtype (q's dtype; bf16 for fp8 q), innermost
+            stride 1, no overlap with itself or any input, not requiring grad; written in place and returned.
+        return_lse: return the LSE even without sinks (it is always returned with sinks).
+        logit_cap: ``> 0`` soft-caps the scaled scores, ``s = logit_cap * tanh(s / logit_cap)``, and must then
+            lie in ``[2^-126, 2^126]``; a finite ``<= 0`` means no cap (default ``0.0``).
         platform, path: see :func:`run`.
 
     Returns:
-        ``(out, lse)`` as :func:`run`.
+        ``(out, lse)`` as :func:`run`: ``out`` ``[T, H, 512]`` in q's dtype (bf16 for fp8 q); ``lse`` fp32
+        ``[T, H]``, natural log, sink excluded, ``-inf`` on a row with no valid id (where ``out`` is 0), or
+        ``None`` when neither ``sinks`` nor ``return_lse`` asks for it.
 
     Raises:
-        ValueError: malformed input. NoKernelError: no path serves the call here.
+        ValueError: naming the argument, before any kernel runs: a tensor of the wrong shape, dtype, strides or
+            device (every tensor on q's device, a cpu or cuda one; ``meta`` only for shape inference, through the
+            operator); a (q, kv_cache) dtype pair not allowed; a missing or superfluous ``q_scale`` / ``kv_scale``;
+            ``sm_scale`` or a positive ``logit_cap`` outside ``[2^-126, 2^126]`` (or not a finite real);
+            ``return_lse`` not a bool; an ``out`` that overlaps itself or an input; an input that requires grad in
+            grad mode (the decode has no backward); ``platform`` not a :class:`Platform` or describing another
+            arch than the tensors'; ``path`` not a path of the table.
+        NoKernelError: no path serves the call here (the message is the full explanation ``mla-sink explain``
+            prints).
+
+    Under ``torch.compile`` the call is the operator ``torch.ops.mla_sink.sparse_mla_decode`` (or ``..._out``),
+    and the errors above surface while tracing, wrapped by Dynamo.
+
+    Source: docs/DESIGN.md "The operation" (the definition; README "Semantics" for non-finite inputs and the fp32
+    kernels' numeric limits); the sink formula of FlashMLA ``flash_mla/flash_mla_interface.py``; the kernel path
+    is the rule table's (``tables/mla_decode.yaml``, ``mla-sink explain``).
     """
     if sm_scale is None:
         sm_scale = D_QK ** -0.5

@@ -50,11 +50,12 @@ def _sinks_for(q: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
 class SparseMLADecode:
     """Sparse MLA decode for one attention layer: configuration fixed at construction.
 
-    Args:
-        num_heads: H, query heads of this rank.
+    Args (keyword-only):
+        num_heads: H, query heads of this rank, an int in ``[1, 2^31 - 1]``.
         q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``; for
-            ``kv_dtype`` also ``fp8_ds_mla``, the 656-byte V3.2 rows) or the matching torch dtypes.
-        topk: ids per token in ``indices [T, topk]``.
+            ``kv_dtype`` also ``fp8_ds_mla``, the 656-byte V3.2 rows) or the matching torch dtypes; the pair must be
+            allowed (:class:`mla_sink.CallSpec`).
+        topk: ids per token in ``indices [T, topk]``, an int in ``[1, 2^30]``.
         sinks: optional fp32 ``[H]`` learned sink logits (natural log, not scaled by ``sm_scale``),
             checked now (dtype, shape, contiguity, device) and used by every call. A parameter that
             requires grad is held detached (the decode has no backward), sharing its memory, so a later
@@ -63,12 +64,18 @@ class SparseMLADecode:
             validation then checks the new tensor. A new parameter object (``load_state_dict(...,
             assign=True)`` puts one in the module) is not this tensor: build the layer with it, or load without
             ``assign``.
-        sm_scale: default ``576 ** -0.5``.
-        dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md).
-        return_lse: return the LSE from every call.
-        logit_cap: soft cap of the scaled logits; ``<= 0`` disables.
-        platform: where the layer runs (default: this machine's current device).
-        path: force a kernel path.
+        sm_scale: multiplies ``q.k`` before the natural-exp softmax, a real in ``[2^-126, 2^126]``; default
+            ``576 ** -0.5``.
+        dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md): the ranks
+            (default 1: no DCP), their ``torch.distributed`` process group, the sharding layout
+            (``'interleaved'``, the default, or ``'contiguous'``) and ``N``, the rows of the global pool; the group
+            and ``num_kv_rows`` are required with ``dcp_world_size > 1`` and refused without.
+        return_lse: return the LSE from every call (it is returned with sinks or DCP anyway).
+        logit_cap: soft cap of the scaled scores, ``s = logit_cap * tanh(s / logit_cap)``; ``> 0`` must lie in
+            ``[2^-126, 2^126]``; a finite ``<= 0`` disables (default ``0.0``).
+        platform: where the layer runs (default: detected from the device of ``sinks`` when given, else this
+            machine's current device); the call tensors must be on a device of that arch.
+        path: force a kernel path (a path name of ``tables/mla_decode.yaml``); default: the table's choice.
 
     Attributes (read-only: the configuration is fixed at construction, where it was checked; assigning or deleting
     one of them, or the private state behind them, raises ``AttributeError`` - build another layer for another
@@ -78,7 +85,14 @@ class SparseMLADecode:
         path: the forced path, or None.
 
     Raises:
-        ValueError: bad configuration or sinks. NoKernelError: no path serves it on this platform.
+        ValueError: a dtype key or torch dtype outside the keys, a dtype pair not allowed, ``num_heads`` /
+            ``topk`` / ``dcp_world_size`` out of range, ``sm_scale`` or ``logit_cap`` out of range, ``return_lse``
+            not a bool, malformed sinks (as :func:`mla_sink.prepare`), DCP arguments that do not fit
+            (:func:`mla_sink.api.check_dcp_args`: unknown layout, a group or ``num_kv_rows`` without DCP, a missing
+            or unusable group, a group size other than ``dcp_world_size``, ``num_kv_rows`` not an int ``>= 1``),
+            ``platform`` not a :class:`Platform`, ``path`` not a path of the table.
+        NoKernelError: no path serves the configuration on this platform (or not the forced ``path``).
+        AttributeError: later, on assigning or deleting a read-only attribute (above).
     """
 
     #: The layer's state behind its read-only attributes: set by ``__init__``, then fixed (``_sinks`` follows the
@@ -133,10 +147,26 @@ class SparseMLADecode:
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *,
                  topk_length: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None,
                  kv_scale: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> Result:
-        """Run the layer's decode; shapes and returns as :func:`mla_sink.api.run`.
+        """Run the layer's decode on one call's tensors (the sinks, ``sm_scale``, ``logit_cap`` and DCP arguments
+        are the layer's).
+
+        Args:
+            q: ``[T, H, 576]`` in the layer's ``q_dtype``, ``H = num_heads``.
+            kv_cache: ``[N, 576]`` in the layer's ``kv_dtype``, or for ``fp8_ds_mla`` uint8 ``[N, 656]`` /
+                ``[num_blocks, block_size, 656]``; with DCP, this rank's shard.
+            indices: int32 ``[T, topk]`` (the layer's ``topk``) global row ids; ``-1`` or any id outside
+                ``[0, N)`` is skipped.
+            topk_length, q_scale, kv_scale, out: as :func:`mla_sink.sparse_mla_decode`.
+
+        Returns:
+            ``(out, lse)``: ``out`` ``[T, H, 512]`` in q's dtype (bf16 for fp8 q); ``lse`` fp32 ``[T, H]``,
+            natural log, sink excluded, ``-inf`` on rows with no valid id, or ``None`` unless the layer has sinks,
+            DCP or ``return_lse=True``.
 
         Raises:
-            ValueError: q's head count (or any tensor) disagrees with the layer's configuration.
+            ValueError: q's head count or any tensor disagrees with the layer's configuration (dtypes, ``topk``),
+                or a tensor is malformed (as :func:`mla_sink.sparse_mla_decode`); with DCP, a shard or ids that do
+                not fit ``num_kv_rows`` and the layout (:func:`mla_sink.core.dcp.dcp_sparse_mla_decode`).
         """
         spec = self._spec
         if (isinstance(q, torch.Tensor) and q.layout == torch.strided and not q.is_nested and q.dim() == 3

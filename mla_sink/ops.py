@@ -86,22 +86,37 @@ def sparse_mla_decode_op(
     ids of each row, ``lse = log(sum_j exp(s_j))`` (natural log, sink excluded); semantics of
     :mod:`mla_sink.core.reference`.
 
+    Every argument is positional in the schema and has no default (``None`` for an absent tensor); each is
+    as in :func:`mla_sink.sparse_mla_decode`.
+
     Args:
-        q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``, or uint8 ``[N, 656]`` /
-            ``[num_blocks, block_size, 656]`` (the ``fp8_ds_mla`` layout). indices: int32 ``[T, topk]``
-            (``-1`` / ids outside ``[0, N)`` skipped). sinks: fp32 ``[H]`` or None.
-        sm_scale: softmax scale. topk_length: int32 ``[T]`` or None. q_scale, kv_scale: fp32 ``[1]``
-            for fp8 q / KV, else None.
-        return_lse: return ``lse [T, H]`` even without sinks. logit_cap: ``> 0`` soft cap.
-        path: ``''`` = the rule table's choice for the tensors' device, else a forced path.
+        q: ``[T, H, 576]`` bf16 / fp16 / ``float8_e4m3fn`` (``fp8_e4m3``) / ``float8_e4m3fnuz``
+            (``fp8_e4m3fnuz``), innermost stride 1.
+        kv_cache: ``[N, 576]`` (q's dtype, or an fp8 format with a half q), or uint8 ``[N, 656]`` /
+            ``[num_blocks, block_size, 656]`` (the ``fp8_ds_mla`` layout, with bf16 / fp16 q).
+        indices: int32 ``[T, topk]`` global row ids (``-1`` / ids outside ``[0, N)`` skipped, anywhere).
+        sinks: fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``), or None.
+        sm_scale: multiplies ``q.k``; a float in ``[2^-126, 2^126]`` (the schema's ``float``: pass
+            ``576 ** -0.5`` for the Python API's default).
+        topk_length: int32 ``[T]`` (only the first ``topk_length[t]`` ids of row t are used) or None.
+        q_scale, kv_scale: fp32 ``[1]`` or ``[]`` per-tensor dequantisation scales, required exactly for fp8 q /
+            fp8 KV (``kv_scale`` None for ``fp8_ds_mla``), else None.
+        return_lse: return ``lse [T, H]`` even without sinks.
+        logit_cap: ``> 0`` soft-caps the scaled scores (``logit_cap * tanh(s / logit_cap)``, then in
+            ``[2^-126, 2^126]``); ``0.0`` (any finite ``<= 0``) = no cap.
+        path: ``''`` = the rule table's choice for the tensors' device, else a forced path name.
 
     Returns:
-        ``(out [T, H, 512]`` in q's dtype (bf16 for fp8 q), ``lse`` fp32 ``[T, H]`` or ``[T, 0]``
-        when neither sinks nor ``return_lse`` ask for it).
+        ``(out, lse)``: ``out`` ``[T, H, 512]`` in q's dtype (bf16 for fp8 q); ``lse`` fp32 ``[T, H]`` (natural
+        log, sink excluded, ``-inf`` on rows with no valid id), or an empty ``[T, 0]`` when neither sinks nor
+        ``return_lse`` ask for it.
 
     Raises:
-        ValueError: malformed input (see :func:`mla_sink.core.validate.check_inputs`), at trace and run time.
-        NoKernelError: no path serves the call on this device.
+        ValueError: malformed input (see :func:`mla_sink.core.validate.check_inputs`; ``sm_scale`` /
+            ``logit_cap`` out of range), an unknown ``path``, or an input that requires grad in grad mode (the
+            autograd registration refuses it: no backward), at trace and at run time.
+        NoKernelError: no path serves the call on this device (or not the forced ``path``); while tracing, for
+            a forced ``path`` on a device of this machine.
     """
     out, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, None,
                                 return_lse, logit_cap, path)
@@ -127,15 +142,23 @@ def sparse_mla_decode_out_op(
 ) -> Tensor:
     """In-place sparse MLA decode into a caller-provided ``out``.
 
+    Schema order: ``q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, return_lse,
+    logit_cap, path``, every argument given.
+
     Args:
-        out: ``[T, H, 512]`` buffer in the out dtype (q's dtype; bf16 for fp8 q), innermost stride 1,
-            sharing no memory with an input. Other arguments as :func:`sparse_mla_decode_op`.
+        out: ``[T, H, 512]`` buffer in the out dtype (q's dtype; bf16 for fp8 q), innermost stride 1, not
+            overlapping itself, sharing no memory with an input, not requiring grad; written in place. Other
+            arguments as :func:`sparse_mla_decode_op`.
 
     Returns:
         ``lse`` fp32 ``[T, H]`` (natural log, sink excluded) or ``[T, 0]``, as :func:`sparse_mla_decode_op`.
+        Called directly with an input that requires grad in grad mode, it is not refused (PyTorch takes no
+        autograd formula for a mutating operator): the LSE then requires grad and its ``backward()`` fails
+        with PyTorch's message (:func:`mla_sink.sparse_mla_decode` and :func:`mla_sink.run` with ``out=``
+        refuse such a call themselves).
 
     Raises:
-        ValueError: malformed input or ``out``. NoKernelError: no path serves the call.
+        ValueError: malformed input or ``out``, an unknown ``path``. NoKernelError: no path serves the call.
     """
     res, lse = _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out,
                                 return_lse, logit_cap, path)

@@ -298,6 +298,10 @@ def exchange_states(
 
     Bytes moved per rank (ring all-gather): ``(W - 1) * pad16(T * H * (d_v * b + 4))`` in and out,
     ``b`` = bytes of ``wire_dtype`` (4 for fp32).
+
+    Raises:
+        Nothing of its own (:func:`dcp_sparse_mla_decode` checks its inputs first): torch.distributed's errors pass
+        through, e.g. its ``ValueError`` when no default process group is initialised.
     """
     w = dist.get_world_size(group)
     shape = tuple(out_r.shape)
@@ -374,10 +378,12 @@ def dcp_sparse_mla_decode(
     Raises:
         ValueError: before any collective, when ``layout`` is unknown; ``num_kv_rows`` is not an
             int >= 0; ``group`` is not usable; ``dcp_world_size`` differs from the group size;
-            ``inputs.kv_cache`` has a row count other than this rank's shard of ``num_kv_rows``
-            under ``layout``; ``inputs.indices``/``q``/``sinks``/``topk_length``/``out`` have
-            inconsistent shapes; ``sinks`` is not fp32, contiguous and on q's device; ``out`` is on another
-            device or overlaps itself; ``local_decode`` is not callable or returns wrong shapes.
+            ``inputs.q`` is not 3-D; ``inputs.indices`` is not int32 ``[T, topk]``; ``inputs.kv_cache`` is
+            neither 2-D nor a paged uint8 ``[blocks, block_size, 656]``, or has a row count other than this rank's
+            shard of ``num_kv_rows`` under ``layout``; ``inputs.sinks``/``topk_length``/``out`` have
+            inconsistent shapes, or ``out`` another dtype than the output dtype; ``sinks`` is not fp32,
+            contiguous and on q's device; ``out`` is on another device or overlaps itself; ``local_decode`` is not
+            callable or returns wrong shapes.
 
     Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
     lightllm/sglang; vLLM ``cp_lse_ag_out_rs`` for the exchange pattern.

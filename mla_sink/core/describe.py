@@ -33,12 +33,16 @@ def describe(
 ) -> tuple[CallSpec, Platform]:
     """Derive the call's :class:`CallSpec` and :class:`Platform` from its tensors.
 
+    Only metadata is read (no value, no scale: fp8 calls need none here).
+
     Args:
-        q: ``[T, H, 576]`` bf16/fp16/fp8. kv_cache: ``[N, 576]``, or uint8 ``[N, 656]`` /
-            ``[num_blocks, block_size, 656]`` (the ``fp8_ds_mla`` layout). indices: int32 ``[T, topk]``.
-        sinks: optional fp32 ``[H]``.
-        dcp_world_size: decode-context-parallel ranks. return_lse: the caller wants the LSE.
-        logit_cap: soft cap (``<= 0`` disables).
+        q: ``[T, H, 576]`` bf16 / fp16 / ``float8_e4m3fn`` / ``float8_e4m3fnuz``. kv_cache: ``[N, 576]`` (a dtype
+            that pairs with q's), or uint8 ``[N, 656]`` / ``[num_blocks, block_size, 656]`` (the ``fp8_ds_mla``
+            layout). indices: int32 ``[T, topk]`` (``-1`` = no id).
+        sinks: optional fp32 ``[H]`` natural-log sink logits (only their presence enters the spec).
+        dcp_world_size: decode-context-parallel ranks (int ``>= 1``; default 1). return_lse: the caller wants the
+            LSE (``CallSpec.need_lse``; sinks and DCP imply it).
+        logit_cap: soft cap of the scaled scores (``<= 0`` disables; a positive one in ``[2^-126, 2^126]``).
         platform: explicit platform (default: detected from ``q.device``).
 
     Returns:
@@ -46,8 +50,10 @@ def describe(
         given, or the detected one), as :func:`mla_sink.run` and :func:`mla_sink.plan_call` take them.
 
     Raises:
-        ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`), a field is
-            out of its domain, or ``platform`` is neither ``None`` nor a :class:`Platform`.
+        ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`; tensors on the
+            ``meta`` device included), ``return_lse`` is not a bool, a field is out of its domain
+            (:class:`CallSpec`: e.g. ``dcp_world_size`` or ``logit_cap``), or ``platform`` is neither ``None`` nor
+            a :class:`Platform`.
     """
     check_platform(platform, optional=True)
     check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False)  # describe precedes a launch

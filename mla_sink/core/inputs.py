@@ -17,20 +17,26 @@ import torch
 class DecodeInputs(NamedTuple):
     """Tensors and scalars of one sparse MLA decode call (validated by :mod:`mla_sink.core.validate`).
 
+    Building one checks nothing: :func:`mla_sink.run` checks the scalars (``ValueError``) and the call the
+    tensors. The positional order is the fields' order below: ``sm_scale`` comes before ``sinks`` here, after it
+    in :func:`mla_sink.sparse_mla_decode` - pass them by name.
+
     Attributes:
-        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (any token and head strides; innermost stride 1).
+        q: ``[T, H, 576]`` bf16 / fp16 / fp8 (``float8_e4m3fn``, ``float8_e4m3fnuz``; any token and head strides;
+            innermost stride 1).
         kv_cache: ``[N, 576]`` one shared KV head, page size 1; value = first 512 columns; or the
             656-byte ``fp8_ds_mla`` rows, uint8 ``[N, 656]`` or ``[num_blocks, block_size, 656]``
             (:mod:`mla_sink.core.kv_layout`).
         indices: int32 ``[T, topk]`` global row ids; ``-1`` and ids outside ``[0, N)`` = skip, anywhere.
-        sm_scale: multiplies ``q.k`` before the natural-exp softmax; ``None`` (the default) means
-            ``576 ** -0.5`` (:func:`mla_sink.run` fills it in).
+        sm_scale: multiplies ``q.k`` before the natural-exp softmax, a real in ``[2^-126, 2^126]``; ``None`` (the
+            default) means ``576 ** -0.5`` (:func:`mla_sink.run` fills it in).
         sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
         topk_length: optional int32 ``[T]``; only the first ``topk_length[t]`` ids of row t are used.
         q_scale: fp32 ``[1]`` or ``[]`` dequantisation scale of fp8 q (value = stored * scale), else ``None``.
         kv_scale: fp32 ``[1]`` or ``[]`` dequantisation scale of fp8 KV, else ``None`` (``None`` for ``fp8_ds_mla``).
         out: optional caller-provided ``[T, H, 512]`` output buffer (q's dtype; bf16 for fp8 q).
-        logit_cap: ``> 0`` soft-caps scaled logits (``cap * tanh(s / cap)``); ``<= 0`` disables.
+        logit_cap: ``> 0`` soft-caps scaled scores (``logit_cap * tanh(s / logit_cap)``, then in
+            ``[2^-126, 2^126]``); a finite ``<= 0`` disables.
     """
 
     q: torch.Tensor

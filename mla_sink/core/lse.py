@@ -25,8 +25,10 @@ def sink_factor(lse: torch.Tensor, sinks: Optional[torch.Tensor]) -> Optional[to
         sinks: fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``), or ``None``.
 
     Returns:
-        fp32 ``[T, H]`` or ``None`` without sinks. ``sink = -inf`` gives 1, ``sink = +inf`` gives 0,
-        an empty row gives 0 (never the NaN of ``-inf - -inf``).
+        fp32 ``[T, H]`` (float64 for a float64 ``lse``) or ``None`` without sinks. ``sink = -inf`` gives 1,
+        ``sink = +inf`` gives 0, an empty row gives 0 (never the NaN of ``-inf - -inf``).
+
+    No checks of its own (torch's errors for mismatched shapes); :func:`apply_sink` checks its arguments.
     """
     if sinks is None:
         return None

@@ -121,18 +121,21 @@ class CallSpec:
         kv_dtype: dtype key of ``kv_cache``: those of q, or ``fp8_ds_mla`` (the 656-byte V3.2 rows,
             :mod:`mla_sink.core.kv_layout`). Allowed pairs: equal half types, a half q with fp8 KV,
             fp8 q with KV of the same fp8 format, or a half q with ``fp8_ds_mla``.
-        num_heads: H, query heads (one shared KV head).
-        topk: ids per query token in ``indices [T, topk]``.
+        num_heads: H, query heads (one shared KV head): an int in ``[1, 2^31 - 1]`` (numpy integers accepted).
+        topk: ids per query token in ``indices [T, topk]``: an int in ``[1, 2^30]`` (:data:`TOPK_MAX`).
         sinks: whether a per-head sink logit ``sinks [H]`` is given.
-        dcp_world_size: decode-context-parallel ranks the KV pool is sharded over.
+        dcp_world_size: decode-context-parallel ranks the KV pool is sharded over: an int in ``[1, 2^31 - 1]``
+            (default 1: no DCP).
         need_lse: whether the chosen path must produce an LSE. Sinks (applied through it) and DCP
             (merged by it) imply it: construction sets it True for them, so ``need_lse=False`` is a
             request the record corrects, never an error. Pass True when the caller wants the LSE back.
-        logit_cap: soft cap of the scaled logits, ``s = cap * tanh(s / cap)``; ``<= 0`` disables it (stored as 0.0);
+        logit_cap: soft cap of the scaled scores, ``s = logit_cap * tanh(s / logit_cap)``; ``<= 0`` disables it
+            (stored as 0.0);
             a positive cap must lie in ``[2^-126, 2^126]`` (:func:`mla_sink.core.validate.check_logit_cap`).
 
     Raises:
-        ValueError: a field is out of its domain (message names field, value and allowed values).
+        ValueError: a field is out of its domain, or the (q_dtype, kv_dtype) pair is not allowed (message names
+            field, value and allowed values).
     """
 
     q_dtype: str = attrs.field(validator=_one_of(_DTYPES))
@@ -284,7 +287,19 @@ class Platform:
 
     @classmethod
     def detect(cls, device: Any = None) -> "Platform":
-        """Read the current machine (see :func:`mla_sink.core.platform.detect_platform`)."""
+        """Read the current machine (see :func:`mla_sink.core.platform.detect_platform`).
+
+        Args:
+            device: a ``torch.device`` or its name (``'cpu'``, ``'cuda:0'``); ``None``: the current device (a
+                GPU when one is visible, else the CPU).
+
+        Returns:
+            The :class:`Platform` of that device (cached per device).
+
+        Raises:
+            ValueError: ``device`` is not a device (or its name), not a cpu or cuda one, or names a CUDA/ROCm
+                device this machine does not have.
+        """
         from mla_sink.core.platform import detect_platform
 
         return detect_platform(device)
@@ -316,6 +331,14 @@ def check_records(spec: Any, platform: Any) -> None:
 
 def call_key(spec: CallSpec, platform: Platform) -> str:
     """Canonical key of a call on a platform, e.g. ``bf16-h64-gfx942-sinks-dcp1``.
+
+    Args:
+        spec: the call (:class:`CallSpec`). platform: where it runs (:class:`Platform`).
+
+    Returns:
+        ``<dtypes>-h<H>-<arch>-<sinks|nosinks>-dcp<W>`` (dtypes ``bf16`` or ``<q>+kv_<kv>`` when they differ), then
+        ``-lse`` when the LSE was asked for without sinks or DCP and ``-cap<logit_cap>`` with a cap. Used in logs,
+        test ids and benchmark case names.
 
     Raises:
         ValueError: ``spec`` or ``platform`` is not the record.

@@ -167,7 +167,7 @@ def sparse_mla_decode_reference(
         d_v: value dims (512).
         topk_length: optional int32 ``[T]``: only the first ``topk_length[t]`` ids of row t are used.
         q_scale, kv_scale: fp32 ``[1]`` or ``[]`` dequantisation scales of fp8 q / fp8 KV (value = stored * scale).
-        logit_cap: ``> 0`` soft-caps the scaled logits with ``cap * tanh(s / cap)``; ``<= 0`` disables.
+        logit_cap: ``> 0`` soft-caps the scaled scores with ``logit_cap * tanh(s / logit_cap)``; ``<= 0`` disables.
         compute_dtype: float64 (the reference) or float32 (the fallback path on machines without Triton).
         out_dtype: dtype of ``out``; default ``compute_dtype``.
         chunk_bytes: token rows are processed in chunks whose gathered KV stays under this many bytes.

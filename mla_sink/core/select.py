@@ -31,7 +31,11 @@ KNOWN_PATHS = (
 
 
 class NoKernelError(RuntimeError):
-    """A valid call that no rule-table row accepts, or that a row explicitly refuses.
+    """A valid call that no rule-table row accepts, or that a row explicitly refuses (a ``RuntimeError``).
+
+    Raised by :func:`plan_call` and everything that plans (:func:`mla_sink.prepare`, :func:`mla_sink.run`,
+    :func:`mla_sink.sparse_mla_decode`, the layer, the operators); ``mla-sink explain`` prints the same text and
+    exits with status 2.
 
     Attributes:
         selection: the :class:`dispatch.Selection` (winning refusal row or none, and every rejected row).
@@ -120,8 +124,13 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
     """Run the rule table for one call; never raises for a refusal (see :func:`plan_call`).
 
     Args:
-        spec: the call. platform: where it runs.
+        spec: the call (:class:`CallSpec`). platform: where it runs (:class:`Platform`).
         path: force one path: only rows naming it are considered (for tests and engines that pin a path).
+
+    Returns:
+        The ``dispatch.Selection``: ``path`` (``None`` when refused), the winning ``row`` (``None`` when no row
+        matched) and its merged ``params``, ``refused`` (a refusal row won or no row matched) with its
+        ``reason``, and every ``rejected`` row before the winner with its failed conditions.
 
     Raises:
         ValueError: ``spec`` / ``platform`` not the records, or ``path`` not a path of the table.
@@ -138,8 +147,11 @@ def explain_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = No
     gives its refusal row's text; never raises for it.
 
     Args:
-        spec: the call. platform: where it runs.
+        spec: the call (:class:`CallSpec`). platform: where it runs (:class:`Platform`).
         path: consider only rows naming this path (as ``mla-sink explain --path``).
+
+    Returns:
+        The explanation as one multi-line ``str``, first line the call's key (:func:`mla_sink.call_key`).
 
     Raises:
         ValueError: ``spec`` / ``platform`` not the records, or ``path`` not a path of the table (:func:`select`).
