@@ -89,6 +89,9 @@ def contiguous_shard_size(num_kv_rows: int, world_size: int) -> int:
         num_kv_rows: N, rows of the global pool (>= 0).
         world_size: W, ranks (>= 1).
 
+    Returns:
+        ``S`` (0 for ``N = 0``).
+
     Raises:
         ValueError: an argument is not an int in its domain.
     """
@@ -108,6 +111,9 @@ def shard_num_rows(num_kv_rows: int, world_size: int, rank: int, layout: str) ->
         world_size: W, ranks in the DCP group (>= 1).
         rank: this rank's index in the group, ``0 <= rank < W``.
         layout: ``'interleaved'`` or ``'contiguous'``.
+
+    Returns:
+        ``N_r``, the row count of ``rank``'s shard (``>= 0``; :func:`shard_kv_cache` returns that many rows).
 
     Raises:
         ValueError: unknown layout, or an argument outside its domain (the message names it).
@@ -253,6 +259,10 @@ def _out_dtype(q: torch.Tensor) -> torch.dtype:
 
 def group_size_rank(group: Optional[dist.ProcessGroup], name: str = "group") -> tuple[int, int]:
     """``(world size, rank)`` of ``group`` (``None`` = the default group).
+
+    Args:
+        group: a ``torch.distributed`` process group, or ``None`` for the default group.
+        name: the argument's name in the caller, for the messages (``'group'``, ``'dcp_group'``).
 
     Raises:
         ValueError: naming the argument ``name``: torch.distributed is not initialised, or ``group``

@@ -46,6 +46,9 @@ def apply_sink(out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tenso
         lse: fp32 ``[T, H]`` natural-log, sink-free.
         sinks: fp32 ``[H]`` or ``None`` (then ``out`` is returned as fp32 unchanged).
 
+    Returns:
+        ``[T, H, d_v]`` fp32 (float64 for float64 input): ``out * sigmoid(lse - sink)`` (the factor is 0 where ``lse = -inf``).
+
     Raises:
         ValueError: naming the argument: one that is not a floating-point tensor (``sinks`` may be ``None``) or
             not on ``out``'s device, a 0-d ``out``, ``lse`` not of ``out``'s shape without its last dim, ``sinks``
