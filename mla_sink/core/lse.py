@@ -47,7 +47,8 @@ def apply_sink(out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tenso
         sinks: fp32 ``[H]`` or ``None`` (then ``out`` is returned as fp32 unchanged).
 
     Returns:
-        ``[T, H, d_v]`` fp32 (float64 for float64 input): ``out * sigmoid(lse - sink)`` (the factor is 0 where ``lse = -inf``).
+        ``[T, H, d_v]`` fp32 (float64 for float64 input): ``out * sigmoid(lse - sink)`` (the factor is 0 where
+        ``lse = -inf``).
 
     Raises:
         ValueError: naming the argument: one that is not a floating-point tensor (``sinks`` may be ``None``) or

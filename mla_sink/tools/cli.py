@@ -74,8 +74,9 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     add(p, "--arch", help="compile target, e.g. gfx942, gfx950, gfx90a, sm80, sm89, sm90, sm100, cpu (default: this "
                           "machine); an NVIDIA feature suffix names the plain target (sm90a is sm90), a ROCm target "
                           "id its processor (gfx942:sramecc+:xnack- is gfx942)")
-    add(p, "--aiter", metavar="VERSION", help="installed AITER version, e.g. 0.1.20, or 'none' for no AITER (default: this "
-                                               "machine's when --arch is this machine's, else none)")
+    add(p, "--aiter", metavar="VERSION",
+        help="installed AITER version, e.g. 0.1.20, or 'none' for no AITER (default: this machine's when --arch is "
+             "this machine's, else none)")
     tri = p.add_mutually_exclusive_group()
     add(tri, "--triton", dest="triton", action="store_true", default=None,
         help="Triton can run the kernel on the platform (default: as on this machine)")
@@ -383,7 +384,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mla-sink`` argument parser (subcommands explain, demo, info, tables and, when its imports work, bench)."""
-    parser = _Parser(prog="mla-sink", description=DESCRIPTION, epilog="Run 'mla-sink COMMAND --help' for a command's flags.")
+    parser = _Parser(prog="mla-sink", description=DESCRIPTION,
+                     epilog="Run 'mla-sink COMMAND --help' for a command's flags.")
     parser.add_argument("--version", action="version", version=f"mla-sink {_version()}",
                         help="print the version (mla_sink.__version__) and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -397,10 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_explain)
 
     p = sub.add_parser("demo", help="run sparse MLA decode with sinks on a default input; error vs float64",
-                       description="Run one sparse MLA decode call with sinks on random inputs (some -1 ids; with "
-                                   "T > 1 one empty row) on this machine, and print the chosen path, the error against the "
-                                   "float64 reference and the time of one call. Exits 1 if the output holds NaN or "
-                                   "an empty row is not out = 0, lse = -inf.")
+                       description="Run one sparse MLA decode call with sinks on random inputs (some -1 ids; "
+                                   "with T > 1 one empty row) on this machine, and print the chosen path, the "
+                                   "error against the float64 reference and the time of one call. Exits 1 if the "
+                                   "output holds NaN or an empty row is not out = 0, lse = -inf.")
     from mla_sink.tools.demo import add_demo_arguments
 
     add_demo_arguments(p)

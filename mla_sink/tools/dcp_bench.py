@@ -336,8 +336,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     Bad input (a ``ValueError``: too few GPUs, a flag out of range) prints one ``error:`` line and returns 2, as
     ``mla-sink bench --dcp`` does."""
     p = argparse.ArgumentParser(prog="python -m mla_sink.tools.dcp_bench",
-                                description="Time decode context parallel (DCP) on N GPUs of this host against DCP 1 on "
-                                            "the same pool (what mla-sink bench --dcp N runs); see docs/DCP.md.")
+                                description="Time decode context parallel (DCP) on N GPUs of this host against DCP 1 "
+                                            "on the same pool (what mla-sink bench --dcp N runs); see docs/DCP.md.")
     p.add_argument("--dcp", type=int, default=DEFAULTS["dcp"],
                    help="ranks (GPUs of this host, one process each; default %(default)s)")
     p.add_argument("--heads", type=int, default=DEFAULTS["heads"], help="H, query heads (default %(default)s)")
