@@ -249,8 +249,8 @@ class Platform:
     Build one explicitly to ask about any machine from a laptop; :func:`detect` reads this one.
 
     Raises:
-        ValueError: unknown arch string or unparsable version; ``num_sms`` not an int >= 1, or other than 1 on
-            ``cpu``. Which archs AITER serves is the rule table's (``tables/mla_decode.yaml``, the AITER paths'
+        ValueError: unknown arch string or unparsable version; ``triton`` not a bool, ``gluon`` neither a bool nor
+            ``None``; ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on ``cpu``. Which archs AITER serves is the rule table's (``tables/mla_decode.yaml``, the AITER paths'
             ``requires``): an ``aiter_version`` on any other arch makes those paths ineligible, with that reason.
     """
 
