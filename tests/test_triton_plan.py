@@ -250,7 +250,7 @@ def test_launch_record_fields():
     hand = P.portable_launch(hand_config, num_heads=5, num_tokens=3, topk=37, num_sms=None, num_kv_splits=3)
     assert (hand.tuning_row, hand.block_h, hand.combine_block_h, hand.num_kv_splits, hand.ids_per_split) == (
         "explicit", 16, 16, 3, 16)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'kernel' must be in"):
         attrs.evolve(got, kernel="cuda_graph_magic")
     with pytest.raises(ValueError, match="q_dtype"):
         plan(q_dtype="fp32")
