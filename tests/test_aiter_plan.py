@@ -126,7 +126,7 @@ def test_head_padding_comes_from_the_plan_params():
 def test_non_persistent_call_has_no_metadata_field():
     call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16, topk=4), num_tokens=2)
     meta = PersistentMetadata(batch_size=2, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4, max_split_per_batch=32)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="metadata"):
         attrs.evolve(call, metadata=meta)
     with pytest.raises(ValueError, match="'path' of a non-persistent call"):
         attrs.evolve(call, path="aiter_persistent")
@@ -319,7 +319,7 @@ def test_buffers_need_no_host_sync():
     kv_indices = torch.empty(32, dtype=torch.int32, device="meta")
     for layout in ("packed", "row_strided"):
         fill_kv_buffers(kv_indptr, kv_indices, indices, 100, topk_length, layout=layout)
-    with pytest.raises(Exception):  # the probe works: a host sync on meta tensors does raise
+    with pytest.raises(RuntimeError, match="meta"):  # the probe works: a host sync on meta tensors does raise
         indices.sum().item()
 
 

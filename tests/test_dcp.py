@@ -435,7 +435,9 @@ def test_dcp_inside_torch_compile_runs_eagerly(groups, w):
     fullgraph=True refuses it with the reason."""
     for g in groups[w]["ranks"]:
         assert g["results"]["run-compiled"]["same"]
-        assert g["results"]["run-fullgraph"] != "no error"  # refused (with the reason where torch shows it)
+        # refused as a graph break at the disabled DCP call (with the reason where torch shows it), not another error
+        said = g["results"]["run-fullgraph"]
+        assert "torch.compiler.disable" in said or "decode context parallel runs collectives" in said, said
 
 
 @pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")

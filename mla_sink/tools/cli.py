@@ -37,20 +37,51 @@ DESCRIPTION = ("mla-sink: the decode step of sparse Multi-head Latent Attention 
                "time the kernels.")
 
 def _platform_from_args(args: argparse.Namespace) -> Platform:
-    from mla_sink.core.platform import detect_platform
+    """The :class:`Platform` ``explain`` plans for: the flags given, the rest as the library detects the device of
+    that arch on this machine, where it has one (:func:`_local_platform`): its GPU for its own arch, the CPU for
+    ``cpu``. For any other arch: no AITER, Triton as importable here, Gluon as Triton, the SM count unknown."""
+    from mla_sink.core.platform import _triton_available, detect_platform
 
     for flag, value in (("--arch", args.arch), ("--aiter", args.aiter)):
         check_not_empty(flag, value, "this machine's")  # not silently "this machine" / "none"
     here = detect_platform()
     arch = canonical_arch(args.arch) if args.arch else here.arch  # sm90a is this machine's sm90 too
+    local = _local_platform(arch, here)
     if args.aiter is None:
-        aiter = here.aiter_version if arch == here.arch else None
+        aiter = local.aiter_version if local is not None else None
     else:
         aiter = None if args.aiter.lower() in ("none", "no", "absent") else args.aiter
-    triton = here.triton if args.triton is None else args.triton
-    gluon = here.gluon if arch == here.arch and args.triton is None else None  # None: as triton
-    sms = args.sms if getattr(args, "sms", None) is not None else _local_sms(arch)
+    if args.triton is not None:
+        triton = args.triton
+    else:  # another GPU's Triton is this machine's importable one, not whether its CPU interpreter works
+        triton = local.triton if local is not None else _triton_available()
+    if local is not None and (args.triton is None or arch == _cpu_arch()):
+        gluon = local.gluon and triton  # the CPU never has Gluon (Platform.detect('cpu'))
+    else:
+        gluon = None  # as triton
+    sms = args.sms if getattr(args, "sms", None) is not None else (local.num_sms if local is not None else None)
     return Platform(arch=arch, aiter_version=aiter, triton=triton, gluon=gluon, num_sms=sms)
+
+
+def _cpu_arch() -> str:
+    """The arch name of the CPU (``Platform.arch`` of CPU tensors)."""
+    from mla_sink.core.platform import arch_of
+
+    return arch_of("cpu")
+
+
+def _local_platform(arch: str, here: Platform) -> Optional[Platform]:
+    """The platform the library detects for a device of ``arch`` on this machine (the one a call on such tensors
+    plans for): ``here`` (this machine's default device) for its own arch, the CPU's for ``cpu`` (Triton's
+    interpreter, if it works with this numpy; one SM; no Gluon, no AITER) even on a GPU machine; ``None`` for an
+    arch this machine has no device of. (Before, ``--arch cpu`` on a GPU machine took the GPU's Triton flag and no
+    SM count: it named the Triton path where CPU calls run the reference, and left the split count open - a break
+    test, forty-first session.)"""
+    from mla_sink.core.platform import detect_platform
+
+    if arch == _cpu_arch():
+        return detect_platform("cpu")
+    return here if arch == here.arch else None
 
 
 def _spec_from_args(args: argparse.Namespace) -> CallSpec:
@@ -183,14 +214,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     else:
         print(dispatch.explain(sel, key=key, details=launch_lines(plan) if plan is not None else ()))
     return 2 if plan is None else 0
-
-
-def _local_sms(arch: str):
-    """This machine's SM count when its GPU is of ``arch`` (1 for ``cpu``: the interpreter), else None."""
-    from mla_sink.core.platform import detect_platform
-
-    here = detect_platform()
-    return here.num_sms if here.arch == arch else None
 
 
 def matrix_platforms() -> tuple:

@@ -140,10 +140,12 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.path == "reference":  # always honoured, no row consulted (mla_sink.core.select.plan_call)
         print("  → reference   (forced: the float64 reference runs anywhere)")
     else:
-        from mla_sink.core.select import NoKernelError, plan_call, select
+        from mla_sink.core.plan import build_plan
+        from mla_sink.core.select import NoKernelError, select
+        from mla_sink.tools.explain import launch_lines
 
-        try:
-            plan_call(spec, platform, path=args.path)
+        try:  # the plan the call below runs (the library plans it the same way: one cached record)
+            plan = build_plan(spec, platform, num_tokens=args.tokens, path=args.path)
         except NoKernelError:  # run() below raises it with the full explanation (exit 2)
             pass
         else:
@@ -152,6 +154,10 @@ def run_demo(args: argparse.Namespace) -> int:
             text = [line for line in dispatch.explain(sel, key=key).splitlines() if line.strip() != key]
             winner = [line for line in text if not line.lstrip().startswith("✗ ")]
             print("\n".join(winner))
+            # the launch, as explain prints it: which kernel runs the call, its splits and the rows that chose them
+            # (before, the demo named the path only)
+            for line in launch_lines(plan):
+                print(line)
             # the rows, not the explanation's lines (which group the rows of one path on one line)
             print(f"  ({len(sel.rejected)} earlier rows rejected; `mla-sink explain` lists why)")
     out, lse = sparse_mla_decode(**x, return_lse=True, path=args.path)  # warm-up / compile

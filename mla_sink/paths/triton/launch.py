@@ -37,8 +37,8 @@ from mla_sink.core.records import D_QK, D_V, MAX_ROWS
 from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
-from mla_sink.paths.triton.plan import (MAX_GRID_TOKENS, MIN_BLOCK_H, PORTABLE, all_heads_block, dcp_merge_tile,
-                                        is_pow2, token_ranges)
+from mla_sink.paths.triton.plan import (GATHER_STRIDE_ALIGN, MAX_GRID_TOKENS, MIN_BLOCK_H, PORTABLE, all_heads_block,
+                                        dcp_merge_tile, is_pow2, token_ranges)
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -215,8 +215,9 @@ _SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OU
                    "sm_scale")
 _FP8_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "KV_SCALE", "OUT", "LSE", "PART_OUT", "PART_LSE", "sm_scale")
 #: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
-#: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements.
-_STRIDE_ALIGN = 16
+#: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements (the plan
+#: checks the row stride of contiguous indices, topk, against the same bound: plan.GATHER_STRIDE_ALIGN).
+_STRIDE_ALIGN = GATHER_STRIDE_ALIGN
 
 
 def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Result]:

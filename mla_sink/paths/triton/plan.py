@@ -58,6 +58,13 @@ def token_ranges(num_tokens: int, limit: int = MAX_GRID_TOKENS) -> list:
     step = limit - limit % RANGE_ALIGN if limit >= RANGE_ALIGN else limit
     return [(a, min(a + step, num_tokens)) for a in range(0, num_tokens, step)]
 
+#: The seesaw (``gluon_seesaw``) gathers with strides that are multiples of this many elements (Triton marks an
+#: integer argument 16-divisible only then): its launcher runs the portable kernel for tensors with other strides
+#: (:func:`mla_sink.paths.triton.launch.prepare_triton`). Contiguous ``indices [T, topk]`` have the row stride
+#: ``topk``, so the plan names the portable kernel for a ``topk`` that is not a multiple of it (before, explain named
+#: the seesaw for e.g. topk 1000 or 2047 and the launcher ran the portable kernel: a break test, forty-first session).
+GATHER_STRIDE_ALIGN = 16
+
 #: Smallest head block: ``tl.dot`` needs at least 16 rows (M), so fewer heads are padded to 16 (the
 #: combine kernel's head block takes the same floor).
 MIN_BLOCK_H = 16
@@ -202,8 +209,8 @@ class TritonLaunch:
             of ``block_n``); ``None`` when the SM count is unknown and no count was forced.
         rejected_kernels: ``(row id, reason)`` of each Gluon row the deciding lookup rejected (the
             second; the first when the split count is open), the reason listing every failed condition.
-        fallback: why the kernel is ``portable`` although a Gluon row matched (it failed to compile here);
-            ``None`` otherwise.
+        fallback: why the kernel is ``portable`` although a Gluon row matched (it failed to compile here, or it is
+            the seesaw and ``topk`` is not a multiple of :data:`GATHER_STRIDE_ALIGN`); ``None`` otherwise.
         exact_recompute: the seesaw on V3.2 rows (``fp8_ds_mla``): it decodes tiles into bf16, exact only for
             scales of 0 or a power of two (:data:`mla_sink.core.kv_layout.BF16_EXACT_SCALE_EXP`), and flags the
             programs that meet any other scale; a second launch of the same grid, gated by those flags, recomputes
@@ -514,6 +521,8 @@ def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int
         num_kv_splits: force a split count (tests, benches); needs no ``num_sms``.
         failed: kernel name -> compile error text of the kernels that failed to compile here: a Gluon
             kernel in it is replaced by the portable one, with ``fallback`` saying why.
+            The seesaw is replaced so too for a ``topk`` that is not a multiple of :data:`GATHER_STRIDE_ALIGN` (the
+            row stride of contiguous indices, which its gather needs aligned).
 
     Raises:
         LookupError: no tuning row serves the call.
@@ -526,6 +535,11 @@ def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int
     rejected = _rejected_kernels(sel)
     if sel.path == PORTABLE:  # the first lookup's row again (portable rows never test num_kv_splits)
         return attrs.evolve(launch, rejected_kernels=rejected)
+    if sel.path == SEESAW and topk % GATHER_STRIDE_ALIGN:
+        return attrs.evolve(launch, rejected_kernels=rejected,
+                            fallback=f"{sel.path} (row {sel.row.id}) gathers id rows at a stride that is a multiple of "
+                                     f"{GATHER_STRIDE_ALIGN} ids, and contiguous indices [T, topk] have the stride "
+                                     f"topk={topk}, not a multiple of it")
     if sel.path in failed:
         return attrs.evolve(launch, rejected_kernels=rejected,
                             fallback=f"{sel.path} (row {sel.row.id}) failed to compile here: {failed[sel.path]}")

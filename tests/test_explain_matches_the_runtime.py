@@ -1,0 +1,522 @@
+"""``mla-sink explain`` against what the library plans and launches for the same call (the forty-first session's break
+test of the promise "``mla-sink explain`` prints which kernel path a call takes and why").
+
+For a broad sample of calls - every arch the tables declare, every allowed (q, KV) dtype pair, head counts 1-256 with
+odd ones, T from 0 to beyond a CUDA grid's token limit, topk with and without whole 16-id rows, sinks, DCP,
+``return_lse``, a soft cap, a forced path, an SM count or none, AITER versions - the test runs ``mla-sink explain``
+(text and ``--json``, in this process) and the library's own entry points on CPU tensors of that call, with the
+platform of that arch given (the tensors' arch read as that arch):
+
+* the function's execute (:func:`mla_sink.api._prepare_call`: validate, describe, select, plan, then the path's
+  launcher preparing its runner), with the launchers' kernel launches recorded instead of compiled - so what is
+  compared is the kernel the launcher would launch, not only the plan it was given;
+* :func:`mla_sink.run` with DCP (a stand-in process group of that many ranks, the collectives recorded);
+* :func:`mla_sink.prepare` (the layer's construction-time check).
+
+Then explain's path, row, params, spec, platform, kernel, split count, tiles, tuning rows and AITER call must be the
+runtime's, and a call explain refuses must be refused by the runtime (``NoKernelError`` with explain's own text), one
+it accepts must not be. Malformed calls are refused by both with a ``ValueError`` naming the argument; ``--matrix``
+(text and JSON) must give every cell the path ``explain`` gives that call; the demo's explanation must be that of
+the call it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from typing import Any, Optional
+from unittest import mock
+
+import attrs
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from mla_sink import api
+from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, FP8_KEYS, TORCH_DTYPES
+from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.platform import _triton_available
+from mla_sink.core.records import CallSpec, Platform, call_key
+from mla_sink.core.select import KNOWN_PATHS, NoKernelError
+from mla_sink.paths.aiter.plan import AiterCall, with_meta_param
+from mla_sink.paths.triton.plan import MAX_GRID_TOKENS
+from mla_sink.tools.cli import MATRIX_DTYPES, MATRIX_HEADS, _ABBREV, main, matrix_platforms
+from mla_sink.tools.explain import KERNEL_FILES
+
+ARCHS = ("sm80", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx90a", "cpu")
+PAIRS = tuple(sorted(ALLOWED_DTYPE_PAIRS))
+HEADS = (1, 2, 3, 5, 7, 8, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65, 100, 127, 128, 129, 256)
+TOKENS = (0, 1, 2, 3, 4, 7, 8, 9, 64, 256, 4096, MAX_GRID_TOKENS, MAX_GRID_TOKENS + 1, 140000)
+TOPKS = (1, 15, 16, 37, 63, 64, 65, 128, 1000, 2047, 2048, 2049)
+#: the most index entries a sampled call allocates (contiguous int32 indices: their row stride is what the seesaw's
+#: launcher checks, so they are real tensors, not broadcast views)
+MAX_IDS = 1 << 22
+#: the LSE the recorded runners return (a DCP decode refuses a path that returns none)
+NO_DATA = torch.empty(0)
+
+
+def cli(argv: list) -> tuple:
+    """``mla-sink`` in this process: ``(status, stdout, stderr)``."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+@attrs.frozen
+class Call:
+    arch: str
+    aiter: Optional[str]
+    triton: Optional[bool]  # None: the flag left out (this machine's)
+    q: str
+    kv: str
+    heads: int
+    tokens: int
+    topk: int
+    sinks: bool
+    dcp: int
+    return_lse: bool
+    cap: float
+    path: Optional[str]
+    sms: Optional[int]
+
+    def argv(self) -> list:
+        a = ["explain", "--arch", self.arch, "--aiter", self.aiter or "none", "--q-dtype", self.q, "--kv-dtype",
+             self.kv, "--heads", str(self.heads), "--tokens", str(self.tokens), "--topk", str(self.topk),
+             "--dcp", str(self.dcp), "--logit-cap", repr(self.cap)]
+        if self.triton is not None:
+            a.append("--triton" if self.triton else "--no-triton")
+        a += ["--sinks"] * self.sinks + ["--return-lse"] * self.return_lse
+        a += ["--path", self.path] if self.path else []
+        a += ["--sms", str(self.sms)] if self.sms is not None else []
+        return a
+
+    def platform(self) -> Optional[Platform]:
+        """The platform a call on a device of this arch plans for: on the CPU the detected one (None: the library
+        detects it), with Triton off where the call says so; elsewhere the record of such a machine (Gluon as
+        Triton: it imports wherever Triton does here)."""
+        if self.arch == "cpu":
+            return None if self.triton is None else Platform("cpu", triton=self.triton, gluon=False, num_sms=1)
+        triton = _triton_available() if self.triton is None else self.triton
+        return Platform(self.arch, aiter_version=self.aiter, triton=triton, num_sms=self.sms)
+
+
+@st.composite
+def calls(draw) -> Call:
+    arch = draw(st.sampled_from(ARCHS + ("sm90",) * 3))  # sm90 has the most rows (the Gluon kernels)
+    amd = arch.startswith("gfx")
+    q, kv = draw(st.sampled_from(PAIRS))
+    tokens = draw(st.sampled_from(TOKENS))
+    topk = draw(st.sampled_from([k for k in TOPKS if max(tokens, 1) * k <= MAX_IDS]))
+    return Call(
+        arch=arch, aiter=draw(st.sampled_from((None, "0.1.18", "0.1.19", "0.1.20"))) if amd else None,
+        triton=draw(st.sampled_from((None, None, None, False))), q=q, kv=kv, heads=draw(st.sampled_from(HEADS)),
+        tokens=tokens, topk=topk, sinks=draw(st.booleans()), dcp=draw(st.sampled_from((1, 1, 1, 2, 4))),
+        return_lse=draw(st.booleans()), cap=draw(st.sampled_from((0.0, 0.0, -1.0, 30.0))),
+        path=draw(st.sampled_from((None, None, None) + KNOWN_PATHS)),
+        sms=None if arch == "cpu" else draw(st.sampled_from((None, 1, 78, 132, 304))))
+
+
+def tensors(c: Call) -> DecodeInputs:
+    """CPU tensors of the call (their values never matter: no kernel runs). q is a broadcast view (its strides are
+    aligned either way); the indices are contiguous ``[T, topk]``, as engines pass them."""
+    q = torch.zeros(1, c.heads, 576, dtype=TORCH_DTYPES[c.q]).expand(c.tokens, c.heads, 576)
+    kv = torch.zeros(8, 656 if c.kv == "fp8_ds_mla" else 576, dtype=TORCH_DTYPES[c.kv])
+    return DecodeInputs(q=q, kv_cache=kv, indices=torch.zeros(c.tokens, c.topk, dtype=torch.int32),
+                        sm_scale=576 ** -0.5, sinks=torch.zeros(c.heads) if c.sinks else None,
+                        q_scale=torch.ones(1) if c.q in FP8_KEYS else None,
+                        kv_scale=torch.ones(1) if c.kv in FP8_KEYS else None, logit_cap=c.cap)
+
+
+class Recorder:
+    """Patches the library so that its entry points run on CPU tensors as on a device of ``arch``: the tensors' arch
+    reads as ``arch``; the runners the launchers prepare record what they would launch (the Triton kernels by name,
+    the reference, the AITER call after AITER's split heuristic - the contract fake's) instead of launching it;
+    DCP's process group is a stand-in of ``dcp`` ranks and its collectives are not run."""
+
+    def __init__(self, arch: str, dcp: int) -> None:
+        self.arch, self.dcp = arch, dcp
+        self.plans: list = []  # every plan a runner was prepared for
+        self.dcp_plans: list = []  # every plan a DCP call's rank-local decode was made for
+        self.launched: list = []  # what the prepared runners would launch
+
+    @contextlib.contextmanager
+    def active(self):
+        import mla_sink.core.dcp as dcp_mod
+        import mla_sink.core.dcp_run as dcp_run
+        import mla_sink.paths as paths
+        import mla_sink.paths.aiter.launch as aiter_launch
+        import mla_sink.paths.triton.launch as triton_launch
+        from aiter_contract import AiterContractFake
+
+        real_prepare, real_local = paths.prepare_runner, dcp_run.local_decode_fp32
+        fake = AiterContractFake(arch=self.arch if self.arch.startswith("gfx") else "gfx942")
+
+        def prepare_runner(plan, x):  # the path's launcher prepares its runner (recording what it would launch);
+            self.plans.append(plan)  # the runner itself is not run: its outputs (T x H x 512) may not fit here
+            if plan.path == "reference":
+                self.launched.append("reference")
+            real_prepare(plan, x)
+            return lambda x, *a: (None, NO_DATA)
+
+        def local_decode(plan):
+            self.dcp_plans.append(plan)
+            return real_local(plan)
+
+        def run_dcp(local, inputs, **kwargs):  # this rank's decode (its runner prepared), no collective
+            T, H, _ = inputs.q.shape
+            if T * H * 512 * 4 <= 1 << 27:  # the fp32 partial it allocates
+                local(inputs)
+
+        def gluon_launches(kernel, *args, **kwargs):
+            self.launched.append(kernel)
+            return (lambda *a: None), (lambda *a: None)
+
+        def portable_runner(plan, launch, *args):
+            self.launched.append(launch.kernel)
+            return lambda *a: None
+
+        def aiter_runner(call, *args):
+            self.launched.append(call)
+            return lambda *a: None
+
+        patches = [
+            mock.patch.object(api, "arch_of", lambda device: self.arch),
+            mock.patch.object(paths, "prepare_runner", prepare_runner),
+            mock.patch.object(triton_launch, "_gluon_launches", gluon_launches),
+            mock.patch.object(triton_launch, "_portable_runner", portable_runner),
+            mock.patch.object(aiter_launch, "load_aiter_impl", lambda: fake),
+            mock.patch.object(aiter_launch, "_call_runner", aiter_runner),
+            mock.patch.object(dcp_mod, "group_size_rank", lambda group, name="group": (self.dcp, 0)),
+            mock.patch.object(dcp_run, "local_decode_fp32", local_decode),
+            mock.patch.object(dcp_run, "prepare_runner", prepare_runner),
+            mock.patch.object(dcp_run, "run_dcp", run_dcp),
+        ]
+        with contextlib.ExitStack() as stack:
+            for p in patches:
+                stack.enter_context(p)
+            self.fake = fake
+            api.forget_prepared_calls()  # a signature prepared before would skip the planning compared here
+            try:
+                yield self
+            finally:
+                api.forget_prepared_calls()
+
+
+def runtime(c: Call) -> tuple:
+    """What the library does with the call: ``("ok", plan, launched, token-free plan)``, ``("refused",
+    NoKernelError)`` or ``("invalid", ValueError)``."""
+    x = tensors(c)
+    rec = Recorder(c.arch, c.dcp)
+    with rec.active():
+        try:
+            if c.dcp > 1:
+                spec = CallSpec(q_dtype=c.q, kv_dtype=c.kv, num_heads=c.heads, topk=c.topk, sinks=c.sinks,
+                                dcp_world_size=c.dcp, need_lse=c.return_lse, logit_cap=c.cap)
+                api.run(spec, x, platform=c.platform(), path=c.path, dcp_group=object(), num_kv_rows=8 * c.dcp)
+            else:
+                api.sparse_mla_decode(x.q, x.kv_cache, x.indices, x.sinks, q_scale=x.q_scale, kv_scale=x.kv_scale,
+                                      return_lse=c.return_lse, logit_cap=c.cap, platform=c.platform(), path=c.path)
+            plans = rec.plans if c.dcp == 1 else rec.dcp_plans
+            plan = plans[0]
+            assert all(p == plan and p.launch == plan.launch for p in rec.plans + rec.dcp_plans), rec.plans
+            spec = plan.spec
+            token_free = api.prepare(spec, plan.platform, path=c.path)  # the layer's construction-time plan
+        except NoKernelError as e:
+            return "refused", e
+        except ValueError as e:
+            return "invalid", e
+    launched_known = c.dcp == 1 or bool(rec.plans)
+    return "ok", plan, rec.launched if launched_known else None, token_free, rec.fake
+
+
+def check_agreement(c: Call) -> None:
+    rc, text, err = cli(c.argv())
+    rc_json, js, err_json = cli(c.argv() + ["--json"])
+    assert (rc, err) == (rc_json, err_json), c
+    got = runtime(c)
+    if got[0] == "invalid":
+        raise AssertionError(f"a valid call refused by the runtime's validation: {got[1]} ({c})")
+    if got[0] == "refused":
+        assert rc == 2 and not err, (c, err, got[1])
+        assert text.rstrip("\n") == got[1].explanation  # the same explanation, word for word
+        doc = json.loads(js)
+        assert doc["refused"] and doc["path"] is None and doc["key"] == text.splitlines()[0]
+        return
+    _, plan, launched, token_free, fake = got
+    assert rc == 0 and not err, (c, text, err)
+    doc = json.loads(js)
+    lines = text.splitlines()
+    # the call, the platform and the rule table's choice
+    assert doc["key"] == lines[0] == call_key(plan.spec, plan.platform)
+    assert doc["spec"] == attrs.asdict(plan.spec) and doc["need_lse"] == plan.spec.need_lse
+    open_sms = c.sms is None and c.arch != "cpu"  # explain leaves a GPU's SM count open; the runtime reads its device's
+    open_splits = plan.path == "triton" and open_sms
+    assert doc["platform"] == dict(attrs.asdict(plan.platform), **({"num_sms": None} if open_sms else {})), c
+    assert (doc["path"], doc["num_tokens"]) == (plan.path, c.tokens)
+    row = doc["row"]["id"] if isinstance(doc["row"], dict) else doc["row"]
+    assert row == plan.row_id and doc["params"] == dict(plan.params)
+    assert (token_free.path, token_free.row_id) == (plan.path, plan.row_id)
+    if plan.path == "reference" and plan.row_id == "forced":
+        assert lines[1].startswith("  → reference   (forced"), text
+    else:
+        assert any(x.startswith(f"  → {plan.path}") and x.endswith(f"(row {plan.row_id})") for x in lines), text
+    # the launch (``launched`` None: a DCP call whose rank-local decode was too large to prepare here, its plan only)
+    if plan.path == "reference":
+        assert launched in (["reference"], None) and doc["launch"] is None
+    elif plan.path == "triton":
+        if c.tokens == 0:
+            assert launched in ([], None) and doc["launch"] is None and "none (a call of no tokens" in text
+        elif open_splits:
+            assert doc["launch"]["kernel"] is None and doc["launch"]["num_kv_splits"] is None
+            assert "kernel not decided" in text
+        else:
+            check_triton_launch(c, plan.launch, launched, doc["launch"], text)
+    elif c.tokens == 0:  # an AITER path: a call of no tokens launches nothing
+        assert launched in ([], None) and doc["launch"] is None and "aiter call at T=0: none" in text
+    else:  # an AITER path: the call AITER gets, after AITER's split heuristic (the contract fake's here)
+        said = plan.launch
+        assert f"  aiter call at T={c.tokens}: {said}" in lines and doc["launch"]["path"] == plan.path
+        if said.needs_meta_param:  # explain, without AITER here, leaves AITER's own pick open and says so
+            assert "split count: max(AITER's own heuristic" in text
+            n, _ = fake.get_meta_param(None, c.tokens, c.tokens * said.topk, said.padded_heads, 1,
+                                       TORCH_DTYPES[said.q_dtype])
+            said = with_meta_param(said, (int(n), c.tokens))
+        if launched is not None:
+            (call,) = launched
+            assert isinstance(call, AiterCall) and call == said, (call, said)
+
+
+def check_triton_launch(c: Call, launch: Any, launched: list, doc: dict, text: str) -> None:
+    """The Triton launch explain prints (text and JSON) is the planned one, and the one the launcher runs."""
+    ranges = -(-c.tokens // (MAX_GRID_TOKENS - MAX_GRID_TOKENS % 4)) if c.tokens > MAX_GRID_TOKENS else 1
+    # every runner prepared (one per distinct token-range length) launches the planned kernel; the seesaw with an
+    # exact recompute launches twice, gluon_fp8 prepares its plain-load twin: each names the kernel
+    assert launched is None or (launched and set(launched) == {launch.kernel}), (c, launch.kernel, launched)
+    for name in ("kernel", "kernel_row", "tuning_row", "num_kv_splits", "ids_per_split", "block_h", "block_n",
+                 "num_warps", "num_stages", "combine_block_h", "combine_block_d", "fp8_f16", "exact_recompute",
+                 "fallback"):
+        assert doc[name] == getattr(launch, name), (name, c)
+    assert doc["kernel_file"] == KERNEL_FILES[launch.kernel] and doc["token_ranges"] == ranges
+    assert [tuple(r) for r in doc["rejected_kernels"]] == [tuple(r) for r in launch.rejected_kernels]
+    assert f"kernel {launch.kernel} ({KERNEL_FILES[launch.kernel]})" in text
+    assert f"    {launch.num_kv_splits} KV split(s) of {launch.ids_per_split} ids" in text
+    assert f"row {launch.tuning_row} (tables/triton_tuning.yaml)" in text
+    assert ("    combine: " in text) == (launch.num_kv_splits > 1)
+    assert (f"runs as {ranges} launches" in text) == (ranges > 1)
+    assert ("    fallback: " in text) == (launch.fallback is not None)
+    assert ("    recompute: " in text) == launch.exact_recompute
+    for row, why in launch.rejected_kernels:
+        assert f"    ✗ {row}: {why}" in text
+
+
+@settings(max_examples=250, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(calls())
+def test_explain_says_what_the_runtime_plans_and_launches(c):
+    check_agreement(c)
+
+
+@pytest.mark.parametrize("c", [
+    # the seesaw at a topk that is not a multiple of 16 ids: explain named gluon_seesaw, the launcher ran the portable
+    # kernel (contiguous indices then have a row stride the seesaw's gather does not take); now the plan says so
+    Call("sm90", None, None, "bf16", "bf16", 128, 4, 1000, False, 1, False, 0.0, None, 132),
+    Call("sm90", None, None, "bf16", "bf16", 64, 256, 2047, True, 1, False, 0.0, None, 132),
+    Call("sm90", None, None, "bf16", "fp8_ds_mla", 128, 2, 2049, True, 1, False, 0.0, None, 132),
+    Call("sm90", None, None, "fp16", "fp8_e4m3", 64, 64, 37, False, 1, True, 0.0, None, 132),
+    Call("sm90", None, None, "bf16", "bf16", 5, 3, 100, True, 1, False, 0.0, "triton", 132),
+    Call("sm90", None, None, "bf16", "bf16", 128, 4, 1024, False, 1, False, 0.0, None, 132),  # aligned: the seesaw
+    Call("sm90", None, None, "bf16", "fp8_ds_mla", 16, 2, 1000, True, 1, False, 0.0, None, 132),  # gluon_fp8: any topk
+    # beyond a grid's token limit: one launch per token range, each of the planned kernel
+    Call("sm90", None, None, "bf16", "bf16", 128, MAX_GRID_TOKENS + 5, 16, True, 1, False, 0.0, None, 132),
+    Call("cpu", None, None, "bf16", "bf16", 3, MAX_GRID_TOKENS + 1, 16, True, 1, False, 0.0, None, None),
+    # AITER: AITER's own split count, forced to at least two, is left open by explain and resolved at the launch
+    Call("gfx942", "0.1.20", None, "fp8_e4m3fnuz", "fp8_e4m3fnuz", 16, 256, 2048, True, 1, False, 0.0, None, 304),
+    Call("gfx950", "0.1.20", None, "fp8_e4m3", "fp8_e4m3", 24, 8, 2048, False, 1, True, 0.0, None, 256),
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 32, 2, 2048, True, 2, False, 0.0, None, 256),
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 5, 0, 2048, True, 1, False, 0.0, "aiter_lse", 304),
+])
+def test_explain_agrees_with_the_runtime_on_named_calls(c):
+    check_agreement(c)
+
+
+def test_a_seesaw_call_of_a_topk_without_whole_16_id_rows_is_planned_on_the_kernel_that_runs():
+    """The reproducer of the forty-first session's finding: ``explain --arch sm90 --heads 128 --topk 1000`` named
+    gluon_seesaw while the launcher, given contiguous indices (row stride 1000, not a multiple of 16), ran the
+    portable kernel. The plan now names the portable kernel, with the seesaw row and the reason as its fallback."""
+    c = Call("sm90", None, None, "bf16", "bf16", 128, 4, 1000, False, 1, False, 0.0, None, 132)
+    _, plan, launched, _, _ = runtime(c)
+    assert plan.launch.kernel == "portable" and launched == ["portable"]
+    assert "sm90_bf16_gluon_seesaw" in plan.launch.fallback and "topk=1000" in plan.launch.fallback
+    rc, text, _ = cli(c.argv())
+    assert rc == 0 and "kernel portable" in text and "kernel gluon_seesaw" not in text
+    _, plan, launched, _, _ = runtime(attrs.evolve(c, topk=1024))
+    assert plan.launch.kernel == "gluon_seesaw" == launched[0] and plan.launch.fallback is None
+
+
+# ---- the platform explain plans for, where the flags leave it to this machine -------------------------------------
+
+def _machine(monkeypatch, gpu: Optional[Platform], cpu: Platform) -> None:
+    """This machine: ``gpu`` its default device (None: no GPU), ``cpu`` what the library detects for CPU tensors."""
+    from mla_sink.core import platform as platform_mod
+
+    def detect(device=None, *, tensor=None):
+        if device is None:
+            return gpu if gpu is not None else cpu
+        return cpu if torch.device(device).type == "cpu" else gpu
+
+    monkeypatch.setattr(platform_mod, "detect_platform", detect)
+
+
+def test_explain_arch_cpu_on_a_gpu_machine_is_the_cpu_the_library_detects(monkeypatch):
+    """On a GPU machine ``explain --arch cpu`` took the GPU's Triton flag and no SM count: on the H200 image (Triton
+    3.6 with numpy 2.5, whose CPU interpreter cannot run the kernel, so CPU calls take the reference) it named the
+    triton path, and everywhere it left the CPU's split count open ("pass --sms N", which ``cpu`` refuses)."""
+    cpu = Platform("cpu", triton=False, gluon=False, num_sms=1)
+    _machine(monkeypatch, Platform("sm90", triton=True, gluon=True, num_sms=132), cpu)
+    rc, out, _ = cli(["explain", "--arch", "cpu", "--tokens", "4", "--json"])
+    doc = json.loads(out)
+    assert rc == 0 and doc["platform"] == attrs.asdict(cpu) and doc["path"] == "reference"
+    cpu = attrs.evolve(cpu, triton=True)
+    _machine(monkeypatch, Platform("sm90", triton=True, gluon=True, num_sms=132), cpu)
+    for flags in ([], ["--triton"]):
+        rc, out, _ = cli(["explain", "--arch", "cpu", "--tokens", "4", "--json", *flags])
+        doc = json.loads(out)
+        assert rc == 0 and doc["platform"] == attrs.asdict(cpu), flags  # one SM, no Gluon
+        assert doc["launch"]["kernel"] == "portable" and doc["launch"]["num_kv_splits"] == 1
+    rc, out, _ = cli(["explain", "--arch", "cpu", "--tokens", "4"])
+    assert "kernel not decided" not in out and "kernel portable" in out
+
+
+def test_explain_of_a_gpu_arch_takes_tritons_import_not_the_cpu_interpreters_check(monkeypatch):
+    """On a CPU machine whose Triton interpreter cannot run the kernel (``Platform.detect('cpu').triton`` False),
+    ``explain --arch sm90`` said "Triton is not importable" and named the reference: an sm90 machine with this
+    Triton runs the seesaw."""
+    _machine(monkeypatch, None, Platform("cpu", triton=False, gluon=False, num_sms=1))
+    rc, out, _ = cli(["explain", "--arch", "sm90", "--heads", "128", "--tokens", "256", "--sms", "132", "--json"])
+    doc = json.loads(out)
+    assert rc == 0 and doc["platform"]["triton"] is _triton_available()
+    if _triton_available():
+        assert doc["path"] == "triton" and doc["launch"]["kernel"] == "gluon_seesaw"
+    # this machine's own arch keeps what the library detects for it
+    rc, out, _ = cli(["explain", "--tokens", "4", "--json"])
+    assert json.loads(out)["platform"] == attrs.asdict(Platform("cpu", triton=False, gluon=False, num_sms=1))
+
+
+# ---- malformed calls: refused by both, naming the argument --------------------------------------------------------
+
+def _call_with(**kw):
+    """A function call on CPU tensors (T=2, H=4, topk=16, bf16) with the changes ``kw``."""
+    t, h, topk = kw.pop("T", 2), kw.pop("H", 4), kw.pop("topk", 16)
+    q_dtype, kv_dtype = kw.pop("q", "bf16"), kw.pop("kv", "bf16")
+    q = torch.zeros(t, h, 576, dtype=TORCH_DTYPES[q_dtype])
+    kv = torch.zeros(8, 656 if kv_dtype == "fp8_ds_mla" else 576, dtype=TORCH_DTYPES[kv_dtype])
+    idx = kw.pop("indices", None)
+    idx = torch.zeros(t, topk, dtype=torch.int32) if idx is None else idx
+    scales = dict(q_scale=torch.ones(1) if q_dtype in FP8_KEYS else None,
+                  kv_scale=torch.ones(1) if kv_dtype in FP8_KEYS else None)
+    return lambda: api.sparse_mla_decode(q, kv, idx, **scales, **kw)
+
+
+@pytest.mark.parametrize("flags,call,named,flag", [
+    (["--heads", "0"], _call_with(H=0), "'q'", "--heads"),
+    (["--topk", "0"], _call_with(topk=0), "'indices'", "--topk"),
+    (["--topk", str(2 ** 30 + 1)], _call_with(indices=torch.zeros(1, 1, dtype=torch.int32).expand(2, 2 ** 30 + 1)),
+     "'indices'", "--topk"),
+    (["--logit-cap", "1e-40"], _call_with(logit_cap=1e-40), "'logit_cap'", "--logit-cap"),
+    (["--logit-cap", "inf"], _call_with(logit_cap=float("inf")), "'logit_cap'", "--logit-cap"),
+    (["--logit-cap", "nan"], _call_with(logit_cap=float("nan")), "'logit_cap'", "--logit-cap"),
+    (["--q-dtype", "fp8_e4m3", "--kv-dtype", "bf16"], _call_with(q="fp8_e4m3", kv="bf16"), "(q dtype, kv_cache dtype)",
+     "--q-dtype/--kv-dtype"),
+    (["--q-dtype", "fp8_e4m3", "--kv-dtype", "fp8_ds_mla"], _call_with(q="fp8_e4m3", kv="fp8_ds_mla"),
+     "(q dtype, kv_cache dtype)", "--q-dtype/--kv-dtype"),
+    (["--q-dtype", "fp8_e4m3", "--kv-dtype", "fp8_e4m3fnuz"], _call_with(q="fp8_e4m3", kv="fp8_e4m3fnuz"),
+     "(q dtype, kv_cache dtype)", "--q-dtype/--kv-dtype"),
+    (["--path", "gluon"], _call_with(path="gluon"), "'path'", "--path"),
+])
+def test_a_call_explain_refuses_as_malformed_the_library_refuses_naming_the_argument(flags, call, named, flag):
+    rc, out, err = cli(["explain", "--arch", "cpu", *flags])
+    assert rc == 2 and not out and err.startswith((f"error: {flag}: ", f"error: '{flag}' ")), err
+    with pytest.raises(ValueError, match=re.escape(named)):
+        call()
+
+
+def test_dcp_world_size_zero_is_refused_by_both_naming_it():
+    rc, out, err = cli(["explain", "--arch", "cpu", "--dcp", "0"])
+    assert rc == 2 and "'--dcp' must be in [1," in err
+    with pytest.raises(ValueError, match="'dcp_world_size' must be an int >= 1"):
+        CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=16, dcp_world_size=0)
+
+
+# ---- --matrix ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dcp", [1, 2])
+def test_every_matrix_cell_is_what_explain_says_of_that_call(dcp):
+    rc, js, _ = cli(["explain", "--matrix", "--json", "--dcp", str(dcp)])
+    rc_text, text, _ = cli(["explain", "--matrix", "--dcp", str(dcp)])
+    assert rc == rc_text == 0
+    doc = json.loads(js)
+    assert list(doc) == [str(p) for p in matrix_platforms()]
+    cols = [f"h{h}" + ("+s" if s else "") for h in MATRIX_HEADS for s in (False, True)]
+    grid = {}
+    for line in text.splitlines()[3:]:
+        if line.strip() and not line.startswith("legend"):
+            platform, dtypes, *cells = line.split()
+            grid[platform, dtypes] = cells
+    assert len(grid) == len(doc) * len(MATRIX_DTYPES)
+    for platform in matrix_platforms():
+        for q, kv in MATRIX_DTYPES:
+            row = doc[str(platform)][f"{q}/{kv}"]
+            assert list(row) == cols
+            assert grid[str(platform), f"{q}/{kv}"] == ["✗" if row[c] == "refused" else _ABBREV[row[c]] for c in cols]
+            for h in MATRIX_HEADS:
+                for sinks in (False, True):
+                    argv = ["explain", "--arch", platform.arch, "--aiter", platform.aiter_version or "none",
+                            "--triton" if platform.triton else "--no-triton", "--q-dtype", q, "--kv-dtype", kv,
+                            "--heads", str(h), "--topk", "2048", "--dcp", str(dcp), "--json"] + ["--sinks"] * sinks
+                    rc, one, _ = cli(argv)
+                    said = json.loads(one)
+                    cell = row[f"h{h}" + ("+s" if sinks else "")]
+                    assert cell == ("refused" if said["refused"] else said["path"]), (platform, q, kv, h, sinks)
+                    assert rc == (2 if cell == "refused" else 0)
+
+
+# ---- the demo ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("extra", [[], ["--no-sinks"], ["--kv-dtype", "fp8_e4m3"], ["--kv-dtype", "fp8_ds_mla"],
+                                   ["--path", "reference"], ["--path", "triton", "--dtype", "fp16"]])
+def test_the_demo_explains_the_call_it_makes(extra):
+    """The demo prints its call's key, path, row and launch: those of the plan its call runs under, as ``explain``
+    prints them for that call; its count of rejected rows is explain's."""
+    import mla_sink.paths as paths
+
+    argv = ["demo", "--device", "cpu", "--tokens", "3", "--heads", "5", "--topk", "40", "--pool-rows", "64", *extra]
+    plans = []
+    real = paths.prepare_runner
+    with mock.patch.object(paths, "prepare_runner", lambda plan, x: plans.append(plan) or real(plan, x)):
+        api.forget_prepared_calls()
+        rc, out, err = cli(argv)
+    assert rc == 0, err
+    plan = plans[0]
+    assert all((p.path, p.row_id, p.launch) == (plan.path, plan.row_id, plan.launch) for p in plans)
+    lines = out.splitlines()
+    assert lines[0].startswith(f"call: {call_key(plan.spec, plan.platform)} on {plan.platform}; T=3 topk=40 ")
+    assert lines[-1].startswith("time: ") and f"path {plan.path}" in lines[-1]
+    if plan.row_id == "forced":
+        assert lines[1] == "  → reference   (forced: the float64 reference runs anywhere)"
+        return
+    flags = ["--arch", "cpu", "--heads", "5", "--topk", "40", "--tokens", "3", "--return-lse",
+             "--q-dtype", plan.spec.q_dtype, "--kv-dtype", plan.spec.kv_dtype] + ["--sinks"] * plan.spec.sinks
+    flags += ["--path", extra[extra.index("--path") + 1]] if "--path" in extra else []
+    rc, text, _ = cli(["explain", *flags])
+    said = text.splitlines()
+    assert rc == 0 and said[0] == call_key(plan.spec, plan.platform)
+    explained = [x for x in said[1:] if not x.startswith("  ✗ ")]  # explain's lines but the rejected rows
+    assert lines[1:1 + len(explained)] == explained  # the winner, its why and source, and the launch
+    assert f"kernel {plan.launch.kernel} (" in out
+    doc = json.loads(cli(["explain", *flags, "--json"])[1])
+    rows = len(doc["rejected"]) + sum(len(p["rows"]) for p in doc["rejected_paths"])
+    assert f"  ({rows} earlier rows rejected;" in out
