@@ -130,6 +130,35 @@ def test_an_inference_tensor_out_inside_inference_mode_and_inference_inputs_outs
     torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
 
 
+# ---- a tensor without data beside real ones ----
+
+
+def _fake(t: torch.Tensor) -> torch.Tensor:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode().from_tensor(t)
+
+
+@pytest.mark.parametrize("arg", ["kv_cache", "indices", "topk_length", "out"])
+@pytest.mark.parametrize("prepared", [False, True], ids=["first_call", "prepared_signature"])
+def test_a_fake_tensor_beside_a_real_q_is_refused_by_name(arg, prepared):
+    """A FakeTensor (no data; it reports a real device) beside real tensors went to the kernel: Triton's interpreter
+    failed inside torch ("Cannot copy out of meta tensor"), PyTorch's fake mode asserted on the output copy, and a
+    GPU kernel would read address 0. Now a ``ValueError`` names the argument, also when a real call of the same
+    metadata was prepared before."""
+    q, kv, idx = _data(4)
+    args = dict(q=q, kv_cache=kv.bfloat16(), indices=idx, topk_length=torch.full((T,), K, dtype=torch.int32),
+                out=torch.empty(T, H, 512, dtype=torch.bfloat16))
+    api.forget_prepared_calls()
+    if prepared:
+        sparse_mla_decode(**args)
+    args[arg] = _fake(args[arg])
+    with pytest.raises(ValueError, match=f"'{arg}' must hold data like q"):
+        sparse_mla_decode(**args)
+    with pytest.raises(ValueError, match=f"'{arg}' must hold data like q"):
+        run(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=K), args)
+
+
 def test_an_inference_tensor_out_is_refused_on_a_prepared_dcp_call():
     """The DCP branch of ``run()`` prepares per signature too; its later calls checked no ``out`` (the merge's output
     copy raised PyTorch's ``RuntimeError`` after the collectives). One process, rank 0 of a two-rank fake group (its

@@ -508,6 +508,13 @@ def check_inputs(
                         ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale)):
             if isinstance(t, torch.Tensor) and _memory_overlaps(out, t):
                 raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")
+    if _has_memory(q):  # a kernel will read (and write) every tensor of the call: none may lack data
+        for name, t in (("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks), ("topk_length", topk_length),
+                        ("q_scale", q_scale), ("kv_scale", kv_scale), ("out", out)):
+            if isinstance(t, torch.Tensor) and not _has_memory(t):
+                raise ValueError(f"'{name}' must hold data like q (got a {type(t).__name__} on {t.device}, which has "
+                                 "none: a kernel would read or write it; pass real tensors, or give every tensor "
+                                 "without data for shape inference)")
 
 
 def check_out_writable(out: torch.Tensor) -> None:
