@@ -498,7 +498,10 @@ def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Res
         local = _PREPARED_DCP.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full checks
         key = local = None
-    if local is None:
+    if local is not None:
+        if x.out is not None:
+            check_out_overlaps(x)  # per call, as _execute_eager: not part of the signature
+    else:
         check_kv_dtype_matches(spec, x)
         check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
                      kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)

@@ -51,7 +51,7 @@ class DecodeInputs(NamedTuple):
     logit_cap: float = 0.0
 
     def signature(self) -> tuple:
-        """What a prepared runner depends on: every tensor's dtype, shape, strides, device, ``requires_grad``,
+        """What a prepared runner depends on: every tensor's type, dtype, shape, strides, device, ``requires_grad``,
         negative bit and layout (not its data or pointer), and ``logit_cap``. Calls of one signature share a runner,
         which reads ``sm_scale`` and the tensors per call.
 
@@ -83,5 +83,6 @@ def _tensor_meta(t: Optional[torch.Tensor]) -> Optional[tuple]:
     if t is None:
         return None
     # the layout too: an mkldnn tensor has a dense one's strides, and matched a dense call's prepared signature,
-    # which skipped the refusal (a break test, thirty-ninth session)
-    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg(), t.layout)
+    # which skipped the refusal (a break test, thirty-ninth session); and the type: a FakeTensor (no data) has a real
+    # tensor's metadata and device, and matched a real call's signature (forty-first session)
+    return (type(t), t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg(), t.layout)

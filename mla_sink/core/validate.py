@@ -503,19 +503,41 @@ def check_inputs(
                              f"{concrete(out.stride())} for shape {concrete(out.shape)}, e.g. from expand())")
         if out.requires_grad:
             raise ValueError("'out' must not require grad (the kernel writes it in place; pass a plain buffer)")
+        check_out_writable(out)
         for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
                         ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale)):
             if isinstance(t, torch.Tensor) and _memory_overlaps(out, t):
                 raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")
+    if _has_memory(q):  # a kernel will read (and write) every tensor of the call: none may lack data
+        for name, t in (("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks), ("topk_length", topk_length),
+                        ("q_scale", q_scale), ("kv_scale", kv_scale), ("out", out)):
+            if isinstance(t, torch.Tensor) and not _has_memory(t):
+                raise ValueError(f"'{name}' must hold data like q (got a {type(t).__name__} on {t.device}, which has "
+                                 "none: a kernel would read or write it; pass real tensors, or give every tensor "
+                                 "without data for shape inference)")
+
+
+def check_out_writable(out: torch.Tensor) -> None:
+    """Raises ValueError when ``out`` is an inference tensor and the call runs outside ``torch.inference_mode()``,
+    where PyTorch forbids updating one in place (the CPU kernel's output copy raised PyTorch's ``RuntimeError`` after
+    the kernel had run, and a GPU kernel wrote it where torch's own ops refuse: a break test, forty-first session).
+    Per call (:func:`check_out_overlaps`): the mode is not part of a call's signature."""
+    if out.is_inference() and not torch.is_inference_mode_enabled() and not tracing():
+        raise ValueError("'out' is an inference tensor (made under torch.inference_mode()) and the call runs outside "
+                         "inference mode, where PyTorch forbids writing into one (got out.is_inference()=True, "
+                         "torch.is_inference_mode_enabled()=False): call under torch.inference_mode(), or allocate "
+                         "'out' outside it")
 
 
 def check_out_overlaps(x) -> None:
-    """The per-call part of the ``out`` checks (data pointers are not part of a call's signature):
-    ``x.out`` must share no memory with an input.
+    """The per-call part of the ``out`` checks (data pointers and the inference mode are not part of a call's
+    signature): ``x.out`` must be writable here (:func:`check_out_writable`) and share no memory with an input.
 
     Raises:
-        ValueError: ``out`` shares memory with q, kv_cache, indices, sinks, topk_length or a scale.
+        ValueError: ``out`` is an inference tensor outside inference mode, or shares memory with q, kv_cache,
+            indices, sinks, topk_length or a scale.
     """
+    check_out_writable(x.out)
     for name in ("q", "kv_cache", "indices", "sinks", "topk_length", "q_scale", "kv_scale"):
         t = getattr(x, name)
         if isinstance(t, torch.Tensor) and _memory_overlaps(x.out, t):
