@@ -29,7 +29,7 @@ COLUMN_SPLIT = "column_split"
 ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
-              "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool}
+              "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -77,6 +77,10 @@ class Fp8Arrangement:
         early_ids: on the column split with V3.2 rows, the first consumer loads the first block's ids and the first
             two blocks' RoPE ids before it stages q, and each later block's ids a block ahead (``EARLY_IDS``); always
             ``False`` on the other paths (the kernel reads it for V3.2 rows only).
+        staged_ids: the producer stores each block's checked ids in shared memory and the consumers read them there
+            once the block's stage is filled, instead of loading them from ``indices`` before it (``STAGED_IDS``);
+            per-tensor e4m3 caches only (V3.2's consumers need the ids before the stage is filled, for the tile
+            scales' loads).
     """
 
     row: str
@@ -92,6 +96,7 @@ class Fp8Arrangement:
     deferred_row_sum: bool
     scores_only: bool = False
     early_ids: bool = False
+    staged_ids: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -287,7 +292,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
-                          early_ids=p["early_ids"])
+                          early_ids=p["early_ids"], staged_ids=p["staged_ids"])
 
 
 @functools.cache
