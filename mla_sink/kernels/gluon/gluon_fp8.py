@@ -252,6 +252,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
         else:
             rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # STAGED_IDS: a row's id in one lane (two a row)
     nrows = num_rows.to(gl.uint32)
     ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
     if LINES:  # the latent's rows, spread as the RoPE's are (a free conversion), as at the end of each step
@@ -273,8 +274,6 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             else:
                 x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, 0, D_NOPE,
                               nope_l)
-            if STAGED_IDS:  # the checked ids for the consumers, who read them once the block is handed over
-                ids_smem.index(i % IDS_STAGES).slice(h * ROWS, ROWS).store(ids_n)
             if KV_DS_MLA:  # the bf16 RoPE after the scales, unless the consumers copy it (16-byte aligned rows)
                 if not ROWS_16B:
                     rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES) + DS_ROPE_AT).to(
@@ -283,6 +282,9 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             else:  # the RoPE codes after the latent ones
                 x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
                               rope_l)
+            if STAGED_IDS:  # the checked ids for the consumers, who read them once the block is handed over (one
+                # store a row: in the gather's layout every lane of a row would store its id)
+                ids_smem.index(i % IDS_STAGES).slice(h * ROWS, ROWS).store(gl.convert_layout(ids_n, ids_l))
             if h == 0:
                 mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS_MLA))
