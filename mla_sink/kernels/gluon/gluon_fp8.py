@@ -44,6 +44,13 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   two blocks' RoPE ids before it stages q (``early_ids``, ``EARLY_IDS``), so the dependent loads of the tile scales
   and the RoPE copies do not wait behind q's (thirty-fifth session: V3.2 H=32 T=2 11.43-11.55 against 12.14-12.22
   us; on long id ranges it lost, 209 against 189 at T=256);
+* e4m3's long id ranges (the table's ``staged_ids`` rows, ``STAGED_IDS``): the producer stores each block's checked
+  ids in shared memory (:data:`IDS_STAGES` slots, one store a row) and the consumers read them there once the block's
+  stage is filled, instead of loading them from ``indices`` before their wait: the load's round trip and the
+  unsigned check left the consumers' chain (forty-first session, same runs: H=32 T=256 167.0-167.2 against
+  169.1-169.7 us, T=64 51.7-52.4 against 54.3-54.6, H=16 T=256 138.4-138.7 against 140.1-140.5; V3.2's consumers need
+  the ids before the stage is filled, for the tile scales' loads, and its tile scales staged the same way by cp.async
+  took 199.5 against 189.0 at H=32 T=256);
 * the softmax's row sum is deferred on long id ranges (``DEFER_ROW_SUM``, the rows' ``deferred_row_sum``): each
   thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
   the end instead of once a block (:func:`_zero_row_sum`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against

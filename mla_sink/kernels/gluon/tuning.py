@@ -18,6 +18,7 @@ import functools
 
 import attrs
 
+from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.tables import load_checked_table
 
 #: The paths of ``tables/gluon_fp8.yaml``: the three arrangements of the consumers (neither ``COLS`` nor
@@ -131,11 +132,17 @@ def _check_params(table, row, params: dict, wanted: dict) -> None:
                                      f"[{REG_MIN}, {REG_MAX}], got {value!r}")
 
 
+def _admits_ds_mla(row) -> bool:
+    """Whether a row of tables/gluon_fp8.yaml can match a V3.2 cache (no ``kv_dtype`` condition excludes it)."""
+    return any(all(c.holds(key) for c in row.when if c.field == "kv_dtype") for key in DS_MLA_KEYS)
+
+
 def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
-    partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` and ``early_ids`` only on :data:`COLUMN_SPLIT`); its head block one of :data:`HEAD_BLOCKS` (a row matching
+    partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` and ``early_ids`` only on :data:`COLUMN_SPLIT`;
+    ``staged_ids`` only on rows whose ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a row matching
     more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type
     even where every row overrides them; and every head count and block count gets a row, the values on either
     side of each row's thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``:
@@ -181,6 +188,10 @@ def check_fp8_table(table) -> None:
             raise _error(table, row, f"params consumer_regs + producer_regs: the default partition gets "
                                      f"{PARTITION_REGS} - {params['consumer_regs']} - {params['producer_regs']} = "
                                      f"{left} registers, outside [{REG_MIN}, {REG_MAX}]")
+        if params["staged_ids"] and _admits_ds_mla(row):
+            raise _error(table, row, f"params staged_ids: only rows whose kv_dtype excludes {sorted(DS_MLA_KEYS)} "
+                                     f"(V3.2's consumers load each block's ids before its stage is filled, for the "
+                                     f"tile scales' loads)")
         for key, what in _COLUMN_SPLIT_ONLY.items():
             if params[key] and row.path != COLUMN_SPLIT:
                 raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
