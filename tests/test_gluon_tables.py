@@ -106,6 +106,13 @@ def test_the_measured_arrangements():
     assert get("fp8_e4m3", 16, True, 16) == (16, True, False, 104, 152, 64, True, True, False)
     assert get("fp8_e4m3", 32, False, 32) == (32, False, True, 176, 152, 64, True, True, False)
     assert get("fp8_e4m3", 17, True, 3) == (32, True, False, 104, 152, 64, True, True, False)
+    # staged ids (forty-first session): e4m3's long id ranges, not its one- and two-block CTAs nor its 16-head splits;
+    # never V3.2, whose consumers need the ids before the stage is filled
+    staged = {(kv, h, split, blocks): tuning.fp8_arrangement(kv, "bf16", h, split, blocks).staged_ids
+              for kv in tuning.fp8_kv_dtypes() for h in (16, 32) for split in (False, True) for blocks in (1, 2, 16, 32)}
+    assert {k for k, on in staged.items() if on} == {
+        ("fp8_e4m3", 16, False, 16), ("fp8_e4m3", 16, False, 32), ("fp8_e4m3", 32, False, 16),
+        ("fp8_e4m3", 32, False, 32), ("fp8_e4m3", 32, True, 16), ("fp8_e4m3", 32, True, 32)}
     assert {kv: tuning.seesaw_producer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {
         "bf16": 72, "fp16": 72, "fp8_e4m3": 80, "fp8_ds_mla": 72}
     assert {tuning.seesaw_consumer_regs(kv) for kv in SEESAW().fields["kv_dtype"].domain} == {216}
@@ -122,7 +129,7 @@ def _edited(name: str, old: str, new: str):
 
 
 E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_rows: 64, lines: true, "
-            "deferred_row_sum: true}")
+            "deferred_row_sum: true, staged_ids: true}")
 
 
 @pytest.mark.parametrize("new,message", [
@@ -150,10 +157,25 @@ E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_r
     (E4M3_H16.replace("}", ", early_ids: true}"),
      r"row 'e4m3_h16': params early_ids: only the column_split path's first consumer loads ids early"),
     (E4M3_H16.replace("}", ", early_ids: 0}"), r"row 'e4m3_h16': params early_ids: expected bool, got 0"),
+    (E4M3_H16.replace("staged_ids: true", "staged_ids: 1"), r"row 'e4m3_h16': params staged_ids: expected bool, got 1"),
 ])
 def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
     table = _edited("gluon_fp8", E4M3_H16, new)
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: " + message):
+        tuning.check_fp8_table(table)
+
+
+@pytest.mark.parametrize("row", ["ds_mla_h32", "ds_mla_h16"])
+def test_staged_ids_on_a_row_that_serves_v32_rows_is_refused(row):
+    """V3.2's consumers load each block's ids before its stage is filled (the tile scales' loads need them), so a row
+    that can match the V3.2 cache may not stage them: refused at load, naming the row."""
+    text = table_path("gluon_fp8").read_text()
+    start = text.index(f"  - id: {row}\n")
+    params = text.index("    params: {", start)
+    end = text.index("}\n", params)
+    table = dispatch.load_table(text[:end] + ", staged_ids: true" + text[end:], name="edited.yaml")
+    with pytest.raises(dispatch.TableError, match=rf"edited\.yaml:\d+: row '{row}': params staged_ids: only rows whose "
+                                                  r"kv_dtype excludes \['fp8_ds_mla'\]"):
         tuning.check_fp8_table(table)
 
 
@@ -166,7 +188,7 @@ def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
 
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
-    old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false}\n"
+    old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "

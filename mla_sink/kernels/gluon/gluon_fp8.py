@@ -44,6 +44,13 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   two blocks' RoPE ids before it stages q (``early_ids``, ``EARLY_IDS``), so the dependent loads of the tile scales
   and the RoPE copies do not wait behind q's (thirty-fifth session: V3.2 H=32 T=2 11.43-11.55 against 12.14-12.22
   us; on long id ranges it lost, 209 against 189 at T=256);
+* e4m3's long id ranges (the table's ``staged_ids`` rows, ``STAGED_IDS``): the producer stores each block's checked
+  ids in shared memory (:data:`IDS_STAGES` slots, one store a row) and the consumers read them there once the block's
+  stage is filled, instead of loading them from ``indices`` before their wait: the load's round trip and the
+  unsigned check left the consumers' chain (forty-first session, same runs: H=32 T=256 167.0-167.2 against
+  169.1-169.7 us, T=64 51.7-52.4 against 54.3-54.6, H=16 T=256 138.4-138.7 against 140.1-140.5; V3.2's consumers need
+  the ids before the stage is filled, for the tile scales' loads, and its tile scales staged the same way by cp.async
+  took 199.5 against 189.0 at H=32 T=256);
 * the softmax's row sum is deferred on long id ranges (``DEFER_ROW_SUM``, the rows' ``deferred_row_sum``): each
   thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
   the end instead of once a block (:func:`_zero_row_sum`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
@@ -102,6 +109,10 @@ from mla_sink.kernels.gluon.seesaw_fp8 import DS_ROPE_AT, DS_SCALES_AT, DS_TILE,
 from mla_sink.kernels.gluon.tuning import cta_blocks, fp8_arrangement, fp8_kv_dtypes
 
 STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
+#: Slots of the staged ids (``STAGED_IDS``): the producer writes block i's ids once it has passed the waits of blocks
+#: i - 2 and i - 1, which need blocks i - 4 and i - 3 released by every consumer that reads them, after each one read
+#: their ids; three slots would do, four make the slot an AND.
+IDS_STAGES = gl.constexpr(4)
 #: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
 BLOCK_N = 64
 
@@ -198,7 +209,8 @@ def _checked(raw, nrows):
 @gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
-              KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr):
+              KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr,
+              ids_smem, STAGED_IDS: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
     blocks on alternate blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
@@ -247,6 +259,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
         else:
             rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # STAGED_IDS: a row's id in one lane (two a row)
     nrows = num_rows.to(gl.uint32)
     ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
     if LINES:  # the latent's rows, spread as the RoPE's are (a free conversion), as at the end of each step
@@ -276,6 +289,9 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             else:  # the RoPE codes after the latent ones
                 x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
                               rope_l)
+            if STAGED_IDS:  # the checked ids for the consumers, who read them once the block is handed over (one
+                # store a row: in the gather's layout every lane of a row would store its id)
+                ids_smem.index(i % IDS_STAGES).slice(h * ROWS, ROWS).store(gl.convert_layout(ids_n, ids_l))
             if h == 0:
                 mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS_MLA))
@@ -308,6 +324,14 @@ def _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N: gl.constexp
     pos = start + i * BLOCK_N + offs_n
     ids = gl.load(IDX + idx_base + pos, mask=pos < end, other=-1)
     return ids, (ids.to(gl.uint32, bitcast=True) < nrows) & (pos < end)
+
+
+@gluon.jit
+def _staged_ids(ids_smem, i, offs_n):
+    """``(ids, ok)`` of block ``i`` as :func:`_block_ids` gives them, from the producer's copy (``STAGED_IDS``: read
+    once the block's stage is filled; the producer checked them, so every id it did not gather is -1)."""
+    ids = ids_smem.index(i % IDS_STAGES).load(offs_n.type.layout)
+    return ids, ids >= 0
 
 
 @gluon.jit
@@ -663,7 +687,7 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
               HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS_MLA: gl.constexpr,
-              ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, DEFER: gl.constexpr):
+              ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, DEFER: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
     merges the other's state and runs the epilogue. The second consumer (``FIRST == 1``, whose first block is the
     ring's second) stages q (:func:`_stage_q`) and signals ``q_ready``, for which the first waits. ``ROWS_16B``:
@@ -693,7 +717,8 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
     else:
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale,
                                                         idx_base, num_rows.to(gl.uint32), start, end, num_blocks,
-                                                        acc_l, BLOCK_H, BLOCK_N, FIRST, DEFER)
+                                                        acc_l, BLOCK_H, BLOCK_N, FIRST, DEFER, ids_smem,
+                                                        STAGED_IDS)
 
     if FIRST == 1:
         m_smem.store(m_i)
@@ -737,7 +762,7 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
 @gluon.jit
 def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, nrows, start, end,
                  num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, FIRST: gl.constexpr,
-                 DEFER: gl.constexpr):
+                 DEFER: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr):
     """One consumer's blocks of a per-tensor e4m3 cache (the ring holds the exact codes as fp16, q is scaled per
     head into fp16): ``(m, l, O^T)`` with ``O^T`` as four 128-column tiles, as for V3.2 rows - the same wgmma
     instructions as one 512-column accumulator, and outputs bitwise equal; twentieth session, same run, us at T=256
@@ -748,8 +773,11 @@ def _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scal
     m_i, l_i, acc0, acc1, acc2, acc3, s_zero = _fresh_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
     for i in range(FIRST, num_blocks, STAGES):
         s = _stage(i, FIRST)
-        ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
+        if not STAGED_IDS:
+            ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        if STAGED_IDS:
+            ids, ok = _staged_ids(ids_smem, i, offs_n)
         kn = kn_smem.index(s)
         kr = kr_smem.index(s)
         st = _e4m3_scores(kn, kr, q_n.index(s - FIRST), q_r.index(s - FIRST), s_zero)
@@ -840,7 +868,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
                    ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr,
-                   EARLY_IDS: gl.constexpr):
+                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -908,13 +936,15 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1
-            if not (KV_DS_MLA and EARLY_IDS):  # (EARLY_IDS: this block's ids were loaded a block ahead)
+            if not ((KV_DS_MLA and EARLY_IDS) or STAGED_IDS):  # (EARLY_IDS: loaded a block ahead)
                 ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
             if KV_DS_MLA:
                 if COPY_ROPE:
                     ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
                 sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
+            if STAGED_IDS:
+                ids, ok = _staged_ids(ids_smem, i, offs_n)
             kn = kn_smem.index(s)
             z = _opaque_zero(i)  # q indexed through an opaque 0: its descriptors stay in the loop (not hoisted)
             if KV_DS_MLA:
@@ -986,7 +1016,8 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
                     num_rows, start, end, num_pairs, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt,
                     stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                     D_NOPE: gl.constexpr, HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr,
-                    KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr):
+                    KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr,
+                    ids_smem, STAGED_IDS: gl.constexpr):
     """One of two consumers on the alternate-scores arrangement (``PAIRS``): the blocks go in pairs, ROLE 0
     computes the scores, the softmax and ``P^T`` of the even block (ring stage 0), ROLE 1 those of the odd block
     (stage 1), at the same time; each accumulates one half of ``O^T``'s value columns (ROLE 0 columns 0-255, ROLE
@@ -1033,12 +1064,15 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
         z = _opaque_zero(j)  # stages, q and P indexed through an opaque 0: their descriptors stay in the loop
         own = z + ROLE
         other = z + (1 - ROLE)
-        ids, ok = _block_ids(IDX, idx_base, start, 2 * j + ROLE, end, nrows, offs_n, BLOCK_N)
+        if not STAGED_IDS:
+            ids, ok = _block_ids(IDX, idx_base, start, 2 * j + ROLE, end, nrows, offs_n, BLOCK_N)
         if KV_DS_MLA:
             if COPY_ROPE:
                 ids_next = _raw_ids(IDX, idx_base, end, start + (2 * j + 2 + ROLE) * BLOCK_N, BLOCK_N, rope_l)
             sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
         mbarrier.wait(ready.index(own), phase)
+        if STAGED_IDS:
+            ids, ok = _staged_ids(ids_smem, 2 * j + ROLE, offs_n)
         kn = kn_smem.index(own)
         if KV_DS_MLA:
             if COPY_ROPE:
@@ -1139,7 +1173,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
-    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr,
+    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1201,6 +1235,11 @@ def sparse_mla_decode_fp8_ws_kernel(
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
     m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
     l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
+    if STAGED_IDS:  # each block's checked ids, from the producer to the consumers
+        gl.static_assert(not KV_DS_MLA, "V3.2 rows: the consumers load each block's ids before its stage is filled")
+        ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_STAGES, BLOCK_N], vec_l)
+    else:
+        ids_smem = scale_smem  # (a placeholder, never read)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -1237,17 +1276,17 @@ def sparse_mla_decode_fp8_ws_kernel(
                                kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
                                stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
                                BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
-                               DEFER_ROW_SUM)),
+                               DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_consumer_pairs, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x,
                                kn_smem, kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, m_smem,
                                merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
                                kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
                                stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
                                BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
-                               DEFER_ROW_SUM)),
+                               DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, 2 * num_pairs, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES)),
+                         LINES, ids_smem, STAGED_IDS)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     elif COLS:
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
@@ -1258,17 +1297,17 @@ def sparse_mla_decode_fp8_ws_kernel(
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS)),
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS)),
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES)),
+                         LINES, ids_smem, STAGED_IDS)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -1277,16 +1316,16 @@ def sparse_mla_decode_fp8_ws_kernel(
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B, DEFER_ROW_SUM)),
+                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B, DEFER_ROW_SUM)),
+                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES)),
+                         LINES, ids_smem, STAGED_IDS)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -1356,7 +1395,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
-                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids)
+                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

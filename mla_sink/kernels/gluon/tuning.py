@@ -18,6 +18,7 @@ import functools
 
 import attrs
 
+from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.tables import load_checked_table
 
 #: The paths of ``tables/gluon_fp8.yaml``: the three arrangements of the consumers (neither ``COLS`` nor
@@ -29,7 +30,7 @@ COLUMN_SPLIT = "column_split"
 ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
-              "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool}
+              "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -77,6 +78,10 @@ class Fp8Arrangement:
         early_ids: on the column split with V3.2 rows, the first consumer loads the first block's ids and the first
             two blocks' RoPE ids before it stages q, and each later block's ids a block ahead (``EARLY_IDS``); always
             ``False`` on the other paths (the kernel reads it for V3.2 rows only).
+        staged_ids: the producer stores each block's checked ids in shared memory and the consumers read them there
+            once the block's stage is filled, instead of loading them from ``indices`` before it (``STAGED_IDS``);
+            per-tensor e4m3 caches only (V3.2's consumers need the ids before the stage is filled, for the tile
+            scales' loads).
     """
 
     row: str
@@ -92,6 +97,7 @@ class Fp8Arrangement:
     deferred_row_sum: bool
     scores_only: bool = False
     early_ids: bool = False
+    staged_ids: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -126,11 +132,17 @@ def _check_params(table, row, params: dict, wanted: dict) -> None:
                                      f"[{REG_MIN}, {REG_MAX}], got {value!r}")
 
 
+def _admits_ds_mla(row) -> bool:
+    """Whether a row of tables/gluon_fp8.yaml can match a V3.2 cache (no ``kv_dtype`` condition excludes it)."""
+    return any(all(c.holds(key) for c in row.when if c.field == "kv_dtype") for key in DS_MLA_KEYS)
+
+
 def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
-    partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` and ``early_ids`` only on :data:`COLUMN_SPLIT`); its head block one of :data:`HEAD_BLOCKS` (a row matching
+    partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` and ``early_ids`` only on :data:`COLUMN_SPLIT`;
+    ``staged_ids`` only on rows whose ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a row matching
     more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type
     even where every row overrides them; and every head count and block count gets a row, the values on either
     side of each row's thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``:
@@ -176,6 +188,10 @@ def check_fp8_table(table) -> None:
             raise _error(table, row, f"params consumer_regs + producer_regs: the default partition gets "
                                      f"{PARTITION_REGS} - {params['consumer_regs']} - {params['producer_regs']} = "
                                      f"{left} registers, outside [{REG_MIN}, {REG_MAX}]")
+        if params["staged_ids"] and _admits_ds_mla(row):
+            raise _error(table, row, f"params staged_ids: only rows whose kv_dtype excludes {sorted(DS_MLA_KEYS)} "
+                                     f"(V3.2's consumers load each block's ids before its stage is filled, for the "
+                                     f"tile scales' loads)")
         for key, what in _COLUMN_SPLIT_ONLY.items():
             if params[key] and row.path != COLUMN_SPLIT:
                 raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
@@ -287,7 +303,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
-                          early_ids=p["early_ids"])
+                          early_ids=p["early_ids"], staged_ids=p["staged_ids"])
 
 
 @functools.cache
