@@ -224,7 +224,9 @@ def run(
             describe the device the tensors are on.
         path: force a path instead of the table's first match.
         dcp_group: ``torch.distributed`` process group of ``spec.dcp_world_size`` ranks (DCP only).
-        dcp_layout: how the pool is sharded over ranks: ``interleaved`` or ``contiguous`` (docs/DCP.md).
+        dcp_layout: how the pool is sharded over ranks: ``interleaved`` or ``contiguous`` (docs/DCP.md); checked but
+            without effect when ``dcp_world_size == 1`` (one rank holds the whole pool either way), where a
+            ``dcp_group`` or ``num_kv_rows`` is refused.
         num_kv_rows: global pool size N (DCP only).
 
     Returns:

@@ -17,7 +17,7 @@ requires grad, whose ``backward()`` fails with PyTorch's message. ``lse`` is ``[
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -204,3 +204,13 @@ def _no_backward(ctx, *grads):
 
 # the out-of-place operator only: PyTorch takes no autograd formula for a mutating one (``sparse_mla_decode_out``)
 torch.library.register_autograd("mla_sink::sparse_mla_decode", _no_backward, setup_context=_refuse_grad)
+
+
+def _document(op_def: Any, packet: Any) -> None:
+    """Give an operator the docstring of its Python definition where ``help()`` and ``inspect.getdoc`` look: the
+    ``CustomOpDef`` (whose class text they showed) and the ``torch.ops.mla_sink`` packet (which had none)."""
+    op_def.__doc__ = packet.__doc__ = op_def._init_fn.__doc__
+
+
+_document(sparse_mla_decode_op, torch.ops.mla_sink.sparse_mla_decode)
+_document(sparse_mla_decode_out_op, torch.ops.mla_sink.sparse_mla_decode_out)

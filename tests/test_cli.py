@@ -734,7 +734,8 @@ def test_a_negative_logit_cap_still_means_no_cap_and_a_missing_value_is_still_re
 
 @pytest.mark.parametrize("argv,flags", [
     (["explain", "--arch", "cpu", "--q-dtype", "fp8_e4m3", "--kv-dtype", "bf16"], "--q-dtype/--kv-dtype"),
-    (["demo", "--dtype", "fp16", "--kv-dtype", "bf16"], "--dtype/--kv-dtype"),
+    (["demo", "--dtype", "fp16", "--kv-dtype", "bf16"], "--q-dtype/--kv-dtype"),
+    (["demo", "--q-dtype", "fp16", "--kv-dtype", "bf16"], "--q-dtype/--kv-dtype"),
 ])
 def test_a_refused_dtype_pair_names_both_flags(argv, flags, capsys):
     # thirty-ninth session's break test: every other refusal starts with its flag, the dtype pair's named none

@@ -306,3 +306,17 @@ def test_the_operators_refuse_inputs_that_require_grad():
             f(qg)
         with torch.no_grad():
             assert f(qg)[0].shape == (2, 3, 512)
+
+
+@pytest.mark.parametrize("name", ["sparse_mla_decode", "sparse_mla_decode_out"])
+def test_help_on_an_operator_shows_its_docstring(name):
+    """``help(torch.ops.mla_sink.X)`` showed nothing and the ``CustomOpDef`` PyTorch's generic class text: both now
+    carry the definition's docstring (shapes, schema order, errors)."""
+    import inspect
+
+    import mla_sink.ops as ops
+
+    definition = getattr(ops, f"{name}_op")
+    for obj in (getattr(torch.ops.mla_sink, name), definition):
+        doc = inspect.getdoc(obj)
+        assert doc == inspect.cleandoc(definition._init_fn.__doc__) and "Raises:" in doc, name

@@ -13,7 +13,7 @@ from mla_sink.core.records import call_key
 from mla_sink.tools.flags import check_count, check_not_empty, check_seed
 
 _DTYPES = list(KV_DTYPE_KEYS)
-_DEFAULT_Q_DTYPE = "bf16"  # the demo's q dtype unless --dtype or a half-precision --kv-dtype says otherwise
+_DEFAULT_Q_DTYPE = "bf16"  # the demo's q dtype unless --q-dtype or a half-precision --kv-dtype says otherwise
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,8 +23,9 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=256, help="topk, ids per token in indices [T, topk] (default 256)")
     p.add_argument("--pool-rows", "--pool", dest="pool", type=int, default=4096,
                    help="N, rows in the KV pool (default 4096; --pool-rows as the bench names it)")
-    p.add_argument("--dtype", default=None, choices=sorted(HALF_KEYS),
-                   help="q dtype (default: the KV dtype when that is bf16 or fp16, else bf16)")
+    p.add_argument("--q-dtype", "--dtype", dest="dtype", default=None, choices=sorted(HALF_KEYS),
+                   help="q dtype (default: the KV dtype when that is bf16 or fp16, else bf16; --q-dtype as explain "
+                        "names it)")
     p.add_argument("--kv-dtype", default=None, choices=_DTYPES,
                    help="KV dtype (default: q dtype; fp8_ds_mla: the 656-byte V3.2 FP8 rows, pow2 scales)")
     p.add_argument("--no-sinks", action="store_true", help="run without sinks (default: random fp32 sinks [H])")
@@ -36,7 +37,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def demo_dtypes(args: argparse.Namespace) -> tuple:
-    """``(q_dtype, kv_dtype)`` keys of the demo's call: ``--dtype`` (default: the KV dtype when that is
+    """``(q_dtype, kv_dtype)`` keys of the demo's call: ``--q-dtype`` (default: the KV dtype when that is
     bf16 or fp16, else bf16) and ``--kv-dtype`` (default: the q dtype)."""
     q_dtype = args.dtype or (args.kv_dtype if args.kv_dtype in HALF_KEYS else _DEFAULT_Q_DTYPE)
     return q_dtype, args.kv_dtype or q_dtype

@@ -81,7 +81,7 @@ FIELD_FLAGS = {"arch": "--arch", "aiter_version": "--aiter", "logit_cap": "--log
 
 #: The flags that give a dtype pair, by how the library's pair error names the pair
 #: (:func:`mla_sink.core.dtypes.pair_error`): the records' fields (``explain``) or the tensors' dtypes (``demo``).
-PAIR_FLAGS = {"('q_dtype', 'kv_dtype') ": "--q-dtype/--kv-dtype", "(q dtype, kv_cache dtype) ": "--dtype/--kv-dtype"}
+PAIR_FLAGS = {"('q_dtype', 'kv_dtype') ": "--q-dtype/--kv-dtype", "(q dtype, kv_cache dtype) ": "--q-dtype/--kv-dtype"}
 
 
 def flag_named(message: str) -> str:
