@@ -309,6 +309,21 @@ def test_explain_json_says_whether_the_first_ids_are_loaded_before_q(kv, heads, 
     assert ("the first ids loaded before q" in arr["summary"]) == early
 
 
+@pytest.mark.parametrize("heads,tokens,split,staged", [(16, 256, False, True), (32, 256, False, True),
+                                                         (32, 64, True, True), (16, 64, True, False),
+                                                         (32, 2, True, False), (16, 2, True, False)])
+def test_explain_json_says_whether_the_ids_are_staged_by_the_producer(heads, tokens, split, staged, capsys):
+    """e4m3's long id ranges read each block's checked ids from the producer's shared-memory copy (``staged_ids``,
+    forty-first session): a structured field and the summary say so, as they do for ``early_ids``."""
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--q-dtype", "bf16", "--kv-dtype", "fp8_e4m3", "--heads",
+                        str(heads), "--tokens", str(tokens), "--sms", "132", "--json")
+    launch = json.loads(out)["launch"]
+    arr = launch["gluon_fp8_arrangement"]
+    assert code == 0 and (launch["num_kv_splits"] > 1) == split
+    assert arr["staged_ids"] is staged
+    assert ("ids staged by the producer" in arr["summary"]) == staged
+
+
 @pytest.mark.parametrize("tokens,ranges", [(64, 1), (65535, 1), (65536, 2), (70000, 2), (131071, 3), (131064, 2)])
 def test_explain_names_the_launches_of_a_call_beyond_the_grid_token_limit(tokens, ranges, capsys):
     """More tokens than a CUDA grid's y / z dimension holds (65535) run as one launch per token range of 65532 tokens

@@ -160,6 +160,12 @@ def _known_numbers_local(rank: int):
     return local
 
 
+def _inference_tensor(*shape: int) -> torch.Tensor:
+    """A tensor made under ``torch.inference_mode()`` (PyTorch refuses writing into it outside the mode)."""
+    with torch.inference_mode():
+        return torch.empty(*shape)
+
+
 def _validation_calls(rank: int, w: int) -> dict[str, str]:
     """Bad calls on a live group; each must raise ValueError before any collective."""
     n = 61
@@ -182,6 +188,9 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
         "out_overlaps": (DecodeInputs(q, good_kv, idx, 576**-0.5, out=torch.empty(1, 4, 512).expand(2, 4, 512)), kw),
         "sinks_dtype": (DecodeInputs(q, good_kv, idx, 576**-0.5, sinks=torch.zeros(4, dtype=torch.float64)), kw),
         "local_decode": (base, dict(kw, local_decode=None)),
+        # an inference tensor outside inference mode: the merge's copy raised PyTorch's RuntimeError after the local
+        # decode and the collectives (on a GPU the fused merge wrote it where torch's own ops refuse)
+        "out_inference": (DecodeInputs(q, good_kv, idx, 576**-0.5, out=_inference_tensor(2, 4, 512)), kw),
     }
     msgs = {}
     for name, (inp, kwargs) in bad.items():
@@ -482,6 +491,7 @@ VALIDATION_EXPECT = {
     "out_overlaps": "'inputs.out' must be on cpu, like q, and not overlap itself",
     "sinks_dtype": "'sinks' must be float32",
     "local_decode": "'local_decode'",
+    "out_inference": "'inputs.out' is an inference tensor",
 }
 
 

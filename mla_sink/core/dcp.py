@@ -52,7 +52,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.lse import apply_sink, merge_states, sink_applied
 from mla_sink.core.records import D_V
-from mla_sink.core.validate import check_sinks, overlaps_itself
+from mla_sink.core.validate import check_out_writable, check_sinks, overlaps_itself
 
 #: Names of the supported sharding layouts.
 LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
@@ -392,8 +392,8 @@ def dcp_sparse_mla_decode(
             neither 2-D nor a paged uint8 ``[blocks, block_size, 656]``, or has a row count other than this rank's
             shard of ``num_kv_rows`` under ``layout``; ``inputs.sinks``/``topk_length``/``out`` have
             inconsistent shapes, or ``out`` another dtype than the output dtype; ``sinks`` is not fp32,
-            contiguous and on q's device; ``out`` is on another device or overlaps itself; ``local_decode`` is not
-            callable or returns wrong shapes.
+            contiguous and on q's device; ``out`` is on another device, overlaps itself, or is an inference tensor
+            outside ``torch.inference_mode()``; ``local_decode`` is not callable or returns wrong shapes.
 
     Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
     lightllm/sglang; vLLM ``cp_lse_ag_out_rs`` for the exchange pattern.
@@ -434,6 +434,8 @@ def dcp_sparse_mla_decode(
     if inputs.out is not None and (inputs.out.device != q.device or overlaps_itself(inputs.out)):
         raise ValueError(f"'inputs.out' must be on {q.device}, like q, and not overlap itself (got "
                          f"{inputs.out.device}, strides {inputs.out.stride()})")
+    if inputs.out is not None:
+        check_out_writable(inputs.out, "inputs.out")  # not after the collectives, from the merge's copy
 
     if t == 0:  # every rank has the same T, so every rank skips the collectives together
         res = inputs.out if inputs.out is not None else q.new_empty((0, h, D_V), dtype=out_dtype)

@@ -336,7 +336,8 @@ def call_key(spec: CallSpec, platform: Platform) -> str:
         spec: the call (:class:`CallSpec`). platform: where it runs (:class:`Platform`).
 
     Returns:
-        ``<dtypes>-h<H>-<arch>-<sinks|nosinks>-dcp<W>`` (dtypes ``bf16`` or ``<q>+kv_<kv>`` when they differ), then
+        ``<dtypes>-h<H>-<arch>-<sinks|nosinks>-dcp<W>`` (dtypes ``<q>`` when KV has q's dtype, e.g. ``bf16``,
+        else ``<q>+kv_<kv>``), then
         ``-lse`` when the LSE was asked for without sinks or DCP and ``-cap<logit_cap>`` with a cap. Used in logs,
         test ids and benchmark case names.
 

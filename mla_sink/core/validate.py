@@ -517,16 +517,17 @@ def check_inputs(
                                  "without data for shape inference)")
 
 
-def check_out_writable(out: torch.Tensor) -> None:
+def check_out_writable(out: torch.Tensor, name: str = "out") -> None:
     """Raises ValueError when ``out`` is an inference tensor and the call runs outside ``torch.inference_mode()``,
     where PyTorch forbids updating one in place (the CPU kernel's output copy raised PyTorch's ``RuntimeError`` after
     the kernel had run, and a GPU kernel wrote it where torch's own ops refuse: a break test, forty-first session).
-    Per call (:func:`check_out_overlaps`): the mode is not part of a call's signature."""
+    Per call (:func:`check_out_overlaps`, :func:`mla_sink.core.dcp.dcp_sparse_mla_decode`): the mode is not part of a
+    call's signature. ``name``: the argument as the caller names it (``'inputs.out'`` in the DCP merge)."""
     if out.is_inference() and not torch.is_inference_mode_enabled() and not tracing():
-        raise ValueError("'out' is an inference tensor (made under torch.inference_mode()) and the call runs outside "
-                         "inference mode, where PyTorch forbids writing into one (got out.is_inference()=True, "
-                         "torch.is_inference_mode_enabled()=False): call under torch.inference_mode(), or allocate "
-                         "'out' outside it")
+        raise ValueError(f"'{name}' is an inference tensor (made under torch.inference_mode()) and the call runs "
+                         f"outside inference mode, where PyTorch forbids writing into one (got {name}.is_inference()="
+                         f"True, torch.is_inference_mode_enabled()=False): call under torch.inference_mode(), or "
+                         f"allocate '{name}' outside it")
 
 
 def check_out_overlaps(x) -> None:

@@ -214,10 +214,6 @@ _COMBINE_DYNAMIC = ("PART_OUT", "PART_LSE", "SINKS", "OUT", "LSE")
 _SEESAW_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "OUT", "LSE", "PART_OUT", "PART_LSE", "KV_SCALE", "REDO",
                    "sm_scale")
 _FP8_DYNAMIC = ("Q", "KV", "IDX", "SINKS", "TOPK_LEN", "KV_SCALE", "OUT", "LSE", "PART_OUT", "PART_LSE", "sm_scale")
-#: Elements per 16 bytes of a half-precision row: the Gluon kernels' cp.async granule. Triton marks an
-#: integer argument aligned only when it is a multiple of 16, so strides must be multiples of 16 elements (the plan
-#: checks the row stride of contiguous indices, topk, against the same bound: plan.GATHER_STRIDE_ALIGN).
-_STRIDE_ALIGN = GATHER_STRIDE_ALIGN
 
 
 def prepare_triton(plan: Any, x: DecodeInputs) -> Callable[[DecodeInputs], Result]:
@@ -441,10 +437,11 @@ def _unit_rows(x: DecodeInputs) -> bool:
 
 def _gather_aligned(x: DecodeInputs) -> bool:
     """Whether the strides the Gluon kernels gather with are multiples of 16 elements (see
-    :data:`_STRIDE_ALIGN`) and the rows are unit-stride (:func:`_unit_rows`); pointer alignment is checked
+    :data:`mla_sink.paths.triton.plan.GATHER_STRIDE_ALIGN`: Triton marks an integer argument aligned only when it is a
+    multiple of 16) and the rows are unit-stride (:func:`_unit_rows`); pointer alignment is checked
     per call."""
     strides = (x.q.stride(0), x.q.stride(1), x.kv_cache.stride(0), x.indices.stride(0))
-    return all(s % _STRIDE_ALIGN == 0 for s in strides) and _unit_rows(x)
+    return all(s % GATHER_STRIDE_ALIGN == 0 for s in strides) and _unit_rows(x)
 
 
 def _portable_instead(plan, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
