@@ -45,7 +45,7 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   and the RoPE copies do not wait behind q's (thirty-fifth session: V3.2 H=32 T=2 11.43-11.55 against 12.14-12.22
   us; on long id ranges it lost, 209 against 189 at T=256);
 * e4m3's long id ranges (the table's ``staged_ids`` rows, ``STAGED_IDS``): the producer stores each block's checked
-  ids in shared memory (:data:`IDS_STAGES` slots, one store a row) and the consumers read them there once the block's
+  ids in shared memory (:data:`IDS_STAGES` slots, two lanes a row) and the consumers read them there once the block's
   stage is filled, instead of loading them from ``indices`` before their wait: the load's round trip and the
   unsigned check left the consumers' chain (forty-first session, same runs: H=32 T=256 167.0-167.2 against
   169.1-169.7 us, T=64 51.7-52.4 against 54.3-54.6, H=16 T=256 138.4-138.7 against 140.1-140.5; V3.2's consumers need
@@ -259,7 +259,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a lane
         else:
             rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # STAGED_IDS: a row's id in one lane (two a row)
+    ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # STAGED_IDS: 64 ids over 128 lanes, two a row
     nrows = num_rows.to(gl.uint32)
     ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
     if LINES:  # the latent's rows, spread as the RoPE's are (a free conversion), as at the end of each step
@@ -289,8 +289,8 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             else:  # the RoPE codes after the latent ones
                 x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
                               rope_l)
-            if STAGED_IDS:  # the checked ids for the consumers, who read them once the block is handed over (one
-                # store a row: in the gather's layout every lane of a row would store its id)
+            if STAGED_IDS:  # the checked ids for the consumers, who read them once the block is handed over (two
+                # lanes store a row's id: in the gather's layout all 16 lanes of a row would)
                 ids_smem.index(i % IDS_STAGES).slice(h * ROWS, ROWS).store(gl.convert_layout(ids_n, ids_l))
             if h == 0:
                 mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -328,8 +328,9 @@ def _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N: gl.constexp
 
 @gluon.jit
 def _staged_ids(ids_smem, i, offs_n):
-    """``(ids, ok)`` of block ``i`` as :func:`_block_ids` gives them, from the producer's copy (``STAGED_IDS``: read
-    once the block's stage is filled; the producer checked them, so every id it did not gather is -1)."""
+    """``(ids, ok)`` of block ``i`` from the producer's copy (``STAGED_IDS``: read once the block's stage is filled).
+    ``ok`` is :func:`_block_ids`'s; ``ids`` are the checked ones (-1 where :func:`_block_ids` gives the raw skipped
+    id: negative, ``>= N`` or past ``end``), which the e4m3 consumers read through ``ok`` only."""
     ids = ids_smem.index(i % IDS_STAGES).load(offs_n.type.layout)
     return ids, ids >= 0
 
