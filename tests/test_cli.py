@@ -177,12 +177,14 @@ def test_help(argv, capsys):
     (["demo", "--path", "bogus"], "--path: 'path' must be one of"),
     (["explain", "--tokens", "-1"], "'--tokens' must be in [0, 2147483647] (got -1)"),  # 0 is a call (below)
     (["explain", "--heads", "0"], "'--heads' must be in [1, 2147483647] (got 0)"),
-    (["explain", "--topk", "-3"], "'--topk' must be in [1, 2147483647] (got -3)"),
+    (["explain", "--topk", "-3"], "'--topk' must be in [1, 1073741824] (got -3)"),  # topk's bound: 2^30
     (["explain", "--dcp", "0"], "'--dcp' must be in [1, 2147483647] (got 0)"),
     (["explain", "--arch", "sm90", "--sms", "-1"], "'--sms' must be in [1, 2147483647] (got -1)"),
     # counts past int32 (the kernels' argument type) were accepted and explained
     (["explain", "--heads", str(10 ** 20)], f"'--heads' must be in [1, 2147483647] (got {10 ** 20})"),
-    (["explain", "--topk", str(2 ** 31)], f"'--topk' must be in [1, 2147483647] (got {2 ** 31})"),
+    (["explain", "--topk", str(2 ** 31)], f"'--topk' must be in [1, 1073741824] (got {2 ** 31})"),
+    (["explain", "--topk", str(2 ** 30 + 1)], f"'--topk' must be in [1, 1073741824] (got {2 ** 30 + 1})"),
+    (["demo", "--topk", "0"], "'--topk' must be in [1, 1073741824] (got 0)"),
     (["explain", "--tokens", str(10 ** 20)], "'--tokens' must be in [0, 2147483647]"),
     (["explain", "--arch", "sm90", "--sms", str(2 ** 40)], "'--sms' must be in [1, 2147483647]"),
     # the CPU's interpreter has no SMs: a count made the plan split as if it had them
@@ -192,7 +194,7 @@ def test_help(argv, capsys):
     (["demo", "--device", "tpu"], "'--device' must be cpu or cuda"),
     # sizes past int32, or beyond the machine's memory, gave an allocator's traceback
     (["demo", "--pool", str(10 ** 12)], f"'--pool-rows' must be in [1, 2147483647] (got {10 ** 12})"),
-    (["demo", "--topk", str(10 ** 10)], "'--topk' must be in [1, 2147483647]"),
+    (["demo", "--topk", str(10 ** 10)], "'--topk' must be in [1, 1073741824]"),
     (["demo", "--tokens", "2147483647", "--heads", "2147483647"], "GiB of demo tensors, more than cpu"),
     (["demo", "--pool", "2000000000"], "'--pool-rows' 2000000000 need about"),
     (["demo", "--seed", str(10 ** 20)], "'--seed' must be in [0, 2**64 - 1]"),  # was an unnamed overflow
@@ -840,3 +842,43 @@ def test_the_readme_use_example_runs_as_written():
     assert torch.equal(ns["out"], out_fn)
     torch.testing.assert_close(ns["out"].double(), ref.double(), atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(ns["lse"].double(), ref_lse.double(), atol=1e-4, rtol=1e-5)
+
+
+def test_the_readme_fp8_ds_mla_example_runs_after_the_use_example():
+    """README's second Python example (the 656-byte V3.2 cache), run as written after the first, whose q, indices
+    and sinks it uses (a break test found it quantising a ``kv`` it never made): equal to the float64 reference on
+    the exactly dequantised cache within bf16's budget."""
+    from pathlib import Path
+
+    import torch
+
+    import mla_sink
+    from mla_sink.core.reference import sparse_mla_decode_reference
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    ns: dict = {}
+    for head in ("```python\nimport torch\nfrom mla_sink import sparse_mla_decode, SparseMLADecode",
+                 "```python\nimport mla_sink\n\nkv = "):
+        start = text.index(head) + len("```python\n")
+        exec(compile(text[start:text.index("```", start)], "README.md", "exec"), ns)  # noqa: S102 - as written
+    assert ns["kv_cache"].dtype == torch.uint8 and ns["kv_cache"].shape == (ns["N"], 656)
+    kv = mla_sink.dequantize_kv_cache(ns["kv_cache"])
+    ref, ref_lse = sparse_mla_decode_reference(ns["q"], kv, ns["indices"], ns["sinks"])
+    torch.testing.assert_close(ns["out"].double(), ref.double(), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(ns["lse"].double(), ref_lse.double(), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["demo", "--path", "aiter_lse"], "error: --path aiter_lse: no row of tables/mla_decode.yaml serves this call here"),
+    (["explain", "--arch", "cpu", "--heads", "16", "--path", "aiter_persistent"],
+     "error: --path aiter_persistent: no row of tables/mla_decode.yaml serves this call here"),
+    (["explain", "--arch", "sm80", "--q-dtype", "fp8_e4m3", "--kv-dtype", "fp8_e4m3", "--heads", "16"],
+     "error: the call is refused by row fp8_needs_sm89 of tables/mla_decode.yaml"),
+])
+def test_a_refused_call_puts_one_error_line_on_stderr(argv, line, capsys):
+    """A refused call prints its explanation on stdout and one ``error:`` line on stderr (a break test: a script
+    reading stderr saw nothing of a refused ``--path``, and the explanation never named the flag)."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "✗ " in captured.out
+    assert captured.err.startswith(line) and captured.err.count("\n") == 1

@@ -240,7 +240,10 @@ def check_agreement(c: Call) -> None:
     if got[0] == "invalid":
         raise AssertionError(f"a valid call refused by the runtime's validation: {got[1]} ({c})")
     if got[0] == "refused":
-        assert rc == 2 and not err, (c, err, got[1])
+        # the explanation on stdout, one error line on stderr (the refusal row, or no row; with --path, naming it)
+        assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, (c, err, got[1])
+        row = got[1].selection.row
+        assert (f"refused by row {row.id} " in err) if row is not None else ("no row of " in err), (c, err)
         assert text.rstrip("\n") == got[1].explanation  # the same explanation, word for word
         doc = json.loads(js)
         assert doc["refused"] and doc["path"] is None and doc["key"] == text.splitlines()[0]

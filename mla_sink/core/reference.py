@@ -166,7 +166,9 @@ def sparse_mla_decode_reference(
         sm_scale: multiplies ``q.k``; default ``576 ** -0.5``.
         d_v: value dims (512).
         topk_length: optional int32 ``[T]``: only the first ``topk_length[t]`` ids of row t are used.
-        q_scale, kv_scale: fp32 ``[1]`` or ``[]`` dequantisation scales of fp8 q / fp8 KV (value = stored * scale).
+        q_scale, kv_scale: fp32 ``[1]`` or ``[]`` dequantisation scales of fp8 q / fp8 KV (value = stored * scale);
+            ``None`` means 1. Unlike the decode, which needs ``kv_scale`` with an fp8 cache, the reference
+            also reads any float dtype and int64 ``indices``: it defines the values, not the accepted inputs.
         logit_cap: ``> 0`` soft-caps the scaled scores with ``logit_cap * tanh(s / logit_cap)``; ``<= 0`` disables.
         compute_dtype: float64 (the reference) or float32 (the fallback path on machines without Triton).
         out_dtype: dtype of ``out``; default ``compute_dtype``.

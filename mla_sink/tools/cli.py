@@ -11,12 +11,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import attrs
 
 from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
-from mla_sink.core.records import CallSpec, Platform, call_key, canonical_arch
+from mla_sink.core.records import COUNT_MAX, TOPK_MAX, CallSpec, Platform, call_key, canonical_arch
 from mla_sink.tools.flags import check_count, check_not_empty, flag_named
 
 _DTYPES = sorted(DTYPE_KEYS.values())  # q (and 576-column KV) dtypes
@@ -85,8 +85,9 @@ def _local_platform(arch: str, here: Platform) -> Optional[Platform]:
 
 
 def _spec_from_args(args: argparse.Namespace) -> CallSpec:
-    for flag, value in (("--heads", args.heads), ("--topk", args.topk), ("--dcp", args.dcp)):
-        check_count(flag, value)  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
+    for flag, value, high in (("--heads", args.heads, COUNT_MAX), ("--topk", args.topk, TOPK_MAX),
+                              ("--dcp", args.dcp, COUNT_MAX)):
+        check_count(flag, value, high=high)  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
                     topk=args.topk, sinks=args.sinks, dcp_world_size=args.dcp,
                     need_lse=args.return_lse, logit_cap=args.logit_cap)
@@ -202,8 +203,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     sel = select(spec, platform, path=args.path)
     try:
         plan = build_plan(spec, platform, num_tokens=args.tokens, path=args.path)
-    except NoKernelError:
-        plan = None
+    except NoKernelError as e:
+        plan, refusal = None, e
     if args.json:
         if plan is None:
             doc = dispatch.selection_to_dict(sel)
@@ -213,7 +214,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, default=str))
     else:
         print(dispatch.explain(sel, key=key, details=launch_lines(plan) if plan is not None else ()))
-    return 2 if plan is None else 0
+    if plan is None:
+        print(f"error: {_refusal_line(refusal, args.path)}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def matrix_platforms() -> tuple:
@@ -513,6 +517,18 @@ class _ClosedPipeSafe:
         return getattr(self._stream, name)
 
 
+def _refusal_line(e: Any, path: Optional[str]) -> str:
+    """The one line a refused call puts on stderr beside its explanation on stdout (a script reading stderr saw nothing
+    of a refused ``--path``: a break test): the refusal row, or that no row serves the call (with ``--path``, naming
+    it)."""
+    row = e.selection.row
+    if row is not None:
+        return f"the call is refused by row {row.id} of tables/mla_decode.yaml (the explanation above says why)"
+    forced = f"--path {path}: " if path else ""
+    return (f"{forced}no row of tables/mla_decode.yaml serves this call here (the explanation above says why each "
+            f"row was rejected)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mla-sink`` console script."""
     from mla_sink.core.select import NoKernelError
@@ -526,9 +542,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         rc = args.func(args)
         rc = rc if isinstance(rc, int) else 0  # some commands return their report
-    except NoKernelError as e:  # a refusal: the explanation, exit 2
+    except NoKernelError as e:  # a refusal: the explanation, one error line on stderr, exit 2
         rc = 2
         print(e.explanation)
+        print(f"error: {_refusal_line(e, getattr(args, 'path', None))}", file=sys.stderr)
     except ValueError as e:  # bad input: one line naming the argument (and the flag that gave it), exit 2
         print(f"error: {flag_named(str(e))}", file=sys.stderr)
         rc = 2

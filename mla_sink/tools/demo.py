@@ -9,7 +9,7 @@ import time
 import torch
 
 from mla_sink.core.dtypes import DS_MLA_KEYS, FP8_KEYS, HALF_KEYS, KV_DTYPE_KEYS, TORCH_DTYPES
-from mla_sink.core.records import call_key
+from mla_sink.core.records import COUNT_MAX, TOPK_MAX, call_key
 from mla_sink.tools.flags import check_count, check_not_empty, check_seed
 
 _DTYPES = list(KV_DTYPE_KEYS)
@@ -107,8 +107,9 @@ def run_demo(args: argparse.Namespace) -> int:
     from mla_sink.core.select import check_path
 
     check_path(args.path)  # refused before the call's header is printed
-    for flag, dest in (("--tokens", "tokens"), ("--heads", "heads"), ("--topk", "topk"), ("--pool-rows", "pool")):
-        check_count(flag, getattr(args, dest))  # named by the flag's first spelling, as --help lists it
+    for flag, dest, high in (("--tokens", "tokens", COUNT_MAX), ("--heads", "heads", COUNT_MAX),
+                             ("--topk", "topk", TOPK_MAX), ("--pool-rows", "pool", COUNT_MAX)):
+        check_count(flag, getattr(args, dest), high=high)  # named by the flag's first spelling, as --help lists it
     check_seed("--seed", args.seed)
     check_not_empty("--device", args.device, "cuda when available, else cpu")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

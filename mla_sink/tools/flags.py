@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import os
 
-from mla_sink.core.records import COUNT_MAX  # the largest count a flag may give, as the records take: int32
+from mla_sink.core.records import COUNT_MAX, TOPK_MAX  # the largest counts a flag may give: int32, and topk's
 
 #: The seeds ``torch.Generator.manual_seed`` takes as unsigned 64-bit values.
 SEED_MAX = 2 ** 64 - 1
 
 
-def check_count(flag: str, value: int, low: int = 1) -> None:
-    """``value`` in ``[low, COUNT_MAX]`` (``low`` 0 for ``--tokens``: a call of no tokens is a valid call).
+def check_count(flag: str, value: int, low: int = 1, high: int = COUNT_MAX) -> None:
+    """``value`` in ``[low, high]`` (``low`` 0 for ``--tokens``: a call of no tokens is a valid call; ``high``
+    :data:`~mla_sink.core.records.TOPK_MAX`, 2^30, for ``--topk``, as the records take it).
 
     Raises:
         ValueError: naming ``flag`` (e.g. ``'--heads'``) and the allowed range.
     """
-    if not low <= value <= COUNT_MAX:
-        raise ValueError(f"'{flag}' must be in [{low}, {COUNT_MAX}] (got {value})")
+    if not low <= value <= high:
+        raise ValueError(f"'{flag}' must be in [{low}, {high}] (got {value})")
 
 
 def check_int_count(flag: str, value) -> None:
