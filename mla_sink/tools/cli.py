@@ -36,6 +36,7 @@ DESCRIPTION = ("mla-sink: the decode step of sparse Multi-head Latent Attention 
                "explain a call's kernel path, run a demo, show this machine's platform, check the rule tables and "
                "time the kernels.")
 
+
 def _platform_from_args(args: argparse.Namespace) -> Platform:
     """The :class:`Platform` ``explain`` plans for: the flags given, the rest as the library detects the device of
     that arch on this machine, where it has one (:func:`_local_platform`): its GPU for its own arch, the CPU for
@@ -523,10 +524,9 @@ def _refusal_line(e: Any, path: Optional[str]) -> str:
     it)."""
     row = e.selection.row
     if row is not None:
-        return f"the call is refused by row {row.id} of tables/mla_decode.yaml (the explanation above says why)"
+        return f"the call is refused by row {row.id} of tables/mla_decode.yaml (stdout says why)"
     forced = f"--path {path}: " if path else ""
-    return (f"{forced}no row of tables/mla_decode.yaml serves this call here (the explanation above says why each "
-            f"row was rejected)")
+    return f"{forced}no row of tables/mla_decode.yaml serves this call here (stdout says why each row was rejected)"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
