@@ -39,13 +39,20 @@ class _Ctx:
         return TableError(prefix + (f"{self.where}: " if self.where else "") + message)
 
 
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: a string quoted (``'true'`` is not the bool true the message asks
+    for), anything else as explanations print it."""
+    value = _plain(value)
+    return repr(value) if isinstance(value, str) else format_value(value)
+
+
 def _allowed(keys: tuple) -> str:
     return ", ".join(keys)
 
 
 def _require_map(ctx: _Ctx, value: Any, line: int, what: str) -> LineDict:
     if not isinstance(value, LineDict):
-        raise ctx.error(getattr(value, "line", line), f"{what} must be a mapping, got {format_value(value)}")
+        raise ctx.error(getattr(value, "line", line), f"{what} must be a mapping, got {_shown(value)}")
     return value
 
 
@@ -62,7 +69,7 @@ def _text(ctx: _Ctx, mapping: LineDict, key: str, *, required: bool) -> str:
             raise ctx.error(mapping.line, f"missing {key!r} (a non-empty string)")
         return ""
     if not isinstance(value, str) or not value.strip():
-        raise ctx.error(mapping.line_of(key), f"{key!r} must be a non-empty string, got {format_value(value)}")
+        raise ctx.error(mapping.line_of(key), f"{key!r} must be a non-empty string, got {_shown(value)}")
     return value
 
 
@@ -77,10 +84,10 @@ def _parse_field(ctx: _Ctx, name: Any, spec: Any, line: int) -> Field:
         raise ctx.error(spec.line_of("type"), f"type {ftype!r} is not one of {_allowed(FIELD_TYPES)}")
     nullable = spec.get("nullable", False)
     if not isinstance(nullable, bool):
-        raise ctx.error(spec.line_of("nullable"), f"nullable must be true or false, got {format_value(nullable)}")
+        raise ctx.error(spec.line_of("nullable"), f"nullable must be true or false, got {_shown(nullable)}")
     closed = spec.get("closed", False)
     if not isinstance(closed, bool):
-        raise ctx.error(spec.line_of("closed"), f"closed must be true or false, got {format_value(closed)}")
+        raise ctx.error(spec.line_of("closed"), f"closed must be true or false, got {_shown(closed)}")
     if closed and ftype not in ("str", "int"):
         raise ctx.error(spec.line_of("closed"), f"closed applies to str and int fields only (field type {ftype})")
     field = Field(name, ftype, (), nullable, _text(ctx, spec, "description", required=False))
@@ -122,11 +129,11 @@ def _parse_op(ctx: _Ctx, field: Field, op: str, arg: Any, line: int, because: st
         norm = _value(ctx, field, op, arg, line)
     elif op in ("in", "not_in"):
         if not isinstance(arg, list) or not arg:
-            raise ctx.error(line, f"{name}: {op} needs a non-empty list, got {format_value(arg)}")
+            raise ctx.error(line, f"{name}: {op} needs a non-empty list, got {_shown(arg)}")
         norm = tuple(_value(ctx, field, op, a, line) for a in arg)
     elif op == "present":
         if not isinstance(arg, bool):
-            raise ctx.error(line, f"{name}: present needs true or false, got {format_value(arg)}")
+            raise ctx.error(line, f"{name}: present needs true or false, got {_shown(arg)}")
         if not field.nullable:
             raise ctx.error(line, f"{name}: present needs a nullable field")
         norm = arg
@@ -137,7 +144,7 @@ def _parse_op(ctx: _Ctx, field: Field, op: str, arg: Any, line: int, because: st
             raise ctx.error(line, f"{name}: {op} needs an int, float or version field, {name} is {field.type}")
         if op == "range":
             if not isinstance(arg, list) or len(arg) != 2 or None in arg:
-                raise ctx.error(line, f"{name}: range needs [lo, hi], got {format_value(arg)}")
+                raise ctx.error(line, f"{name}: range needs [lo, hi], got {_shown(arg)}")
             norm = tuple(_value(ctx, field, op, a, line) for a in arg)
             lo, hi = (Version(v) for v in norm) if field.type == "version" else norm
             if lo > hi:
@@ -237,6 +244,9 @@ def _parse_row(ctx: _Ctx, raw: Any, line: int, fields: dict, paths: dict, seen: 
     bound: tuple = ()
     if has_path:
         path = raw["path"]
+        if not isinstance(path, (str, int, float, bool, type(None))):  # a list or mapping: not a name (unhashable)
+            raise ctx.error(raw.line_of("path"), f"'path' must be the name of a declared path "
+                                                 f"(paths: {_allowed(tuple(paths))}), got {_shown(path)}")
         if path not in paths:
             raise ctx.error(raw.line_of("path"), f"undeclared path {path!r} (paths: {_allowed(tuple(paths))})")
         if "paths" in raw:

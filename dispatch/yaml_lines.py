@@ -7,7 +7,8 @@ resolve as YAML 1.2's core schema, not PyYAML's YAML 1.1: booleans are only
 the strings they are, so a bool field written ``yes`` is refused by its type
 check instead of read as true); ints are decimal (``016`` is 16, not octal 14),
 ``0o17`` or ``0x1f`` (``2:08`` and ``1_000`` are strings, not 128 and 1000);
-floats take an exponent without a dot (``1e3`` is 1000.0).
+floats take an exponent without a dot (``1e3`` is 1000.0); dates (``2026-12-01``),
+``=`` and ``<<`` are strings (no timestamps, value or merge keys).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ _INT_12 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _FLOAT_12 = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
                        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 _CORE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float")}
+#: YAML 1.1 types that YAML 1.2's core schema does not have: a plain ``2026-12-01`` (a date, as the tables' sources
+#: write them), ``=`` and ``<<`` are strings (``<<`` is thus an unknown key, not a merge the loader would drop).
+_YAML11_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("timestamp", "value", "merge")}
 
 
 class _Loader(yaml.SafeLoader):
@@ -37,7 +41,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _CORE_TAGS]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _CORE_TAGS | _YAML11_TAGS]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 # ints before floats: a plain "16" matches both patterns, and the first resolver added for a character wins
@@ -134,7 +138,8 @@ def load_yaml(text: str, label: str) -> Any:
         line = mark.line + 1 if mark is not None else 0
         problem = str(exc.problem or exc)
         hint = ""
-        if "mapping values are not allowed" in problem:  # the usual cause in a table: ': ' inside a plain string
+        if "mapping values are not allowed" in problem or problem == "expected ',' or '}', but got ':'":
+            # the usual cause in a table: ': ' inside a plain string (in a flow mapping {...}, the second message)
             hint = (" (a plain, unquoted string may not contain ': ' - quote the why / because text, or write"
                     " ' - ' instead)")
         raise TableError(f"{label}:{line}: invalid YAML: {problem}{hint}") from exc

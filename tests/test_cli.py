@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -882,3 +883,62 @@ def test_a_refused_call_puts_one_error_line_on_stderr(argv, line, capsys):
     captured = capsys.readouterr()
     assert "✗ " in captured.out
     assert captured.err.startswith(line) and captured.err.count("\n") == 1
+
+
+PORTABLE_DESCRIPTION = "  portable:\n    description: the portable Triton kernel"
+MERGE_PATH = "  merge:\n    description: the combine kernel"
+ANY_GPU_PARAMS = "    params: {combine_block_h: 16, combine_block_d: 128}\n"
+
+
+@pytest.mark.parametrize("name,old,new,message", [
+    # a refusal row in the tuning table: KeyError None out of the reader's check (a traceback, not exit 2)
+    ("triton_tuning", "rows:\n", "rows:\n  - id: too_new\n    when: {arch: sm120}\n    refuse: not measured\n"
+     "    why: w\n    source: s\n", r"triton_tuning.yaml:77: row 'too_new': the tuning table has no refusal rows"),
+    # a path default the planner cannot read passed the check (it read the row's own params), and the first plan of
+    # a portable call raised KeyError 'foo'
+    ("triton_tuning", PORTABLE_DESCRIPTION, "  portable:\n    params: {foo: 1}\n    description: the portable Triton "
+     "kernel", r"triton_tuning.yaml:\d+: row 'cpu_interpreter': a portable row gives exactly the params .*"
+     r"unknown \['foo'\]"),
+    ("triton_tuning", "  gluon_seesaw:\n    requires:", "  gluon_seesaw:\n    params: {BLOCK_N: 64}\n    requires:",
+     r"triton_tuning.yaml:\d+: row 'sm90_bf16_gluon_seesaw_few_heads': a Gluon row takes no params"),
+    # the same in the DCP merge's table: a path default unknown to dcp_merge_tile was accepted
+    ("dcp_merge", MERGE_PATH, "  merge:\n    params: {combine_block_w: 4}\n    description: the combine kernel",
+     r"dcp_merge.yaml:\d+: row 'cpu_interpreter': a merge row gives exactly the params"),
+])
+def test_tables_command_checks_the_params_a_reader_reads(capsys, monkeypatch, tmp_path, name, old, new, message):
+    """The reader's checks see what its lookups read (a row's params merged with its path's defaults) and refuse a
+    refusal row the reader cannot serve, with file, line and row, exit 2 and no traceback (break test, tables
+    session)."""
+    import mla_sink.core.tables as tables_mod
+    from mla_sink.paths.triton.plan import dcp_merge_table, tuning_table
+
+    text = tables_mod.table_path(name).read_text()
+    assert text.count(old) == 1
+    edited = tmp_path / f"{name}.yaml"
+    edited.write_text(text.replace(old, new))
+    real = tables_mod.table_path
+    monkeypatch.setattr(tables_mod, "table_path", lambda n: edited if n == name else real(n))
+    tuning_table.cache_clear(), dcp_merge_table.cache_clear()
+    try:
+        code = main(["tables"])
+        captured = capsys.readouterr()
+    finally:
+        monkeypatch.undo()
+        tuning_table.cache_clear(), dcp_merge_table.cache_clear()
+    assert code == 2 and f"error: 1 of 6 tables failed their checks: {name}" in captured.err
+    assert re.search(message, captured.out), captured.out
+
+
+def test_a_path_default_the_merge_rows_leave_to_it_is_read():
+    """A merge row may leave a param to its path's default, as dcp_merge_tile reads the merged params (the check
+    read the row's own params and refused such a row: break test, tables session)."""
+    from mla_sink import dispatch
+    from mla_sink.core.tables import table_path
+    from mla_sink.paths.triton.plan import _check_merge_rows
+
+    text = table_path("dcp_merge").read_text()
+    assert text.count(MERGE_PATH) == 1 and text.count(ANY_GPU_PARAMS) == 1
+    table = dispatch.load_table(text.replace(ANY_GPU_PARAMS, "").replace(
+        MERGE_PATH, "  merge:\n" + ANY_GPU_PARAMS + "    description: the combine kernel"), name="dcp_merge.yaml")
+    _check_merge_rows(table)
+    assert table.select({"arch": "sm90"}).params == {"combine_block_h": 16, "combine_block_d": 128}

@@ -699,3 +699,60 @@ def test_yaml12_numbers():
     assert got[:6] == [16, "2:08", "1_000", 15, 31, 1000.0] and type(got[5]) is float
     assert got[6:12] == [-2, 0.5, 1.0, float("inf"), float("-inf"), 0.03] and got[12:] == ["016", "0.1.19"]
     assert math.isnan(load_yaml("a: .nan", "x")["a"])
+
+
+@pytest.mark.parametrize("value,text", [
+    ("[slow]", "'path' must be the name of a declared path (paths: fast, slow), got [slow]"),
+    ("{slow: 1}", "'path' must be the name of a declared path (paths: fast, slow), got {slow: 1}"),
+    ("5", "undeclared path 5 (paths: fast, slow)"),
+])
+def test_a_path_that_is_not_a_name_is_a_table_error(value, text):
+    """``path: [slow]`` raised ``TypeError: unhashable type`` out of the loader (and out of ``mla-sink tables``)
+    instead of a ``TableError`` naming the file, line and row (break test, tables session)."""
+    with pytest.raises(TableError, match=r"^demo\.yaml:15: row 'bad': " + re.escape(text)):
+        load_table(_row_table(f"- id: bad\n  path: {value}\n  why: w\n  source: s\n"), name="demo.yaml")
+
+
+@pytest.mark.parametrize("text", ["source: 2026-12-01", "source: 2026-12-01 10:00:00", "why: =",
+                                  "why: <<"])
+def test_dates_and_yaml11_tags_are_plain_strings(text):
+    """YAML 1.2's core schema has no timestamps, ``=`` or merge keys: ``source: 2026-12-01`` (a date, as the tables'
+    sources write them) was refused as "'source' must be a non-empty string, got 2026-12-01", and ``why: =`` as
+    "could not determine a constructor" (break test, tables session)."""
+    row = "- id: r\n  path: slow\n  why: w\n  source: s\n".replace(text.split(":")[0] + ": " + (
+        "s" if text.startswith("source") else "w"), text)
+    table = load_table(_row_table(row))
+    key, value = text.split(": ", 1)
+    assert getattr(table.row("r"), key) == value
+
+
+def test_a_merge_key_is_an_unknown_row_key():
+    text = _row_table("- &r {id: r, path: slow, why: w, source: s}\n- <<: *r\n  id: r2\n")
+    with pytest.raises(TableError, match=r"^demo\.yaml:15: row 'r2': unknown row key '<<' \(allowed: id,"):
+        load_table(text, name="demo.yaml")
+
+
+@pytest.mark.parametrize("text,expected", [
+    (FIELDS_NO_ROWS.replace("sinks: {type: bool}", "sinks: {type: bool, nullable: 'true'}"),
+     "nullable must be true or false, got 'true'"),
+    (FIELDS_NO_ROWS.replace("sinks: {type: bool}", "sinks: {type: str, domain: [a], closed: 'false'}"),
+     "closed must be true or false, got 'false'"),
+    (_row_table("- id: r\n  when: {aiter_version: {present: 'true'}}\n  path: slow\n  why: w\n  source: s\n"),
+     "present needs true or false, got 'true'"),
+    (FIELDS_NO_ROWS.replace("description: test table", "description: ''"), "'description' must be a non-empty "
+                                                                              "string, got ''"),
+    (_row_table("- id: r\n  when: {num_heads: {in: '16'}}\n  path: slow\n  why: w\n  source: s\n"),
+     "in needs a non-empty list, got '16'"),
+], ids=["nullable", "closed", "present", "description", "in"])
+def test_a_string_that_looks_like_the_allowed_value_is_quoted(text, expected):
+    """"nullable must be true or false, got true" (a quoted 'true') named the allowed value as the wrong one: a
+    string is now shown quoted (break test, tables session)."""
+    with pytest.raises(TableError, match=re.escape(expected)):
+        load_table(text)
+
+
+def test_a_colon_in_a_flow_mapping_names_the_fix():
+    text = _row_table("- id: r\n  when: {num_heads: {ge: 16, because: a: b}}\n  path: slow\n  why: w\n  source: s\n")
+    with pytest.raises(TableError, match=r"^<string>:15: invalid YAML: expected ',' or '}', but got ':' \(a plain, "
+                                         r"unquoted string may not contain ': '"):
+        load_table(text)

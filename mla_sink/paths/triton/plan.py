@@ -247,10 +247,11 @@ def _check_structure(table) -> None:
     """What the two-lookup plan relies on, beyond the generic checker (see the module docstring).
 
     Raises:
-        dispatch.TableError: the table's paths are not :data:`KERNELS`; a portable row tests
+        dispatch.TableError: the table's paths are not :data:`KERNELS`; a row refuses; a portable row tests
             ``num_kv_splits``, lacks a param (or has an unknown one) or gives one a value :class:`TritonConfig`
             refuses (type, range, power of two; ``min_combine_block_d`` above ``combine_block_d``); a Gluon row has
-            params or can match ``num_kv_splits = None``.
+            params or can match ``num_kv_splits = None``. A row's params are those the lookups read: its own over
+            its path's defaults.
     """
     from mla_sink import dispatch
 
@@ -258,6 +259,11 @@ def _check_structure(table) -> None:
     if tuple(table.paths) != KERNELS:
         raise dispatch.TableError(f"{where}: the paths must be the kernels {KERNELS} (got {tuple(table.paths)})")
     for row in table.rows:
+        if row.is_refusal:  # the lookups need a kernel for every call the mla_decode table sent to the triton path
+            raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: the tuning table has no refusal rows "
+                                      f"(every row names a kernel, one of {KERNELS}; tables/mla_decode.yaml decides "
+                                      "which calls the triton path serves)")
+        params = table.row_params(row)  # what the lookups read: the row's own params over its path's defaults
         tests_splits = [c for c in row.when if c.field == "num_kv_splits"]
         if row.path != PORTABLE:  # a Gluon row also needs what its path requires
             tests_splits += [c for c in table.paths[row.path].requires if c.field == "num_kv_splits"]
@@ -265,19 +271,19 @@ def _check_structure(table) -> None:
             if tests_splits:
                 raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a portable row must not test "
                                           "num_kv_splits (the second lookup must find the first one's row again)")
-            if set(row.params) != set(_PARAM_NAMES):
+            if set(params) != set(_PARAM_NAMES):
                 raise dispatch.TableError(
                     f"{where}:{row.line}: row {row.id!r}: a portable row gives exactly the params "
-                    f"{sorted(_PARAM_NAMES)} (missing {sorted(set(_PARAM_NAMES) - set(row.params))}, "
-                    f"unknown {sorted(set(row.params) - set(_PARAM_NAMES))})")
+                    f"{sorted(_PARAM_NAMES)}, its path's defaults included (missing "
+                    f"{sorted(set(_PARAM_NAMES) - set(params))}, unknown {sorted(set(params) - set(_PARAM_NAMES))})")
             try:  # each param's type and range (TritonConfig's validators), before any call plans with them
-                TritonConfig(**{_PARAM_NAMES[k]: v for k, v in row.params.items()})
+                TritonConfig(**{_PARAM_NAMES[k]: v for k, v in params.items()})
             except ValueError as exc:
                 raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: {exc}") from None
         else:
-            if row.params:
-                raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a Gluon row takes no params "
-                                          "(the tiles come from the portable row)")
+            if params:
+                raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a Gluon row takes no params, nor "
+                                          f"does its path (the tiles come from the portable row; got {dict(params)})")
             if all(c.holds(None) for c in tests_splits):
                 raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a Gluon row must need a split "
                                           "count (e.g. num_kv_splits: 1), or the first lookup could pick it")
@@ -391,13 +397,14 @@ def _check_merge_rows(table) -> None:
     for row in table.rows:
         if row.path is None:
             continue
-        h, d = row.params.get("combine_block_h"), row.params.get("combine_block_d")
-        if set(row.params) != set(_MERGE_PARAMS) or not (h is None or (is_pow2(h) and h >= MIN_BLOCK_H)) \
+        params = table.row_params(row)  # what dcp_merge_tile reads: the row's own params over its path's defaults
+        h, d = params.get("combine_block_h"), params.get("combine_block_d")
+        if set(params) != set(_MERGE_PARAMS) or not (h is None or (is_pow2(h) and h >= MIN_BLOCK_H)) \
                 or not (is_pow2(d) and D_V % d == 0):
             raise dispatch.TableError(
-                f"{where}:{row.line}: row {row.id!r}: a merge row gives exactly the params {list(_MERGE_PARAMS)}: "
-                f"combine_block_h a power of two >= {MIN_BLOCK_H} or null, combine_block_d a power of two dividing "
-                f"{D_V} (got {dict(row.params)})")
+                f"{where}:{row.line}: row {row.id!r}: a merge row gives exactly the params {list(_MERGE_PARAMS)}, "
+                f"its path's defaults included: combine_block_h a power of two >= {MIN_BLOCK_H} or null, "
+                f"combine_block_d a power of two dividing {D_V} (got {dict(params)})")
 
 
 @functools.lru_cache(maxsize=None)
