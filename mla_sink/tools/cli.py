@@ -446,9 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "schema, no gap, no shadowed row, the reader's own checks; exit 2 if one fails",
                        description="Load every shipped rule table (tables/*.yaml) as the library does and check it: "
                                    "schema, every combination of its fields matched by a row, no shadowed row, the "
-                                   "reader's checks of its params. One line a table; exit status 2 if one fails. Run "
-                                   "it after editing a table (most are read only when a call first needs them). No "
-                                   "flags.")
+                                   "reader's checks of its params. One line a table (a failing one: a line a "
+                                   "problem); exit status 2 if one fails. Run it after editing a table (most are "
+                                   "read only when a call first needs them). No flags.")
     p.set_defaults(func=_cmd_tables)
 
     try:
