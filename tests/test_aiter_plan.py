@@ -334,3 +334,25 @@ def test_buffer_shape_errors():
     with pytest.raises(ValueError, match="'topk_length'"):
         fill_kv_buffers(torch.zeros(3, dtype=torch.int32), torch.zeros(6, dtype=torch.int32), indices, 5,
                         torch.zeros(3, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("path,params", [("aiter_lse", {}), ("aiter_persistent", {"return_lse": True})])
+def test_a_call_of_more_id_slots_than_int32_offsets_is_refused_naming_the_bound(path, params):
+    """T * topk beyond 2^31 - 1: AITER's kv_indptr and the persistent plan's row starts (t * topk) are int32, and so
+    are the offsets the id buffers' fill computes, so past 2^31 - 1 they wrap negative; such a call was planned and
+    launched all the same. Now the planner refuses it, naming the bound and the
+    most tokens one call takes; the library's plan (build_plan) refuses it the same way (forty-second session)."""
+    from mla_sink.core.plan import build_plan
+    from mla_sink.paths.aiter.plan import MAX_ID_SLOTS
+
+    topk = 2 ** 30
+    plan = make_plan(path, "gfx950", "bf16", 16, topk=topk, params=params)
+    assert plan_aiter(plan, num_tokens=1).kv_indices_size == topk  # within int32: planned as before
+    with pytest.raises(ValueError, match=r"2 \* 1073741824 = 2147483648 id slots exceeds 2147483647.*at most 1 tokens"):
+        plan_aiter(plan, num_tokens=2)
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=2048, sinks=True)
+    platform = Platform(arch="gfx950", aiter_version="0.1.20", num_sms=256)
+    tokens = MAX_ID_SLOTS // 2048
+    assert build_plan(spec, platform, num_tokens=tokens).launch.kv_indices_size == tokens * 2048
+    with pytest.raises(ValueError, match=f"at most {tokens} tokens at a time"):
+        build_plan(spec, platform, num_tokens=tokens + 1)

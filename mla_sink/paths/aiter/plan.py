@@ -75,6 +75,9 @@ FAST_MODE = True
 KV_GRANULARITY = 16
 
 KV_INDICES_LAYOUTS = ("packed", "row_strided")
+#: The most id slots (``T * topk``) one AITER call takes: ``kv_indptr`` and the persistent plan's row starts
+#: (``t * topk``) are int32 in AITER's API, and so are the offsets :func:`~.buffers.fill_kv_buffers` computes.
+MAX_ID_SLOTS = 2 ** 31 - 1
 
 
 def _pos_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -458,7 +461,8 @@ def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[
         ``aiter_persistent``.
 
     Raises:
-        ValueError: a non-AITER path; ``num_tokens`` not an int >= 1; a required param missing or a
+        ValueError: a non-AITER path; ``num_tokens`` not an int >= 1; ``num_tokens * topk`` beyond
+            :data:`MAX_ID_SLOTS` (AITER's int32 id offsets); a required param missing or a
             param of the wrong type; a persistent call without LSE for a spec that needs one (sinks,
             DCP, return_lse); a malformed ``meta_param`` or one computed for another T.
 
@@ -471,6 +475,14 @@ def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
         raise ValueError(f"'num_tokens' must be an int >= 1 (got {num_tokens!r})")
     spec = plan.spec
+    if num_tokens * spec.topk > MAX_ID_SLOTS:
+        # kv_indptr's running count and the row starts t * topk are int32 (AITER's API, and the id buffers' fill):
+        # past 2^31 - 1 they wrap negative; planned anyway, such a call was not refused (forty-second session)
+        raise ValueError(
+            f"'num_tokens' * topk = {num_tokens} * {spec.topk} = {num_tokens * spec.topk} id slots exceeds "
+            f"{MAX_ID_SLOTS}, the most one AITER call indexes (kv_indptr and the row starts are int32): call with at "
+            f"most {MAX_ID_SLOTS // spec.topk} tokens at a time (row {plan.row_id})"
+        )
     heads = max(spec.num_heads, _int_param(plan, "pad_heads_to", required=True))
     multiple = _int_param(plan, "pad_heads_multiple", required=False)
     if multiple is not None:
