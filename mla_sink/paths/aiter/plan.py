@@ -477,7 +477,7 @@ def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[
     spec = plan.spec
     if num_tokens * spec.topk > MAX_ID_SLOTS:
         # kv_indptr's running count and the row starts t * topk are int32 (AITER's API, and the id buffers' fill):
-        # past 2^31 - 1 they wrap negative; planned anyway, such a call was not refused (forty-second session)
+        # past 2^31 - 1 they wrap negative; planned anyway, such a call was not refused (forty-first session)
         raise ValueError(
             f"'num_tokens' * topk = {num_tokens} * {spec.topk} = {num_tokens * spec.topk} id slots exceeds "
             f"{MAX_ID_SLOTS}, the most one AITER call indexes (kv_indptr and the row starts are int32): call with at "
