@@ -341,7 +341,7 @@ def test_a_call_of_more_id_slots_than_int32_offsets_is_refused_naming_the_bound(
     """T * topk beyond 2^31 - 1: AITER's kv_indptr and the persistent plan's row starts (t * topk) are int32, and so
     are the offsets the id buffers' fill computes, so past 2^31 - 1 they wrap negative; such a call was planned and
     launched all the same. Now the planner refuses it, naming the bound and the
-    most tokens one call takes; the library's plan (build_plan) refuses it the same way (forty-second session)."""
+    most tokens one call takes; the library's plan (build_plan) refuses it the same way (forty-first session)."""
     from mla_sink.core.plan import build_plan
     from mla_sink.paths.aiter.plan import MAX_ID_SLOTS
 

@@ -337,7 +337,7 @@ AITER_PAIRS = {"gfx942": (("bf16", "bf16"), ("fp8_e4m3fnuz", "fp8_e4m3fnuz")),
 def aiter_calls(draw) -> Call:
     """Calls an AITER row may serve: gfx942 / gfx950 with an AITER at or past the floor, its dtype pairs, no soft cap,
     the table's choice or an AITER path forced. :func:`calls` draws so many archs, dtype pairs, versions, caps and
-    forced paths that none of its 250 examples reached an AITER path (forty-second session's break test), which left
+    forced paths that none of its 250 examples reached an AITER path (forty-first session's break test), which left
     the AITER launch records to the four named calls below."""
     arch = draw(st.sampled_from(sorted(AITER_PAIRS)))
     q, kv = draw(st.sampled_from(AITER_PAIRS[arch]))
