@@ -27,13 +27,19 @@ from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_V
 from mla_sink.core.validate import check_inputs, check_logit_cap
 
+#: How the operators say "no forced path" (their ``path`` is a str): the empty string.
+OP_UNSET_PATH = "''"
+
 
 def _plan_and_launch(q, kv_cache, indices, sinks, sm_scale, topk_length, q_scale, kv_scale, out, return_lse,
                      logit_cap, path):
     """The operators' real implementation: the library's one execute (validated there)."""
     from mla_sink.api import execute
+    from mla_sink.core.select import check_path
     from mla_sink.core.validate import call_scalars
 
+    if path:  # the operators' "no forced path" is '', which the message must say (not None)
+        check_path(path, unset=OP_UNSET_PATH)
     sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
     x = DecodeInputs(q, kv_cache, indices, sm_scale, sinks, topk_length, q_scale, kv_scale, out, logit_cap)
     res_out, lse = execute(x, spec=None, need_lse=return_lse, platform=None, path=path or None)
@@ -55,7 +61,7 @@ def _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_sca
     """
     from mla_sink.core.select import check_path
 
-    check_path(path or None)
+    check_path(path or None, unset=OP_UNSET_PATH)
     sizes = (q.shape[0], q.shape[1], indices.shape[1])
     device = q.device
     absent = device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count())

@@ -166,6 +166,9 @@ def test_help(argv, capsys):
     (["demo", "--pool-rows", "0"], "'--pool-rows' must be in [1, 2147483647] (got 0)"),  # the flag's first spelling
     (["demo", "--device", "meta"], "'--device' must be cpu or cuda"),
     (["explain", "--path", "garbage"], "--path: 'path' must be one of"),  # the flag named before the field
+    # the CLI's "no forced path" is leaving the flag out, not None (a break test, forty-second session)
+    (["explain", "--path", "garbage"], "or no --path to let the table choose (got 'garbage')"),
+    (["demo", "--path", "garbage"], "or no --path to let the table choose (got 'garbage')"),
     (["explain", "--arch", "foo"], "--arch: 'arch' must be a compile target"),
     # --matrix covers every arch, dtype and head count: a call flag with it is refused, not ignored (second break test)
     (["explain", "--matrix", "--arch", "sm90"], "'--arch' does not apply to --matrix"),

@@ -251,6 +251,17 @@ def test_run_accepts_a_mapping_of_tensors():
         run(spec, (q, kv, idx))
 
 
+def test_the_operators_bad_path_message_says_their_own_unset_value():
+    """The operators' ``path`` is a str whose "no forced path" is ``''``: a refused name says so, not ``None``, which
+    their schema refuses (a break test, forty-second session); the function's message keeps ``None``."""
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    for args in (_op_args(q, kv, idx, s, "bogus"), _op_args(*[t.to("meta") for t in (q, kv, idx, s)], "bogus")):
+        with pytest.raises(ValueError, match=r"or '' to let the table choose \(got 'bogus'\)"):
+            torch.ops.mla_sink.sparse_mla_decode(*args)
+    with pytest.raises(ValueError, match=r"or None to let the table choose \(got 'bogus'\)"):
+        sparse_mla_decode(q, kv, idx, s, path="bogus")
+
+
 def test_a_bad_forced_path_is_refused_while_tracing():
     """The fake implementations never looked at ``path``: meta tensors and ``torch.compile`` took ``path="bogus"``
     and a path that cannot serve the device, which failed only when the graph ran (break test, thirty-third

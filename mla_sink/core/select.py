@@ -110,14 +110,19 @@ def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
     }
 
 
-def check_path(path: Optional[str]) -> None:
+def check_path(path: Optional[str], *, unset: str = "None") -> None:
     """Refuse a forced path that is not a path of the table.
+
+    Args:
+        path: the forced path, or None (the table chooses).
+        unset: how the caller's interface says "no forced path", for the message: ``None`` (the function, the
+            layer, ``run``), ``''`` (the ``torch.ops`` operators, whose ``path`` is a str), or a CLI's wording.
 
     Raises:
         ValueError: ``path`` is neither None nor one of :data:`KNOWN_PATHS` (the message names both).
     """
     if path is not None and path not in KNOWN_PATHS:
-        raise ValueError(f"'path' must be one of {KNOWN_PATHS}, or None to let the table choose (got {path!r})")
+        raise ValueError(f"'path' must be one of {KNOWN_PATHS}, or {unset} to let the table choose (got {path!r})")
 
 
 def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) -> "dispatch.Selection":

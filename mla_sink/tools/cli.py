@@ -17,7 +17,7 @@ import attrs
 
 from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
 from mla_sink.core.records import COUNT_MAX, TOPK_MAX, CallSpec, Platform, call_key, canonical_arch
-from mla_sink.tools.flags import check_count, check_not_empty, flag_named
+from mla_sink.tools.flags import CLI_UNSET_PATH, check_count, check_not_empty, flag_named
 
 _DTYPES = sorted(DTYPE_KEYS.values())  # q (and 576-column KV) dtypes
 _KV_DTYPES = list(KV_DTYPE_KEYS)  # ... and the 656-byte V3.2 rows, fp8_ds_mla
@@ -177,10 +177,11 @@ def _check_matrix_flags(args: argparse.Namespace) -> None:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from mla_sink import dispatch
     from mla_sink.core.plan import build_plan
-    from mla_sink.core.select import NoKernelError, select
+    from mla_sink.core.select import NoKernelError, check_path, select
     from mla_sink.tools.explain import launch_lines, plan_to_dict
 
     check_count("--tokens", args.tokens, low=0)  # T = 0 is a call (it launches nothing), as in the library
+    check_path(args.path, unset=CLI_UNSET_PATH)
     if args.sms is not None:
         check_count("--sms", args.sms)
 

@@ -10,7 +10,7 @@ import torch
 
 from mla_sink.core.dtypes import DS_MLA_KEYS, FP8_KEYS, HALF_KEYS, KV_DTYPE_KEYS, TORCH_DTYPES
 from mla_sink.core.records import COUNT_MAX, TOPK_MAX, call_key
-from mla_sink.tools.flags import check_count, check_not_empty, check_seed
+from mla_sink.tools.flags import CLI_UNSET_PATH, check_count, check_not_empty, check_seed
 
 _DTYPES = list(KV_DTYPE_KEYS)
 _DEFAULT_Q_DTYPE = "bf16"  # the demo's q dtype unless --q-dtype or a half-precision --kv-dtype says otherwise
@@ -106,7 +106,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from mla_sink import dispatch
     from mla_sink.core.select import check_path
 
-    check_path(args.path)  # refused before the call's header is printed
+    check_path(args.path, unset=CLI_UNSET_PATH)  # refused before the call's header is printed
     for flag, dest, high in (("--tokens", "tokens", COUNT_MAX), ("--heads", "heads", COUNT_MAX),
                              ("--topk", "topk", TOPK_MAX), ("--pool-rows", "pool", COUNT_MAX)):
         check_count(flag, getattr(args, dest), high=high)  # named by the flag's first spelling, as --help lists it

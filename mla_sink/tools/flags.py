@@ -10,6 +10,8 @@ from mla_sink.core.records import COUNT_MAX, TOPK_MAX  # the largest counts a fl
 
 #: The seeds ``torch.Generator.manual_seed`` takes as unsigned 64-bit values.
 SEED_MAX = 2 ** 64 - 1
+#: How the CLI says "no forced path" in a refused ``--path``'s message (:func:`mla_sink.core.select.check_path`).
+CLI_UNSET_PATH = "no --path"
 
 
 def check_count(flag: str, value: int, low: int = 1, high: int = COUNT_MAX) -> None:
