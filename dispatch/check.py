@@ -96,9 +96,10 @@ def _redundancies(table: RuleTable, grid: Grid, row: Row, spec) -> list[Problem]
 def boundary_values(table: RuleTable) -> dict:
     """The values an open int field takes on either side of every threshold its conditions name (rows' ``when``
     and paths' ``requires``): ``b - 1``, ``b`` and ``b + 1`` for each bound ``b`` (each end of a ``range``, each
-    member of ``in`` / ``not_in``), none below the smallest declared value (a domain starts at its field's least
-    legal value, e.g. 0 for a count). Enumerated beside the declared domain, they make the checker see a gap or a
-    shadow that falls between the domain's values (e.g. ``ne: 16`` with 16 not declared).
+    member of ``in`` / ``not_in``, the argument of ``multiple_of``: a multiple and the values beside it), none below
+    the smallest declared value (a domain starts at its field's least legal value, e.g. 0 for a count). Enumerated
+    beside the declared domain, they make the checker see a gap or a shadow that falls between the domain's values
+    (e.g. ``ne: 16`` with 16 not declared).
 
     Args:
         table: The table.

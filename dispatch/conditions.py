@@ -2,8 +2,9 @@
 
 Operators: ``eq``, ``ne``, ``in``, ``not_in``, ``lt``, ``le``, ``gt``, ``ge``,
 ``range`` (``[lo, hi]``, inclusive), ``at_least`` / ``below`` (versions, compared
-with ``packaging.version``; ``None`` fails) and ``present`` (``true``: the value
-is not ``None``; ``false``: it is ``None``). Ordering operators fail on ``None``.
+with ``packaging.version``; ``None`` fails), ``multiple_of`` (int fields: the value
+is an integer multiple of the argument, a positive int; ``None`` fails) and ``present``
+(``true``: the value is not ``None``; ``false``: it is ``None``). Ordering operators fail on ``None``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from packaging.version import Version
 
 from .schema import format_value
 
-OPERATORS = ("eq", "ne", "in", "not_in", "lt", "le", "gt", "ge", "range", "at_least", "below", "present")
+OPERATORS = ("eq", "ne", "in", "not_in", "lt", "le", "gt", "ge", "range", "at_least", "below", "multiple_of",
+             "present")
 ORDER_OPS = ("lt", "le", "gt", "ge", "range")
 VERSION_OPS = ("at_least", "below")
 
@@ -64,6 +66,8 @@ class Failure:
             return f"between {format_value(e[0])} and {format_value(e[1])}"
         if self.op == "present":
             return "a value" if e else "no value"
+        if self.op == "multiple_of":
+            return f"a multiple of {format_value(e)}"
         symbol = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "at_least": ">=", "below": "<"}
         return f"{symbol.get(self.op, self.op)} {format_value(e)}"
 
@@ -115,6 +119,8 @@ class Condition:
             return member if op == "in" else not member
         if value is None:
             return False
+        if op == "multiple_of":
+            return value % arg == 0
         k = _key(self.type, value)
         if op == "range":
             return _key(self.type, arg[0]) <= k <= _key(self.type, arg[1])

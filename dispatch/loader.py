@@ -131,6 +131,12 @@ def _parse_op(ctx: _Ctx, field: Field, op: str, arg: Any, line: int, because: st
         if not isinstance(arg, list) or not arg:
             raise ctx.error(line, f"{name}: {op} needs a non-empty list, got {_shown(arg)}")
         norm = tuple(_value(ctx, field, op, a, line) for a in arg)
+    elif op == "multiple_of":
+        if field.type != "int":
+            raise ctx.error(line, f"{name}: multiple_of needs an int field, {name} is {field.type}")
+        if isinstance(arg, bool) or not isinstance(arg, int) or arg < 1:
+            raise ctx.error(line, f"{name}: multiple_of needs a positive int, got {_shown(arg)}")
+        norm = arg
     elif op == "present":
         if not isinstance(arg, bool):
             raise ctx.error(line, f"{name}: present needs true or false, got {_shown(arg)}")

@@ -29,3 +29,37 @@ def _seeded_global_rng():
     tests were added before it; twenty-fourth session)."""
     torch.manual_seed(0)
     yield
+
+
+def _clear_tuning_caches() -> None:
+    """Drop every cache that holds ``tables/triton_tuning.yaml`` or what was planned from it."""
+    from mla_sink import api
+    from mla_sink.core import plan as core_plan
+    from mla_sink.paths.triton import plan as triton_plan
+
+    for cached in (triton_plan.tuning_table, triton_plan._lookup, triton_plan.triton_config,
+                   triton_plan.seesaw_stride_multiple, core_plan._build_plan_cached):
+        cached.cache_clear()
+    api.forget_prepared_calls()
+
+
+@pytest.fixture
+def edited_tuning_table(monkeypatch, tmp_path):
+    """``edit(old, new)``: every reader of ``tables/triton_tuning.yaml`` (the plan, the launcher, explain) gets the
+    shipped text with ``old`` (which must occur exactly once) replaced by ``new``, for the rest of the test; the
+    caches that hold the table or plans made from it are cleared before and after."""
+    from mla_sink.core import tables as core_tables
+
+    real = core_tables.table_path
+    shipped = real("triton_tuning").read_text()
+    path = tmp_path / "triton_tuning.yaml"
+
+    def edit(old: str, new: str) -> None:
+        assert shipped.count(old) == 1, old
+        path.write_text(shipped.replace(old, new))
+        monkeypatch.setattr(core_tables, "table_path", lambda name: path if name == "triton_tuning" else real(name))
+        _clear_tuning_caches()
+
+    yield edit
+    monkeypatch.undo()
+    _clear_tuning_caches()

@@ -315,6 +315,7 @@ def test_large_grid_completes():
     ("{num_heads: {lt: 40}}", "{num_heads: {gt: 40}}", 40),  # the threshold itself
     ("{num_heads: {le: 100}}", None, 101),  # past the largest declared value
     ("{num_heads: {range: [10, 20]}}", "{num_heads: {not_in: [17, 18, 19, 20, 21]}}", 21),
+    ("{num_heads: {multiple_of: 16}}", None, 17),  # every declared value is a multiple: the one past 16 is not
 ])
 def test_a_gap_between_declared_int_values_is_found(first, second, value):
     """With ``thresholds`` the rows' thresholds on an open int field are enumerated beside its declared domain, so a

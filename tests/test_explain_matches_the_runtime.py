@@ -435,15 +435,33 @@ def test_explain_agrees_with_the_runtime_on_named_calls(c):
 def test_a_seesaw_call_of_a_topk_without_whole_16_id_rows_is_planned_on_the_kernel_that_runs():
     """The reproducer of the forty-first session's finding: ``explain --arch sm90 --heads 128 --topk 1000`` named
     gluon_seesaw while the launcher, given contiguous indices (row stride 1000, not a multiple of 16), ran the
-    portable kernel. The plan now names the portable kernel, with the seesaw row and the reason as its fallback."""
+    portable kernel. The plan names the portable kernel: the seesaw rows fail their path's requirement
+    ``topk: {multiple_of: 16}`` (tables/triton_tuning.yaml), which explain states among the rejected rows."""
     c = Call("sm90", None, None, "bf16", "bf16", 128, 4, 1000, False, 1, False, 0.0, None, 132)
     _, plan, launched, _, _ = runtime(c)
-    assert plan.launch.kernel == "portable" and launched == ["portable"]
-    assert "sm90_bf16_gluon_seesaw" in plan.launch.fallback and "topk=1000" in plan.launch.fallback
+    assert plan.launch.kernel == "portable" and launched == ["portable"] and plan.launch.fallback is None
+    (seesaw,) = [why for label, why in plan.launch.rejected_kernels if "sm90_bf16_gluon_seesaw" in label]
+    assert seesaw.startswith("topk=1000, needs a multiple of 16")
     rc, text, _ = cli(c.argv())
     assert rc == 0 and "kernel portable" in text and "kernel gluon_seesaw" not in text
+    assert re.search(r"✗ gluon_seesaw \(rows [a-z0-9_, ]*sm90_bf16_gluon_seesaw[a-z0-9_, ]*\): topk=1000, needs a "
+                     r"multiple of 16 \(", text), text
     _, plan, launched, _, _ = runtime(attrs.evolve(c, topk=1024))
     assert plan.launch.kernel == "gluon_seesaw" == launched[0] and plan.launch.fallback is None
+
+
+@pytest.mark.parametrize("multiple,topk,kernel", [(8, 1000, "gluon_seesaw"), (32, 2000, "portable"),
+                                                  (16, 2000, "gluon_seesaw"), (16, 1000, "portable")])
+def test_an_edited_seesaw_topk_multiple_moves_explain_and_the_launcher_together(edited_tuning_table, multiple, topk,
+                                                                                kernel):
+    """The seesaw's topk multiple is read from the table by the plan (explain) and by the launcher (its stride check
+    on the call's tensors) alike: with an edited copy of the table both move, and still agree - at 8, contiguous
+    indices of row stride 1000 run the seesaw; at 32, those of stride 2000 do not."""
+    edited_tuning_table('      topk: {multiple_of: 16, because:', f'      topk: {{multiple_of: {multiple}, because:')
+    c = Call("sm90", None, None, "bf16", "bf16", 128, 4, topk, True, 1, False, 0.0, None, 132)
+    check_agreement(c)
+    _, plan, launched, _, _ = runtime(c)
+    assert plan.launch.kernel == kernel and launched == [kernel], (plan.launch, launched)
 
 
 # ---- the platform explain plans for, where the flags leave it to this machine -------------------------------------

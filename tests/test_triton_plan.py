@@ -99,16 +99,20 @@ def test_kernels_and_splits_as_before_on_a_grid():
             ARCHS, DTYPES, DTYPES, HEADS, TOKENS, TOPKS, SMS, (0.0, 30.0), (True, False)):
         got = plan(arch=arch, q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, topk=topk, num_sms=sms,
                    logit_cap=cap, gluon=gluon)
-        cfg = P.triton_config(arch, q, kv, H, T)
+        cfg = P.triton_config(arch, q, kv, H, T, topk=topk)
         assert got.tuning_row == cfg.row
         splits = _old_splits(cfg, T, H, topk, sms)
         assert (got.num_kv_splits, got.ids_per_split) == splits
         want = _old_kernel(cfg.row, arch=arch, q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, splits=splits[0],
                            logit_cap=cap, gluon=gluon, block_h=cfg.block_h_for(H), topk=topk)
         assert got.kernel == want, (arch, q, kv, H, T, topk, sms, cap, gluon, got)
-        assert (got.fallback is not None) == (want == "portable" and topk % 16 != 0 and _old_kernel_any_topk(
+        assert got.fallback is None  # no kernel failed to compile
+        # the seesaw a topk without whole 16-id rows keeps from: its path's requirement, stated among the rejections
+        unaligned = want == "portable" and topk % 16 != 0 and _old_kernel_any_topk(
             cfg.row, arch=arch, q_dtype=q, kv_dtype=kv, num_heads=H, num_tokens=T, splits=splits[0], logit_cap=cap,
-            gluon=gluon, block_h=cfg.block_h_for(H)) == "gluon_seesaw"), got
+            gluon=gluon, block_h=cfg.block_h_for(H)) == "gluon_seesaw"
+        seesaw = [why for label, why in got.rejected_kernels if label.startswith("gluon_seesaw (")]
+        assert not unaligned or (seesaw and f"topk={topk}, needs a multiple of 16" in seesaw[0]), got
         seen.add(got.kernel)
     assert seen == set(P.KERNELS)  # the grid reaches every kernel
 
@@ -117,7 +121,8 @@ def test_forced_split_counts_as_before():
     for arch, H, T, topk, req in itertools.product(("sm90", "cpu", "gfx942"), (5, 16, 128), (1, 256),
                                                    (1, 37, 2048), (1, 2, 3, 16, 64)):
         got = plan(arch=arch, num_heads=H, num_tokens=T, topk=topk, num_kv_splits=req)
-        assert (got.num_kv_splits, got.ids_per_split) == _old_splits(P.triton_config(arch, "bf16", "bf16", H, T),
+        assert (got.num_kv_splits, got.ids_per_split) == _old_splits(P.triton_config(arch, "bf16", "bf16", H, T,
+                                                                                     topk=topk),
                                                                      T, H, topk, 132, requested=req)
 
 
@@ -267,8 +272,9 @@ def test_tuning_table_is_proven_at_load():
     table = P.tuning_table()
     assert dispatch.check_table(table) == []
     assert tuple(table.paths) == P.KERNELS
-    # the checker walks the product of the domains: small enough to run at every load
-    assert dispatch.grid.Grid(table.fields).size <= 100_000
+    # the checker walks the product of the domains: small enough to run at every load (192,000 combinations since
+    # topk became a field, two values: a bitset check of a few milliseconds)
+    assert dispatch.grid.Grid(table.fields).size <= 200_000
 
 
 def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tmp_path):
@@ -302,13 +308,72 @@ def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tm
      "missing \\['min_combine_block_d'\\]"),
     (("    path: gluon_fp8\n    why: e4m3fn", "    path: gluon_fp8\n    params: {BLOCK_H: 16}\n    why: e4m3fn"),
      "takes no params"),
+    (("      topk: {multiple_of: 16, because:", "      topk: {ge: 1, because:"),
+     "path 'gluon_seesaw' must require topk: \\{multiple_of: N\\} once .*got 0"),
+    (("      topk: {multiple_of: 16, because:", "      topk: {multiple_of: 16, ge: 2, because:"),
+     None),  # other conditions on topk beside the one multiple: allowed
 ])
 def test_structure_check_refuses(edit, message):
     text = _shipped_text()
     assert text.count(edit[0]) == 1
     table = dispatch.load_table(text.replace(*edit), name="edited.yaml")
+    if message is None:
+        P._check_structure(table)
+        return
     with pytest.raises(dispatch.TableError, match=message):
         P._check_structure(table)
+
+
+# ---- the seesaw's topk rule is the table's (tables/triton_tuning.yaml, path gluon_seesaw, requires topk) ----------
+
+SEESAW_TOPK = '      topk: {multiple_of: 16, because:'
+
+
+def test_the_seesaw_takes_a_topk_by_its_paths_multiple_of_requirement():
+    """A topk that is not a multiple of 16 fails the gluon_seesaw path's requirement: the seesaw rows are rejected
+    (one entry naming them, with the table's reason), the portable row that gave the tiles names the kernel, and no
+    fallback is claimed; a multiple of 16 takes the seesaw. With the split count open the same requirement is shown
+    beside the split count's."""
+    assert P.seesaw_stride_multiple() == 16
+    for topk in (1000, 2047, 2049, 37):
+        got = plan(num_heads=128, num_tokens=4, topk=topk)
+        assert (got.kernel, got.kernel_row, got.fallback) == ("portable", got.tuning_row, None), topk
+        (seesaw,) = [(label, why) for label, why in got.rejected_kernels if label.startswith("gluon_seesaw (")]
+        assert "sm90_bf16_gluon_seesaw" in seesaw[0]
+        assert seesaw[1].startswith(f"topk={topk}, needs a multiple of 16 (the seesaw gathers with strides"), seesaw
+    for topk in (16, 1008, 1024, 2048):
+        assert plan(num_heads=128, num_tokens=4, topk=topk).kernel == "gluon_seesaw", topk
+    # gluon_fp8 has no such requirement: e4m3 and V3.2 rows at <= 32 heads take it at any topk
+    assert plan(kv_dtype="fp8_e4m3", num_heads=16, topk=1000).kernel == "gluon_fp8"
+    assert plan(kv_dtype="fp8_ds_mla", num_heads=32, topk=2047).kernel == "gluon_fp8"
+    open_splits = dict(plan(num_sms=None, topk=1000).rejected_kernels)
+    (label,) = [k for k in open_splits if k.startswith("gluon_seesaw (")]
+    assert "num_kv_splits=None, needs >= 1" in open_splits[label] and "topk=1000, needs a multiple of 16" in \
+        open_splits[label]
+
+
+@pytest.mark.parametrize("multiple,topk,kernel", [
+    (8, 1000, "gluon_seesaw"),  # 1000 = 8 x 125: the edited table lets the seesaw take it
+    (16, 1000, "portable"),
+    (32, 2000, "portable"),  # 2000 = 16 x 125: the shipped table's seesaw call, refused by the edited one
+    (16, 2000, "gluon_seesaw"),
+    (1, 2047, "gluon_seesaw"),
+])
+def test_an_edited_multiple_changes_the_routing(edited_tuning_table, multiple, topk, kernel):
+    """The number lives in the table only: an edited copy of it moves the boundary of the plan and of the launcher's
+    stride check alike (:func:`mla_sink.paths.triton.launch._gather_aligned` on contiguous indices ``[T, topk]``)."""
+    import torch
+
+    from mla_sink.core.inputs import DecodeInputs
+    from mla_sink.paths.triton.launch import _gather_aligned
+
+    edited_tuning_table(SEESAW_TOPK, f"      topk: {{multiple_of: {multiple}, because:")
+    assert P.seesaw_stride_multiple() == multiple
+    got = plan(num_heads=128, num_tokens=4, topk=topk)
+    assert got.kernel == kernel, got
+    x = DecodeInputs(q=torch.zeros(4, 128, 576, dtype=torch.bfloat16), kv_cache=torch.zeros(8, 576, dtype=torch.bfloat16),
+                     indices=torch.zeros(4, topk, dtype=torch.int32), sm_scale=1.0)
+    assert _gather_aligned(x) == (kernel == "gluon_seesaw")
 
 
 CPU_PARAMS = ("{BLOCK_H: 64, BLOCK_N: 64, num_warps: 4, num_stages: 1, max_kv_splits: 4,\n"
@@ -349,7 +414,8 @@ def test_tuning_params_are_checked_when_the_table_loads(old, new, message):
     text = _shipped_text()
     assert text.count(CPU_PARAMS) == 1
     table = dispatch.load_table(text.replace(CPU_PARAMS, CPU_PARAMS.replace(old, new, 1)), name="edited.yaml")
-    with pytest.raises(dispatch.TableError, match=r"^edited\.yaml:77: row 'cpu_interpreter': " + re.escape(message)):
+    line = text[:text.index("  - id: cpu_interpreter")].count("\n") + 1
+    with pytest.raises(dispatch.TableError, match=rf"^edited\.yaml:{line}: row 'cpu_interpreter': " + re.escape(message)):
         P._check_structure(table)
 
 
@@ -357,7 +423,7 @@ def test_the_combine_narrows_its_columns_down_to_the_rows_min_combine_block_d():
     """T=1 at H=128 on 132 SMs: 16 x 128 tiles give 32 programs, 16 x 32 tiles 128 (still fewer than the SMs):
     the row's floor (32) stops the halving there, and a config's own floor wherever it says."""
     assert plan(num_tokens=1).combine_block_d == 32
-    cfg = attrs.evolve(P.triton_config("sm90", "bf16", "bf16", 128, 1), min_combine_block_d=64)
+    cfg = attrs.evolve(P.triton_config("sm90", "bf16", "bf16", 128, 1, topk=2048), min_combine_block_d=64)
     assert P.combine_block_d_for(cfg, 1, 128, 132) == 64
     assert P.combine_block_d_for(attrs.evolve(cfg, min_combine_block_d=16), 1, 128, 132) == 16
     assert P.combine_block_d_for(cfg, 1, 128, None) == 128

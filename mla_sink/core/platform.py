@@ -34,23 +34,56 @@ def _triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def triton_interpreter_ok() -> bool:
-    """Whether Triton's CPU interpreter can run mla-sink's kernel here.
-
-    Measured 2026-11-29: Triton 3.6's interpreter with numpy 2.5 fails on the kernel's loop bounds
-    (``TypeError: only 0-dimensional arrays can be converted to Python scalars``); Triton 3.9 with
-    numpy 2.4 runs it (CI). Older Triton with numpy 2.5 or newer is treated as not working.
-    """
-    if not _triton_available():
-        return False
-    from packaging.version import Version
-
+def _installed_version(dist: str) -> Optional[str]:
+    """The installed version of package ``dist`` from its metadata, or ``None`` when it has none."""
     try:
-        tv = Version(importlib.metadata.version("triton"))
-        nv = Version(importlib.metadata.version("numpy"))
+        return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
-        return True
-    return not (tv < Version("3.9") and nv >= Version("2.5"))
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_table():
+    """``tables/triton_interpreter.yaml`` (which Triton and numpy versions the CPU interpreter runs the kernels
+    with), loaded and proven by the rule-table checker once per process.
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed, has a gap or a shadowed row.
+    """
+    from mla_sink.core.tables import load_checked_table
+
+    return load_checked_table("triton_interpreter")
+
+
+def interpreter_refusal(triton_version: Optional[str], numpy_version: Optional[str]) -> Optional[str]:
+    """Why Triton's CPU interpreter cannot run mla-sink's kernels with these versions (the text of the refusal row
+    of ``tables/triton_interpreter.yaml`` that matches), or ``None`` where it can.
+
+    Args:
+        triton_version, numpy_version: PEP 440 version strings (e.g. ``"3.9.0"``, ``"2.4.6"``), ``None`` for a
+            package without metadata.
+
+    Raises:
+        ValueError: a version that is not a PEP 440 version.
+    """
+    sel = interpreter_table().select({"triton_version": triton_version, "numpy_version": numpy_version})
+    return sel.reason if sel.refused else None
+
+
+def triton_interpreter_refusal() -> Optional[str]:
+    """Why Triton's CPU interpreter cannot run mla-sink's kernels here: ``"Triton not importable"``, the refusal of
+    ``tables/triton_interpreter.yaml`` for the installed Triton and numpy (:func:`interpreter_refusal`), or ``None``
+    where it can."""
+    if not _triton_available():
+        return "Triton not importable"
+    return interpreter_refusal(_installed_version("triton"), _installed_version("numpy"))
+
+
+def triton_interpreter_ok() -> bool:
+    """Whether Triton's CPU interpreter can run mla-sink's kernels here (:func:`triton_interpreter_refusal` gives no
+    reason not to): Triton importable, and no row of ``tables/triton_interpreter.yaml`` refuses its version with the
+    installed numpy's (Triton before 3.9 with numpy 2.5 or newer, measured 2026-11-29)."""
+    return triton_interpreter_refusal() is None
 
 
 def arch_of(device: Any = None) -> str:

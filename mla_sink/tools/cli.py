@@ -316,13 +316,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def table_readers() -> tuple:
     """``(name, loader)`` of every shipped rule table: the function its reader loads it with (schema, the checker's
     proof of no gap and no shadowed row, then the reader's own checks of its params; each caches its table)."""
+    from mla_sink.core.platform import interpreter_table
     from mla_sink.core.select import mla_table
     from mla_sink.kernels.gluon.tuning import gluon_fp8_table, gluon_seesaw_table
     from mla_sink.paths.triton.plan import dcp_merge_table, tuning_table
     from mla_sink.tools.peers import peers_table
 
     return (("mla_decode", mla_table), ("triton_tuning", tuning_table), ("gluon_fp8", gluon_fp8_table),
-            ("gluon_seesaw", gluon_seesaw_table), ("dcp_merge", dcp_merge_table), ("peers", peers_table))
+            ("gluon_seesaw", gluon_seesaw_table), ("dcp_merge", dcp_merge_table), ("peers", peers_table),
+            ("triton_interpreter", interpreter_table))
 
 
 def _cmd_tables(args: argparse.Namespace) -> int:

@@ -29,10 +29,9 @@ def path_availability(platform: Platform) -> list[tuple[str, bool, str]]:
             rows.append((path, True, f"AITER {platform.aiter_version} on {platform.arch}"))
         elif path == "triton":
             if not platform.triton:
-                from mla_sink.core.platform import _triton_available
+                from mla_sink.core.platform import _triton_available, triton_interpreter_refusal
 
-                why = ("Triton importable, but its CPU interpreter cannot run the kernel with this numpy "
-                       "(see mla_sink.core.platform.triton_interpreter_ok); CPU calls use the reference"
+                why = ((triton_interpreter_refusal() or "Triton's CPU interpreter is off on this platform record")
                        if on_cpu and _triton_available() else "Triton not importable")
                 rows.append((path, False, why))
             elif on_cpu:

@@ -10,8 +10,9 @@ argument on every call, which costs more host time than the kernel takes at smal
 Kernels: ``portable`` (:mod:`mla_sink.kernels.triton.portable`) with the split-KV ``combine``
 (:mod:`mla_sink.kernels.triton.combine`), and on sm90 the warp-specialised ``gluon_seesaw`` (with the
 same combine when split) and ``gluon_fp8`` (:mod:`mla_sink.kernels.gluon`). The Gluon
-kernels gather with 16-byte ``cp.async``: a call whose q / KV / ids are not 16-byte aligned (pointers,
-row strides) runs the portable kernel instead. A Gluon kernel that fails to COMPILE here (another
+kernels gather with 16-byte ``cp.async``: a call whose q / KV / ids are not 16-byte aligned (pointers; on the
+seesaw also strides that are not multiples of its path's ``topk: {multiple_of: N}`` in
+``tables/triton_tuning.yaml``) runs the portable kernel instead. A Gluon kernel that fails to COMPILE here (another
 Triton release) is recorded (:func:`mla_sink.core.plan.mark_kernel_failed`): the call and every later
 plan use the portable kernel, and the plan says why. Any other error propagates.
 
@@ -37,8 +38,8 @@ from mla_sink.core.records import D_QK, D_V, MAX_ROWS
 from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
-from mla_sink.paths.triton.plan import (GATHER_STRIDE_ALIGN, MAX_GRID_TOKENS, MIN_BLOCK_H, PORTABLE, all_heads_block,
-                                        dcp_merge_tile, is_pow2, token_ranges)
+from mla_sink.paths.triton.plan import (MAX_GRID_TOKENS, MIN_BLOCK_H, PORTABLE, all_heads_block, dcp_merge_tile,
+                                        is_pow2, seesaw_stride_multiple, token_ranges)
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
@@ -436,12 +437,14 @@ def _unit_rows(x: DecodeInputs) -> bool:
 
 
 def _gather_aligned(x: DecodeInputs) -> bool:
-    """Whether the strides the Gluon kernels gather with are multiples of 16 elements (see
-    :data:`mla_sink.paths.triton.plan.GATHER_STRIDE_ALIGN`: Triton marks an integer argument aligned only when it is a
-    multiple of 16) and the rows are unit-stride (:func:`_unit_rows`); pointer alignment is checked
-    per call."""
+    """Whether the strides the seesaw gathers with (q's token and head strides, kv_cache's row stride, indices' row
+    stride, in elements) are multiples of the tuning table's ``N`` (:func:`mla_sink.paths.triton.plan.
+    seesaw_stride_multiple`: the ``gluon_seesaw`` path's requirement ``topk: {multiple_of: N}``, read once per
+    process) and the rows are unit-stride (:func:`_unit_rows`). Called once per call signature, when its runner is
+    prepared; pointer alignment is checked per call."""
+    multiple = seesaw_stride_multiple()
     strides = (x.q.stride(0), x.q.stride(1), x.kv_cache.stride(0), x.indices.stride(0))
-    return all(s % GATHER_STRIDE_ALIGN == 0 for s in strides) and _unit_rows(x)
+    return all(s % multiple == 0 for s in strides) and _unit_rows(x)
 
 
 def _portable_instead(plan, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):

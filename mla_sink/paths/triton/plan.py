@@ -8,8 +8,8 @@ pure function that builds a call's :class:`TritonLaunch`, by two lookups of that
    ``portable`` row that does gives the tiles and the split policy (:func:`triton_config`);
 2. the split count is computed from the shapes and the SM count (:func:`split_plan`, pure);
 3. with that count: a Gluon row placed before the portable row it overrides names the kernel where its
-   conditions (arch, Gluon dialect, dtypes, head count, split count, no soft cap) hold; otherwise the same
-   portable row wins again (portable rows never test ``num_kv_splits``).
+   conditions (arch, Gluon dialect, dtypes, head count, split count, no soft cap, ``topk``) hold; otherwise the
+   same portable row wins again (portable rows never test ``num_kv_splits``).
 
 :func:`tuning_table` checks, every time the table loads, that the rule-table checker finds no gap and no
 shadowed row, and the structure this two-step lookup relies on.
@@ -58,12 +58,11 @@ def token_ranges(num_tokens: int, limit: int = MAX_GRID_TOKENS) -> list:
     step = limit - limit % RANGE_ALIGN if limit >= RANGE_ALIGN else limit
     return [(a, min(a + step, num_tokens)) for a in range(0, num_tokens, step)]
 
-#: The seesaw (``gluon_seesaw``) gathers with strides that are multiples of this many elements (Triton marks an
-#: integer argument 16-divisible only then): its launcher runs the portable kernel for tensors with other strides
-#: (:func:`mla_sink.paths.triton.launch.prepare_triton`). Contiguous ``indices [T, topk]`` have the row stride
-#: ``topk``, so the plan names the portable kernel for a ``topk`` that is not a multiple of it (before, explain named
-#: the seesaw for e.g. topk 1000 or 2047 and the launcher ran the portable kernel: a break test, forty-first session).
-GATHER_STRIDE_ALIGN = 16
+#: The field of the tuning table whose ``multiple_of`` requirement on the ``gluon_seesaw`` path is the multiple the
+#: seesaw's gather strides must be (:func:`seesaw_stride_multiple`): contiguous ``indices [T, topk]`` have the row
+#: stride ``topk``, so the lookups reject the seesaw rows for another ``topk`` and the launcher checks the strides of
+#: the call's own tensors against the same multiple.
+TOPK_FIELD = "topk"
 
 #: Smallest head block: ``tl.dot`` needs at least 16 rows (M), so fewer heads are padded to 16 (the
 #: combine kernel's head block takes the same floor).
@@ -209,8 +208,9 @@ class TritonLaunch:
             of ``block_n``); ``None`` when the SM count is unknown and no count was forced.
         rejected_kernels: ``(row id, reason)`` of each Gluon row the deciding lookup rejected (the
             second; the first when the split count is open), the reason listing every failed condition.
-        fallback: why the kernel is ``portable`` although a Gluon row matched (it failed to compile here, or it is
-            the seesaw and ``topk`` is not a multiple of :data:`GATHER_STRIDE_ALIGN`); ``None`` otherwise.
+        fallback: why the kernel is ``portable`` although a Gluon row matched (it failed to compile here);
+            ``None`` otherwise. (A ``topk`` the seesaw does not take is a failed requirement of its path in the
+            table: its rows are among ``rejected_kernels``.)
         exact_recompute: the seesaw on V3.2 rows (``fp8_ds_mla``): it decodes tiles into bf16, exact only for
             scales of 0 or a power of two (:data:`mla_sink.core.kv_layout.BF16_EXACT_SCALE_EXP`), and flags the
             programs that meet any other scale; a second launch of the same grid, gated by those flags, recomputes
@@ -250,14 +250,16 @@ def _check_structure(table) -> None:
         dispatch.TableError: the table's paths are not :data:`KERNELS`; a row refuses; a portable row tests
             ``num_kv_splits``, lacks a param (or has an unknown one) or gives one a value :class:`TritonConfig`
             refuses (type, range, power of two; ``min_combine_block_d`` above ``combine_block_d``); a Gluon row has
-            params or can match ``num_kv_splits = None``. A row's params are those the lookups read: its own over
-            its path's defaults.
+            params or can match ``num_kv_splits = None``; the ``gluon_seesaw`` path does not require ``topk`` to be
+            a multiple of one number (:func:`_stride_multiple`). A row's params are those the lookups read: its own
+            over its path's defaults.
     """
     from mla_sink import dispatch
 
     where = table.source_file or table.name
     if tuple(table.paths) != KERNELS:
         raise dispatch.TableError(f"{where}: the paths must be the kernels {KERNELS} (got {tuple(table.paths)})")
+    _stride_multiple(table)
     for row in table.rows:
         if row.is_refusal:  # the lookups need a kernel for every call the mla_decode table sent to the triton path
             raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: the tuning table has no refusal rows "
@@ -289,6 +291,43 @@ def _check_structure(table) -> None:
                                           "count (e.g. num_kv_splits: 1), or the first lookup could pick it")
 
 
+def _stride_multiple(table) -> int:
+    """The ``N`` of the ``gluon_seesaw`` path's requirement ``topk: {multiple_of: N}`` in the tuning table ``table``.
+
+    Raises:
+        dispatch.TableError: the path requires no such multiple, or more than one (its launcher checks the call's
+            strides against exactly one).
+    """
+    from mla_sink import dispatch
+
+    found = [c.arg for c in table.paths[SEESAW].requires if c.field == TOPK_FIELD and c.op == "multiple_of"]
+    if len(found) != 1:
+        where = table.source_file or table.name
+        line = table.paths[SEESAW].line
+        raise dispatch.TableError(
+            f"{where}:{line}: path {SEESAW!r} must require {TOPK_FIELD}: {{multiple_of: N}} once (the strides its "
+            f"gather takes: contiguous indices have the row stride topk, and the launcher checks the call's q, "
+            f"kv_cache and indices strides against N; got {len(found)})")
+    return found[0]
+
+
+@functools.lru_cache(maxsize=None)
+def seesaw_stride_multiple() -> int:
+    """The multiple (in elements) that every stride the ``gluon_seesaw`` kernel gathers with must be: the ``N`` of
+    its path's requirement ``topk: {multiple_of: N}`` in ``tables/triton_tuning.yaml`` (16: Triton marks an integer
+    argument 16-divisible only when it is). The plan rejects the seesaw rows for a ``topk`` that is not one (the row
+    stride of contiguous ``indices``); :func:`mla_sink.paths.triton.launch.prepare_triton` checks the strides of
+    ``q``, ``kv_cache`` and ``indices`` against it once per call signature. Cached.
+
+    Returns:
+        ``N``, a positive int.
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed (:func:`tuning_table`).
+    """
+    return _stride_multiple(tuning_table())
+
+
 @functools.lru_cache(maxsize=None)
 def tuning_table():
     """``tables/triton_tuning.yaml``, loaded, proven by the rule-table checker (every combination of the
@@ -303,7 +342,7 @@ def tuning_table():
 
 @functools.lru_cache(maxsize=None)
 def _lookup(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, logit_cap: float,
-            gluon: bool, num_kv_splits: Optional[int]):
+            gluon: bool, num_kv_splits: Optional[int], topk: int):
     """The tuning table's :class:`dispatch.Selection` for one set of field values.
 
     Raises:
@@ -311,7 +350,7 @@ def _lookup(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: 
     """
     sel = tuning_table().select(dict(arch=arch, q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=num_heads,
                                      num_tokens=num_tokens, logit_cap=float(logit_cap), gluon=gluon,
-                                     num_kv_splits=num_kv_splits))
+                                     num_kv_splits=num_kv_splits, topk=topk))
     if sel.row is None or sel.path is None:
         from mla_sink import dispatch
 
@@ -320,22 +359,23 @@ def _lookup(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: 
 
 
 @functools.lru_cache(maxsize=None)
-def triton_config(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, *,
+def triton_config(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, *, topk: int,
                   logit_cap: float = 0.0, gluon: bool = False) -> TritonConfig:
     """Tiles and split policy for one call shape: the first lookup of ``tables/triton_tuning.yaml``
     (``num_kv_splits = None``, so its winner is a ``portable`` row). Cached.
 
     Args:
         arch: compile target (``sm90``, ``gfx942``, ``cpu``, ...).
-        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``).
-        num_heads: H. num_tokens: T. logit_cap: ``<= 0`` for none. gluon: Triton's Gluon dialect imports.
+        q_dtype, kv_dtype: dtype keys (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e4m3fnuz``, ``fp8_ds_mla``).
+        num_heads: H. num_tokens: T. topk: ids per token (an int >= 1). logit_cap: ``<= 0`` for none.
+        gluon: Triton's Gluon dialect imports.
 
     Raises:
         LookupError: no row matches (the table's last row catches every GPU), or the winner is not a
             portable row (impossible for a table :func:`tuning_table` accepted).
         ValueError: a dtype key outside the table's closed domain.
     """
-    sel = _lookup(arch, q_dtype, kv_dtype, num_heads, num_tokens, float(logit_cap), bool(gluon), None)
+    sel = _lookup(arch, q_dtype, kv_dtype, num_heads, num_tokens, float(logit_cap), bool(gluon), None, topk)
     if sel.path != PORTABLE:
         raise LookupError(f"the tuning table's first lookup chose {sel.path!r} (row {sel.row.id}), not {PORTABLE!r}")
     return TritonConfig(row=sel.row.id, why=sel.row.why, source=sel.row.source,
@@ -527,26 +567,21 @@ def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int
             Gluon rows' rejections from the first lookup): ``mla-sink explain`` then says they depend on it.
         num_kv_splits: force a split count (tests, benches); needs no ``num_sms``.
         failed: kernel name -> compile error text of the kernels that failed to compile here: a Gluon
-            kernel in it is replaced by the portable one, with ``fallback`` saying why.
-            The seesaw is replaced so too for a ``topk`` that is not a multiple of :data:`GATHER_STRIDE_ALIGN` (the
-            row stride of contiguous indices, which its gather needs aligned).
+            kernel in it is replaced by the portable one, with ``fallback`` saying why. (A ``topk`` the seesaw does
+            not take fails its path's requirement in the table: :func:`seesaw_stride_multiple`.)
 
     Raises:
         LookupError: no tuning row serves the call.
         ValueError: a dtype key outside the table's domain.
     """
-    cfg = triton_config(arch, q_dtype, kv_dtype, num_heads, num_tokens, logit_cap=logit_cap, gluon=gluon)
+    cfg = triton_config(arch, q_dtype, kv_dtype, num_heads, num_tokens, topk=topk, logit_cap=logit_cap, gluon=gluon)
     launch = portable_launch(cfg, num_heads=num_heads, num_tokens=num_tokens, topk=topk, num_sms=num_sms,
                              num_kv_splits=num_kv_splits)
-    sel = _lookup(arch, q_dtype, kv_dtype, num_heads, num_tokens, float(logit_cap), bool(gluon), launch.num_kv_splits)
+    sel = _lookup(arch, q_dtype, kv_dtype, num_heads, num_tokens, float(logit_cap), bool(gluon), launch.num_kv_splits,
+                  topk)
     rejected = _rejected_kernels(sel)
     if sel.path == PORTABLE:  # the first lookup's row again (portable rows never test num_kv_splits)
         return attrs.evolve(launch, rejected_kernels=rejected)
-    if sel.path == SEESAW and topk % GATHER_STRIDE_ALIGN:
-        return attrs.evolve(launch, rejected_kernels=rejected,
-                            fallback=f"{sel.path} (row {sel.row.id}) gathers id rows at a stride that is a multiple of "
-                                     f"{GATHER_STRIDE_ALIGN} ids, and contiguous indices [T, topk] have the stride "
-                                     f"topk={topk}, not a multiple of it")
     if sel.path in failed:
         return attrs.evolve(launch, rejected_kernels=rejected,
                             fallback=f"{sel.path} (row {sel.row.id}) failed to compile here: {failed[sel.path]}")
