@@ -41,6 +41,7 @@ from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.platform import _triton_available
 from mla_sink.core.records import CallSpec, Platform, call_key
 from mla_sink.core.select import KNOWN_PATHS, NoKernelError
+from mla_sink.paths.aiter.chunks import AiterChunkedCall, resolve_calls
 from mla_sink.paths.aiter.plan import AiterCall, with_meta_param
 from mla_sink.paths.triton.plan import MAX_GRID_TOKENS
 from mla_sink.tools.cli import MATRIX_DTYPES, MATRIX_HEADS, _ABBREV, main, matrix_platforms
@@ -280,6 +281,8 @@ def check_agreement(c: Call) -> None:
             check_triton_launch(c, plan.launch, launched, doc["launch"], text)
     elif c.tokens == 0:  # an AITER path: a call of no tokens launches nothing
         assert launched in ([], None) and doc["launch"] is None and "aiter call at T=0: none" in text
+    elif isinstance(plan.launch, AiterChunkedCall):  # more id slots than one AITER call indexes: token chunks
+        check_chunked_aiter_launch(c, plan.launch, launched, doc["launch"], text, fake)
     else:  # an AITER path: the call AITER gets, after AITER's split heuristic (the contract fake's here)
         # explain, without AITER here, leaves AITER's own pick open and says so; the runtime's plan may carry it
         # resolved (a plan made while AITER - the contract fake - was importable: one of another platform record
@@ -296,6 +299,41 @@ def check_agreement(c: Call) -> None:
         if launched is not None:
             (call,) = launched
             assert isinstance(call, AiterCall) and call == said, (call, said)
+
+
+def _split_pick_open(call: AiterCall) -> AiterCall:
+    """``call`` as explain plans it without AITER here: AITER's own split pick (``min_kv_splits`` set) left open."""
+    return call if call.min_kv_splits is None else attrs.evolve(call, num_kv_splits=None)
+
+
+def check_chunked_aiter_launch(c: Call, launch: AiterChunkedCall, launched: Optional[list], doc: dict, text: str,
+                               fake: Any) -> None:
+    """A call of more id slots than one AITER call indexes: explain says it is served in N calls over token chunks
+    and why (text and JSON), with each chunk length's call; the runtime prepares exactly those calls, each with
+    AITER's split pick (the contract fake's) for that chunk's own batch size."""
+    said = resolve_calls(launch, _split_pick_open)
+    lines = text.splitlines()
+    n = len(said.chunks)
+    assert f"  aiter call at T={c.tokens}: {said}" in lines, (c, text)
+    assert f"served in {n} calls over token chunks of {said.chunk_tokens} tokens" in text and said.why in text
+    assert said.why.startswith(f"T * topk = {c.tokens} * {c.topk} = {c.tokens * c.topk} id slots exceed ")
+    for call in said.calls:
+        assert f"    chunk of {call.num_tokens} tokens: {call}" in lines, (c, text)
+    assert ("split count: max(AITER's own heuristic" in text) == said.needs_meta_param
+    record = json.loads(json.dumps(attrs.asdict(said)))  # the calls as a JSON list
+    assert doc == dict(record, num_chunks=n, chunk_tokens=said.chunk_tokens, why=said.why), (c, doc)
+
+    def picked(call: AiterCall) -> AiterCall:
+        if not call.needs_meta_param:
+            return call
+        k, _ = fake.get_meta_param(None, call.num_tokens, call.num_tokens * call.topk, call.padded_heads, 1,
+                                   TORCH_DTYPES[call.q_dtype])
+        return with_meta_param(call, (int(k), call.num_tokens))
+
+    resolved = resolve_calls(said, picked)
+    assert launch.needs_meta_param or launch == resolved, (launch, resolved)
+    if launched is not None:  # one runner per chunk length: the full chunks' call, then a shorter last one's
+        assert launched == list(resolved.calls), (c, launched)
 
 
 def check_triton_launch(c: Call, launch: Any, launched: list, doc: dict, text: str) -> None:
@@ -430,6 +468,81 @@ def test_explain_agrees_with_the_runtime_on_every_aiter_row():
 ])
 def test_explain_agrees_with_the_runtime_on_named_calls(c):
     check_agreement(c)
+
+
+#: the id slots one AITER call takes, lowered (2^31 ids do not fit here): 37-id calls run in chunks of 2 tokens
+LOW_ID_SLOTS = 100
+
+
+@pytest.fixture
+def lowered_id_slot_limit():
+    """The AITER planner's bound :data:`~mla_sink.paths.aiter.plan.MAX_ID_SLOTS` lowered to :data:`LOW_ID_SLOTS` for
+    explain and the runtime alike (both plan through it), the plan and runner caches cleared before and after."""
+    import mla_sink.core.plan as plan_mod
+    import mla_sink.paths.aiter.plan as aiter_plan
+
+    def forget() -> None:
+        plan_mod._build_plan_cached.cache_clear()
+        api.forget_prepared_calls()
+
+    real = aiter_plan.MAX_ID_SLOTS
+    aiter_plan.MAX_ID_SLOTS = LOW_ID_SLOTS
+    forget()
+    try:
+        yield LOW_ID_SLOTS
+    finally:
+        aiter_plan.MAX_ID_SLOTS = real
+        forget()
+
+
+@pytest.mark.parametrize("c", [
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 9, 37, True, 1, False, 0.0, None, 304),  # 4 x 2 + 1
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 5, 8, 37, False, 1, True, 0.0, None, 304),  # 4 x 2, no rest
+    Call("gfx942", "0.1.20", None, "fp8_e4m3fnuz", "fp8_e4m3fnuz", 16, 7, 37, True, 1, False, 0.0, None, 304),
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 17, 5, 37, False, 1, False, 0.0, None, 256),  # persistent
+    Call("gfx950", "0.1.20", None, "fp8_e4m3", "fp8_e4m3", 24, 3, 37, True, 2, False, 0.0, None, 256),  # DCP
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 2, 37, True, 1, False, 0.0, None, 304),  # fits: one call
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 0, 37, True, 1, False, 0.0, None, 304),  # no tokens
+])
+def test_explain_says_an_aiter_call_past_the_id_slot_bound_runs_in_the_chunks_the_runtime_runs(
+        c, lowered_id_slot_limit):
+    """A call of more id slots (T * topk) than one AITER call indexes was refused by the AITER planner at run time
+    ("call with fewer tokens") while explain named the AITER path for it. Now both serve it in token chunks: explain
+    (text and --json) says how many and why, and the runtime prepares each chunk length's AITER call."""
+    check_agreement(c)
+    _, plan, launched, _, _ = runtime(c)
+    if c.tokens * c.topk > LOW_ID_SLOTS:
+        assert isinstance(plan.launch, AiterChunkedCall) and plan.launch.max_id_slots == LOW_ID_SLOTS
+        assert plan.launch.chunks[0] == (0, LOW_ID_SLOTS // c.topk) and plan.launch.chunks[-1][1] == c.tokens
+        doc = json.loads(cli(c.argv() + ["--json"])[1])
+        assert doc["launch"]["num_chunks"] == len(plan.launch.chunks) == -(-c.tokens // (LOW_ID_SLOTS // c.topk))
+    else:
+        assert not isinstance(plan.launch, AiterChunkedCall)
+
+
+def test_a_chunked_aiter_call_through_the_library_equals_the_reference(lowered_id_slot_limit):
+    """End to end on the contract fake (the fake's own int32 bound lowered too): the function API of a gfx942 call
+    in 5 chunks, on adversarial ids, gives the float64 reference's result."""
+    from aiter_contract import AiterContractFake
+    import mla_sink.paths.aiter.launch as aiter_launch
+    from mla_sink.core.reference import sparse_mla_decode_reference
+
+    fake = AiterContractFake(arch="gfx942", max_id_slots=LOW_ID_SLOTS)
+    g = torch.Generator().manual_seed(7)
+    T, H, N, K = 9, 16, 40, 37
+    q = torch.randn(T, H, 576, generator=g).bfloat16()
+    kv = torch.randn(N, 576, generator=g).bfloat16()
+    idx = torch.randint(0, N, (T, K), generator=g, dtype=torch.int32)
+    idx[0, ::3], idx[2:4] = -1, N + 2  # -1 mid-row; a whole chunk (tokens 2-3) of ids past N
+    sinks = torch.tensor([float("inf"), float("-inf")] + [0.5] * (H - 2))
+    with mock.patch.object(api, "arch_of", lambda device: "gfx942"), \
+            mock.patch.object(aiter_launch, "load_aiter_impl", lambda: fake):
+        out, lse = api.sparse_mla_decode(q, kv, idx, sinks, platform=Platform("gfx942", aiter_version="0.1.20"))
+    assert [call["batch"] for call in fake.calls] == [2, 2, 2, 2, 1]
+    ref_out, ref_lse = sparse_mla_decode_reference(q, kv, idx, sinks, 576 ** -0.5)
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse.float(), atol=2e-3, rtol=1e-4)
+    assert torch.all(out[2:4] == 0) and torch.all(lse[2:4] == float("-inf"))
 
 
 def test_a_seesaw_call_of_a_topk_without_whole_16_id_rows_is_planned_on_the_kernel_that_runs():
