@@ -83,6 +83,7 @@ class Call:
     cap: float
     path: Optional[str]
     sms: Optional[int]
+    packed: bool = True  # kv_cache's rows packed (contiguous), or a view of wider rows
 
     def argv(self) -> list:
         a = ["explain", "--arch", self.arch, "--aiter", self.aiter or "none", "--q-dtype", self.q, "--kv-dtype",
@@ -93,6 +94,7 @@ class Call:
         a += ["--sinks"] * self.sinks + ["--return-lse"] * self.return_lse
         a += ["--path", self.path] if self.path else []
         a += ["--sms", str(self.sms)] if self.sms is not None else []
+        a += [] if self.packed else ["--no-kv-rows-packed"]
         return a
 
     def platform(self) -> Optional[Platform]:
@@ -123,9 +125,11 @@ def calls(draw) -> Call:
 
 def tensors(c: Call) -> DecodeInputs:
     """CPU tensors of the call (their values never matter: no kernel runs). q is a broadcast view (its strides are
-    aligned either way); the indices are contiguous ``[T, topk]``, as engines pass them."""
+    aligned either way); the indices are contiguous ``[T, topk]``, as engines pass them; the cache is contiguous, or
+    for a call without packed rows a view of rows 64 elements wider (row stride 640 for ``[N, 576]``)."""
     q = torch.zeros(1, c.heads, 576, dtype=TORCH_DTYPES[c.q]).expand(c.tokens, c.heads, 576)
-    kv = torch.zeros(8, 656 if c.kv == "fp8_ds_mla" else 576, dtype=TORCH_DTYPES[c.kv])
+    width = 656 if c.kv == "fp8_ds_mla" else 576
+    kv = torch.zeros(8, width if c.packed else width + 64, dtype=TORCH_DTYPES[c.kv])[:, :width]  # rows of 640
     return DecodeInputs(q=q, kv_cache=kv, indices=torch.zeros(c.tokens, c.topk, dtype=torch.int32),
                         sm_scale=576 ** -0.5, sinks=torch.zeros(c.heads) if c.sinks else None,
                         q_scale=torch.ones(1) if c.q in FP8_KEYS else None,
@@ -180,7 +184,8 @@ class Recorder:
             self.launched.append(launch.kernel)
             return lambda *a: None
 
-        def aiter_runner(call, *args):
+        def aiter_runner(call, inputs, *args):  # the launcher's checks of the inputs against the call run (a cache
+            aiter_launch._check_inputs(call, inputs)  # AITER's launcher refuses must not be planned on AITER)
             self.launched.append(call)
             return lambda *a: None
 
@@ -386,7 +391,7 @@ def aiter_calls(draw) -> Call:
                 q=q, kv=kv, heads=draw(st.sampled_from(HEADS)), tokens=tokens, topk=topk, sinks=draw(st.booleans()),
                 dcp=draw(st.sampled_from((1, 1, 2, 4))), return_lse=draw(st.booleans()),
                 cap=draw(st.sampled_from((0.0, -1.0))), path=draw(st.sampled_from((None, None, None) + aiter_paths)),
-                sms=draw(st.sampled_from((None, 256, 304))))
+                sms=draw(st.sampled_from((None, 256, 304))), packed=draw(st.sampled_from((True, True, False))))
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
@@ -543,6 +548,59 @@ def test_a_chunked_aiter_call_through_the_library_equals_the_reference(lowered_i
     torch.testing.assert_close(out.double(), ref_out, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, ref_lse.float(), atol=2e-3, rtol=1e-4)
     assert torch.all(out[2:4] == 0) and torch.all(lse[2:4] == float("-inf"))
+
+
+@pytest.mark.parametrize("c", [
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 304, packed=False),
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 64, 3, 37, False, 1, False, 0.0, None, 256, packed=False),
+    Call("gfx942", "0.1.20", None, "fp8_e4m3fnuz", "fp8_e4m3fnuz", 64, 2, 37, True, 1, False, 0.0, None, 304,
+         packed=False),
+    Call("gfx950", "0.1.20", None, "fp8_e4m3", "fp8_e4m3", 32, 3, 37, True, 2, False, 0.0, None, 256, packed=False),
+    Call("gfx942", "0.1.20", False, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 304, packed=False),
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, "aiter_lse", 304, packed=False),
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 304),  # packed: AITER
+])
+def test_a_call_on_a_cache_of_strided_rows_runs_where_explain_says(c):
+    """A ``[N, 576]`` view of rows of 640 (rows not packed): explain named an AITER path while the AITER launcher
+    refused the cache at run time ("'kv_cache' must be contiguous"). The AITER paths now require packed rows
+    (``kv_rows_packed``, tables/mla_decode.yaml), read from the call's cache: explain (``--no-kv-rows-packed``) and
+    the runtime both take the Triton path (the reference without Triton), naming that requirement as the AITER
+    paths' reason; forced onto an AITER path, both refuse the call."""
+    check_agreement(c)
+    rc, text, _ = cli(c.argv())
+    got = runtime(c)
+    if c.packed:
+        assert got[1].path.startswith("aiter") and got[1].spec.kv_rows_packed
+        return
+    assert "kv_rows_packed=false, needs true (mla-sink hands AITER the cache as kv_cache.view(" in text, text
+    assert text.splitlines()[0].endswith("-kvstrided")  # the call's key says so
+    if c.path is not None:  # forced onto an AITER path: refused by both, with the reason
+        assert rc == 2 and got[0] == "refused" and "kv_rows_packed=false" in got[1].explanation
+        return
+    _, plan, launched, _, _ = got
+    assert plan.spec.kv_rows_packed is False and plan.path == ("triton" if c.triton is None else "reference")
+    assert call_key(plan.spec, plan.platform) == text.splitlines()[0]
+    assert launched is None or not any(isinstance(x, AiterCall) for x in launched)
+
+
+def test_a_layer_is_planned_for_the_cache_each_call_gives():
+    """The layer's construction-time plan assumes packed rows unless built with ``kv_rows_packed=False``; a call on a
+    cache of strided rows is planned on Triton either way (the tensors decide), one on packed rows on AITER."""
+    from mla_sink.layer import SparseMLADecode
+
+    platform = Platform("gfx942", aiter_version="0.1.20", num_sms=304)
+    packed = Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, False, 1, True, 0.0, None, 304)
+    for built_packed in (True, False):
+        rec = Recorder("gfx942", 1)
+        with rec.active():
+            layer = SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=37, return_lse=True,
+                                    kv_rows_packed=built_packed, platform=platform)
+            assert layer.plan.path == ("aiter_lse" if built_packed else "triton"), layer.plan
+            for c in (packed, attrs.evolve(packed, packed=False)):
+                x = tensors(c)
+                layer(x.q, x.kv_cache, x.indices)
+                assert rec.plans[-1].path == ("aiter_lse" if c.packed else "triton")
+                assert rec.plans[-1].spec == attrs.evolve(layer.spec, kv_rows_packed=c.packed)
 
 
 def test_a_seesaw_call_of_a_topk_without_whole_16_id_rows_is_planned_on_the_kernel_that_runs():

@@ -238,8 +238,11 @@ def _check_inputs(call: AiterCall, x: DecodeInputs) -> None:
         raise ValueError(f"'indices' must have shape {(call.num_tokens, call.topk)} as planned (got {tuple(x.indices.shape)})")
     if x.kv_cache.dim() != 2 or x.kv_cache.shape[1] != call.q_shape[2]:
         raise ValueError(f"'kv_cache' must have shape [N, {call.q_shape[2]}] (got {tuple(x.kv_cache.shape)})")
-    if not x.kv_cache.is_contiguous():
-        raise ValueError(f"'kv_cache' must be contiguous for AITER's [N, 1, 1, 576] view (got stride {tuple(x.kv_cache.stride())})")
+    if not x.kv_cache.is_contiguous():  # the plan of a call on such a cache names Triton (kv_rows_packed, the table)
+        raise ValueError(f"'kv_cache' must have packed rows (contiguous [N, {call.q_shape[2]}]) for AITER's "
+                         f"[N, 1, 1, {call.q_shape[2]}] view (got stride {tuple(x.kv_cache.stride())}); the library "
+                         "plans a call on a cache of other row strides on the triton path (tables/mla_decode.yaml, "
+                         "kv_rows_packed)")
     if call.pass_q_scale and x.q_scale is None:
         raise ValueError(f"'q_scale' (fp32 [1]) is required for {call.q_dtype} q on AITER")
     if call.pass_kv_scale and x.kv_scale is None:
