@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
-from mla_sink.core.describe import spec_of
+from mla_sink.core.describe import spec_for_tensors, spec_of
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
@@ -127,7 +127,8 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_
 
 
 def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
-    """Check that the tensors are those the spec describes.
+    """Check that the tensors are those the spec describes (all but ``kv_rows_packed``, which the tensors decide:
+    :func:`mla_sink.core.describe.spec_for_tensors`).
 
     Raises:
         ValueError: q or kv_cache dtype, head count ``H``, ``topk``, sinks presence or ``logit_cap``
@@ -239,7 +240,8 @@ def run(
         ValueError: ``spec`` not a :class:`CallSpec` or ``platform`` neither ``None`` nor a :class:`Platform`;
             ``inputs`` neither a :class:`DecodeInputs` nor a mapping of its fields (unknown or missing keys);
             malformed tensors or scalars (as :func:`sparse_mla_decode`); tensors that disagree with ``spec``
-            (dtypes, ``H``, ``topk``, sinks present or not) or a positive ``inputs.logit_cap`` other than
+            (dtypes, ``H``, ``topk``, sinks present or not; ``spec.kv_rows_packed`` is not compared: the call is
+            planned for its cache's rows) or a positive ``inputs.logit_cap`` other than
             ``spec.logit_cap``; ``platform`` describing another arch than the tensors' device; an input that
             requires grad in grad mode (no backward); ``path`` not a path of the table. With DCP, before any
             collective: the DCP arguments (:func:`check_dcp_args`) and a shard or ids that disagree with
@@ -285,7 +287,9 @@ def sparse_mla_decode(
         q: ``[T, H, 576]`` (``d_qk`` = 512 latent + 64 RoPE columns), bf16, fp16, ``torch.float8_e4m3fn``
             (``fp8_e4m3``) or ``torch.float8_e4m3fnuz`` (``fp8_e4m3fnuz``); innermost stride 1, any token and head
             strides. ``T >= 0``, ``H >= 1``.
-        kv_cache: ``[N, 576]``, ``N >= 1``, one shared KV head, page size 1, innermost stride 1; value = first
+        kv_cache: ``[N, 576]``, ``N >= 1``, one shared KV head, page size 1, innermost stride 1 (any row stride: a
+            cache whose rows are not packed, e.g. a view of rows of 640, is not taken by AITER, whose paths the rule
+            table then skips: ``mla-sink explain --no-kv-rows-packed``); value = first
             ``d_v = 512`` columns. Its dtype pairs with q's: q's own dtype, a half q with either fp8 format, or fp8 q
             with KV of the same fp8 format. Or the 656-byte V3.2 FP8 layout (``fp8_ds_mla``,
             :mod:`mla_sink.core.kv_layout`): uint8 ``[N, 656]`` or paged ``[num_blocks, block_size, 656]`` (ids
@@ -466,6 +470,7 @@ def _prepare_call(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pla
         spec = spec_of(x, need_lse=need_lse)
     else:
         check_spec_matches(spec, x)
+        spec = spec_for_tensors(spec, x)  # whether the cache's rows are packed: the tensors' fact
     platform = _platform_of(x, platform)
     from mla_sink.paths import prepare_runner
 
@@ -511,6 +516,7 @@ def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Res
                      kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
         check_spec_matches(spec, x)
         check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
+        spec = spec_for_tensors(spec, x)  # whether the shard's rows are packed: the tensors' fact
         local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0], path=path))
         if key is not None:
             _keep_prepared(_PREPARED_DCP, key, local)

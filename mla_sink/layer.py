@@ -73,6 +73,10 @@ class SparseMLADecode:
         return_lse: return the LSE from every call (it is returned with sinks or DCP anyway).
         logit_cap: soft cap of the scaled scores, ``s = logit_cap * tanh(s / logit_cap)``; ``> 0`` must lie in
             ``[2^-126, 2^126]``; a finite ``<= 0`` disables (default ``0.0``).
+        kv_rows_packed: whether the ``kv_cache`` the layer is called with has packed rows (a contiguous
+            ``[N, 576]``; default True); False for e.g. a ``[N, 576]`` view of rows of 640, which AITER does not take
+            (:attr:`mla_sink.CallSpec.kv_rows_packed`). Only the construction-time ``plan`` reads it: each call is
+            planned for the cache it is given.
         platform: where the layer runs (default: detected from the device of ``sinks`` when given, else this
             machine's current device); the call tensors must be on a device of that arch.
         path: force a kernel path (a path name of ``tables/mla_decode.yaml``); default: the table's choice.
@@ -80,14 +84,15 @@ class SparseMLADecode:
     Attributes (read-only: the configuration is fixed at construction, where it was checked; assigning or deleting
     one of them, or the private state behind them, raises ``AttributeError`` - build another layer for another
     configuration; other attributes, a subclass's own included, are as on any object):
-        spec, platform, plan: the records the layer runs under (``plan.path`` names the kernel path).
+        spec, platform, plan: the records the layer runs under (``plan.path`` names the kernel path; a call whose
+            ``kv_cache`` rows are packed or not other than ``kv_rows_packed`` says is planned for its own cache).
         sm_scale: the float the kernels take. sinks: the sinks tensor as the layer holds it (detached), or None.
         path: the forced path, or None.
 
     Raises:
         ValueError: a dtype key or torch dtype outside the keys, a dtype pair not allowed, ``num_heads`` /
             ``topk`` / ``dcp_world_size`` out of range, ``sm_scale`` or ``logit_cap`` out of range, ``return_lse``
-            not a bool, malformed sinks (as :func:`mla_sink.prepare`), DCP arguments that do not fit
+            or ``kv_rows_packed`` not a bool, malformed sinks (as :func:`mla_sink.prepare`), DCP arguments that do not fit
             (:func:`mla_sink.api.check_dcp_args`: unknown layout, a group or ``num_kv_rows`` without DCP, a missing
             or unusable group, a group size other than ``dcp_world_size``, ``num_kv_rows`` not an int ``>= 1``),
             ``platform`` not a :class:`Platform`, ``path`` not a path of the table.
@@ -103,14 +108,15 @@ class SparseMLADecode:
                  topk: int, sinks: Optional[torch.Tensor] = None, sm_scale: Optional[float] = None,
                  dcp_world_size: int = 1, dcp_group: Any = None,
                  dcp_layout: str = "interleaved", num_kv_rows: Optional[int] = None,
-                 return_lse: bool = False, logit_cap: float = 0.0,
+                 return_lse: bool = False, logit_cap: float = 0.0, kv_rows_packed: bool = True,
                  platform: Optional[Platform] = None, path: Optional[str] = None) -> None:
         if sm_scale is None:
             sm_scale = D_QK ** -0.5
         self._sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
         self._spec = CallSpec(q_dtype=_key("q_dtype", q_dtype), kv_dtype=_key("kv_dtype", kv_dtype),
                               num_heads=num_heads, topk=topk, sinks=sinks is not None,
-                              dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap)
+                              dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap,
+                              kv_rows_packed=kv_rows_packed)
         check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         self._plan: LaunchPlan = prepare(self._spec, platform, path=path, sinks=sinks, sm_scale=self._sm_scale)
         self._platform = self._plan.platform

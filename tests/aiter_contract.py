@@ -29,6 +29,9 @@ without the plan it really appears). What it models, with sources:
   abort. Without an explicit ``num_kv_splits``, gfx950 bf16 16 heads qlen 1 with batch >= 32 falls
   back to the non-persistent kernel (``_use_persistent_mla_decode``).
 * Empty rows: NaN output, LSE ``-inf`` (non-persistent) / ``+inf`` (persistent reduce).
+* ``kv_indptr`` and the sparse plan's row starts ``t * topk`` are int32: a call of more than ``2^31 - 1`` id slots
+  (``kv_indices``) would wrap them negative; the fake aborts such a call (its bound ``max_id_slots`` lowered by
+  tests, which cannot allocate 2^31 ids) (``aiter/ops/attention.py``, ``csrc/kernels/mla/metadata/v1_2_device.cuh``).
 * ``get_mla_metadata_v1`` takes ``work_info_set`` before ``work_indptr`` (the reverse of
   ``get_mla_metadata_info_v1``'s return order); passing them in info order aborts here (in AITER the
   kernel would write out of bounds) (``aiter/ops/attention.py``).
@@ -65,10 +68,12 @@ class AiterContractFake:
         heuristic_splits: when set, ``get_meta_param(None, ...)`` returns this split count instead of
             the modelled heuristic (occupancy term and fp8 cap both replaced); an explicit
             ``num_kv_splits`` still goes through the fp8 cap.
+        max_id_slots: the most ``kv_indices`` one call indexes before its int32 offsets wrap (default 2^31 - 1).
 
     Attributes:
         calls: one dict per ``mla_decode_fwd`` call (persistent, effective splits, return_lse, heads,
-            ``max_seqlen_q`` as passed and ``qo_rows``, the most query rows of one batch in ``qo_indptr``, ...).
+            ``max_seqlen_q`` as passed and ``qo_rows``, the most query rows of one batch in ``qo_indptr``, the
+            ``batch`` size, ``kv_indices_size`` and the ``kv_indptr`` it was given, ...).
         metadata_fills: number of ``get_mla_metadata_v1`` calls.
         qlen_args: every query-length argument the fake was given, as ``(function, name, value)``
             (``max_seqlen_q`` of ``get_meta_param`` and ``mla_decode_fwd``, ``max_seqlen_qo`` of both
@@ -76,8 +81,9 @@ class AiterContractFake:
     """
 
     def __init__(self, *, version: str = "0.1.20", arch: str = "gfx942", cu_num: Optional[int] = None,
-                 heuristic_splits: Optional[int] = None) -> None:
+                 heuristic_splits: Optional[int] = None, max_id_slots: int = 2 ** 31 - 1) -> None:
         self.version = Version(version)
+        self.max_id_slots = max_id_slots
         self.arch = arch
         self.cu_num = cu_num if cu_num is not None else _CU_NUM.get(arch, 256)
         self.heuristic_splits = heuristic_splits
@@ -191,6 +197,9 @@ class AiterContractFake:
         if o.dtype != torch.bfloat16:
             raise AiterAbort(f"o must be bf16 (got {o.dtype})")
         bs = qo_indptr.shape[0] - 1
+        if kv_indices.shape[0] > self.max_id_slots:
+            raise AiterAbort(f"{kv_indices.shape[0]} id slots: kv_indptr and the row starts are int32, past "
+                             f"{self.max_id_slots} they wrap negative")
         self.qlen_args.append(("mla_decode_fwd", "max_seqlen_q", max_seqlen_q))
         qo_rows = max((b - a for a, b in zip(qo_indptr.tolist(), qo_indptr.tolist()[1:])), default=0)
         fp8_q = q.dtype in _FP8
@@ -202,7 +211,9 @@ class AiterContractFake:
         record: dict[str, Any] = {"persistent": persistent, "return_lse": return_lse, "nhead": nhead,
                                   "max_seqlen_q": max_seqlen_q, "qo_rows": qo_rows, "sm_scale": sm_scale,
                                   "q_dtype": q.dtype, "num_kv_splits_arg": num_kv_splits,
-                                  "num_kv_splits_indptr_given": num_kv_splits_indptr is not None}
+                                  "num_kv_splits_indptr_given": num_kv_splits_indptr is not None,
+                                  "batch": bs, "kv_indices_size": kv_indices.shape[0],
+                                  "kv_indptr": kv_indptr.tolist()}
         self.calls.append(record)
         sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
         qf = q.float() * (q_scale.float().reshape(()) if q_scale is not None else 1.0)

@@ -337,12 +337,14 @@ def test_buffer_shape_errors():
 
 
 @pytest.mark.parametrize("path,params", [("aiter_lse", {}), ("aiter_persistent", {"return_lse": True})])
-def test_a_call_of_more_id_slots_than_int32_offsets_is_refused_naming_the_bound(path, params):
+def test_one_aiter_call_of_more_id_slots_than_int32_offsets_is_refused_and_the_library_chunks_it(path, params):
     """T * topk beyond 2^31 - 1: AITER's kv_indptr and the persistent plan's row starts (t * topk) are int32, and so
     are the offsets the id buffers' fill computes, so past 2^31 - 1 they wrap negative; such a call was planned and
-    launched all the same. Now the planner refuses it, naming the bound and the
-    most tokens one call takes; the library's plan (build_plan) refuses it the same way (forty-first session)."""
+    launched all the same (forty-first session), then refused. One call still cannot take it (plan_aiter refuses,
+    naming the bound and the most tokens one call takes); the library's plan (build_plan, through
+    plan_aiter_launch) serves it as token chunks, each within the bound (tests/test_aiter_chunks.py)."""
     from mla_sink.core.plan import build_plan
+    from mla_sink.paths.aiter import AiterChunkedCall
     from mla_sink.paths.aiter.plan import MAX_ID_SLOTS
 
     topk = 2 ** 30
@@ -354,5 +356,5 @@ def test_a_call_of_more_id_slots_than_int32_offsets_is_refused_naming_the_bound(
     platform = Platform(arch="gfx950", aiter_version="0.1.20", num_sms=256)
     tokens = MAX_ID_SLOTS // 2048
     assert build_plan(spec, platform, num_tokens=tokens).launch.kv_indices_size == tokens * 2048
-    with pytest.raises(ValueError, match=f"at most {tokens} tokens at a time"):
-        build_plan(spec, platform, num_tokens=tokens + 1)
+    chunked = build_plan(spec, platform, num_tokens=tokens + 1).launch
+    assert isinstance(chunked, AiterChunkedCall) and [c.num_tokens for c in chunked.calls] == [tokens, 1]

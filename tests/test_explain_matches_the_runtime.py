@@ -41,6 +41,7 @@ from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.platform import _triton_available
 from mla_sink.core.records import CallSpec, Platform, call_key
 from mla_sink.core.select import KNOWN_PATHS, NoKernelError
+from mla_sink.paths.aiter.chunks import AiterChunkedCall, resolve_calls
 from mla_sink.paths.aiter.plan import AiterCall, with_meta_param
 from mla_sink.paths.triton.plan import MAX_GRID_TOKENS
 from mla_sink.tools.cli import MATRIX_DTYPES, MATRIX_HEADS, _ABBREV, main, matrix_platforms
@@ -82,6 +83,7 @@ class Call:
     cap: float
     path: Optional[str]
     sms: Optional[int]
+    packed: bool = True  # kv_cache's rows packed (contiguous), or a view of wider rows
 
     def argv(self) -> list:
         a = ["explain", "--arch", self.arch, "--aiter", self.aiter or "none", "--q-dtype", self.q, "--kv-dtype",
@@ -92,6 +94,7 @@ class Call:
         a += ["--sinks"] * self.sinks + ["--return-lse"] * self.return_lse
         a += ["--path", self.path] if self.path else []
         a += ["--sms", str(self.sms)] if self.sms is not None else []
+        a += [] if self.packed else ["--no-kv-rows-packed"]
         return a
 
     def platform(self) -> Optional[Platform]:
@@ -122,9 +125,11 @@ def calls(draw) -> Call:
 
 def tensors(c: Call) -> DecodeInputs:
     """CPU tensors of the call (their values never matter: no kernel runs). q is a broadcast view (its strides are
-    aligned either way); the indices are contiguous ``[T, topk]``, as engines pass them."""
+    aligned either way); the indices are contiguous ``[T, topk]``, as engines pass them; the cache is contiguous, or
+    for a call without packed rows a view of rows 64 elements wider (row stride 640 for ``[N, 576]``)."""
     q = torch.zeros(1, c.heads, 576, dtype=TORCH_DTYPES[c.q]).expand(c.tokens, c.heads, 576)
-    kv = torch.zeros(8, 656 if c.kv == "fp8_ds_mla" else 576, dtype=TORCH_DTYPES[c.kv])
+    width = 656 if c.kv == "fp8_ds_mla" else 576
+    kv = torch.zeros(8, width if c.packed else width + 64, dtype=TORCH_DTYPES[c.kv])[:, :width]  # rows of 640
     return DecodeInputs(q=q, kv_cache=kv, indices=torch.zeros(c.tokens, c.topk, dtype=torch.int32),
                         sm_scale=576 ** -0.5, sinks=torch.zeros(c.heads) if c.sinks else None,
                         q_scale=torch.ones(1) if c.q in FP8_KEYS else None,
@@ -179,7 +184,8 @@ class Recorder:
             self.launched.append(launch.kernel)
             return lambda *a: None
 
-        def aiter_runner(call, *args):
+        def aiter_runner(call, inputs, *args):  # the launcher's checks of the inputs against the call run (a cache
+            aiter_launch._check_inputs(call, inputs)  # AITER's launcher refuses must not be planned on AITER)
             self.launched.append(call)
             return lambda *a: None
 
@@ -280,6 +286,8 @@ def check_agreement(c: Call) -> None:
             check_triton_launch(c, plan.launch, launched, doc["launch"], text)
     elif c.tokens == 0:  # an AITER path: a call of no tokens launches nothing
         assert launched in ([], None) and doc["launch"] is None and "aiter call at T=0: none" in text
+    elif isinstance(plan.launch, AiterChunkedCall):  # more id slots than one AITER call indexes: token chunks
+        check_chunked_aiter_launch(c, plan.launch, launched, doc["launch"], text, fake)
     else:  # an AITER path: the call AITER gets, after AITER's split heuristic (the contract fake's here)
         # explain, without AITER here, leaves AITER's own pick open and says so; the runtime's plan may carry it
         # resolved (a plan made while AITER - the contract fake - was importable: one of another platform record
@@ -296,6 +304,41 @@ def check_agreement(c: Call) -> None:
         if launched is not None:
             (call,) = launched
             assert isinstance(call, AiterCall) and call == said, (call, said)
+
+
+def _split_pick_open(call: AiterCall) -> AiterCall:
+    """``call`` as explain plans it without AITER here: AITER's own split pick (``min_kv_splits`` set) left open."""
+    return call if call.min_kv_splits is None else attrs.evolve(call, num_kv_splits=None)
+
+
+def check_chunked_aiter_launch(c: Call, launch: AiterChunkedCall, launched: Optional[list], doc: dict, text: str,
+                               fake: Any) -> None:
+    """A call of more id slots than one AITER call indexes: explain says it is served in N calls over token chunks
+    and why (text and JSON), with each chunk length's call; the runtime prepares exactly those calls, each with
+    AITER's split pick (the contract fake's) for that chunk's own batch size."""
+    said = resolve_calls(launch, _split_pick_open)
+    lines = text.splitlines()
+    n = len(said.chunks)
+    assert f"  aiter call at T={c.tokens}: {said}" in lines, (c, text)
+    assert f"served in {n} calls over token chunks of {said.chunk_tokens} tokens" in text and said.why in text
+    assert said.why.startswith(f"T * topk = {c.tokens} * {c.topk} = {c.tokens * c.topk} id slots exceed ")
+    for call in said.calls:
+        assert f"    chunk of {call.num_tokens} tokens: {call}" in lines, (c, text)
+    assert ("split count: max(AITER's own heuristic" in text) == said.needs_meta_param
+    record = json.loads(json.dumps(attrs.asdict(said)))  # the calls as a JSON list
+    assert doc == dict(record, num_chunks=n, chunk_tokens=said.chunk_tokens, why=said.why), (c, doc)
+
+    def picked(call: AiterCall) -> AiterCall:
+        if not call.needs_meta_param:
+            return call
+        k, _ = fake.get_meta_param(None, call.num_tokens, call.num_tokens * call.topk, call.padded_heads, 1,
+                                   TORCH_DTYPES[call.q_dtype])
+        return with_meta_param(call, (int(k), call.num_tokens))
+
+    resolved = resolve_calls(said, picked)
+    assert launch.needs_meta_param or launch == resolved, (launch, resolved)
+    if launched is not None:  # one runner per chunk length: the full chunks' call, then a shorter last one's
+        assert launched == list(resolved.calls), (c, launched)
 
 
 def check_triton_launch(c: Call, launch: Any, launched: list, doc: dict, text: str) -> None:
@@ -348,7 +391,7 @@ def aiter_calls(draw) -> Call:
                 q=q, kv=kv, heads=draw(st.sampled_from(HEADS)), tokens=tokens, topk=topk, sinks=draw(st.booleans()),
                 dcp=draw(st.sampled_from((1, 1, 2, 4))), return_lse=draw(st.booleans()),
                 cap=draw(st.sampled_from((0.0, -1.0))), path=draw(st.sampled_from((None, None, None) + aiter_paths)),
-                sms=draw(st.sampled_from((None, 256, 304))))
+                sms=draw(st.sampled_from((None, 256, 304))), packed=draw(st.sampled_from((True, True, False))))
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
@@ -430,6 +473,134 @@ def test_explain_agrees_with_the_runtime_on_every_aiter_row():
 ])
 def test_explain_agrees_with_the_runtime_on_named_calls(c):
     check_agreement(c)
+
+
+#: the id slots one AITER call takes, lowered (2^31 ids do not fit here): 37-id calls run in chunks of 2 tokens
+LOW_ID_SLOTS = 100
+
+
+@pytest.fixture
+def lowered_id_slot_limit():
+    """The AITER planner's bound :data:`~mla_sink.paths.aiter.plan.MAX_ID_SLOTS` lowered to :data:`LOW_ID_SLOTS` for
+    explain and the runtime alike (both plan through it), the plan and runner caches cleared before and after."""
+    import mla_sink.core.plan as plan_mod
+    import mla_sink.paths.aiter.plan as aiter_plan
+
+    def forget() -> None:
+        plan_mod._build_plan_cached.cache_clear()
+        api.forget_prepared_calls()
+
+    real = aiter_plan.MAX_ID_SLOTS
+    aiter_plan.MAX_ID_SLOTS = LOW_ID_SLOTS
+    forget()
+    try:
+        yield LOW_ID_SLOTS
+    finally:
+        aiter_plan.MAX_ID_SLOTS = real
+        forget()
+
+
+@pytest.mark.parametrize("c", [
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 9, 37, True, 1, False, 0.0, None, 304),  # 4 x 2 + 1
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 5, 8, 37, False, 1, True, 0.0, None, 304),  # 4 x 2, no rest
+    Call("gfx942", "0.1.20", None, "fp8_e4m3fnuz", "fp8_e4m3fnuz", 16, 7, 37, True, 1, False, 0.0, None, 304),
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 17, 5, 37, False, 1, False, 0.0, None, 256),  # persistent
+    Call("gfx950", "0.1.20", None, "fp8_e4m3", "fp8_e4m3", 24, 3, 37, True, 2, False, 0.0, None, 256),  # DCP
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 2, 37, True, 1, False, 0.0, None, 304),  # fits: one call
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 0, 37, True, 1, False, 0.0, None, 304),  # no tokens
+])
+def test_explain_says_an_aiter_call_past_the_id_slot_bound_runs_in_the_chunks_the_runtime_runs(
+        c, lowered_id_slot_limit):
+    """A call of more id slots (T * topk) than one AITER call indexes was refused by the AITER planner at run time
+    ("call with fewer tokens") while explain named the AITER path for it. Now both serve it in token chunks: explain
+    (text and --json) says how many and why, and the runtime prepares each chunk length's AITER call."""
+    check_agreement(c)
+    _, plan, launched, _, _ = runtime(c)
+    if c.tokens * c.topk > LOW_ID_SLOTS:
+        assert isinstance(plan.launch, AiterChunkedCall) and plan.launch.max_id_slots == LOW_ID_SLOTS
+        assert plan.launch.chunks[0] == (0, LOW_ID_SLOTS // c.topk) and plan.launch.chunks[-1][1] == c.tokens
+        doc = json.loads(cli(c.argv() + ["--json"])[1])
+        assert doc["launch"]["num_chunks"] == len(plan.launch.chunks) == -(-c.tokens // (LOW_ID_SLOTS // c.topk))
+    else:
+        assert not isinstance(plan.launch, AiterChunkedCall)
+
+
+def test_a_chunked_aiter_call_through_the_library_equals_the_reference(lowered_id_slot_limit):
+    """End to end on the contract fake (the fake's own int32 bound lowered too): the function API of a gfx942 call
+    in 5 chunks, on adversarial ids, gives the float64 reference's result."""
+    from aiter_contract import AiterContractFake
+    import mla_sink.paths.aiter.launch as aiter_launch
+    from mla_sink.core.reference import sparse_mla_decode_reference
+
+    fake = AiterContractFake(arch="gfx942", max_id_slots=LOW_ID_SLOTS)
+    g = torch.Generator().manual_seed(7)
+    T, H, N, K = 9, 16, 40, 37
+    q = torch.randn(T, H, 576, generator=g).bfloat16()
+    kv = torch.randn(N, 576, generator=g).bfloat16()
+    idx = torch.randint(0, N, (T, K), generator=g, dtype=torch.int32)
+    idx[0, ::3], idx[2:4] = -1, N + 2  # -1 mid-row; a whole chunk (tokens 2-3) of ids past N
+    sinks = torch.tensor([float("inf"), float("-inf")] + [0.5] * (H - 2))
+    with mock.patch.object(api, "arch_of", lambda device: "gfx942"), \
+            mock.patch.object(aiter_launch, "load_aiter_impl", lambda: fake):
+        out, lse = api.sparse_mla_decode(q, kv, idx, sinks, platform=Platform("gfx942", aiter_version="0.1.20"))
+    assert [call["batch"] for call in fake.calls] == [2, 2, 2, 2, 1]
+    ref_out, ref_lse = sparse_mla_decode_reference(q, kv, idx, sinks, 576 ** -0.5)
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse.float(), atol=2e-3, rtol=1e-4)
+    assert torch.all(out[2:4] == 0) and torch.all(lse[2:4] == float("-inf"))
+
+
+@pytest.mark.parametrize("c", [
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 304, packed=False),
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 64, 3, 37, False, 1, False, 0.0, None, 256, packed=False),
+    Call("gfx942", "0.1.20", None, "fp8_e4m3fnuz", "fp8_e4m3fnuz", 64, 2, 37, True, 1, False, 0.0, None, 304,
+         packed=False),
+    Call("gfx950", "0.1.20", None, "fp8_e4m3", "fp8_e4m3", 32, 3, 37, True, 2, False, 0.0, None, 256, packed=False),
+    Call("gfx942", "0.1.20", False, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 304, packed=False),
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, "aiter_lse", 304, packed=False),
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 304),  # packed: AITER
+])
+def test_a_call_on_a_cache_of_strided_rows_runs_where_explain_says(c):
+    """A ``[N, 576]`` view of rows of 640 (rows not packed): explain named an AITER path while the AITER launcher
+    refused the cache at run time ("'kv_cache' must be contiguous"). The AITER paths now require packed rows
+    (``kv_rows_packed``, tables/mla_decode.yaml), read from the call's cache: explain (``--no-kv-rows-packed``) and
+    the runtime both take the Triton path (the reference without Triton), naming that requirement as the AITER
+    paths' reason; forced onto an AITER path, both refuse the call."""
+    check_agreement(c)
+    rc, text, _ = cli(c.argv())
+    got = runtime(c)
+    if c.packed:
+        assert got[1].path.startswith("aiter") and got[1].spec.kv_rows_packed
+        return
+    assert "kv_rows_packed=false, needs true (mla-sink hands AITER the cache as kv_cache.view(" in text, text
+    assert text.splitlines()[0].endswith("-kvstrided")  # the call's key says so
+    if c.path is not None:  # forced onto an AITER path: refused by both, with the reason
+        assert rc == 2 and got[0] == "refused" and "kv_rows_packed=false" in got[1].explanation
+        return
+    _, plan, launched, _, _ = got
+    assert plan.spec.kv_rows_packed is False and plan.path == ("triton" if c.triton is None else "reference")
+    assert call_key(plan.spec, plan.platform) == text.splitlines()[0]
+    assert launched is None or not any(isinstance(x, AiterCall) for x in launched)
+
+
+def test_a_layer_is_planned_for_the_cache_each_call_gives():
+    """The layer's construction-time plan assumes packed rows unless built with ``kv_rows_packed=False``; a call on a
+    cache of strided rows is planned on Triton either way (the tensors decide), one on packed rows on AITER."""
+    from mla_sink.layer import SparseMLADecode
+
+    platform = Platform("gfx942", aiter_version="0.1.20", num_sms=304)
+    packed = Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, False, 1, True, 0.0, None, 304)
+    for built_packed in (True, False):
+        rec = Recorder("gfx942", 1)
+        with rec.active():
+            layer = SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=37, return_lse=True,
+                                    kv_rows_packed=built_packed, platform=platform)
+            assert layer.plan.path == ("aiter_lse" if built_packed else "triton"), layer.plan
+            for c in (packed, attrs.evolve(packed, packed=False)):
+                x = tensors(c)
+                layer(x.q, x.kv_cache, x.indices)
+                assert rec.plans[-1].path == ("aiter_lse" if c.packed else "triton")
+                assert rec.plans[-1].spec == attrs.evolve(layer.spec, kv_rows_packed=c.packed)
 
 
 def test_a_seesaw_call_of_a_topk_without_whole_16_id_rows_is_planned_on_the_kernel_that_runs():

@@ -24,6 +24,28 @@ def test_key_names_non_default_fields():
         assert str(attrs.evolve(s, logit_cap=cap)).endswith(text), cap
 
 
+def test_kv_rows_packed_is_read_from_the_cache_and_named_in_the_key():
+    """A ``[N, 576]`` view of wider rows is not packed (AITER takes packed rows only: tables/mla_decode.yaml); the
+    key says so; a cache of one row is packed whatever its stride; a paged V3.2 pool with a gap between its pages is
+    not; the spec's value is a bool."""
+    import torch
+
+    from mla_sink import describe
+
+    q, idx = torch.zeros(2, 16, 576, dtype=torch.bfloat16), torch.zeros(2, 8, dtype=torch.int32)
+    wide = torch.zeros(8, 640, dtype=torch.bfloat16)
+    for kv, packed in ((wide[:, :576].contiguous(), True), (wide[:, :576], False), (wide[:1, :576], True)):
+        s, _ = describe(q, kv, idx, platform=Platform("cpu"))
+        assert s.kv_rows_packed is packed and str(s).endswith("-kvstrided") == (not packed)
+    pages = torch.zeros(4, 65, 656, dtype=torch.uint8)
+    for pool, packed in ((pages[:, :64].contiguous(), True), (pages[:, :64], False), (pages[:1, :64], True)):
+        assert describe(q, pool, idx, platform=Platform("cpu"))[0].kv_rows_packed is packed
+    assert call_key(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=8, kv_rows_packed=False),
+                    Platform("gfx942", "0.1.20")) == "bf16-h16-gfx942-nosinks-dcp1-kvstrided"
+    with pytest.raises(ValueError, match="'kv_rows_packed' must be a bool"):
+        CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=8, kv_rows_packed=1)
+
+
 def test_need_lse():
     base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
     assert not CallSpec(**base).need_lse

@@ -20,9 +20,9 @@ FNUZ, OCP = "fp8_e4m3fnuz", "fp8_e4m3"
 DS = "fp8_ds_mla"  # the 656-byte V3.2 rows
 
 
-def spec(q="bf16", kv=None, h=16, sinks=False, dcp=1, lse=False, cap=0.0, topk=2048):
+def spec(q="bf16", kv=None, h=16, sinks=False, dcp=1, lse=False, cap=0.0, topk=2048, packed=True):
     return CallSpec(q_dtype=q, kv_dtype=kv or q, num_heads=h, topk=topk, sinks=sinks, dcp_world_size=dcp,
-                    need_lse=lse, logit_cap=cap)
+                    need_lse=lse, logit_cap=cap, kv_rows_packed=packed)
 
 
 # (spec, platform, expected path, expected params subset, expected row id)
@@ -58,6 +58,14 @@ CASES = [
     (spec(OCP, h=32), G950, "aiter_persistent", {"return_lse": False}, "aiter_persistent_fp8_gfx950"),
     (spec(h=256), G942, "triton", {}, "triton_portable"),  # AITER paths require num_heads <= 128
     (spec(h=16, cap=30.0), G942, "triton", {}, "triton_portable"),  # AITER paths require logit_cap <= 0
+    # AITER paths require packed kv_cache rows (a [N, 576] view of rows of 640 was refused by the AITER launcher
+    # at run time while explain named AITER)
+    (spec(h=16, sinks=True, packed=False), G942, "triton", {}, "triton_portable"),
+    (spec(h=64, packed=False), G950, "triton", {}, "triton_portable"),
+    (spec(FNUZ, h=64, sinks=True, packed=False), G942, "triton", {}, "triton_portable"),
+    (spec(h=32, sinks=True, packed=False), Platform("gfx950", "0.1.20", triton=False), "reference", {},
+     "reference_without_triton"),
+    (spec(h=128, sinks=True, packed=False), Platform("sm90"), "triton", {}, "triton_portable"),
     (spec(h=32, sinks=True), Platform("gfx942", "0.1.15"), "triton", {}, "triton_portable"),
     (spec(h=32, sinks=True), Platform("gfx950", "0.1.18"), "triton", {}, "triton_portable"),
     (spec(h=32, sinks=True), Platform("gfx942", None), "triton", {}, "triton_portable"),  # AITER absent
@@ -124,7 +132,7 @@ def test_every_aiter_path_requires_the_aiter_facts_once():
     table = mla_table()
     aiter = [p for p in table.paths if p.startswith("aiter")]
     wanted = {("arch", "in"), ("aiter_version", "present"), ("aiter_version", "at_least"), ("q_dtype", "ne"),
-              ("kv_dtype", "ne"), ("logit_cap", "le"), ("num_heads", "le")}
+              ("kv_dtype", "ne"), ("logit_cap", "le"), ("num_heads", "le"), ("kv_rows_packed", "eq")}
     for name in aiter:
         assert {(c.field, c.op) for c in table.paths[name].requires} == wanted, name
         assert table.paths[name].requires == table.paths[aiter[0]].requires

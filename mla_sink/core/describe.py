@@ -6,7 +6,10 @@ from typing import Optional
 
 import torch
 
+import attrs
+
 from mla_sink.core.dtypes import dtype_key, kv_dtype_key
+from mla_sink.core.kv_layout import rows_packed
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.platform import detect_platform
 from mla_sink.core.records import CallSpec, Platform, check_platform
@@ -17,7 +20,16 @@ def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> Call
     """The :class:`CallSpec` of tensors already checked by :func:`mla_sink.core.validate.check_inputs`."""
     return CallSpec(q_dtype=dtype_key(x.q.dtype), kv_dtype=kv_dtype_key(x.kv_cache), num_heads=x.q.shape[1],
                     topk=x.indices.shape[1], sinks=x.sinks is not None, dcp_world_size=dcp_world_size,
-                    need_lse=need_lse, logit_cap=x.logit_cap)
+                    need_lse=need_lse, logit_cap=x.logit_cap, kv_rows_packed=rows_packed(x.kv_cache))
+
+
+def spec_for_tensors(spec: CallSpec, x: DecodeInputs) -> CallSpec:
+    """``spec`` with the facts only the call's tensors know taken from them: ``kv_rows_packed``
+    (:func:`mla_sink.core.kv_layout.rows_packed` of ``x.kv_cache``). A spec built without tensors (the layer's,
+    :func:`mla_sink.run`'s) assumes packed rows; the call is planned for the cache it is given. ``x`` is checked
+    (:func:`mla_sink.core.validate.check_inputs`)."""
+    packed = rows_packed(x.kv_cache)
+    return spec if spec.kv_rows_packed == packed else attrs.evolve(spec, kv_rows_packed=packed)
 
 
 def describe(
@@ -33,7 +45,8 @@ def describe(
 ) -> tuple[CallSpec, Platform]:
     """Derive the call's :class:`CallSpec` and :class:`Platform` from its tensors.
 
-    Only metadata is read (no value, no scale: fp8 calls need none here).
+    Only metadata is read (no value, no scale: fp8 calls need none here); ``kv_cache``'s strides give
+    ``kv_rows_packed`` (whether its rows follow each other without a gap).
 
     Args:
         q: ``[T, H, 576]`` bf16 / fp16 / ``float8_e4m3fn`` / ``float8_e4m3fnuz``. kv_cache: ``[N, 576]`` (a dtype

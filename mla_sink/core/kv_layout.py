@@ -218,6 +218,23 @@ def row_addressing(kv_cache: torch.Tensor) -> tuple[int, int]:
     return block_size, kv_cache.stride(0)
 
 
+def rows_packed(kv_cache: torch.Tensor) -> bool:
+    """Whether a pool's rows follow each other without a gap: row ``id`` at element offset ``id * D`` (``D`` =
+    ``kv_cache.shape[-1]``: 576, or 656 bytes), as in a contiguous ``[N, D]`` tensor or pages that follow each
+    other without a gap (:func:`row_addressing`). A pool of at most one row is packed, whatever its strides. A view
+    ``kv[:, :576]`` of wider rows (row stride 640, say) is not. :attr:`mla_sink.CallSpec.kv_rows_packed`.
+
+    Args:
+        kv_cache: a pool ``[N, D]`` or ``[num_blocks, block_size, D]``.
+
+    Raises:
+        ValueError: as :func:`row_addressing`.
+    """
+    block_size, stride = row_addressing(kv_cache)
+    rows = kv_cache.shape[0] if kv_cache.dim() == 2 else kv_cache.shape[0] * kv_cache.shape[1]
+    return rows <= 1 or (block_size == 1 and stride == kv_cache.shape[-1])
+
+
 def gather_rows(kv_cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """uint8 ``[len(ids), 656]``: the rows ``ids`` (int64, each in ``[0, N)``) of a flat or paged pool,
     without copying the pool (a paged pool with padded blocks is not one ``[N, 656]`` view)."""

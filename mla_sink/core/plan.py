@@ -62,7 +62,8 @@ class LaunchPlan:
             that :func:`mla_sink.api.prepare` returns (path and row only).
         launch: what the path's launcher executes for ``num_tokens`` tokens: a
             :class:`mla_sink.paths.triton.plan.TritonLaunch` (kernel, tiles, splits, fallback reason),
-            an :class:`mla_sink.paths.aiter.plan.AiterCall`, or ``None`` (the reference, or a
+            an :class:`mla_sink.paths.aiter.plan.AiterCall` (or, for more id slots than one AITER call indexes,
+            an :class:`mla_sink.paths.aiter.chunks.AiterChunkedCall`), or ``None`` (the reference, or a
             token-free plan).
 
     Raises:
@@ -154,21 +155,28 @@ def _build_plan(spec, platform, num_tokens, path, aiter_impl) -> LaunchPlan:
 
 
 def _plan_aiter_call(base: LaunchPlan, num_tokens: int, aiter_impl: Any):
-    """The AITER call; where the path needs AITER's own split heuristic, it is asked when AITER is here
-    (elsewhere the call stays unresolved: explain prints it, and the launcher resolves or refuses it)."""
+    """The AITER call (or, beyond AITER's int32 id offsets, the call in token chunks:
+    :func:`mla_sink.paths.aiter.chunks.plan_aiter_launch`); where the path needs AITER's own split heuristic, it is
+    asked, for each call's token count, when AITER is here (elsewhere the call stays unresolved: explain prints
+    it, and the launcher resolves or refuses it)."""
     from mla_sink.core.dtypes import TORCH_DTYPES
+    from mla_sink.paths.aiter.chunks import plan_aiter_launch, resolve_calls
     from mla_sink.paths.aiter.launch import aiter_meta_param, load_aiter_impl
-    from mla_sink.paths.aiter.plan import plan_aiter, with_meta_param
+    from mla_sink.paths.aiter.plan import with_meta_param
 
-    call = plan_aiter(base, num_tokens=num_tokens)
-    if not getattr(call, "needs_meta_param", False):
-        return call
+    launch = plan_aiter_launch(base, num_tokens=num_tokens)
+    if not launch.needs_meta_param:
+        return launch
     impl = aiter_impl
     if impl is None:
         try:
             impl = load_aiter_impl()
         except RuntimeError:  # not on a ROCm machine
-            return call
-    meta_param = aiter_meta_param(impl, num_tokens=num_tokens, topk=call.topk, padded_heads=call.padded_heads,
-                                  q_dtype=TORCH_DTYPES[call.q_dtype])
-    return with_meta_param(call, meta_param)
+            return launch
+
+    def resolved(call):
+        meta_param = aiter_meta_param(impl, num_tokens=call.num_tokens, topk=call.topk,
+                                      padded_heads=call.padded_heads, q_dtype=TORCH_DTYPES[call.q_dtype])
+        return with_meta_param(call, meta_param)
+
+    return resolve_calls(launch, resolved)

@@ -132,6 +132,12 @@ class CallSpec:
         logit_cap: soft cap of the scaled scores, ``s = logit_cap * tanh(s / logit_cap)``; ``<= 0`` disables it
             (stored as 0.0);
             a positive cap must lie in ``[2^-126, 2^126]`` (:func:`mla_sink.core.validate.check_logit_cap`).
+        kv_rows_packed: whether ``kv_cache``'s rows follow each other without a gap (row ``id`` at ``id * 576``
+            elements: a contiguous ``[N, 576]``; :func:`mla_sink.core.kv_layout.rows_packed`), not e.g. a
+            ``[N, 576]`` view of rows of 640 (default True). A call's own tensors decide it: :func:`mla_sink.describe`
+            reads it from ``kv_cache``, and a call given a spec (:func:`mla_sink.run`, the layer) is planned with its
+            ``kv_cache``'s value whatever the spec says (the AITER paths take packed rows only:
+            ``tables/mla_decode.yaml``).
 
     Raises:
         ValueError: a field is out of its domain, or the (q_dtype, kv_dtype) pair is not allowed (message names
@@ -146,6 +152,7 @@ class CallSpec:
     dcp_world_size: int = attrs.field(default=1, converter=_as_int, validator=_int_at_least(1))
     need_lse: bool = attrs.field(default=False, validator=_bool)
     logit_cap: float = attrs.field(default=0.0, converter=_cap, validator=_logit_cap)
+    kv_rows_packed: bool = attrs.field(default=True, validator=_bool)
 
     def __attrs_post_init__(self) -> None:
         if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:
@@ -163,6 +170,8 @@ class CallSpec:
             # digits, so 30 and 30.000001 shared 'cap30')
             cap = repr(float(self.logit_cap))
             tail.append(f"cap{cap[:-2] if cap.endswith('.0') else cap}")
+        if not self.kv_rows_packed:
+            tail.append("kvstrided")
         return head, tail
 
     def __str__(self) -> str:
@@ -338,8 +347,8 @@ def call_key(spec: CallSpec, platform: Platform) -> str:
     Returns:
         ``<dtypes>-h<H>-<arch>-<sinks|nosinks>-dcp<W>`` (dtypes ``<q>`` when KV has q's dtype, e.g. ``bf16``,
         else ``<q>+kv_<kv>``), then
-        ``-lse`` when the LSE was asked for without sinks or DCP and ``-cap<logit_cap>`` with a cap. Used in logs,
-        test ids and benchmark case names.
+        ``-lse`` when the LSE was asked for without sinks or DCP, ``-cap<logit_cap>`` with a cap and ``-kvstrided``
+        for a ``kv_cache`` whose rows are not packed. Used in logs, test ids and benchmark case names.
 
     Raises:
         ValueError: ``spec`` or ``platform`` is not the record.

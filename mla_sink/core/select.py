@@ -103,6 +103,7 @@ def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
         "num_heads": spec.num_heads,
         "need_lse": spec.need_lse,
         "logit_cap": spec.logit_cap,
+        "kv_rows_packed": spec.kv_rows_packed,
         # informative only (not matched by rows; shown by explain):
         "sinks": spec.sinks,
         "dcp_world_size": spec.dcp_world_size,

@@ -91,7 +91,7 @@ def _spec_from_args(args: argparse.Namespace) -> CallSpec:
         check_count(flag, value, high=high)  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
                     topk=args.topk, sinks=args.sinks, dcp_world_size=args.dcp,
-                    need_lse=args.return_lse, logit_cap=args.logit_cap)
+                    need_lse=args.return_lse, logit_cap=args.logit_cap, kv_rows_packed=args.kv_rows_packed)
 
 
 def _add_call_flags(p: argparse.ArgumentParser) -> None:
@@ -127,6 +127,10 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
         help="the call asks for the LSE (default: only where sinks or DCP need one)")
     add(p, "--logit-cap", type=float, default=0.0,
         help="logit_cap: soft cap of the scaled scores, cap * tanh(s / cap); <= 0 = no cap (default %(default)s)")
+    add(p, "--kv-rows-packed", dest="kv_rows_packed", action=argparse.BooleanOptionalAction, default=True,
+        help="kv_rows_packed: kv_cache's rows follow each other without a gap, as in a contiguous [N, 576] (the "
+             "default); --no-kv-rows-packed for a row stride other than the row's width, e.g. a [N, 576] view of "
+             "rows of 640, as the library reads it from the call's kv_cache")
     add(p, "--path", default=None,
         help="consider only rows naming this path (a path of tables/mla_decode.yaml; 'reference' is always "
              "honoured; default: every row, the table's first match wins)")

@@ -13,6 +13,7 @@ import attrs
 
 from mla_sink.core.kv_layout import BF16_EXACT_SCALE_EXP
 from mla_sink.core.platform import arch_of
+from mla_sink.paths.aiter.chunks import AiterChunkedCall
 from mla_sink.paths.triton.plan import MAX_GRID_TOKENS, combine_programs, token_ranges
 
 #: one name per kernel: the kernel's name in the tuning table, its file, and what explain prints
@@ -32,9 +33,13 @@ def launch_lines(plan: Any) -> list[str]:
         if launch is None:
             return [f"  aiter call at T={plan.num_tokens}: none (no tokens)"]
         lines = [f"  aiter call at T={plan.num_tokens}: {launch}"]
-        if getattr(launch, "num_kv_splits", 0) is None and "min_kv_splits" in plan.params:
-            lines.append(f"    split count: max(AITER's own heuristic, {plan.params['min_kv_splits']}), asked from "
-                         "AITER when the plan is made on a machine where it is importable")
+        chunked = isinstance(launch, AiterChunkedCall)
+        if chunked:  # each chunk one AITER call, planned for its token count
+            lines += [f"    chunk of {call.num_tokens} tokens: {call}" for call in launch.calls]
+        if launch.needs_meta_param and "min_kv_splits" in plan.params:
+            lines.append(f"    split count: max(AITER's own heuristic, {plan.params['min_kv_splits']})"
+                         f"{', for each chunk' if chunked else ''}, asked from AITER when the plan is made on a "
+                         "machine where it is importable")
         return lines
     return []
 
@@ -166,8 +171,9 @@ def _launch_count(num_tokens: Optional[int]) -> Optional[int]:
 def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     """The plan record as JSON-ready data: the rule table's selection (when given: path, row, params,
     rejections grouped by path) and the plan's ``key``, ``spec``, ``platform``, ``num_tokens`` and
-    ``launch`` (on the triton path with its kernel file and ``token_ranges``: the launches the call runs as;
-    ``None`` for a call of no tokens, which launches nothing, on every path, as the text says)."""
+    ``launch`` (on the triton path with its kernel file and ``token_ranges``: the launches the call runs as; on an
+    AITER path the call, or a call in token chunks with its ``calls`` and ``num_chunks``, ``chunk_tokens`` and
+    ``why``; ``None`` for a call of no tokens, which launches nothing, on every path, as the text says)."""
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
@@ -176,6 +182,9 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     doc.update(key=call_key(plan.spec, plan.platform), spec=_plain(plan.spec), platform=_plain(plan.platform),
                need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens,
                launch=None if plan.num_tokens == 0 else _plain(plan.launch))
+    if isinstance(plan.launch, AiterChunkedCall) and doc["launch"] is not None:
+        doc["launch"].update(num_chunks=len(plan.launch.chunks), chunk_tokens=plan.launch.chunk_tokens,
+                             why=plan.launch.why)
     if doc["launch"] is not None and plan.path == "triton":
         doc["launch"]["token_ranges"] = _launch_count(plan.num_tokens)
         if plan.launch.num_kv_splits is None:  # the SM count decides splits and kernel: both stay open

@@ -18,7 +18,9 @@ import torch
 from mla_sink.core.dtypes import TORCH_DTYPES, dtype_key
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.records import D_V
 from mla_sink.paths.aiter.buffers import AiterBuffers, allocate_buffers, fill_kv_buffers
+from mla_sink.paths.aiter.chunks import AiterChunkedCall, AiterLaunch, plan_aiter_launch
 from mla_sink.paths.aiter.finalize import finalize_aiter
 from mla_sink.paths.aiter.plan import (
     AITER_PATHS,
@@ -236,8 +238,11 @@ def _check_inputs(call: AiterCall, x: DecodeInputs) -> None:
         raise ValueError(f"'indices' must have shape {(call.num_tokens, call.topk)} as planned (got {tuple(x.indices.shape)})")
     if x.kv_cache.dim() != 2 or x.kv_cache.shape[1] != call.q_shape[2]:
         raise ValueError(f"'kv_cache' must have shape [N, {call.q_shape[2]}] (got {tuple(x.kv_cache.shape)})")
-    if not x.kv_cache.is_contiguous():
-        raise ValueError(f"'kv_cache' must be contiguous for AITER's [N, 1, 1, 576] view (got stride {tuple(x.kv_cache.stride())})")
+    if not x.kv_cache.is_contiguous():  # the plan of a call on such a cache names Triton (kv_rows_packed, the table)
+        raise ValueError(f"'kv_cache' must have packed rows (contiguous [N, {call.q_shape[2]}]) for AITER's "
+                         f"[N, 1, 1, {call.q_shape[2]}] view (got stride {tuple(x.kv_cache.stride())}); the library "
+                         "plans a call on a cache of other row strides on the triton path (tables/mla_decode.yaml, "
+                         "kv_rows_packed)")
     if call.pass_q_scale and x.q_scale is None:
         raise ValueError(f"'q_scale' (fp32 [1]) is required for {call.q_dtype} q on AITER")
     if call.pass_kv_scale and x.kv_scale is None:
@@ -264,10 +269,12 @@ def launch_aiter(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run one AITER path end to end and return the FINAL result.
 
-    Takes the planned call ``plan.launch`` when it is an :class:`AiterCall` of this path planned for
-    this T (a plan cached per ``(spec, platform, T)``), else plans it now (:func:`plan_aiter`); an
-    unresolved split count (:attr:`AiterCall.needs_meta_param`) is resolved with AITER's heuristic
-    (:func:`aiter_meta_param`, cached in the workspace). Then :func:`run_call`: pads heads (zero q
+    Takes the planned launch ``plan.launch`` when it is an :class:`AiterCall` (or an
+    :class:`~.chunks.AiterChunkedCall`) of this path planned for this T (a plan cached per ``(spec, platform,
+    T)``), else plans it now (:func:`~.chunks.plan_aiter_launch`); an unresolved split count
+    (:attr:`AiterCall.needs_meta_param`) is resolved with AITER's heuristic (:func:`aiter_meta_param`, cached in
+    the workspace). A call of more id slots (``T * topk``) than one AITER call indexes runs as consecutive token
+    chunks, each one call as below whose rows of ``out`` and ``lse`` are the call's. Then :func:`run_call`: pads heads (zero q
     rows), builds ``kv_indptr`` / ``kv_indices`` from the valid ids on the device, refills persistent
     metadata when the path is persistent, calls ``mla_decode_fwd(q, kv.view(-1, 1, 1, 576), o,
     qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, 1, sm_scale=inputs.sm_scale, **kwargs)``
@@ -276,7 +283,7 @@ def launch_aiter(
 
     Args:
         plan: a :class:`~mla_sink.core.plan.LaunchPlan` whose path is an AITER path (optionally with a
-            ``launch`` attribute holding the planned :class:`AiterCall`).
+            ``launch`` attribute holding the planned :class:`AiterCall` or :class:`~.chunks.AiterChunkedCall`).
         inputs: the call's tensors (:class:`~mla_sink.core.inputs.DecodeInputs`): ``q [T, H, 576]`` bf16/fp8,
             ``kv_cache [N, 576]`` contiguous, ``indices`` int32 ``[T, topk]`` (``-1`` / out-of-range =
             skip anywhere), optional ``topk_length [T]``, ``sinks`` fp32 ``[H]``, fp32 ``[1]`` scales
@@ -291,7 +298,8 @@ def launch_aiter(
         excluded, ``-inf`` on empty rows, or ``None`` from a persistent call without LSE.
 
     Raises:
-        ValueError: a non-AITER path, inputs that disagree with the plan, or what :func:`plan_aiter` raises.
+        ValueError: a non-AITER path, inputs that disagree with the plan, or what
+            :func:`~.chunks.plan_aiter_launch` raises.
         RuntimeError: AITER is not importable (only when ``impl`` is None).
     """
     return prepare_aiter(plan, inputs, impl=impl, workspace=workspace)(inputs)
@@ -306,9 +314,9 @@ def prepare_aiter(
 ):
     """The runner of an AITER path for calls shaped like ``inputs`` (the first call of a signature; the library's
     eager calls reuse it, :mod:`mla_sink.paths`): what :func:`launch_aiter` settles once - the planned and resolved
-    call, AITER's entry points, the checks of the inputs against the call, the workspace's buffers and the call's
-    constant keyword arguments. The runner then fills the id buffers (and the persistent metadata), calls AITER and
-    finalises (:func:`run_call`'s steps).
+    call (each chunk's, for a call in token chunks), AITER's entry points, the checks of the inputs against the
+    call, the workspace's buffers and the call's constant keyword arguments. The runner then fills the id buffers
+    (and the persistent metadata), calls AITER and finalises (:func:`run_call`'s steps), once per chunk.
 
     Returns:
         ``DecodeInputs -> (out, lse)`` as :func:`launch_aiter` returns them, for inputs of this signature.
@@ -323,13 +331,55 @@ def prepare_aiter(
     num_tokens = inputs.q.shape[0]
     if num_tokens == 0:  # nothing to launch (AITER takes no empty batch): empty results, as on the other paths
         return _empty_runner(plan_aiter(plan, num_tokens=1))
-    call = getattr(plan, "launch", None)
-    if not (isinstance(call, AiterCall) and call.path == plan.path and call.num_tokens == num_tokens):
-        call = plan_aiter(plan, num_tokens=num_tokens)
+    launch = getattr(plan, "launch", None)
+    if not (isinstance(launch, (AiterCall, AiterChunkedCall)) and launch.path == plan.path
+            and launch.num_tokens == num_tokens):
+        launch = plan_aiter_launch(plan, num_tokens=num_tokens)
     if impl is None:
         impl = load_aiter_impl()
     workspace = _DEFAULT_WORKSPACE if workspace is None else workspace
-    return _call_runner(workspace.resolve(call, inputs.device, impl), inputs, impl, workspace)
+    return _runner(launch, inputs, impl, workspace)
+
+
+def _runner(launch: AiterLaunch, inputs: DecodeInputs, impl: AiterImpl, workspace: AiterWorkspace):
+    """The runner of a planned launch: one call's (:func:`_call_runner`), or the chunks' (:func:`_chunked_runner`);
+    split counts left to AITER's heuristic resolved now."""
+    if isinstance(launch, AiterChunkedCall):
+        return _chunked_runner(launch, inputs, impl, workspace)
+    return _call_runner(workspace.resolve(launch, inputs.device, impl), inputs, impl, workspace)
+
+
+def _chunked_runner(chunked: AiterChunkedCall, inputs: DecodeInputs, impl: AiterImpl, workspace: AiterWorkspace):
+    """The runner of a call in token chunks (:class:`~.chunks.AiterChunkedCall`): each chunk's call prepared once
+    per chunk length (on the rows of the first chunk of that length: the full chunks share one runner and one
+    buffer set, a shorter last chunk has its own), each chunk run on its rows of ``q``, ``indices``,
+    ``topk_length`` and ``out`` and its LSE copied into its rows of the call's. The chunks run one after another
+    on the stream, so a chunk refills the shared id buffers only after the chunk before has read them."""
+    runners: dict = {}
+    for a, b in chunked.chunks:
+        if b - a not in runners:
+            call = workspace.resolve(chunked.call_of(b - a), inputs.device, impl)
+            runners[b - a] = _call_runner(call, _token_slice(inputs, a, b), impl, workspace)
+    shape = (chunked.num_tokens, chunked.num_heads)
+    out_dtype = TORCH_DTYPES[chunked.out_dtype]
+
+    def run(x: DecodeInputs) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        out = x.out if x.out is not None else torch.empty((*shape, D_V), dtype=out_dtype, device=x.q.device)
+        lse = torch.empty(shape, dtype=torch.float32, device=x.q.device) if chunked.return_lse else None
+        for a, b in chunked.chunks:
+            _, part = runners[b - a](_token_slice(x._replace(out=out), a, b))
+            if lse is not None:
+                lse[a:b].copy_(part)
+        return out, lse
+
+    return run
+
+
+def _token_slice(x: DecodeInputs, a: int, b: int) -> DecodeInputs:
+    """Tokens ``a <= t < b`` of a call: its rows of ``q``, ``indices``, ``topk_length`` and ``out`` (views)."""
+    return x._replace(q=x.q[a:b], indices=x.indices[a:b],
+                      topk_length=None if x.topk_length is None else x.topk_length[a:b],
+                      out=None if x.out is None else x.out[a:b])
 
 
 def _empty_runner(call: AiterCall):
@@ -347,8 +397,9 @@ def _empty_runner(call: AiterCall):
     return run
 
 
-def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspace: AiterWorkspace) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Execute an already planned :class:`AiterCall` on the inputs (see :func:`launch_aiter` for the contract).
+def run_call(call: AiterLaunch, inputs: DecodeInputs, *, impl: AiterImpl, workspace: AiterWorkspace) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Execute an already planned :class:`AiterCall` (or :class:`~.chunks.AiterChunkedCall`, chunk by chunk) on
+    the inputs (see :func:`launch_aiter` for the contract).
 
     ``N`` and ``sm_scale`` come with the inputs (the KV cache is viewed as ``(-1, 1, 1, 576)``), so one
     call serves every call of its shape.
@@ -356,9 +407,11 @@ def run_call(call: AiterCall, inputs: DecodeInputs, *, impl: AiterImpl, workspac
     Raises:
         ValueError: the call's split count is unresolved (:attr:`AiterCall.needs_meta_param`: plan it
             with ``meta_param``, resolve it with :func:`~.plan.with_meta_param`, or run it through
-            :func:`launch_aiter`), or the inputs disagree with the call (dtypes, shapes, a KV cache that
-            is not contiguous, missing fp8 scales).
+            :func:`launch_aiter`; a chunked call's are resolved here), or the inputs disagree with the call
+            (dtypes, shapes, a KV cache whose rows are not packed, missing fp8 scales).
     """
+    if isinstance(call, AiterChunkedCall):
+        return _chunked_runner(call, inputs, impl, workspace)(inputs)
     return _call_runner(call, inputs, impl, workspace)(inputs)
 
 

@@ -76,8 +76,26 @@ KV_GRANULARITY = 16
 
 KV_INDICES_LAYOUTS = ("packed", "row_strided")
 #: The most id slots (``T * topk``) one AITER call takes: ``kv_indptr`` and the persistent plan's row starts
-#: (``t * topk``) are int32 in AITER's API, and so are the offsets :func:`~.buffers.fill_kv_buffers` computes.
+#: (``t * topk``) are int32 in AITER's API, and so are the offsets :func:`~.buffers.fill_kv_buffers` computes. A
+#: call of more runs as consecutive token chunks, each one AITER call (:func:`~.chunks.plan_aiter_launch`). Read
+#: when a call is planned (:func:`id_slot_limit`), so a test may lower it (and clear the plan caches).
 MAX_ID_SLOTS = 2 ** 31 - 1
+
+
+def id_slot_limit(max_id_slots: Optional[int] = None) -> int:
+    """The most id slots one AITER call takes: ``max_id_slots`` when given (tests pass a small one), else
+    :data:`MAX_ID_SLOTS` as the module holds it now.
+
+    Raises:
+        ValueError: ``max_id_slots`` given but not an int in ``[1, MAX_ID_SLOTS]`` (no larger count fits AITER's
+            int32 offsets).
+    """
+    if max_id_slots is None:
+        return MAX_ID_SLOTS
+    if isinstance(max_id_slots, bool) or not isinstance(max_id_slots, int) or not 1 <= max_id_slots <= 2 ** 31 - 1:
+        raise ValueError(f"'max_id_slots' must be an int in [1, 2^31 - 1] (AITER's id offsets are int32; got "
+                         f"{max_id_slots!r})")
+    return max_id_slots
 
 
 def _pos_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -432,8 +450,13 @@ def with_meta_param(call: AiterCall, meta_param: tuple[int, int]) -> AiterCall:
     return attrs.evolve(call, num_kv_splits=max(picked, call.min_kv_splits))
 
 
-def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[int, int]] = None) -> AiterCall:
+def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[int, int]] = None,
+               max_id_slots: Optional[int] = None) -> AiterCall:
     """Plan the exact ``aiter.mla.mla_decode_fwd`` call of an AITER path for T tokens. Pure; no tensors, no AITER.
+
+    One call: ``T * topk`` must fit AITER's int32 id offsets. The library plans every AITER launch through
+    :func:`~.chunks.plan_aiter_launch`, which serves a call of more id slots as consecutive token chunks, each
+    planned here.
 
     Everything comes from the plan: the spec (heads, dtypes, topk, ``logit_cap``, need_lse) and the
     params of the winning row on top of its path's defaults (``tables/mla_decode.yaml``):
@@ -455,6 +478,7 @@ def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[
         meta_param: ``(num_kv_splits, batch_size)``: AITER's split heuristic result,
             ``aiter.mla.get_meta_param(None, T, T * topk, Hp, 1, q.dtype)[0]`` and the T it was
             computed for (:func:`~.launch.aiter_meta_param`). Used only with ``min_kv_splits``.
+        max_id_slots: the most id slots one call takes (:func:`id_slot_limit`; default :data:`MAX_ID_SLOTS`).
 
     Returns:
         :class:`AiterDecodeCall` for the ``aiter_lse*`` paths, :class:`AiterPersistentCall` for
@@ -462,7 +486,8 @@ def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[
 
     Raises:
         ValueError: a non-AITER path; ``num_tokens`` not an int >= 1; ``num_tokens * topk`` beyond
-            :data:`MAX_ID_SLOTS` (AITER's int32 id offsets); a required param missing or a
+            ``max_id_slots`` (AITER's int32 id offsets: :func:`~.chunks.plan_aiter_launch` chunks such a
+            call); ``max_id_slots`` out of its range; a required param missing or a
             param of the wrong type; a persistent call without LSE for a spec that needs one (sinks,
             DCP, return_lse); a malformed ``meta_param`` or one computed for another T.
 
@@ -475,13 +500,14 @@ def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
         raise ValueError(f"'num_tokens' must be an int >= 1 (got {num_tokens!r})")
     spec = plan.spec
-    if num_tokens * spec.topk > MAX_ID_SLOTS:
+    limit = id_slot_limit(max_id_slots)
+    if num_tokens * spec.topk > limit:
         # kv_indptr's running count and the row starts t * topk are int32 (AITER's API, and the id buffers' fill):
-        # past 2^31 - 1 they wrap negative; planned anyway, such a call was not refused (forty-first session)
+        # past 2^31 - 1 they wrap negative (forty-first session); plan_aiter_launch chunks such a call
         raise ValueError(
             f"'num_tokens' * topk = {num_tokens} * {spec.topk} = {num_tokens * spec.topk} id slots exceeds "
-            f"{MAX_ID_SLOTS}, the most one AITER call indexes (kv_indptr and the row starts are int32): call with at "
-            f"most {MAX_ID_SLOTS // spec.topk} tokens at a time (row {plan.row_id})"
+            f"{limit}, the most one AITER call indexes (kv_indptr and the row starts are int32): one call takes at "
+            f"most {limit // spec.topk} tokens; plan_aiter_launch serves more as token chunks (row {plan.row_id})"
         )
     heads = max(spec.num_heads, _int_param(plan, "pad_heads_to", required=True))
     multiple = _int_param(plan, "pad_heads_multiple", required=False)
