@@ -56,7 +56,7 @@ def prepare(
         path: force a path (a path name of ``tables/mla_decode.yaml``; only rows naming it are considered,
             ``'reference'`` is always honoured); ``None``: the table's first match.
         sinks: the layer's fp32 ``[H]`` sinks (natural-log units, not scaled by ``sm_scale``), checked now
-            (dtype, shape, contiguity, device kind) if given.
+            (dtype, shape, device kind) if given; any stride.
         sm_scale: the score scale, checked now if given: a real in ``[2^-126, 2^126]``.
 
     Returns:
@@ -66,7 +66,7 @@ def prepare(
 
     Raises:
         ValueError: ``spec`` not a :class:`CallSpec` or ``platform`` neither ``None`` nor a :class:`Platform`;
-            ``sinks`` malformed (not fp32, not ``[H]``, not contiguous), on a device of another kind than the
+            ``sinks`` malformed (not fp32, not ``[H]``), on a device of another kind than the
             platform's (a GPU platform needs CUDA/ROCm sinks) or on a CUDA device this machine lacks, or given
             while ``spec.sinks`` is False; ``sm_scale`` not a real in ``[2^-126, 2^126]``; ``path`` not a path of
             the table; on an AITER path, a call its planner refuses
@@ -298,7 +298,7 @@ def sparse_mla_decode(
             (:func:`mla_sink.quantize_kv_cache` writes one).
         indices: int32 ``[T, topk]``, ``1 <= topk <= 2^30``, global row ids; ``-1`` or any id outside
             ``[0, N)`` = skip, wherever it sits in the row; a duplicated id counts once per occurrence.
-        sinks: optional fp32 ``[H]``, contiguous: one sink logit per head, natural-log units, not scaled by
+        sinks: optional fp32 ``[H]``, any stride: one sink logit per head, natural-log units, not scaled by
             ``sm_scale`` (``-inf`` changes nothing, ``+inf`` gives zeros).
         sm_scale: multiplies ``q.k`` before the natural-exp softmax; a real in ``[2^-126, 2^126]``; default
             ``576 ** -0.5``.

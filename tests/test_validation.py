@@ -21,7 +21,6 @@ BAD = [
     (lambda x: x.update(sinks=torch.zeros(4, dtype=torch.bfloat16)), "sinks"),
     (lambda x: x.update(sinks=torch.zeros(4, 1)), "sinks"),
     (lambda x: x.update(sinks=torch.zeros(5)), "sinks"),
-    (lambda x: x.update(sinks=torch.zeros(8)[::2]), "sinks"),
     (lambda x: x.update(sinks=torch.zeros(4, device="meta")), "sinks"),
     (lambda x: x.update(q=torch.randn(2, 4, 512).bfloat16()), "q"),
     (lambda x: x.update(q=torch.randn(2, 576).bfloat16()), "q"),
@@ -116,8 +115,7 @@ def test_prepare_checks_sinks_without_call_tensors():
     s = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8, sinks=True)
     with pytest.raises(ValueError, match="'sinks' must be float32"):
         prepare(s, Platform("cpu"), sinks=torch.zeros(4, dtype=torch.float16))
-    with pytest.raises(ValueError, match="'sinks' must be contiguous"):
-        prepare(s, Platform("cpu"), sinks=torch.zeros(8)[::2])
+    assert prepare(s, Platform("cpu"), sinks=torch.zeros(8)[::2]).path  # any stride (forty-second session)
     with pytest.raises(ValueError, match="spec.sinks is False"):
         prepare(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8), Platform("cpu"), sinks=torch.zeros(4))
     assert prepare(s, Platform("cpu", triton=False), sinks=torch.zeros(4)).path == "reference"

@@ -391,8 +391,8 @@ def dcp_sparse_mla_decode(
             ``inputs.q`` is not 3-D; ``inputs.indices`` is not int32 ``[T, topk]``; ``inputs.kv_cache`` is
             neither 2-D nor a paged uint8 ``[blocks, block_size, 656]``, or has a row count other than this rank's
             shard of ``num_kv_rows`` under ``layout``; ``inputs.sinks``/``topk_length``/``out`` have
-            inconsistent shapes, or ``out`` another dtype than the output dtype; ``sinks`` is not fp32,
-            contiguous and on q's device; ``out`` is on another device, overlaps itself, or is an inference tensor
+            inconsistent shapes, or ``out`` another dtype than the output dtype; ``sinks`` is not fp32
+            and on q's device (any stride: the merge reads a contiguous copy of strided ones); ``out`` is on another device, overlaps itself, or is an inference tensor
             outside ``torch.inference_mode()``; ``local_decode`` is not callable or returns wrong shapes.
 
     Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
@@ -423,7 +423,9 @@ def dcp_sparse_mla_decode(
         )
     if inputs.sinks is not None and tuple(inputs.sinks.shape) != (h,):
         raise ValueError(f"'inputs.sinks' must be fp32 [H={h}] (got shape {tuple(inputs.sinks.shape)})")
-    check_sinks(inputs.sinks, h, q.device)  # the GPU merge's rule, checked on every device before any collective
+    check_sinks(inputs.sinks, h, q.device)  # checked on every device before any collective
+    if inputs.sinks is not None and not inputs.sinks.is_contiguous():  # the GPU merge reads them at unit stride
+        inputs = inputs._replace(sinks=inputs.sinks.contiguous())
     if inputs.topk_length is not None and tuple(inputs.topk_length.shape) != (t,):
         raise ValueError(f"'inputs.topk_length' must be int32 [T={t}] (got shape {tuple(inputs.topk_length.shape)})")
     out_dtype = _out_dtype(q)

@@ -186,11 +186,13 @@ def overlaps_itself(t: torch.Tensor) -> bool:
 
 
 def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[torch.device] = None,
-                like: str = "q") -> None:
-    """Validate ``sinks``: fp32, 1-D ``[H]``, contiguous, on ``device`` (that of the tensor named ``like``).
+                like: str = "q", contiguous: bool = False) -> None:
+    """Validate ``sinks``: fp32, 1-D ``[H]``, on ``device`` (that of the tensor named ``like``); any stride (the
+    runners read a contiguous copy of strided sinks: :func:`mla_sink.paths.prepare_runner`), or contiguous where
+    ``contiguous`` (a raw kernel launcher's buffers, :func:`check_merge_buffers`).
 
     Raises:
-        ValueError: wrong type, dtype, rank, length, layout or device.
+        ValueError: wrong type, dtype, rank, length, layout (only with ``contiguous``) or device.
     """
     if sinks is None:
         return
@@ -201,7 +203,7 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
         raise ValueError(f"'sinks' must be 1-D [num_heads] (got shape {concrete(sinks.shape)})")
     if sinks.shape[0] != num_heads:
         raise ValueError(f"'sinks' must have num_heads={shown(num_heads)} entries (got {shown(sinks.shape[0])})")
-    if not sinks.is_contiguous():
+    if contiguous and not sinks.is_contiguous():
         raise ValueError(f"'sinks' must be contiguous (got stride {concrete(sinks.stride())})")
     if device is not None and sinks.device != device:
         raise ValueError(f"'sinks' must be on {device}, like {like} (got {sinks.device})")
@@ -246,7 +248,7 @@ def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
         raise ValueError(f"'part_out' must be {' / '.join(map(str, MERGE_DTYPES))} (got {part_out.dtype})")
     if out.numel() and out.stride(2) != 1:
         raise ValueError(f"'out' must have innermost stride 1 (got strides {concrete(out.stride())})")
-    check_sinks(sinks, H, dev, like="part_out")
+    check_sinks(sinks, H, dev, like="part_out", contiguous=True)
     for name, t in (("out", out), ("lse", lse)):
         if overlaps_itself(t):
             raise ValueError(f"'{name}' must not overlap itself (got shape {concrete(t.shape)}, strides {t.stride()}): "
@@ -395,7 +397,7 @@ def check_inputs(
             (``fp8_ds_mla``): uint8 ``[N, 656]`` or ``[num_blocks, block_size, 656]``
             (:func:`check_ds_mla_cache`), with ``kv_scale`` None and q bf16/fp16.
         indices: int32 ``[T, topk]``, topk >= 1.
-        sinks: optional fp32 ``[H]`` contiguous.
+        sinks: optional fp32 ``[H]``, any stride.
         sm_scale: optional float in ``[2^-126, 2^126]`` (:func:`check_sm_scale`).
         topk_length: optional int32 ``[T]``.
         q_scale / kv_scale: fp32 with one element; required exactly when q / kv_cache is fp8 (a per-tensor

@@ -52,11 +52,17 @@ LAUNCHERS = PREPARERS
 
 
 def prepare_runner(plan: LaunchPlan, x: DecodeInputs) -> Runner:
-    """The runner of ``plan`` for calls shaped like ``x`` (see the module docstring).
+    """The runner of ``plan`` for calls shaped like ``x`` (see the module docstring). Strided ``sinks`` (e.g. a
+    column ``[:, layer]`` of a ``[H, layers]`` parameter, or a broadcast ``expand``) are read through a contiguous
+    copy made per call (``[H]`` fp32: one small copy), as every kernel reads them at unit stride; contiguous ones
+    cost nothing more.
 
     Raises:
         KeyError: ``plan.path`` has no launcher (cannot happen for plans from the shipped table).
     """
+    if x.sinks is not None and not x.sinks.is_contiguous():
+        inner = PREPARERS[plan.path](plan, x._replace(sinks=x.sinks.contiguous()))
+        return lambda x: inner(x._replace(sinks=x.sinks.contiguous()))
     return PREPARERS[plan.path](plan, x)
 
 

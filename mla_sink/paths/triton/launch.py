@@ -693,7 +693,7 @@ def sparse_mla_decode_triton(
             the 656-byte ``fp8_ds_mla`` rows, uint8 ``[N, 656]`` / ``[num_blocks, block_size, 656]``
             (:func:`mla_sink.core.validate.check_ds_mla_cache`), with bf16/fp16 q and no ``kv_scale``.
         indices: int32 ``[T, topk]``; ``-1``, negative and ``>= N`` ids are skipped wherever they sit.
-        sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``).
+        sinks: optional fp32 ``[H]`` natural-log sink logits (not scaled by ``sm_scale``), any stride.
         sm_scale: multiplies ``q.k``; default ``576 ** -0.5``.
         topk_length: optional int32 ``[T]``; only the first ``topk_length[t]`` ids of row t are used.
         q_scale, kv_scale: fp32 ``[1]`` / ``[]`` dequantisation scales for fp8 q / fp8 KV.
@@ -728,6 +728,7 @@ def sparse_mla_decode_triton(
         launch = portable_launch(config, num_heads=spec.num_heads, num_tokens=q.shape[0], topk=spec.topk,
                                  num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits)
     plan = attrs.evolve(plan, num_tokens=q.shape[0], launch=launch)
+    sinks = sinks.contiguous() if sinks is not None else None  # the kernels read them at unit stride
     x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=D_QK ** -0.5 if sm_scale is None else float(sm_scale), sinks=sinks, topk_length=topk_length,
                      q_scale=q_scale, kv_scale=kv_scale, out=out, logit_cap=logit_cap)
     return prepare_triton(plan, x)(x, lse)
