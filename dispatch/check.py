@@ -13,6 +13,8 @@ repeated in rows.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from .errors import TableCheckError
@@ -96,8 +98,10 @@ def _redundancies(table: RuleTable, grid: Grid, row: Row, spec) -> list[Problem]
 def boundary_values(table: RuleTable) -> dict:
     """The values an open int field takes on either side of every threshold its conditions name (rows' ``when``
     and paths' ``requires``): ``b - 1``, ``b`` and ``b + 1`` for each bound ``b`` (each end of a ``range``, each
-    member of ``in`` / ``not_in``, the argument of ``multiple_of``: a multiple and the values beside it), none below
-    the smallest declared value (a domain starts at its field's least legal value, e.g. 0 for a count). Enumerated
+    member of ``in`` / ``not_in``, the argument of ``multiple_of``: a multiple and the values beside it) and, for a
+    field with ``multiple_of`` conditions, every residue modulo their least common multiple ``L`` after each of
+    those values and each declared one (``t .. t + L - 1``), none below the smallest declared value (a domain
+    starts at its field's least legal value, e.g. 0 for a count). Enumerated
     beside the declared domain, they make the checker see a gap or a shadow that falls between the domain's values
     (e.g. ``ne: 16`` with 16 not declared).
 
@@ -112,14 +116,22 @@ def boundary_values(table: RuleTable) -> dict:
     conds += [c for spec in table.paths.values() for c in spec.requires]
     floor = {name: min((v for v in table.fields[name].domain if isinstance(v, int)), default=None) for name in ints}
     out: dict = {}
+    moduli: dict = {}
     for c in conds:
         if c.field not in ints or c.op == "present":
             continue
+        if c.op == "multiple_of":
+            moduli.setdefault(c.field, set()).add(c.arg)
         bounds = c.arg if isinstance(c.arg, (tuple, list)) else (c.arg,)
         for b in bounds:
             if isinstance(b, int) and not isinstance(b, bool):
                 low = floor[c.field]
                 out.setdefault(c.field, set()).update(v for v in (b - 1, b, b + 1) if low is None or v >= low)
+    for name, ms in moduli.items():  # every residue after every threshold: a gap or a match of one residue class
+        # between two thresholds (odd values between le 21 and ge 25 beside multiple_of 2) is then seen
+        period, low = math.lcm(*ms), floor[name]
+        starts = out[name] | {v for v in table.fields[name].domain if isinstance(v, int) and not isinstance(v, bool)}
+        out[name].update(v for t in starts for v in range(t, t + period) if low is None or v >= low)
     return {name: tuple(sorted(vals)) for name, vals in out.items()}
 
 

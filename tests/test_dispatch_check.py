@@ -329,6 +329,21 @@ def test_a_gap_between_declared_int_values_is_found(first, second, value):
     assert len(gaps) == 1 and f"num_heads={value}" in str(gaps[0]), [str(p) for p in problems]
 
 
+def test_every_residue_between_two_thresholds_is_enumerated():
+    """``multiple_of`` beside ranges (a break test, forty-second session): 43, the odd value between ``le: 41`` and
+    ``ge: 45``, matches no row when the third row takes the even ones only; the thresholds' neighbours (40-42, 44-46)
+    miss it, so each residue after each threshold is enumerated too. And a row that only an undeclared
+    multiple can match (``multiple_of: 3`` and ``ge: 65``: 66) is not called unsatisfiable."""
+    rows = ("- id: even\n  when: {num_heads: {multiple_of: 2}}\n  path: slow\n  why: w\n  source: s\n"
+            "- id: small\n  when: {num_heads: {le: 41}}\n  path: slow\n  why: w\n  source: s\n"
+            "- id: big\n  when: {num_heads: {ge: 45}}\n  path: slow\n  why: w\n  source: s\n")
+    gaps = [str(p) for p in check_table(make(rows), thresholds=True) if p.kind == "gap"]
+    assert len(gaps) == 1 and "num_heads=43" in gaps[0], gaps
+    rows = ("- id: three_big\n  when: {num_heads: {multiple_of: 3, ge: 65}}\n  path: slow\n  why: w\n  source: s\n"
+            "- id: rest\n  path: slow\n  why: w\n  source: s\n")
+    assert not [p for p in check_table(make(rows), thresholds=True) if p.kind == "unsatisfiable"]
+
+
 def test_no_threshold_value_below_the_smallest_declared_one():
     """The declared domain's smallest value is the field's floor: ``ge: 16`` over ``[16, 32, 64]`` has no gap at 15."""
     rows = "- id: first\n  when: {num_heads: {ge: 16}}\n  path: slow\n  why: w\n  source: s\n"
