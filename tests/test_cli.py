@@ -173,6 +173,7 @@ def test_help(argv, capsys):
     # --matrix covers every arch, dtype and head count: a call flag with it is refused, not ignored (second break test)
     (["explain", "--matrix", "--arch", "sm90"], "'--arch' does not apply to --matrix"),
     (["explain", "--matrix", "--no-triton"], "'--triton/--no-triton' does not apply to --matrix"),
+    (["explain", "--matrix", "--no-kv-rows-packed"], "'--kv-rows-packed/--no-kv-rows-packed' does not apply to --matrix"),
     (["explain", "--matrix", "--heads", "64"], "'--heads' does not apply to --matrix"),
     # also at its default value (a fresh user's break test, twenty-sixth session: --heads 16 passed), and abbreviated
     (["explain", "--matrix", "--heads", "16"], "'--heads' does not apply to --matrix"),

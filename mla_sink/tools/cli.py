@@ -100,9 +100,11 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
 
     def add(where, *names, **kwargs) -> None:  # add_argument, recording the Action it returns
         action = where.add_argument(*names, **kwargs)
-        # --triton and --no-triton share one destination: the first one's default holds
+        # --triton and --no-triton share one destination: the first one's default holds; a BooleanOptionalAction
+        # is both spellings at once (--kv-rows-packed/--no-kv-rows-packed)
         seen, default = flags.get(action.dest, ((), action.default))
-        flags[action.dest] = (seen + (action.option_strings[0],), default)
+        both = isinstance(action, argparse.BooleanOptionalAction)
+        flags[action.dest] = (seen + (tuple(action.option_strings) if both else (action.option_strings[0],)), default)
 
     add(p, "--arch", help="compile target, e.g. gfx942, gfx950, gfx90a, sm80, sm89, sm90, sm100, cpu (default: this "
                           "machine); an NVIDIA feature suffix names the plain target (sm90a is sm90), a ROCm target "
