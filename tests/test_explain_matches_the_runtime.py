@@ -320,13 +320,20 @@ def check_chunked_aiter_launch(c: Call, launch: AiterChunkedCall, launched: Opti
     lines = text.splitlines()
     n = len(said.chunks)
     assert f"  aiter call at T={c.tokens}: {said}" in lines, (c, text)
-    assert f"served in {n} calls over token chunks of {said.chunk_tokens} tokens" in text and said.why in text
+    tokens = f"{said.chunk_tokens} token{'s' if said.chunk_tokens != 1 else ''}"
+    assert f"served in {n} calls over token chunks of {tokens}" in text and said.why in text
     assert said.why.startswith(f"T * topk = {c.tokens} * {c.topk} = {c.tokens * c.topk} id slots exceed ")
-    for call in said.calls:
-        assert f"    chunk of {call.num_tokens} tokens: {call}" in lines, (c, text)
+    full = n - (len(said.calls) - 1)
+    each = " each" if full > 1 else ""
+    assert f"    {full} chunk{'s' if full > 1 else ''} of {tokens}{each}: {said.calls[0]}" in lines, (c, text)
+    if len(said.calls) == 2:
+        last = said.calls[1].num_tokens
+        assert f"    the last chunk, of {last} token{'s' if last != 1 else ''}: {said.calls[1]}" in lines, (c, text)
     assert ("split count: max(AITER's own heuristic" in text) == said.needs_meta_param
     record = json.loads(json.dumps(attrs.asdict(said)))  # the calls as a JSON list
-    assert doc == dict(record, num_chunks=n, chunk_tokens=said.chunk_tokens, why=said.why), (c, doc)
+    common = dict(path=said.path, row_id=said.row_id, num_heads=said.num_heads, topk=said.topk,
+                  out_dtype=said.out_dtype, return_lse=said.return_lse)  # as a single call's launch has them
+    assert doc == dict(record, num_chunks=n, chunk_tokens=said.chunk_tokens, why=said.why, **common), (c, doc)
 
     def picked(call: AiterCall) -> AiterCall:
         if not call.needs_meta_param:

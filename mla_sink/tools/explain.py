@@ -35,13 +35,22 @@ def launch_lines(plan: Any) -> list[str]:
         lines = [f"  aiter call at T={plan.num_tokens}: {launch}"]
         chunked = isinstance(launch, AiterChunkedCall)
         if chunked:  # each chunk one AITER call, planned for its token count
-            lines += [f"    chunk of {call.num_tokens} tokens: {call}" for call in launch.calls]
+            full = len(launch.chunks) - (len(launch.calls) - 1)  # chunks of the full size (the first call's)
+            each = " each" if full > 1 else ""
+            lines.append(f"    {_count(full, 'chunk')} of {_count(launch.chunk_tokens, 'token')}{each}: {launch.calls[0]}")
+            if len(launch.calls) == 2:
+                lines.append(f"    the last chunk, of {_count(launch.calls[1].num_tokens, 'token')}: {launch.calls[1]}")
         if launch.needs_meta_param and "min_kv_splits" in plan.params:
             lines.append(f"    split count: max(AITER's own heuristic, {plan.params['min_kv_splits']})"
                          f"{', for each chunk' if chunked else ''}, asked from AITER when the plan is made on a "
                          "machine where it is importable")
         return lines
     return []
+
+
+def _count(n: int, noun: str) -> str:
+    """``n noun`` with the noun in the plural unless ``n`` is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _triton_lines(plan: Any, launch: Any) -> list[str]:
@@ -172,8 +181,9 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     """The plan record as JSON-ready data: the rule table's selection (when given: path, row, params,
     rejections grouped by path) and the plan's ``key``, ``spec``, ``platform``, ``num_tokens`` and
     ``launch`` (on the triton path with its kernel file and ``token_ranges``: the launches the call runs as; on an
-    AITER path the call, or a call in token chunks with its ``calls`` and ``num_chunks``, ``chunk_tokens`` and
-    ``why``; ``None`` for a call of no tokens, which launches nothing, on every path, as the text says)."""
+    AITER path the call, or a call in token chunks with its ``calls``, ``num_chunks``, ``chunk_tokens``, ``why`` and
+    the chunks' common ``path``, ``row_id``, ``num_heads``, ``topk``, ``out_dtype`` and ``return_lse``, as a single
+    call has them; ``None`` for a call of no tokens, which launches nothing, on every path, as the text says)."""
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
@@ -183,8 +193,10 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
                need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens,
                launch=None if plan.num_tokens == 0 else _plain(plan.launch))
     if isinstance(plan.launch, AiterChunkedCall) and doc["launch"] is not None:
-        doc["launch"].update(num_chunks=len(plan.launch.chunks), chunk_tokens=plan.launch.chunk_tokens,
-                             why=plan.launch.why)
+        c = plan.launch  # the chunks' common values at the top, as a single call has them
+        doc["launch"].update(num_chunks=len(c.chunks), chunk_tokens=c.chunk_tokens, why=c.why, path=c.path,
+                             row_id=c.row_id, num_heads=c.num_heads, topk=c.topk, out_dtype=c.out_dtype,
+                             return_lse=c.return_lse)
     if doc["launch"] is not None and plan.path == "triton":
         doc["launch"]["token_ranges"] = _launch_count(plan.num_tokens)
         if plan.launch.num_kv_splits is None:  # the SM count decides splits and kernel: both stay open

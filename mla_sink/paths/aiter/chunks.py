@@ -120,8 +120,9 @@ class AiterChunkedCall:
     def __str__(self) -> str:
         n, c = len(self.chunks), self.chunk_tokens
         last = self.num_tokens - (n - 1) * c
-        tail = f", the last of {last}" if last != c else ""
-        return f"{self.path}[{self.row_id}] served in {n} calls over token chunks of {c} tokens{tail}: {self.why}"
+        tail = f", the last of {last} token{'s' if last != 1 else ''}" if last != c else ""
+        return (f"{self.path}[{self.row_id}] served in {n} calls over token chunks of {c} token{'s' if c != 1 else ''}"
+                f"{tail}: {self.why}")
 
 
 #: What an AITER path launches for T tokens: one call, or the call in token chunks.
