@@ -40,9 +40,12 @@ class _Ctx:
 
 
 def _shown(value: Any) -> str:
-    """A value as an error message shows it: a string quoted (``'true'`` is not the bool true the message asks
-    for), anything else as explanations print it."""
+    """A value as an error message shows it, in the YAML's spelling: a string quoted (``'true'`` is not the bool
+    true the message asks for), an empty or ``null`` value as ``null`` (as ``true`` / ``false`` are the YAML's),
+    anything else as explanations print it."""
     value = _plain(value)
+    if value is None:
+        return "null"
     return repr(value) if isinstance(value, str) else format_value(value)
 
 
@@ -204,7 +207,7 @@ def _parse_params(ctx: _Ctx, mapping: LineDict, owner_line: int) -> dict:
     params = mapping.get("params")
     if params is None:
         if "params" in mapping:
-            raise ctx.error(mapping.line_of("params"), "params must be a mapping, got None (omit the key for none)")
+            raise ctx.error(mapping.line_of("params"), "params must be a mapping, got null (omit the key for none)")
         return {}
     params = _require_map(ctx, params, mapping.line_of("params") or owner_line, "params")
     for key in params:

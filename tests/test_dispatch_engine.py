@@ -581,7 +581,7 @@ def test_path_params_are_defaults_under_the_row_params():
 @pytest.mark.parametrize("bad,message", [
     ("params: [1, 2]", "params must be a mapping"),
     ("params: 3", "params must be a mapping"),
-    ("params:", "params must be a mapping, got None"),
+    ("params:", "params must be a mapping, got null"),  # the YAML's spelling (a break test, forty-second session)
     ("params: {1: x}", "params key 1 must be a string"),
     ("colour: red", "unknown path key 'colour' (allowed: description, requires, params, source)"),
 ])
