@@ -32,16 +32,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PATCH = os.path.join(HERE, "gluon_fp8_third_consumer.patch")
 TABLE = os.path.join("tables", "gluon_fp8.yaml")
 
-_DS_H32 = "    params: {head_block: 32, consumer_regs: 104, producer_regs: 120, deferred_row_sum: true, scores_only: true,\n"
+_DS_H32 = ("    params: {head_block: 32, consumer_regs: 104, producer_regs: 120, deferred_row_sum: true, "
+           "scores_only: true,\n")
 _E4_UNSPLIT = ("    path: alternate_scores\n    params: {head_block: 32, consumer_regs: 176, producer_regs: 152, "
                "deferred_row_sum: true, staged_ids: true}")
-_E4_SPLIT = "    params: {head_block: 32, consumer_regs: 104, producer_regs: 152, deferred_row_sum: true, staged_ids: true}"
-_THIRD_E4 = ("    params: {head_block: 32, consumer_regs: 104, producer_regs: 152, deferred_row_sum: true, staged_ids: true, "
-             "scores_only: true, third_consumer: true}")
-_DS_H16 = ("    path: alternate_blocks\n    params: {head_block: 16, consumer_regs: 176, producer_regs: 120, producer_rows: 64, "
-           "lines: true, deferred_row_sum: false}")
-_DS_SHORT = ("    params: {head_block: 16, consumer_regs: 104, producer_regs: 152, deferred_row_sum: false, scores_only: "
-             "true,\n             early_ids: true}")
+_E4_SPLIT = ("    params: {head_block: 32, consumer_regs: 104, producer_regs: 152, deferred_row_sum: true, "
+             "staged_ids: true}")
+_THIRD_E4 = _E4_SPLIT.replace("staged_ids: true}", "staged_ids: true, scores_only: true, third_consumer: true}")
+_DS_H16 = ("    path: alternate_blocks\n    params: {head_block: 16, consumer_regs: 176, producer_regs: 120, "
+           "producer_rows: 64, lines: true, deferred_row_sum: false}")
+_THIRD_H16 = ("    path: column_split\n    params: {head_block: 16, consumer_regs: 96, producer_regs: 152, "
+              "deferred_row_sum: false, scores_only: true, third_consumer: true}")
+_DS_SHORT = ("    params: {head_block: 16, consumer_regs: 104, producer_regs: 152, deferred_row_sum: false, "
+             "scores_only: true,\n             early_ids: true}")
+_THIRD_SHORT = _DS_SHORT.replace("consumer_regs: 104", "consumer_regs: 96").replace(
+    "early_ids: true}", "early_ids: true, third_consumer: true}")
 
 #: Variant -> the (old, new, count) edits of the patched tables/gluon_fp8.yaml (``count``: how often ``old`` occurs).
 VARIANTS = {
@@ -49,10 +54,7 @@ VARIANTS = {
     "three_p152": [(_DS_H32, _DS_H32.replace("producer_regs: 120", "producer_regs: 152"), 1)],
     "three_early": [(_DS_H32, _DS_H32.replace("scores_only: true,", "scores_only: true, early_ids: true,"), 1)],
     "three_e4": [(_E4_UNSPLIT, "    path: column_split\n" + _THIRD_E4, 1), (_E4_SPLIT, _THIRD_E4, 1)],
-    "three_h16": [(_DS_H16, "    path: column_split\n    params: {head_block: 16, consumer_regs: 96, producer_regs: 152, "
-                            "deferred_row_sum: false, scores_only: true, third_consumer: true}", 1),
-                  (_DS_SHORT, _DS_SHORT.replace("consumer_regs: 104", "consumer_regs: 96").replace(
-                      "early_ids: true}", "early_ids: true, third_consumer: true}"), 2)],
+    "three_h16": [(_DS_H16, _THIRD_H16, 1), (_DS_SHORT, _THIRD_SHORT, 2)],
 }
 
 
