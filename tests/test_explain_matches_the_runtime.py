@@ -679,7 +679,7 @@ def test_an_edited_seesaw_topk_multiple_moves_explain_and_the_launcher_together(
      "unit_rows"),
 ])
 def test_a_call_whose_strides_a_gluon_kernel_cannot_gather_is_planned_on_the_portable_kernel(c, fact):
-    """The forty-third session's break test: on sm90 the launcher ran the portable kernel for a call whose q / kv_cache
+    """The forty-second session's break test: on sm90 the launcher ran the portable kernel for a call whose q / kv_cache
     / indices strides are not multiples of 16 elements, or whose rows are not unit-stride, while the plan and
     ``explain`` named the Gluon kernel. Those are facts of the call signature (``CallSpec.gather_aligned``,
     ``unit_rows``, read from the tensors), requirements of the Gluon paths in tables/triton_tuning.yaml: the plan

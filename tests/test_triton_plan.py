@@ -274,7 +274,7 @@ def test_tuning_table_is_proven_at_load():
     assert tuple(table.paths) == P.KERNELS
     # the checker walks the product of the domains: small enough to run at every load (192,000 combinations since
     # topk became a field, two values; 768,000 since the stride facts gather_aligned and unit_rows, two bools: a
-    # bitset check, the whole load 54 ms before and after them, forty-third session)
+    # bitset check, the whole load 54 ms before and after them, forty-second session)
     assert dispatch.grid.Grid(table.fields).size <= 800_000
 
 
