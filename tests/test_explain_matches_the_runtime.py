@@ -84,6 +84,10 @@ class Call:
     path: Optional[str]
     sms: Optional[int]
     packed: bool = True  # kv_cache's rows packed (contiguous), or a view of wider rows
+    # tensors whose gather strides are not all multiples of the tuning table's 16 (CallSpec.gather_aligned false):
+    # "q" a view of [T, H, 580] rows, "kv" a cache of row stride 580, "idx" indices of row stride topk + 4;
+    # "idx_step" indices whose rows are not unit-stride (CallSpec.unit_rows false)
+    strides: Optional[str] = None
 
     def argv(self) -> list:
         a = ["explain", "--arch", self.arch, "--aiter", self.aiter or "none", "--q-dtype", self.q, "--kv-dtype",
@@ -94,7 +98,9 @@ class Call:
         a += ["--sinks"] * self.sinks + ["--return-lse"] * self.return_lse
         a += ["--path", self.path] if self.path else []
         a += ["--sms", str(self.sms)] if self.sms is not None else []
-        a += [] if self.packed else ["--no-kv-rows-packed"]
+        a += [] if self.packed and self.strides != "kv" else ["--no-kv-rows-packed"]  # rows of 580 are not packed
+        a += ["--no-unit-rows"] if self.strides == "idx_step" else []
+        a += ["--no-gather-aligned"] if self.strides in ("q", "kv", "idx") else []
         return a
 
     def platform(self) -> Optional[Platform]:
@@ -127,10 +133,20 @@ def tensors(c: Call) -> DecodeInputs:
     """CPU tensors of the call (their values never matter: no kernel runs). q is a broadcast view (its strides are
     aligned either way); the indices are contiguous ``[T, topk]``, as engines pass them; the cache is contiguous, or
     for a call without packed rows a view of rows 64 elements wider (row stride 640 for ``[N, 576]``)."""
-    q = torch.zeros(1, c.heads, 576, dtype=TORCH_DTYPES[c.q]).expand(c.tokens, c.heads, 576)
+    if c.strides == "q":  # q = buf[..., :576] of a [T, H, 580] buffer: head stride 580
+        q = torch.zeros(c.tokens, c.heads, 580, dtype=TORCH_DTYPES[c.q])[..., :576]
+    else:
+        q = torch.zeros(1, c.heads, 576, dtype=TORCH_DTYPES[c.q]).expand(c.tokens, c.heads, 576)
     width = 656 if c.kv == "fp8_ds_mla" else 576
-    kv = torch.zeros(8, width if c.packed else width + 64, dtype=TORCH_DTYPES[c.kv])[:, :width]  # rows of 640
-    return DecodeInputs(q=q, kv_cache=kv, indices=torch.zeros(c.tokens, c.topk, dtype=torch.int32),
+    wide = width + (4 if c.strides == "kv" else 0 if c.packed else 64)  # rows of 580 (660), or of 640 (720)
+    kv = torch.zeros(8, wide, dtype=TORCH_DTYPES[c.kv])[:, :width]
+    if c.strides == "idx":  # indices of row stride topk + 4
+        idx = torch.zeros(c.tokens, c.topk + 4, dtype=torch.int32)[:, :c.topk]
+    elif c.strides == "idx_step":  # rows of stride 2
+        idx = torch.zeros(c.tokens, 2 * c.topk, dtype=torch.int32)[:, ::2]
+    else:
+        idx = torch.zeros(c.tokens, c.topk, dtype=torch.int32)
+    return DecodeInputs(q=q, kv_cache=kv, indices=idx,
                         sm_scale=576 ** -0.5, sinks=torch.zeros(c.heads) if c.sinks else None,
                         q_scale=torch.ones(1) if c.q in FP8_KEYS else None,
                         kv_scale=torch.ones(1) if c.kv in FP8_KEYS else None, logit_cap=c.cap)
@@ -356,7 +372,7 @@ def check_triton_launch(c: Call, launch: Any, launched: list, doc: dict, text: s
     assert launched is None or (launched and set(launched) == {launch.kernel}), (c, launch.kernel, launched)
     for name in ("kernel", "kernel_row", "tuning_row", "num_kv_splits", "ids_per_split", "block_h", "block_n",
                  "num_warps", "num_stages", "combine_block_h", "combine_block_d", "fp8_f16", "exact_recompute",
-                 "fallback"):
+                 "fallback", "per_call"):
         assert doc[name] == getattr(launch, name), (name, c)
     assert doc["kernel_file"] == KERNEL_FILES[launch.kernel] and doc["token_ranges"] == ranges
     assert [tuple(r) for r in doc["rejected_kernels"]] == [tuple(r) for r in launch.rejected_kernels]
@@ -367,6 +383,7 @@ def check_triton_launch(c: Call, launch: Any, launched: list, doc: dict, text: s
     assert (f"runs as {ranges} launches" in text) == (ranges > 1)
     assert ("    fallback: " in text) == (launch.fallback is not None)
     assert ("    recompute: " in text) == launch.exact_recompute
+    assert ("    per call: " in text) == (launch.per_call is not None) == (launch.kernel == "gluon_seesaw")
     for row, why in launch.rejected_kernels:
         assert f"    ✗ {row}: {why}" in text
 
@@ -640,6 +657,139 @@ def test_an_edited_seesaw_topk_multiple_moves_explain_and_the_launcher_together(
     check_agreement(c)
     _, plan, launched, _, _ = runtime(c)
     assert plan.launch.kernel == kernel and launched == [kernel], (plan.launch, launched)
+
+
+# ---- strides the Gluon kernels cannot gather with: the plan names the kernel that runs ---------------------------
+
+@pytest.mark.parametrize("c,fact", [
+    # the break test's reproducer: q = buf[..., :576] of a [T, H, 580] buffer (head stride 580)
+    (Call("sm90", None, None, "bf16", "bf16", 128, 4, 1024, False, 1, False, 0.0, None, 132, strides="q"),
+     "gather_aligned"),
+    # a kv_cache of row stride 580 (640 is a multiple of 16: the seesaw takes it, below)
+    (Call("sm90", None, None, "bf16", "bf16", 64, 64, 2048, True, 1, False, 0.0, None, 132, strides="kv"),
+     "gather_aligned"),
+    (Call("sm90", None, None, "bf16", "fp8_e4m3", 128, 2, 2048, True, 1, False, 0.0, None, 132, strides="kv"),
+     "gather_aligned"),
+    # indices of row stride 1028 at topk 1024 (a topk the seesaw takes)
+    (Call("sm90", None, None, "fp16", "fp16", 32, 8, 1024, False, 1, True, 0.0, None, 132, strides="idx"),
+     "gather_aligned"),
+    (Call("sm90", None, None, "bf16", "fp8_ds_mla", 128, 3, 2048, True, 1, False, 0.0, None, 132, strides="idx"),
+     "gather_aligned"),
+    (Call("sm90", None, None, "bf16", "bf16", 8, 2, 1024, True, 1, False, 0.0, None, 132, strides="q"),
+     "gather_aligned"),
+    # ids whose rows are not unit-stride: neither Gluon kernel reads them
+    (Call("sm90", None, None, "bf16", "bf16", 128, 4, 1024, False, 1, False, 0.0, None, 132, strides="idx_step"),
+     "unit_rows"),
+    (Call("sm90", None, None, "bf16", "fp8_e4m3", 16, 4, 1024, False, 1, False, 0.0, None, 132, strides="idx_step"),
+     "unit_rows"),
+    (Call("sm90", None, None, "bf16", "fp8_ds_mla", 32, 4, 1024, True, 1, False, 0.0, None, 132, strides="idx_step"),
+     "unit_rows"),
+])
+def test_a_call_whose_strides_a_gluon_kernel_cannot_gather_is_planned_on_the_portable_kernel(c, fact):
+    """The forty-second session's break test: on sm90 the launcher ran the portable kernel for a call whose q / kv_cache
+    / indices strides are not multiples of 16 elements, or whose rows are not unit-stride, while the plan and
+    ``explain`` named the Gluon kernel. Those are facts of the call signature (``CallSpec.gather_aligned``,
+    ``unit_rows``, read from the tensors), requirements of the Gluon paths in tables/triton_tuning.yaml: the plan
+    names ``portable``, explain (``--no-gather-aligned`` / ``--no-unit-rows``) lists the Gluon rows as rejected with
+    the table's reason, and the launcher runs what the plan says. The same call on aligned tensors plans Gluon."""
+    check_agreement(c)
+    _, plan, launched, _, _ = runtime(c)
+    assert getattr(plan.spec, fact) is False and plan.launch.kernel == "portable" and launched == ["portable"]
+    assert plan.launch.fallback is None and plan.launch.per_call is None
+    rc, text, _ = cli(c.argv())
+    assert rc == 0 and "kernel portable" in text and text.splitlines()[0] == call_key(plan.spec, plan.platform)
+    assert text.splitlines()[0].endswith("-unaligned" if fact == "gather_aligned" else "-rowstrided")
+    assert re.search(rf"✗ gluon_seesaw \(rows [a-z0-9_, ]+\): [^\n]*{fact}=false, needs true \(", text), text
+    if fact == "unit_rows" and c.kv != "bf16":  # gluon_fp8 requires unit rows too
+        assert re.search(r"✗ gluon_fp8 \(rows [a-z0-9_, ]+\): unit_rows=false, needs true \(", text), text
+    doc = json.loads(cli(c.argv() + ["--json"])[1])
+    assert doc["spec"][fact] is False and doc["launch"]["kernel"] == "portable"
+    aligned = runtime(attrs.evolve(c, strides=None))
+    assert aligned[1].launch.kernel.startswith("gluon_") and set(aligned[2]) == {aligned[1].launch.kernel}, aligned[1:3]
+
+
+@pytest.mark.parametrize("c,kernel", [
+    # gluon_fp8 gathers at any stride (a pool whose rows are not 16-byte aligned takes its gl.load twin): it does not
+    # require gather_aligned, and runs for such a call as today
+    (Call("sm90", None, None, "bf16", "fp8_e4m3", 16, 4, 1024, False, 1, False, 0.0, None, 132, strides="kv"),
+     "gluon_fp8"),
+    (Call("sm90", None, None, "bf16", "fp8_ds_mla", 32, 8, 1000, True, 1, False, 0.0, None, 132, strides="q"),
+     "gluon_fp8"),
+    (Call("sm90", None, None, "bf16", "fp8_e4m3", 24, 2, 2048, True, 1, False, 0.0, None, 132, strides="idx"),
+     "gluon_fp8"),
+    # a cache of rows of 640 (strides multiples of 16): the seesaw takes it
+    (Call("sm90", None, None, "bf16", "bf16", 128, 4, 1024, False, 1, False, 0.0, None, 132, packed=False),
+     "gluon_seesaw"),
+])
+def test_strides_a_gluon_kernel_takes_still_plan_it(c, kernel):
+    check_agreement(c)
+    _, plan, launched, _, _ = runtime(c)
+    assert plan.launch.kernel == kernel and launched and set(launched) == {kernel}, (plan.launch, launched)
+
+
+def test_explain_states_the_seesaws_per_call_pointer_condition():
+    """Pointer alignment is per call (no plan sees it): a seesaw plan says, in text and JSON, that a call whose data
+    pointers are not 16-byte aligned runs the portable kernel, and the runner does so (its prepared portable
+    runner), while an aligned call of the same signature runs the seesaw."""
+    c = Call("sm90", None, None, "bf16", "bf16", 128, 4, 1024, False, 1, False, 0.0, None, 132)
+    rc, text, _ = cli(c.argv())
+    doc = json.loads(cli(c.argv() + ["--json"])[1])
+    said = doc["launch"]["per_call"]
+    assert rc == 0 and said and "not all 16-byte aligned" in said and "runs the portable kernel" in said
+    assert f"    per call: gluon_seesaw {said}" in text.splitlines()
+    fp8 = json.loads(cli(attrs.evolve(c, kv="fp8_e4m3", heads=16).argv() + ["--json"])[1])["launch"]
+    assert fp8["kernel"] == "gluon_fp8" and fp8["per_call"] is None  # gluon_fp8 takes any pointer
+
+
+@pytest.mark.parametrize("multiple,kernel", [(4, "gluon_seesaw"), (8, "portable"), (16, "portable"),
+                                             (32, "portable")])
+def test_the_stride_multiple_is_the_tables(edited_tuning_table, multiple, kernel):
+    """The multiple the gather strides are tested against is the tuning table's (the seesaw's topk multiple): with an
+    edited copy of the table, q = buf[..., :576] of a [T, H, 580] buffer (head stride 580 = 4 x 145) is gather-aligned
+    at 4, not at 8; explain and the launcher move together."""
+    topk = 1024 if multiple <= 16 else 2048
+    edited_tuning_table('      topk: {multiple_of: 16, because:', f'      topk: {{multiple_of: {multiple}, because:')
+    c = Call("sm90", None, None, "bf16", "bf16", 128, 4, topk, False, 1, False, 0.0, None, 132, strides="q")
+    _, plan, launched, _, _ = runtime(c)
+    assert plan.spec.gather_aligned is (multiple == 4) and plan.launch.kernel == kernel == launched[0]
+    if multiple == 4:  # explain of an aligned call (the default flags) says the same as the runtime
+        check_agreement(attrs.evolve(c, strides=None))
+    else:
+        check_agreement(c)
+
+
+@pytest.mark.parametrize("old,new,path,field", [
+    ("      gather_aligned: {eq: true, because:", "      gather_aligned: {eq: false, because:", "gluon_seesaw",
+     "gather_aligned"),
+    ("      unit_rows: {eq: true, because: \"the seesaw", "      num_tokens: {ge: 1, because: \"the seesaw", "gluon_seesaw",
+     "unit_rows"),
+    ("      unit_rows: {eq: true, because: \"gluon_fp8", "      num_tokens: {ge: 1, because: \"gluon_fp8", "gluon_fp8",
+     "unit_rows"),
+])
+def test_a_table_without_the_stride_requirements_its_launchers_rely_on_is_refused(edited_tuning_table, old, new, path,
+                                                                                  field):
+    """The launchers take a Gluon plan as the promise that the tensors have the stride facts; a tuning table whose
+    Gluon path drops the requirement is refused when it loads, naming the path and the field."""
+    from mla_sink import dispatch
+    from mla_sink.paths.triton.plan import tuning_table
+
+    edited_tuning_table(old, new)
+    with pytest.raises(dispatch.TableError, match=rf"path '{path}' must require {field}: {{eq: true}}"):
+        tuning_table()
+
+
+def test_a_gluon_plan_handed_tensors_without_its_stride_facts_is_refused_not_run_silently():
+    """The launcher agrees with the plan: a seesaw plan (made for aligned tensors) given a padded q is refused when
+    its runner is prepared, naming the fact, instead of running the portable kernel while the plan names the seesaw."""
+    from mla_sink.core.plan import build_plan
+    from mla_sink.paths.triton.launch import PlanMismatchError, prepare_triton
+
+    c = Call("sm90", None, None, "bf16", "bf16", 128, 4, 1024, False, 1, False, 0.0, None, 132, strides="q")
+    plan = build_plan(CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=128, topk=1024), c.platform(), num_tokens=4,
+                      path="triton")
+    assert plan.launch.kernel == "gluon_seesaw"
+    with pytest.raises(PlanMismatchError, match="gather_aligned=false"):
+        prepare_triton(plan, tensors(c))
 
 
 # ---- the platform explain plans for, where the flags leave it to this machine -------------------------------------

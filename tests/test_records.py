@@ -278,3 +278,29 @@ def test_topk_beyond_2_30_is_refused_by_the_records_and_the_call():
     out, _ = mla_sink.sparse_mla_decode(q, kv, torch.empty(1, TOPK_MAX, dtype=torch.int32, device="meta"))
     assert out.shape == (1, 16, 512)
 
+
+
+def test_the_stride_facts_are_read_from_the_tensors_and_named_in_the_key():
+    """``gather_aligned`` and ``unit_rows`` (the strides the Gluon kernels gather with) are bool fields, default True,
+    read by describe from the tensors' strides (contiguous tensors have both) and named in the key when False."""
+    import torch
+
+    from mla_sink import describe
+
+    q = torch.zeros(2, 4, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(8, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 37, dtype=torch.int32)  # contiguous at a topk the seesaw does not take: still aligned
+    cases = [((q, kv, idx), True, True),
+             ((torch.zeros(2, 4, 580, dtype=torch.bfloat16)[..., :576], kv, idx), False, True),
+             ((q, torch.zeros(8, 580, dtype=torch.bfloat16)[:, :576], idx), False, True),
+             ((q, torch.zeros(8, 640, dtype=torch.bfloat16)[:, :576], idx), True, True),
+             ((q, kv, torch.zeros(2, 1028, dtype=torch.int32)[:, :1024]), False, True),
+             ((q, kv, torch.zeros(2, 1040, dtype=torch.int32)[:, :1024]), True, True),
+             ((q, kv, torch.zeros(2, 64, dtype=torch.int32)[:, ::2]), True, False)]
+    for (q_, kv_, idx_), aligned, unit in cases:
+        s, _ = describe(q_, kv_, idx_, platform=Platform("cpu"))
+        assert (s.gather_aligned, s.unit_rows) == (aligned, unit), (q_.stride(), kv_.stride(), idx_.stride())
+        assert ("-unaligned" in str(s)) == (not aligned) and ("-rowstrided" in str(s)) == (not unit)
+    for field in ("gather_aligned", "unit_rows"):
+        with pytest.raises(ValueError, match=f"'{field}' must be a bool"):
+            CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=8, **{field: 1})

@@ -224,7 +224,7 @@ def test_failed_kernel_falls_back_to_portable():
     assert got.fallback == ("gluon_seesaw (row sm90_bf16_gluon_seesaw) failed to compile here: "
                             "RuntimeError('no warp_specialize here')")
     assert attrs.evolve(got, fallback=None) == attrs.evolve(plan(), kernel="portable", kernel_row="sm90_default",
-                                                            kernel_why=got.why)
+                                                            kernel_why=got.why, per_call=None)
     other = plan(failed={"gluon_fp8": "boom"})  # another kernel's failure changes nothing here
     assert other.kernel == "gluon_seesaw" and other.fallback is None
     fp8_failed = plan(num_tokens=2, kv_dtype="fp8_e4m3", num_heads=16, failed={"gluon_fp8": "boom"})
@@ -273,8 +273,9 @@ def test_tuning_table_is_proven_at_load():
     assert dispatch.check_table(table) == []
     assert tuple(table.paths) == P.KERNELS
     # the checker walks the product of the domains: small enough to run at every load (192,000 combinations since
-    # topk became a field, two values: a bitset check of a few milliseconds)
-    assert dispatch.grid.Grid(table.fields).size <= 200_000
+    # topk became a field, two values; 768,000 since the stride facts gather_aligned and unit_rows, two bools: a
+    # bitset check, the whole load 54 ms before and after them, forty-second session)
+    assert dispatch.grid.Grid(table.fields).size <= 800_000
 
 
 def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tmp_path):
@@ -361,11 +362,11 @@ def test_the_seesaw_takes_a_topk_by_its_paths_multiple_of_requirement():
 ])
 def test_an_edited_multiple_changes_the_routing(edited_tuning_table, multiple, topk, kernel):
     """The number lives in the table only: an edited copy of it moves the boundary of the plan and of the launcher's
-    stride check alike (:func:`mla_sink.paths.triton.launch._gather_aligned` on contiguous indices ``[T, topk]``)."""
+    stride check alike (:func:`mla_sink.paths.triton.plan.seesaw_strides_ok` on contiguous indices ``[T, topk]``,
+    which the seesaw launcher checks against its plan; contiguous tensors are always ``CallSpec.gather_aligned``)."""
     import torch
 
     from mla_sink.core.inputs import DecodeInputs
-    from mla_sink.paths.triton.launch import _gather_aligned
 
     edited_tuning_table(SEESAW_TOPK, f"      topk: {{multiple_of: {multiple}, because:")
     assert P.seesaw_stride_multiple() == multiple
@@ -373,7 +374,8 @@ def test_an_edited_multiple_changes_the_routing(edited_tuning_table, multiple, t
     assert got.kernel == kernel, got
     x = DecodeInputs(q=torch.zeros(4, 128, 576, dtype=torch.bfloat16), kv_cache=torch.zeros(8, 576, dtype=torch.bfloat16),
                      indices=torch.zeros(4, topk, dtype=torch.int32), sm_scale=1.0)
-    assert _gather_aligned(x) == (kernel == "gluon_seesaw")
+    assert P.seesaw_strides_ok(x.q, x.kv_cache, x.indices) == (kernel == "gluon_seesaw")
+    assert P.gather_strides_aligned(x.q, x.kv_cache, x.indices)  # contiguous: the topk requirement decides
 
 
 CPU_PARAMS = ("{BLOCK_H: 64, BLOCK_N: 64, num_warps: 4, num_stages: 1, max_kv_splits: 4,\n"

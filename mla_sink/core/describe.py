@@ -16,20 +16,41 @@ from mla_sink.core.records import CallSpec, Platform, check_platform
 from mla_sink.core.validate import check_inputs, check_return_lse
 
 
+def tensor_facts(x: DecodeInputs) -> dict:
+    """The :class:`CallSpec` fields only the call's tensors know, read from their strides (metadata only):
+    ``kv_rows_packed`` (:func:`mla_sink.core.kv_layout.rows_packed` of ``x.kv_cache``), ``gather_aligned``
+    (:func:`mla_sink.paths.triton.plan.gather_strides_aligned`: q's, kv_cache's and indices' gather strides are
+    multiples of the tuning table's stride multiple) and ``unit_rows``
+    (:func:`mla_sink.paths.triton.plan.rows_unit_stride`). ``x`` is checked
+    (:func:`mla_sink.core.validate.check_inputs`).
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped tuning table is malformed.
+    """
+    from mla_sink.paths.triton.plan import gather_strides_aligned, rows_unit_stride
+
+    return dict(kv_rows_packed=rows_packed(x.kv_cache),
+                gather_aligned=gather_strides_aligned(x.q, x.kv_cache, x.indices),
+                unit_rows=rows_unit_stride(x.q, x.kv_cache, x.indices))
+
+
 def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> CallSpec:
-    """The :class:`CallSpec` of tensors already checked by :func:`mla_sink.core.validate.check_inputs`."""
+    """The :class:`CallSpec` of tensors already checked by :func:`mla_sink.core.validate.check_inputs` (the stride
+    facts from :func:`tensor_facts`)."""
     return CallSpec(q_dtype=dtype_key(x.q.dtype), kv_dtype=kv_dtype_key(x.kv_cache), num_heads=x.q.shape[1],
                     topk=x.indices.shape[1], sinks=x.sinks is not None, dcp_world_size=dcp_world_size,
-                    need_lse=need_lse, logit_cap=x.logit_cap, kv_rows_packed=rows_packed(x.kv_cache))
+                    need_lse=need_lse, logit_cap=x.logit_cap, **tensor_facts(x))
 
 
 def spec_for_tensors(spec: CallSpec, x: DecodeInputs) -> CallSpec:
-    """``spec`` with the facts only the call's tensors know taken from them: ``kv_rows_packed``
-    (:func:`mla_sink.core.kv_layout.rows_packed` of ``x.kv_cache``). A spec built without tensors (the layer's,
-    :func:`mla_sink.run`'s) assumes packed rows; the call is planned for the cache it is given. ``x`` is checked
-    (:func:`mla_sink.core.validate.check_inputs`)."""
-    packed = rows_packed(x.kv_cache)
-    return spec if spec.kv_rows_packed == packed else attrs.evolve(spec, kv_rows_packed=packed)
+    """``spec`` with the facts only the call's tensors know taken from them (:func:`tensor_facts`:
+    ``kv_rows_packed``, ``gather_aligned``, ``unit_rows``). A spec built without tensors (the layer's,
+    :func:`mla_sink.run`'s) assumes packed rows and aligned, unit-stride gathers; the call is planned for the
+    tensors it is given. ``x`` is checked (:func:`mla_sink.core.validate.check_inputs`)."""
+    facts = tensor_facts(x)
+    if all(getattr(spec, k) == v for k, v in facts.items()):
+        return spec
+    return attrs.evolve(spec, **facts)
 
 
 def describe(
@@ -45,8 +66,9 @@ def describe(
 ) -> tuple[CallSpec, Platform]:
     """Derive the call's :class:`CallSpec` and :class:`Platform` from its tensors.
 
-    Only metadata is read (no value, no scale: fp8 calls need none here); ``kv_cache``'s strides give
-    ``kv_rows_packed`` (whether its rows follow each other without a gap).
+    Only metadata is read (no value, no scale: fp8 calls need none here); the tensors' strides give
+    ``kv_rows_packed`` (whether the cache's rows follow each other without a gap), ``gather_aligned`` and
+    ``unit_rows`` (the strides the Gluon kernels gather with: :func:`tensor_facts`).
 
     Args:
         q: ``[T, H, 576]`` bf16 / fp16 / ``float8_e4m3fn`` / ``float8_e4m3fnuz``. kv_cache: ``[N, 576]`` (a dtype

@@ -147,7 +147,8 @@ def _build_plan(spec, platform, num_tokens, path, aiter_impl) -> LaunchPlan:
         launch = plan_triton_launch(
             arch=platform.arch, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype, num_heads=spec.num_heads,
             num_tokens=num_tokens, topk=spec.topk, logit_cap=spec.logit_cap, gluon=platform.gluon,
-            num_sms=platform.num_sms, failed=failed_kernels(),
+            num_sms=platform.num_sms, failed=failed_kernels(), gather_aligned=spec.gather_aligned,
+            unit_rows=spec.unit_rows,
         )
     else:
         launch = _plan_aiter_call(base, num_tokens, aiter_impl) if num_tokens > 0 else None

@@ -138,6 +138,19 @@ class CallSpec:
             reads it from ``kv_cache``, and a call given a spec (:func:`mla_sink.run`, the layer) is planned with its
             ``kv_cache``'s value whatever the spec says (the AITER paths take packed rows only:
             ``tables/mla_decode.yaml``).
+        gather_aligned: whether ``q``'s token and head strides and ``kv_cache``'s row stride (its block stride for a
+            paged ``[blocks, block_size, 656]`` cache), in elements of each tensor's dtype, are multiples of the
+            stride multiple of ``tables/triton_tuning.yaml`` (the ``N`` of the seesaw's ``topk: {multiple_of: N}``,
+            16), and ``indices``' row stride is one too or is ``topk`` (contiguous ids, which that ``topk``
+            requirement tests): :func:`mla_sink.paths.triton.plan.gather_strides_aligned`. Contiguous tensors have
+            it; False for e.g. ``q = buf[..., :576]`` of a ``[T, H, 580]`` buffer, a ``[N, 576]`` view of rows of
+            580, or ``indices`` of row stride 1028 at ``topk`` 1024 (default True). The ``gluon_seesaw`` path
+            requires it (``tables/triton_tuning.yaml``): a call without it is planned on the portable kernel.
+        unit_rows: whether the rows of ``q``, ``kv_cache`` and ``indices`` are unit-stride (``stride(-1) == 1``:
+            :func:`mla_sink.paths.triton.plan.rows_unit_stride`; the checks require it of ``q`` and ``kv_cache``,
+            so False means e.g. ``indices = ids[:, ::2]``), as both Gluon kernels read them (default True).
+            Like ``kv_rows_packed``, a call's own tensors decide both: :func:`mla_sink.describe` reads them, and a
+            call given a spec is planned with its tensors' values whatever the spec says.
 
     Raises:
         ValueError: a field is out of its domain, or the (q_dtype, kv_dtype) pair is not allowed (message names
@@ -153,6 +166,8 @@ class CallSpec:
     need_lse: bool = attrs.field(default=False, validator=_bool)
     logit_cap: float = attrs.field(default=0.0, converter=_cap, validator=_logit_cap)
     kv_rows_packed: bool = attrs.field(default=True, validator=_bool)
+    gather_aligned: bool = attrs.field(default=True, validator=_bool)
+    unit_rows: bool = attrs.field(default=True, validator=_bool)
 
     def __attrs_post_init__(self) -> None:
         if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:
@@ -172,6 +187,10 @@ class CallSpec:
             tail.append(f"cap{cap[:-2] if cap.endswith('.0') else cap}")
         if not self.kv_rows_packed:
             tail.append("kvstrided")
+        if not self.gather_aligned:
+            tail.append("unaligned")
+        if not self.unit_rows:
+            tail.append("rowstrided")
         return head, tail
 
     def __str__(self) -> str:

@@ -91,7 +91,8 @@ def _spec_from_args(args: argparse.Namespace) -> CallSpec:
         check_count(flag, value, high=high)  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
                     topk=args.topk, sinks=args.sinks, dcp_world_size=args.dcp,
-                    need_lse=args.return_lse, logit_cap=args.logit_cap, kv_rows_packed=args.kv_rows_packed)
+                    need_lse=args.return_lse, logit_cap=args.logit_cap, kv_rows_packed=args.kv_rows_packed,
+                    gather_aligned=args.gather_aligned, unit_rows=args.unit_rows)
 
 
 def _add_call_flags(p: argparse.ArgumentParser) -> None:
@@ -133,6 +134,15 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
         help="kv_rows_packed: kv_cache's rows follow each other without a gap, as in a contiguous [N, 576] (the "
              "default); --no-kv-rows-packed for a row stride other than the row's width, e.g. a [N, 576] view of "
              "rows of 640, as the library reads it from the call's kv_cache")
+    add(p, "--gather-aligned", dest="gather_aligned", action=argparse.BooleanOptionalAction, default=True,
+        help="gather_aligned: q's token and head strides and kv_cache's row stride (elements) are multiples of the "
+             "tuning table's stride multiple and indices' row stride is one too or is topk, as for contiguous "
+             "tensors (the default); --no-gather-aligned for e.g. q = buf[..., :576] of a [T, H, 580] buffer, a "
+             "kv_cache of row stride 580 or indices of row stride 1028 at topk 1024, as the library reads it from "
+             "the call's tensors (the seesaw requires it)")
+    add(p, "--unit-rows", dest="unit_rows", action=argparse.BooleanOptionalAction, default=True,
+        help="unit_rows: the rows of q, kv_cache and indices are unit-stride (the default); --no-unit-rows for e.g. "
+             "indices = ids[:, ::2], as the library reads it from the call's tensors (both Gluon kernels require it)")
     add(p, "--path", default=None,
         help="consider only rows naming this path (a path of tables/mla_decode.yaml; 'reference' is always "
              "honoured; default: every row, the table's first match wins)")

@@ -102,6 +102,8 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
                      f"programs that meet a scale other than 0 or a power of two in [2^{lo}, 2^{hi}]"
                      + ("; launched as a programmatic dependent of the first (split launch)"
                         if (launch.num_kv_splits or 1) > 1 else ""))
+    if launch.per_call:  # a condition of each call's data pointers, which no plan sees
+        lines.append(f"    per call: {launch.kernel} {launch.per_call}")
     for row_id, reason in getattr(launch, "rejected_kernels", ()):
         lines.append(f"    ✗ {row_id}: {reason}")
     if launch.fallback:

@@ -10,9 +10,13 @@ argument on every call, which costs more host time than the kernel takes at smal
 Kernels: ``portable`` (:mod:`mla_sink.kernels.triton.portable`) with the split-KV ``combine``
 (:mod:`mla_sink.kernels.triton.combine`), and on sm90 the warp-specialised ``gluon_seesaw`` (with the
 same combine when split) and ``gluon_fp8`` (:mod:`mla_sink.kernels.gluon`). The Gluon
-kernels gather with 16-byte ``cp.async``: a call whose q / KV / ids are not 16-byte aligned (pointers; on the
-seesaw also strides that are not multiples of its path's ``topk: {multiple_of: N}`` in
-``tables/triton_tuning.yaml``) runs the portable kernel instead. A Gluon kernel that fails to COMPILE here (another
+kernels read unit-stride rows, and the seesaw gathers with 16-byte ``cp.async`` at strides that are multiples of
+its path's ``topk: {multiple_of: N}`` in ``tables/triton_tuning.yaml``: those are facts of the call signature
+(:attr:`CallSpec.gather_aligned <mla_sink.core.records.CallSpec>`, ``unit_rows``), requirements of the Gluon paths
+in that table, so a call without them is planned on the portable kernel, and a Gluon plan handed tensors without
+them is refused when its runner is prepared (:class:`PlanMismatchError`). The data pointers are per call: a seesaw call
+whose pointers are not 16-byte aligned runs the portable kernel (:attr:`TritonLaunch.per_call
+<mla_sink.paths.triton.plan.TritonLaunch>` says so). A Gluon kernel that fails to COMPILE here (another
 Triton release) is recorded (:func:`mla_sink.core.plan.mark_kernel_failed`): the call and every later
 plan use the portable kernel, and the plan says why. Any other error propagates.
 
@@ -38,15 +42,15 @@ from mla_sink.core.records import D_QK, D_V, MAX_ROWS
 from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
-from mla_sink.paths.triton.plan import (MAX_GRID_TOKENS, MIN_BLOCK_H, PORTABLE, all_heads_block, dcp_merge_tile,
-                                        is_pow2, seesaw_stride_multiple, token_ranges)
+from mla_sink.paths.triton.plan import (MAX_GRID_TOKENS, MIN_BLOCK_H, POINTER_ALIGN, PORTABLE, all_heads_block,
+                                        dcp_merge_tile, gather_strides_aligned, is_pow2, rows_unit_stride,
+                                        seesaw_strides_ok, token_ranges)
 
 Result = tuple[torch.Tensor, torch.Tensor]
 
 D_ROPE = D_QK - D_V
-#: Triton specialises pointer arguments on this alignment (bytes); a compiled kernel is reused only
-#: for tensors with the same alignment pattern.
-POINTER_ALIGN = 16
+# POINTER_ALIGN (mla_sink.paths.triton.plan): Triton specialises pointer arguments on this alignment (bytes); a
+# compiled kernel is reused only for tensors with the same alignment pattern.
 LOG2E = _LOG2E.value  # the kernels' one definition (mla_sink.kernels.triton.math)
 #: ``MLA_SINK_TRITON_FAST_LAUNCH=0`` launches through Triton's ``kernel[grid](...)`` on every call.
 FAST_LAUNCH = os.environ.get("MLA_SINK_TRITON_FAST_LAUNCH", "1") != "0"
@@ -431,20 +435,33 @@ def _interpreted_combine(launch, x: DecodeInputs, splits: int, out_strides: tupl
     return InterpretedLaunch("combine", grid, constexprs, _COMBINE_DYNAMIC, static)
 
 
-def _unit_rows(x: DecodeInputs) -> bool:
-    """Whether the rows of q, kv_cache and indices are unit-stride, as the Gluon kernels read them."""
-    return all(t.stride(-1) == 1 for t in (x.q, x.kv_cache, x.indices))
+class PlanMismatchError(ValueError):
+    """A Gluon plan handed tensors without the stride facts it was planned for (``CallSpec.gather_aligned`` /
+    ``unit_rows``): the plan was made for other tensors (e.g. a spec built by hand and its plan given straight to
+    :func:`prepare_triton`). Calls through :func:`mla_sink.sparse_mla_decode`, :func:`mla_sink.run` and the layer are
+    planned from their tensors' facts and never meet it."""
 
 
-def _gather_aligned(x: DecodeInputs) -> bool:
-    """Whether the strides the seesaw gathers with (q's token and head strides, kv_cache's row stride, indices' row
-    stride, in elements) are multiples of the tuning table's ``N`` (:func:`mla_sink.paths.triton.plan.
-    seesaw_stride_multiple`: the ``gluon_seesaw`` path's requirement ``topk: {multiple_of: N}``, read once per
-    process) and the rows are unit-stride (:func:`_unit_rows`). Called once per call signature, when its runner is
-    prepared; pointer alignment is checked per call."""
-    multiple = seesaw_stride_multiple()
-    strides = (x.q.stride(0), x.q.stride(1), x.kv_cache.stride(0), x.indices.stride(0))
-    return all(s % multiple == 0 for s in strides) and _unit_rows(x)
+def _check_planned_strides(plan, x: DecodeInputs, seesaw: bool) -> None:
+    """Once per call signature (when a Gluon runner is prepared): the tensors have the strides the plan's Gluon
+    kernel gathers with, which the tuning table's requirements of its path promise - unit-stride rows
+    (``unit_rows``) for both, and for the seesaw (``seesaw``) every gather stride a multiple of the table's ``N``
+    (:func:`mla_sink.paths.triton.plan.seesaw_strides_ok`: ``gather_aligned`` with ``topk: {multiple_of: N}``).
+
+    Raises:
+        PlanMismatchError: they do not (the plan was made for other tensors), naming the fact and the strides.
+    """
+    ok = seesaw_strides_ok(x.q, x.kv_cache, x.indices) if seesaw else rows_unit_stride(x.q, x.kv_cache, x.indices)
+    if ok:
+        return
+    facts = {"gather_aligned": gather_strides_aligned(x.q, x.kv_cache, x.indices),
+             "unit_rows": rows_unit_stride(x.q, x.kv_cache, x.indices)}
+    said = ", ".join(f"{k}={str(v).lower()}" for k, v in facts.items())
+    raise PlanMismatchError(
+        f"the plan names {plan.launch.kernel} (spec {plan.spec}), but these tensors' strides are not those it was "
+        f"planned for ({said}; topk={x.indices.shape[1]}; strides q {tuple(x.q.stride())}, kv_cache "
+        f"{tuple(x.kv_cache.stride())}, indices {tuple(x.indices.stride())}; tables/triton_tuning.yaml): plan the "
+        "call from its own tensors (mla_sink.describe, mla_sink.core.describe.spec_for_tensors)")
 
 
 def _portable_instead(plan, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
@@ -474,10 +491,11 @@ def _gluon_launches(kernel: str, dynamic: tuple, launch, x: DecodeInputs, device
 
 def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
     """A runner for the seesaw kernel (:mod:`mla_sink.kernels.gluon.gluon_seesaw`), with the split-KV
-    combine when split; a compile failure falls back to the portable kernel, as does a call whose
-    tensors are not 16-byte aligned."""
-    if not _gather_aligned(x):
-        return _portable_instead(plan, x, out_dtype, device)
+    combine when split; a compile failure falls back to the portable kernel, as does a call whose data pointers are
+    not :data:`POINTER_ALIGN`-byte aligned (per call: :attr:`TritonLaunch.per_call
+    <mla_sink.paths.triton.plan.TritonLaunch>`). The strides are the plan's (``gather_aligned``, ``unit_rows``),
+    checked here once per signature (:class:`PlanMismatchError`)."""
+    _check_planned_strides(plan, x, seesaw=True)
     from mla_sink.kernels.gluon.gluon_seesaw import seesaw_launch_args
 
     T, H, _ = x.q.shape
@@ -540,10 +558,10 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
 def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device: torch.device):
     """A runner for the sm90 fp8 kernel (:mod:`mla_sink.kernels.gluon.gluon_fp8`: a per-tensor e4m3fn cache or
     the 656-byte V3.2 rows, read exactly for every scale), with the split-KV combine (a programmatic
-    dependent) when split; a compile failure falls back to the portable kernel, as does a call whose q,
-    kv_cache or indices rows are not unit-stride."""
-    if not _unit_rows(x):
-        return _portable_instead(plan, x, out_dtype, device)
+    dependent) when split; a compile failure falls back to the portable kernel. Its rows are the plan's
+    (``unit_rows``), checked here once per signature (:class:`PlanMismatchError`); any strides and pointers are
+    taken (a pool whose rows are not 16-byte aligned takes the kernel's ``gl.load`` gather)."""
+    _check_planned_strides(plan, x, seesaw=False)
     from mla_sink.kernels.gluon.gluon_fp8 import ROW_ALIGN, fp8_launch_args
 
     H = x.q.shape[1]
@@ -656,14 +674,17 @@ def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tens
     from mla_sink.paths.triton.plan import plan_triton_launch
 
     spec = CallSpec(q_dtype=DTYPE_KEYS[q.dtype], kv_dtype=kv_dtype_key(kv_cache), num_heads=q.shape[1],
-                    topk=indices.shape[1], sinks=sinks is not None, need_lse=True, logit_cap=logit_cap)
+                    topk=indices.shape[1], sinks=sinks is not None, need_lse=True, logit_cap=logit_cap,
+                    gather_aligned=gather_strides_aligned(q, kv_cache, indices),
+                    unit_rows=rows_unit_stride(q, kv_cache, indices))
     platform = detect_platform(q.device)
     plan = build_plan(spec, platform, path="triton")
     launch = plan_triton_launch(arch=platform.arch, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype,
                                 num_heads=spec.num_heads, num_tokens=q.shape[0], topk=spec.topk,
                                 logit_cap=spec.logit_cap, gluon=platform.gluon and kernel != "portable",
                                 num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits,
-                                failed=failed_kernels())  # as build_plan: a kernel that failed to compile is not named
+                                failed=failed_kernels(),  # as build_plan: a kernel that failed to compile is not named
+                                gather_aligned=spec.gather_aligned, unit_rows=spec.unit_rows)
     return attrs.evolve(plan, num_tokens=q.shape[0], launch=launch)
 
 

@@ -64,6 +64,63 @@ def token_ranges(num_tokens: int, limit: int = MAX_GRID_TOKENS) -> list:
 #: the call's own tensors against the same multiple.
 TOPK_FIELD = "topk"
 
+#: The :class:`~mla_sink.core.records.CallSpec` fields (and tuning-table fields) of the strides the Gluon kernels
+#: gather with: ``gather_aligned`` (:func:`gather_strides_aligned`; the ``gluon_seesaw`` path requires it) and
+#: ``unit_rows`` (:func:`rows_unit_stride`; both Gluon paths require it). :func:`_check_structure` checks the table
+#: requires them so, since the launchers take a Gluon plan as the promise that these hold for the call's tensors.
+GATHER_FIELD = "gather_aligned"
+UNIT_ROWS_FIELD = "unit_rows"
+#: The paths that must require each of the fields above ``{eq: true}`` (what their launchers rely on).
+_STRIDE_REQUIREMENTS = {SEESAW: (GATHER_FIELD, UNIT_ROWS_FIELD), "gluon_fp8": (UNIT_ROWS_FIELD,)}
+#: Bytes every data pointer of a ``gluon_seesaw`` call must be a multiple of (its 16-byte ``cp.async`` gathers; Triton
+#: also specialises pointer arguments on it). Per call, so no plan can see it: the seesaw's runner checks each call's
+#: pointers and runs the portable kernel for a call where one is not (:attr:`TritonLaunch.per_call`).
+POINTER_ALIGN = 16
+
+
+def gather_strides_aligned(q, kv_cache, indices) -> bool:
+    """:attr:`CallSpec.gather_aligned <mla_sink.core.records.CallSpec>`: whether ``q``'s token and head strides and
+    ``kv_cache``'s first stride (its row stride; a paged V3.2 cache's block stride) are multiples of
+    :func:`seesaw_stride_multiple` (the tuning table's ``N``), and ``indices``' row stride is one too or is ``topk``
+    (contiguous ids, whose row stride the seesaw path's ``topk: {multiple_of: N}`` tests). Contiguous tensors always
+    have it (as explain's default assumes); with that ``topk`` requirement it makes every stride the seesaw gathers
+    with a multiple of ``N`` (:func:`seesaw_strides_ok`). Strides in elements; reads metadata only.
+
+    Args:
+        q: ``[T, H, 576]`` tensor. kv_cache: ``[N, 576]`` or the V3.2 uint8 ``[N, 656]`` /
+            ``[num_blocks, block_size, 656]`` tensor. indices: ``[T, topk]`` tensor (any dtypes: only strides read).
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped tuning table is malformed.
+    """
+    multiple = seesaw_stride_multiple()
+    row = indices.stride(0)
+    return (all(s % multiple == 0 for s in (q.stride(0), q.stride(1), kv_cache.stride(0)))
+            and (row % multiple == 0 or row == indices.shape[1]))
+
+
+def seesaw_strides_ok(q, kv_cache, indices) -> bool:
+    """Whether every stride the ``gluon_seesaw`` kernel gathers with (``q``'s token and head strides, ``kv_cache``'s
+    first stride, ``indices``' row stride, in elements) is a multiple of :func:`seesaw_stride_multiple` and the rows
+    are unit-stride (:func:`rows_unit_stride`): what its launcher checks once per signature, which a seesaw plan
+    promises (``gather_aligned``, ``unit_rows`` and ``topk: {multiple_of: N}`` are its path's requirements).
+    Tensors as :func:`gather_strides_aligned` takes them.
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped tuning table is malformed.
+    """
+    multiple = seesaw_stride_multiple()
+    strides = (q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0))
+    return all(s % multiple == 0 for s in strides) and rows_unit_stride(q, kv_cache, indices)
+
+
+def rows_unit_stride(q, kv_cache, indices) -> bool:
+    """Whether the rows of ``q``, ``kv_cache`` and ``indices`` are unit-stride (``stride(-1) == 1``), as the Gluon
+    kernels read them: :attr:`CallSpec.unit_rows <mla_sink.core.records.CallSpec>`. Reads metadata only (tensors as
+    :func:`gather_strides_aligned` takes them)."""
+    return all(t.stride(-1) == 1 for t in (q, kv_cache, indices))
+
+
 #: Smallest head block: ``tl.dot`` needs at least 16 rows (M), so fewer heads are padded to 16 (the
 #: combine kernel's head block takes the same floor).
 MIN_BLOCK_H = 16
@@ -216,6 +273,12 @@ class TritonLaunch:
             programs that meet any other scale; a second launch of the same grid, gated by those flags, recomputes
             them reading every scale exactly (:mod:`mla_sink.kernels.gluon.gluon_seesaw`). Set by the planner, read
             by the launcher and ``mla-sink explain``; only with ``kernel="gluon_seesaw"``.
+        per_call: what the launcher checks on each call, which no plan can see, and does when it fails: on
+            ``gluon_seesaw``, a call whose data pointers are not all :data:`POINTER_ALIGN`-byte aligned runs the
+            portable kernel (with this launch's tiles and split count); ``None`` for the other kernels (the stride
+            facts are the call signature's: :attr:`CallSpec.gather_aligned <mla_sink.core.records.CallSpec>` and
+            ``unit_rows``, requirements of the Gluon paths in the table, so their rows are among
+            ``rejected_kernels`` for a call without them).
     """
 
     kernel: str = attrs.field(validator=attrs.validators.in_(KERNELS))
@@ -236,6 +299,7 @@ class TritonLaunch:
     rejected_kernels: tuple = ()
     fallback: Optional[str] = None
     exact_recompute: bool = attrs.field(default=False)
+    per_call: Optional[str] = None
 
     @exact_recompute.validator
     def _recompute_needs_the_seesaw(self, attribute, value) -> None:
@@ -251,7 +315,9 @@ def _check_structure(table) -> None:
             ``num_kv_splits``, lacks a param (or has an unknown one) or gives one a value :class:`TritonConfig`
             refuses (type, range, power of two; ``min_combine_block_d`` above ``combine_block_d``); a Gluon row has
             params or can match ``num_kv_splits = None``; the ``gluon_seesaw`` path does not require ``topk`` to be
-            a multiple of one number (:func:`_stride_multiple`). A row's params are those the lookups read: its own
+            a multiple of one number (:func:`_stride_multiple`); a Gluon path does not require ``{eq: true}`` of the
+            stride fields its launcher relies on (``gather_aligned`` and ``unit_rows`` for the seesaw, ``unit_rows``
+            for ``gluon_fp8``). A row's params are those the lookups read: its own
             over its path's defaults.
     """
     from mla_sink import dispatch
@@ -260,6 +326,14 @@ def _check_structure(table) -> None:
     if tuple(table.paths) != KERNELS:
         raise dispatch.TableError(f"{where}: the paths must be the kernels {KERNELS} (got {tuple(table.paths)})")
     _stride_multiple(table)
+    for path, fields in _STRIDE_REQUIREMENTS.items():
+        required = {c.field for c in table.paths[path].requires if c.op == "eq" and c.arg is True}
+        for field in fields:
+            if field not in required:
+                raise dispatch.TableError(
+                    f"{where}:{table.paths[path].line}: path {path!r} must require {field}: {{eq: true}} (its "
+                    f"launcher takes a {path} plan as the promise that the call's tensors have it: "
+                    "mla_sink/paths/triton/launch.py)")
     for row in table.rows:
         if row.is_refusal:  # the lookups need a kernel for every call the mla_decode table sent to the triton path
             raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: the tuning table has no refusal rows "
@@ -342,7 +416,8 @@ def tuning_table():
 
 @functools.lru_cache(maxsize=None)
 def _lookup(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, logit_cap: float,
-            gluon: bool, num_kv_splits: Optional[int], topk: int):
+            gluon: bool, num_kv_splits: Optional[int], topk: int, gather_aligned: bool = True,
+            unit_rows: bool = True):
     """The tuning table's :class:`dispatch.Selection` for one set of field values.
 
     Raises:
@@ -350,7 +425,8 @@ def _lookup(arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: 
     """
     sel = tuning_table().select(dict(arch=arch, q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=num_heads,
                                      num_tokens=num_tokens, logit_cap=float(logit_cap), gluon=gluon,
-                                     num_kv_splits=num_kv_splits, topk=topk))
+                                     num_kv_splits=num_kv_splits, topk=topk, gather_aligned=gather_aligned,
+                                     unit_rows=unit_rows))
     if sel.row is None or sel.path is None:
         from mla_sink import dispatch
 
@@ -551,7 +627,8 @@ _NO_FAILURES: Mapping[str, str] = readonly({})
 
 def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int, num_tokens: int, topk: int,
                        logit_cap: float, gluon: bool, num_sms: Optional[int], num_kv_splits: Optional[int] = None,
-                       failed: Mapping[str, str] = _NO_FAILURES) -> TritonLaunch:
+                       failed: Mapping[str, str] = _NO_FAILURES, gather_aligned: bool = True,
+                       unit_rows: bool = True) -> TritonLaunch:
     """The :class:`TritonLaunch` of one call: kernel, tiles and KV splits, from two lookups of
     ``tables/triton_tuning.yaml`` (module docstring). Pure: no device query, safe under CUDA-graph capture
     and testable on the CPU.
@@ -569,6 +646,14 @@ def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int
         failed: kernel name -> compile error text of the kernels that failed to compile here: a Gluon
             kernel in it is replaced by the portable one, with ``fallback`` saying why. (A ``topk`` the seesaw does
             not take fails its path's requirement in the table: :func:`seesaw_stride_multiple`.)
+        gather_aligned, unit_rows: the call's stride facts (:attr:`CallSpec.gather_aligned
+            <mla_sink.core.records.CallSpec>`, ``unit_rows``; default True: contiguous tensors): requirements of the
+            Gluon paths in the table, so a call without them is planned on the portable kernel, the Gluon rows
+            rejected with the table's reason.
+
+    Returns:
+        The :class:`TritonLaunch`; a ``gluon_seesaw`` one carries :attr:`TritonLaunch.per_call` (the per-call
+        pointer check).
 
     Raises:
         LookupError: no tuning row serves the call.
@@ -578,7 +663,7 @@ def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int
     launch = portable_launch(cfg, num_heads=num_heads, num_tokens=num_tokens, topk=topk, num_sms=num_sms,
                              num_kv_splits=num_kv_splits)
     sel = _lookup(arch, q_dtype, kv_dtype, num_heads, num_tokens, float(logit_cap), bool(gluon), launch.num_kv_splits,
-                  topk)
+                  topk, bool(gather_aligned), bool(unit_rows))
     rejected = _rejected_kernels(sel)
     if sel.path == PORTABLE:  # the first lookup's row again (portable rows never test num_kv_splits)
         return attrs.evolve(launch, rejected_kernels=rejected)
@@ -586,4 +671,11 @@ def plan_triton_launch(*, arch: str, q_dtype: str, kv_dtype: str, num_heads: int
         return attrs.evolve(launch, rejected_kernels=rejected,
                             fallback=f"{sel.path} (row {sel.row.id}) failed to compile here: {failed[sel.path]}")
     return attrs.evolve(launch, kernel=sel.path, kernel_row=sel.row.id, kernel_why=sel.row.why,
-                        rejected_kernels=rejected, exact_recompute=sel.path == SEESAW and kv_dtype in DS_MLA_KEYS)
+                        rejected_kernels=rejected, exact_recompute=sel.path == SEESAW and kv_dtype in DS_MLA_KEYS,
+                        per_call=SEESAW_PER_CALL if sel.path == SEESAW else None)
+
+
+#: :attr:`TritonLaunch.per_call` of a ``gluon_seesaw`` launch (what its runner checks on every call).
+SEESAW_PER_CALL = (f"runs the portable kernel (this launch's tiles and splits) for a call whose data pointers (q, "
+                   f"kv_cache, indices, sinks, topk_length, out, lse) are not all {POINTER_ALIGN}-byte aligned (the "
+                   f"seesaw gathers with {POINTER_ALIGN}-byte cp.async; checked per call, no plan sees pointers)")
