@@ -127,7 +127,8 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_
 
 
 def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
-    """Check that the tensors are those the spec describes (all but ``kv_rows_packed``, which the tensors decide:
+    """Check that the tensors are those the spec describes (all but ``kv_rows_packed``, ``gather_aligned`` and
+    ``unit_rows``, which the tensors decide:
     :func:`mla_sink.core.describe.spec_for_tensors`).
 
     Raises:
@@ -240,8 +241,8 @@ def run(
         ValueError: ``spec`` not a :class:`CallSpec` or ``platform`` neither ``None`` nor a :class:`Platform`;
             ``inputs`` neither a :class:`DecodeInputs` nor a mapping of its fields (unknown or missing keys);
             malformed tensors or scalars (as :func:`sparse_mla_decode`); tensors that disagree with ``spec``
-            (dtypes, ``H``, ``topk``, sinks present or not; ``spec.kv_rows_packed`` is not compared: the call is
-            planned for its cache's rows) or a positive ``inputs.logit_cap`` other than
+            (dtypes, ``H``, ``topk``, sinks present or not; ``spec.kv_rows_packed``, ``gather_aligned`` and
+            ``unit_rows`` are not compared: the call is planned for its tensors' strides) or a positive ``inputs.logit_cap`` other than
             ``spec.logit_cap``; ``platform`` describing another arch than the tensors' device; an input that
             requires grad in grad mode (no backward); ``path`` not a path of the table. With DCP, before any
             collective: the DCP arguments (:func:`check_dcp_args`) and a shard or ids that disagree with

@@ -85,7 +85,10 @@ class SparseMLADecode:
     one of them, or the private state behind them, raises ``AttributeError`` - build another layer for another
     configuration; other attributes, a subclass's own included, are as on any object):
         spec, platform, plan: the records the layer runs under (``plan.path`` names the kernel path; a call whose
-            ``kv_cache`` rows are packed or not other than ``kv_rows_packed`` says is planned for its own cache).
+            ``kv_cache`` rows are packed or not other than ``kv_rows_packed`` says is planned for its own cache, and
+            every call for its own tensors' strides: ``plan`` assumes ``gather_aligned`` and ``unit_rows``, so a call
+            with e.g. ``q = buf[..., :576]`` of a ``[T, H, 580]`` buffer runs the portable kernel where ``plan``
+            names a Gluon one; :func:`mla_sink.describe` of the call's tensors gives its own plan).
         sm_scale: the float the kernels take. sinks: the sinks tensor as the layer holds it (detached), or None.
         path: the forced path, or None.
 

@@ -613,6 +613,29 @@ def test_compact_local_indices_keeps_order_and_counts():
     assert length.tolist() == [3, 0, 5]
 
 
+@pytest.mark.parametrize("T", [1, 2, 5])
+def test_compacted_local_ids_have_the_strides_a_seesaw_plan_promised(T):
+    """The rank-local decode runs the plan made from the caller's ids on the compacted local ids. At T = 1
+    ``.contiguous()`` of the compaction's ``[T, topk]`` view kept its row stride ``topk + 1`` (torch calls a size-1
+    dimension contiguous whatever its stride), which the seesaw cannot gather with: every T=1 DCP call on sm90 met
+    the launcher's PlanMismatchError (a break test, forty-second session). The local ids now have row stride topk,
+    which the seesaw plan's own ``topk: {multiple_of: N}`` covers."""
+    from mla_sink.core.describe import describe
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.records import Platform
+    from mla_sink.paths.triton.plan import seesaw_strides_ok
+
+    n, w, topk = 4096, 2, 2048
+    q = torch.randn(T, 64, 576).bfloat16()
+    kv = shard_kv_cache(torch.randn(n, 576).bfloat16(), w, 0, "interleaved")
+    idx = torch.randint(-1, n, (T, topk), dtype=torch.int32)
+    platform = Platform("sm90", num_sms=132)
+    spec, _ = describe(q, kv, idx, dcp_world_size=w, platform=platform)
+    assert build_plan(spec, platform, num_tokens=T).launch.kernel == "gluon_seesaw"
+    loc, _ = compact_local_indices(local_indices(idx, world_size=w, rank=0, layout="interleaved", num_kv_rows=n))
+    assert loc.stride() == (topk, 1) and seesaw_strides_ok(q, kv, loc)
+
+
 @pytest.mark.parametrize("loc,bad", [
     (torch.zeros(5, dtype=torch.int32), "int32 of shape \\[5\\]"),
     (torch.zeros(2, 5, dtype=torch.int64), "int64 of shape \\[2, 5\\]"),

@@ -248,7 +248,10 @@ def compact_local_indices(loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     dest = torch.where(owned, torch.cumsum(owned, dim=1) - 1, torch.full_like(loc, topk, dtype=torch.int64))
     buf = torch.full((t, topk + 1), -1, dtype=loc.dtype, device=loc.device)
     buf.scatter_(1, dest, loc)
-    return buf[:, :topk].contiguous(), owned.sum(dim=1, dtype=torch.int32)
+    # a fresh [T, topk] of row stride topk: at T = 1 `.contiguous()` keeps the view's stride topk + 1 (torch calls a
+    # size-1 dimension contiguous whatever its stride), which the seesaw's gather cannot take and its plan, made from
+    # the caller's ids, did not foresee (a break test, forty-second session: PlanMismatchError on every T=1 DCP call)
+    return buf[:, :topk].clone(memory_format=torch.contiguous_format), owned.sum(dim=1, dtype=torch.int32)
 
 
 def _out_dtype(q: torch.Tensor) -> torch.dtype:

@@ -142,8 +142,9 @@ class CallSpec:
             paged ``[blocks, block_size, 656]`` cache), in elements of each tensor's dtype, are multiples of the
             stride multiple of ``tables/triton_tuning.yaml`` (the ``N`` of the seesaw's ``topk: {multiple_of: N}``,
             16), and ``indices``' row stride is one too or is ``topk`` (contiguous ids, which that ``topk``
-            requirement tests): :func:`mla_sink.paths.triton.plan.gather_strides_aligned`. Contiguous tensors have
-            it; False for e.g. ``q = buf[..., :576]`` of a ``[T, H, 580]`` buffer, a ``[N, 576]`` view of rows of
+            requirement tests): :func:`mla_sink.paths.triton.plan.gather_strides_aligned`. Tensors with the
+            contiguous strides of their shape have it (a size-1 dimension counts with the stride it has, which
+            torch's ``is_contiguous`` ignores); False for e.g. ``q = buf[..., :576]`` of a ``[T, H, 580]`` buffer, a ``[N, 576]`` view of rows of
             580, or ``indices`` of row stride 1028 at ``topk`` 1024 (default True). The ``gluon_seesaw`` path
             requires it (``tables/triton_tuning.yaml``): a call without it is planned on the portable kernel.
         unit_rows: whether the rows of ``q``, ``kv_cache`` and ``indices`` are unit-stride (``stride(-1) == 1``:
@@ -366,8 +367,9 @@ def call_key(spec: CallSpec, platform: Platform) -> str:
     Returns:
         ``<dtypes>-h<H>-<arch>-<sinks|nosinks>-dcp<W>`` (dtypes ``<q>`` when KV has q's dtype, e.g. ``bf16``,
         else ``<q>+kv_<kv>``), then
-        ``-lse`` when the LSE was asked for without sinks or DCP, ``-cap<logit_cap>`` with a cap and ``-kvstrided``
-        for a ``kv_cache`` whose rows are not packed. Used in logs, test ids and benchmark case names.
+        ``-lse`` when the LSE was asked for without sinks or DCP, ``-cap<logit_cap>`` with a cap, ``-kvstrided``
+        for a ``kv_cache`` whose rows are not packed, ``-unaligned`` without ``gather_aligned`` and ``-rowstrided``
+        without ``unit_rows``. Used in logs, test ids and benchmark case names.
 
     Raises:
         ValueError: ``spec`` or ``platform`` is not the record.

@@ -82,8 +82,10 @@ def gather_strides_aligned(q, kv_cache, indices) -> bool:
     """:attr:`CallSpec.gather_aligned <mla_sink.core.records.CallSpec>`: whether ``q``'s token and head strides and
     ``kv_cache``'s first stride (its row stride; a paged V3.2 cache's block stride) are multiples of
     :func:`seesaw_stride_multiple` (the tuning table's ``N``), and ``indices``' row stride is one too or is ``topk``
-    (contiguous ids, whose row stride the seesaw path's ``topk: {multiple_of: N}`` tests). Contiguous tensors always
-    have it (as explain's default assumes); with that ``topk`` requirement it makes every stride the seesaw gathers
+    (contiguous ids, whose row stride the seesaw path's ``topk: {multiple_of: N}`` tests). Tensors with the contiguous
+    strides of their shape have it (as explain's default assumes; a dimension of size 1 counts with the stride it has,
+    which torch's ``is_contiguous`` ignores: ``[:, :2048]`` of a ``[1, 2049]`` tensor has row stride 2049 and plans
+    the portable kernel); with that ``topk`` requirement it makes every stride the seesaw gathers
     with a multiple of ``N`` (:func:`seesaw_strides_ok`). Strides in elements; reads metadata only.
 
     Args:
