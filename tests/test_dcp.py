@@ -636,6 +636,31 @@ def test_compacted_local_ids_have_the_strides_a_seesaw_plan_promised(T):
     assert loc.stride() == (topk, 1) and seesaw_strides_ok(q, kv, loc)
 
 
+@pytest.mark.parametrize("view", ["padded", "step"])
+def test_a_dcp_plan_takes_the_ids_facts_of_the_local_ids(view):
+    """The rank-local decode reads its own ids, a fresh ``[T, topk]`` of row stride topk, not the caller's: padded
+    (``[:, :2048]`` of ``[T, 2049]``) or strided (``[:, ::2]``) global ids planned the portable kernel for it, where
+    the ids it reads pass the seesaw's check (a break test, forty-second session). Without DCP they still do."""
+    from mla_sink.core.describe import describe
+    from mla_sink.core.plan import build_plan
+    from mla_sink.core.records import Platform
+    from mla_sink.paths.triton.plan import seesaw_strides_ok
+
+    n, w, t, topk = 4096, 2, 2, 2048
+    q = torch.randn(t, 64, 576).bfloat16()
+    kv = shard_kv_cache(torch.randn(n, 576).bfloat16(), w, 1, "interleaved")
+    padded = torch.randint(-1, n, (t, topk + 1), dtype=torch.int32)[:, :topk]  # row stride topk + 1
+    idx = padded if view == "padded" else torch.randint(-1, n, (t, 2 * topk), dtype=torch.int32)[:, ::2]
+    platform = Platform("sm90", num_sms=132)
+    plain, _ = describe(q, kv, idx, platform=platform)
+    assert build_plan(plain, platform, num_tokens=t).launch.kernel == "portable"
+    spec, _ = describe(q, kv, idx, dcp_world_size=w, platform=platform)
+    assert spec.gather_aligned and spec.unit_rows
+    assert build_plan(spec, platform, num_tokens=t).launch.kernel == "gluon_seesaw"
+    loc = local_indices(idx, world_size=w, rank=1, layout="interleaved", num_kv_rows=n)
+    assert seesaw_strides_ok(q, kv, loc) and seesaw_strides_ok(q, kv, compact_local_indices(loc)[0])
+
+
 @pytest.mark.parametrize("loc,bad", [
     (torch.zeros(5, dtype=torch.int32), "int32 of shape \\[5\\]"),
     (torch.zeros(2, 5, dtype=torch.int64), "int64 of shape \\[2, 5\\]"),

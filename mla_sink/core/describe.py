@@ -16,7 +16,7 @@ from mla_sink.core.records import CallSpec, Platform, check_platform
 from mla_sink.core.validate import check_inputs, check_return_lse
 
 
-def tensor_facts(x: DecodeInputs) -> dict:
+def tensor_facts(x: DecodeInputs, *, dcp: bool = False) -> dict:
     """The :class:`CallSpec` fields only the call's tensors know, read from their strides (metadata only):
     ``kv_rows_packed`` (:func:`mla_sink.core.kv_layout.rows_packed` of ``x.kv_cache``), ``gather_aligned``
     (:func:`mla_sink.paths.triton.plan.gather_strides_aligned`: q's, kv_cache's and indices' gather strides are
@@ -24,14 +24,22 @@ def tensor_facts(x: DecodeInputs) -> dict:
     (:func:`mla_sink.paths.triton.plan.rows_unit_stride`). ``x`` is checked
     (:func:`mla_sink.core.validate.check_inputs`).
 
+    Args:
+        x: the call's tensors.
+        dcp: a DCP call (``dcp_world_size > 1``), whose rank-local decode reads its own ids - a fresh ``[T, topk]``
+            of row stride ``topk`` (:func:`mla_sink.core.dcp.local_indices`, :func:`~mla_sink.core.dcp.
+            compact_local_indices`) - not the caller's: the ids' facts are those of contiguous ids, so padded or
+            strided global ids do not keep the local decode off a Gluon kernel (a break test, forty-second session).
+
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped tuning table is malformed.
     """
     from mla_sink.paths.triton.plan import gather_strides_aligned, rows_unit_stride
 
+    ids = torch.empty(x.indices.shape, dtype=x.indices.dtype, device="meta") if dcp else x.indices
     return dict(kv_rows_packed=rows_packed(x.kv_cache),
-                gather_aligned=gather_strides_aligned(x.q, x.kv_cache, x.indices),
-                unit_rows=rows_unit_stride(x.q, x.kv_cache, x.indices))
+                gather_aligned=gather_strides_aligned(x.q, x.kv_cache, ids),
+                unit_rows=rows_unit_stride(x.q, x.kv_cache, ids))
 
 
 def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> CallSpec:
@@ -39,7 +47,7 @@ def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> Call
     facts from :func:`tensor_facts`)."""
     return CallSpec(q_dtype=dtype_key(x.q.dtype), kv_dtype=kv_dtype_key(x.kv_cache), num_heads=x.q.shape[1],
                     topk=x.indices.shape[1], sinks=x.sinks is not None, dcp_world_size=dcp_world_size,
-                    need_lse=need_lse, logit_cap=x.logit_cap, **tensor_facts(x))
+                    need_lse=need_lse, logit_cap=x.logit_cap, **tensor_facts(x, dcp=dcp_world_size > 1))
 
 
 def spec_for_tensors(spec: CallSpec, x: DecodeInputs) -> CallSpec:
@@ -47,7 +55,7 @@ def spec_for_tensors(spec: CallSpec, x: DecodeInputs) -> CallSpec:
     ``kv_rows_packed``, ``gather_aligned``, ``unit_rows``). A spec built without tensors (the layer's,
     :func:`mla_sink.run`'s) assumes packed rows and aligned, unit-stride gathers; the call is planned for the
     tensors it is given. ``x`` is checked (:func:`mla_sink.core.validate.check_inputs`)."""
-    facts = tensor_facts(x)
+    facts = tensor_facts(x, dcp=spec.dcp_world_size > 1)
     if all(getattr(spec, k) == v for k, v in facts.items()):
         return spec
     return attrs.evolve(spec, **facts)

@@ -139,14 +139,15 @@ class CallSpec:
             ``kv_cache``'s value whatever the spec says (the AITER paths take packed rows only:
             ``tables/mla_decode.yaml``).
         gather_aligned: whether ``q``'s token and head strides and ``kv_cache``'s row stride (its block stride for a
-            paged ``[blocks, block_size, 656]`` cache), in elements of each tensor's dtype, are multiples of the
-            stride multiple of ``tables/triton_tuning.yaml`` (the ``N`` of the seesaw's ``topk: {multiple_of: N}``,
-            16), and ``indices``' row stride is one too or is ``topk`` (contiguous ids, which that ``topk``
-            requirement tests): :func:`mla_sink.paths.triton.plan.gather_strides_aligned`. Tensors with the
-            contiguous strides of their shape have it (a size-1 dimension counts with the stride it has, which
-            torch's ``is_contiguous`` ignores); False for e.g. ``q = buf[..., :576]`` of a ``[T, H, 580]`` buffer, a ``[N, 576]`` view of rows of
-            580, or ``indices`` of row stride 1028 at ``topk`` 1024 (default True). The ``gluon_seesaw`` path
-            requires it (``tables/triton_tuning.yaml``): a call without it is planned on the portable kernel.
+            paged ``[blocks, block_size, 656]`` cache), in elements of each tensor's dtype, are multiples of the stride
+            multiple of ``tables/triton_tuning.yaml`` (the ``N`` of the seesaw's ``topk: {multiple_of: N}``, 16), and
+            ``indices``' row stride is one too or is ``topk`` (contiguous ids, which that ``topk`` requirement tests):
+            :func:`mla_sink.paths.triton.plan.gather_strides_aligned`. Tensors with the contiguous strides of their
+            shape have it (a size-1 dimension counts with the stride it has, which torch's ``is_contiguous`` ignores);
+            False for e.g. ``q = buf[..., :576]`` of a ``[T, H, 580]`` buffer, a ``[N, 576]`` view of rows of 580, or
+            ``indices`` of row stride 1028 at ``topk`` 1024 (default True). The ``gluon_seesaw`` path requires it
+            (``tables/triton_tuning.yaml``): a call without it is planned on the portable kernel. A DCP call's
+            rank-local decode reads its own fresh ids, so there the ids count as contiguous.
         unit_rows: whether the rows of ``q``, ``kv_cache`` and ``indices`` are unit-stride (``stride(-1) == 1``:
             :func:`mla_sink.paths.triton.plan.rows_unit_stride`; the checks require it of ``q`` and ``kv_cache``,
             so False means e.g. ``indices = ids[:, ::2]``), as both Gluon kernels read them (default True).
