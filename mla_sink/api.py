@@ -471,7 +471,7 @@ def _prepare_call(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pla
         spec = spec_of(x, need_lse=need_lse)
     else:
         check_spec_matches(spec, x)
-        spec = spec_for_tensors(spec, x)  # whether the cache's rows are packed: the tensors' fact
+        spec = spec_for_tensors(spec, x)  # the stride facts are the tensors' (tensor_facts)
     platform = _platform_of(x, platform)
     from mla_sink.paths import prepare_runner
 
@@ -517,7 +517,7 @@ def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Res
                      kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
         check_spec_matches(spec, x)
         check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
-        spec = spec_for_tensors(spec, x)  # whether the shard's rows are packed: the tensors' fact
+        spec = spec_for_tensors(spec, x)  # the stride facts are the tensors' (tensor_facts)
         local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0], path=path))
         if key is not None:
             _keep_prepared(_PREPARED_DCP, key, local)

@@ -668,6 +668,7 @@ def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tens
     count; ``kernel='portable'`` keeps the Gluon kernels out."""
     import attrs
 
+    from mla_sink.core.describe import tensor_facts
     from mla_sink.core.plan import build_plan, failed_kernels
     from mla_sink.core.platform import detect_platform
     from mla_sink.core.records import CallSpec
@@ -675,8 +676,7 @@ def triton_plan_for(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tens
 
     spec = CallSpec(q_dtype=DTYPE_KEYS[q.dtype], kv_dtype=kv_dtype_key(kv_cache), num_heads=q.shape[1],
                     topk=indices.shape[1], sinks=sinks is not None, need_lse=True, logit_cap=logit_cap,
-                    gather_aligned=gather_strides_aligned(q, kv_cache, indices),
-                    unit_rows=rows_unit_stride(q, kv_cache, indices))
+                    **tensor_facts(DecodeInputs(q, kv_cache, indices)))
     platform = detect_platform(q.device)
     plan = build_plan(spec, platform, path="triton")
     launch = plan_triton_launch(arch=platform.arch, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype,

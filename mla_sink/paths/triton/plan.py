@@ -111,9 +111,9 @@ def seesaw_strides_ok(q, kv_cache, indices) -> bool:
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped tuning table is malformed.
     """
-    multiple = seesaw_stride_multiple()
-    strides = (q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0))
-    return all(s % multiple == 0 for s in strides) and rows_unit_stride(q, kv_cache, indices)
+    # the plan's facts, with the seesaw path's topk rule applied to the ids' row stride itself
+    return (gather_strides_aligned(q, kv_cache, indices) and indices.stride(0) % seesaw_stride_multiple() == 0
+            and rows_unit_stride(q, kv_cache, indices))
 
 
 def rows_unit_stride(q, kv_cache, indices) -> bool:
