@@ -396,7 +396,8 @@ def dcp_sparse_mla_decode(
             shard of ``num_kv_rows`` under ``layout``; ``inputs.sinks``/``topk_length``/``out`` have
             inconsistent shapes, or ``out`` another dtype than the output dtype; ``sinks`` is not fp32
             and on q's device (any stride: the merge reads a contiguous copy of strided ones); ``out`` is on
-            another device, overlaps itself, or is an inference tensor outside ``torch.inference_mode()``; ``local_decode`` is not callable or returns wrong shapes.
+            another device, overlaps itself, or is an inference tensor outside ``torch.inference_mode()``;
+            ``local_decode`` is not callable or returns wrong shapes.
 
     Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
     lightllm/sglang; vLLM ``cp_lse_ag_out_rs`` for the exchange pattern.
