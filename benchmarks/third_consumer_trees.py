@@ -74,7 +74,7 @@ def build(out_dir: str, name: str) -> str:
     subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
     if name == "main":
         return tree
-    subprocess.run(["git", "apply", "--directory", os.path.relpath(tree), PATCH], check=True)
+    subprocess.run(["git", "apply", "--unsafe-paths", "--directory", os.path.relpath(tree), PATCH], check=True)
     path = os.path.join(tree, TABLE)
     with open(path) as f:
         text = f.read()
