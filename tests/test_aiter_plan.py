@@ -94,6 +94,9 @@ def test_plan_table(case_id, kw, meta_param, expected):
         m = call.metadata
         assert (m.batch_size, m.num_heads, m.q_dtype, m.kv_dtype, m.topk) == (5, call.padded_heads, call.q_dtype, call.kv_dtype, 32)
         assert m.max_split_per_batch == call.num_kv_splits and call.padded_heads % 16 == 0
+        # the metadata's AITER choices are the path's params in the table, not constants of the planner
+        params = mla_table().paths["aiter_persistent"].params
+        assert (m.kv_granularity, m.fast_mode) == (params["kv_granularity"], params["fast_mode"])
     else:
         assert "metadata" not in attrs.fields_dict(type(call))
 
@@ -104,8 +107,8 @@ def test_records_hold_no_single_valued_or_per_call_fields():
     gone = {"max_seqlen_q", "qo_indptr", "kv_last_page_lens", "page_size", "nhead_kv", "kv_indptr_mode",
             "num_kv_rows", "sm_scale"}
     assert not gone & set(attrs.fields_dict(AiterPersistentCall))
-    assert not {"max_seqlen_qo", "num_heads_k", "is_sparse", "page_size", "is_causal", "fast_mode",
-                "kv_granularity"} & set(attrs.fields_dict(PersistentMetadata))
+    assert not {"max_seqlen_qo", "num_heads_k", "is_sparse", "page_size", "is_causal"} & set(
+        attrs.fields_dict(PersistentMetadata))
     assert MAX_SEQLEN_Q == 1
 
 
@@ -123,9 +126,23 @@ def test_head_padding_comes_from_the_plan_params():
         plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 4, defaults=False), num_tokens=2)
 
 
+@pytest.mark.parametrize("param,value,match", [("kv_granularity", 0, "int >= 1"), ("kv_granularity", None, "is required"),
+                                               ("fast_mode", 1, "must be a bool"), ("fast_mode", None, "is required")])
+def test_persistent_metadata_params_come_from_the_plan(param, value, match):
+    """``kv_granularity`` and ``fast_mode`` are the table's: a plan without them, or with a value of another kind,
+    is refused when planned."""
+    plan = make_plan("aiter_persistent", "gfx942", "bf16", 16, sinks=False, params={"return_lse": False})
+    params = {k: v for k, v in plan.params.items() if not (k == param and value is None)}
+    if value is not None:
+        params[param] = value
+    with pytest.raises(ValueError, match=match):
+        plan_aiter(attrs.evolve(plan, params=params), num_tokens=2)
+
+
 def test_non_persistent_call_has_no_metadata_field():
     call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 16, topk=4), num_tokens=2)
-    meta = PersistentMetadata(batch_size=2, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4, max_split_per_batch=32)
+    meta = PersistentMetadata(batch_size=2, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4, max_split_per_batch=32,
+                              kv_granularity=16, fast_mode=True)
     with pytest.raises(TypeError, match="metadata"):
         attrs.evolve(call, metadata=meta)
     with pytest.raises(ValueError, match="'path' of a non-persistent call"):
@@ -135,7 +152,8 @@ def test_non_persistent_call_has_no_metadata_field():
 def test_persistent_call_metadata_must_match():
     call = plan_aiter(make_plan("aiter_persistent", "gfx950", "bf16", 32, sinks=False, topk=4,
                                 params={"return_lse": False}), num_tokens=3)
-    bad = PersistentMetadata(batch_size=3, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4, max_split_per_batch=32)
+    bad = PersistentMetadata(batch_size=3, num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=4, max_split_per_batch=32,
+                              kv_granularity=16, fast_mode=True)
     with pytest.raises(ValueError, match="'metadata' must be built for"):
         attrs.evolve(call, metadata=bad)
 
@@ -237,7 +255,7 @@ def test_no_arch_dtype_or_head_literal_in_the_python():
     names = {v for f in ("arch", "q_dtype", "kv_dtype") for v in table.fields[f].domain if v is not None}
     names.discard("cpu")  # also torch's name of the host device (arch_of("cpu")), not a hardware quirk
     heads = {8, 16, 24, 32, 48, 64, 128}
-    allowed_ints = {"KV_GRANULARITY", "MAX_ENTRIES"}  # not head counts: a metadata granularity, a cache size
+    allowed_ints = {"MAX_ENTRIES"}  # not a head count: a cache size
     found = []
     for base in OWNED:
         for path in sorted((root / base).rglob("*.py")) if (root / base).is_dir() else [root / base]:

@@ -259,8 +259,12 @@ def test_explain_states_each_mismatch_and_reason_once(p):
      "param 'num_kv_splits' must be an int in [1, 2147483647] (got 'one')"),
     ("params: {pad_heads_to: 16}\n", "params: {pad_heads_to: 16, return_lse: false}\n",
      "path 'aiter_lse' reads no param 'return_lse'"),  # the aiter_lse paths always return the LSE
-    ("params: {pad_heads_to: 16, pad_heads_multiple: 16, max_split_per_batch: 32}",
-     "params: {pad_heads_multiple: 16, max_split_per_batch: 32}", "needs the params ['pad_heads_to']"),
+    ("params: {pad_heads_to: 16, pad_heads_multiple: 16, max_split_per_batch: 32,",
+     "params: {pad_heads_multiple: 16, max_split_per_batch: 32,", "needs the params ['pad_heads_to']"),
+    ("max_split_per_batch: 32, kv_granularity: 16, fast_mode: true}", "max_split_per_batch: 32}",
+     "needs the params ['kv_granularity', 'fast_mode']"),  # AITER's metadata choices, the table's since session 43
+    ("kv_granularity: 16, fast_mode: true}", "kv_granularity: 16, fast_mode: 1}",
+     "param 'fast_mode' must be a bool"),
 ])
 def test_row_params_are_checked_when_the_table_loads(tmp_path, old, new, text):
     """A row's params, merged with its path's, are the ones its path's planner reads, of their types: a table

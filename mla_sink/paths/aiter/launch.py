@@ -24,10 +24,8 @@ from mla_sink.paths.aiter.chunks import AiterChunkedCall, AiterLaunch, plan_aite
 from mla_sink.paths.aiter.finalize import finalize_aiter
 from mla_sink.paths.aiter.plan import (
     AITER_PATHS,
-    FAST_MODE,
     IS_CAUSAL,
     IS_SPARSE,
-    KV_GRANULARITY,
     MAX_SEQLEN_Q,
     NUM_KV_HEADS,
     PAGE_SIZE,
@@ -179,7 +177,7 @@ def allocate_metadata(meta: PersistentMetadata, device: torch.device, impl: Aite
         extra["max_split_per_batch"] = meta.max_split_per_batch
     info = impl.get_mla_metadata_info_v1(
         meta.batch_size, MAX_SEQLEN_Q, meta.num_heads, TORCH_DTYPES[meta.q_dtype],
-        TORCH_DTYPES[meta.kv_dtype], IS_SPARSE, fast_mode=FAST_MODE,
+        TORCH_DTYPES[meta.kv_dtype], IS_SPARSE, fast_mode=meta.fast_mode,
         num_kv_splits=meta.max_split_per_batch, **extra,
     )
     return {name: torch.empty(size, dtype=dt, device=device) for name, (size, dt) in zip(METADATA_NAMES, info)}
@@ -199,8 +197,8 @@ def fill_metadata(meta: PersistentMetadata, md: dict[str, torch.Tensor], buffers
         meta.num_heads // NUM_KV_HEADS, NUM_KV_HEADS, IS_CAUSAL,
         md["work_meta_data"], md["work_info_set"], md["work_indptr"],
         md["reduce_indptr"], md["reduce_final_map"], md["reduce_partial_map"],
-        page_size=PAGE_SIZE, kv_granularity=KV_GRANULARITY,
-        max_seqlen_qo=MAX_SEQLEN_Q, uni_seqlen_qo=MAX_SEQLEN_Q, fast_mode=FAST_MODE,
+        page_size=PAGE_SIZE, kv_granularity=meta.kv_granularity,
+        max_seqlen_qo=MAX_SEQLEN_Q, uni_seqlen_qo=MAX_SEQLEN_Q, fast_mode=meta.fast_mode,
         topk=meta.topk, max_split_per_batch=meta.max_split_per_batch,
         dtype_q=TORCH_DTYPES[meta.q_dtype], dtype_kv=TORCH_DTYPES[meta.kv_dtype],
     )

@@ -46,12 +46,13 @@ AITER_PATHS: tuple[str, ...] = ("aiter_persistent", "aiter_lse", "aiter_lse_sing
 #: type, when ``tables/mla_decode.yaml`` loads (a misspelt ``min_kv_split`` was silently ignored: a break test).
 PATH_PARAMS: dict = {
     "aiter_persistent": {"pad_heads_to": int, "pad_heads_multiple": int, "max_split_per_batch": int,
-                         "return_lse": bool},
+                         "return_lse": bool, "kv_granularity": int, "fast_mode": bool},
     **{path: {"pad_heads_to": int, "pad_heads_multiple": int, "num_kv_splits": int, "min_kv_splits": int}
        for path in ("aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split")},
 }
 #: The params of :data:`PATH_PARAMS` that :func:`plan_aiter` requires on each AITER path.
-REQUIRED_PARAMS: dict = {"aiter_persistent": ("pad_heads_to", "max_split_per_batch", "return_lse"),
+REQUIRED_PARAMS: dict = {"aiter_persistent": ("pad_heads_to", "max_split_per_batch", "return_lse", "kv_granularity",
+                                              "fast_mode"),
                          **{path: ("pad_heads_to",) for path in PATH_PARAMS if path != "aiter_persistent"}}
 NON_PERSISTENT_PATHS: frozenset[str] = frozenset({"aiter_lse", "aiter_lse_single_split", "aiter_lse_fp8_two_split"})
 
@@ -69,10 +70,8 @@ NUM_KV_HEADS = 1
 IS_SPARSE = True
 #: ``is_causal`` of ``get_mla_metadata_v1`` (AITER's default; a no-op with one query row per batch).
 IS_CAUSAL = True
-#: ``fast_mode`` of both metadata functions (the sizes of AITER's fast mode).
-FAST_MODE = True
-#: ``kv_granularity`` of the metadata for page size 1 (vLLM passes ``max(page_size, 16)``).
-KV_GRANULARITY = 16
+# The metadata's ``fast_mode`` and ``kv_granularity`` are AITER's choices, not our mapping's: the
+# ``aiter_persistent`` path's params in tables/mla_decode.yaml (:class:`PersistentMetadata`).
 
 KV_INDICES_LAYOUTS = ("packed", "row_strided")
 #: The most id slots (``T * topk``) one AITER call takes: ``kv_indptr`` and the persistent plan's row starts
@@ -130,8 +129,7 @@ class PersistentMetadata:
     fill is a device kernel reading device ``indptr``s: no host synchronisation. The arguments every
     call shares are module constants: ``max_seqlen_qo = uni_seqlen_qo =`` :data:`MAX_SEQLEN_Q`,
     ``num_heads_k =`` :data:`NUM_KV_HEADS`, ``is_sparse =`` :data:`IS_SPARSE`, ``is_causal =``
-    :data:`IS_CAUSAL`, ``fast_mode =`` :data:`FAST_MODE`, ``page_size =`` :data:`PAGE_SIZE`,
-    ``kv_granularity =`` :data:`KV_GRANULARITY`.
+    :data:`IS_CAUSAL`, ``page_size =`` :data:`PAGE_SIZE`.
 
     Attributes:
         batch_size: AITER batches = T query tokens (one query row each).
@@ -141,6 +139,9 @@ class PersistentMetadata:
             starting at ``t * topk`` (row-strided ``kv_indices``).
         max_split_per_batch: split budget (the path's ``max_split_per_batch`` param), also passed to
             ``mla_decode_fwd`` as ``num_kv_splits``.
+        kv_granularity: ``kv_granularity`` of ``get_mla_metadata_v1`` (the path's param: 16 for page size 1, as
+            vLLM passes ``max(page_size, 16)``).
+        fast_mode: ``fast_mode`` of both metadata functions (the path's param).
 
     Raises:
         ValueError: a count that is not an int >= 1, an unknown dtype key.
@@ -161,6 +162,8 @@ class PersistentMetadata:
     kv_dtype: str = attrs.field(validator=_dtype_key)
     topk: int = attrs.field(validator=_pos_int)
     max_split_per_batch: int = attrs.field(validator=_pos_int)
+    kv_granularity: int = attrs.field(validator=_pos_int)
+    fast_mode: bool = attrs.field(validator=attrs.validators.instance_of(bool))
 
 
 @attrs.frozen(kw_only=True)
@@ -530,8 +533,13 @@ def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[
                 f"(sinks={spec.sinks}, dcp_world_size={spec.dcp_world_size}, need_lse={spec.need_lse})"
             )
         splits = _int_param(plan, "max_split_per_batch", required=True)
+        fast_mode = _param(plan, "fast_mode", required=True)
+        if not isinstance(fast_mode, bool):
+            raise ValueError(f"plan.params['fast_mode'] must be a bool (got {fast_mode!r}) (row {plan.row_id})")
         meta = PersistentMetadata(batch_size=num_tokens, num_heads=heads, q_dtype=spec.q_dtype,
-                                  kv_dtype=spec.kv_dtype, topk=spec.topk, max_split_per_batch=splits)
+                                  kv_dtype=spec.kv_dtype, topk=spec.topk, max_split_per_batch=splits,
+                                  kv_granularity=_int_param(plan, "kv_granularity", required=True),
+                                  fast_mode=fast_mode)
         return AiterPersistentCall(**common, return_lse=return_lse, num_kv_splits=splits,
                                    kv_indices_layout="row_strided", metadata=meta)
 
