@@ -183,8 +183,8 @@ def _parse_conditions(ctx: _Ctx, when: Any, fields: dict, line: int, what: str) 
             if isinstance(because, LineDict):  # one reason per operator: {present: "...", at_least: "..."}
                 for op, text in because.items():
                     if op not in ops:
-                        raise ctx.error(because.line_of(op), f"{name}: because names operator {op!r}, "
-                                                              f"which the condition does not use ({_allowed(tuple(ops))})")
+                        raise ctx.error(because.line_of(op), f"{name}: because names operator {op!r}, which the "
+                                                              f"condition does not use ({_allowed(tuple(ops))})")
                     if not isinstance(text, str) or not text.strip():
                         raise ctx.error(because.line_of(op), f"{name}: because.{op} must be a non-empty string")
                 reasons = {op: because.get(op) for op in ops}

@@ -62,6 +62,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CallSpec", "DecodeInputs", "LaunchPlan", "NoKernelError", "Platform", "SparseMLADecode", "call_key",
-    "dequantize_kv_cache", "describe", "explain_call", "plan_call", "prepare", "quantize_kv_cache", "run", "select", "sparse_mla_decode",
-    "sparse_mla_decode_reference",
+    "dequantize_kv_cache", "describe", "explain_call", "plan_call", "prepare", "quantize_kv_cache", "run", "select",
+    "sparse_mla_decode", "sparse_mla_decode_reference",
 ]

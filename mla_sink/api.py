@@ -83,7 +83,8 @@ def prepare(
         check_sinks(sinks, spec.num_heads)
         want = "cpu" if platform.arch == "cpu" else "cuda"
         if sinks.device.type != want:
-            raise ValueError(f"'sinks' must be on a {want} device for platform arch {platform.arch!r} (got {sinks.device})")
+            raise ValueError(f"'sinks' must be on a {want} device for platform arch {platform.arch!r} "
+                             f"(got {sinks.device})")
     if sm_scale is not None:
         check_sm_scale(sm_scale)
     plan = build_plan(spec, platform, path=path)
@@ -197,7 +198,8 @@ def as_inputs(inputs: Any) -> DecodeInputs:
     try:
         sm_scale, logit_cap = call_scalars(sm_scale, False, inputs.logit_cap)
     except ValueError as e:  # name the field as the caller wrote it
-        raise ValueError(str(e).replace("'sm_scale'", "'inputs.sm_scale'").replace("'logit_cap'", "'inputs.logit_cap'")) from None
+        raise ValueError(str(e).replace("'sm_scale'", "'inputs.sm_scale'")
+                         .replace("'logit_cap'", "'inputs.logit_cap'")) from None
     if sm_scale is not inputs.sm_scale or logit_cap is not inputs.logit_cap:
         inputs = inputs._replace(sm_scale=sm_scale, logit_cap=logit_cap)
     return inputs
@@ -242,10 +244,10 @@ def run(
             ``inputs`` neither a :class:`DecodeInputs` nor a mapping of its fields (unknown or missing keys);
             malformed tensors or scalars (as :func:`sparse_mla_decode`); tensors that disagree with ``spec``
             (dtypes, ``H``, ``topk``, sinks present or not; ``spec.kv_rows_packed``, ``gather_aligned`` and
-            ``unit_rows`` are not compared: the call is planned for its tensors' strides) or a positive ``inputs.logit_cap`` other than
-            ``spec.logit_cap``; ``platform`` describing another arch than the tensors' device; an input that
-            requires grad in grad mode (no backward); ``path`` not a path of the table. With DCP, before any
-            collective: the DCP arguments (:func:`check_dcp_args`) and a shard or ids that disagree with
+            ``unit_rows`` are not compared: the call is planned for its tensors' strides) or a positive
+            ``inputs.logit_cap`` other than ``spec.logit_cap``; ``platform`` describing another arch than the tensors'
+            device; an input that requires grad in grad mode (no backward); ``path`` not a path of the table. With DCP,
+            before any collective: the DCP arguments (:func:`check_dcp_args`) and a shard or ids that disagree with
             ``num_kv_rows`` and ``dcp_layout`` (:func:`mla_sink.core.dcp.dcp_sparse_mla_decode`); without DCP, a
             ``dcp_group`` or ``num_kv_rows`` given, or a ``dcp_layout`` that is not a layout name.
         NoKernelError: no path serves the call on this platform (the message is the full explanation).

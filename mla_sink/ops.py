@@ -64,7 +64,8 @@ def _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_sca
     check_path(path or None, unset=OP_UNSET_PATH)
     sizes = (q.shape[0], q.shape[1], indices.shape[1])
     device = q.device
-    absent = device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count())
+    absent = device.type == "cuda" and not (torch.cuda.is_available()
+                                            and (device.index or 0) < torch.cuda.device_count())
     if not path or device.type == "meta" or absent or not all(isinstance(n, int) for n in sizes):
         return  # no device here to plan for (meta, or a GPU target traced on a machine without it: torch.export),
         # or symbolic sizes (dynamic shapes): the run plans

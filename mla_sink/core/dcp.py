@@ -127,7 +127,8 @@ def shard_num_rows(num_kv_rows: int, world_size: int, rank: int, layout: str) ->
     return max(0, min(num_kv_rows, (rank + 1) * s) - rank * s)
 
 
-def global_row_ids(num_kv_rows: int, world_size: int, rank: int, layout: str, device: torch.device | str | None = None) -> torch.Tensor:
+def global_row_ids(num_kv_rows: int, world_size: int, rank: int, layout: str,
+                   device: torch.device | str | None = None) -> torch.Tensor:
     """Global row id of each local row of ``rank``'s shard (the inverse of :func:`local_indices`).
 
     Args:
@@ -150,7 +151,8 @@ def global_row_ids(num_kv_rows: int, world_size: int, rank: int, layout: str, de
     return local + rank * contiguous_shard_size(num_kv_rows, world_size)
 
 
-def shard_kv_cache(kv_cache: torch.Tensor, world_size: int, rank: int, layout: str, *, copy: bool = False) -> torch.Tensor:
+def shard_kv_cache(kv_cache: torch.Tensor, world_size: int, rank: int, layout: str, *,
+                   copy: bool = False) -> torch.Tensor:
     """The rows of the global KV pool that ``rank`` keeps.
 
     Args:
@@ -171,9 +173,9 @@ def shard_kv_cache(kv_cache: torch.Tensor, world_size: int, rank: int, layout: s
         ValueError: ``kv_cache`` is not 2-D, unknown layout, or ``world_size`` / ``rank`` out of range.
     """
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 2:
-        raise ValueError(f"'kv_cache' must be a 2-D tensor: [N, 576], or the fp8_ds_mla rows as uint8 [N, 656] (a paged "
-                         f"[blocks, block_size, 656] pool is sharded by its rows: pass kv_cache.reshape(-1, 656)) (got "
-                         f"{getattr(kv_cache, 'shape', type(kv_cache))})")
+        raise ValueError(f"'kv_cache' must be a 2-D tensor: [N, 576], or the fp8_ds_mla rows as uint8 [N, 656] (a "
+                         f"paged [blocks, block_size, 656] pool is sharded by its rows: pass "
+                         f"kv_cache.reshape(-1, 656)) (got {getattr(kv_cache, 'shape', type(kv_cache))})")
     n = kv_cache.shape[0]
     n_r = shard_num_rows(n, world_size, rank, layout)
     if layout == "interleaved":
@@ -205,7 +207,8 @@ def local_indices(indices: torch.Tensor, *, world_size: int, rank: int, layout: 
         ValueError: ``indices`` is not a 2-D integer tensor, unknown layout, or an int argument
             outside its domain.
     """
-    if not isinstance(indices, torch.Tensor) or indices.dim() != 2 or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+    if (not isinstance(indices, torch.Tensor) or indices.dim() != 2 or indices.dtype.is_floating_point
+            or indices.dtype == torch.bool):
         raise ValueError(
             f"'indices' must be an integer tensor [T, topk] (got {getattr(indices, 'dtype', type(indices))} "
             f"{tuple(getattr(indices, 'shape', ()))})"
@@ -274,11 +277,13 @@ def group_size_rank(group: Optional[dist.ProcessGroup], name: str = "group") -> 
     if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
         raise ValueError(f"'{name}' must be a torch.distributed ProcessGroup or None (got {group!r})")
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(f"'{name}' needs an initialised torch.distributed default process group (call init_process_group first)")
+        raise ValueError(f"'{name}' needs an initialised torch.distributed default process group "
+                         f"(call init_process_group first)")
     try:
         return dist.get_world_size(group), dist.get_rank(group)
     except (RuntimeError, ValueError, AttributeError, TypeError) as e:
-        raise ValueError(f"'{name}' must be a torch.distributed ProcessGroup this rank belongs to (got {group!r}: {e})") from None
+        raise ValueError(f"'{name}' must be a torch.distributed ProcessGroup this rank belongs to "
+                         f"(got {group!r}: {e})") from None
 
 
 def _all_gather_flat(out_flat: torch.Tensor, inp: torch.Tensor, group: Optional[dist.ProcessGroup]) -> None:
@@ -375,8 +380,8 @@ def dcp_sparse_mla_decode(
             ``out_r`` ``[T, H, 512]``, best fp32 (it travels in fp32; a partial already rounded to bf16
             keeps that rounding; 0 on rows without a valid id), ``lse_r`` fp32 ``[T, H]``
             natural log (``-inf`` on rows without a valid id). It receives ``sinks=None``,
-            ``out=None``, local ids and ``topk_length`` = owned ids per row (see ``compact_ids``). ``run()`` passes the kernel path the
-            rule table chose (a path that returns an LSE); tests pass the float64 reference.
+            ``out=None``, local ids and ``topk_length`` = owned ids per row (see ``compact_ids``). ``run()`` passes the
+            kernel path the rule table chose (a path that returns an LSE); tests pass the float64 reference.
         dcp_world_size: optional expected group size (e.g. ``CallSpec.dcp_world_size``), checked.
         compact_ids: move this rank's owned ids to the front of each row and pass their count as
             ``topk_length`` (:func:`compact_local_indices`), so a kernel whose loop stops at
@@ -516,7 +521,8 @@ def _stack_view(parts):
     p0 = parts[0]
     elt = p0.element_size()
     step = parts[1].data_ptr() - p0.data_ptr()
-    if step <= 0 or step % elt or not all(p.is_contiguous() and p.shape == p0.shape and p.dtype == p0.dtype for p in parts):
+    if step <= 0 or step % elt or not all(p.is_contiguous() and p.shape == p0.shape and p.dtype == p0.dtype
+                                          for p in parts):
         return None
     if any(parts[i].data_ptr() - p0.data_ptr() != i * step for i in range(len(parts))):
         return None

@@ -131,7 +131,8 @@ def build_plan(spec: CallSpec, platform: Platform, *, num_tokens: Optional[int] 
 
 
 @functools.lru_cache(maxsize=4096)
-def _build_plan_cached(spec: CallSpec, platform: Platform, num_tokens: Optional[int], path: Optional[str]) -> LaunchPlan:
+def _build_plan_cached(spec: CallSpec, platform: Platform, num_tokens: Optional[int],
+                       path: Optional[str]) -> LaunchPlan:
     return _build_plan(spec, platform, num_tokens, path, None)
 
 

@@ -253,7 +253,8 @@ def _version(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     try:
         Version(value)
     except (InvalidVersion, TypeError):
-        raise ValueError(f"'{attribute.name}' must be None or a PEP 440 version such as '0.1.19' (got {value!r})") from None
+        raise ValueError(f"'{attribute.name}' must be None or a PEP 440 version such as '0.1.19' "
+                         f"(got {value!r})") from None
 
 
 @attrs.frozen(cache_hash=True)
@@ -280,8 +281,9 @@ class Platform:
 
     Raises:
         ValueError: unknown arch string or unparsable version; ``triton`` not a bool, ``gluon`` neither a bool nor
-            ``None``; ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on ``cpu``. Which archs AITER serves is the rule table's (``tables/mla_decode.yaml``, the AITER paths'
-            ``requires``): an ``aiter_version`` on any other arch makes those paths ineligible, with that reason.
+            ``None``; ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on ``cpu``. Which archs AITER serves
+            is the rule table's (``tables/mla_decode.yaml``, the AITER paths' ``requires``): an ``aiter_version`` on any
+            other arch makes those paths ineligible, with that reason.
     """
 
     arch: str = attrs.field(converter=canonical_arch, validator=_arch)

@@ -310,7 +310,8 @@ def check_sm_scale(sm_scale: float) -> None:
         return
     value = _as_real(sm_scale)
     if value is None or (not tracing() and not _in_scalar_range(value)):
-        raise ValueError(f"'sm_scale' must be a finite float in [2^-126, 2^126] ({_SCALAR_RANGE_WHY}; got {sm_scale!r})")
+        raise ValueError(f"'sm_scale' must be a finite float in [2^-126, 2^126] "
+                         f"({_SCALAR_RANGE_WHY}; got {sm_scale!r})")
 
 
 def check_logit_cap(logit_cap: float) -> float:
@@ -452,7 +453,8 @@ def check_inputs(
         raise ValueError(pair_error(*pair, "(q dtype, kv_cache dtype)"))
     device = q.device
     if device.type not in ("cpu", "cuda") and not (allow_meta and device.type == "meta"):
-        traced = " (meta tensors serve shape inference: torch.ops.mla_sink.sparse_mla_decode)" if device.type == "meta" else ""
+        traced = (" (meta tensors serve shape inference: torch.ops.mla_sink.sparse_mla_decode)"
+                  if device.type == "meta" else "")
         raise ValueError(f"'q' must be on a cpu or cuda (CUDA/ROCm) device{traced} (got {device})")
     grads = grad_inputs(q, kv_cache, sinks, q_scale, kv_scale)
     if torch.is_grad_enabled() and grads:
@@ -481,13 +483,16 @@ def check_inputs(
         is_fp8 = _dt(tensor) in FP8_KEYS
         owner = "q" if name == "q_scale" else "kv_cache"
         if is_fp8 and scale is None:
-            raise ValueError(f"'{name}' is required when {owner} is fp8 ({_dt(tensor)}): pass a float32 tensor of shape [1] or []")
+            raise ValueError(f"'{name}' is required when {owner} is fp8 ({_dt(tensor)}): "
+                             f"pass a float32 tensor of shape [1] or []")
         if not is_fp8 and scale is not None:
-            raise ValueError(f"'{name}' must be None when {owner} is {_dt(tensor)} (scales apply to fp8 only; got a tensor)")
+            raise ValueError(f"'{name}' must be None when {owner} is {_dt(tensor)} "
+                             f"(scales apply to fp8 only; got a tensor)")
         if scale is not None:
             _require_tensor(name, scale)
             if scale.dtype != torch.float32 or tuple(scale.shape) not in ((1,), ()):
-                raise ValueError(f"'{name}' must be float32 of shape [1] or [] (got {scale.dtype} shape {concrete(scale.shape)})")
+                raise ValueError(f"'{name}' must be float32 of shape [1] or [] "
+                                 f"(got {scale.dtype} shape {concrete(scale.shape)})")
             if scale.device != device:
                 raise ValueError(f"'{name}' must be on {device}, like q (got {scale.device})")
     if out is not None:
@@ -499,7 +504,8 @@ def check_inputs(
                 f"{concrete(out.shape)})"
             )
         if out.stride(2) != 1 or out.device != device:
-            raise ValueError(f"'out' must be on {device} with innermost stride 1 (got {out.device}, strides {concrete(out.stride())})")
+            raise ValueError(f"'out' must be on {device} with innermost stride 1 "
+                             f"(got {out.device}, strides {concrete(out.stride())})")
         if overlaps_itself(out):
             raise ValueError(f"'out' must not overlap itself: each [token, head] row needs its own memory (got strides "
                              f"{concrete(out.stride())} for shape {concrete(out.shape)}, e.g. from expand())")

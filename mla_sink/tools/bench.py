@@ -468,9 +468,11 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
     report = dict(
         **report_header("kernels", props.name), sms=props.multi_processor_count, platform=str(platform),
         pool_rows=args.pool_rows, ds_pages=ds_pages, ds_scale=ds_scale,
-        flush=args.flush, flush_us=timer.flush_ms() * 1e3, method=__doc__.split("Method (see BENCHMARKS.md): ")[1].split("\n\n")[0],
+        flush=args.flush, flush_us=timer.flush_ms() * 1e3,
+        method=__doc__.split("Method (see BENCHMARKS.md): ")[1].split("\n\n")[0],
         ceilings=ceilings, peers=peer_doc, results=results,
-        peers_missing=[n for n, ok in (("flash_mla", flash_mla is not None), ("flashinfer", _flashinfer_peer() is not None))
+        peers_missing=[n for n, ok in (("flash_mla", flash_mla is not None),
+                                       ("flashinfer", _flashinfer_peer() is not None))
                        if not ok],
     )
     if checks is not None:
@@ -646,7 +648,8 @@ def check_bench_args(args: argparse.Namespace) -> None:
         flash_mla, why = peers.import_flash_mla()
         if flash_mla is None:
             raise ValueError(f"'--peers' needs FlashMLA importable ({why}); build FlashMLA "
-                             f"(github.com/deepseek-ai/FlashMLA, setup.py) and put it on PYTHONPATH, or leave the flag out (peers are timed when importable)")
+                             f"(github.com/deepseek-ai/FlashMLA, setup.py) and put it on PYTHONPATH, or leave the flag "
+                             f"out (peers are timed when importable)")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -146,8 +146,8 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     add(p, "--path", default=None,
         help="consider only rows naming this path (a path of tables/mla_decode.yaml; 'reference' is always "
              "honoured; default: every row, the table's first match wins)")
-    add(p, "--tokens", type=int, default=64, help="tokens T per call (Triton launch: tuning row, splits; AITER: the call, in token chunks "
-                                       "past 2^31 - 1 id slots; default 64)")
+    add(p, "--tokens", type=int, default=64, help="tokens T per call (Triton launch: tuning row, splits; AITER: the "
+                                                  "call, in token chunks past 2^31 - 1 id slots; default 64)")
     add(p, "--sms", type=int, default=None,
         help="SM/CU count for the split decision (default: this machine's GPU when it is that arch)")
     p.set_defaults(call_flags={dest: ("/".join(names), default) for dest, (names, default) in flags.items()})

@@ -139,7 +139,8 @@ def _child(rank: int, cfg: dict, store_path: str, result_path: str) -> None:
 def _child_body(rank: int, cfg: dict, store_path: str, result_path: str) -> None:
     import torch.distributed as dist
 
-    from mla_sink.core.dcp import compact_local_indices, dcp_sparse_mla_decode, exchange_states, local_indices, shard_kv_cache, shard_num_rows
+    from mla_sink.core.dcp import (compact_local_indices, dcp_sparse_mla_decode, exchange_states, local_indices,
+                                   shard_kv_cache, shard_num_rows)
     from mla_sink.core.inputs import DecodeInputs
 
     w, h, t, topk, n = cfg["dcp"], cfg["heads"], cfg["tokens"], cfg["topk"], cfg["pool_rows"]
@@ -254,9 +255,11 @@ def format_table(r: dict) -> str:
             f"{ms(graph):>10}{(vs(r['dcp1_graph_ms'], graph) if cmp else ''):>10}"
         )
     lines.append(
-        f"communication: {r['comm_bytes_in_per_rank'] / 2**20:.2f} MiB in per rank, {r['comm_GBps_in_per_rank']:.1f} GB/s; "
+        f"communication: {r['comm_bytes_in_per_rank'] / 2**20:.2f} MiB in per rank, "
+        f"{r['comm_GBps_in_per_rank']:.1f} GB/s; "
         f"host time to issue the eager DCP call {r['dcp_total_cpu_ms']:.3f} ms; "
-        f"max |out - DCP 1| = {r['max_abs_out_diff_vs_dcp1']:.3g}, max |lse - DCP 1| = {r['max_abs_lse_diff_vs_dcp1']:.3g}"
+        f"max |out - DCP 1| = {r['max_abs_out_diff_vs_dcp1']:.3g}, "
+        f"max |lse - DCP 1| = {r['max_abs_lse_diff_vs_dcp1']:.3g}"
     )
     return "\n".join(lines)
 
@@ -320,7 +323,8 @@ def run_dcp_bench(args: Any) -> dict:
                     errs.append(f"rank {r}:\n{f.read()}")
         if hung or errs or any(p.exitcode != 0 for p in procs) or not os.path.exists(result_path):
             raise RuntimeError(
-                f"DCP benchmark failed (hung ranks: {len(hung)}, exit codes {[p.exitcode for p in procs]})\n" + "\n".join(errs)
+                f"DCP benchmark failed (hung ranks: {len(hung)}, exit codes {[p.exitcode for p in procs]})\n"
+                + "\n".join(errs)
             )
         with open(result_path) as f:
             result = json.load(f)

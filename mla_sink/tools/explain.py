@@ -37,7 +37,8 @@ def launch_lines(plan: Any) -> list[str]:
         if chunked:  # each chunk one AITER call, planned for its token count
             full = len(launch.chunks) - (len(launch.calls) - 1)  # chunks of the full size (the first call's)
             each = " each" if full > 1 else ""
-            lines.append(f"    {_count(full, 'chunk')} of {_count(launch.chunk_tokens, 'token')}{each}: {launch.calls[0]}")
+            lines.append(f"    {_count(full, 'chunk')} of {_count(launch.chunk_tokens, 'token')}{each}: "
+                         f"{launch.calls[0]}")
             if len(launch.calls) == 2:
                 lines.append(f"    the last chunk, of {_count(launch.calls[1].num_tokens, 'token')}: {launch.calls[1]}")
         if launch.needs_meta_param and "min_kv_splits" in plan.params:
@@ -82,8 +83,8 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
                          f"program, {programs} programs (mla_sink/kernels/triton/combine.py)")
     ranges = token_ranges(T) if T is not None else None
     if ranges is not None and len(ranges) > 1:  # the tokens sit on a grid dimension CUDA caps
-        lines.append(f"    the call runs as {len(ranges)} launches, over token ranges of {ranges[0][1]} tokens, the last "
-                     f"shorter (a CUDA grid's y / z dimension holds {MAX_GRID_TOKENS})")
+        lines.append(f"    the call runs as {len(ranges)} launches, over token ranges of {ranges[0][1]} tokens, the "
+                     f"last shorter (a CUDA grid's y / z dimension holds {MAX_GRID_TOKENS})")
     lines.append(f"    tiles and split policy: row {launch.tuning_row} (tables/triton_tuning.yaml): {launch.why}")
     if launch.kernel_row != launch.tuning_row:
         lines.append(f"    kernel: row {launch.kernel_row}: {launch.kernel_why}")

@@ -123,8 +123,9 @@ def run_host_bench(args: argparse.Namespace) -> dict:
                               kernel=plan.launch.kernel, num_kv_splits=plan.launch.num_kv_splits,
                               host_us=host, wall_us=wall, gpu_us=gpu))
     device = torch.cuda.get_device_name(0)
-    return dict(**report_header("host", device), machine=device, platform=str(platform), calls=args.calls, repeats=args.repeats,
-                method=__doc__.split("Method: ")[1].split("\n\n")[0].replace("\n", " "), cases=cases)
+    return dict(**report_header("host", device), machine=device, platform=str(platform), calls=args.calls,
+                repeats=args.repeats, method=__doc__.split("Method: ")[1].split("\n\n")[0].replace("\n", " "),
+                cases=cases)
 
 
 def print_host_table(report: dict) -> None:

@@ -41,9 +41,10 @@ def gather_q(Q, q_lo, q_hi, q_rope, q_ready, pid_h, pid_t, num_heads, stride_qt,
         h = offs_h + r * ROWS
         rows = q_row0 + h.to(gl.int64) * stride_qh
         hm = (h < num_heads)[:, None]
-        async_copy.async_copy_global_to_shared(q_lo.index(0).slice(r * ROWS, ROWS), rows[:, None] + offs_c[None, :], mask=hm)
-        async_copy.async_copy_global_to_shared(q_hi.index(0).slice(r * ROWS, ROWS), rows[:, None] + HALF_V + offs_c[None, :],
+        async_copy.async_copy_global_to_shared(q_lo.index(0).slice(r * ROWS, ROWS), rows[:, None] + offs_c[None, :],
                                                mask=hm)
+        async_copy.async_copy_global_to_shared(q_hi.index(0).slice(r * ROWS, ROWS),
+                                               rows[:, None] + HALF_V + offs_c[None, :], mask=hm)
     rows = q_row0 + offs_hr.to(gl.int64) * stride_qh
     async_copy.async_copy_global_to_shared(q_rope.index(0), rows[:, None] + 2 * HALF_V + offs_cr[None, :],
                                            mask=(offs_hr < num_heads)[:, None])

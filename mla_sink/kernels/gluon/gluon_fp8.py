@@ -33,8 +33,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
   registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us on the alternate blocks; its
   unsplit launches took 179.1 here against 174.4 there, and take the alternate scores below);
-* CTAs of one or two blocks (T <= 6 at topk 2048 on 132 SMs; the table's ``*_short`` rows) take the column split at 16 heads
-  too: the two halves of a block's ``P V`` run at once and each consumer stores its own columns, with no merge of
+* CTAs of one or two blocks (T <= 6 at topk 2048 on 132 SMs; the table's ``*_short`` rows) take the column split at 16
+  heads too: the two halves of a block's ``P V`` run at once and each consumer stores its own columns, with no merge of
   two consumers' states through shared memory (H=16 T=2, thirtieth session: e4m3 9.7, V3.2 10.4 against 11.5 and
   12.9 us on the alternate blocks; bf16 10.9). V3.2's short rows (``scores_only``, ``SCORES_ONLY``) leave the first
   consumer the scores, the softmax and the four ``P_t`` only and give the second all four value tiles (64 registers
@@ -716,9 +716,9 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
                                                       end, num_blocks, acc_l, BLOCK_H, BLOCK_N, ROW_BYTES, FIRST,
                                                       ROWS_16B, DEFER)
     else:
-        m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale,
-                                                        idx_base, num_rows.to(gl.uint32), start, end, num_blocks,
-                                                        acc_l, BLOCK_H, BLOCK_N, FIRST, DEFER, ids_smem,
+        m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
+                                                        col_scale, idx_base, num_rows.to(gl.uint32), start, end,
+                                                        num_blocks, acc_l, BLOCK_H, BLOCK_N, FIRST, DEFER, ids_smem,
                                                         STAGED_IDS)
 
     if FIRST == 1:
@@ -1334,11 +1334,11 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                     kv_dtype: str = "fp8_e4m3"):
     """``(grid, scalars, constexprs, options)`` of a :func:`sparse_mla_decode_fp8_ws_kernel` launch on these
     tensors' metadata (the grid: head groups ``cdiv(H, head block)``, splits, tokens; shared by
-    :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of :mod:`mla_sink.paths.triton.launch`). ``scalars`` are the integer arguments by name; ``out_strides``
-    the ``(token, head)`` strides of ``out``. Split launches (``num_kv_splits > 1``) write fp32 partials
-    ``[T, splits, H, 512]`` and base-2 LSEs ``[T, splits, H]`` and let the combine launch early.
-    ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"`` (``kv_cache``
-    the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
+    :func:`sparse_mla_decode_fp8_gluon` and the prepared runner of :mod:`mla_sink.paths.triton.launch`). ``scalars`` are
+    the integer arguments by name; ``out_strides`` the ``(token, head)`` strides of ``out``. Split launches
+    (``num_kv_splits > 1``) write fp32 partials ``[T, splits, H, 512]`` and base-2 LSEs ``[T, splits, H]`` and let the
+    combine launch early. ``kv_dtype``: ``"fp8_e4m3"`` (``kv_cache`` ``[N, 576]`` float8_e4m3fn) or ``"fp8_ds_mla"``
+    (``kv_cache`` the 656-byte rows as uint8, ``[N, 656]`` or ``[blocks, block_size, 656]`` with any block stride).
     ``ROWS_16B`` (:func:`rows_16b`) is this ``kv_cache``'s: a runner reused for other pools checks it per call.
     The consumers' arrangement (``COLS``), the head block, the partitions' registers, the producer's steps and the
     row sums are the row of ``tables/gluon_fp8.yaml`` for (kv dtype, q dtype, heads, split or not, blocks a CTA)

@@ -8,10 +8,10 @@ Same semantics as :mod:`mla_sink.kernels.triton.portable` (float64 reference in
 ``lse = -inf``, unreferenced KV rows never read, 64-bit row offsets. With ``SPLIT`` a program covers one
 range of ids and writes an fp32 partial state (``out`` normalised by its own sum, base-2 LSE) that the
 combine kernel (:mod:`mla_sink.kernels.triton.combine`) merges, applying the sink once. bf16 or fp16 q
-with KV of the same dtype, or an fp8 cache through the fp8 producer and decoder (:mod:`mla_sink.kernels.gluon.seesaw_fp8`:
-per-tensor e4m3fn, or the 656-byte V3.2 rows, whose programs that meet scales bf16 cannot hold exactly are
-flagged in ``REDO`` and recomputed by a second, gated launch that reads every scale exactly: ``KV_DS_EXACT``,
-:mod:`mla_sink.kernels.gluon.seesaw_exact`); no soft cap (``tables/triton_tuning.yaml`` sends
+with KV of the same dtype, or an fp8 cache through the fp8 producer and decoder
+(:mod:`mla_sink.kernels.gluon.seesaw_fp8`: per-tensor e4m3fn, or the 656-byte V3.2 rows, whose programs that meet scales
+bf16 cannot hold exactly are flagged in ``REDO`` and recomputed by a second, gated launch that reads every scale
+exactly: ``KV_DS_EXACT``, :mod:`mla_sink.kernels.gluon.seesaw_exact`); no soft cap (``tables/triton_tuning.yaml`` sends
 everything else elsewhere).
 
 One CTA = one token x 64 heads x one range of ids, three warpgroups:
@@ -116,9 +116,9 @@ def _gather_cols(KV, dst, ids_smem, id0, stride_kv, col0,
 
 
 @gluon.jit
-def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi, free_lo, free_hi,
-              pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt, stride_qh, stride_kv,
-              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
+def _producer(Q, KV, IDX, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, ids_smem, q_ready, ready_lo, ready_hi, free_lo,
+              free_hi, pid_h, pid_t, idx_base, start, end, num_pairs, num_heads, num_rows, stride_qt, stride_qh,
+              stride_kv, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr, D_ROPE: gl.constexpr,
               ROWS: gl.constexpr):
     """Worker partition (one warpgroup) of bf16 / fp16 KV: q once, then each pair of blocks half by half,
     in the order the consumers free the halves (even lo, odd hi, even hi, odd lo)."""
@@ -262,8 +262,8 @@ def _consumer_even(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q_h
 
 
 @gluon.jit
-def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, p_odd,
-                  redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
+def _consumer_odd(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, redo_ptr, q_lo, q_hi, q_rope, k_lo, k_hi, k_rope,
+                  p_odd, redo_smem, m_even, m_odd, l_even, l_odd, q_ready, ready_lo, ready_hi, free_lo, free_hi,
                   bar_l_even, bar_l_odd,
                   pid_h, pid_s, pid_t, idx_base, start, end, num_pairs, sm_scale, num_heads, num_rows,
                   stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,

@@ -135,9 +135,9 @@ def _consumer_even_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, 
                       stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
                       HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
     """Consumer 0 for V3.2 rows read exactly (``KV_DS_EXACT``; default partition):
-    :func:`~mla_sink.kernels.gluon.gluon_seesaw._consumer_even`'s schedule with every tile scale applied in fp32 (:func:`_ds_scores`, :func:`_p_tiles`); its value columns 0-255
-    are tiles 0 and 1 (stash rows ``4 * slot + 0, 1``), the odd block's weights come as fp16 from the odd slot's
-    RoPE tile."""
+    :func:`~mla_sink.kernels.gluon.gluon_seesaw._consumer_even`'s schedule with every tile scale applied in fp32
+    (:func:`_ds_scores`, :func:`_p_tiles`); its value columns 0-255 are tiles 0 and 1 (stash rows ``4 * slot + 0, 1``),
+    the odd block's weights come as fp16 from the odd slot's RoPE tile."""
     row_l: gl.constexpr = ROW_L
     dtype: gl.constexpr = q_lo.dtype
     qk_scale, offs_n, nrows, m_i, l_i, o_a, o_b, s_zero = _exact_start(q_ready, sm_scale, KV_SCALE, num_rows,
@@ -191,9 +191,9 @@ def _consumer_odd_ds(IDX, SINKS, OUT, LSE, PART_OUT, PART_LSE, KV_SCALE, q_lo, q
                      stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF_V: gl.constexpr,
                      HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, KV_FMT: gl.constexpr):
     """Consumer 1 for V3.2 rows read exactly (``KV_DS_EXACT``; worker partition):
-    :func:`~mla_sink.kernels.gluon.gluon_seesaw._consumer_odd`'s schedule with every tile scale applied in fp32; its value columns 256-511 are tiles 2 and 3 (stash rows ``4 *
-    slot + 2, 3``). Its block's RoPE comes with the odd slot's lo half, and its weights go over that RoPE tile as
-    fp16 for consumer 0; writes the LSE."""
+    :func:`~mla_sink.kernels.gluon.gluon_seesaw._consumer_odd`'s schedule with every tile scale applied in fp32; its
+    value columns 256-511 are tiles 2 and 3 (stash rows ``4 * slot + 2, 3``). Its block's RoPE comes with the odd slot's
+    lo half, and its weights go over that RoPE tile as fp16 for consumer 0; writes the LSE."""
     dtype: gl.constexpr = q_lo.dtype
     qk_scale, offs_n, nrows, m_i, l_i, o_a, o_b, s_zero = _exact_start(q_ready, sm_scale, KV_SCALE, num_rows,
                                                                        BLOCK_H, BLOCK_N, HALF_V, KV_FMT)

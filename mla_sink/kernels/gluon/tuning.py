@@ -47,8 +47,8 @@ ROWS_PER_PASS = 8
 PARTITION_REGS = 504
 #: The fields of ``tables/gluon_fp8.yaml`` that its lookups fill (:func:`fp8_selection`) -> (type, closed): the
 #: counts are open ints, so that every head and block count is answered (and checked) and not only the declared ones.
-FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": ("int", False), "split": ("bool", False),
-              "blocks": ("int", False)}
+FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": ("int", False),
+              "split": ("bool", False), "blocks": ("int", False)}
 #: The params only the column split reads (true on another path is refused) -> what the column split has for them.
 _COLUMN_SPLIT_ONLY = {"scores_only": " has a consumer that computes the scores only",
                       "early_ids": "'s first consumer loads ids early"}
@@ -142,9 +142,9 @@ def check_fp8_table(table) -> None:
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
     partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` and ``early_ids`` only on :data:`COLUMN_SPLIT`;
-    ``staged_ids`` only on rows whose ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a row matching
-    more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type
-    even where every row overrides them; and every head count and block count gets a row, the values on either
+    ``staged_ids`` only on rows whose ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a
+    row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right
+    type even where every row overrides them; and every head count and block count gets a row, the values on either
     side of each row's thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``:
     a launch meets every value).
 

@@ -163,7 +163,8 @@ def _sparse_mla_decode_kernel(
                 valid = in_range & kmath.id_valid(ids, num_rows)
             # byte offset of row id (64-bit): (id // kv_block_size) * stride_kv + (id % kv_block_size) * 656
             ids64 = ids.to(tl.int64)
-            row = KV + (ids64 // kv_block_size) * stride_kv + (ids64 % kv_block_size) * (D_NOPE + 4 * (D_NOPE // DS_TILE) + 2 * D_ROPE)
+            row = (KV + (ids64 // kv_block_size) * stride_kv
+                   + (ids64 % kv_block_size) * (D_NOPE + 4 * (D_NOPE // DS_TILE) + 2 * D_ROPE))
             scale_ptr = (row + D_NOPE).to(tl.pointer_type(tl.float32))  # bytes 512..527
             s0 = tl.load(scale_ptr, mask=valid, other=0.0)
             s1 = tl.load(scale_ptr + 1, mask=valid, other=0.0)

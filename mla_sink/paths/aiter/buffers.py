@@ -39,7 +39,8 @@ def valid_id_mask(indices: torch.Tensor, num_kv_rows: int, topk_length: Optional
     mask = (indices >= 0) & (indices < num_kv_rows)
     if topk_length is not None:
         if topk_length.shape != (indices.shape[0],):
-            raise ValueError(f"'topk_length' must have shape [T]=({indices.shape[0]},) (got {tuple(topk_length.shape)})")
+            raise ValueError(f"'topk_length' must have shape [T]=({indices.shape[0]},) "
+                             f"(got {tuple(topk_length.shape)})")
         pos = torch.arange(indices.shape[1], device=indices.device, dtype=torch.int32)
         mask &= pos.unsqueeze(0) < topk_length.to(torch.int32).unsqueeze(1)
     return mask
@@ -126,9 +127,11 @@ def fill_kv_buffers(
     T, K = indices.shape if indices.dim() == 2 else (None, None)
     mask = valid_id_mask(indices, num_kv_rows, topk_length)
     if kv_indptr.shape != (T + 1,) or kv_indptr.dtype != torch.int32:
-        raise ValueError(f"'kv_indptr' must be int32 [T + 1]=({T + 1},) (got {kv_indptr.dtype} {tuple(kv_indptr.shape)})")
+        raise ValueError(f"'kv_indptr' must be int32 [T + 1]=({T + 1},) "
+                         f"(got {kv_indptr.dtype} {tuple(kv_indptr.shape)})")
     if kv_indices.shape != (T * K,) or kv_indices.dtype != torch.int32:
-        raise ValueError(f"'kv_indices' must be int32 [T * topk]=({T * K},) (got {kv_indices.dtype} {tuple(kv_indices.shape)})")
+        raise ValueError(f"'kv_indices' must be int32 [T * topk]=({T * K},) "
+                         f"(got {kv_indices.dtype} {tuple(kv_indices.shape)})")
     if layout not in ("packed", "row_strided"):
         raise ValueError(f"'layout' must be 'packed' or 'row_strided' (got {layout!r})")
 

@@ -95,15 +95,16 @@ class AiterChunkedCall:
 
     @property
     def needs_meta_param(self) -> bool:
-        """Whether a chunk's split count still waits for AITER's heuristic (:attr:`~.plan.AiterCall.needs_meta_param`)."""
+        """Whether a chunk's split count still waits for AITER's heuristic
+        (:attr:`~.plan.AiterCall.needs_meta_param`)."""
         return any(c.needs_meta_param for c in self.calls)
 
     @property
     def why(self) -> str:
         """Why the call runs in chunks, with the numbers."""
         slots = self.num_tokens * self.topk
-        return (f"T * topk = {self.num_tokens} * {self.topk} = {slots} id slots exceed {self.max_id_slots}, the most one "
-                "AITER call indexes (kv_indptr and the persistent row starts are int32)")
+        return (f"T * topk = {self.num_tokens} * {self.topk} = {slots} id slots exceed {self.max_id_slots}, the most "
+                "one AITER call indexes (kv_indptr and the persistent row starts are int32)")
 
     def call_of(self, num_tokens: int) -> AiterCall:
         """The call of a chunk of ``num_tokens`` tokens.

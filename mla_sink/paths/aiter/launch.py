@@ -37,7 +37,8 @@ from mla_sink.paths.aiter.plan import (
 )
 
 #: Names of the six persistent metadata buffers, in the order ``get_mla_metadata_info_v1`` returns them.
-METADATA_NAMES = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
+METADATA_NAMES = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map",
+                  "reduce_partial_map")
 
 
 class AiterImpl(Protocol):
@@ -183,7 +184,8 @@ def allocate_metadata(meta: PersistentMetadata, device: torch.device, impl: Aite
     return {name: torch.empty(size, dtype=dt, device=device) for name, (size, dt) in zip(METADATA_NAMES, info)}
 
 
-def fill_metadata(meta: PersistentMetadata, md: dict[str, torch.Tensor], buffers: AiterBuffers, impl: AiterImpl) -> None:
+def fill_metadata(meta: PersistentMetadata, md: dict[str, torch.Tensor], buffers: AiterBuffers,
+                  impl: AiterImpl) -> None:
     """Refill the metadata buffers in place from the current ``kv_indptr`` (every call; no host sync).
 
     Note the argument order of ``get_mla_metadata_v1``: ``work_info_set`` *before* ``work_indptr``,
@@ -204,7 +206,8 @@ def fill_metadata(meta: PersistentMetadata, md: dict[str, torch.Tensor], buffers
     )
 
 
-def aiter_meta_param(impl: AiterImpl, *, num_tokens: int, topk: int, padded_heads: int, q_dtype: torch.dtype) -> tuple[int, int]:
+def aiter_meta_param(impl: AiterImpl, *, num_tokens: int, topk: int, padded_heads: int,
+                     q_dtype: torch.dtype) -> tuple[int, int]:
     """AITER's split heuristic for our call, as ``(num_kv_splits, batch_size)`` (the planner's ``meta_param``).
 
     Asks ``get_meta_param(None, T, T * topk, Hp, 1, q.dtype)`` (1 = :data:`~.plan.MAX_SEQLEN_Q`):
@@ -233,7 +236,8 @@ def _check_inputs(call: AiterCall, x: DecodeInputs) -> None:
     if tuple(x.q.shape) != want_q:
         raise ValueError(f"'q' must have shape {want_q} as planned (got {tuple(x.q.shape)})")
     if tuple(x.indices.shape) != (call.num_tokens, call.topk):
-        raise ValueError(f"'indices' must have shape {(call.num_tokens, call.topk)} as planned (got {tuple(x.indices.shape)})")
+        raise ValueError(f"'indices' must have shape {(call.num_tokens, call.topk)} as planned "
+                         f"(got {tuple(x.indices.shape)})")
     if x.kv_cache.dim() != 2 or x.kv_cache.shape[1] != call.q_shape[2]:
         raise ValueError(f"'kv_cache' must have shape [N, {call.q_shape[2]}] (got {tuple(x.kv_cache.shape)})")
     if not x.kv_cache.is_contiguous():  # the plan of a call on such a cache names Triton (kv_rows_packed, the table)
@@ -272,8 +276,8 @@ def launch_aiter(
     T)``), else plans it now (:func:`~.chunks.plan_aiter_launch`); an unresolved split count
     (:attr:`AiterCall.needs_meta_param`) is resolved with AITER's heuristic (:func:`aiter_meta_param`, cached in
     the workspace). A call of more id slots (``T * topk``) than one AITER call indexes runs as consecutive token
-    chunks, each one call as below whose rows of ``out`` and ``lse`` are the call's. Then :func:`run_call`: pads heads (zero q
-    rows), builds ``kv_indptr`` / ``kv_indices`` from the valid ids on the device, refills persistent
+    chunks, each one call as below whose rows of ``out`` and ``lse`` are the call's. Then :func:`run_call`: pads heads
+    (zero q rows), builds ``kv_indptr`` / ``kv_indices`` from the valid ids on the device, refills persistent
     metadata when the path is persistent, calls ``mla_decode_fwd(q, kv.view(-1, 1, 1, 576), o,
     qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, 1, sm_scale=inputs.sm_scale, **kwargs)``
     (``o`` written in place; ``max_seqlen_q = 1``: one query row per batch), then
@@ -395,7 +399,8 @@ def _empty_runner(call: AiterCall):
     return run
 
 
-def run_call(call: AiterLaunch, inputs: DecodeInputs, *, impl: AiterImpl, workspace: AiterWorkspace) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def run_call(call: AiterLaunch, inputs: DecodeInputs, *, impl: AiterImpl,
+             workspace: AiterWorkspace) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Execute an already planned :class:`AiterCall` (or :class:`~.chunks.AiterChunkedCall`, chunk by chunk) on
     the inputs (see :func:`launch_aiter` for the contract).
 

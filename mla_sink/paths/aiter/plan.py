@@ -226,7 +226,8 @@ class AiterCall:
         if self.padded_heads < self.num_heads:
             raise ValueError(f"'padded_heads' must be >= num_heads={self.num_heads} (got {self.padded_heads})")
         if None not in (self.num_kv_splits, self.min_kv_splits) and self.num_kv_splits < self.min_kv_splits:
-            raise ValueError(f"'num_kv_splits' must be >= min_kv_splits={self.min_kv_splits} (got {self.num_kv_splits})")
+            raise ValueError(f"'num_kv_splits' must be >= min_kv_splits={self.min_kv_splits} "
+                             f"(got {self.num_kv_splits})")
 
     @property
     def needs_meta_param(self) -> bool:
@@ -308,11 +309,14 @@ class AiterDecodeCall(AiterCall):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         if self.path not in NON_PERSISTENT_PATHS:
-            raise ValueError(f"'path' of a non-persistent call must be in {sorted(NON_PERSISTENT_PATHS)} (got {self.path!r})")
+            raise ValueError(f"'path' of a non-persistent call must be in {sorted(NON_PERSISTENT_PATHS)} "
+                             f"(got {self.path!r})")
         if not self.return_lse:
-            raise ValueError(f"'return_lse' must be True on {self.path!r} (the aiter_lse* paths exist to return the LSE)")
+            raise ValueError(f"'return_lse' must be True on {self.path!r} "
+                             f"(the aiter_lse* paths exist to return the LSE)")
         if self.kv_indices_layout != "packed":
-            raise ValueError(f"'kv_indices_layout' of a non-persistent call must be 'packed' (got {self.kv_indices_layout!r})")
+            raise ValueError(f"'kv_indices_layout' of a non-persistent call must be 'packed' "
+                             f"(got {self.kv_indices_layout!r})")
 
 
 @attrs.frozen(kw_only=True)
@@ -351,11 +355,13 @@ class AiterPersistentCall(AiterCall):
                 f"'metadata' must be built for (T, padded heads, q dtype, kv dtype, topk) = {mine} (got {theirs})"
             )
         if self.num_kv_splits != m.max_split_per_batch:
-            raise ValueError(f"'num_kv_splits' must equal metadata.max_split_per_batch={m.max_split_per_batch} (got {self.num_kv_splits!r})")
+            raise ValueError(f"'num_kv_splits' must equal metadata.max_split_per_batch={m.max_split_per_batch} "
+                             f"(got {self.num_kv_splits!r})")
         if self.min_kv_splits is not None:
             raise ValueError(f"'min_kv_splits' must be None on a persistent call (got {self.min_kv_splits})")
         if self.kv_indices_layout != "row_strided":
-            raise ValueError(f"'kv_indices_layout' of a persistent sparse call must be 'row_strided' (got {self.kv_indices_layout!r})")
+            raise ValueError(f"'kv_indices_layout' of a persistent sparse call must be 'row_strided' "
+                             f"(got {self.kv_indices_layout!r})")
 
     def buffer_key(self) -> tuple:
         return super().buffer_key() + (self.metadata,)

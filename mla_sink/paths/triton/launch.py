@@ -36,7 +36,8 @@ import attrs
 import torch
 
 from mla_sink.core import kv_layout
-from mla_sink.core.dtypes import DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, kv_dtype_key, out_dtype_for
+from mla_sink.core.dtypes import (DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, FP16_EXACT_KEYS, kv_dtype_key,
+                                  out_dtype_for)
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_QK, D_V, MAX_ROWS
 from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
@@ -750,8 +751,9 @@ def sparse_mla_decode_triton(
                                  num_sms=platform.num_sms or 1, num_kv_splits=num_kv_splits)
     plan = attrs.evolve(plan, num_tokens=q.shape[0], launch=launch)
     sinks = sinks.contiguous() if sinks is not None else None  # the kernels read them at unit stride
-    x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices, sm_scale=D_QK ** -0.5 if sm_scale is None else float(sm_scale), sinks=sinks, topk_length=topk_length,
-                     q_scale=q_scale, kv_scale=kv_scale, out=out, logit_cap=logit_cap)
+    x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices,
+                     sm_scale=D_QK ** -0.5 if sm_scale is None else float(sm_scale), sinks=sinks,
+                     topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out, logit_cap=logit_cap)
     return prepare_triton(plan, x)(x, lse)
 
 
@@ -802,8 +804,9 @@ def combine_states_triton(
     Returns:
         ``(out, lse)``, with ``out = sum_r out_r exp(lse_r - lse) * sigmoid(lse - sink)``; rows empty in
         every part (and every row when ``R = 0``) give ``out = 0``, ``lse = -inf``. The kernel takes the LSEs in
-        base 2 as fp32: a finite LSE above about 2.36e38 becomes ``+inf`` there. Same algebra as :func:`mla_sink.core.lse.merge_states`
-        followed by :func:`mla_sink.core.lse.apply_sink`, in one pass over the parts.
+        base 2 as fp32: a finite LSE above about 2.36e38 becomes ``+inf`` there. Same algebra as
+        :func:`mla_sink.core.lse.merge_states` followed by :func:`mla_sink.core.lse.apply_sink`, in one pass over the
+        parts.
 
     Raises:
         ValueError: a tensor of the wrong type, shape, dtype, layout or device

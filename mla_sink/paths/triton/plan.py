@@ -253,8 +253,9 @@ class TritonLaunch:
 
     Attributes:
         kernel: the tuning table's path: ``"portable"`` (:mod:`mla_sink.kernels.triton.portable`, plus
-            :mod:`mla_sink.kernels.triton.combine` when split), ``"gluon_seesaw"`` (:mod:`mla_sink.kernels.gluon.gluon_seesaw`,
-            plus the combine when split) or ``"gluon_fp8"`` (:mod:`mla_sink.kernels.gluon.gluon_fp8`).
+            :mod:`mla_sink.kernels.triton.combine` when split), ``"gluon_seesaw"``
+            (:mod:`mla_sink.kernels.gluon.gluon_seesaw`, plus the combine when split) or ``"gluon_fp8"``
+            (:mod:`mla_sink.kernels.gluon.gluon_fp8`).
         kernel_row, kernel_why: the row that named the kernel (the second lookup's winner; the tuning row
             when the split count is open or a Gluon kernel fell back).
         tuning_row, why, source: the portable row that gave the tiles and the split policy.
