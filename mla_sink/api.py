@@ -23,7 +23,7 @@ from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
 from mla_sink.core.records import D_QK, CallSpec, Platform, check_platform, check_spec
-from mla_sink.core.trace import tracing
+from mla_sink.core.trace import has_no_data, tracing
 from mla_sink.core.validate import (
     FP32_SCALE_MAX,
     FP32_TINY,
@@ -122,7 +122,7 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_
         raise ValueError(f"'num_kv_rows' (the global pool size N) must be an int >= 1 with DCP (got {num_kv_rows!r})")
     from mla_sink.core.dcp import group_size_rank
 
-    size, _ = group_size_rank(dcp_group, "dcp_group")
+    size, _ = group_size_rank(dcp_group, "dcp_group", none_allowed=False)
     if size != dcp_world_size:
         raise ValueError(f"'dcp_group' has {size} ranks but dcp_world_size={dcp_world_size}")
 
@@ -389,18 +389,6 @@ def forget_prepared_calls() -> None:
     with _PREPARED_LOCK:
         _PREPARED.clear()
         _PREPARED_DCP.clear()
-
-
-_FakeTensor = torch._subclasses.fake_tensor.FakeTensor
-
-
-def has_no_data(t: Any) -> bool:
-    """Whether ``t`` has no data to compute on: a meta tensor, or a FakeTensor (``FakeTensorMode``
-    outside ``torch.compile``). Such calls go through the operator, whose fake implementation infers the
-    output shapes."""
-    if type(t) is torch.Tensor:  # the common case: one type test
-        return t.is_meta
-    return isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, _FakeTensor))
 
 
 def without_data_like(like: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

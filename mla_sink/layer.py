@@ -57,7 +57,7 @@ class SparseMLADecode:
             allowed (:class:`mla_sink.CallSpec`).
         topk: ids per token in ``indices [T, topk]``, an int in ``[1, 2^30]``.
         sinks: optional fp32 ``[H]`` learned sink logits (natural log, not scaled by ``sm_scale``),
-            checked now (dtype, shape, contiguity, device) and used by every call. A parameter that
+            checked now (dtype, shape, device; any stride) and used by every call. A parameter that
             requires grad is held detached (the decode has no backward), sharing its memory, so a later
             in-place load of the weights is seen and no call is refused for it; a parameter whose storage is
             replaced (``p.data = ...``, a module's ``.to()``) is detached again at the next call, whose

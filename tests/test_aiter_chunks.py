@@ -67,7 +67,7 @@ def chunked_plan(path, arch, q_key, H, params, sinks):
 def test_a_chunked_call_equals_the_reference_and_the_unchunked_call(case, sinks):
     _, path, arch, q_key, H, params, fake_kw, has_lse = case
     plan, launch = chunked_plan(path, arch, q_key, H, params, sinks)
-    assert isinstance(launch, AiterChunkedCall) and launch.chunks == CHUNKS
+    assert isinstance(launch, AiterChunkedCall) and launch.chunks == CHUNKS and launch.num_chunks == len(CHUNKS)
     assert [c.num_tokens for c in launch.calls] == [3, 2] and launch.chunk_tokens == LIMIT // TOPK
     x = adversarial_inputs(H, q_key, sinks, noncontig_q=H == 16)
     fake = AiterContractFake(arch=arch, max_id_slots=LIMIT, **fake_kw)
@@ -176,3 +176,28 @@ def test_a_chunked_call_record_refuses_chunks_that_are_not_the_calls(change, tex
     launch = plan_aiter_launch(make_plan("aiter_lse", "gfx942", "bf16", 16), num_tokens=T, max_id_slots=LIMIT)
     with pytest.raises(ValueError, match=text):
         attrs.evolve(launch, **change)
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_explain_counts_the_chunks_of_any_call_without_listing_them(monkeypatch, capsys, json_out):
+    """explain plans calls without tensors at any T the CLI takes: at T = 2^31 - 1 and topk = 2^30 every chunk is one
+    token, and counting them by listing their ranges grew the process past 24 GB (a break test, forty-third session).
+    The count is ``ceil(T / chunk_tokens)``; the ranges are the runner's only."""
+    import json
+
+    from mla_sink.tools.cli import main
+
+    def refuse(self):
+        raise AssertionError("explain listed the chunks' token ranges")
+
+    monkeypatch.setattr(AiterChunkedCall, "chunks", property(refuse))
+    tokens = 2 ** 31 - 1
+    argv = ["explain", "--arch", "gfx950", "--aiter", "0.1.20", "--tokens", str(tokens), "--topk", str(TOPK_MAX),
+            "--heads", "128", "--sinks"] + (["--json"] if json_out else [])
+    assert main(argv) in (0, None)
+    out = capsys.readouterr().out
+    if json_out:
+        launch = json.loads(out)["launch"]
+        assert (launch["num_chunks"], launch["chunk_tokens"]) == (tokens, 1)
+    else:
+        assert f"served in {tokens} calls over token chunks of 1 token" in out

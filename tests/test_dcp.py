@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from mla_sink.api import check_dcp_args
 from mla_sink.core.dcp import (
     LAYOUTS,
     compact_local_indices,
@@ -825,3 +826,6 @@ def test_a_group_that_is_no_process_group_is_named_as_such():
     initialised (whose message would send the caller after init_process_group)."""
     with pytest.raises(ValueError, match=r"'dcp_group' must be a torch.distributed ProcessGroup or None \(got 'g'\)"):
         group_size_rank("g", "dcp_group")
+    # run and the layer require their group: the message offers no None there (a break test, forty-third session)
+    with pytest.raises(ValueError, match=r"'dcp_group' must be a torch.distributed ProcessGroup \(got 'g'\)"):
+        check_dcp_args(2, "g", "interleaved", 64)

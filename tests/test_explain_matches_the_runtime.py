@@ -212,7 +212,7 @@ class Recorder:
             mock.patch.object(triton_launch, "_portable_runner", portable_runner),
             mock.patch.object(aiter_launch, "load_aiter_impl", lambda: fake),
             mock.patch.object(aiter_launch, "_call_runner", aiter_runner),
-            mock.patch.object(dcp_mod, "group_size_rank", lambda group, name="group": (self.dcp, 0)),
+            mock.patch.object(dcp_mod, "group_size_rank", lambda group, name="group", **kw: (self.dcp, 0)),
             mock.patch.object(dcp_run, "local_decode_fp32", local_decode),
             mock.patch.object(dcp_run, "prepare_runner", prepare_runner),
             mock.patch.object(dcp_run, "run_dcp", run_dcp),

@@ -983,6 +983,11 @@ def test_quantizer_refuses_values_the_layout_cannot_hold_and_meta_tensors():
     assert torch.isfinite(back).all() and ((back - 1e38).abs() <= 1e38 / 16).all()
     with pytest.raises(ValueError, match="'kv' must hold data"):
         mla_sink.quantize_kv_cache(torch.empty(4, 576, device="meta", dtype=torch.bfloat16))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:  # a FakeTensor has no values either (its isfinite check raised inside torch)
+        fake = mode.from_tensor(torch.randn(4, 576, dtype=torch.bfloat16))
+        with pytest.raises(ValueError, match="'kv' must hold data \\(got a FakeTensor\\)"):
+            mla_sink.quantize_kv_cache(fake)
     with pytest.raises(ValueError, match="'kv_cache' must hold data"):
         mla_sink.dequantize_kv_cache(torch.empty(4, 656, device="meta", dtype=torch.uint8))
 

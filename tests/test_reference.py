@@ -186,6 +186,8 @@ def test_merge_property_split_ids_equals_whole(seed, topk, heads, split, sink):
     ("float_ids", r"'indices' must be integer.*torch.float32"),
     ("q_2d", r"'q' must be \[T, H, d_qk\] \(got shape \(16, 576\)\)"),
     ("topk_length", r"'topk_length' must be None or a \[T=2\] tensor"),
+    ("kv_meta", r"'kv_cache' must be on q's device cpu \(got meta\)"),  # torch's error named no argument
+    ("sinks_meta", r"'sinks' must be on q's device cpu \(got meta\)"),
 ])
 def test_bad_shapes_name_the_argument_before_any_gather(case, match):
     """The reference is public: a shape that does not fit raises a ValueError naming the argument and the
@@ -208,6 +210,9 @@ def test_bad_shapes_name_the_argument_before_any_gather(case, match):
         args["indices"] = idx.float()
     elif case == "q_2d":
         args["q"] = q[0]
+    elif case.endswith("_meta"):
+        name = {"kv": "kv_cache", "sinks": "sinks"}[case[:-5]]
+        args[name] = args[name].to("meta")
     else:
         kwargs["topk_length"] = torch.zeros(3, dtype=torch.int32)
     with pytest.raises(ValueError, match=match):

@@ -378,3 +378,16 @@ def test_layer_sinks_on_the_meta_device_are_refused_by_name():
 
     with pytest.raises(ValueError, match="'sinks' must be on a cpu or cuda"):
         SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=16, sinks=torch.randn(4, device="meta"))
+
+
+@pytest.mark.parametrize("arg", ["sm_scale", "logit_cap"])
+@pytest.mark.parametrize("value", [10 ** 400, -(10 ** 400)])
+def test_a_huge_int_scalar_is_named_briefly(arg, value):
+    """An int no float holds is refused with its leading digits and its length, not all of them (``10**400`` put
+    401 digits in the message: a break test, forty-third session)."""
+    from mla_sink.core.validate import check_logit_cap, check_sm_scale
+
+    check = check_sm_scale if arg == "sm_scale" else check_logit_cap
+    with pytest.raises(ValueError, match=rf"'{arg}' must be .*got -?100000\.\.\. \(an int of 401 digits\)\)") as e:
+        check(value)
+    assert len(str(e.value)) < 400

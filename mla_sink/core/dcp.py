@@ -263,19 +263,23 @@ def _out_dtype(q: torch.Tensor) -> torch.dtype:
     return out_dtype_for(key) if key is not None else q.dtype
 
 
-def group_size_rank(group: Optional[dist.ProcessGroup], name: str = "group") -> tuple[int, int]:
+def group_size_rank(group: Optional[dist.ProcessGroup], name: str = "group", *,
+                    none_allowed: bool = True) -> tuple[int, int]:
     """``(world size, rank)`` of ``group`` (``None`` = the default group).
 
     Args:
         group: a ``torch.distributed`` process group, or ``None`` for the default group.
         name: the argument's name in the caller, for the messages (``'group'``, ``'dcp_group'``).
+        none_allowed: whether the caller takes ``None`` (the default group), so the message offers it; ``run`` and
+            the layer require their ``dcp_group`` (a break test found "or None" offered where ``None`` is refused).
 
     Raises:
         ValueError: naming the argument ``name``: torch.distributed is not initialised, or ``group``
             is not a process group this rank belongs to.
     """
     if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
-        raise ValueError(f"'{name}' must be a torch.distributed ProcessGroup or None (got {group!r})")
+        allowed = "a torch.distributed ProcessGroup" + (" or None" if none_allowed else "")
+        raise ValueError(f"'{name}' must be {allowed} (got {group!r})")
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(f"'{name}' needs an initialised torch.distributed default process group "
                          f"(call init_process_group first)")

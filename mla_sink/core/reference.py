@@ -115,6 +115,9 @@ def _check_shapes(q, kv_cache, indices, sinks, topk_length) -> None:
     for name, x in (("sinks", sinks), ("topk_length", topk_length)):
         if isinstance(x, torch.Tensor):
             kv_layout.check_dense(name, x)
+    for name, x in (("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks), ("topk_length", topk_length)):
+        if isinstance(x, torch.Tensor) and x.device != q.device:  # torch's own error named no argument (break test)
+            raise ValueError(f"'{name}' must be on q's device {q.device} (got {x.device})")
     if q.dim() != 3:
         raise ValueError(f"'q' must be [T, H, d_qk] (got shape {tuple(q.shape)})")
     T, H, d_qk = q.shape
@@ -179,10 +182,10 @@ def sparse_mla_decode_reference(
         natural log, sink excluded (``-inf`` on empty rows).
 
     Raises:
-        ValueError: a tensor argument that is not a dense strided tensor (sparse, nested); a shape that does not
-            fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a
-            656-byte-row uint8 cache, indices not ``[T, topk]`` integers, sinks not ``[H]``, topk_length not
-            ``[T]``), before anything is gathered; ``d_v`` outside ``[1, d_qk]``, a scale that is not a
+        ValueError: a tensor argument that is not a dense strided tensor (sparse, nested), or not on ``q``'s device;
+            a shape that does not fit the others (q not 3-D, kv_cache not ``[N, d_qk]`` or a 656-byte-row uint8
+            cache, indices not ``[T, topk]`` integers, sinks not ``[H]``, topk_length not ``[T]``), before anything
+            is gathered; ``d_v`` outside ``[1, d_qk]``, a scale that is not a
             one-element tensor of at most one dimension, a ``compute_dtype`` other than float64 / float32, an
             ``out_dtype`` that is not floating-point, ``chunk_bytes`` below 1; ``sm_scale`` or ``logit_cap`` that
             the library refuses (:func:`mla_sink.core.validate.check_sm_scale`,

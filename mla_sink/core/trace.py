@@ -1,5 +1,6 @@
 """Whether this thread's call of the library is being traced (``torch.compile`` / ``torch.export``), or runs; and
-traced sizes shown as numbers in error messages (:func:`concrete`).
+traced sizes shown as numbers in error messages (:func:`concrete`); whether a tensor has data at all
+(:func:`has_no_data`).
 
 ``torch.compiler.is_compiling()`` reads one process-wide flag that a compilation holds for its whole duration, so an
 eager call in another thread saw it set and took the traced branch: the custom operator, whose real implementation
@@ -10,6 +11,8 @@ tensors (the flag set and a fake or proxy dispatch mode on this thread's stack; 
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -43,3 +46,16 @@ def concrete(values) -> tuple:
 def shown(value):
     """One size for an error message, as :func:`concrete` shows it (the number a symbolic size stands for)."""
     return concrete((value,))[0]
+
+
+_FakeTensor = torch._subclasses.fake_tensor.FakeTensor
+
+
+def has_no_data(t: Any) -> bool:
+    """Whether ``t`` has no data to compute on: a meta tensor, or a FakeTensor (``FakeTensorMode``
+    outside ``torch.compile``). Decode calls on such tensors go through the operator, whose fake implementation
+    infers the output shapes; :func:`mla_sink.core.kv_layout.quantize_kv_cache` refuses them (its scales depend on
+    the values)."""
+    if type(t) is torch.Tensor:  # the common case: one type test
+        return t.is_meta
+    return isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, _FakeTensor))

@@ -285,6 +285,21 @@ def _as_real(value: object) -> Optional[float]:
     return f if math.isfinite(f) else None
 
 
+def _brief(value: object) -> str:
+    """``repr(value)`` for an error message, an int of more than :data:`_BRIEF_DIGITS` digits shortened to its
+    leading digits and its length (``10**400`` printed all 401 digits: a break test, forty-third session)."""
+    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and len(text) > _BRIEF_DIGITS:
+        sign = "-" if value < 0 else ""
+        digits = text.lstrip("-")
+        return f"{sign}{digits[:6]}... (an int of {len(digits)} digits)"
+    return text
+
+
+#: Digits beyond which :func:`_brief` shortens an int.
+_BRIEF_DIGITS = 40
+
+
 def _symbolic(value: object) -> bool:
     """A scalar torch.compile traces symbolically (``dynamic=True``): checked where the call runs, by the
     operator's real implementation."""
@@ -311,7 +326,7 @@ def check_sm_scale(sm_scale: float) -> None:
     value = _as_real(sm_scale)
     if value is None or (not tracing() and not _in_scalar_range(value)):
         raise ValueError(f"'sm_scale' must be a finite float in [2^-126, 2^126] "
-                         f"({_SCALAR_RANGE_WHY}; got {sm_scale!r})")
+                         f"({_SCALAR_RANGE_WHY}; got {_brief(sm_scale)})")
 
 
 def check_logit_cap(logit_cap: float) -> float:
@@ -328,7 +343,7 @@ def check_logit_cap(logit_cap: float) -> float:
         return logit_cap
     value = _as_real(logit_cap)
     if value is None:
-        raise ValueError(f"'logit_cap' must be a finite float (got {logit_cap!r})")
+        raise ValueError(f"'logit_cap' must be a finite float (got {_brief(logit_cap)})")
     if tracing():
         return value
     logit_cap = value

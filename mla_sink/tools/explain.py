@@ -35,7 +35,7 @@ def launch_lines(plan: Any) -> list[str]:
         lines = [f"  aiter call at T={plan.num_tokens}: {launch}"]
         chunked = isinstance(launch, AiterChunkedCall)
         if chunked:  # each chunk one AITER call, planned for its token count
-            full = len(launch.chunks) - (len(launch.calls) - 1)  # chunks of the full size (the first call's)
+            full = launch.num_chunks - (len(launch.calls) - 1)  # chunks of the full size (the first call's)
             each = " each" if full > 1 else ""
             lines.append(f"    {_count(full, 'chunk')} of {_count(launch.chunk_tokens, 'token')}{each}: "
                          f"{launch.calls[0]}")
@@ -197,7 +197,7 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
                launch=None if plan.num_tokens == 0 else _plain(plan.launch))
     if isinstance(plan.launch, AiterChunkedCall) and doc["launch"] is not None:
         c = plan.launch  # the chunks' common values at the top, as a single call has them
-        doc["launch"].update(num_chunks=len(c.chunks), chunk_tokens=c.chunk_tokens, why=c.why, path=c.path,
+        doc["launch"].update(num_chunks=c.num_chunks, chunk_tokens=c.chunk_tokens, why=c.why, path=c.path,
                              row_id=c.row_id, num_heads=c.num_heads, topk=c.topk, out_dtype=c.out_dtype,
                              return_lse=c.return_lse)
     if doc["launch"] is not None and plan.path == "triton":

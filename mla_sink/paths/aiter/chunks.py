@@ -88,8 +88,16 @@ class AiterChunkedCall:
         return self.calls[0].num_tokens
 
     @property
+    def num_chunks(self) -> int:
+        """How many chunks: ``ceil(T / chunk_tokens)`` (computed, not counted: explain plans calls of any T without
+        tensors, and a list of a chunk per token at ``topk = 2^30`` and ``T = 2^31 - 1`` took gigabytes: a break
+        test, forty-third session)."""
+        return -(-self.num_tokens // self.chunk_tokens)
+
+    @property
     def chunks(self) -> list:
-        """The chunks' token ranges ``[(a, b), ...]``, consecutive, covering ``[0, T)``."""
+        """The chunks' token ranges ``[(a, b), ...]``, consecutive, covering ``[0, T)`` (the runner's: a call's ids
+        hold ``max_id_slots`` or more slots a chunk, so the list is small beside them)."""
         c = self.chunk_tokens
         return [(a, min(a + c, self.num_tokens)) for a in range(0, self.num_tokens, c)]
 
@@ -119,7 +127,7 @@ class AiterChunkedCall:
                          f"(got {num_tokens})")
 
     def __str__(self) -> str:
-        n, c = len(self.chunks), self.chunk_tokens
+        n, c = self.num_chunks, self.chunk_tokens
         last = self.num_tokens - (n - 1) * c
         tail = f", the last of {last} token{'s' if last != 1 else ''}" if last != c else ""
         return (f"{self.path}[{self.row_id}] served in {n} calls over token chunks of {c} token{'s' if c != 1 else ''}"
