@@ -92,7 +92,8 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str = LAYOUT, scale: str = "pow2
         kv: ``[N, 576]`` (or paged ``[num_blocks, block_size, 576]``) bf16 / fp16 / float32 KV rows:
             512 latent columns then 64 RoPE columns. Every value must be finite.
         layout: ``"fp8_ds_mla"`` (the only layout).
-        scale: the scale convention of each 128-column latent tile (``amax`` = its largest magnitude):
+        scale: the scale convention of each 128-column latent tile (default ``"pow2"``; ``amax`` = its largest
+            magnitude):
             ``"pow2"``: the smallest power of two with ``amax / scale <= 448`` (FlashMLA's), at least
             ``2^-126``; ``"amax"``: ``amax / 448`` computed in float32 (vLLM's), at least ``2^-126``
             (vLLM's floor, ``FLT_MIN``). An all-zero tile gets scale ``1.0`` under both (FlashMLA

@@ -267,8 +267,9 @@ class Platform:
             kept as ``sm90``: the same GPUs, and the tables' name for them).
         aiter_version: installed AITER version (e.g. ``'0.1.20'``), ``None`` when AITER is not
             importable (always ``None`` off ROCm).
-        triton: whether Triton can run the kernel here: importable, and on the CPU (``arch='cpu'``)
-            its interpreter works with the installed numpy (:func:`mla_sink.core.platform.triton_interpreter_ok`).
+        triton: whether Triton can run the kernel here (default True): importable, and on the CPU
+            (``arch='cpu'``) its interpreter works with the installed numpy
+            (:func:`mla_sink.core.platform.triton_interpreter_ok`).
         gluon: whether Triton's Gluon dialect (the warp-specialised kernels of
             :mod:`mla_sink.kernels.gluon`) imports here; default: as ``triton``, and always False without
             Triton (``triton=False`` corrects ``gluon=True``, as in ``attrs.evolve(p, triton=False)``). Which
