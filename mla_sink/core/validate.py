@@ -285,6 +285,10 @@ def _as_real(value: object) -> Optional[float]:
     return f if math.isfinite(f) else None
 
 
+#: Digits beyond which :func:`_brief` shortens an int.
+_BRIEF_DIGITS = 40
+
+
 def _brief(value: object) -> str:
     """``repr(value)`` for an error message, an int of more than :data:`_BRIEF_DIGITS` digits shortened to its
     leading digits and its length (``10**400`` printed all 401 digits: a break test, forty-third session)."""
@@ -295,9 +299,6 @@ def _brief(value: object) -> str:
         return f"{sign}{digits[:6]}... (an int of {len(digits)} digits)"
     return text
 
-
-#: Digits beyond which :func:`_brief` shortens an int.
-_BRIEF_DIGITS = 40
 
 
 def _symbolic(value: object) -> bool:
