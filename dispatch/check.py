@@ -3,7 +3,10 @@
 Over the product of the declared domains it reports: combinations no row
 answers (``gap``); rows that never win (``shadowed`` by named earlier rows, or
 ``unsatisfiable``, their own conditions or their path's ``requires`` included);
-rows naming undeclared paths (``undeclared_path``); and, as warnings, declared
+rows naming undeclared paths (``undeclared_path``); a ``str`` value a row or a path
+requirement compares with (``eq``, ``ne``, ``in``, ``not_in``) that is not in the field's
+declared domain (``unknown_value``: a misspelt ``gfx95O`` in an ``in`` list of an open field
+made its row silently miss that target); and, as warnings, declared
 paths no row names (``unused_path``), row conditions their path's ``requires``
 already imply (``redundant_condition``) and row params equal to their path's
 default (``redundant_param``). A row matches where its ``when`` and its path's
@@ -31,7 +34,7 @@ class Problem:
 
     Attributes:
         kind: ``gap``, ``shadowed``, ``unsatisfiable``, ``undeclared_path``,
-            or one of the warnings ``unused_path``, ``redundant_condition``,
+            ``unknown_value``, or one of the warnings ``unused_path``, ``redundant_condition``,
             ``redundant_param``.
         row_id: The row concerned, or ``None`` (gaps, unused paths).
         message: Human text, with an example combination where one exists.
@@ -56,6 +59,35 @@ def _combo(values: dict) -> str:
 
 def _where(table: RuleTable, row: Row) -> str:
     return f"{table.source_file or table.name}:{row.line}: row {row.id!r}"
+
+
+#: The operators whose arguments are values of the field (compared for equality).
+_VALUE_OPS = ("eq", "ne", "in", "not_in")
+
+
+def _unknown_values(table: RuleTable) -> list[Problem]:
+    """Values of ``str`` fields that conditions compare with but the field's domain does not declare: the domain
+    is the table's vocabulary of that field, so such a value is a misspelling (an open field's runtime values may
+    lie outside it; the table's own may not)."""
+    problems = []
+    owners = [(row, f"{_where(table, row)}", row.when) for row in table.rows]
+    owners += [(None, f"{table.source_file or table.name}:{spec.line}: path {name!r}", spec.requires)
+               for name, spec in table.paths.items()]
+    for row, where, conditions in owners:
+        for cond in conditions:
+            field = table.fields.get(cond.field)
+            if field is None or field.type != "str" or not field.domain or cond.op not in _VALUE_OPS:
+                continue
+            values = cond.arg if cond.op in ("in", "not_in") else (cond.arg,)
+            unknown = [v for v in values if v not in field.domain]
+            if unknown:
+                allowed = ", ".join(format_value(v) for v in field.domain)
+                problems.append(Problem(
+                    "unknown_value", row.id if row is not None else None,
+                    f"{where}: {cond.field} {cond.op} names {', '.join(format_value(v) for v in unknown)}, not in "
+                    f"the field's declared domain [{allowed}] (a misspelling? declare it in the domain if it is "
+                    f"a real value)"))
+    return problems
 
 
 def _unsatisfiable(table: RuleTable, grid: Grid, row: Row, when: int) -> Problem:
@@ -191,6 +223,7 @@ def check_table(table: RuleTable, *, thresholds: bool = False) -> list[Problem]:
                 f"combination(s) match no row, e.g. {_combo(grid.example(remaining))}",
             )
         )
+    problems.extend(_unknown_values(table))
     named = {row.path for row in table.rows}
     for name in table.paths:
         if name not in named:

@@ -118,7 +118,7 @@ def explain(selection: Selection, *, key: str | None = None, details: Sequence[s
             source: mla_sink/paths/triton/ (kernels: mla_sink/kernels/triton/portable.py, mla_sink/kernels/gluon/)
           ✗ paths aiter_persistent (rows aiter_persistent_bf16, ...), aiter_lse (rows ...):
             arch=sm90, needs one of [gfx942, gfx950] (...); aiter_version=None, needs a value and >= 0.1.19 (...)
-          ✗ fp8_needs_sm89: arch=sm90, needs one of [sm50, ..., sm87]; kv_dtype=bf16, needs one of [fp8_e4m3, ...]
+          ✗ fp8_needs_sm89: cuda_arch=90, needs < 89 (...); kv_dtype=bf16, needs one of [fp8_e4m3, ...]
 
     Args:
         selection: The result of ``RuleTable.select``.

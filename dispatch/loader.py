@@ -313,8 +313,15 @@ def _read_source(source: str | os.PathLike, name: str | None) -> tuple[str, str]
         isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml"))
     )
     if is_file:
-        text = Path(source).read_text(encoding="utf-8")
-        return text, name or str(source)
+        label = name or str(source)
+        data = Path(source).read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:  # named by file and line, as every table error is (a break test)
+            line = data[:e.start].count(b"\n") + 1
+            raise TableError(f"{label}:{line}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
+                             "a table is UTF-8") from None
+        return text, label
     if not isinstance(source, str):
         raise TypeError(f"load_table needs a path or YAML text, got {type(source).__name__}")
     return source, name or "<string>"
@@ -333,8 +340,8 @@ def load_table(source: str | os.PathLike, *, name: str | None = None) -> RuleTab
         The ``RuleTable``.
 
     Raises:
-        TableError: The table is malformed; the message names the file, the
-            line and (inside a row) the row id.
+        TableError: The table is malformed (or a file is not UTF-8 text); the
+            message names the file, the line and (inside a row) the row id.
         OSError: The file cannot be read.
     """
     text, label = _read_source(source, name)

@@ -746,6 +746,16 @@ def test_a_negative_non_number_logit_cap_gets_the_librarys_message(value, shown,
     assert capsys.readouterr().err.strip() == f"error: --logit-cap: 'logit_cap' must be a finite float (got {shown})"
 
 
+@pytest.mark.parametrize("flag", ["--logit", "--logit-c"])
+def test_an_abbreviated_logit_cap_flag_takes_a_negative_value(flag, capsys):
+    """argparse accepts ``--logit`` for ``--logit-cap``; its ``-inf`` / ``-1e3`` were read as flags (a break test,
+    forty-third session)."""
+    assert main(["explain", "--arch", "cpu", flag, "-inf"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --logit-cap: 'logit_cap' must be a finite float (got -inf)"
+    assert main(["explain", "--arch", "cpu", flag, "-1e3"]) == 0  # a cap <= 0: no cap
+    assert capsys.readouterr().out.splitlines()[0] == "bf16-h16-cpu-nosinks-dcp1"
+
+
 def test_a_negative_logit_cap_still_means_no_cap_and_a_missing_value_is_still_refused(capsys):
     assert main(["explain", "--arch", "cpu", "--logit-cap", "-1", "--heads", "16"]) == 0
     assert "→" in capsys.readouterr().out
@@ -910,6 +920,21 @@ ANY_GPU_PARAMS = "    params: {combine_block_h: 16, combine_block_d: 128}\n"
     # the same in the DCP merge's table: a path default unknown to dcp_merge_tile was accepted
     ("dcp_merge", MERGE_PATH, "  merge:\n    params: {combine_block_w: 4}\n    description: the combine kernel",
      r"dcp_merge.yaml:\d+: row 'cpu_interpreter': a merge row gives exactly the params"),
+    # a gap at a head count the domain skips: the loader's grid passed it, and explain --arch cpu --heads 20 then
+    # ended in a LookupError traceback (a break test, forty-third session)
+    ("triton_tuning", "  - id: cpu_interpreter\n    when: {arch: cpu}\n",
+     "  - id: cpu_interpreter\n    when: {arch: cpu, num_heads: {ne: 20}}\n",
+     r"problem\(s\) at values beside its thresholds:\n.*\[error: gap\].*num_heads=20"),
+    # a misspelt target inside an in-list: the row silently missed gfx950 (a break test, forty-third session)
+    ("mla_decode", "  - id: fp8_ds_mla_amd_triton\n    when:\n      arch: [gfx942, gfx950]\n",
+     "  - id: fp8_ds_mla_amd_triton\n    when:\n      arch: [gfx942, gfx95O]\n",
+     r"mla_decode.yaml:\d+: row 'fp8_ds_mla_amd_triton': arch in names gfx95O, not in the field's declared domain"),
+    # a path the runtime cannot launch loaded, and a call it won failed naming --path (a break test, forty-third
+    # session); a refusal row binding the reference refused in select what plan_call runs
+    ("mla_decode", "  reference:\n    description:", "  aiter_new:\n    description: new\n  reference:\n"
+     "    description:", r"mla_decode.yaml:\d+: path 'aiter_new' is not one the runtime launches"),
+    ("mla_decode", "    paths: [triton]\n", "    paths: [triton, reference]\n",
+     r"mla_decode.yaml:\d+: row 'fp8_needs_sm89': a refusal row cannot bind 'reference'"),
 ])
 def test_tables_command_checks_the_params_a_reader_reads(capsys, monkeypatch, tmp_path, name, old, new, message):
     """The reader's checks see what its lookups read (a row's params merged with its path's defaults) and refuse a
@@ -925,13 +950,15 @@ def test_tables_command_checks_the_params_a_reader_reads(capsys, monkeypatch, tm
     edited.write_text(text.replace(old, new))
     real = tables_mod.table_path
     monkeypatch.setattr(tables_mod, "table_path", lambda n: edited if n == name else real(n))
-    tuning_table.cache_clear(), dcp_merge_table.cache_clear()
+    from mla_sink.core.select import mla_table
+
+    tuning_table.cache_clear(), dcp_merge_table.cache_clear(), mla_table.cache_clear()
     try:
         code = main(["tables"])
         captured = capsys.readouterr()
     finally:
         monkeypatch.undo()
-        tuning_table.cache_clear(), dcp_merge_table.cache_clear()
+        tuning_table.cache_clear(), dcp_merge_table.cache_clear(), mla_table.cache_clear()
     assert code == 2 and f"error: 1 of {len(table_readers())} tables failed their checks: {name}" in captured.err
     assert re.search(message, captured.out), captured.out
 

@@ -348,3 +348,42 @@ def test_no_threshold_value_below_the_smallest_declared_one():
     """The declared domain's smallest value is the field's floor: ``ge: 16`` over ``[16, 32, 64]`` has no gap at 15."""
     rows = "- id: first\n  when: {num_heads: {ge: 16}}\n  path: slow\n  why: w\n  source: s\n"
     assert [p for p in check_table(make(rows), thresholds=True) if p.kind == "gap"] == []
+
+
+@pytest.mark.parametrize("when,bad", [
+    ("{arch: [gfx942, gfx95O]}", "gfx95O"),  # an in-list typo: the row silently missed gfx950 (a break test)
+    ("{arch: {ne: cuda}}", "cuda"),
+    ("{arch: {not_in: [gfx942, sm90]}}", "sm90"),
+])
+def test_a_str_value_outside_the_field_domain_is_an_error(when, bad):
+    """A value a row compares a ``str`` field with must be in the field's declared domain, which is the table's
+    vocabulary of that field: a misspelling inside an ``in`` list of an open field loaded and passed the checker,
+    and the row silently stopped matching that target (forty-third session)."""
+    table = make(GOOD.replace("- id: fallback\n", f"- id: typo\n  when: {when}\n  path: lse\n  why: w\n  source: s\n"
+                              "- id: fallback\n"))
+    problems = [p for p in check_table(table) if p.kind == "unknown_value"]
+    assert [p.row_id for p in problems] == ["typo"] and problems[0].level == "error"
+    assert bad in problems[0].message and "not in the field's declared domain [gfx942, gfx950, cpu]" in str(
+        problems[0])
+    with pytest.raises(TableCheckError, match="unknown_value"):
+        assert_table_ok(table)
+
+
+def test_a_path_requirement_value_outside_the_domain_is_an_error():
+    table = load_table(HEAD.replace("requires: {need_lse: {eq: false, because: writes no LSE}}",
+                                    "requires: {arch: [gfx950, gfx9SO]}") + textwrap.indent(GOOD, "  "),
+                       name="check_demo.yaml")
+    problems = [p for p in check_table(table) if p.kind == "unknown_value"]
+    assert len(problems) == 1 and problems[0].row_id is None and "path 'fast'" in problems[0].message
+
+
+def test_a_table_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    """A stray Latin-1 byte stopped ``mla-sink tables`` with "'utf-8' codec can't decode byte 0xe9", naming no file,
+    and the tables after it went unchecked (a break test, forty-third session)."""
+    from mla_sink.dispatch import TableError
+
+    path = tmp_path / "t.yaml"
+    path.write_bytes((HEAD + textwrap.indent(GOOD, "  ")).encode().replace(b"why: w", b"why: caf\xe9", 1))
+    line = (HEAD + textwrap.indent(GOOD, "  ")).splitlines().index("    why: w") + 1
+    with pytest.raises(TableError, match=rf"t\.yaml:{line}: not UTF-8 text \(byte 0xe9 at offset \d+\)"):
+        load_table(path)

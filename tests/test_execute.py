@@ -80,6 +80,39 @@ def test_a_gluon_compile_failure_is_planning_data(monkeypatch):
     plan_mod._build_plan_cached.cache_clear()
 
 
+def test_a_plan_built_while_a_kernel_is_marked_failed_is_not_served_later(monkeypatch):
+    """A plan whose build read the failed kernels before another thread marked one failed must not outlive the mark:
+    clearing the cache alone let that plan land in it afterwards, naming the failed kernel for the rest of the
+    process (a break test, forty-third session). The mark bumps a generation that keys the cache."""
+    from mla_sink.paths.triton import plan as triton_plan
+
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=128, topk=2048, sinks=True)
+    sm90 = Platform("sm90", num_sms=132)
+    monkeypatch.setattr(plan_mod, "_FAILED_KERNELS", {})
+    plan_mod._build_plan_cached.cache_clear()
+    real = triton_plan.plan_triton_launch
+
+    def marked_meanwhile(**kw):  # the other thread's mark lands after this build read the failed kernels
+        launch = real(**kw)
+        plan_mod.mark_kernel_failed("gluon_seesaw", "CompilationError: no such op")
+        return launch
+
+    monkeypatch.setattr(triton_plan, "plan_triton_launch", marked_meanwhile)
+    assert build_plan(spec, sm90, num_tokens=256).launch.kernel == "gluon_seesaw"  # the build that raced
+    monkeypatch.setattr(triton_plan, "plan_triton_launch", real)
+    after = build_plan(spec, sm90, num_tokens=256)
+    assert after.launch.kernel == "portable" and "no such op" in after.launch.fallback
+    plan_mod._build_plan_cached.cache_clear()
+
+
+def test_build_plan_takes_a_numpy_token_count():
+    import numpy as np
+
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
+    plan = build_plan(spec, Platform("cpu", num_sms=1), num_tokens=np.int64(4))
+    assert plan.num_tokens == 4 and type(plan.num_tokens) is int
+
+
 @pytest.mark.parametrize("spec, inputs, match", [
     ({"q_dtype": "bf16"}, None, "'spec' must be a mla_sink.CallSpec"),
     (None, {"logit_cap": "3"}, "'inputs.logit_cap' must be a finite float"),

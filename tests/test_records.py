@@ -90,6 +90,7 @@ def test_callspec_rejects_bad_field(kwargs, field):
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx90a", "gfx1100", "sm80", "sm90", "sm100", "cpu"])
 def test_platform_accepts_arch(arch):
     assert Platform(arch).arch == arch
+    assert Platform(arch.upper()).arch == arch  # any case: 'CPU', 'SM90' (a break test, forty-third session)
 
 
 @pytest.mark.parametrize("arch,plain", [("sm90a", "sm90"), ("sm100a", "sm100"), ("sm100f", "sm100"), ("sm120a", "sm120"),
@@ -97,7 +98,11 @@ def test_platform_accepts_arch(arch):
                                         # ROCm target ids, as gcnArchName reports them (fortieth session's break
                                         # test: --arch gfx942:sramecc+:xnack- was refused)
                                         ("gfx942:sramecc+:xnack-", "gfx942"), ("gfx950:xnack+", "gfx950"),
-                                        ("gfx90a:sramecc-:xnack+", "gfx90a")])
+                                        ("gfx90a:sramecc-:xnack+", "gfx90a"),
+                                        # nvcc's and torch's spelling, and any case (forty-third session's break
+                                        # test: sm_90a, SM90 and CPU were refused)
+                                        ("sm_90a", "sm90"), ("sm_90", "sm90"), ("SM90", "sm90"), ("Sm_100F", "sm100"),
+                                        ("GFX942:sramecc+:xnack-", "gfx942"), ("GFX90A", "gfx90a")])
 def test_nvidia_feature_suffixes_name_the_plain_target(arch, plain):
     """A break test's finding: ``--arch sm90a`` was accepted but planned as an unknown target (the portable kernel with
     the fallback tiles), while ``sm90`` gets the Gluon kernels. The suffix names the same GPUs: the record keeps the
@@ -304,3 +309,23 @@ def test_the_stride_facts_are_read_from_the_tensors_and_named_in_the_key():
     for field in ("gather_aligned", "unit_rows"):
         with pytest.raises(ValueError, match=f"'{field}' must be a bool"):
             CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=8, **{field: 1})
+
+
+@pytest.mark.parametrize("arch", ["sm90", "gfx942", "cpu"])
+def test_a_forced_reference_is_the_same_answer_from_every_entry_point(arch, capsys):
+    """``path='reference'`` is always honoured: plan_call runs it, and explain_call says so as ``mla-sink explain
+    --path reference`` does (explain_call said "no row matched" while the call ran the reference: a break test,
+    forty-third session)."""
+    from mla_sink import explain_call, plan_call
+    from mla_sink.core.select import FORCED_REFERENCE
+    from mla_sink.tools.cli import main
+
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=2048)
+    platform = Platform(arch, "0.1.20" if arch.startswith("gfx") else None, num_sms=1 if arch == "cpu" else 132)
+    assert plan_call(spec, platform, path="reference").path == "reference"
+    text = explain_call(spec, platform, path="reference")
+    assert text.splitlines() == [call_key(spec, platform), FORCED_REFERENCE]
+    argv = ["explain", "--arch", arch, "--heads", "16", "--path", "reference"]
+    argv += ["--aiter", "0.1.20"] if arch.startswith("gfx") else ["--sms", "1" if arch == "cpu" else "132"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == text.splitlines()

@@ -11,6 +11,7 @@ per ``(spec, platform, num_tokens, path)``; launchers only execute it, and ``mla
 from __future__ import annotations
 
 import functools
+import numbers
 import threading
 from typing import Any, Mapping, Optional
 
@@ -84,6 +85,10 @@ class LaunchPlan:
 # launcher, read while planning, so a plan says which kernel really runs and why.
 _FAILED_KERNELS: dict[str, str] = {}
 _LOCK = threading.Lock()
+#: Bumped by :func:`mark_kernel_failed` and part of the plan cache's key: a plan being built while a kernel is
+#: marked failed is stored under the old generation, which no later call asks for (clearing the cache alone left
+#: such a plan in it, naming the failed kernel for the rest of the process: a break test, forty-third session).
+_GENERATION = [0]
 
 
 def failed_kernels() -> Mapping[str, str]:
@@ -96,6 +101,7 @@ def mark_kernel_failed(kernel: str, reason: str) -> None:
     cached plan, so later plans name the kernel that really runs and carry the reason."""
     with _LOCK:
         _FAILED_KERNELS[kernel] = reason
+        _GENERATION[0] += 1
         _build_plan_cached.cache_clear()
     from mla_sink import api
 
@@ -123,16 +129,19 @@ def build_plan(spec: CallSpec, platform: Platform, *, num_tokens: Optional[int] 
     """
     if path is not None and not isinstance(path, str):
         raise ValueError(f"'path' must be a path name (str) or None (got {path!r})")
-    if num_tokens is not None and (isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0):
-        raise ValueError(f"'num_tokens' must be None or an int >= 0 (got {num_tokens!r})")
+    if num_tokens is not None:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral) or num_tokens < 0:
+            raise ValueError(f"'num_tokens' must be None or an int >= 0 (got {num_tokens!r})")
+        num_tokens = int(num_tokens)  # a numpy int, as the records take them
     if aiter_impl is not None:
         return _build_plan(spec, platform, num_tokens, path, aiter_impl)
-    return _build_plan_cached(spec, platform, num_tokens, path)
+    return _build_plan_cached(spec, platform, num_tokens, path, _GENERATION[0])
 
 
 @functools.lru_cache(maxsize=4096)
 def _build_plan_cached(spec: CallSpec, platform: Platform, num_tokens: Optional[int],
-                       path: Optional[str]) -> LaunchPlan:
+                       path: Optional[str], generation: int) -> LaunchPlan:
+    """:func:`_build_plan`, cached per call and :data:`_GENERATION` (the failed kernels it saw)."""
     return _build_plan(spec, platform, num_tokens, path, None)
 
 

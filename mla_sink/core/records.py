@@ -28,7 +28,7 @@ _KV_DTYPES = KV_DTYPE_KEYS
 _ARCH_RE = re.compile(r"^(gfx[1-9][0-9]{1,3}[a-z]?|sm(?P<cc>[1-9][0-9]{1,2})[a-z]?|cpu)$")
 #: Any ``sm`` name with digits, for :func:`canonical_arch` to read (leading zeros included; the target's own check is
 #: :data:`_ARCH_RE`: a compute capability of two or three digits, the first not 0).
-_NV_NAME_RE = re.compile(r"sm(?P<cc>[0-9]+)[a-z]?")
+_NV_NAME_RE = re.compile(r"sm_?(?P<cc>[0-9]+)[a-z]?")
 #: A ROCm target id, the processor and its feature settings (``gfx942:sramecc+:xnack-``, as PyTorch's
 #: ``gcnArchName`` reports it; LLVM AMDGPU docs, "Target ID"), for :func:`canonical_arch` to read.
 _AMD_TARGET_ID_RE = re.compile(r"(?P<name>gfx[0-9a-z]+)(?::[a-z0-9_]+[+-])+")
@@ -128,7 +128,9 @@ class CallSpec:
             (default 1: no DCP).
         need_lse: whether the chosen path must produce an LSE. Sinks (applied through it) and DCP
             (merged by it) imply it: construction sets it True for them, so ``need_lse=False`` is a
-            request the record corrects, never an error. Pass True when the caller wants the LSE back.
+            request the record corrects, never an error. Pass True when the caller wants the LSE back. The record
+            keeps the corrected value: ``attrs.evolve(spec, sinks=False)`` of a spec with sinks still needs the
+            LSE (key ``-lse``); build a new ``CallSpec`` to drop what the sinks implied.
         logit_cap: soft cap of the scaled scores, ``s = logit_cap * tanh(s / logit_cap)``; ``<= 0`` disables it
             (stored as 0.0);
             a positive cap must lie in ``[2^-126, 2^126]`` (:func:`mla_sink.core.validate.check_logit_cap`).
@@ -202,7 +204,8 @@ class CallSpec:
 
 def canonical_arch(value: Any) -> Any:
     """An NVIDIA target in its plain form: the compute capability as written without leading zeros and without a
-    feature suffix (``'sm90a'`` -> ``'sm90'``, ``'sm100f'`` -> ``'sm100'``, ``'sm090'`` -> ``'sm90'``): the suffix
+    feature suffix (``'sm90a'`` -> ``'sm90'``, ``'sm100f'`` -> ``'sm100'``, ``'sm090'`` -> ``'sm90'``, and nvcc's and
+    torch's ``'sm_90a'`` -> ``'sm90'``; any name in any case: ``'SM90'`` -> ``'sm90'``, ``'CPU'`` -> ``'cpu'``): the suffix
     (``a`` arch-specific, ``f`` family features) names the same GPUs, and the tables know each target by its plain
     name. AMD names keep their letter (``gfx90a`` is its own GPU) and drop a target id's feature settings
     (``'gfx942:sramecc+:xnack-'`` -> ``'gfx942'``, as :func:`mla_sink.core.platform.arch_of` reads a device);
@@ -210,13 +213,16 @@ def canonical_arch(value: Any) -> Any:
     capability of one digit) as given, for :class:`Platform`'s check to refuse by what was written. Used by
     :class:`Platform` and by ``mla-sink explain --arch``."""
     if isinstance(value, str):
-        m = _NV_NAME_RE.fullmatch(value)
+        lower = value.lower()  # 'SM90', 'CPU': one target, however it is cased
+        m = _NV_NAME_RE.fullmatch(lower)
         if m is not None:
             plain = f"sm{int(m.group('cc'))}"
             return plain if _ARCH_RE.fullmatch(plain) else value
-        m = _AMD_TARGET_ID_RE.fullmatch(value)
+        m = _AMD_TARGET_ID_RE.fullmatch(lower)
         if m is not None:  # the features (sramecc, xnack) do not change which kernels a GPU runs
             return m.group("name")
+        if _ARCH_RE.fullmatch(lower):
+            return lower
     return value
 
 
@@ -272,7 +278,9 @@ class Platform:
             (:func:`mla_sink.core.platform.triton_interpreter_ok`).
         gluon: whether Triton's Gluon dialect (the warp-specialised kernels of
             :mod:`mla_sink.kernels.gluon`) imports here; default: as ``triton``, and always False without
-            Triton (``triton=False`` corrects ``gluon=True``, as in ``attrs.evolve(p, triton=False)``). Which
+            Triton (``triton=False`` corrects ``gluon=True``, as in ``attrs.evolve(p, triton=False)``; the
+            record keeps the corrected value, so ``attrs.evolve(p, triton=True)`` of such a platform still has
+            ``gluon=False``: pass ``gluon=True`` too, or build a new ``Platform``). Which
             archs and calls those kernels serve is the tuning table's answer (``tables/triton_tuning.yaml``).
         num_sms: streaming multiprocessors (compute units) of the device, which the split-KV decision
             of the ``triton`` path reads; ``None`` when unknown (then ``mla-sink explain`` leaves the

@@ -59,9 +59,35 @@ def mla_table() -> "dispatch.RuleTable":
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
     """
+    return load_checked_table("mla_decode", check_mla_table)
+
+
+#: What explain says of a call forced onto the reference (:func:`explain_call`, ``mla-sink explain --path reference``).
+FORCED_REFERENCE = "  → reference   (forced: the float64 reference runs anywhere; no row consulted)"
+
+
+def check_mla_table(table: "dispatch.RuleTable") -> None:
+    """What the runtime relies on in ``tables/mla_decode.yaml`` beyond the generic checker: every declared path is
+    one it can launch (:data:`KNOWN_PATHS`; an unknown one loaded, and a call it won then failed naming ``--path``:
+    a break test, forty-third session); no refusal row binds ``reference`` (a forced reference is always honoured,
+    :func:`plan_call`, so such a row would refuse in :func:`select` what runs); and each row's params are those its
+    path's planner reads (:func:`mla_sink.paths.aiter.plan.check_mla_params`).
+
+    Raises:
+        dispatch.TableError: naming the file, line, path or row and what is allowed.
+    """
     from mla_sink.paths.aiter.plan import check_mla_params  # the params each path's planner reads
 
-    return load_checked_table("mla_decode", check_mla_params)
+    where = table.source_file or table.name
+    for name, spec in table.paths.items():
+        if name not in KNOWN_PATHS:
+            raise dispatch.TableError(f"{where}:{spec.line}: path {name!r} is not one the runtime launches "
+                                      f"({', '.join(KNOWN_PATHS)})")
+    for row in table.rows:
+        if row.is_refusal and "reference" in row.paths:
+            raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a refusal row cannot bind 'reference' "
+                                      f"(a call forced onto the reference always runs it)")
+    check_mla_params(table)
 
 
 def platform_fields(platform: Platform) -> dict[str, Any]:
@@ -131,7 +157,9 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
 
     Args:
         spec: the call (:class:`CallSpec`). platform: where it runs (:class:`Platform`).
-        path: force one path: only rows naming it are considered (for tests and engines that pin a path).
+        path: force one path: only rows naming it are considered (for tests and engines that pin a path). No row
+            names ``'reference'``, so forcing it here gives a refused selection; :func:`plan_call` and
+            :func:`explain_call` honour it always (the reference runs anywhere).
 
     Returns:
         The ``dispatch.Selection``: ``path`` (``None`` when refused), the winning ``row`` (``None`` when no row
@@ -154,7 +182,8 @@ def explain_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = No
 
     Args:
         spec: the call (:class:`CallSpec`). platform: where it runs (:class:`Platform`).
-        path: consider only rows naming this path (as ``mla-sink explain --path``).
+        path: consider only rows naming this path (as ``mla-sink explain --path``); ``'reference'`` is always
+            honoured, as :func:`plan_call` honours it (:data:`FORCED_REFERENCE`).
 
     Returns:
         The explanation as one multi-line ``str``, first line the call's key (:func:`mla_sink.call_key`).
@@ -162,6 +191,9 @@ def explain_call(spec: CallSpec, platform: Platform, *, path: Optional[str] = No
     Raises:
         ValueError: ``spec`` / ``platform`` not the records, or ``path`` not a path of the table (:func:`select`).
     """
+    if path == "reference":  # always honoured, as plan_call honours it: no row is consulted
+        check_records(spec, platform)
+        return f"{call_key(spec, platform)}\n{FORCED_REFERENCE}"
     return dispatch.explain(select(spec, platform, path=path), key=call_key(spec, platform))
 
 

@@ -194,7 +194,7 @@ def _check_matrix_flags(args: argparse.Namespace) -> None:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from mla_sink import dispatch
     from mla_sink.core.plan import build_plan
-    from mla_sink.core.select import NoKernelError, check_path, select
+    from mla_sink.core.select import FORCED_REFERENCE, NoKernelError, check_path, select
     from mla_sink.tools.explain import launch_lines, plan_to_dict
 
     check_count("--tokens", args.tokens, low=0)  # T = 0 is a call (it launches nothing), as in the library
@@ -217,7 +217,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             plan = build_plan(spec, platform, num_tokens=args.tokens, path="reference")
             print(json.dumps(plan_to_dict(plan), indent=2))
         else:
-            print(f"{key}\n  → reference   (forced: the float64 reference runs anywhere; no row consulted)")
+            print(f"{key}\n{FORCED_REFERENCE}")
         return 0
     sel = select(spec, platform, path=args.path)
     try:
@@ -348,13 +348,20 @@ def _cmd_tables(args: argparse.Namespace) -> int:
     """``mla-sink tables``: each shipped table checked as its reader loads it, one line each; exit 2 if one fails
     (most tables load lazily, on the first call they route: an edited table is otherwise only found there)."""
     from mla_sink.core.tables import table_path
-    from mla_sink.dispatch import TableCheckError, TableError
+    from mla_sink.dispatch import TableCheckError, TableError, check_table
 
     readers = table_readers()
     failed = []
     for name, load in readers:
         try:
             table = load()
+            # also at each int threshold's neighbours, not only the declared values: a gap there passed and then
+            # failed the lookup of a call (the loaders prove the declared grid only, to keep a process's first
+            # call fast; a break test, forty-third session)
+            errors = [p for p in check_table(table, thresholds=True) if p.level == "error"]
+            if errors:
+                raise TableCheckError(f"table {name!r}: {len(errors)} problem(s) at values beside its thresholds:\n"
+                                      + "\n".join(f"  {p}" for p in errors), tuple(errors))
         except (TableError, TableCheckError, FileNotFoundError) as e:
             failed.append(name)
             print(f"✗ {name}: {e}")
@@ -486,11 +493,14 @@ _FLOAT_FLAGS = ("--logit-cap",)
 
 def _joined_float_values(argv: list) -> list:
     """``--logit-cap -inf`` as ``--logit-cap=-inf``: argparse reads a value that starts with ``-`` and is not a plain
-    number as the next flag ("expected one argument"); joined, the library's own check names the value."""
+    number as the next flag ("expected one argument"); joined, the library's own check names the value. An
+    abbreviation argparse accepts (``--logit -1e3``) is joined too (a break test, forty-third session); one that is
+    ambiguous is left for argparse to name."""
     out, i = [], 0
     while i < len(argv):
         flag = argv[i]
-        if flag in _FLOAT_FLAGS and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+        is_float_flag = len(flag) > 2 and flag.startswith("--") and any(f.startswith(flag) for f in _FLOAT_FLAGS)
+        if is_float_flag and i + 1 < len(argv) and argv[i + 1].startswith("-"):
             try:
                 float(argv[i + 1])
             except ValueError:
@@ -570,6 +580,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {flag_named(str(e))}", file=sys.stderr)
         rc = 2
     except TableCheckError as e:  # an edited table with a gap or a shadowed row: the checker's problems, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        rc = 2
+    except LookupError as e:  # a tuning table with a gap where no declared value shows it (`mla-sink tables` finds
+        if type(e) is not LookupError:  # it); a KeyError or IndexError is a bug: its traceback stays
+            raise
         print(f"error: {e}", file=sys.stderr)
         rc = 2
     finally:
