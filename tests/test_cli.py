@@ -229,8 +229,14 @@ def test_explain_forced_reference(capsys):
     code, out = run_cli(capsys, "explain", "--path", "reference", "--json")
     doc, other = json.loads(out), json.loads(run_cli(capsys, "explain", "--json")[1])
     # the same document as any other path's (it gave only key, path, row and refused: a break test)
-    assert code == 0 and set(doc) >= {"key", "spec", "platform", "num_tokens", "launch", "params"}
-    assert (doc["path"], doc["row"], doc["launch"]) == ("reference", "forced", None) and doc["key"] == other["key"]
+    assert code == 0 and set(doc) == set(other)  # every document has one shape (a break test, forty-third session)
+    assert (doc["path"], doc["row"]["id"], doc["launch"]) == ("reference", "forced", None)
+    assert doc["key"] == other["key"] and set(doc["row"]) == set(other["row"]) and doc["values"] == other["values"]
+    assert (doc["rejected"], doc["rejected_paths"], doc["reason"]) == ([], [], None)
+    code, out = run_cli(capsys, "explain", "--arch", "sm80", "--q-dtype", "fp8_e4m3", "--kv-dtype", "fp8_e4m3",
+                        "--json")
+    refused = json.loads(out)
+    assert code == 2 and set(refused) == set(other) and refused["launch"] is None and refused["refused"]
 
 
 def test_matrix_json(capsys):

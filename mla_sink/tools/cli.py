@@ -226,8 +226,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         plan, refusal = None, e
     if args.json:
         if plan is None:
-            doc = dispatch.selection_to_dict(sel)
-            doc.update(key=key, spec=attrs.asdict(spec), platform=attrs.asdict(platform), need_lse=spec.need_lse)
+            doc = dispatch.selection_to_dict(sel)  # a plan's keys, launch None: nothing runs
+            doc.update(key=key, spec=attrs.asdict(spec), platform=attrs.asdict(platform), need_lse=spec.need_lse,
+                       num_tokens=args.tokens, launch=None)
         else:
             doc = plan_to_dict(plan, sel)
         print(json.dumps(doc, indent=2, default=str))

@@ -180,6 +180,21 @@ def _launch_count(num_tokens: Optional[int]) -> Optional[int]:
     return None if num_tokens is None else len(token_ranges(num_tokens))
 
 
+def _forced_selection(plan: Any) -> dict:
+    """The selection part of a plan forced onto a path without a selection (the reference: no row consulted), with
+    the keys :func:`dispatch.selection_to_dict` gives, so every document has one shape (the forced reference's had
+    a bare ``row`` string and no ``table``, ``values``, ``reason`` or rejections: a break test, forty-third
+    session)."""
+    from mla_sink.core.select import FORCED_REFERENCE, mla_table, table_fields
+
+    row = dict(id=plan.row_id, path=plan.path, refuse=None, paths=[], params={},
+               why=FORCED_REFERENCE.split("(", 1)[-1].rstrip(")"), source="mla_sink/core/reference.py", line=None)
+    table = mla_table()
+    values = {k: v for k, v in table_fields(plan.spec, plan.platform).items() if k in table.fields}
+    return dict(table=table.name, values=_plain(values), path=plan.path,
+                params=_plain(plan.params), refused=False, reason=None, row=row, rejected_paths=[], rejected=[])
+
+
 def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     """The plan record as JSON-ready data: the rule table's selection (when given: path, row, params,
     rejections grouped by path) and the plan's ``key``, ``spec``, ``platform``, ``num_tokens`` and
@@ -190,8 +205,7 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
-    doc = dispatch.selection_to_dict(selection) if selection is not None else dict(
-        path=plan.path, row=plan.row_id, params=_plain(plan.params), refused=False)
+    doc = dispatch.selection_to_dict(selection) if selection is not None else _forced_selection(plan)
     doc.update(key=call_key(plan.spec, plan.platform), spec=_plain(plan.spec), platform=_plain(plan.platform),
                need_lse=plan.spec.need_lse, num_tokens=plan.num_tokens,
                launch=None if plan.num_tokens == 0 else _plain(plan.launch))
