@@ -205,9 +205,9 @@ class CallSpec:
 def canonical_arch(value: Any) -> Any:
     """An NVIDIA target in its plain form: the compute capability as written without leading zeros and without a
     feature suffix (``'sm90a'`` -> ``'sm90'``, ``'sm100f'`` -> ``'sm100'``, ``'sm090'`` -> ``'sm90'``, and nvcc's and
-    torch's ``'sm_90a'`` -> ``'sm90'``; any name in any case: ``'SM90'`` -> ``'sm90'``, ``'CPU'`` -> ``'cpu'``): the suffix
-    (``a`` arch-specific, ``f`` family features) names the same GPUs, and the tables know each target by its plain
-    name. AMD names keep their letter (``gfx90a`` is its own GPU) and drop a target id's feature settings
+    torch's ``'sm_90a'`` -> ``'sm90'``; any name in any case: ``'SM90'`` -> ``'sm90'``, ``'CPU'`` -> ``'cpu'``): the
+    suffix (``a`` arch-specific, ``f`` family features) names the same GPUs, and the tables know each target by its
+    plain name. AMD names keep their letter (``gfx90a`` is its own GPU) and drop a target id's feature settings
     (``'gfx942:sramecc+:xnack-'`` -> ``'gfx942'``, as :func:`mla_sink.core.platform.arch_of` reads a device);
     anything else (or a form whose plain name would not be a target, as ``'sm09'`` or ``'sm00'``: a compute
     capability of one digit) as given, for :class:`Platform`'s check to refuse by what was written. Used by

@@ -62,8 +62,10 @@ def mla_table() -> "dispatch.RuleTable":
     return load_checked_table("mla_decode", check_mla_table)
 
 
+#: Why a call forced onto the reference runs it (the forced plan's row in ``mla-sink explain --json``).
+FORCED_REFERENCE_WHY = "forced: the float64 reference runs anywhere; no row consulted"
 #: What explain says of a call forced onto the reference (:func:`explain_call`, ``mla-sink explain --path reference``).
-FORCED_REFERENCE = "  → reference   (forced: the float64 reference runs anywhere; no row consulted)"
+FORCED_REFERENCE = f"  → reference   ({FORCED_REFERENCE_WHY})"
 
 
 def check_mla_table(table: "dispatch.RuleTable") -> None:

@@ -185,10 +185,10 @@ def _forced_selection(plan: Any) -> dict:
     the keys :func:`dispatch.selection_to_dict` gives, so every document has one shape (the forced reference's had
     a bare ``row`` string and no ``table``, ``values``, ``reason`` or rejections: a break test, forty-third
     session)."""
-    from mla_sink.core.select import FORCED_REFERENCE, mla_table, table_fields
+    from mla_sink.core.select import FORCED_REFERENCE_WHY, mla_table, table_fields
 
     row = dict(id=plan.row_id, path=plan.path, refuse=None, paths=[], params={},
-               why=FORCED_REFERENCE.split("(", 1)[-1].rstrip(")"), source="mla_sink/core/reference.py", line=None)
+               why=FORCED_REFERENCE_WHY, source="mla_sink/core/reference.py", line=None)
     table = mla_table()
     values = {k: v for k, v in table_fields(plan.spec, plan.platform).items() if k in table.fields}
     return dict(table=table.name, values=_plain(values), path=plan.path,
