@@ -111,6 +111,8 @@ def test_build_plan_takes_a_numpy_token_count():
     spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
     plan = build_plan(spec, Platform("cpu", num_sms=1), num_tokens=np.int64(4))
     assert plan.num_tokens == 4 and type(plan.num_tokens) is int
+    with pytest.raises(ValueError, match=r"'num_tokens' must be None or an int in \[0, 2147483647\] \(got 2147483648\)"):
+        build_plan(spec, Platform("cpu", num_sms=1), num_tokens=2 ** 31)  # the CLI's --tokens bound (a break test)
 
 
 @pytest.mark.parametrize("spec, inputs, match", [

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional
 import attrs
 
 from mla_sink.dispatch import readonly
-from mla_sink.core.records import CallSpec, Platform
+from mla_sink.core.records import COUNT_MAX, CallSpec, Platform
 
 
 def _freeze(params: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -44,8 +44,8 @@ def _record(kind: type):
 
 
 def _tokens(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"'num_tokens' must be None or an int >= 0 (got {value!r})")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= COUNT_MAX):
+        raise ValueError(f"'num_tokens' must be None or an int in [0, {COUNT_MAX}] (got {value!r})")
 
 
 @attrs.frozen
@@ -124,14 +124,15 @@ def build_plan(spec: CallSpec, platform: Platform, *, num_tokens: Optional[int] 
         The :class:`LaunchPlan`.
 
     Raises:
-        ValueError: ``path`` is not a path name, or ``num_tokens`` not an int >= 0.
+        ValueError: ``path`` is not a path name, or ``num_tokens`` not an int in ``[0, 2^31 - 1]``.
         NoKernelError: the rule table refuses the call or no row accepts it.
     """
     if path is not None and not isinstance(path, str):
         raise ValueError(f"'path' must be a path name (str) or None (got {path!r})")
     if num_tokens is not None:
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral) or num_tokens < 0:
-            raise ValueError(f"'num_tokens' must be None or an int >= 0 (got {num_tokens!r})")
+        if (isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral)
+                or not 0 <= num_tokens <= COUNT_MAX):  # the CLI's --tokens bound too (a break test)
+            raise ValueError(f"'num_tokens' must be None or an int in [0, {COUNT_MAX}] (got {num_tokens!r})")
         num_tokens = int(num_tokens)  # a numpy int, as the records take them
     if aiter_impl is not None:
         return _build_plan(spec, platform, num_tokens, path, aiter_impl)
