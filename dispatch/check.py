@@ -245,4 +245,6 @@ def assert_table_ok(table: RuleTable, *, strict: bool = False) -> None:
     failing = [p for p in problems if strict or p.level == "error"]
     if failing:
         lines = "\n".join(f"  {p}" for p in problems)
-        raise TableCheckError(f"table {table.name!r}: {len(failing)} problem(s):\n{lines}", tuple(problems))
+        others = len(problems) - len(failing)  # the warnings listed beside the errors, counted apart (a break test)
+        also = f" (and {others} warning(s), listed too)" if others else ""
+        raise TableCheckError(f"table {table.name!r}: {len(failing)} problem(s){also}:\n{lines}", tuple(problems))

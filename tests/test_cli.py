@@ -232,7 +232,7 @@ def test_explain_forced_reference(capsys):
     assert code == 0 and set(doc) == set(other)  # every document has one shape (a break test, forty-third session)
     assert (doc["path"], doc["row"]["id"], doc["launch"]) == ("reference", "forced", None)
     assert doc["key"] == other["key"] and set(doc["row"]) == set(other["row"]) and doc["values"] == other["values"]
-    assert (doc["rejected"], doc["rejected_paths"], doc["reason"]) == ([], [], None)
+    assert (doc["rejected"], doc["rejected_paths"], doc["reason"]) == ([], [], other["reason"])
     code, out = run_cli(capsys, "explain", "--arch", "sm80", "--q-dtype", "fp8_e4m3", "--kv-dtype", "fp8_e4m3",
                         "--json")
     refused = json.loads(out)
@@ -931,6 +931,10 @@ ANY_GPU_PARAMS = "    params: {combine_block_h: 16, combine_block_d: 128}\n"
     ("triton_tuning", "  - id: cpu_interpreter\n    when: {arch: cpu}\n",
      "  - id: cpu_interpreter\n    when: {arch: cpu, num_heads: {ne: 20}}\n",
      r"problem\(s\) at values beside its thresholds:\n.*\[error: gap\].*num_heads=20"),
+    # below the smallest declared value: topk's domain started at 1000, so a gap at topk < 64 passed (a break test)
+    ("triton_tuning", "  - id: cpu_interpreter\n    when: {arch: cpu}\n",
+     "  - id: cpu_interpreter\n    when: {arch: cpu, topk: {ge: 64}}\n",
+     r"\[error: gap\].*topk=(1|63)\b"),
     # a misspelt target inside an in-list: the row silently missed gfx950 (a break test, forty-third session)
     ("mla_decode", "  - id: fp8_ds_mla_amd_triton\n    when:\n      arch: [gfx942, gfx950]\n",
      "  - id: fp8_ds_mla_amd_triton\n    when:\n      arch: [gfx942, gfx95O]\n",
@@ -941,6 +945,15 @@ ANY_GPU_PARAMS = "    params: {combine_block_h: 16, combine_block_d: 128}\n"
      "    description:", r"mla_decode.yaml:\d+: path 'aiter_new' is not one the runtime launches"),
     ("mla_decode", "    paths: [triton]\n", "    paths: [triton, reference]\n",
      r"mla_decode.yaml:\d+: row 'fp8_needs_sm89': a refusal row cannot bind 'reference'"),
+    # the single-path tables: a row naming an unknown path was served as the real one (a break test)
+    ("dcp_merge", MERGE_PATH, "  nccl_merge:\n    description: x\n" + MERGE_PATH,
+     r"dcp_merge.yaml:\d+: path 'nccl_merge' is not one its reader serves \(merge\)"),
+    ("gluon_seesaw", "paths:\n", "paths:\n  bogus_path:\n    description: x\n",
+     r"gluon_seesaw.yaml:\d+: path 'bogus_path' is not one its reader serves \(gluon_seesaw\)"),
+    ("peers", "paths:\n", "paths:\n  bogus_path:\n    description: x\n",
+     r"peers.yaml:\d+: path 'bogus_path' is not one its reader serves \(call\)"),
+    ("triton_interpreter", "paths:\n", "paths:\n  bogus_path:\n    description: x\n",
+     r"triton_interpreter.yaml:\d+: path 'bogus_path' is not one its reader serves \(interpreter\)"),
 ])
 def test_tables_command_checks_the_params_a_reader_reads(capsys, monkeypatch, tmp_path, name, old, new, message):
     """The reader's checks see what its lookups read (a row's params merged with its path's defaults) and refuse a
@@ -956,15 +969,21 @@ def test_tables_command_checks_the_params_a_reader_reads(capsys, monkeypatch, tm
     edited.write_text(text.replace(old, new))
     real = tables_mod.table_path
     monkeypatch.setattr(tables_mod, "table_path", lambda n: edited if n == name else real(n))
+    from mla_sink.core.platform import interpreter_table
     from mla_sink.core.select import mla_table
+    from mla_sink.kernels.gluon.tuning import _load as gluon_tables
+    from mla_sink.tools.peers import peers_table
 
-    tuning_table.cache_clear(), dcp_merge_table.cache_clear(), mla_table.cache_clear()
+    caches = (tuning_table, dcp_merge_table, mla_table, gluon_tables, peers_table, interpreter_table)
+    for cached in caches:
+        cached.cache_clear()
     try:
         code = main(["tables"])
         captured = capsys.readouterr()
     finally:
         monkeypatch.undo()
-        tuning_table.cache_clear(), dcp_merge_table.cache_clear(), mla_table.cache_clear()
+        for cached in caches:
+            cached.cache_clear()
     assert code == 2 and f"error: 1 of {len(table_readers())} tables failed their checks: {name}" in captured.err
     assert re.search(message, captured.out), captured.out
 

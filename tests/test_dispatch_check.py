@@ -387,3 +387,15 @@ def test_a_table_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     line = (HEAD + textwrap.indent(GOOD, "  ")).splitlines().index("    why: w") + 1
     with pytest.raises(TableError, match=rf"t\.yaml:{line}: not UTF-8 text \(byte 0xe9 at offset \d+\)"):
         load_table(path)
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x01", "\x7f", "\x80", "\ufffe"])
+def test_a_character_yaml_does_not_take_is_named_with_its_line(char):
+    """Valid UTF-8 that YAML refuses (a NUL, a C1 control, U+FFFE) ended ``mla-sink tables`` in a PyYAML ReaderError
+    traceback naming "<unicode string>" (a break test, forty-third session)."""
+    from mla_sink.dispatch import TableError
+
+    text = HEAD + textwrap.indent(GOOD, "  ")
+    line = text.splitlines().index("    why: w") + 1
+    with pytest.raises(TableError, match=rf"t\.yaml:{line}: invalid YAML: unacceptable character U\+{ord(char):04X}"):
+        load_table(text.replace("why: w", f"why: w{char}", 1), name="t.yaml")

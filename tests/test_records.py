@@ -329,3 +329,14 @@ def test_a_forced_reference_is_the_same_answer_from_every_entry_point(arch, caps
     argv += ["--aiter", "0.1.20"] if arch.startswith("gfx") else ["--sms", "1" if arch == "cpu" else "132"]
     assert main(argv) == 0
     assert capsys.readouterr().out.splitlines() == text.splitlines()
+
+
+@pytest.mark.parametrize("field", ["num_heads", "topk", "dcp_world_size", "logit_cap", "num_sms"])
+def test_a_huge_int_field_is_named_briefly(field):
+    """``10**400`` put all 401 digits in the record's message (a break test, forty-third session)."""
+    with pytest.raises(ValueError, match=r"got 100000\.\.\. \(an int of 401 digits\)\)") as e:
+        if field == "num_sms":
+            Platform("sm90", num_sms=10 ** 400)
+        else:
+            CallSpec(**{"q_dtype": "bf16", "kv_dtype": "bf16", "num_heads": 16, "topk": 64, field: 10 ** 400})
+    assert len(str(e.value)) < 200

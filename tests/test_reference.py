@@ -188,6 +188,7 @@ def test_merge_property_split_ids_equals_whole(seed, topk, heads, split, sink):
     ("topk_length", r"'topk_length' must be None or a \[T=2\] tensor"),
     ("kv_meta", r"'kv_cache' must be on q's device cpu \(got meta\)"),  # torch's error named no argument
     ("sinks_meta", r"'sinks' must be on q's device cpu \(got meta\)"),
+    ("kv_scale_meta", r"'kv_scale' must be on q's device cpu \(got meta\)"),
 ])
 def test_bad_shapes_name_the_argument_before_any_gather(case, match):
     """The reference is public: a shape that does not fit raises a ValueError naming the argument and the
@@ -210,6 +211,9 @@ def test_bad_shapes_name_the_argument_before_any_gather(case, match):
         args["indices"] = idx.float()
     elif case == "q_2d":
         args["q"] = q[0]
+    elif case == "kv_scale_meta":
+        args["kv_cache"] = kv.to(torch.float8_e4m3fn)
+        kwargs["kv_scale"] = torch.ones(1, device="meta")
     elif case.endswith("_meta"):
         name = {"kv": "kv_cache", "sinks": "sinks"}[case[:-5]]
         args[name] = args[name].to("meta")

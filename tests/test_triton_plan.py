@@ -274,8 +274,9 @@ def test_tuning_table_is_proven_at_load():
     assert tuple(table.paths) == P.KERNELS
     # the checker walks the product of the domains: small enough to run at every load (192,000 combinations since
     # topk became a field, two values; 768,000 since the stride facts gather_aligned and unit_rows, two bools: a
-    # bitset check, the whole load 54 ms before and after them, forty-second session)
-    assert dispatch.grid.Grid(table.fields).size <= 800_000
+    # bitset check, the whole load 54 ms before and after them, forty-second session; 1,152,000 since topk's domain
+    # starts at its least legal value, 1, so the threshold check sees below 1000: 54 and 56 ms, forty-third session)
+    assert dispatch.grid.Grid(table.fields).size <= 1_200_000
 
 
 def test_tuning_table_load_refuses_a_shadowed_gluon_row_or_a_gap(monkeypatch, tmp_path):

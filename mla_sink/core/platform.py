@@ -52,7 +52,7 @@ def interpreter_table():
     """
     from mla_sink.core.tables import load_checked_table
 
-    return load_checked_table("triton_interpreter")
+    return load_checked_table("triton_interpreter", paths=("interpreter",))
 
 
 def interpreter_refusal(triton_version: Optional[str], numpy_version: Optional[str]) -> Optional[str]:

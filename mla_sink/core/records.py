@@ -17,6 +17,7 @@ import attrs
 from packaging.version import InvalidVersion, Version
 
 from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS, KV_DTYPE_KEYS, pair_error
+from mla_sink.core.trace import brief
 
 D_QK = 576  #: 512 latent + 64 RoPE dims of a DeepSeek-style MLA query/key.
 D_V = 512  #: latent dims that serve as the value.
@@ -58,10 +59,10 @@ MAX_ROWS = 2 ** 31
 def _int_at_least(lo: int):
     def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-            raise ValueError(f"'{attribute.name}' must be an int >= {lo} (got {value!r})")
+            raise ValueError(f"'{attribute.name}' must be an int >= {lo} (got {brief(value)})")
         if value > COUNT_MAX:  # CLI flags were refused beyond it while the records took them (break test)
             raise ValueError(f"'{attribute.name}' must be an int <= {COUNT_MAX}: the kernels take it as an int32 "
-                             f"(got {value!r})")
+                             f"(got {brief(value)})")
 
     return check
 
@@ -72,7 +73,7 @@ _at_least_1 = _int_at_least(1)
 def _topk(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     _at_least_1(inst, attribute, value)
     if value > TOPK_MAX:
-        raise ValueError(f"'topk' must be an int <= {TOPK_MAX} ({TOPK_WHY}; got {value!r})")
+        raise ValueError(f"'topk' must be an int <= {TOPK_MAX} ({TOPK_WHY}; got {brief(value)})")
 
 
 def _one_of(allowed: tuple):
@@ -95,7 +96,7 @@ def _to_float(name: str):
         try:
             return float(value)
         except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond every float
-            raise ValueError(f"'{name}' must be a finite float (got {value!r})") from None
+            raise ValueError(f"'{name}' must be a finite float (got {brief(value)})") from None
 
     return convert
 
@@ -310,7 +311,7 @@ class Platform:
             object.__setattr__(self, "gluon", False)
         if self.num_sms is not None and (isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int)
                                          or not 1 <= self.num_sms <= COUNT_MAX):
-            raise ValueError(f"'num_sms' must be None or an int in [1, {COUNT_MAX}] (got {self.num_sms!r})")
+            raise ValueError(f"'num_sms' must be None or an int in [1, {COUNT_MAX}] (got {brief(self.num_sms)})")
         if self.arch == "cpu" and self.num_sms not in (None, 1):  # a plan would split for SMs it does not have
             raise ValueError(f"'num_sms' counts a GPU's SMs / CUs; arch 'cpu' runs Triton's interpreter, one program "
                              f"at a time, as one SM (got {self.num_sms}; leave it None or pass 1)")

@@ -104,6 +104,8 @@ def _check_scale_owners(q, kv_cache, q_scale, kv_scale) -> None:
             what = (f"a {kv_layout.LAYOUT} kv_cache: its scales are in the rows" if x.dtype == torch.uint8 else
                     f"{owner} in {x.dtype} (scales apply to the float8 dtypes only)")
             raise ValueError(f"'{name}' must be None with {what} (got a tensor)")
+        if isinstance(scale, torch.Tensor) and scale.device != q.device:  # torch's error named no argument
+            raise ValueError(f"'{name}' must be on q's device {q.device} (got {scale.device})")
 
 
 def _check_shapes(q, kv_cache, indices, sinks, topk_length) -> None:

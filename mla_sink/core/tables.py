@@ -30,15 +30,17 @@ def table_path(name: str) -> Path:
     raise FileNotFoundError(f"table {name!r} not found (looked in {[str(c) for c in candidates]})")
 
 
-def load_checked_table(name: str, check: Optional[Callable] = None):
+def load_checked_table(name: str, check: Optional[Callable] = None, *, paths: Optional[tuple] = None):
     """The shipped table ``name`` loaded (:func:`dispatch.load_table`), proven by the rule-table checker (every
     combination of the declared domains gets a row, no row is shadowed: :func:`dispatch.assert_table_ok`) and,
-    with ``check``, checked for what its reader relies on beyond that (``check(table)`` raises). Callers cache it.
+    with ``check``, checked for what its reader relies on beyond that (``check(table)`` raises). With ``paths``, the
+    table may declare no other path: its reader serves those (a row naming an unknown path was served as the real
+    one: a break test, forty-third session). Callers cache it.
 
     Raises:
         FileNotFoundError: no such table is shipped.
         dispatch.TableError / dispatch.TableCheckError: the table is malformed (or its ``table:`` name is not
-            ``name``), has a gap or a shadowed row.
+            ``name``, or it declares a path not in ``paths``), has a gap or a shadowed row.
     """
     from mla_sink import dispatch
 
@@ -47,6 +49,11 @@ def load_checked_table(name: str, check: Optional[Callable] = None):
     if table.name != name:  # the name keys the calls' explanations and the readers' checks
         line = next((i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("table:")), 1)
         raise dispatch.TableError(f"{path}:{line}: 'table' must be {name!r}, the file's name (got {table.name!r})")
+    if paths is not None:
+        for path, spec in table.paths.items():
+            if path not in paths:
+                raise dispatch.TableError(f"{table.source_file or path}:{spec.line}: path {path!r} is not one its "
+                                          f"reader serves ({', '.join(paths)})")
     dispatch.assert_table_ok(table)
     if check is not None:
         check(table)

@@ -1,6 +1,6 @@
 """Whether this thread's call of the library is being traced (``torch.compile`` / ``torch.export``), or runs; and
 traced sizes shown as numbers in error messages (:func:`concrete`); whether a tensor has data at all
-(:func:`has_no_data`).
+(:func:`has_no_data`); a value shown briefly in a message (:func:`brief`).
 
 ``torch.compiler.is_compiling()`` reads one process-wide flag that a compilation holds for its whole duration, so an
 eager call in another thread saw it set and took the traced branch: the custom operator, whose real implementation
@@ -59,3 +59,18 @@ def has_no_data(t: Any) -> bool:
     if type(t) is torch.Tensor:  # the common case: one type test
         return t.is_meta
     return isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, _FakeTensor))
+
+
+#: Digits beyond which :func:`brief` shortens an int.
+_BRIEF_DIGITS = 40
+
+
+def brief(value: object) -> str:
+    """``repr(value)`` for an error message, an int of more than :data:`_BRIEF_DIGITS` digits shortened to its
+    leading digits and its length (``10**400`` printed all 401 digits: a break test, forty-third session)."""
+    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and len(text) > _BRIEF_DIGITS:
+        sign = "-" if value < 0 else ""
+        digits = text.lstrip("-")
+        return f"{sign}{digits[:6]}... (an int of {len(digits)} digits)"
+    return text

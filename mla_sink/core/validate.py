@@ -26,7 +26,7 @@ from mla_sink.core.dtypes import (
     pair_error,
 )
 from mla_sink.core.records import D_QK, D_V, TOPK_MAX, TOPK_WHY
-from mla_sink.core.trace import concrete, shown, tracing
+from mla_sink.core.trace import brief, concrete, shown, tracing
 
 
 def _dt(t: torch.Tensor) -> str:
@@ -285,22 +285,6 @@ def _as_real(value: object) -> Optional[float]:
     return f if math.isfinite(f) else None
 
 
-#: Digits beyond which :func:`_brief` shortens an int.
-_BRIEF_DIGITS = 40
-
-
-def _brief(value: object) -> str:
-    """``repr(value)`` for an error message, an int of more than :data:`_BRIEF_DIGITS` digits shortened to its
-    leading digits and its length (``10**400`` printed all 401 digits: a break test, forty-third session)."""
-    text = repr(value)
-    if isinstance(value, int) and not isinstance(value, bool) and len(text) > _BRIEF_DIGITS:
-        sign = "-" if value < 0 else ""
-        digits = text.lstrip("-")
-        return f"{sign}{digits[:6]}... (an int of {len(digits)} digits)"
-    return text
-
-
-
 def _symbolic(value: object) -> bool:
     """A scalar torch.compile traces symbolically (``dynamic=True``): checked where the call runs, by the
     operator's real implementation."""
@@ -327,7 +311,7 @@ def check_sm_scale(sm_scale: float) -> None:
     value = _as_real(sm_scale)
     if value is None or (not tracing() and not _in_scalar_range(value)):
         raise ValueError(f"'sm_scale' must be a finite float in [2^-126, 2^126] "
-                         f"({_SCALAR_RANGE_WHY}; got {_brief(sm_scale)})")
+                         f"({_SCALAR_RANGE_WHY}; got {brief(sm_scale)})")
 
 
 def check_logit_cap(logit_cap: float) -> float:
@@ -344,7 +328,7 @@ def check_logit_cap(logit_cap: float) -> float:
         return logit_cap
     value = _as_real(logit_cap)
     if value is None:
-        raise ValueError(f"'logit_cap' must be a finite float (got {_brief(logit_cap)})")
+        raise ValueError(f"'logit_cap' must be a finite float (got {brief(logit_cap)})")
     if tracing():
         return value
     logit_cap = value

@@ -192,7 +192,7 @@ def _forced_selection(plan: Any) -> dict:
     table = mla_table()
     values = {k: v for k, v in table_fields(plan.spec, plan.platform).items() if k in table.fields}
     return dict(table=table.name, values=_plain(values), path=plan.path,
-                params=_plain(plan.params), refused=False, reason=None, row=row, rejected_paths=[], rejected=[])
+                params=_plain(plan.params), refused=False, reason="", row=row, rejected_paths=[], rejected=[])
 
 
 def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:

@@ -80,7 +80,7 @@ def peers_table():
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed, has a gap or a shadowed row.
     """
-    return load_checked_table("peers")
+    return load_checked_table("peers", paths=("call",))
 
 
 def skip_reason(peer: str, num_heads: int) -> Optional[str]:

@@ -534,7 +534,7 @@ def dcp_merge_table():
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
     """
-    return load_checked_table("dcp_merge", _check_merge_rows)
+    return load_checked_table("dcp_merge", _check_merge_rows, paths=("merge",))
 
 
 @functools.lru_cache(maxsize=None)
