@@ -988,8 +988,10 @@ def test_quantizer_refuses_values_the_layout_cannot_hold_and_meta_tensors():
         fake = mode.from_tensor(torch.randn(4, 576, dtype=torch.bfloat16))
         with pytest.raises(ValueError, match="'kv' must hold data \\(got a FakeTensor\\)"):
             mla_sink.quantize_kv_cache(fake)
-    with pytest.raises(ValueError, match="'kv_cache' must hold data"):
-        mla_sink.dequantize_kv_cache(torch.empty(4, 656, device="meta", dtype=torch.uint8))
+    # the dequantiser has no value to find: a cache without data gives one of the output's shape (a meta cache was
+    # refused while a FakeTensor was decoded: a break test, forty-third session)
+    shape_only = mla_sink.dequantize_kv_cache(torch.empty(4, 656, device="meta", dtype=torch.uint8))
+    assert (shape_only.device.type, shape_only.shape, shape_only.dtype) == ("meta", (4, 576), torch.float64)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_ds_mla", "fp8_e4m3"])

@@ -261,14 +261,13 @@ def dequantize_kv_cache(kv_cache: torch.Tensor, layout: str = LAYOUT) -> torch.T
         NaN; NaN or inf scales propagate (``0 * inf`` is NaN).
 
     Raises:
-        ValueError: ``kv_cache`` not a dense uint8 ``[N, 656]`` / ``[B, S, 656]`` tensor (or on the meta device),
-            or an unknown ``layout``.
+        ValueError: ``kv_cache`` not a dense uint8 ``[N, 656]`` / ``[B, S, 656]`` tensor, or an unknown ``layout``.
+            A tensor without data (meta, FakeTensor) gives one of the output's shape and dtype.
     """
     _check_layout(layout)
     check_cache(kv_cache)
-    if kv_cache.device.type == "meta":
-        raise ValueError("'kv_cache' must hold data to be decoded (got a tensor on the meta device)")
-    rows = cache_rows(kv_cache)
+    rows = cache_rows(kv_cache)  # a meta tensor or a FakeTensor decodes to one of the output's shape, as the
+    # reference's shape inference needs (a meta cache was refused while a FakeTensor was decoded: a break test)
     n = rows.shape[0]
     vals = rows[:, :D_NOPE].contiguous().view(torch.float8_e4m3fn).double().reshape(n, NUM_TILES, TILE)
     sb = rows[:, SCALE_OFFSET:ROPE_OFFSET].long().reshape(n, NUM_TILES, 4)
