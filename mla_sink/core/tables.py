@@ -52,7 +52,7 @@ def load_checked_table(name: str, check: Optional[Callable] = None, *, paths: Op
     if paths is not None:
         for path, spec in table.paths.items():
             if path not in paths:
-                raise dispatch.TableError(f"{table.source_file or path}:{spec.line}: path {path!r} is not one its "
+                raise dispatch.TableError(f"{table.source_file or name}:{spec.line}: path {path!r} is not one its "
                                           f"reader serves ({', '.join(paths)})")
     dispatch.assert_table_ok(table)
     if check is not None:

@@ -225,9 +225,9 @@ def _load(name: str):
         dispatch.TableError: a malformed table (file, line, row and field named).
         dispatch.TableCheckError: a gap or a shadowed row.
     """
-    if name == "gluon_seesaw":  # one kernel: the table may declare no other path (gluon_fp8's check names its paths)
-        return load_checked_table(name, check_seesaw_table, paths=("gluon_seesaw",))
-    return load_checked_table(name, {"gluon_fp8": check_fp8_table}[name])
+    # the seesaw's table has one path, its kernel; gluon_fp8's check names its own paths (the arrangements)
+    check, paths = {"gluon_fp8": (check_fp8_table, None), "gluon_seesaw": (check_seesaw_table, ("gluon_seesaw",))}[name]
+    return load_checked_table(name, check, paths=paths)
 
 
 def gluon_fp8_table():
