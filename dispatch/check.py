@@ -129,7 +129,8 @@ def _redundancies(table: RuleTable, grid: Grid, row: Row, spec) -> list[Problem]
 
 def boundary_values(table: RuleTable) -> dict:
     """The values an open int field takes on either side of every threshold its conditions name (rows' ``when``
-    and paths' ``requires``): ``b - 1``, ``b`` and ``b + 1`` for each bound ``b`` (each end of a ``range``, each
+    and paths' ``requires``; a float field's too, with the floats next to ``b`` in place of ``b -/+ 1``):
+    ``b - 1``, ``b`` and ``b + 1`` for each bound ``b`` (each end of a ``range``, each
     member of ``in`` / ``not_in``, the argument of ``multiple_of``: a multiple and the values beside it) and, for a
     field with ``multiple_of`` conditions, every residue modulo their least common multiple ``L`` after each of
     those values and each declared one (``t .. t + L - 1``), none below the smallest declared value (a domain
@@ -141,14 +142,22 @@ def boundary_values(table: RuleTable) -> dict:
         table: The table.
 
     Returns:
-        ``{field name: sorted values}`` for the open int fields with conditions.
+        ``{field name: sorted values}`` for the open int and the float fields with conditions.
     """
     ints = {name for name, f in table.fields.items() if f.type == "int" and not f.closed}
+    floats = {name for name, f in table.fields.items() if f.type == "float"}
     conds = [c for row in table.rows for c in row.when]
     conds += [c for spec in table.paths.values() for c in spec.requires]
     floor = {name: min((v for v in table.fields[name].domain if isinstance(v, int)), default=None) for name in ints}
     out: dict = {}
     moduli: dict = {}
+    for c in conds:  # a float field's thresholds with the floats beside them (``ne: 5.0`` left 5.0 unanswered)
+        if c.field in floats and c.op != "present":
+            low = min((v for v in table.fields[c.field].domain if isinstance(v, float)), default=None)
+            for b in c.arg if isinstance(c.arg, (tuple, list)) else (c.arg,):
+                if isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b):
+                    near = (math.nextafter(b, -math.inf), float(b), math.nextafter(b, math.inf))
+                    out.setdefault(c.field, set()).update(v for v in near if low is None or v >= low)
     for c in conds:
         if c.field not in ints or c.op == "present":
             continue
