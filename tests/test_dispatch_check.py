@@ -404,7 +404,8 @@ def test_a_character_yaml_does_not_take_is_named_with_its_line(char):
 def test_the_threshold_check_sees_a_float_field_s_gaps():
     """``ne: 5.0`` on a float field left 5.0 unanswered and passed ``thresholds=True``, which enumerated int fields
     only (a break test, forty-third session): the floats next to each threshold are enumerated too."""
-    head = HEAD.replace("  need_lse: {type: bool}\n", "  need_lse: {type: bool}\n  cap: {type: float, domain: [0.0, 30.0]}\n")
+    head = HEAD.replace("  need_lse: {type: bool}\n",
+                        "  need_lse: {type: bool}\n  cap: {type: float, domain: [0.0, 30.0]}\n")
     rows = GOOD.replace("- id: fallback\n", "- id: fallback\n  when: {cap: {ne: 5.0}}\n")
     table = load_table(head + textwrap.indent(rows, "  "), name="check_demo.yaml")
     assert check_table(table) == []  # 5.0 is not declared: the declared grid has no gap
