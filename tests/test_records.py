@@ -87,6 +87,14 @@ def test_callspec_rejects_bad_field(kwargs, field):
     assert "got" in str(info.value)
 
 
+@pytest.mark.parametrize("arch", ["sm90x", "sm_90z", "sm100b"])
+def test_an_nvidia_suffix_that_names_no_target_is_refused(arch):
+    """Only ``a`` and ``f`` are NVIDIA's feature suffixes; ``sm90x`` was read as sm90 (a break test, forty-third
+    session)."""
+    with pytest.raises(ValueError, match=f"'arch' must be a compile target .*got '{arch}'"):
+        Platform(arch)
+
+
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx90a", "gfx1100", "sm80", "sm90", "sm100", "cpu"])
 def test_platform_accepts_arch(arch):
     assert Platform(arch).arch == arch

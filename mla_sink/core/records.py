@@ -26,10 +26,11 @@ _DTYPES = tuple(sorted(DTYPE_KEYS.values()))
 _KV_DTYPES = KV_DTYPE_KEYS
 #: A compile target; on NVIDIA ``sm`` and the compute capability's digits (as :func:`mla_sink.core.platform.arch_of`
 #: writes them), which :attr:`Platform.cuda_arch` reads from the group ``cc``.
-_ARCH_RE = re.compile(r"^(gfx[1-9][0-9]{1,3}[a-z]?|sm(?P<cc>[1-9][0-9]{1,2})[a-z]?|cpu)$")
-#: Any ``sm`` name with digits, for :func:`canonical_arch` to read (leading zeros included; the target's own check is
-#: :data:`_ARCH_RE`: a compute capability of two or three digits, the first not 0).
-_NV_NAME_RE = re.compile(r"sm_?(?P<cc>[0-9]+)[a-z]?")
+_ARCH_RE = re.compile(r"^(gfx[1-9][0-9]{1,3}[a-z]?|sm(?P<cc>[1-9][0-9]{1,2})|cpu)$")
+#: Any ``sm`` name with digits and NVIDIA's feature suffix if any (``a`` arch-specific, ``f`` family; another letter
+#: names no target: ``sm90x`` is refused), for :func:`canonical_arch` to read (leading zeros included; the target's own
+#: check is :data:`_ARCH_RE`: a compute capability of two or three digits, the first not 0).
+_NV_NAME_RE = re.compile(r"sm_?(?P<cc>[0-9]+)[af]?")
 #: A ROCm target id, the processor and its feature settings (``gfx942:sramecc+:xnack-``, as PyTorch's
 #: ``gcnArchName`` reports it; LLVM AMDGPU docs, "Target ID"), for :func:`canonical_arch` to read.
 _AMD_TARGET_ID_RE = re.compile(r"(?P<name>gfx[0-9a-z]+)(?::[a-z0-9_]+[+-])+")
