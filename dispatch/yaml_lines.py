@@ -114,15 +114,6 @@ def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "") -> A
     return loader.construct_object(node, deep=True)
 
 
-def _unacceptable(exc: "yaml.reader.ReaderError", text: str, label: str) -> None:
-    """Raise the ``TableError`` of a character YAML does not take (NUL, U+0080, U+FFFE, ...): PyYAML's error has no
-    line mark, so the line is counted from its offset (it was a traceback: a break test, forty-third session)."""
-    line = text[:exc.position].count("\n") + 1
-    char = exc.character if isinstance(exc.character, int) else ord(exc.character)
-    raise TableError(f"{label}:{line}: invalid YAML: unacceptable character U+{char:04X} (YAML takes printable "
-                     f"characters, tabs and line breaks only)") from exc
-
-
 def load_yaml(text: str, label: str) -> Any:
     """Parse one YAML document, keeping line numbers.
 
@@ -137,9 +128,13 @@ def load_yaml(text: str, label: str) -> Any:
         TableError: On a YAML syntax error, a character YAML does not take, or a duplicate key.
     """
     try:
-        loader = _Loader(text)  # its reader checks every character here
-    except yaml.reader.ReaderError as exc:
-        _unacceptable(exc, text, label)
+        loader = _Loader(text)  # its reader checks every character of a str here, and only here
+    except yaml.reader.ReaderError as exc:  # a character YAML does not take (NUL, U+0080, U+FFFE, ...): PyYAML's
+        # error has no line mark, so the line is counted from its offset (it was a traceback: a break test)
+        line = text[:exc.position].count("\n") + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise TableError(f"{label}:{line}: invalid YAML: unacceptable character U+{char:04X} (YAML takes printable "
+                         f"characters, tabs and line breaks only)") from exc
     try:
         node = loader.get_single_node()
         if node is None:
@@ -155,7 +150,5 @@ def load_yaml(text: str, label: str) -> Any:
             hint = (" (a plain, unquoted string may not contain ': ' - quote the why / because text, or write"
                     " ' - ' instead)")
         raise TableError(f"{label}:{line}: invalid YAML: {problem}{hint}") from exc
-    except yaml.reader.ReaderError as exc:
-        _unacceptable(exc, text, label)
     finally:
         loader.dispose()
