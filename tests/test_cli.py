@@ -942,7 +942,7 @@ ANY_GPU_PARAMS = "    params: {combine_block_h: 16, combine_block_d: 128}\n"
     # a path the runtime cannot launch loaded, and a call it won failed naming --path (a break test, forty-third
     # session); a refusal row binding the reference refused in select what plan_call runs
     ("mla_decode", "  reference:\n    description:", "  aiter_new:\n    description: new\n  reference:\n"
-     "    description:", r"mla_decode.yaml:\d+: path 'aiter_new' is not one the runtime launches"),
+     "    description:", r"mla_decode.yaml:\d+: path 'aiter_new' is not one its reader serves \(aiter_persistent, "),
     ("mla_decode", "    paths: [triton]\n", "    paths: [triton, reference]\n",
      r"mla_decode.yaml:\d+: row 'fp8_needs_sm89': a refusal row cannot bind 'reference'"),
     # the single-path tables: a row naming an unknown path was served as the real one (a break test)

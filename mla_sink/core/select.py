@@ -59,7 +59,7 @@ def mla_table() -> "dispatch.RuleTable":
     Raises:
         dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed.
     """
-    return load_checked_table("mla_decode", check_mla_table)
+    return load_checked_table("mla_decode", check_mla_table, paths=KNOWN_PATHS)  # no path the runtime cannot launch
 
 
 #: Why a call forced onto the reference runs it (the forced plan's row in ``mla-sink explain --json``).
@@ -69,11 +69,11 @@ FORCED_REFERENCE = f"  → reference   ({FORCED_REFERENCE_WHY})"
 
 
 def check_mla_table(table: "dispatch.RuleTable") -> None:
-    """What the runtime relies on in ``tables/mla_decode.yaml`` beyond the generic checker: every declared path is
-    one it can launch (:data:`KNOWN_PATHS`; an unknown one loaded, and a call it won then failed naming ``--path``:
-    a break test, forty-third session); no refusal row binds ``reference`` (a forced reference is always honoured,
-    :func:`plan_call`, so such a row would refuse in :func:`select` what runs); and each row's params are those its
-    path's planner reads (:func:`mla_sink.paths.aiter.plan.check_mla_params`).
+    """What the runtime relies on in ``tables/mla_decode.yaml`` beyond the generic checker and the declared paths
+    (:func:`mla_table` loads it with :data:`KNOWN_PATHS` as the only paths: an unknown one loaded, and a call it won
+    then failed naming ``--path``, a break test, forty-third session): no refusal row binds ``reference`` (a forced
+    reference is always honoured, :func:`plan_call`, so such a row would refuse in :func:`select` what runs); and each
+    row's params are those its path's planner reads (:func:`mla_sink.paths.aiter.plan.check_mla_params`).
 
     Raises:
         dispatch.TableError: naming the file, line, path or row and what is allowed.
@@ -81,10 +81,6 @@ def check_mla_table(table: "dispatch.RuleTable") -> None:
     from mla_sink.paths.aiter.plan import check_mla_params  # the params each path's planner reads
 
     where = table.source_file or table.name
-    for name, spec in table.paths.items():
-        if name not in KNOWN_PATHS:
-            raise dispatch.TableError(f"{where}:{spec.line}: path {name!r} is not one the runtime launches "
-                                      f"({', '.join(KNOWN_PATHS)})")
     for row in table.rows:
         if row.is_refusal and "reference" in row.paths:
             raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: a refusal row cannot bind 'reference' "
