@@ -43,7 +43,8 @@ def _record(kind: type):
     return check
 
 
-def _tokens(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _tokens(inst: Any, attribute: Any, value: Any) -> None:
+    """:attr:`LaunchPlan.num_tokens`: ``None`` or an int in ``[0, 2^31 - 1]`` (the CLI's ``--tokens`` bound too)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= COUNT_MAX):
         raise ValueError(f"'num_tokens' must be None or an int in [0, {COUNT_MAX}] (got {value!r})")
 
@@ -129,11 +130,9 @@ def build_plan(spec: CallSpec, platform: Platform, *, num_tokens: Optional[int] 
     """
     if path is not None and not isinstance(path, str):
         raise ValueError(f"'path' must be a path name (str) or None (got {path!r})")
-    if num_tokens is not None:
-        if (isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral)
-                or not 0 <= num_tokens <= COUNT_MAX):  # the CLI's --tokens bound too (a break test)
-            raise ValueError(f"'num_tokens' must be None or an int in [0, {COUNT_MAX}] (got {num_tokens!r})")
+    if isinstance(num_tokens, numbers.Integral) and not isinstance(num_tokens, bool):
         num_tokens = int(num_tokens)  # a numpy int, as the records take them
+    _tokens(None, None, num_tokens)  # LaunchPlan's own check, before anything is planned or cached
     if aiter_impl is not None:
         return _build_plan(spec, platform, num_tokens, path, aiter_impl)
     return _build_plan_cached(spec, platform, num_tokens, path, _GENERATION[0])
