@@ -820,24 +820,40 @@ def test_tables_command_checks_every_shipped_table(capsys):
     assert code == 0 and [line.split(":")[0] for line in out.splitlines()] == [f"✓ {n}" for n, _ in table_readers()]
 
 
+def _tables_command_with(capsys, monkeypatch, tmp_path, name: str, text: str):
+    """``mla-sink tables`` with ``tables/<name>.yaml`` read as ``text``: every reader's cached table is dropped before
+    and after, so the edited one is loaded and no later test sees it. Returns ``(exit code, captured output)``."""
+    import mla_sink.core.tables as tables_mod
+    from mla_sink.core.platform import interpreter_table
+    from mla_sink.core.select import mla_table
+    from mla_sink.kernels.gluon.tuning import _load as gluon_tables
+    from mla_sink.paths.triton.plan import dcp_merge_table, tuning_table
+    from mla_sink.tools.peers import peers_table
+
+    edited = tmp_path / f"{name}.yaml"
+    edited.write_text(text)
+    real = tables_mod.table_path
+    monkeypatch.setattr(tables_mod, "table_path", lambda n: edited if n == name else real(n))
+    caches = (tuning_table, dcp_merge_table, mla_table, gluon_tables, peers_table, interpreter_table)
+    for cached in caches:
+        cached.cache_clear()
+    try:
+        code = main(["tables"])
+        return code, capsys.readouterr()
+    finally:
+        monkeypatch.undo()
+        for cached in caches:
+            cached.cache_clear()
+
+
 def test_tables_command_names_a_broken_table_and_exits_2(capsys, monkeypatch, tmp_path):
     """A table with its last row removed (a gap) fails: its line names the checker's problem, stderr one error line,
     exit 2; the other tables still report."""
-    import mla_sink.core.tables as tables_mod
-    from mla_sink.tools.peers import peers_table
+    from mla_sink.core.tables import table_path
 
-    text = tables_mod.table_path("peers").read_text()
-    broken = tmp_path / "peers.yaml"
-    broken.write_text(text[:text.rindex("  - id:")])  # the catch-all row gone
-    real = tables_mod.table_path
-    monkeypatch.setattr(tables_mod, "table_path", lambda name: broken if name == "peers" else real(name))
-    peers_table.cache_clear()
-    try:
-        code = main(["tables"])
-        captured = capsys.readouterr()
-    finally:
-        monkeypatch.undo()
-        peers_table.cache_clear()
+    text = table_path("peers").read_text()
+    code, captured = _tables_command_with(capsys, monkeypatch, tmp_path, "peers",
+                                          text[:text.rindex("  - id:")])  # the catch-all row gone
     assert code == 2
     assert "✗ peers: " in captured.out and "✓ mla_decode:" in captured.out
     from mla_sink.tools.cli import table_readers
@@ -959,31 +975,12 @@ def test_tables_command_checks_the_params_a_reader_reads(capsys, monkeypatch, tm
     """The reader's checks see what its lookups read (a row's params merged with its path's defaults) and refuse a
     refusal row the reader cannot serve, with file, line and row, exit 2 and no traceback (break test, tables
     session)."""
-    import mla_sink.core.tables as tables_mod
-    from mla_sink.paths.triton.plan import dcp_merge_table, tuning_table
+    from mla_sink.core.tables import table_path
     from mla_sink.tools.cli import table_readers
 
-    text = tables_mod.table_path(name).read_text()
+    text = table_path(name).read_text()
     assert text.count(old) == 1
-    edited = tmp_path / f"{name}.yaml"
-    edited.write_text(text.replace(old, new))
-    real = tables_mod.table_path
-    monkeypatch.setattr(tables_mod, "table_path", lambda n: edited if n == name else real(n))
-    from mla_sink.core.platform import interpreter_table
-    from mla_sink.core.select import mla_table
-    from mla_sink.kernels.gluon.tuning import _load as gluon_tables
-    from mla_sink.tools.peers import peers_table
-
-    caches = (tuning_table, dcp_merge_table, mla_table, gluon_tables, peers_table, interpreter_table)
-    for cached in caches:
-        cached.cache_clear()
-    try:
-        code = main(["tables"])
-        captured = capsys.readouterr()
-    finally:
-        monkeypatch.undo()
-        for cached in caches:
-            cached.cache_clear()
+    code, captured = _tables_command_with(capsys, monkeypatch, tmp_path, name, text.replace(old, new))
     assert code == 2 and f"error: 1 of {len(table_readers())} tables failed their checks: {name}" in captured.err
     assert re.search(message, captured.out), captured.out
 
