@@ -127,6 +127,10 @@ def _redundancies(table: RuleTable, grid: Grid, row: Row, spec) -> list[Problem]
     return out
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def boundary_values(table: RuleTable) -> dict:
     """The values an open int field takes on either side of every threshold its conditions name (rows' ``when``
     and paths' ``requires``; a float field's too, with the floats next to ``b`` in place of ``b -/+ 1``):
@@ -148,26 +152,23 @@ def boundary_values(table: RuleTable) -> dict:
     floats = {name for name, f in table.fields.items() if f.type == "float"}
     conds = [c for row in table.rows for c in row.when]
     conds += [c for spec in table.paths.values() for c in spec.requires]
-    floor = {name: min((v for v in table.fields[name].domain if isinstance(v, int)), default=None) for name in ints}
+    floor = {name: min((v for v in table.fields[name].domain if _number(v)), default=None) for name in ints | floats}
     out: dict = {}
     moduli: dict = {}
-    for c in conds:  # a float field's thresholds with the floats beside them (``ne: 5.0`` left 5.0 unanswered)
-        if c.field in floats and c.op != "present":
-            low = min((v for v in table.fields[c.field].domain if isinstance(v, float)), default=None)
-            for b in c.arg if isinstance(c.arg, (tuple, list)) else (c.arg,):
-                if isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b):
-                    near = (math.nextafter(b, -math.inf), float(b), math.nextafter(b, math.inf))
-                    out.setdefault(c.field, set()).update(v for v in near if low is None or v >= low)
     for c in conds:
-        if c.field not in ints or c.op == "present":
+        if c.field not in floor or c.op == "present":
             continue
         if c.op == "multiple_of":
             moduli.setdefault(c.field, set()).add(c.arg)
-        bounds = c.arg if isinstance(c.arg, (tuple, list)) else (c.arg,)
-        for b in bounds:
-            if isinstance(b, int) and not isinstance(b, bool):
-                low = floor[c.field]
-                out.setdefault(c.field, set()).update(v for v in (b - 1, b, b + 1) if low is None or v >= low)
+        for b in c.arg if isinstance(c.arg, (tuple, list)) else (c.arg,):
+            if c.field in ints and isinstance(b, int) and not isinstance(b, bool):
+                near = (b - 1, b, b + 1)
+            elif c.field in floats and _number(b) and math.isfinite(b):  # (``ne: 5.0`` left 5.0 unanswered)
+                near = (math.nextafter(b, -math.inf), float(b), math.nextafter(b, math.inf))
+            else:
+                continue
+            low = floor[c.field]
+            out.setdefault(c.field, set()).update(v for v in near if low is None or v >= low)
     for name, ms in moduli.items():  # every residue after every threshold: a gap or a match of one residue class
         # between two thresholds (odd values between le 21 and ge 25 beside multiple_of 2) is then seen
         period, low = math.lcm(*ms), floor[name]
