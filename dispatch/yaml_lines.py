@@ -87,7 +87,17 @@ def _row_id(node: yaml.MappingNode) -> str | None:
     return None
 
 
-def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "") -> Any:
+#: The most nodes one table may expand to, aliases counted at every use. The shipped tables have at most about 1,300;
+#: the cap refuses an alias bomb (``&a [*b, *b, ...]`` nested) at once instead of walking its 10^7 nodes for seconds.
+MAX_NODES = 100_000
+
+
+def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "", count: list | None = None) -> Any:
+    count = [0] if count is None else count
+    count[0] += 1
+    if count[0] > MAX_NODES:
+        raise TableError(f"{label}:{node.start_mark.line + 1}: {where}the document expands to more than {MAX_NODES} "
+                         f"nodes (aliases counted at each use); a rule table is far smaller")
     if isinstance(node, yaml.MappingNode):
         row_id = _row_id(node)
         if row_id is not None:
@@ -95,7 +105,7 @@ def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "") -> A
         out = LineDict()
         out.line = node.start_mark.line + 1
         for key_node, value_node in node.value:
-            key = _convert(key_node, loader, label, where)
+            key = _convert(key_node, loader, label, where, count)
             line = key_node.start_mark.line + 1
             if isinstance(key, (dict, list)):
                 raise TableError(f"{label}:{line}: {where}a mapping key must be a scalar")
@@ -103,11 +113,11 @@ def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "") -> A
                 raise TableError(
                     f"{label}:{line}: {where}duplicate key {key!r} (first at line {out.key_lines[key]})"
                 )
-            out[key] = _convert(value_node, loader, label, where)
+            out[key] = _convert(value_node, loader, label, where, count)
             out.key_lines[key] = line
         return out
     if isinstance(node, yaml.SequenceNode):
-        out_list = LineList(_convert(item, loader, label, where) for item in node.value)
+        out_list = LineList(_convert(item, loader, label, where, count) for item in node.value)
         out_list.line = node.start_mark.line + 1
         out_list.item_lines = [item.start_mark.line + 1 for item in node.value]
         return out_list
@@ -125,7 +135,8 @@ def load_yaml(text: str, label: str) -> Any:
         ``LineDict`` / ``LineList`` / scalars; ``None`` for an empty document.
 
     Raises:
-        TableError: On a YAML syntax error, a character YAML does not take, or a duplicate key.
+        TableError: On a YAML syntax error, a character YAML does not take, a duplicate key, or a document that
+            expands to more than :data:`MAX_NODES` nodes (an alias bomb).
     """
     try:
         loader = _Loader(text)  # its reader checks every character of a str here, and only here
