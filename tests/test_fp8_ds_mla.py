@@ -807,15 +807,16 @@ def test_validation_errors(mutate, message):
                                              x.get("q_scale"), x.get("kv_scale"), False, 0.0, "")
 
 
-@interp
-def test_misaligned_pointer_is_refused_on_a_prepared_call():
+@pytest.mark.parametrize("path", [pytest.param(None, marks=interp), "reference"])
+def test_misaligned_pointer_is_refused_on_a_prepared_call(path):
     """The pointer's alignment is no part of a call's signature: a later call with the same shapes and strides
-    but a misaligned view is refused by the runner, before the kernel."""
+    but a misaligned view is refused by the runner, before the kernel (the reference runner too: it read the
+    shifted scales as NaN when an aligned call had prepared it, a break test, forty-fourth session)."""
     x = _good()
     pool = torch.zeros(32 * ROW + 4, dtype=torch.uint8)
     aligned = pool[:32 * ROW].view(32, ROW)
     aligned.copy_(x["kv_cache"])
-    mla_sink.sparse_mla_decode(x["q"], aligned, x["indices"], platform=mla_sink.Platform("cpu"))
+    mla_sink.sparse_mla_decode(x["q"], aligned, x["indices"], platform=mla_sink.Platform("cpu"), path=path)
     shifted = pool[2:2 + 32 * ROW].view(32, ROW)
     assert shifted.stride() == aligned.stride()
     from mla_sink.core.validate import check_ds_mla_pointer
@@ -827,7 +828,7 @@ def test_misaligned_pointer_is_refused_on_a_prepared_call():
 
     with pytest.raises(ValueError, match="must start at a multiple of 4 bytes"):
         execute(DecodeInputs(x["q"], shifted, x["indices"], SM_SCALE), spec=None, need_lse=False,
-                platform=mla_sink.Platform("cpu"), path=None)
+                platform=mla_sink.Platform("cpu"), path=path)
 
 
 def test_layer_and_records_name_the_layout():
