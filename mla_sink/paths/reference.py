@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from mla_sink.core.dtypes import out_dtype_for
+from mla_sink.core.dtypes import DS_MLA_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.reference import sparse_mla_decode_reference
 from mla_sink.core.validate import check_ds_mla_pointer
@@ -22,7 +22,7 @@ def run_reference(plan: Any, x: DecodeInputs) -> tuple[torch.Tensor, torch.Tenso
             as the Triton launcher does (a data pointer is not part of the call signature the runner was prepared
             for; a misaligned view read its float32 scales shifted, as NaN: a break test, forty-fourth session).
     """
-    if plan.spec.kv_dtype == "fp8_ds_mla":
+    if plan.spec.kv_dtype in DS_MLA_KEYS:
         check_ds_mla_pointer(x.kv_cache)
     out_dtype = x.out.dtype if x.out is not None else out_dtype_for(plan.spec.q_dtype)
     out, lse = sparse_mla_decode_reference(
