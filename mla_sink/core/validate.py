@@ -26,7 +26,7 @@ from mla_sink.core.dtypes import (
     pair_error,
 )
 from mla_sink.core.records import D_QK, D_V, TOPK_MAX, TOPK_WHY
-from mla_sink.core.trace import brief, concrete, shown, tracing
+from mla_sink.core.trace import brief, concrete, has_no_data, shown, tracing
 
 
 def _dt(t: torch.Tensor) -> str:
@@ -38,9 +38,8 @@ DS_MLA_ALIGN = 4
 
 
 def _has_memory(t: torch.Tensor) -> bool:
-    """Whether ``t`` has a real data pointer (not meta, fake or traced)."""
-    fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", ())
-    return not (t.device.type == "meta" or isinstance(t, fake) or tracing())
+    """Whether ``t`` has a real data pointer (not meta, fake (:func:`~mla_sink.core.trace.has_no_data`) or traced)."""
+    return not (has_no_data(t) or tracing())
 
 
 def check_ds_mla_pointer(kv_cache: torch.Tensor) -> None:

@@ -194,7 +194,7 @@ def _check_matrix_flags(args: argparse.Namespace) -> None:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from mla_sink import dispatch
     from mla_sink.core.plan import build_plan
-    from mla_sink.core.select import FORCED_REFERENCE, NoKernelError, check_path, select
+    from mla_sink.core.select import NoKernelError, check_path, explain_call, select
     from mla_sink.tools.explain import launch_lines, plan_to_dict
 
     check_count("--tokens", args.tokens, low=0)  # T = 0 is a call (it launches nothing), as in the library
@@ -217,7 +217,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             plan = build_plan(spec, platform, num_tokens=args.tokens, path="reference")
             print(json.dumps(plan_to_dict(plan), indent=2))
         else:
-            print(f"{key}\n{FORCED_REFERENCE}")
+            print(explain_call(spec, platform, path="reference"))
         return 0
     sel = select(spec, platform, path=args.path)
     try:
@@ -356,9 +356,9 @@ def _cmd_tables(args: argparse.Namespace) -> int:
     for name, load in readers:
         try:
             table = load()
-            # also at each int threshold's neighbours, not only the declared values: a gap there passed and then
-            # failed the lookup of a call (the loaders prove the declared grid only, to keep a process's first
-            # call fast; a break test, forty-third session)
+            # also at each threshold's neighbours (int and float fields), not only the declared values: a gap there
+            # passed and then failed the lookup of a call (the loaders prove the declared grid only, to keep a
+            # process's first call fast; a break test, forty-third session)
             errors = [p for p in check_table(table, thresholds=True) if p.level == "error"]
             if errors:
                 raise TableCheckError(f"table {name!r}: {len(errors)} problem(s) at values beside its thresholds:\n"
