@@ -495,6 +495,30 @@ def test_scale_is_read_as_float32_exactly():
 
 
 @interp
+@pytest.mark.parametrize("q_exp", [100, 120], ids=["inside", "past"])
+def test_a_tile_product_past_fp32_overflows_before_its_scale(q_exp):
+    """README, numeric limits ("V3.2 tile products"): each tile's ``q . codes`` is formed in fp32 before its scale
+    multiplies it. One tile of codes 448 against q = 2^q_exp with a tile scale of 2^-126 (the score 448 * 128 *
+    2^(q_exp - 126) is 896 at 2^120): at 2^100 the fp32 product (7e34) fits and the kernel gives the reference's
+    lse; at 2^120 it is past fp32's largest (7.6e40), so the token is NaN where the reference is finite - the
+    documented limit (break test of the forty-fifth session), not silent garbage."""
+    row = write_row([0x7E] * 128 + [0] * 384, [2.0 ** -126, 1.0, 1.0, 1.0], [0.0] * 64)  # 0x7E = 448
+    cache = torch.frombuffer(bytearray(row), dtype=torch.uint8).reshape(1, ROW).clone()
+    q = torch.zeros(1, 1, D_QK, dtype=torch.bfloat16)
+    q[0, 0, :128] = 2.0 ** q_exp
+    idx = torch.zeros(1, 1, dtype=torch.int32)
+    from mla_sink.paths.triton.launch import sparse_mla_decode_triton
+
+    _, lse = sparse_mla_decode_triton(q, cache, idx, sm_scale=SM_SCALE, config=_cfg(), num_kv_splits=1)
+    _, ref = mla_sink.sparse_mla_decode_reference(q, cache, idx, sm_scale=SM_SCALE)
+    assert torch.isfinite(ref).all()
+    if q_exp == 100:
+        torch.testing.assert_close(lse.double(), ref.double(), atol=LSE_TOL[0], rtol=LSE_TOL[1])
+    else:
+        assert torch.isnan(lse).all()
+
+
+@interp
 @pytest.mark.parametrize("ratio", [1e6, 1e8])
 def test_fp16_weights_keep_small_scale_rows_beside_a_huge_one(ratio, monkeypatch):
     """With fp16 q the portable kernel rounds ``P * scale`` to fp16 for ``P V`` (kmath.ds_mla_pv). One row of the
