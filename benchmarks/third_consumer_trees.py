@@ -1,10 +1,11 @@
 """The trees of the third-consumer A/B (prepared in the forty-second session, which had no device time; issue #12's
-V3.2 H=32 T=256 bar). Each is a ``git archive`` of this checkout's HEAD with
+V3.2 H=32 T=256 bar; timed in the forty-fifth session and not kept, BENCHMARKS.md). Each is a ``git archive`` of
+:data:`BASE` (the last commit the patch was kept applying to; later kernel changes need not follow it) with
 ``benchmarks/gluon_fp8_third_consumer.patch`` applied (the kernel's ``THIRD_CONSUMER``: the first consumer of the
 column split on the scores only, the second and a third consumer warpgroup on half of ``P V`` each; the table's
 ``ds_mla_h32`` row on it) and one edit of ``tables/gluon_fp8.yaml``:
 
-- ``main``: HEAD as it is (no patch);
+- ``main``: :data:`BASE` as it is (no patch);
 - ``three``: the patch (``ds_mla_h32``: consumers 104, producer 120, the first consumer 184 registers);
 - ``three_p152``: the producer at 152 (as main's ``ds_mla_h32``), the first consumer 152;
 - ``three_early``: with ``early_ids`` (the first consumer loads each next block's ids a block ahead; it lost on long
@@ -31,6 +32,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCH = os.path.join(HERE, "gluon_fp8_third_consumer.patch")
 TABLE = os.path.join("tables", "gluon_fp8.yaml")
+#: The commit the trees are archived from (forty-fifth session; its kernels are d931ea3's, timed in that session).
+BASE = "30937de18b3e452fa9b9703c5da283ac00d484c9"
 
 _DS_H32 = ("    params: {head_block: 32, consumer_regs: 104, producer_regs: 120, deferred_row_sum: true, "
            "scores_only: true,\n")
@@ -59,7 +62,7 @@ VARIANTS = {
 
 
 def build(out_dir: str, name: str) -> str:
-    """``out_dir/name``: HEAD's ``mla_sink``, ``dispatch``, ``tables``, ``tests`` and ``pyproject.toml``, patched and
+    """``out_dir/name``: :data:`BASE`'s ``mla_sink``, ``dispatch``, ``tables``, ``tests`` and ``pyproject.toml``, patched and
     edited as :data:`VARIANTS` says (``main``: as they are). Returns its path.
 
     Raises:
@@ -69,7 +72,7 @@ def build(out_dir: str, name: str) -> str:
     tree = os.path.join(out_dir, name)
     shutil.rmtree(tree, ignore_errors=True)
     os.makedirs(tree)
-    archive = subprocess.run(["git", "archive", "HEAD", "mla_sink", "dispatch", "tables", "tests", "pyproject.toml"],
+    archive = subprocess.run(["git", "archive", BASE, "mla_sink", "dispatch", "tables", "tests", "pyproject.toml"],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
     if name == "main":

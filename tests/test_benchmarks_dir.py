@@ -66,26 +66,3 @@ def test_cols_timeline_patch_fits_the_current_kernel():
     for words in ("+ 16 + 3 * i", "+ 128 + 64 * FIRST", "+ 256 + 4 * i", "+ 384 + 3 * i", "+ 6 + ROLE", "+ 8,"):
         assert words in patched, words
     assert patched.count("_now(") > src.count("_now(") + 20
-
-
-def test_third_consumer_trees_build_from_the_current_tree(tmp_path):
-    """``benchmarks/third_consumer_trees.py`` (the next device session's A/B) applies its patch to this tree and finds
-    every table edit of every variant: a change to the kernel or its table that the patch does not follow fails here,
-    not on the device."""
-    import shutil
-    import subprocess
-    import sys
-
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs git and a git checkout (the trees are git archives of HEAD)")
-    out = tmp_path / "trees"
-    run = subprocess.run([sys.executable, str(BENCH / "third_consumer_trees.py"), str(out)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    names = ("main", "three", "three_p152", "three_early", "three_e4", "three_h16")
-    assert sorted(p.name for p in out.iterdir()) == sorted(names)
-    kernel = "mla_sink/kernels/gluon/gluon_fp8.py"
-    assert "THIRD_CONSUMER" not in (out / "main" / kernel).read_text()
-    for name in names[1:]:
-        assert "THIRD_CONSUMER" in (out / name / kernel).read_text(), name
-        assert "third_consumer: true" in (out / name / "tables" / "gluon_fp8.yaml").read_text(), name
