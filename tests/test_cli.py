@@ -544,6 +544,7 @@ def test_explain_json_leaves_the_kernel_open_without_an_sm_count(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json")
     launch = json.loads(out)["launch"]
     assert code == 0 and launch["num_kv_splits"] is None and launch["kernel"] is None
+    assert "kernel_file" in launch and launch["kernel_file"] is None  # every triton document has the key
     code, out = run_cli(capsys, "explain", "--arch", "sm90", "--heads", "128", "--json", "--sms", "132", "--tokens", "256")
     launch = json.loads(out)["launch"]
     assert (launch["kernel"], launch["kernel_file"]) == ("gluon_seesaw", "mla_sink/kernels/gluon/gluon_seesaw.py")
