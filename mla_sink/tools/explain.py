@@ -199,9 +199,9 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     """The plan record as JSON-ready data: the rule table's selection (when given: path, row, params,
     rejections grouped by path) and the plan's ``key``, ``spec``, ``platform``, ``num_tokens`` and
     ``launch`` (on the triton path with its kernel file, ``None`` while the SM count leaves the kernel open, and
-    ``token_ranges``: the launches the call runs as; on an AITER path the call, or a call in token chunks with its ``calls``, ``num_chunks``, ``chunk_tokens``, ``why`` and
-    the chunks' common ``path``, ``row_id``, ``num_heads``, ``topk``, ``out_dtype`` and ``return_lse``, as a single
-    call has them; ``None`` for a call of no tokens, which launches nothing, on every path, as the text says)."""
+    ``token_ranges``: the launches the call runs as; on an AITER path the call, or a call in token chunks with its
+    ``calls``, ``num_chunks``, ``chunk_tokens``, ``why`` and the chunks' common ``path``, ``row_id``, ``num_heads``,
+    ``topk``, ``out_dtype`` and ``return_lse``, as a single call has them; ``None`` for a call of no tokens, which launches nothing, on every path, as the text says)."""
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
