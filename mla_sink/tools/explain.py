@@ -201,7 +201,8 @@ def plan_to_dict(plan: Any, selection: Optional[Any] = None) -> dict:
     ``launch`` (on the triton path with its kernel file, ``None`` while the SM count leaves the kernel open, and
     ``token_ranges``: the launches the call runs as; on an AITER path the call, or a call in token chunks with its
     ``calls``, ``num_chunks``, ``chunk_tokens``, ``why`` and the chunks' common ``path``, ``row_id``, ``num_heads``,
-    ``topk``, ``out_dtype`` and ``return_lse``, as a single call has them; ``None`` for a call of no tokens, which launches nothing, on every path, as the text says)."""
+    ``topk``, ``out_dtype`` and ``return_lse``, as a single call has them; ``None`` for a call of no tokens, which
+    launches nothing, on every path, as the text says)."""
     from mla_sink import dispatch
     from mla_sink.core.records import call_key
 
