@@ -62,8 +62,8 @@ VARIANTS = {
 
 
 def build(out_dir: str, name: str) -> str:
-    """``out_dir/name``: :data:`BASE`'s ``mla_sink``, ``dispatch``, ``tables``, ``tests`` and ``pyproject.toml``, patched and
-    edited as :data:`VARIANTS` says (``main``: as they are). Returns its path.
+    """``out_dir/name``: :data:`BASE`'s ``mla_sink``, ``dispatch``, ``tables``, ``tests`` and ``pyproject.toml``,
+    patched and edited as :data:`VARIANTS` says (``main``: as they are). Returns its path.
 
     Raises:
         ValueError: an edit's text is not in the table as often as expected (the table moved on: rebase the edit).
