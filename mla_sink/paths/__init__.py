@@ -14,8 +14,10 @@ from typing import Callable, Optional
 
 import torch
 
+from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
+from mla_sink.core.validate import check_ds_mla_pointer
 
 Result = tuple[torch.Tensor, Optional[torch.Tensor]]
 Runner = Callable[[DecodeInputs], Result]
@@ -55,15 +57,30 @@ def prepare_runner(plan: LaunchPlan, x: DecodeInputs) -> Runner:
     """The runner of ``plan`` for calls shaped like ``x`` (see the module docstring). Strided ``sinks`` (e.g. a
     column ``[:, layer]`` of a ``[H, layers]`` parameter, or a broadcast ``expand``) are read through a contiguous
     copy made per call (``[H]`` fp32: one small copy), as every kernel reads them at unit stride; contiguous ones
-    cost nothing more.
+    cost nothing more. An ``fp8_ds_mla`` ``kv_cache``'s data pointer is checked on every call, on every path: it is
+    no part of the signature the runner was prepared for, and a misaligned view reads its float32 scales shifted
+    (the reference read them as NaN: a break test, forty-fourth session). The runner passes any further arguments
+    (the Triton runners' ``lse`` buffer) through.
 
     Raises:
         KeyError: ``plan.path`` has no launcher (cannot happen for plans from the shipped table).
+        ValueError: (from the runner) an ``fp8_ds_mla`` ``kv_cache`` whose data pointer is not a multiple of 4 bytes.
     """
     if x.sinks is not None and not x.sinks.is_contiguous():
         inner = PREPARERS[plan.path](plan, x._replace(sinks=x.sinks.contiguous()))
-        return lambda x: inner(x._replace(sinks=x.sinks.contiguous()))
-    return PREPARERS[plan.path](plan, x)
+
+        def run(x: DecodeInputs, *rest) -> Result:
+            return inner(x._replace(sinks=x.sinks.contiguous()), *rest)
+    else:
+        run = PREPARERS[plan.path](plan, x)
+    if plan.spec.kv_dtype not in DS_MLA_KEYS:
+        return run
+
+    def checked(x: DecodeInputs, *rest) -> Result:
+        check_ds_mla_pointer(x.kv_cache)
+        return run(x, *rest)
+
+    return checked
 
 
 def launch(plan: LaunchPlan, inputs: DecodeInputs) -> Result:

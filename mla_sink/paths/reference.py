@@ -6,24 +6,16 @@ from typing import Any
 
 import torch
 
-from mla_sink.core.dtypes import DS_MLA_KEYS, out_dtype_for
+from mla_sink.core.dtypes import out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.reference import sparse_mla_decode_reference
-from mla_sink.core.validate import check_ds_mla_pointer
 
 
 def run_reference(plan: Any, x: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Compute the call in float64 and return ``(out, lse)``: ``out [T, H, 512]`` in the out dtype (q's
     dtype; bf16 for fp8 q; ``x.out``'s dtype when given, written in place), ``lse`` fp32 ``[T, H]``
-    natural log, sink excluded, ``-inf`` on rows with no valid id.
-
-    Raises:
-        ValueError: an ``fp8_ds_mla`` ``kv_cache`` whose data pointer is not a multiple of 4 bytes, checked per call
-            as the Triton launcher does (a data pointer is not part of the call signature the runner was prepared
-            for; a misaligned view read its float32 scales shifted, as NaN: a break test, forty-fourth session).
-    """
-    if plan.spec.kv_dtype in DS_MLA_KEYS:
-        check_ds_mla_pointer(x.kv_cache)
+    natural log, sink excluded, ``-inf`` on rows with no valid id (an ``fp8_ds_mla`` ``kv_cache``'s pointer is
+    checked per call by :func:`mla_sink.paths.prepare_runner`)."""
     out_dtype = x.out.dtype if x.out is not None else out_dtype_for(plan.spec.q_dtype)
     out, lse = sparse_mla_decode_reference(
         x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale,

@@ -40,7 +40,7 @@ from mla_sink.core.dtypes import (DS_MLA_KEYS, DTYPE_KEYS, FNUZ_KEYS, FP8_KEYS, 
                                   out_dtype_for)
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.records import D_QK, D_V, MAX_ROWS
-from mla_sink.core.validate import check_ds_mla_pointer, check_merge_buffers
+from mla_sink.core.validate import check_merge_buffers
 from mla_sink.kernels.triton.combine import combine_launch_args
 from mla_sink.kernels.triton.math import LOG2E as _LOG2E
 from mla_sink.paths.triton.plan import (MAX_GRID_TOKENS, MIN_BLOCK_H, POINTER_ALIGN, PORTABLE, all_heads_block,
@@ -368,8 +368,6 @@ def _portable_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, devi
     q_bits, kv_bits = constexprs["Q_FNUZ"], constexprs["KV_FNUZ"]
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
-        if ds:
-            check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         q = x.q.contiguous() if copy_q else x.q
         kv_cache = x.kv_cache.view(torch.uint8) if kv_bits else x.kv_cache
         indices = x.indices.contiguous() if copy_idx else x.indices
@@ -504,7 +502,6 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     split = splits > 1
     kv_dtype = plan.spec.kv_dtype
     kv_fp8 = kv_dtype in FP8_KEYS or kv_dtype in DS_MLA_KEYS  # read as bytes
-    ds = kv_dtype in DS_MLA_KEYS  # the rows' float32 scales are read in place: their pointer is checked per call
     out_strides = (H * D_V, D_V) if x.out is None else (x.out.stride(0), x.out.stride(1))
     grid, static, constexprs, options = seesaw_launch_args(
         x.q, x.kv_cache.view(torch.uint8) if kv_fp8 else x.kv_cache, x.indices, num_kv_splits=splits,
@@ -528,8 +525,6 @@ def _seesaw_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, device
     unaligned: list = []  # the portable runner, made on the first call with a misaligned pointer
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
-        if ds:
-            check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         topk_length = _contiguous_topk_length(x)
         align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out, lse)
         if align is not True:
@@ -583,8 +578,6 @@ def _gluon_fp8_runner(plan, launch, x: DecodeInputs, out_dtype: torch.dtype, dev
     errors = _compile_errors()
 
     def run(x: DecodeInputs, lse: Optional[torch.Tensor] = None) -> Result:
-        if ds:
-            check_ds_mla_pointer(x.kv_cache)  # per call: the float32 scales are read in place
         topk_length = _contiguous_topk_length(x)
         align = alignment_key(x.q, x.kv_cache, x.indices, x.sinks, topk_length, x.out, lse)
         out, lse, part_out, part_lse = _call_buffers(x, lse, splits, out_dtype)
@@ -732,7 +725,8 @@ def sparse_mla_decode_triton(
 
     Raises:
         ValueError: ``num_kv_splits`` given and not a positive int, ``kernel`` neither None nor ``'portable'``.
-            Tensors are not validated here (:mod:`mla_sink.core.validate` does that for the public entry points).
+            Tensors are not validated here (:mod:`mla_sink.core.validate` does that for the public entry points),
+            except what :func:`mla_sink.paths.prepare_runner` checks per call (an ``fp8_ds_mla`` pointer).
     """
     import attrs
 
@@ -754,7 +748,9 @@ def sparse_mla_decode_triton(
     x = DecodeInputs(q=q, kv_cache=kv_cache, indices=indices,
                      sm_scale=D_QK ** -0.5 if sm_scale is None else float(sm_scale), sinks=sinks,
                      topk_length=topk_length, q_scale=q_scale, kv_scale=kv_scale, out=out, logit_cap=logit_cap)
-    return prepare_triton(plan, x)(x, lse)
+    from mla_sink.paths import prepare_runner  # with the per-call checks every entry point's runner makes
+
+    return prepare_runner(plan, x)(x, lse)
 
 
 def _merge_tile(tile, num_heads: int) -> tuple[int, int]:
