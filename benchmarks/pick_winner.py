@@ -37,7 +37,7 @@ def _keeps_bars(us: dict, base: dict) -> bool:
 def main(path: str, *variants: str) -> None:
     report = json.load(open(path))
     trees = dict(v.split("=", 1) for v in variants)
-    names = [v.split("=", 1)[0] for v in variants]
+    names = list(trees)  # in the command's order (the baseline first)
     base_name = names[0]
     base = report["us"].get(base_name)
     if base is None or TARGET not in base:
