@@ -141,22 +141,6 @@ class RuleTable:
             out[name] = value
         return out
 
-    def row_failures(self, row: Row, values: Mapping[str, Any]) -> tuple:
-        """Return all failures of ``row`` for ``values``, path requirements included.
-
-        Args:
-            row: A row of this table.
-            values: Checked values (see ``check_values``).
-
-        Returns:
-            A tuple of ``Failure`` (empty when the row matches): the row's own
-            conditions first, then its path's ``requires``.
-        """
-        fails = failures(row.when, values)
-        if row.path is not None and row.path in self.paths:
-            fails += failures(self.paths[row.path].requires, values)
-        return fails
-
     def row_params(self, row: Row) -> dict:
         """Return the parameters a winning ``row`` passes on: its path's defaults, then its own.
 

@@ -22,7 +22,8 @@ from mla_sink.core.describe import spec_for_tensors, spec_of
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
-from mla_sink.core.records import D_QK, CallSpec, Platform, check_platform, check_spec
+from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
+from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, check_platform, check_spec
 from mla_sink.core.trace import has_no_data, tracing
 from mla_sink.core.validate import (
     FP32_SCALE_MAX,
@@ -110,18 +111,20 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_
             process group of ``dcp_world_size`` ranks this rank belongs to, or ``num_kv_rows`` not an
             int >= 1.
     """
-    if dcp_layout not in ("interleaved", "contiguous"):
-        raise ValueError(f"'dcp_layout' must be in ('interleaved', 'contiguous') (got {dcp_layout!r})")
+    from mla_sink.core.dcp import LAYOUTS, group_size_rank
+
+    if dcp_layout not in LAYOUTS:
+        raise ValueError(f"'dcp_layout' must be in {LAYOUTS} (got {dcp_layout!r})")
     if dcp_world_size == 1:
-        if dcp_group is not None or num_kv_rows is not None:
-            raise ValueError("'dcp_group' / 'num_kv_rows' given but dcp_world_size == 1")
+        for name, given in (("dcp_group", dcp_group), ("num_kv_rows", num_kv_rows)):
+            if given is not None:
+                raise ValueError(f"'{name}' must be None when dcp_world_size == 1, the call being on one rank's whole "
+                                 f"pool (got {given!r}); pass dcp_world_size=W for a pool sharded over W ranks")
         return
     if dcp_group is None:
         raise ValueError(f"'dcp_group' is required when dcp_world_size={dcp_world_size}")
     if isinstance(num_kv_rows, bool) or not isinstance(num_kv_rows, int) or num_kv_rows < 1:
         raise ValueError(f"'num_kv_rows' (the global pool size N) must be an int >= 1 with DCP (got {num_kv_rows!r})")
-    from mla_sink.core.dcp import group_size_rank
-
     size, _ = group_size_rank(dcp_group, "dcp_group", none_allowed=False)
     if size != dcp_world_size:
         raise ValueError(f"'dcp_group' has {size} ranks but dcp_world_size={dcp_world_size}")
@@ -488,7 +491,9 @@ def _platform_of(x: DecodeInputs, platform: Optional[Platform]) -> Platform:
 def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
     """DCP: validate, plan and prepare the rank-local decode on the first call of a signature (with these DCP
     arguments; later ones reuse it, as :func:`execute` does), then run this rank's shard and merge over the group
-    (collectives: eager only). The merge checks each call's shard and ids itself, before any collective."""
+    (collectives: eager only). The merge checks each call's shard and ids itself, before any collective. Tensors
+    without data (meta, fake: shape inference) are checked as a first call's and get outputs without data of the
+    merged shapes, with no kernel and no collective (:func:`_dcp_shapes`)."""
     if tracing():
         return _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
     from mla_sink.core.dcp_run import local_decode_fp32, run_dcp
@@ -507,12 +512,23 @@ def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Res
                      kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
         check_spec_matches(spec, x)
         check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
+        if has_no_data(x.q):  # a DCP layer's or run()'s shape inference (a break test, forty-sixth session: it
+            # prepared the Triton runner for meta tensors, which asked the CUDA runtime for a device)
+            return _dcp_shapes(x)
         spec = spec_for_tensors(spec, x)  # the stride facts are the tensors' (tensor_facts)
         local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0], path=path))
         if key is not None:
             _keep_prepared(_PREPARED_DCP, key, local)
     return run_dcp(local, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows,
                    dcp_world_size=spec.dcp_world_size)
+
+
+def _dcp_shapes(x: DecodeInputs) -> Result:
+    """The outputs of a checked DCP call on tensors without data: ``out`` ``[T, H, 512]`` in the output dtype
+    (``x.out`` when given) and fp32 ``lse`` ``[T, H]``, both without data like q (meta, or fake in q's mode)."""
+    T, H = x.q.shape[0], x.q.shape[1]
+    out = x.out if x.out is not None else x.q.new_empty((T, H, D_V), dtype=out_dtype_for(DTYPE_KEYS[x.q.dtype]))
+    return out, x.q.new_empty((T, H), dtype=torch.float32)
 
 
 def _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
@@ -535,7 +551,8 @@ def _traced(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, platform:
     (the exact GPU arch needs a device query, left to eager calls). Meta tensors (shape inference: no kernel runs)
     match any platform, so a layer built for a device also infers shapes on meta."""
     if platform is not None and x.q.device.type != "meta" and (platform.arch == "cpu") != (x.q.device.type == "cpu"):
-        raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device}")
+        raise ValueError(f"'platform' describes arch {platform.arch!r} but the tensors are on {x.q.device}: pass the "
+                         f"platform of the tensors' device (mla_sink.core.platform.detect_platform), or None")
     if x.out is not None and torch.is_grad_enabled():  # the out operator mutates: PyTorch takes no autograd formula
         # for it, so the out-of-place operator's refusal (mla_sink.ops) is made here, while tracing
         grads = grad_inputs(x.q, x.kv_cache, x.sinks, x.q_scale, x.kv_scale)

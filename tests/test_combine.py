@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mla_sink.core.dcp import _stack_view
-from mla_sink.paths.triton.launch import combine_states_triton
+from mla_sink.paths.triton.merge import combine_states_triton
 from mla_sink.core.lse import apply_sink, merge_states
 
 pytestmark = pytest.mark.interpreter
@@ -44,7 +44,7 @@ def test_combine_matches_merge_then_sink(R, T, H, tile):
 def test_merge_beyond_the_grid_token_limit_runs_in_token_ranges(monkeypatch):
     """More tokens than the grid's y dimension holds (65535 on CUDA; lowered to 2 here): the merge runs per
     token range (2 + 2 + 1) and equals one launch over all five tokens, bit for bit."""
-    import mla_sink.paths.triton.launch as launch_mod
+    import mla_sink.paths.triton.merge as merge_mod
 
     R, T, H = 3, 5, 17
     g = torch.Generator().manual_seed(5)
@@ -53,11 +53,15 @@ def test_merge_beyond_the_grid_token_limit_runs_in_token_ranges(monkeypatch):
     lses[1, 2, :] = -math.inf
     sinks = torch.linspace(-3, 3, H)
     results = []
+    real, launches = merge_mod._merge_launch, []  # each launch's grid, (head blocks, tokens, column blocks)
+    monkeypatch.setattr(merge_mod, "_merge_launch", lambda *a: launches.append(a[1]) or real(*a))
     for limit in (None, 2):
         if limit is not None:
-            monkeypatch.setattr(launch_mod, "MAX_GRID_TOKENS", limit)
+            monkeypatch.setattr(merge_mod, "MAX_GRID_TOKENS", limit)
         out, lse = torch.full((T, H, 512), float("nan")), torch.full((T, H), float("nan"))
+        launches.clear()
         combine_states_triton(parts, lses, sinks, out=out, lse=lse)
+        assert [grid[1] for grid in launches] == ([T] if limit is None else [2, 2, 1])
         results.append((out, lse))
     torch.testing.assert_close(results[1][0], results[0][0], atol=0, rtol=0)
     torch.testing.assert_close(results[1][1], results[0][1], atol=0, rtol=0)

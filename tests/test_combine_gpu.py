@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from mla_sink.paths.triton.launch import combine_states_triton
+from mla_sink.paths.triton.merge import combine_states_triton
 from mla_sink.core.lse import apply_sink, merge_states
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

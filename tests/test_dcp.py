@@ -304,6 +304,35 @@ def _repeated_layer_calls(rank: int, w: int) -> dict:
     return dict(counts=counts, same=same, out=outs[0][0], lse=outs[0][1], q=q, kv=kv, idx=idx)
 
 
+def _shape_inference_calls(rank: int, w: int) -> dict:
+    """A DCP layer (the table's path and the reference) and run() on meta tensors: the outputs' shapes, dtypes and
+    devices, with no kernel and no collective (a break test, forty-sixth session: the Triton path prepared a runner
+    for meta tensors and asked the CUDA runtime for a device); a meta shard of the wrong dtype is refused by name."""
+    from mla_sink import CallSpec, SparseMLADecode, run
+
+    T, H, topk, n = 2, 3, 8, 40
+    meta = dict(device="meta")
+    q, shard = torch.empty(T, H, 576, dtype=torch.bfloat16, **meta), torch.empty(n // w, 576, dtype=torch.bfloat16, **meta)
+    idx = torch.empty(T, topk, dtype=torch.int32, **meta)
+    got = {}
+    for path in (None, "reference"):
+        layer = SparseMLADecode(num_heads=H, q_dtype="bf16", kv_dtype="bf16", topk=topk, sinks=torch.zeros(H),
+                                dcp_world_size=w, dcp_group=dist.group.WORLD, num_kv_rows=n, path=path)
+        out, lse = layer(q, shard, idx)
+        got[f"layer-{path}"] = (tuple(out.shape), out.dtype, out.device.type, tuple(lse.shape), lse.dtype)
+    spec = CallSpec(q_dtype="fp8_e4m3", kv_dtype="fp8_e4m3", num_heads=H, topk=topk, dcp_world_size=w)
+    fp8 = dict(q=q.to(torch.float8_e4m3fn), kv_cache=shard.to(torch.float8_e4m3fn), indices=idx,
+               q_scale=torch.ones(1, **meta), kv_scale=torch.ones(1, **meta))
+    out, lse = run(spec, fp8, dcp_group=dist.group.WORLD, num_kv_rows=n)
+    got["run-fp8"] = (tuple(out.shape), out.dtype, out.device.type, tuple(lse.shape), lse.dtype)
+    try:
+        run(spec, dict(fp8, kv_cache=shard), dcp_group=dist.group.WORLD, num_kv_rows=n)
+        got["refused"] = None
+    except ValueError as e:
+        got["refused"] = str(e)
+    return got
+
+
 def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -> None:
     try:
         torch.set_num_threads(1)
@@ -337,6 +366,7 @@ def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -
         results.update(_public_run_calls(rank, w))
         results["cancel"] = _cancelling_partials_calls(rank, w)
         results["repeated"] = _repeated_layer_calls(rank, w)
+        results["shapes"] = _shape_inference_calls(rank, w)
         errors = _validation_calls(rank, w)
         dist.barrier()  # the group is still in step: no failed call entered a collective
         torch.save(dict(results=results, errors=errors), os.path.join(out_dir, f"rank{rank}.pt"))
@@ -437,6 +467,17 @@ def test_repeated_dcp_layer_calls_prepare_once(groups, w):
         finite = torch.isfinite(ref_lse)
         assert torch.equal(finite, torch.isfinite(r["lse"]))
         torch.testing.assert_close(r["lse"][finite].double(), ref_lse[finite].double(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
+def test_dcp_calls_on_meta_tensors_infer_shapes(groups, w):
+    """A DCP call on meta tensors gives meta outputs of the merged shapes on every path, as calls without DCP do
+    (:func:`_shape_inference_calls`), and checks the tensors as a first call would."""
+    for g in groups[w]["ranks"]:
+        got = g["results"]["shapes"]
+        for name in ("layer-None", "layer-reference", "run-fp8"):
+            assert got[name] == ((2, 3, 512), torch.bfloat16, "meta", (2, 3), torch.float32), (name, got[name])
+        assert got["refused"] is not None and "kv_cache" in got["refused"], got["refused"]
 
 
 @pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")

@@ -3,7 +3,6 @@ shape inference on fake and meta tensors, and the Gluon compile-failure fallback
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

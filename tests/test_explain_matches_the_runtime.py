@@ -36,7 +36,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mla_sink import api
-from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, FP8_KEYS, TORCH_DTYPES
+from mla_sink.core.dtypes import FP8_KEYS, TORCH_DTYPES, allowed_dtype_pairs
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.platform import _triton_available
 from mla_sink.core.records import CallSpec, Platform, call_key
@@ -48,7 +48,7 @@ from mla_sink.tools.cli import MATRIX_DTYPES, MATRIX_HEADS, _ABBREV, main, matri
 from mla_sink.tools.explain import KERNEL_FILES
 
 ARCHS = ("sm80", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx90a", "cpu")
-PAIRS = tuple(sorted(ALLOWED_DTYPE_PAIRS))
+PAIRS = tuple(sorted(allowed_dtype_pairs()))
 HEADS = (1, 2, 3, 5, 7, 8, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65, 100, 127, 128, 129, 256)
 TOKENS = (0, 1, 2, 3, 4, 7, 8, 9, 64, 256, 4096, MAX_GRID_TOKENS, MAX_GRID_TOKENS + 1, 140000)
 TOPKS = (1, 15, 16, 37, 63, 64, 65, 128, 1000, 2047, 2048, 2049)

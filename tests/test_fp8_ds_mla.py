@@ -14,7 +14,7 @@ import torch
 
 import mla_sink
 from mla_sink.core import kv_layout
-from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, kv_dtype_key
+from mla_sink.core.dtypes import allowed_dtype_pairs, kv_dtype_key
 from mla_sink.core.kv_layout import dequantize_kv_cache, quantize_kv_cache
 from mla_sink.core.records import CallSpec
 
@@ -46,7 +46,7 @@ def write_row(codes, scales, rope) -> bytes:
 # ---- the dtype key -------------------------------------------------------------------------------
 
 def test_dtype_key_and_pairs():
-    assert ("bf16", "fp8_ds_mla") in ALLOWED_DTYPE_PAIRS and ("fp16", "fp8_ds_mla") in ALLOWED_DTYPE_PAIRS
+    assert ("bf16", "fp8_ds_mla") in allowed_dtype_pairs() and ("fp16", "fp8_ds_mla") in allowed_dtype_pairs()
     spec = CallSpec(q_dtype="bf16", kv_dtype="fp8_ds_mla", num_heads=16, topk=64)
     assert str(spec) == "bf16+kv_fp8_ds_mla-h16-nosinks-dcp1"
     CallSpec(q_dtype="fp16", kv_dtype="fp8_ds_mla", num_heads=16, topk=64)

@@ -15,7 +15,8 @@ import torch
 from mla_sink import quantize_kv_cache, sparse_mla_decode
 from mla_sink.core.lse import apply_sink, merge_states
 from mla_sink.core.reference import sparse_mla_decode_reference as ref
-from mla_sink.paths.triton.launch import MAX_GRID_TOKENS, combine_states_triton, sparse_mla_decode_triton
+from mla_sink.paths.triton.launch import MAX_GRID_TOKENS, sparse_mla_decode_triton
+from mla_sink.paths.triton.merge import combine_states_triton
 from mla_sink.paths.triton.plan import token_ranges
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mla_sink import CallSpec, DecodeInputs, Platform, SparseMLADecode, prepare, run, sparse_mla_decode
-from mla_sink.core.plan import LaunchPlan, build_plan
+from mla_sink.core.plan import build_plan
 from mla_sink.core.reference import sparse_mla_decode_reference as ref
 from mla_sink.paths.aiter import AiterWorkspace, launch_aiter
 from mla_sink.paths.triton.launch import sparse_mla_decode_triton, triton_plan_for

@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
-from mla_sink.core.lse import apply_sink, merge_states, sink_applied
+from mla_sink.core.lse import merge_states, sink_applied
 from mla_sink.core.records import D_V
 from mla_sink.core.validate import check_out_writable, check_sinks, overlaps_itself
 
@@ -505,7 +505,7 @@ def _fused_merge(outs, lses, sinks, out_dtype, out):
     if out is not None and out.numel() and out.stride(-1) != 1:
         return None
     try:
-        from mla_sink.paths.triton.launch import combine_states_triton
+        from mla_sink.paths.triton.merge import combine_states_triton
     except ImportError:
         return None
     part_out = _stack_view(outs)

@@ -21,8 +21,8 @@ def tensor_facts(x: DecodeInputs, *, dcp: bool = False) -> dict:
     ``kv_rows_packed`` (:func:`mla_sink.core.kv_layout.rows_packed` of ``x.kv_cache``), ``gather_aligned``
     (:func:`mla_sink.paths.triton.plan.gather_strides_aligned`: q's, kv_cache's and indices' gather strides are
     multiples of the tuning table's stride multiple) and ``unit_rows``
-    (:func:`mla_sink.paths.triton.plan.rows_unit_stride`). ``x`` is checked
-    (:func:`mla_sink.core.validate.check_inputs`).
+    (:func:`mla_sink.paths.triton.plan.rows_unit_stride`). ``x`` must already be checked
+    (:func:`mla_sink.core.validate.check_inputs`): this reads strides and checks nothing.
 
     Args:
         x: the call's tensors.
@@ -44,7 +44,19 @@ def tensor_facts(x: DecodeInputs, *, dcp: bool = False) -> dict:
 
 def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> CallSpec:
     """The :class:`CallSpec` of tensors already checked by :func:`mla_sink.core.validate.check_inputs` (the stride
-    facts from :func:`tensor_facts`)."""
+    facts from :func:`tensor_facts`).
+
+    Args:
+        x: the call's tensors: q ``[T, H, 576]``, kv_cache ``[N, 576]`` (or the uint8 ``fp8_ds_mla`` rows
+            ``[N, 656]`` / ``[num_blocks, block_size, 656]``), indices int32 ``[T, topk]``, optional sinks fp32 ``[H]``.
+        need_lse: the call needs an LSE (it has sinks, is a DCP call or asks for one).
+        dcp_world_size: ranks of the DCP group (1: no DCP).
+
+    Raises:
+        ValueError: a field :class:`CallSpec` refuses (e.g. a dtype pair that ``tables/call_dtypes.yaml`` does not
+            serve, a ``logit_cap`` out of range); dispatch.TableError / dispatch.TableCheckError as
+            :func:`tensor_facts`.
+    """
     return CallSpec(q_dtype=dtype_key(x.q.dtype), kv_dtype=kv_dtype_key(x.kv_cache), num_heads=x.q.shape[1],
                     topk=x.indices.shape[1], sinks=x.sinks is not None, dcp_world_size=dcp_world_size,
                     need_lse=need_lse, logit_cap=x.logit_cap, **tensor_facts(x, dcp=dcp_world_size > 1))
@@ -54,7 +66,11 @@ def spec_for_tensors(spec: CallSpec, x: DecodeInputs) -> CallSpec:
     """``spec`` with the facts only the call's tensors know taken from them (:func:`tensor_facts`:
     ``kv_rows_packed``, ``gather_aligned``, ``unit_rows``). A spec built without tensors (the layer's,
     :func:`mla_sink.run`'s) assumes packed rows and aligned, unit-stride gathers; the call is planned for the
-    tensors it is given. ``x`` is checked (:func:`mla_sink.core.validate.check_inputs`)."""
+    tensors it is given. ``x`` must already be checked (:func:`mla_sink.core.validate.check_inputs`).
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: as :func:`tensor_facts`.
+    """
     facts = tensor_facts(x, dcp=spec.dcp_world_size > 1)
     if all(getattr(spec, k) == v for k, v in facts.items()):
         return spec

@@ -9,6 +9,9 @@ their last dimension (:mod:`mla_sink.core.kv_layout`).
 
 from __future__ import annotations
 
+import functools
+from typing import Optional
+
 import torch
 
 from mla_sink.core import kv_layout
@@ -40,24 +43,81 @@ FNUZ_KEYS: frozenset[str] = frozenset({"fp8_e4m3fnuz"})
 #: dtypes whose every value an fp16 tile holds exactly (bf16's exponent range does not fit).
 FP16_EXACT_KEYS: frozenset[str] = frozenset({"fp16"}) | FP8_KEYS
 
-#: Allowed (q dtype, kv dtype) pairs. fp8 q needs KV of the same fp8 format; the fp8_ds_mla layout
-#: takes a half q (bf16 or fp16) only.
-ALLOWED_DTYPE_PAIRS: frozenset[tuple[str, str]] = frozenset(
-    {("bf16", "bf16"), ("fp16", "fp16")}
-    | {(q, kv) for q in HALF_KEYS for kv in FP8_KEYS}
-    | {(f, f) for f in FP8_KEYS}
-    | {(q, kv) for q in HALF_KEYS for kv in DS_MLA_KEYS}
-)
+def call_dtype_pairs() -> dict[tuple[str, str], tuple[Optional[str], str]]:
+    """Every ``(q dtype key, kv dtype key)`` pair -> ``(out dtype key or None, reason)``: the output's dtype key where
+    mla-sink serves the pair (``reason`` empty), ``None`` and the refusal's text where it does not. The rows are
+    ``tables/call_dtypes.yaml``'s, read once per process (:func:`_call_dtypes`).
+
+    Raises:
+        dispatch.TableError / dispatch.TableCheckError: the shipped table is malformed, has a gap or a shadowed row,
+            declares domains other than :data:`DTYPE_KEYS`' and :data:`KV_DTYPE_KEYS`' keys, or serves a pair without a
+            known ``out_dtype``.
+    """
+    return _call_dtypes()[0]
+
+
+def allowed_dtype_pairs() -> frozenset[tuple[str, str]]:
+    """The ``(q dtype key, kv dtype key)`` pairs mla-sink serves (``tables/call_dtypes.yaml``), e.g.
+    ``('bf16', 'fp8_ds_mla')``. Raises as :func:`call_dtype_pairs`."""
+    return _call_dtypes()[1]
+
+
+@functools.lru_cache(maxsize=None)
+def call_dtypes_table():
+    """``tables/call_dtypes.yaml`` loaded, proven by the rule-table checker and checked for what this module reads:
+    its domains are the dtype keys, and each served row's ``out_dtype`` is ``q`` or a half key. Raises as
+    :func:`call_dtype_pairs`."""
+    from mla_sink.core.tables import load_checked_table
+
+    return load_checked_table("call_dtypes", _check_call_dtypes, paths=("served",))
+
+
+def _check_call_dtypes(table) -> None:
+    from mla_sink.dispatch import TableError
+
+    for name, keys in (("q_dtype", set(DTYPE_KEYS.values())), ("kv_dtype", set(KV_DTYPE_KEYS))):
+        field = table.fields.get(name)
+        if field is None or set(field.domain) != keys:
+            raise TableError(f"{table.source_file}: field {name!r} must have the domain {sorted(keys)} (the dtype "
+                             f"keys mla-sink knows; got {None if field is None else list(field.domain)})")
+    for row in table.rows:
+        if not row.is_refusal:
+            out = {**table.paths[row.path].params, **row.params}.get("out_dtype")
+            if out != "q" and out not in HALF_KEYS:
+                raise TableError(f"{table.source_file}:{row.line}: row {row.id!r} must give out_dtype 'q' or one of "
+                                 f"{sorted(HALF_KEYS)} (got {out!r})")
+
+
+@functools.lru_cache(maxsize=None)
+def _call_dtypes() -> tuple:
+    """``(pairs, allowed, out_by_q)``: :func:`call_dtype_pairs`, :func:`allowed_dtype_pairs` and q's dtype key -> the
+    output's (:func:`out_dtype_for`), built once from the table's rows."""
+    table = call_dtypes_table()
+    pairs: dict = {}
+    out_by_q: dict = {}
+    for q in DTYPE_KEYS.values():
+        for kv in KV_DTYPE_KEYS:
+            sel = table.select({"q_dtype": q, "kv_dtype": kv})
+            out = None if sel.refused else sel.params["out_dtype"]
+            out = q if out == "q" else out
+            pairs[(q, kv)] = (out, sel.reason if sel.refused else "")
+            if out is not None:
+                if out_by_q.setdefault(q, out) != out:  # out_dtype_for takes q's dtype alone
+                    from mla_sink.dispatch import TableError
+
+                    raise TableError(f"{table.source_file}: q {q} must have one out_dtype with every kv_cache dtype "
+                                     f"(got {out_by_q[q]} and {out})")
+    allowed = frozenset(pair for pair, (out, _) in pairs.items() if out is not None)
+    return pairs, allowed, out_by_q
 
 
 def pair_error(q_dtype: str, kv_dtype: str, what: str) -> str:
-    """The message refusing a (q dtype, kv dtype) pair outside :data:`ALLOWED_DTYPE_PAIRS`; ``what`` names
-    the pair as the caller wrote it (``"('q_dtype', 'kv_dtype')"``, ``"(q dtype, kv_cache dtype)"``)."""
-    hint = ""
-    if kv_dtype in DS_MLA_KEYS:
-        hint = (f"; a {kv_dtype} kv_cache takes q in {sorted(HALF_KEYS)} only (its tile scales live in the rows: "
-                "no fp8 q)")
-    return f"{what} must be one of {sorted(ALLOWED_DTYPE_PAIRS)} (got {(q_dtype, kv_dtype)!r}){hint}"
+    """The message refusing a (q dtype, kv dtype) pair that ``tables/call_dtypes.yaml`` does not serve: the served
+    pairs and the refusal row's text; ``what`` names the pair as the caller wrote it (``"('q_dtype', 'kv_dtype')"``,
+    ``"(q dtype, kv_cache dtype)"``)."""
+    reason = call_dtype_pairs().get((q_dtype, kv_dtype), (None, ""))[1]
+    return (f"{what} must be one of {sorted(allowed_dtype_pairs())} (got {(q_dtype, kv_dtype)!r})"
+            + (f"; {reason}" if reason else ""))
 
 
 def dtype_key(dtype: torch.dtype) -> str:
@@ -100,5 +160,10 @@ def kv_dtype_key(kv_cache: torch.Tensor) -> str:
 
 
 def out_dtype_for(q_dtype: str) -> torch.dtype:
-    """The dtype of ``out``: q's dtype for bf16/fp16 q, bf16 for fp8 q (as AITER writes it)."""
-    return torch.bfloat16 if q_dtype in FP8_KEYS else TORCH_DTYPES[q_dtype]
+    """The dtype of ``out`` for q of dtype key ``q_dtype`` on every path (``tables/call_dtypes.yaml``'s out_dtype:
+    q's dtype for bf16/fp16 q, bf16 for fp8 q, as AITER writes it).
+
+    Raises:
+        KeyError: ``q_dtype`` is not a dtype key (callers pass a checked one).
+    """
+    return TORCH_DTYPES[_call_dtypes()[2][q_dtype]]

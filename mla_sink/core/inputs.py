@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from mla_sink.core.kv_layout import num_rows
+
 
 class DecodeInputs(NamedTuple):
     """Tensors and scalars of one sparse MLA decode call (validated by :mod:`mla_sink.core.validate`).
@@ -65,17 +67,25 @@ class DecodeInputs(NamedTuple):
 
     @property
     def num_tokens(self) -> int:
+        """T: ``q.shape[0]``, the call's tokens (decode queries)."""
         return self.q.shape[0]
 
     @property
     def num_kv_rows(self) -> int:
         """N: ``kv_cache.shape[0]``, or ``num_blocks * block_size`` of a paged ``[num_blocks, block_size, 656]``."""
-        kv = self.kv_cache
-        return kv.shape[0] * kv.shape[1] if kv.dim() == 3 else kv.shape[0]
+        return num_rows(self.kv_cache)
 
     @property
     def device(self) -> torch.device:
+        """q's device, the one every tensor of a checked call is on."""
         return self.q.device
+
+    def token_slice(self, a: int, b: int) -> "DecodeInputs":
+        """Tokens ``a <= t < b`` of the call: its rows of ``q``, ``indices``, ``topk_length`` and ``out`` (views,
+        no copy); the pool, sinks and scales are shared by every token and kept."""
+        return self._replace(q=self.q[a:b], indices=self.indices[a:b],
+                             topk_length=None if self.topk_length is None else self.topk_length[a:b],
+                             out=None if self.out is None else self.out[a:b])
 
 
 def _tensor_meta(t: Optional[torch.Tensor]) -> Optional[tuple]:

@@ -177,14 +177,16 @@ def check_cache(kv_cache: Any) -> None:
 
 
 def cache_rows(kv_cache: torch.Tensor) -> torch.Tensor:
-    """The ``[N, 656]`` rows of an ``fp8_ds_mla`` pool (a view where the strides allow, else a copy);
-    row ``block * block_size + offset`` of a paged ``[num_blocks, block_size, 656]`` pool."""
+    """The uint8 ``[N, 656]`` rows of an ``fp8_ds_mla`` pool (a view where the strides allow, else a copy);
+    row ``block * block_size + offset`` of a paged ``[num_blocks, block_size, 656]`` pool. ``kv_cache`` must be a
+    checked pool (:func:`check_cache`); raises nothing of its own."""
     return kv_cache.reshape(-1, ROW_BYTES)
 
 
 def num_rows(kv_cache: torch.Tensor) -> int:
-    """N, the token rows of an ``fp8_ds_mla`` pool: ``shape[0]`` of ``[N, 656]``,
-    ``num_blocks * block_size`` of ``[num_blocks, block_size, 656]``."""
+    """N, the token rows of a pool: ``shape[0]`` of ``[N, D]`` (``D`` = 576, or the 656 bytes of an ``fp8_ds_mla``
+    row), ``num_blocks * block_size`` of a paged ``[num_blocks, block_size, 656]``. ``kv_cache`` must have 2 or 3
+    dimensions (the callers' checks)."""
     return kv_cache.shape[0] if kv_cache.dim() == 2 else kv_cache.shape[0] * kv_cache.shape[1]
 
 
@@ -233,13 +235,13 @@ def rows_packed(kv_cache: torch.Tensor) -> bool:
         ValueError: as :func:`row_addressing`.
     """
     block_size, stride = row_addressing(kv_cache)
-    rows = kv_cache.shape[0] if kv_cache.dim() == 2 else kv_cache.shape[0] * kv_cache.shape[1]
-    return rows <= 1 or (block_size == 1 and stride == kv_cache.shape[-1])
+    return num_rows(kv_cache) <= 1 or (block_size == 1 and stride == kv_cache.shape[-1])
 
 
 def gather_rows(kv_cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """uint8 ``[len(ids), 656]``: the rows ``ids`` (int64, each in ``[0, N)``) of a flat or paged pool,
-    without copying the pool (a paged pool with padded blocks is not one ``[N, 656]`` view)."""
+    without copying the pool (a paged pool with padded blocks is not one ``[N, 656]`` view). The ids must be in
+    range (the callers mask invalid ones first): PyTorch's ``IndexError`` otherwise."""
     if kv_cache.dim() == 2:
         return kv_cache[ids]
     block_size = kv_cache.shape[1]

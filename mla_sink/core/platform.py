@@ -147,13 +147,13 @@ def detect_platform(device: Any = None, *, tensor: Optional[str] = None) -> Plat
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"'device' must be a torch.device or a device name such as 'cpu' or 'cuda:0' "
+        raise ValueError(f"{where} a torch.device or a device name such as 'cpu' or 'cuda:0' "
                          f"(got {device!r})") from None
     if dev.type == "cpu":
         return _detect_cached("cpu")
     if dev.type != "cuda":
         raise ValueError(f"{where} a cpu or cuda (CUDA/ROCm) device (got {dev})")
     if not torch.cuda.is_available() or (dev.index is not None and dev.index >= torch.cuda.device_count()):
-        raise ValueError(f"'device' {dev} is not on this machine (CUDA/ROCm devices: "
-                         f"{torch.cuda.device_count() if torch.cuda.is_available() else 0})")
+        raise ValueError(f"{where} a device of this machine (got {dev}, which is not on this machine: its CUDA/ROCm "
+                         f"devices number {torch.cuda.device_count() if torch.cuda.is_available() else 0})")
     return _detect_cached(str(dev))

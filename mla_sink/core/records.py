@@ -16,7 +16,7 @@ from typing import Any, Optional
 import attrs
 from packaging.version import InvalidVersion, Version
 
-from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS, DTYPE_KEYS, KV_DTYPE_KEYS, pair_error
+from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS, allowed_dtype_pairs, pair_error
 from mla_sink.core.trace import brief
 
 D_QK = 576  #: 512 latent + 64 RoPE dims of a DeepSeek-style MLA query/key.
@@ -178,7 +178,7 @@ class CallSpec:
     def __attrs_post_init__(self) -> None:
         if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:
             object.__setattr__(self, "need_lse", True)  # implied: the sink and the DCP merge go through the LSE
-        if (self.q_dtype, self.kv_dtype) not in ALLOWED_DTYPE_PAIRS:
+        if (self.q_dtype, self.kv_dtype) not in allowed_dtype_pairs():
             raise ValueError(pair_error(self.q_dtype, self.kv_dtype, "('q_dtype', 'kv_dtype')"))
 
     def key_parts(self) -> tuple[str, list[str]]:

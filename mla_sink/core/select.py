@@ -89,7 +89,8 @@ def check_mla_table(table: "dispatch.RuleTable") -> None:
 
 
 def platform_fields(platform: Platform) -> dict[str, Any]:
-    """The field values of the rule table that describe the machine (not the call), from the record."""
+    """The field values of ``tables/mla_decode.yaml`` that describe the machine (not the call), from the record:
+    ``arch``, ``cuda_arch``, ``aiter_version`` and ``triton``. Raises nothing (the record was checked when made)."""
     return {
         "arch": platform.arch,
         "cuda_arch": platform.cuda_arch,
@@ -119,7 +120,9 @@ def path_platform_failures(path: str, platform: Platform) -> tuple:
 
 
 def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
-    """The field values the rule table matches on, from the two records."""
+    """The field values ``tables/mla_decode.yaml`` matches on, from the two records (:func:`platform_fields` and the
+    call's dtypes, heads, LSE need, logit cap and row packing), plus ``sinks``, ``dcp_world_size`` and ``topk``, which
+    no row matches and ``explain`` shows. Raises nothing (the records were checked when made)."""
     return {
         **platform_fields(platform),
         "q_dtype": spec.q_dtype,

@@ -17,10 +17,10 @@ import torch
 
 from mla_sink.core import kv_layout
 from mla_sink.core.dtypes import (
-    ALLOWED_DTYPE_PAIRS,
     DS_MLA_KEYS,
     DTYPE_KEYS,
     FP8_KEYS,
+    allowed_dtype_pairs,
     kv_dtype_key,
     out_dtype_for,
     pair_error,
@@ -213,7 +213,7 @@ MERGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
-    """Validate the tensors of the fused DCP merge (:func:`mla_sink.paths.triton.launch.combine_states_triton`)
+    """Validate the tensors of the fused DCP merge (:func:`mla_sink.paths.triton.merge.combine_states_triton`)
     before its kernel runs: ``part_out`` ``[R, T, H, 512]`` fp32 / bf16 / fp16 with innermost stride 1,
     ``part_lse`` floating ``[R, T, H]``, ``sinks`` as :func:`check_sinks` (``[H]`` fp32, contiguous), ``out``
     ``[T, H, 512]`` fp32 / bf16 / fp16 with innermost stride 1, ``lse`` fp32 ``[T, H]``, all on ``part_out``'s
@@ -448,7 +448,7 @@ def check_inputs(
     if indices.shape[0] != T:
         raise ValueError(f"'indices' must have T={shown(T)} rows like q (got {shown(indices.shape[0])})")
     pair = (_dt(q), kv_key)
-    if pair not in ALLOWED_DTYPE_PAIRS:
+    if pair not in allowed_dtype_pairs():
         raise ValueError(pair_error(*pair, "(q dtype, kv_cache dtype)"))
     device = q.device
     if device.type not in ("cpu", "cuda") and not (allow_meta and device.type == "meta"):
@@ -511,10 +511,8 @@ def check_inputs(
         if out.requires_grad:
             raise ValueError("'out' must not require grad (the kernel writes it in place; pass a plain buffer)")
         check_out_writable(out)
-        for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
-                        ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale)):
-            if isinstance(t, torch.Tensor) and _memory_overlaps(out, t):
-                raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")
+        _check_out_shares_nothing(out, zip(_READ_BY_KERNELS, (q, kv_cache, indices, sinks, topk_length, q_scale,
+                                                              kv_scale)))
     if _has_memory(q):  # a kernel will read (and write) every tensor of the call: none may lack data
         for name, t in (("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks), ("topk_length", topk_length),
                         ("q_scale", q_scale), ("kv_scale", kv_scale), ("out", out)):
@@ -546,7 +544,16 @@ def check_out_overlaps(x) -> None:
             indices, sinks, topk_length or a scale.
     """
     check_out_writable(x.out)
-    for name in ("q", "kv_cache", "indices", "sinks", "topk_length", "q_scale", "kv_scale"):
-        t = getattr(x, name)
-        if isinstance(t, torch.Tensor) and _memory_overlaps(x.out, t):
+    _check_out_shares_nothing(x.out, ((name, getattr(x, name)) for name in _READ_BY_KERNELS))
+
+
+#: The tensors of a call that a kernel reads, by their argument names: ``out`` may share memory with none of them.
+_READ_BY_KERNELS = ("q", "kv_cache", "indices", "sinks", "topk_length", "q_scale", "kv_scale")
+
+
+def _check_out_shares_nothing(out: torch.Tensor, named) -> None:
+    """Raises ValueError when ``out`` shares memory with a tensor of ``named`` (``(argument name, tensor or None)``
+    pairs), naming it."""
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and _memory_overlaps(out, t):
             raise ValueError(f"'out' must not share memory with '{name}' (the kernel would read what it writes)")

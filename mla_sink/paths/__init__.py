@@ -82,7 +82,3 @@ def prepare_runner(plan: LaunchPlan, x: DecodeInputs) -> Runner:
 
     return checked
 
-
-def launch(plan: LaunchPlan, inputs: DecodeInputs) -> Result:
-    """Run ``plan`` once on ``inputs`` (already validated against ``plan.spec``): prepare and run."""
-    return prepare_runner(plan, inputs)(inputs)

@@ -334,13 +334,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def table_readers() -> tuple:
     """``(name, loader)`` of every shipped rule table: the function its reader loads it with (schema, the checker's
     proof of no gap and no shadowed row, then the reader's own checks of its params; each caches its table)."""
+    from mla_sink.core.dtypes import call_dtypes_table
     from mla_sink.core.platform import interpreter_table
     from mla_sink.core.select import mla_table
     from mla_sink.kernels.gluon.tuning import gluon_fp8_table, gluon_seesaw_table
     from mla_sink.paths.triton.plan import dcp_merge_table, tuning_table
     from mla_sink.tools.peers import peers_table
 
-    return (("mla_decode", mla_table), ("triton_tuning", tuning_table), ("gluon_fp8", gluon_fp8_table),
+    return (("call_dtypes", call_dtypes_table), ("mla_decode", mla_table), ("triton_tuning", tuning_table),
+            ("gluon_fp8", gluon_fp8_table),
             ("gluon_seesaw", gluon_seesaw_table), ("dcp_merge", dcp_merge_table), ("peers", peers_table),
             ("triton_interpreter", interpreter_table))
 
@@ -413,9 +415,9 @@ def _print_default_plan(platform: Platform) -> None:
 
 
 def _pairs():
-    from mla_sink.core.dtypes import ALLOWED_DTYPE_PAIRS
+    from mla_sink.core.dtypes import allowed_dtype_pairs
 
-    return ALLOWED_DTYPE_PAIRS
+    return allowed_dtype_pairs()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from mla_sink.core.records import COUNT_MAX, TOPK_MAX  # the largest counts a flag may give: int32, and topk's
+from mla_sink.core.records import COUNT_MAX  # the largest count a flag may give: int32's
 
 #: The seeds ``torch.Generator.manual_seed`` takes as unsigned 64-bit values.
 SEED_MAX = 2 ** 64 - 1

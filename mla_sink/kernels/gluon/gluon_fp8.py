@@ -1376,8 +1376,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
         raise ValueError(f"the gluon_fp8 kernel: a kv_dtype={kv_dtype!r} 'kv_cache' must be {want} (got shape "
                          f"{tuple(kv_cache.shape)})")
     ds = kv_dtype in DS_MLA_KEYS  # the rows carry their tile scales (and a bf16 RoPE)
-    paged = ds and kv_cache.dim() == 3
-    num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
+    num_rows = kv_layout.num_rows(kv_cache)
     # pages that follow each other without a gap are the flat pool they are (kv_layout.row_addressing)
     kv_block_size, stride_kv = kv_layout.row_addressing(kv_cache)
     scalars = dict(

@@ -483,8 +483,7 @@ def seesaw_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_spli
         if not v32:
             raise ValueError(f"the seesaw kernel reads only fp8_ds_mla rows exactly (got kv_dtype {kv_dtype!r})")
         kv_fmt = KV_DS_EXACT_FMT
-    paged = v32 and kv_cache.dim() == 3
-    num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if paged else 1)
+    num_rows = kv_layout.num_rows(kv_cache)
     # pages that follow each other without a gap are the flat pool they are (kv_layout.row_addressing)
     kv_block_size, stride_kv = kv_layout.row_addressing(kv_cache)
     scalars = dict(

@@ -361,7 +361,7 @@ def _chunked_runner(chunked: AiterChunkedCall, inputs: DecodeInputs, impl: Aiter
     for a, b in chunked.chunks:
         if b - a not in runners:
             call = workspace.resolve(chunked.call_of(b - a), inputs.device, impl)
-            runners[b - a] = _call_runner(call, _token_slice(inputs, a, b), impl, workspace)
+            runners[b - a] = _call_runner(call, inputs.token_slice(a, b), impl, workspace)
     shape = (chunked.num_tokens, chunked.num_heads)
     out_dtype = TORCH_DTYPES[chunked.out_dtype]
 
@@ -369,19 +369,12 @@ def _chunked_runner(chunked: AiterChunkedCall, inputs: DecodeInputs, impl: Aiter
         out = x.out if x.out is not None else torch.empty((*shape, D_V), dtype=out_dtype, device=x.q.device)
         lse = torch.empty(shape, dtype=torch.float32, device=x.q.device) if chunked.return_lse else None
         for a, b in chunked.chunks:
-            _, part = runners[b - a](_token_slice(x._replace(out=out), a, b))
+            _, part = runners[b - a](x._replace(out=out).token_slice(a, b))
             if lse is not None:
                 lse[a:b].copy_(part)
         return out, lse
 
     return run
-
-
-def _token_slice(x: DecodeInputs, a: int, b: int) -> DecodeInputs:
-    """Tokens ``a <= t < b`` of a call: its rows of ``q``, ``indices``, ``topk_length`` and ``out`` (views)."""
-    return x._replace(q=x.q[a:b], indices=x.indices[a:b],
-                      topk_length=None if x.topk_length is None else x.topk_length[a:b],
-                      out=None if x.out is None else x.out[a:b])
 
 
 def _empty_runner(call: AiterCall):
