@@ -323,14 +323,16 @@ def test_the_stride_facts_are_read_from_the_tensors_and_named_in_the_key():
 def test_a_forced_reference_is_the_same_answer_from_every_entry_point(arch, capsys):
     """``path='reference'`` is always honoured: plan_call runs it, and explain_call says so as ``mla-sink explain
     --path reference`` does (explain_call said "no row matched" while the call ran the reference: a break test,
-    forty-third session)."""
-    from mla_sink import explain_call, plan_call
+    forty-third session); select names it too (it answered "no row matched", forty-sixth session)."""
+    from mla_sink import explain_call, plan_call, select
     from mla_sink.core.select import FORCED_REFERENCE
     from mla_sink.tools.cli import main
 
     spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=2048)
     platform = Platform(arch, "0.1.20" if arch.startswith("gfx") else None, num_sms=1 if arch == "cpu" else 132)
     assert plan_call(spec, platform, path="reference").path == "reference"
+    sel = select(spec, platform, path="reference")
+    assert (sel.path, sel.refused, sel.row, dict(sel.params)) == ("reference", False, None, {})
     text = explain_call(spec, platform, path="reference")
     assert text.splitlines() == [call_key(spec, platform), FORCED_REFERENCE]
     argv = ["explain", "--arch", arch, "--heads", "16", "--path", "reference"]

@@ -158,9 +158,9 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
 
     Args:
         spec: the call (:class:`CallSpec`). platform: where it runs (:class:`Platform`).
-        path: force one path: only rows naming it are considered (for tests and engines that pin a path). No row
-            names ``'reference'``, so forcing it here gives a refused selection; :func:`plan_call` and
-            :func:`explain_call` honour it always (the reference runs anywhere).
+        path: force one path: only rows naming it are considered (for tests and engines that pin a path).
+            ``'reference'`` is always honoured, as :func:`plan_call` and :func:`explain_call` honour it (the reference
+            runs anywhere): the selection names it with no row and no params, no row consulted.
 
     Returns:
         The ``dispatch.Selection``: ``path`` (``None`` when refused), the winning ``row`` (``None`` when no row
@@ -172,6 +172,9 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
     """
     check_records(spec, platform)
     check_path(path)
+    if path == "reference":  # no row names it: the table alone would answer "no row matched" where plan_call runs it
+        return dispatch.Selection(table=mla_table().name, values=table_fields(spec, platform), row=None,
+                                  path="reference", params={}, refused=False, reason="")
     return mla_table().select(table_fields(spec, platform), only_paths=None if path is None else (path,))
 
 
