@@ -407,8 +407,10 @@ def check_inputs(
             which is given no scales).
         allow_empty_pool: accept ``N = 0`` (a DCP rank whose shard holds no rows).
         allow_meta: accept tensors on the ``meta`` device (no data: shape inference, e.g. the
-            operators' fake implementations, which return meta outputs of the right shapes). Entry
-            points that would launch a kernel on the tensors pass False.
+            operators' fake implementations, which return meta outputs of the right shapes). The entry points
+            accept them and send tensors without data to shape inference before any runner is prepared (the
+            operator; a DCP call's :func:`mla_sink.api._dcp_shapes`); :func:`mla_sink.core.describe.describe`,
+            whose spec precedes a launch, passes False.
 
     Devices: ``cpu`` and ``cuda`` (CUDA or ROCm), and ``meta`` where ``allow_meta``; every tensor on
     q's device.
