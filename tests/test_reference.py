@@ -304,3 +304,18 @@ def test_reference_refuses_calls_the_library_refuses(case, text):
         idx = idx.to(torch.complex64)
     with pytest.raises(ValueError, match=re.escape(text)):
         ref(q, kv, idx, **kwargs)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["bf16", "fp8_ds_mla-paged"])
+def test_fake_tensors_outside_their_mode_get_fake_outputs_of_the_call_shapes(paged):
+    """FakeTensors used after their ``FakeTensorMode`` was left: the reference enters it and infers the shapes (its
+    own zeros and ids were real tensors beside them: PyTorch's "Please convert all Tensors" AssertionError)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.randn(2, 3, 576, dtype=torch.bfloat16)
+        kv = torch.zeros(2, 64, 656, dtype=torch.uint8) if paged else torch.randn(16, 576, dtype=torch.bfloat16)
+        idx, sinks, length = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(3), torch.ones(2, dtype=torch.int32)
+    out, lse = ref(q, kv, idx, sinks, topk_length=length, out_dtype=torch.bfloat16)
+    assert isinstance(out, FakeTensor) and isinstance(lse, FakeTensor)
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((2, 3, 512), torch.bfloat16, (2, 3), torch.float32)

@@ -33,6 +33,7 @@ import torch
 
 from mla_sink.core import kv_layout, validate
 from mla_sink.core.lse import apply_sink
+from mla_sink.core.trace import idle_fake_mode
 
 
 def valid_mask(indices: torch.Tensor, num_rows: int, topk_length: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -196,9 +197,19 @@ def sparse_mla_decode_reference(
             The other dtypes are not checked: the reference computes in ``compute_dtype`` whatever it is given. A
             pool of no rows (``N = 0``, e.g. an empty DCP shard) is served: every id is then invalid.
 
+    FakeTensors (shape inference) are served inside their ``FakeTensorMode``, entered here when the caller is
+    outside it (its own zeros and ids would otherwise be real tensors beside them).
+
     Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
     """
+    mode = idle_fake_mode(q)
+    if mode is not None:  # (outside it, the first factory tensor met PyTorch's "Please convert all Tensors" AssertionError)
+        with mode:
+            return sparse_mla_decode_reference(q, kv_cache, indices, sinks, sm_scale, d_v=d_v, topk_length=topk_length,
+                                               q_scale=q_scale, kv_scale=kv_scale, logit_cap=logit_cap,
+                                               compute_dtype=compute_dtype, out_dtype=out_dtype,
+                                               chunk_bytes=chunk_bytes)
     _check_shapes(q, kv_cache, indices, sinks, topk_length)
     for name, x in (("q_scale", q_scale), ("kv_scale", kv_scale)):
         if isinstance(x, torch.Tensor):

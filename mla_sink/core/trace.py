@@ -51,6 +51,17 @@ def shown(value):
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 
 
+def idle_fake_mode(t: Any) -> Any:
+    """The ``FakeTensorMode`` of a FakeTensor ``t`` used outside any fake mode of this thread (where a factory call
+    such as ``torch.zeros`` makes a real tensor, which the FakeTensor's ops then refuse beside it), else ``None``
+    (a real or meta tensor, or a fake mode already active)."""
+    if type(t) is torch.Tensor or not isinstance(t, _FakeTensor):
+        return None
+    from torch._guards import active_fake_mode
+
+    return None if active_fake_mode() is not None else t.fake_mode
+
+
 def has_no_data(t: Any) -> bool:
     """Whether ``t`` has no data to compute on: a meta tensor, or a FakeTensor (``FakeTensorMode``
     outside ``torch.compile``). Decode calls on such tensors go through the operator, whose fake implementation
