@@ -261,7 +261,8 @@ def run(
         raise ValueError(f"'inputs.logit_cap'={x.logit_cap!r} disagrees with spec.logit_cap={spec.logit_cap!r}")
     x = x._replace(logit_cap=spec.logit_cap)  # <= 0 means no cap; the spec chose the path, its cap is the call's
     if spec.dcp_world_size > 1:
-        return _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
+        return execute_dcp(x, spec=spec, platform=platform, path=path, dcp_group=dcp_group, dcp_layout=dcp_layout,
+                           num_kv_rows=num_kv_rows)
     if dcp_group is not None or num_kv_rows is not None or dcp_layout != "interleaved":
         check_dcp_args(1, dcp_group, dcp_layout, num_kv_rows)
     return execute(x, spec=spec, need_lse=spec.need_lse, platform=platform, path=path)
@@ -374,7 +375,7 @@ _PREPARED: dict = {}
 #: signatures kept; the table is cleared beyond this (eager calls with ever new shapes)
 MAX_PREPARED = 4096
 _PREPARED_LOCK = threading.Lock()
-#: DCP calls prepared per signature and DCP arguments (:func:`_run_dcp`): their rank-local decode.
+#: DCP calls prepared per signature and DCP arguments (:func:`execute_dcp`): their rank-local decode.
 _PREPARED_DCP: dict = {}
 
 
@@ -488,8 +489,10 @@ def _platform_of(x: DecodeInputs, platform: Optional[Platform]) -> Platform:
     return platform
 
 
-def _run_dcp(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows) -> Result:
-    """DCP: validate, plan and prepare the rank-local decode on the first call of a signature (with these DCP
+def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform], path: Optional[str],
+                dcp_group: Any, dcp_layout: str, num_kv_rows: Optional[int]) -> Result:
+    """The DCP execute behind :func:`run` and a DCP layer (``spec.dcp_world_size > 1``; ``x``'s scalars already
+    checked and its ``logit_cap`` the spec's, as :func:`run` and the layer make them). DCP: validate, plan and prepare the rank-local decode on the first call of a signature (with these DCP
     arguments; later ones reuse it, as :func:`execute` does), then run this rank's shard and merge over the group
     (collectives: eager only). The merge checks each call's shard and ids itself, before any collective. Tensors
     without data (meta, fake: shape inference) are checked as a first call's and get outputs without data of the

@@ -15,7 +15,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import D_QK, CallSpec, Platform
-from mla_sink.api import Result, check_dcp_args, execute, has_no_data, prepare, run, without_data_like
+from mla_sink.api import Result, check_dcp_args, execute, execute_dcp, has_no_data, prepare, without_data_like
 from mla_sink.core.validate import call_scalars
 from mla_sink.core.trace import tracing
 
@@ -200,7 +200,7 @@ class SparseMLADecode:
         x = DecodeInputs(q, kv_cache, indices, self._sm_scale, sinks, topk_length, q_scale, kv_scale, out,
                          spec.logit_cap)
         if self._dcp is not None:
-            return run(spec, x, platform=self._platform, path=self._path, **self._dcp)
+            return execute_dcp(x, spec=spec, platform=self._platform, path=self._path, **self._dcp)
         return execute(x, spec=spec, need_lse=spec.need_lse, platform=self._platform, path=self._path)
 
     def __repr__(self) -> str:
