@@ -29,6 +29,7 @@ from mla_sink.core.validate import (
     FP32_SCALE_MAX,
     FP32_TINY,
     call_scalars,
+    check_call_kinds,
     check_inputs,
     check_out_overlaps,
     check_sinks,
@@ -436,6 +437,7 @@ def _execute_eager(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pl
     """:func:`execute` outside torch.compile's tracing: the prepared runner of the call's signature (prepared on
     its first call), or the operator for tensors without data (meta, fake)."""
     if has_no_data(x.q):
+        check_call_kinds(x)  # every tensor without data of q's kind, before the operator meets a mix
         return _traced(x, spec, need_lse, platform, path)
     try:
         key = (x.signature(), need_lse, spec, platform, path, torch.is_grad_enabled())
@@ -492,7 +494,8 @@ def _platform_of(x: DecodeInputs, platform: Optional[Platform]) -> Platform:
 def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform], path: Optional[str],
                 dcp_group: Any, dcp_layout: str, num_kv_rows: Optional[int]) -> Result:
     """The DCP execute behind :func:`run` and a DCP layer (``spec.dcp_world_size > 1``; ``x``'s scalars already
-    checked and its ``logit_cap`` the spec's, as :func:`run` and the layer make them). DCP: validate, plan and prepare the rank-local decode on the first call of a signature (with these DCP
+    checked and its ``logit_cap`` the spec's, as :func:`run` and the layer make them). DCP: validate, plan and
+    prepare the rank-local decode on the first call of a signature (with these DCP
     arguments; later ones reuse it, as :func:`execute` does), then run this rank's shard and merge over the group
     (collectives: eager only). The merge checks each call's shard and ids itself, before any collective. Tensors
     without data (meta, fake: shape inference) are checked as a first call's and get outputs without data of the
@@ -517,6 +520,10 @@ def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform]
         check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         if has_no_data(x.q):  # a DCP layer's or run()'s shape inference (a break test, forty-sixth session: it
             # prepared the Triton runner for meta tensors, which asked the CUDA runtime for a device)
+            from mla_sink.core.dcp import check_shard, group_size_rank
+
+            check_call_kinds(x)
+            check_shard(x, num_kv_rows, *group_size_rank(dcp_group, "dcp_group", none_allowed=False), dcp_layout)
             return _dcp_shapes(x)
         spec = spec_for_tensors(spec, x)  # the stride facts are the tensors' (tensor_facts)
         local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0], path=path))

@@ -973,6 +973,18 @@ ANY_GPU_PARAMS = "    params: {combine_block_h: 16, combine_block_d: 128}\n"
      r"peers.yaml:\d+: path 'bogus_path' is not one its reader serves \(call\)"),
     ("triton_interpreter", "paths:\n", "paths:\n  bogus_path:\n    description: x\n",
      r"triton_interpreter.yaml:\d+: path 'bogus_path' is not one its reader serves \(interpreter\)"),
+    # the dtype pairs' table (forty-sixth session's break test): an fp8 q writing its own dtype, one q with two
+    # output dtypes (which passed `tables` and then failed every call) and a misspelt param were accepted
+    ("call_dtypes", "    params: {out_dtype: bf16}\n", "    params: {out_dtype: q}\n",
+     r"call_dtypes.yaml:\d+: row 'fp8_q' must give out_dtype 'q' \(for a half q\) or one of \['bf16', 'fp16'\]"),
+    ("call_dtypes", "  - id: half_q\n", "  - {id: x, when: {q_dtype: fp16, kv_dtype: fp8_ds_mla}, path: served, "
+     "params: {out_dtype: bf16}, why: w, source: s}\n  - id: half_q\n",
+     r"call_dtypes.yaml:\d+: row '(x|half_q)' gives q fp16 the output (bf16|fp16), another row (fp16|bf16)"),
+    ("call_dtypes", "    params: {out_dtype: bf16}\n", "    params: {out_dtyp: bf16}\n",
+     r"call_dtypes.yaml:\d+: row 'fp8_q' gives \['out_dtyp'\]; its one param is 'out_dtype'"),
+    ("call_dtypes", "    type: str\n    closed: true\n    domain: [bf16, fp16, fp8_e4m3, fp8_e4m3fnuz]\n",
+     "    type: str\n    domain: [bf16, fp16, fp8_e4m3, fp8_e4m3fnuz]\n",
+     r"call_dtypes.yaml: field 'q_dtype' must be a closed domain of"),
 ])
 def test_tables_command_checks_the_params_a_reader_reads(capsys, monkeypatch, tmp_path, name, old, new, message):
     """The reader's checks see what its lookups read (a row's params merged with its path's defaults) and refuse a

@@ -14,6 +14,7 @@ import os
 import traceback
 from datetime import timedelta
 
+import attrs
 import pytest
 import torch
 import torch.distributed as dist
@@ -325,11 +326,14 @@ def _shape_inference_calls(rank: int, w: int) -> dict:
                q_scale=torch.ones(1, **meta), kv_scale=torch.ones(1, **meta))
     out, lse = run(spec, fp8, dcp_group=dist.group.WORLD, num_kv_rows=n)
     got["run-fp8"] = (tuple(out.shape), out.dtype, out.device.type, tuple(lse.shape), lse.dtype)
-    try:
-        run(spec, dict(fp8, kv_cache=shard), dcp_group=dist.group.WORLD, num_kv_rows=n)
-        got["refused"] = None
-    except ValueError as e:
-        got["refused"] = str(e)
+    for name, bad in (("refused", dict(fp8, kv_cache=shard)),  # a bf16 shard beside fp8 q
+                      ("whole_pool", dict(fp8, kv_cache=torch.empty(n, 576, dtype=torch.float8_e4m3fn, **meta))),
+                      ("real_sinks", dict(fp8, sinks=torch.zeros(H)))):  # a tensor with data beside meta ones
+        try:
+            run(attrs.evolve(spec, sinks=name == "real_sinks"), bad, dcp_group=dist.group.WORLD, num_kv_rows=n)
+            got[name] = None
+        except ValueError as e:
+            got[name] = str(e)
     return got
 
 
@@ -478,6 +482,9 @@ def test_dcp_calls_on_meta_tensors_infer_shapes(groups, w):
         for name in ("layer-None", "layer-reference", "run-fp8"):
             assert got[name] == ((2, 3, 512), torch.bfloat16, "meta", (2, 3), torch.float32), (name, got[name])
         assert got["refused"] is not None and "kv_cache" in got["refused"], got["refused"]
+        # the shard and the kinds are checked as on a call with data (a break test, forty-sixth session)
+        assert got["whole_pool"] is not None and "must hold this rank's shard" in got["whole_pool"], got["whole_pool"]
+        assert got["real_sinks"] is not None and got["real_sinks"].startswith("'sinks' must be "), got["real_sinks"]
 
 
 @pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")

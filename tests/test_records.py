@@ -333,6 +333,7 @@ def test_a_forced_reference_is_the_same_answer_from_every_entry_point(arch, caps
     assert plan_call(spec, platform, path="reference").path == "reference"
     sel = select(spec, platform, path="reference")
     assert (sel.path, sel.refused, sel.row, dict(sel.params)) == ("reference", False, None, {})
+    assert dict(sel.values) == dict(select(spec, platform).values)  # the table's own fields, as any selection
     text = explain_call(spec, platform, path="reference")
     assert text.splitlines() == [call_key(spec, platform), FORCED_REFERENCE]
     argv = ["explain", "--arch", arch, "--heads", "16", "--path", "reference"]

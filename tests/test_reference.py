@@ -319,3 +319,36 @@ def test_fake_tensors_outside_their_mode_get_fake_outputs_of_the_call_shapes(pag
     out, lse = ref(q, kv, idx, sinks, topk_length=length, out_dtype=torch.bfloat16)
     assert isinstance(out, FakeTensor) and isinstance(lse, FakeTensor)
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((2, 3, 512), torch.bfloat16, (2, 3), torch.float32)
+
+
+CASES_OF_KINDS = ("fake q, real kv_cache", "real q, fake indices", "two fake modes", "meta q, real sinks")
+
+
+@pytest.mark.parametrize("case", CASES_OF_KINDS)
+def test_tensors_with_and_without_data_are_not_mixed(case):
+    """Every tensor of q's kind - with data, meta, or fake in q's mode - else a ValueError naming the first that is
+    not, on the reference and the function alike (a break test, forty-sixth session: PyTorch's "Please convert all
+    Tensors to FakeTensors" or "Mixing fake modes" AssertionError). A meta tensor beside a real q, or the reverse, is
+    also a device mismatch, which either check may name first."""
+    import mla_sink
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def call(mode=None, device=None):
+        with mode if mode is not None else torch.device(device or "cpu"):
+            return [torch.randn(2, 3, 576).bfloat16(), torch.randn(16, 576).bfloat16(),
+                    torch.zeros(2, 4, dtype=torch.int32), torch.zeros(3)]
+
+    fake, other, real = call(FakeTensorMode()), call(FakeTensorMode()), call()
+    args, message = {
+        "fake q, real kv_cache": ([fake[0], real[1], fake[2], fake[3]], r"'kv_cache' must be a FakeTensor of q's "
+                                  r"FakeTensorMode like q \(got a tensor with data"),
+        "real q, fake indices": ([real[0], real[1], fake[2], real[3]],
+                                 r"'indices' must (be a tensor with data|hold data) like q \(got a FakeTensor"),
+        "two fake modes": ([fake[0], other[1], fake[2], fake[3]], r"'kv_cache' must be a FakeTensor of q's "
+                           r"FakeTensorMode like q \(got a FakeTensor of another FakeTensorMode"),
+        "meta q, real sinks": (call(device="meta")[:3] + [real[3]], r"'sinks' must (be a meta tensor like q \(got a "
+                               r"tensor with data|be on q's device meta)"),
+    }[case]
+    for fn in (ref, mla_sink.sparse_mla_decode):
+        with pytest.raises(ValueError, match=message):
+            fn(*args)

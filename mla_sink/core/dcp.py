@@ -341,6 +341,25 @@ def exchange_states(
     return outs, lses
 
 
+def check_shard(inputs: DecodeInputs, num_kv_rows: int, world: int, rank: int, layout: str) -> int:
+    """Raises ValueError unless ``inputs.kv_cache`` is rank ``rank``'s shard of a pool of ``num_kv_rows`` rows over
+    ``world`` ranks under ``layout`` (:func:`shard_num_rows` rows: ``[N_r, 576]``, uint8 ``[N_r, 656]`` or a paged
+    ``fp8_ds_mla`` shard ``[num_blocks, block_size, 656]``); returns ``N_r``. Checked before any collective, by the
+    merge and by a DCP call's shape inference (:func:`mla_sink.api.execute_dcp`)."""
+    kv = inputs.kv_cache
+    paged = kv.dim() == 3 and kv.dtype == torch.uint8  # an fp8_ds_mla shard [num_blocks, block_size, 656]
+    if kv.dim() != 2 and not paged:
+        raise ValueError(f"'inputs.kv_cache' must be this rank's shard [N_r, 576] (or uint8 [N_r, 656]) "
+                         f"(got shape {tuple(kv.shape)})")
+    expect_rows = shard_num_rows(num_kv_rows, world, rank, layout)
+    if inputs.num_kv_rows != expect_rows:
+        raise ValueError(
+            f"'inputs.kv_cache' must hold this rank's shard: {expect_rows} rows for num_kv_rows={num_kv_rows}, "
+            f"layout={layout!r}, rank {rank} of {world} (got {inputs.num_kv_rows} rows)"
+        )
+    return expect_rows
+
+
 def dcp_sparse_mla_decode(
     inputs: DecodeInputs,
     *,
@@ -418,22 +437,13 @@ def dcp_sparse_mla_decode(
     world, rank = group_size_rank(group)
     if dcp_world_size is not None and dcp_world_size != world:
         raise ValueError(f"'dcp_world_size' must equal the size of 'group' ({world}) (got {dcp_world_size!r})")
-    q, kv, idx = inputs.q, inputs.kv_cache, inputs.indices
+    q, idx = inputs.q, inputs.indices
     if q.dim() != 3:
         raise ValueError(f"'inputs.q' must be [T, H, 576] (got shape {tuple(q.shape)})")
     t, h, _ = q.shape
     if idx.dim() != 2 or idx.shape[0] != t or idx.dtype != torch.int32:
         raise ValueError(f"'inputs.indices' must be int32 [T={t}, topk] (got {idx.dtype} {tuple(idx.shape)})")
-    paged = kv.dim() == 3 and kv.dtype == torch.uint8  # an fp8_ds_mla shard [num_blocks, block_size, 656]
-    if kv.dim() != 2 and not paged:
-        raise ValueError(f"'inputs.kv_cache' must be this rank's shard [N_r, 576] (or uint8 [N_r, 656]) "
-                         f"(got shape {tuple(kv.shape)})")
-    expect_rows = shard_num_rows(num_kv_rows, world, rank, layout)
-    if inputs.num_kv_rows != expect_rows:
-        raise ValueError(
-            f"'inputs.kv_cache' must hold this rank's shard: {expect_rows} rows for num_kv_rows={num_kv_rows}, "
-            f"layout={layout!r}, rank {rank} of {world} (got {inputs.num_kv_rows} rows)"
-        )
+    expect_rows = check_shard(inputs, num_kv_rows, world, rank, layout)
     if inputs.sinks is not None and tuple(inputs.sinks.shape) != (h,):
         raise ValueError(f"'inputs.sinks' must be fp32 [H={h}] (got shape {tuple(inputs.sinks.shape)})")
     check_sinks(inputs.sinks, h, q.device)  # checked on every device before any collective

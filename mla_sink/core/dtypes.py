@@ -64,51 +64,68 @@ def allowed_dtype_pairs() -> frozenset[tuple[str, str]]:
 
 @functools.lru_cache(maxsize=None)
 def call_dtypes_table():
-    """``tables/call_dtypes.yaml`` loaded, proven by the rule-table checker and checked for what this module reads:
-    its domains are the dtype keys, and each served row's ``out_dtype`` is ``q`` or a half key. Raises as
-    :func:`call_dtype_pairs`."""
+    """``tables/call_dtypes.yaml`` loaded, proven by the rule-table checker and checked for what this module reads
+    (:func:`_pairs_of`). Raises as :func:`call_dtype_pairs`."""
     from mla_sink.core.tables import load_checked_table
 
-    return load_checked_table("call_dtypes", _check_call_dtypes, paths=("served",))
+    return load_checked_table("call_dtypes", _pairs_of, paths=("served",))
 
 
-def _check_call_dtypes(table) -> None:
+#: The one param a served row of ``tables/call_dtypes.yaml`` gives: the output's dtype key, or ``q`` for q's own.
+_OUT_PARAM = "out_dtype"
+
+
+def _pairs_of(table) -> tuple:
+    """``(pairs, allowed, out_by_q)`` of ``tables/call_dtypes.yaml``'s rows: :func:`call_dtype_pairs`,
+    :func:`allowed_dtype_pairs` and q's dtype key -> the output's (:func:`out_dtype_for`). The table's checks, run
+    when it loads (so ``mla-sink tables`` reports what a call would meet): its fields are closed domains of exactly the
+    dtype keys; a served row gives ``out_dtype`` and nothing else; every served pair's output is a half dtype (``q``
+    resolved: an fp8 q must name one); and each q dtype has one output dtype with every kv_cache dtype
+    (:func:`out_dtype_for` takes q's alone).
+
+    Raises:
+        dispatch.TableError: a check above fails, naming the table and the row.
+    """
     from mla_sink.dispatch import TableError
 
+    where = table.source_file or table.name
     for name, keys in (("q_dtype", set(DTYPE_KEYS.values())), ("kv_dtype", set(KV_DTYPE_KEYS))):
         field = table.fields.get(name)
-        if field is None or set(field.domain) != keys:
-            raise TableError(f"{table.source_file}: field {name!r} must have the domain {sorted(keys)} (the dtype "
-                             f"keys mla-sink knows; got {None if field is None else list(field.domain)})")
+        if field is None or not field.closed or set(field.domain) != keys:
+            got = None if field is None else f"{list(field.domain)}, closed: {field.closed}"
+            raise TableError(f"{where}: field {name!r} must be a closed domain of {sorted(keys)} (the dtype keys "
+                             f"mla-sink knows; got {got})")
     for row in table.rows:
-        if not row.is_refusal:
-            out = {**table.paths[row.path].params, **row.params}.get("out_dtype")
-            if out != "q" and out not in HALF_KEYS:
-                raise TableError(f"{table.source_file}:{row.line}: row {row.id!r} must give out_dtype 'q' or one of "
-                                 f"{sorted(HALF_KEYS)} (got {out!r})")
-
-
-@functools.lru_cache(maxsize=None)
-def _call_dtypes() -> tuple:
-    """``(pairs, allowed, out_by_q)``: :func:`call_dtype_pairs`, :func:`allowed_dtype_pairs` and q's dtype key -> the
-    output's (:func:`out_dtype_for`), built once from the table's rows."""
-    table = call_dtypes_table()
+        extra = set(row.params) - {_OUT_PARAM}
+        if extra:
+            raise TableError(f"{where}:{row.line}: row {row.id!r} gives {sorted(extra)}; its one param is "
+                             f"{_OUT_PARAM!r}")
     pairs: dict = {}
     out_by_q: dict = {}
     for q in DTYPE_KEYS.values():
         for kv in KV_DTYPE_KEYS:
             sel = table.select({"q_dtype": q, "kv_dtype": kv})
-            out = None if sel.refused else sel.params["out_dtype"]
+            if sel.refused:
+                pairs[(q, kv)] = (None, sel.reason)
+                continue
+            out = sel.params.get(_OUT_PARAM)
             out = q if out == "q" else out
-            pairs[(q, kv)] = (out, sel.reason if sel.refused else "")
-            if out is not None:
-                if out_by_q.setdefault(q, out) != out:  # out_dtype_for takes q's dtype alone
-                    from mla_sink.dispatch import TableError
-
-                    raise TableError(f"{table.source_file}: q {q} must have one out_dtype with every kv_cache dtype "
-                                     f"(got {out_by_q[q]} and {out})")
+            if out not in HALF_KEYS:
+                raise TableError(f"{where}:{sel.row.line}: row {sel.row.id!r} must give {_OUT_PARAM} 'q' (for a half "
+                                 f"q) or one of {sorted(HALF_KEYS)}: the kernels write a half output (got "
+                                 f"{sel.params.get(_OUT_PARAM)!r} for q {q})")
+            if out_by_q.setdefault(q, out) != out:
+                raise TableError(f"{where}:{sel.row.line}: row {sel.row.id!r} gives q {q} the output {out}, another "
+                                 f"row {out_by_q[q]}: q's dtype must have one output dtype with every kv_cache dtype")
+            pairs[(q, kv)] = (out, "")
     allowed = frozenset(pair for pair, (out, _) in pairs.items() if out is not None)
     return pairs, allowed, out_by_q
+
+
+@functools.lru_cache(maxsize=None)
+def _call_dtypes() -> tuple:
+    """:func:`_pairs_of` the shipped table, once per process."""
+    return _pairs_of(call_dtypes_table())
 
 
 def pair_error(q_dtype: str, kv_dtype: str, what: str) -> str:

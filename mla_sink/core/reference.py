@@ -33,7 +33,7 @@ import torch
 
 from mla_sink.core import kv_layout, validate
 from mla_sink.core.lse import apply_sink
-from mla_sink.core.trace import idle_fake_mode
+from mla_sink.core.trace import idle_fake_mode, tracing
 
 
 def valid_mask(indices: torch.Tensor, num_rows: int, topk_length: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -198,13 +198,15 @@ def sparse_mla_decode_reference(
             pool of no rows (``N = 0``, e.g. an empty DCP shard) is served: every id is then invalid.
 
     FakeTensors (shape inference) are served inside their ``FakeTensorMode``, entered here when the caller is
-    outside it (its own zeros and ids would otherwise be real tensors beside them).
+    outside it (its own zeros and ids would otherwise be real tensors beside them); every tensor must then be a
+    FakeTensor of q's mode, as every one must be a meta tensor beside a meta q and have data beside a q with data
+    (:func:`mla_sink.core.validate.check_kinds_like_q`: a ``ValueError`` naming the first that is not).
 
     Source: docs/DESIGN.md "The operation" (the definition); the sink formula of FlashMLA
     ``flash_mla/flash_mla_interface.py``; DeepSeek-V3.2 sparse attention (the indexer's top-k ids).
     """
     mode = idle_fake_mode(q)
-    if mode is not None:  # (outside it, the first factory tensor met PyTorch's "Please convert all Tensors" AssertionError)
+    if mode is not None:  # outside it, the first factory tensor met PyTorch's "Please convert all Tensors" assertion
         with mode:
             return sparse_mla_decode_reference(q, kv_cache, indices, sinks, sm_scale, d_v=d_v, topk_length=topk_length,
                                                q_scale=q_scale, kv_scale=kv_scale, logit_cap=logit_cap,
@@ -217,6 +219,9 @@ def sparse_mla_decode_reference(
     T, H, d_qk = q.shape
     _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_bytes)
     _check_scale_owners(q, kv_cache, q_scale, kv_scale)
+    if not tracing():  # a mix of tensors with and without data met PyTorch's AssertionError (forty-sixth session)
+        validate.check_kinds_like_q(q, (("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
+                                        ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale)))
     byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout
     N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
     # the scalars the library takes, checked as it checks them (any real - a numpy scalar, a Fraction - as the

@@ -173,8 +173,10 @@ def select(spec: CallSpec, platform: Platform, *, path: Optional[str] = None) ->
     check_records(spec, platform)
     check_path(path)
     if path == "reference":  # no row names it: the table alone would answer "no row matched" where plan_call runs it
-        return dispatch.Selection(table=mla_table().name, values=table_fields(spec, platform), row=None,
-                                  path="reference", params={}, refused=False, reason="")
+        table = mla_table()
+        values = {k: v for k, v in table_fields(spec, platform).items() if k in table.fields}  # as select gives
+        return dispatch.Selection(table=table.name, values=values, row=None, path="reference", params={},
+                                  refused=False, reason="")
     return mla_table().select(table_fields(spec, platform), only_paths=None if path is None else (path,))
 
 

@@ -42,6 +42,42 @@ def _has_memory(t: torch.Tensor) -> bool:
     return not (has_no_data(t) or tracing())
 
 
+def check_kinds_like_q(q: torch.Tensor, named) -> None:
+    """Raises ValueError unless every tensor of ``named`` (``(argument name, tensor or None)`` pairs) is of q's kind:
+    a tensor with data beside a q with data, a meta tensor beside a meta q, a FakeTensor of q's ``FakeTensorMode``
+    beside a FakeTensor q. A call on tensors without data infers shapes and one with data computes; a mix of the
+    kinds met PyTorch's "Please convert all Tensors to FakeTensors" or "Mixing fake modes" ``AssertionError``
+    (a break test, forty-sixth session). Eager calls only: a traced call's tensors are the tracer's."""
+    want = _kind(q)
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and _kind(t) != want:
+            raise ValueError(f"'{name}' must be {_kind_text(want, want)} like q (got {_kind_text(_kind(t), want)}): "
+                             f"pass every tensor of a call with data, or every one without (meta tensors, or "
+                             f"FakeTensors of one FakeTensorMode) for shape inference")
+
+
+def check_call_kinds(x) -> None:
+    """:func:`check_kinds_like_q` over the tensors of a call ``x`` (a :class:`~mla_sink.core.inputs.DecodeInputs`):
+    kv_cache, indices, sinks, topk_length, the scales and out."""
+    check_kinds_like_q(x.q, ((name, getattr(x, name)) for name in _READ_BY_KERNELS + ("out",)))
+
+
+def _kind_text(kind: tuple, q_kind: tuple) -> str:
+    """A kind of :func:`_kind` in words, beside q's."""
+    if kind[0] != "fake":
+        return "a tensor with data" if kind[0] == "data" else "a meta tensor"
+    if kind == q_kind:
+        return "a FakeTensor of q's FakeTensorMode"
+    return "a FakeTensor of another FakeTensorMode" if q_kind[0] == "fake" else "a FakeTensor"
+
+
+def _kind(t: torch.Tensor) -> tuple:
+    """``('fake', id of its mode)``, ``('meta',)`` or ``('data',)``: what :func:`check_kinds_like_q` compares."""
+    if type(t) is not torch.Tensor and isinstance(t, torch._subclasses.fake_tensor.FakeTensor):
+        return ("fake", id(t.fake_mode))
+    return ("meta",) if t.is_meta else ("data",)
+
+
 def check_ds_mla_pointer(kv_cache: torch.Tensor) -> None:
     """Raises ValueError unless an ``fp8_ds_mla`` ``kv_cache``'s data pointer is a multiple of 4 bytes
     (each row's float32 scales are loaded in place; a GPU faults on a misaligned load). Per call: a data
