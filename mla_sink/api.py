@@ -333,8 +333,9 @@ def sparse_mla_decode(
             operator); a (q, kv_cache) dtype pair not allowed; a missing or superfluous ``q_scale`` / ``kv_scale``;
             ``sm_scale`` or a positive ``logit_cap`` outside ``[2^-126, 2^126]`` (or not a finite real);
             ``return_lse`` not a bool; an ``out`` that overlaps itself or an input, or an inference tensor (made
-            under ``torch.inference_mode()``) while the call runs outside inference mode; beside a ``q`` with data,
-            a tensor without data (``meta`` or a ``FakeTensor``); an input that requires grad in grad mode (the
+            under ``torch.inference_mode()``) while the call runs outside inference mode; a tensor not of q's kind
+            (beside a ``q`` with data, a tensor without data, ``meta`` or a ``FakeTensor``; beside a ``q`` without
+            data, one with data or a ``FakeTensor`` of another mode); an input that requires grad in grad mode (the
             decode has no backward); ``platform`` not a :class:`Platform` or describing another
             arch than the tensors'; ``path`` not a path of the table.
         NoKernelError: no path serves the call here (the message is the full explanation ``mla-sink explain``
