@@ -193,8 +193,9 @@ class SparseMLADecode:
             elif has_no_data(q):  # shape inference (meta or fake q) on a layer built for a device: the current sinks
                 sinks = _sinks_for(q, source)  # (whose storage may have been replaced), without data where needed
             elif (source.data_ptr() != sinks.data_ptr() or source.shape != sinks.shape
-                  or source.stride() != sinks.stride() or source.dtype is not sinks.dtype):  # new storage, or a
-                # view at the same address (p.data = p.data[:4], p.data[:1].expand(H), p.data.view(bf16)[::2])
+                  or source.stride() != sinks.stride() or source.dtype is not sinks.dtype
+                  or source.is_neg() != sinks.is_neg()):  # new storage, or a view at the same address
+                # (p.data = p.data[:4], p.data[:1].expand(H), p.data.view(bf16)[::2], a negated c.conj().imag)
                 sinks = source.detach()
                 self.__dict__["_sinks"] = sinks  # the state's one change: the caller's parameter, new storage
         x = DecodeInputs(q, kv_cache, indices, self._sm_scale, sinks, topk_length, q_scale, kv_scale, out,

@@ -175,6 +175,21 @@ def test_layer_sees_sinks_whose_storage_was_replaced():
         layer(q, kv, idx)
 
 
+def test_layer_sees_its_sinks_become_a_negated_view_of_the_same_memory():
+    """``p.data = c.conj().imag`` keeps the pointer, shape, strides and dtype of ``c.imag`` and reads negated: the
+    layer kept computing with the old sinks (a break test, forty-sixth session). It sees the change and the call
+    refuses the lazily negated view, as building a layer with one is refused."""
+    q, kv, idx, _ = _case(seed=7)
+    c = torch.complex(torch.tensor([9.0, 8.0, 7.0, 6.0]), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    param = torch.nn.Parameter(c.imag)
+    layer = SparseMLADecode(num_heads=4, q_dtype="fp16", kv_dtype="fp16", topk=16, sinks=param)
+    layer(q, kv, idx)
+    param.data = c.conj().imag
+    assert param.data.data_ptr() == c.imag.data_ptr() and param.data.is_neg()
+    with pytest.raises(ValueError, match="'sinks' must not be a lazily negated or conjugated view"):
+        layer(q, kv, idx)
+
+
 def test_shape_inference_under_fake_tensor_mode_outside_compile():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -391,3 +391,27 @@ def test_a_huge_int_scalar_is_named_briefly(arg, value):
     with pytest.raises(ValueError, match=rf"'{arg}' must be .*got -?100000\.\.\. \(an int of 401 digits\)\)") as e:
         check(value)
     assert len(str(e.value)) < 400
+
+
+@pytest.mark.parametrize("arg", ["q", "kv_cache", "indices", "sinks"])
+@pytest.mark.parametrize("how", ["freed storage", "zero tensor"])
+def test_a_tensor_without_the_storage_it_reaches_is_refused_by_name(arg, how):
+    """A storage freed by ``untyped_storage().resize_(0)`` was read (NaN; the interpreter grew it back), and a zero
+    tensor (``torch._efficientzerotensor``) met PyTorch's "invalid python storage" RuntimeError inside Triton (a
+    break test, forty-sixth session): both are refused by name before any kernel runs, on every path."""
+    from mla_sink import sparse_mla_decode_reference
+
+    x = dict(good(), sinks=torch.zeros(4))
+    if how == "freed storage":
+        x[arg] = x[arg].clone()
+        x[arg].untyped_storage().resize_(0)
+        message = rf"'{arg}' reaches byte \d+ of its storage, which holds 0 bytes"
+    else:
+        x[arg] = torch._efficientzerotensor(x[arg].shape, dtype=x[arg].dtype)
+        message = rf"'{arg}' must not be a zero tensor"
+    for path in (None, "reference"):
+        with pytest.raises(ValueError, match=message):
+            sparse_mla_decode(x["q"], x["kv_cache"], x["indices"], x["sinks"], path=path)
+    if how == "freed storage":
+        with pytest.raises(ValueError, match=message):
+            sparse_mla_decode_reference(x["q"], x["kv_cache"], x["indices"], x["sinks"])

@@ -220,8 +220,11 @@ def sparse_mla_decode_reference(
     _check_extras(d_v, d_qk, q_scale, kv_scale, compute_dtype, out_dtype, chunk_bytes)
     _check_scale_owners(q, kv_cache, q_scale, kv_scale)
     if not tracing():  # a mix of tensors with and without data met PyTorch's AssertionError (forty-sixth session)
-        validate.check_kinds_like_q(q, (("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
-                                        ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale)))
+        named = (("q", q), ("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks),
+                 ("topk_length", topk_length), ("q_scale", q_scale), ("kv_scale", kv_scale))
+        validate.check_kinds_like_q(q, named)
+        for name, t in named:  # a freed storage met PyTorch's "out of bounds for storage" RuntimeError
+            validate.check_storage(name, t)
     byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout
     N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
     # the scalars the library takes, checked as it checks them (any real - a numpy scalar, a Fraction - as the

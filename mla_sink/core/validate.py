@@ -135,11 +135,30 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
+    """``value`` as a tensor a kernel can read: dense and strided (:func:`mla_sink.core.kv_layout.check_dense`), not a
+    lazily negated or conjugated view, not a zero tensor (``torch._efficientzerotensor``: no storage, which Triton's
+    launch met with PyTorch's "invalid python storage" RuntimeError; a break test, forty-sixth session)."""
     kv_layout.check_dense(name, value)
     if value.is_neg() or value.is_conj():
         raise ValueError(f"'{name}' must not be a lazily negated or conjugated view (resolve it first: "
                          "t.resolve_neg() / t.resolve_conj())")
+    if value._is_zerotensor():
+        raise ValueError(f"'{name}' must not be a zero tensor (torch._efficientzerotensor, which has no storage): "
+                         f"pass torch.zeros(...)")
     return value
+
+
+def check_storage(name: str, value: Optional[torch.Tensor]) -> None:
+    """Raises ValueError for a tensor with data whose storage does not hold every element it reaches (one freed or
+    shrunk by ``untyped_storage().resize_(0)`` was read: NaN, and the interpreter grew it back; a break test,
+    forty-sixth session). By :func:`check_inputs`, on the first call of a signature: a storage resized between calls
+    of one signature is not re-checked (README, "Architecture")."""
+    if isinstance(value, torch.Tensor) and _has_memory(value) and value.numel():
+        reach = value.storage_offset() + sum((size - 1) * stride for size, stride in zip(value.shape, value.stride()))
+        need, have = (reach + 1) * value.element_size(), value.untyped_storage().nbytes()
+        if have < need:
+            raise ValueError(f"'{name}' reaches byte {need} of its storage, which holds {have} bytes (freed or shrunk, "
+                             f"e.g. by untyped_storage().resize_(0)): pass a tensor whose storage holds its elements")
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
@@ -558,6 +577,8 @@ def check_inputs(
                 raise ValueError(f"'{name}' must hold data like q (got a {type(t).__name__} on {t.device}, which has "
                                  "none: a kernel would read or write it; pass real tensors, or give every tensor "
                                  "without data for shape inference)")
+    for name, t in zip(_READ_BY_KERNELS + ("out",), (q, kv_cache, indices, sinks, topk_length, q_scale, kv_scale, out)):
+        check_storage(name, t)
 
 
 def check_out_writable(out: torch.Tensor, name: str = "out") -> None:
