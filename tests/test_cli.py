@@ -825,7 +825,7 @@ def _tables_command_with(capsys, monkeypatch, tmp_path, name: str, text: str):
     """``mla-sink tables`` with ``tables/<name>.yaml`` read as ``text``: every reader's cached table is dropped before
     and after, so the edited one is loaded and no later test sees it. Returns ``(exit code, captured output)``."""
     import mla_sink.core.tables as tables_mod
-    from mla_sink.core.dtypes import _call_dtypes, call_dtypes_table
+    from mla_sink.core.dtypes import _call_dtypes
     from mla_sink.core.platform import interpreter_table
     from mla_sink.core.select import mla_table
     from mla_sink.kernels.gluon.tuning import _load as gluon_tables
@@ -836,8 +836,7 @@ def _tables_command_with(capsys, monkeypatch, tmp_path, name: str, text: str):
     edited.write_text(text)
     real = tables_mod.table_path
     monkeypatch.setattr(tables_mod, "table_path", lambda n: edited if n == name else real(n))
-    caches = (tuning_table, dcp_merge_table, mla_table, gluon_tables, peers_table, interpreter_table, call_dtypes_table,
-              _call_dtypes)
+    caches = (tuning_table, dcp_merge_table, mla_table, gluon_tables, peers_table, interpreter_table, _call_dtypes)
     for cached in caches:
         cached.cache_clear()
     try:

@@ -43,6 +43,7 @@ FNUZ_KEYS: frozenset[str] = frozenset({"fp8_e4m3fnuz"})
 #: dtypes whose every value an fp16 tile holds exactly (bf16's exponent range does not fit).
 FP16_EXACT_KEYS: frozenset[str] = frozenset({"fp16"}) | FP8_KEYS
 
+
 def call_dtype_pairs() -> dict[tuple[str, str], tuple[Optional[str], str]]:
     """Every ``(q dtype key, kv dtype key)`` pair -> ``(out dtype key or None, reason)``: the output's dtype key where
     mla-sink serves the pair (``reason`` empty), ``None`` and the refusal's text where it does not. The rows are
@@ -53,22 +54,19 @@ def call_dtype_pairs() -> dict[tuple[str, str], tuple[Optional[str], str]]:
             declares domains other than :data:`DTYPE_KEYS`' and :data:`KV_DTYPE_KEYS`' keys, or serves a pair without a
             known ``out_dtype``.
     """
-    return _call_dtypes()[0]
+    return _call_dtypes()[1]
 
 
 def allowed_dtype_pairs() -> frozenset[tuple[str, str]]:
     """The ``(q dtype key, kv dtype key)`` pairs mla-sink serves (``tables/call_dtypes.yaml``), e.g.
     ``('bf16', 'fp8_ds_mla')``. Raises as :func:`call_dtype_pairs`."""
-    return _call_dtypes()[1]
+    return _call_dtypes()[2]
 
 
-@functools.lru_cache(maxsize=None)
 def call_dtypes_table():
     """``tables/call_dtypes.yaml`` loaded, proven by the rule-table checker and checked for what this module reads
-    (:func:`_pairs_of`). Raises as :func:`call_dtype_pairs`."""
-    from mla_sink.core.tables import load_checked_table
-
-    return load_checked_table("call_dtypes", _pairs_of, paths=("served",))
+    (:func:`_pairs_of`), once per process (:func:`_call_dtypes`). Raises as :func:`call_dtype_pairs`."""
+    return _call_dtypes()[0]
 
 
 #: The one param a served row of ``tables/call_dtypes.yaml`` gives: the output's dtype key, or ``q`` for q's own.
@@ -124,8 +122,12 @@ def _pairs_of(table) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _call_dtypes() -> tuple:
-    """:func:`_pairs_of` the shipped table, once per process."""
-    return _pairs_of(call_dtypes_table())
+    """``(table, pairs, allowed, out_by_q)``: the shipped table, loaded and proven once per process, and what
+    :func:`_pairs_of` derives from it (its checks failing the load)."""
+    from mla_sink.core.tables import load_checked_table
+
+    table = load_checked_table("call_dtypes", paths=("served",))
+    return (table, *_pairs_of(table))
 
 
 def pair_error(q_dtype: str, kv_dtype: str, what: str) -> str:
@@ -183,4 +185,4 @@ def out_dtype_for(q_dtype: str) -> torch.dtype:
     Raises:
         KeyError: ``q_dtype`` is not a dtype key (callers pass a checked one).
     """
-    return TORCH_DTYPES[_call_dtypes()[2][q_dtype]]
+    return TORCH_DTYPES[_call_dtypes()[3][q_dtype]]

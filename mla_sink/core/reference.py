@@ -226,7 +226,7 @@ def sparse_mla_decode_reference(
         for name, t in named:  # a freed storage met PyTorch's "out of bounds for storage" RuntimeError
             validate.check_storage(name, t)
     byte_rows = kv_cache.dtype == torch.uint8  # the fp8_ds_mla layout
-    N = kv_layout.num_rows(kv_cache) if byte_rows else kv_cache.shape[0]
+    N = kv_layout.num_rows(kv_cache)
     # the scalars the library takes, checked as it checks them (any real - a numpy scalar, a Fraction - as the
     # float the kernels are given; str, bool, non-finite and out-of-range values refused, naming the argument)
     if sm_scale is None:

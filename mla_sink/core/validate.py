@@ -51,6 +51,10 @@ def check_kinds_like_q(q: torch.Tensor, named) -> None:
     want = _kind(q)
     for name, t in named:
         if isinstance(t, torch.Tensor) and _kind(t) != want:
+            if want[0] == "data":
+                raise ValueError(f"'{name}' must hold data like q (got a {type(t).__name__} on {t.device}, which has "
+                                 "none: a kernel would read or write it; pass real tensors, or give every tensor "
+                                 "without data for shape inference)")
             raise ValueError(f"'{name}' must be {_kind_text(want, want)} like q (got {_kind_text(_kind(t), want)}): "
                              f"pass every tensor of a call with data, or every one without (meta tensors, or "
                              f"FakeTensors of one FakeTensorMode) for shape inference")
@@ -570,14 +574,10 @@ def check_inputs(
         check_out_writable(out)
         _check_out_shares_nothing(out, zip(_READ_BY_KERNELS, (q, kv_cache, indices, sinks, topk_length, q_scale,
                                                               kv_scale)))
+    named = tuple(zip(_READ_BY_KERNELS + ("out",), (q, kv_cache, indices, sinks, topk_length, q_scale, kv_scale, out)))
     if _has_memory(q):  # a kernel will read (and write) every tensor of the call: none may lack data
-        for name, t in (("kv_cache", kv_cache), ("indices", indices), ("sinks", sinks), ("topk_length", topk_length),
-                        ("q_scale", q_scale), ("kv_scale", kv_scale), ("out", out)):
-            if isinstance(t, torch.Tensor) and not _has_memory(t):
-                raise ValueError(f"'{name}' must hold data like q (got a {type(t).__name__} on {t.device}, which has "
-                                 "none: a kernel would read or write it; pass real tensors, or give every tensor "
-                                 "without data for shape inference)")
-    for name, t in zip(_READ_BY_KERNELS + ("out",), (q, kv_cache, indices, sinks, topk_length, q_scale, kv_scale, out)):
+        check_kinds_like_q(q, named)
+    for name, t in named:
         check_storage(name, t)
 
 
