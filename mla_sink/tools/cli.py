@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 import attrs
 
-from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS
+from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS, allowed_dtype_pairs
 from mla_sink.core.records import COUNT_MAX, TOPK_MAX, CallSpec, Platform, call_key, canonical_arch
 from mla_sink.tools.flags import CLI_UNSET_PATH, check_count, check_not_empty, flag_named
 
@@ -403,7 +403,7 @@ def _print_default_plan(platform: Platform) -> None:
     for kv in KV_DTYPE_KEYS:
         if kv == spec.kv_dtype:
             continue
-        other = attrs.evolve(spec, kv_dtype=kv) if (spec.q_dtype, kv) in _pairs() else None
+        other = attrs.evolve(spec, kv_dtype=kv) if (spec.q_dtype, kv) in allowed_dtype_pairs() else None
         if other is None:
             continue
         try:
@@ -412,12 +412,6 @@ def _print_default_plan(platform: Platform) -> None:
             print(f"  {kv:<14} → {p.path}   (row {p.row_id}{launch})")
         except NoKernelError as e:
             print(f"  {kv:<14} refused: " + e.explanation.splitlines()[1].strip())
-
-
-def _pairs():
-    from mla_sink.core.dtypes import allowed_dtype_pairs
-
-    return allowed_dtype_pairs()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
