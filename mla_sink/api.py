@@ -103,8 +103,12 @@ def _check_records(spec: Any, platform: Any, *, spec_given: bool = True) -> None
     check_platform(platform, optional=True)
 
 
-def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_rows: Any) -> None:
+def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any,
+                   num_kv_rows: Any) -> Optional[tuple[int, int]]:
     """Check the decode-context-parallel arguments of :func:`run` / the layer, before any collective.
+
+    Returns:
+        ``(world_size, rank)`` of ``dcp_group`` with DCP (``dcp_world_size > 1``), ``None`` without.
 
     Raises:
         ValueError: a layout other than ``interleaved``/``contiguous``; a group or ``num_kv_rows``
@@ -121,14 +125,15 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any, num_kv_
             if given is not None:
                 raise ValueError(f"'{name}' must be None when dcp_world_size == 1, the call being on one rank's whole "
                                  f"pool (got {given!r}); pass dcp_world_size=W for a pool sharded over W ranks")
-        return
+        return None
     if dcp_group is None:
         raise ValueError(f"'dcp_group' is required when dcp_world_size={dcp_world_size}")
     if isinstance(num_kv_rows, bool) or not isinstance(num_kv_rows, int) or num_kv_rows < 1:
         raise ValueError(f"'num_kv_rows' (the global pool size N) must be an int >= 1 with DCP (got {num_kv_rows!r})")
-    size, _ = group_size_rank(dcp_group, "dcp_group", none_allowed=False)
+    size, rank = group_size_rank(dcp_group, "dcp_group", none_allowed=False)
     if size != dcp_world_size:
         raise ValueError(f"'dcp_group' has {size} ranks but dcp_world_size={dcp_world_size}")
+    return size, rank
 
 
 def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
@@ -518,13 +523,13 @@ def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform]
         check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
                      kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
         check_spec_matches(spec, x)
-        check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
+        size_rank = check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         if has_no_data(x.q):  # a DCP layer's or run()'s shape inference (a break test, forty-sixth session: it
             # prepared the Triton runner for meta tensors, which asked the CUDA runtime for a device)
-            from mla_sink.core.dcp import check_shard, group_size_rank
+            from mla_sink.core.dcp import check_shard
 
             check_call_kinds(x)
-            check_shard(x, num_kv_rows, *group_size_rank(dcp_group, "dcp_group", none_allowed=False), dcp_layout)
+            check_shard(x, num_kv_rows, *size_rank, dcp_layout)
             return _dcp_shapes(x)
         spec = spec_for_tensors(spec, x)  # the stride facts are the tensors' (tensor_facts)
         local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0], path=path))
