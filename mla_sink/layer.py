@@ -77,6 +77,10 @@ class SparseMLADecode:
             ``[N, 576]``; default True); False for e.g. a ``[N, 576]`` view of rows of 640, which AITER does not take
             (:attr:`mla_sink.CallSpec.kv_rows_packed`). Only the construction-time ``plan`` reads it: each call is
             planned for the cache it is given.
+        kv_cache_bytes: the bytes the ``kv_cache`` the layer is called with spans (``N * 1152`` for a contiguous
+            bf16 ``[N, 576]``; default 0: a small pool); the AITER paths take pools of at most 2^32 bytes
+            (:attr:`mla_sink.CallSpec.kv_cache_bytes`). Only the construction-time ``plan`` reads it, as
+            ``kv_rows_packed``.
         platform: where the layer runs (default: detected from the device of ``sinks`` when given, else this
             machine's current device); the call tensors must be on a device of that arch.
         path: force a kernel path (a path name of ``tables/mla_decode.yaml``); default: the table's choice.
@@ -85,7 +89,8 @@ class SparseMLADecode:
     one of them, or the private state behind them, raises ``AttributeError`` - build another layer for another
     configuration; other attributes, a subclass's own included, are as on any object):
         spec, platform, plan: the records the layer runs under (``plan.path`` names the kernel path; a call whose
-            ``kv_cache`` rows are packed or not other than ``kv_rows_packed`` says is planned for its own cache, and
+            ``kv_cache`` rows are packed or not, or whose size is other than ``kv_rows_packed`` and ``kv_cache_bytes``
+            say, is planned for its own cache, and
             every call for its own tensors' strides: ``plan`` assumes ``gather_aligned`` and ``unit_rows``, so a call
             with e.g. ``q = buf[..., :576]`` of a ``[T, H, 580]`` buffer runs the portable kernel where ``plan``
             names a Gluon one; :func:`mla_sink.describe` of the call's tensors gives its own plan).
@@ -95,7 +100,7 @@ class SparseMLADecode:
     Raises:
         ValueError: a dtype key or torch dtype outside the keys, a dtype pair not allowed, ``num_heads`` /
             ``topk`` / ``dcp_world_size`` out of range, ``sm_scale`` or ``logit_cap`` out of range, ``return_lse``
-            or ``kv_rows_packed`` not a bool, malformed sinks (as :func:`mla_sink.prepare`), DCP arguments that do not
+            or ``kv_rows_packed`` not a bool, ``kv_cache_bytes`` not an int in ``[0, 2^63 - 1]``, malformed sinks (as :func:`mla_sink.prepare`), DCP arguments that do not
             fit (:func:`mla_sink.api.check_dcp_args`: unknown layout, a group or ``num_kv_rows`` without DCP, a missing
             or unusable group, a group size other than ``dcp_world_size``, ``num_kv_rows`` not an int ``>= 1``),
             ``platform`` not a :class:`Platform`, ``path`` not a path of the table.
@@ -112,14 +117,14 @@ class SparseMLADecode:
                  dcp_world_size: int = 1, dcp_group: Any = None,
                  dcp_layout: str = "interleaved", num_kv_rows: Optional[int] = None,
                  return_lse: bool = False, logit_cap: float = 0.0, kv_rows_packed: bool = True,
-                 platform: Optional[Platform] = None, path: Optional[str] = None) -> None:
+                 kv_cache_bytes: int = 0, platform: Optional[Platform] = None, path: Optional[str] = None) -> None:
         if sm_scale is None:
             sm_scale = D_QK ** -0.5
         self._sm_scale, logit_cap = call_scalars(sm_scale, return_lse, logit_cap)
         self._spec = CallSpec(q_dtype=_key("q_dtype", q_dtype), kv_dtype=_key("kv_dtype", kv_dtype),
                               num_heads=num_heads, topk=topk, sinks=sinks is not None,
                               dcp_world_size=dcp_world_size, need_lse=return_lse, logit_cap=logit_cap,
-                              kv_rows_packed=kv_rows_packed)
+                              kv_rows_packed=kv_rows_packed, kv_cache_bytes=kv_cache_bytes)
         check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         self._plan: LaunchPlan = prepare(self._spec, platform, path=path, sinks=sinks, sm_scale=self._sm_scale)
         self._platform = self._plan.platform

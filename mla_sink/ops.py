@@ -62,7 +62,8 @@ def _check_traced_path(q, kv_cache, indices, sinks, sm_scale, topk_length, q_sca
     from mla_sink.core.select import check_path
 
     check_path(path or None, unset=OP_UNSET_PATH)
-    sizes = (q.shape[0], q.shape[1], indices.shape[1])
+    sizes = (q.shape[0], q.shape[1], indices.shape[1], *kv_cache.shape, *kv_cache.stride())  # the pool's too: the
+    # plan reads its span (CallSpec.kv_cache_bytes), which a symbolic N leaves open
     device = q.device
     absent = device.type == "cuda" and not (torch.cuda.is_available()
                                             and (device.index or 0) < torch.cuda.device_count())

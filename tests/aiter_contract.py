@@ -32,6 +32,10 @@ without the plan it really appears). What it models, with sources:
 * ``kv_indptr`` and the sparse plan's row starts ``t * topk`` are int32: a call of more than ``2^31 - 1`` id slots
   (``kv_indices``) would wrap them negative; the fake aborts such a call (its bound ``max_id_slots`` lowered by
   tests, which cannot allocate 2^31 ids) (``aiter/ops/attention.py``, ``csrc/kernels/mla/metadata/v1_2_device.cuh``).
+* KV rows are addressed by a 32-bit byte offset from ``kv_buffer``'s first byte (buffer loads): a row that ends
+  past ``2^32`` bytes is read from the wrong memory, which the fake reads as zeros (ROCm/aiter#5765: "returns
+  approximately zero", no fault; #2768; every gfx942 kernel and most of gfx950's); its bound ``kv_window_bytes`` is
+  lowered by tests, which cannot allocate 4 GiB pools with data.
 * ``get_mla_metadata_v1`` takes ``work_info_set`` before ``work_indptr`` (the reverse of
   ``get_mla_metadata_info_v1``'s return order); passing them in info order aborts here (in AITER the
   kernel would write out of bounds) (``aiter/ops/attention.py``).
@@ -69,6 +73,8 @@ class AiterContractFake:
             the modelled heuristic (occupancy term and fp8 cap both replaced); an explicit
             ``num_kv_splits`` still goes through the fp8 cap.
         max_id_slots: the most ``kv_indices`` one call indexes before its int32 offsets wrap (default 2^31 - 1).
+        kv_window_bytes: the bytes from ``kv_buffer``'s first byte within which KV rows are read right (default
+            2^32: the kernels' 32-bit byte offsets); rows ending past it read as zeros.
 
     Attributes:
         calls: one dict per ``mla_decode_fwd`` call (persistent, effective splits, return_lse, heads,
@@ -81,9 +87,11 @@ class AiterContractFake:
     """
 
     def __init__(self, *, version: str = "0.1.20", arch: str = "gfx942", cu_num: Optional[int] = None,
-                 heuristic_splits: Optional[int] = None, max_id_slots: int = 2 ** 31 - 1) -> None:
+                 heuristic_splits: Optional[int] = None, max_id_slots: int = 2 ** 31 - 1,
+                 kv_window_bytes: int = 2 ** 32) -> None:
         self.version = Version(version)
         self.max_id_slots = max_id_slots
+        self.kv_window_bytes = kv_window_bytes
         self.arch = arch
         self.cu_num = cu_num if cu_num is not None else _CU_NUM.get(arch, 256)
         self.heuristic_splits = heuristic_splits
@@ -218,6 +226,9 @@ class AiterContractFake:
         sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
         qf = q.float() * (q_scale.float().reshape(()) if q_scale is not None else 1.0)
         kvf = kv_buffer.reshape(kv_buffer.shape[0], -1).float() * (kv_scale.float().reshape(()) if kv_scale is not None else 1.0)
+        row_bytes, stride_bytes = kv_buffer[0].numel() * kv_buffer.element_size(), kv_buffer.stride(0) * kv_buffer.element_size()
+        wrapped = torch.arange(kv_buffer.shape[0]) * stride_bytes + row_bytes > self.kv_window_bytes
+        kvf[wrapped] = 0.0  # read from the wrong memory past the 32-bit window (ROCm/aiter#5765: about zero)
         qo = qo_indptr.tolist()
         ids_all = kv_indices.tolist()
 

@@ -149,6 +149,24 @@ def test_path_matches_reference(case, sinks):
         assert fake.calls[0]["num_kv_splits_indptr_given"]
 
 
+@pytest.mark.parametrize("case", PATH_CASES, ids=lambda c: c[0])
+def test_the_fake_like_aiter_reads_rows_past_its_32_bit_window_wrongly(case):
+    """The failure mode that keeps pools past 2^32 bytes off AITER (tables/mla_decode.yaml, ``kv_cache_bytes``) is
+    real in the contract fake: with its window lowered to the first half of the pool (tests cannot allocate 4 GiB of
+    data), a call whose ids reach past it no longer matches the float64 reference; within the window it does."""
+    _, path, arch, q_key, H, params, fake_kw, has_lse = case
+    x = make_inputs(5, H, q_key, sinks="finite" if has_lse else None)
+    plan = make_plan(path, arch, q_key, H, params=params, sinks=has_lse)
+    row_bytes = 576 * x.kv_cache.element_size()
+    window = AiterContractFake(arch=arch, kv_window_bytes=N_ROWS * row_bytes, **fake_kw)
+    out, lse = launch_aiter(plan, x, impl=window, workspace=AiterWorkspace())
+    assert_matches_reference(x, out, lse)  # the whole pool within the window
+    half = AiterContractFake(arch=arch, kv_window_bytes=N_ROWS // 2 * row_bytes, **fake_kw)
+    out, lse = launch_aiter(plan, x, impl=half, workspace=AiterWorkspace())
+    with pytest.raises(AssertionError):
+        assert_matches_reference(x, out, lse)
+
+
 def test_out_buffer_and_fp8_out_dtype():
     fake = AiterContractFake(arch="gfx942")
     x = make_inputs(4, 16, "fp8_e4m3fnuz", sinks="finite")

@@ -38,6 +38,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from mla_sink import api
 from mla_sink.core.dtypes import FP8_KEYS, TORCH_DTYPES, allowed_dtype_pairs
 from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.kv_layout import span_bytes
 from mla_sink.core.platform import _triton_available
 from mla_sink.core.records import CallSpec, Platform, call_key
 from mla_sink.core.select import KNOWN_PATHS, NoKernelError
@@ -88,6 +89,7 @@ class Call:
     # "q" a view of [T, H, 580] rows, "kv" a cache of row stride 580, "idx" indices of row stride topk + 4;
     # "idx_step" indices whose rows are not unit-stride (CallSpec.unit_rows false)
     strides: Optional[str] = None
+    pool_rows: int = 8  # kv_cache's rows; a pool past 2^32 bytes is allocated lazily (torch.empty: no page touched)
 
     def argv(self) -> list:
         a = ["explain", "--arch", self.arch, "--aiter", self.aiter or "none", "--q-dtype", self.q, "--kv-dtype",
@@ -101,6 +103,7 @@ class Call:
         a += [] if self.packed and self.strides != "kv" else ["--no-kv-rows-packed"]  # rows of 580 are not packed
         a += ["--no-unit-rows"] if self.strides == "idx_step" else []
         a += ["--no-gather-aligned"] if self.strides in ("q", "kv", "idx") else []
+        a += ["--kv-cache-bytes", str(span_bytes(tensors(self).kv_cache))]  # as the runtime reads it
         return a
 
     def platform(self) -> Optional[Platform]:
@@ -139,7 +142,8 @@ def tensors(c: Call) -> DecodeInputs:
         q = torch.zeros(1, c.heads, 576, dtype=TORCH_DTYPES[c.q]).expand(c.tokens, c.heads, 576)
     width = 656 if c.kv == "fp8_ds_mla" else 576
     wide = width + (4 if c.strides == "kv" else 0 if c.packed else 64)  # rows of 580 (660), or of 640 (720)
-    kv = torch.zeros(8, wide, dtype=TORCH_DTYPES[c.kv])[:, :width]
+    make = torch.zeros if c.pool_rows <= 8 else torch.empty  # a big pool's pages are never touched: no kernel runs
+    kv = make(c.pool_rows, wide, dtype=TORCH_DTYPES[c.kv])[:, :width]
     if c.strides == "idx":  # indices of row stride topk + 4
         idx = torch.zeros(c.tokens, c.topk + 4, dtype=torch.int32)[:, :c.topk]
     elif c.strides == "idx_step":  # rows of stride 2
@@ -607,6 +611,50 @@ def test_a_call_on_a_cache_of_strided_rows_runs_where_explain_says(c):
     assert launched is None or not any(isinstance(x, AiterCall) for x in launched)
 
 
+#: Rows of a bf16 [N, 576] pool just past 2^32 bytes (1152 bytes a row), and the most within it.
+OVER_4GIB_ROWS, WITHIN_4GIB_ROWS = 2 ** 32 // 1152 + 1, 2 ** 32 // 1152
+
+
+@pytest.mark.parametrize("c", [
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 256, pool_rows=OVER_4GIB_ROWS),
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 32, 3, 37, True, 1, False, 0.0, None, 256, pool_rows=OVER_4GIB_ROWS),
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 128, 2, 37, True, 1, False, 0.0, None, 256,
+         pool_rows=OVER_4GIB_ROWS),
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, False, 1, False, 0.0, None, 304,
+         pool_rows=OVER_4GIB_ROWS),
+    Call("gfx942", "0.1.20", False, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 304,
+         pool_rows=OVER_4GIB_ROWS),
+    Call("gfx942", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, "aiter_lse", 304,
+         pool_rows=OVER_4GIB_ROWS),
+    Call("gfx942", "0.1.20", None, "fp8_e4m3fnuz", "fp8_e4m3fnuz", 64, 2, 37, True, 1, False, 0.0, None, 304,
+         pool_rows=2 ** 32 // 576 + 1),  # fp8: 576 bytes a row
+    Call("gfx950", "0.1.20", None, "bf16", "bf16", 16, 4, 37, True, 1, False, 0.0, None, 256,
+         pool_rows=WITHIN_4GIB_ROWS),  # the last pool within 2^32 bytes: AITER
+])
+def test_a_call_on_a_pool_past_4_gib_runs_where_explain_says(c):
+    """AITER's MLA decode kernels read rows past 2^32 bytes from the pool's first byte from the wrong memory
+    (ROCm/aiter#5765; tables/mla_decode.yaml, the AITER paths' ``kv_cache_bytes``). A pool past 4 GiB (allocated
+    lazily: no page is touched, no kernel runs) is planned on Triton (the reference without Triton) by explain and
+    the runtime alike, which name that requirement as the AITER paths' reason; forced onto an AITER path, both refuse
+    the call; the largest pool within 4 GiB stays on AITER."""
+    check_agreement(c)
+    rc, text, _ = cli(c.argv())
+    got = runtime(c)
+    row_bytes = 1152 if c.kv == "bf16" else 576
+    if c.pool_rows * row_bytes <= 2 ** 32:
+        assert got[1].path.startswith("aiter") and got[1].spec.kv_cache_bytes == c.pool_rows * row_bytes
+        return
+    reason = f"kv_cache_bytes={c.pool_rows * row_bytes}, needs <= 4294967296 (AITER's MLA decode kernels address"
+    assert reason in text, text
+    if c.path is not None:  # forced onto an AITER path: refused by both, with the reason
+        assert rc == 2 and got[0] == "refused" and reason in got[1].explanation
+        return
+    _, plan, launched, _, _ = got
+    assert plan.spec.kv_cache_bytes == c.pool_rows * row_bytes
+    assert plan.path == ("triton" if c.triton is None else "reference")
+    assert launched is None or not any(isinstance(x, AiterCall) for x in launched)
+
+
 def test_a_layer_is_planned_for_the_cache_each_call_gives():
     """The layer's construction-time plan assumes packed rows unless built with ``kv_rows_packed=False``; a call on a
     cache of strided rows is planned on Triton either way (the tensors decide), one on packed rows on AITER."""
@@ -624,7 +672,22 @@ def test_a_layer_is_planned_for_the_cache_each_call_gives():
                 x = tensors(c)
                 layer(x.q, x.kv_cache, x.indices)
                 assert rec.plans[-1].path == ("aiter_lse" if c.packed else "triton")
-                assert rec.plans[-1].spec == attrs.evolve(layer.spec, kv_rows_packed=c.packed)
+                assert rec.plans[-1].spec == attrs.evolve(layer.spec, kv_rows_packed=c.packed,
+                                                          kv_cache_bytes=span_bytes(x.kv_cache))
+
+
+def test_a_layer_built_for_a_pool_past_4_gib_plans_it_off_aiter():
+    """A layer told its pool's size (``kv_cache_bytes``) plans as a call on that pool: off AITER past 2^32 bytes, on
+    it within; the calls themselves are planned for the pool they give (the tensors decide, as for packed rows)."""
+    from mla_sink.layer import SparseMLADecode
+
+    platform = Platform("gfx942", aiter_version="0.1.20", num_sms=304)
+    for size, path in ((2 ** 32, "aiter_lse"), (2 ** 32 + 1, "triton")):
+        layer = SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=37, return_lse=True,
+                                kv_cache_bytes=size, platform=platform)
+        assert layer.plan.path == path and layer.spec.kv_cache_bytes == size
+    with pytest.raises(ValueError, match=r"'kv_cache_bytes' must be an int in \[0, 2\^63 - 1\] \(got -1\)"):
+        SparseMLADecode(num_heads=16, q_dtype="bf16", kv_dtype="bf16", topk=37, kv_cache_bytes=-1, platform=platform)
 
 
 def test_a_seesaw_call_of_a_topk_without_whole_16_id_rows_is_planned_on_the_kernel_that_runs():

@@ -46,6 +46,33 @@ def test_kv_rows_packed_is_read_from_the_cache_and_named_in_the_key():
         CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=8, kv_rows_packed=1)
 
 
+def test_kv_cache_bytes_is_read_from_the_cache():
+    """``kv_cache_bytes`` is the bytes the pool spans, from its first byte to the end of its last row, whatever its
+    layout: ``N * 1152`` for a contiguous bf16 ``[N, 576]``, less the last row's gap for a view of wider rows, the
+    pages' gaps for a paged V3.2 pool, 0 for an empty pool, past 2^32 bytes for a pool that big. The record takes an int in ``[0, 2^63 - 1]``."""
+    import torch
+
+    from mla_sink import describe
+    from mla_sink.core.kv_layout import span_bytes
+
+    q, idx = torch.zeros(2, 16, 576, dtype=torch.bfloat16), torch.zeros(2, 8, dtype=torch.int32)
+    wide = torch.zeros(8, 640, dtype=torch.bfloat16)
+    pages = torch.zeros(4, 65, 656, dtype=torch.uint8)
+    for kv, size in ((wide[:, :576].contiguous(), 8 * 1152), (wide[:, :576], (7 * 640 + 576) * 2),
+                     (pages[:, :64], 3 * 65 * 656 + 64 * 656),
+                     (pages[:, :64].contiguous(), 4 * 64 * 656), (pages[:2, :64], 65 * 656 + 64 * 656)):
+        assert describe(q, kv, idx, platform=Platform("cpu"))[0].kv_cache_bytes == size, kv.shape
+    assert span_bytes(wide[:0, :576]) == 0  # an empty pool (a DCP rank's shard may be one)
+    rows = 2 ** 32 // 1152 + 1  # past 4 GiB, allocated lazily (torch.empty touches no page; describe reads none)
+    s, _ = describe(q, torch.empty(rows, 576, dtype=torch.bfloat16), idx, platform=Platform("cpu"))
+    assert s.kv_cache_bytes == rows * 1152 > 2 ** 32
+    base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=8)
+    assert CallSpec(**base, kv_cache_bytes=2 ** 63 - 1).kv_cache_bytes == 2 ** 63 - 1
+    for bad in (-1, 2 ** 63, 1.0, True, "1"):
+        with pytest.raises(ValueError, match=r"'kv_cache_bytes' must be an int in \[0, 2\^63 - 1\]"):
+            CallSpec(**base, kv_cache_bytes=bad)
+
+
 def test_need_lse():
     base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
     assert not CallSpec(**base).need_lse

@@ -126,13 +126,31 @@ def test_every_row_is_exercised():
     assert {r.id for r in mla_table().rows} == exercised
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[2].startswith("aiter")], ids=lambda c: c[4])
+def test_no_aiter_path_serves_a_pool_past_4_gib(case):
+    """Every call an AITER row serves keeps its path on a pool of exactly 2^32 bytes and leaves AITER for Triton (the
+    reference without Triton) one byte past it: AITER's kernels address rows by a 32-bit byte offset from the pool's
+    first byte (ROCm/aiter#5765). The refusal names the bound, as every AITER path's requirement."""
+    import attrs
+
+    s, p, path, _, row = case
+    assert select(attrs.evolve(s, kv_cache_bytes=2 ** 32), p).path == path
+    for triton, portable in ((p.triton, "triton"), (False, "reference")):
+        platform = attrs.evolve(p, triton=triton)
+        sel = select(attrs.evolve(s, kv_cache_bytes=2 ** 32 + 1), platform)
+        assert sel.path == (portable if triton else "reference"), (row, triton)
+        assert path in sel.path_failures, (row, sel)
+        assert any(f.field == "kv_cache_bytes" and f.actual == 2 ** 32 + 1 for f in sel.path_failures[path]), sel
+
+
 def test_every_aiter_path_requires_the_aiter_facts_once():
     """The facts every AITER call needs are the AITER paths' requirements, not rows: no row restates them
     (the checker reports a row condition its path already implies), and all four paths share them."""
     table = mla_table()
     aiter = [p for p in table.paths if p.startswith("aiter")]
     wanted = {("arch", "in"), ("aiter_version", "present"), ("aiter_version", "at_least"), ("q_dtype", "ne"),
-              ("kv_dtype", "ne"), ("logit_cap", "le"), ("num_heads", "le"), ("kv_rows_packed", "eq")}
+              ("kv_dtype", "ne"), ("logit_cap", "le"), ("num_heads", "le"), ("kv_rows_packed", "eq"),
+              ("kv_cache_bytes", "le")}
     for name in aiter:
         assert {(c.field, c.op) for c in table.paths[name].requires} == wanted, name
         assert table.paths[name].requires == table.paths[aiter[0]].requires

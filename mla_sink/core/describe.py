@@ -9,7 +9,7 @@ import torch
 import attrs
 
 from mla_sink.core.dtypes import dtype_key, kv_dtype_key
-from mla_sink.core.kv_layout import rows_packed
+from mla_sink.core.kv_layout import rows_packed, span_bytes
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.platform import detect_platform
 from mla_sink.core.records import CallSpec, Platform, check_platform
@@ -21,7 +21,8 @@ def tensor_facts(x: DecodeInputs, *, dcp: bool = False) -> dict:
     ``kv_rows_packed`` (:func:`mla_sink.core.kv_layout.rows_packed` of ``x.kv_cache``), ``gather_aligned``
     (:func:`mla_sink.paths.triton.plan.gather_strides_aligned`: q's, kv_cache's and indices' gather strides are
     multiples of the tuning table's stride multiple) and ``unit_rows``
-    (:func:`mla_sink.paths.triton.plan.rows_unit_stride`). ``x`` must already be checked
+    (:func:`mla_sink.paths.triton.plan.rows_unit_stride`) and ``kv_cache_bytes`` (:func:`mla_sink.core.kv_layout.
+    span_bytes`: the bytes the pool spans, a DCP call's shard's own). ``x`` must already be checked
     (:func:`mla_sink.core.validate.check_inputs`): this reads strides and checks nothing.
 
     Args:
@@ -37,7 +38,7 @@ def tensor_facts(x: DecodeInputs, *, dcp: bool = False) -> dict:
     from mla_sink.paths.triton.plan import gather_strides_aligned, rows_unit_stride
 
     ids = torch.empty(x.indices.shape, dtype=x.indices.dtype, device="meta") if dcp else x.indices
-    return dict(kv_rows_packed=rows_packed(x.kv_cache),
+    return dict(kv_rows_packed=rows_packed(x.kv_cache), kv_cache_bytes=span_bytes(x.kv_cache),
                 gather_aligned=gather_strides_aligned(x.q, x.kv_cache, ids),
                 unit_rows=rows_unit_stride(x.q, x.kv_cache, ids))
 
@@ -64,7 +65,7 @@ def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> Call
 
 def spec_for_tensors(spec: CallSpec, x: DecodeInputs) -> CallSpec:
     """``spec`` with the facts only the call's tensors know taken from them (:func:`tensor_facts`:
-    ``kv_rows_packed``, ``gather_aligned``, ``unit_rows``). A spec built without tensors (the layer's,
+    ``kv_rows_packed``, ``gather_aligned``, ``unit_rows``, ``kv_cache_bytes``). A spec built without tensors (the layer's,
     :func:`mla_sink.run`'s) assumes packed rows and aligned, unit-stride gathers; the call is planned for the
     tensors it is given. ``x`` must already be checked (:func:`mla_sink.core.validate.check_inputs`).
 

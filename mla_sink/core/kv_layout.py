@@ -238,6 +238,22 @@ def rows_packed(kv_cache: torch.Tensor) -> bool:
     return num_rows(kv_cache) <= 1 or (block_size == 1 and stride == kv_cache.shape[-1])
 
 
+def span_bytes(kv_cache: torch.Tensor) -> int:
+    """The bytes a pool spans: from its first byte to the end of its last element, ``(1 + sum((size_i - 1) *
+    stride_i)) * element_size`` (0 for an empty pool), whatever its layout (``[N, 576]``, rows of a wider row
+    stride, pages with a gap between them, the uint8 ``fp8_ds_mla`` rows). A kernel that addresses rows by a 32-bit
+    byte offset from the pool's first byte reads rows past ``2^32`` bytes wrongly; ``tables/mla_decode.yaml`` (the
+    AITER paths' ``kv_cache_bytes``) says which do. :attr:`mla_sink.CallSpec.kv_cache_bytes`.
+
+    Args:
+        kv_cache: a pool with a shape and strides (a tensor with or without data); sizes must be plain ints.
+    """
+    if kv_cache.numel() == 0:
+        return 0
+    last = sum((size - 1) * stride for size, stride in zip(kv_cache.shape, kv_cache.stride()))
+    return (1 + last) * kv_cache.element_size()
+
+
 def gather_rows(kv_cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """uint8 ``[len(ids), 656]``: the rows ``ids`` (int64, each in ``[0, N)``) of a flat or paged pool,
     without copying the pool (a paged pool with padded blocks is not one ``[N, 656]`` view). The ids must be in

@@ -57,6 +57,15 @@ TOPK_WHY = "2^30: the kernels step int32 id positions past the last id"
 MAX_ROWS = 2 ** 31
 
 
+#: The largest ``kv_cache_bytes`` a record takes: a pool's byte span, which PyTorch's int64 sizes hold.
+BYTES_MAX = 2 ** 63 - 1
+
+
+def _byte_count(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= BYTES_MAX:
+        raise ValueError(f"'{attribute.name}' must be an int in [0, 2^63 - 1] (got {brief(value)})")
+
+
 def _int_at_least(lo: int):
     def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
@@ -157,6 +166,12 @@ class CallSpec:
             so False means e.g. ``indices = ids[:, ::2]``), as both Gluon kernels read them (default True).
             Like ``kv_rows_packed``, a call's own tensors decide both: :func:`mla_sink.describe` reads them, and a
             call given a spec is planned with its tensors' values whatever the spec says.
+        kv_cache_bytes: the bytes ``kv_cache`` spans, from its first byte to the end of its last row
+            (:func:`mla_sink.core.kv_layout.span_bytes`; ``N * 1152`` for a contiguous bf16 ``[N, 576]``): an int in
+            ``[0, 2^63 - 1]`` (default 0: a spec made without tensors, as the layer's, counts as a small pool). A
+            call's own tensors decide it, as ``kv_rows_packed``. ``tables/mla_decode.yaml`` keeps the AITER paths
+            to pools of at most 2^32 bytes: AITER's MLA decode kernels address rows by a 32-bit byte offset from the
+            pool's first byte and read rows past 4 GiB wrongly, with no error (docs/DESIGN.md, AITER facts).
 
     Raises:
         ValueError: a field is out of its domain, or the (q_dtype, kv_dtype) pair is not allowed (message names
@@ -174,6 +189,7 @@ class CallSpec:
     kv_rows_packed: bool = attrs.field(default=True, validator=_bool)
     gather_aligned: bool = attrs.field(default=True, validator=_bool)
     unit_rows: bool = attrs.field(default=True, validator=_bool)
+    kv_cache_bytes: int = attrs.field(default=0, converter=_as_int, validator=_byte_count)
 
     def __attrs_post_init__(self) -> None:
         if (self.sinks or self.dcp_world_size > 1) and not self.need_lse:

@@ -121,7 +121,7 @@ def path_platform_failures(path: str, platform: Platform) -> tuple:
 
 def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
     """The field values ``tables/mla_decode.yaml`` matches on, from the two records (:func:`platform_fields` and the
-    call's dtypes, heads, LSE need, logit cap and row packing), plus ``sinks``, ``dcp_world_size`` and ``topk``, which
+    call's dtypes, heads, LSE need, logit cap, row packing and pool bytes), plus ``sinks``, ``dcp_world_size`` and ``topk``, which
     no row matches and ``explain`` shows. Raises nothing (the records were checked when made)."""
     return {
         **platform_fields(platform),
@@ -131,6 +131,7 @@ def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
         "need_lse": spec.need_lse,
         "logit_cap": spec.logit_cap,
         "kv_rows_packed": spec.kv_rows_packed,
+        "kv_cache_bytes": spec.kv_cache_bytes,
         # informative only (not matched by rows; shown by explain):
         "sinks": spec.sinks,
         "dcp_world_size": spec.dcp_world_size,

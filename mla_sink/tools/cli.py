@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from mla_sink.core.dtypes import DTYPE_KEYS, KV_DTYPE_KEYS, allowed_dtype_pairs
-from mla_sink.core.records import COUNT_MAX, TOPK_MAX, CallSpec, Platform, call_key, canonical_arch
+from mla_sink.core.records import BYTES_MAX, COUNT_MAX, TOPK_MAX, CallSpec, Platform, call_key, canonical_arch
 from mla_sink.tools.flags import CLI_UNSET_PATH, check_count, check_not_empty, flag_named
 
 _DTYPES = sorted(DTYPE_KEYS.values())  # q (and 576-column KV) dtypes
@@ -89,10 +89,11 @@ def _spec_from_args(args: argparse.Namespace) -> CallSpec:
     for flag, value, high in (("--heads", args.heads, COUNT_MAX), ("--topk", args.topk, TOPK_MAX),
                               ("--dcp", args.dcp, COUNT_MAX)):
         check_count(flag, value, high=high)  # named by the flag, as --tokens and --sms are; CallSpec checks the rest
+    check_count("--kv-cache-bytes", args.kv_cache_bytes, low=0, high=BYTES_MAX)
     return CallSpec(q_dtype=args.q_dtype, kv_dtype=args.kv_dtype or args.q_dtype, num_heads=args.heads,
                     topk=args.topk, sinks=args.sinks, dcp_world_size=args.dcp,
                     need_lse=args.return_lse, logit_cap=args.logit_cap, kv_rows_packed=args.kv_rows_packed,
-                    gather_aligned=args.gather_aligned, unit_rows=args.unit_rows)
+                    gather_aligned=args.gather_aligned, unit_rows=args.unit_rows, kv_cache_bytes=args.kv_cache_bytes)
 
 
 def _add_call_flags(p: argparse.ArgumentParser) -> None:
@@ -143,6 +144,10 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     add(p, "--unit-rows", dest="unit_rows", action=argparse.BooleanOptionalAction, default=True,
         help="unit_rows: the rows of q, kv_cache and indices are unit-stride (the default); --no-unit-rows for e.g. "
              "indices = ids[:, ::2], as the library reads it from the call's tensors (both Gluon kernels require it)")
+    add(p, "--kv-cache-bytes", dest="kv_cache_bytes", type=int, default=0,
+        help="kv_cache_bytes: the bytes kv_cache spans, from its first byte to the end of its last row (N * 1152 for "
+             "a contiguous bf16 [N, 576]), as the library reads it from the call's kv_cache; the AITER paths take "
+             "pools of at most 2^32 bytes (default 0: a small pool)")
     add(p, "--path", default=None,
         help="consider only rows naming this path (a path of tables/mla_decode.yaml; 'reference' is always "
              "honoured; default: every row, the table's first match wins)")
