@@ -567,6 +567,20 @@ def test_merge_states_known_numbers_natural_log():
     assert abs(lse.item() - math.log(10.0)) < 1e-6
 
 
+def test_merge_states_rows_with_an_infinite_or_empty_part():
+    """Row 0: a part with ``lse = +inf`` (a ``+inf`` score) makes the row's ``lse`` +inf and its ``out`` NaN, as the
+    reference's; row 1: the other part empty (``-inf``, its NaN ``out`` never read) leaves the first as it is; row 2:
+    every part empty gives ``out = 0``, ``lse = -inf`` (only the combine kernel's test covered the +inf part: a
+    mutation audit, forty-seventh session)."""
+    inf, nan = float("inf"), float("nan")
+    outs = [torch.tensor([[1.0, 2.0], [3.0, 4.0], [nan, nan]]), torch.tensor([[5.0, 6.0], [nan, nan], [7.0, 8.0]])]
+    lses = [torch.tensor([inf, 0.5, -inf]), torch.tensor([0.0, -inf, -inf])]
+    out, lse = merge_states(outs, lses)
+    assert lse[0] == inf and out[0].isnan().all()
+    assert lse[1] == 0.5 and torch.equal(out[1], torch.tensor([3.0, 4.0]))
+    assert lse[2] == -inf and torch.equal(out[2], torch.zeros(2))
+
+
 @pytest.mark.parametrize("outs,lses,bad", [
     ([torch.ones(1, 1, 4), torch.ones(1, 2, 4)], [torch.zeros(1, 1), torch.zeros(1, 2)], "outs\\[1\\] \\[1, 2, 4\\]"),
     ([torch.ones(1, 2, 4), torch.ones(1, 2, 4)], [torch.zeros(1, 2), torch.zeros(2)], "lses\\[1\\] \\[2\\]"),

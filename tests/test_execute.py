@@ -112,6 +112,19 @@ def test_build_plan_takes_a_numpy_token_count():
     assert plan.num_tokens == 4 and type(plan.num_tokens) is int
     with pytest.raises(ValueError, match=r"'num_tokens' must be None or an int in \[0, 2147483647\] \(got 2147483648\)"):
         build_plan(spec, Platform("cpu", num_sms=1), num_tokens=2 ** 31)  # the CLI's --tokens bound (a break test)
+    assert build_plan(spec, Platform("cpu", num_sms=1), num_tokens=2 ** 31 - 1).num_tokens == 2 ** 31 - 1  # its edge
+
+
+def test_a_plan_names_a_path_of_the_table():
+    """A :class:`LaunchPlan` built by hand (a test's, a tool's) names a path of the rule table, or is refused with the
+    paths it could name (a mutation audit, forty-seventh session: no test built one with another path)."""
+    from mla_sink import LaunchPlan
+
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
+    for bad in ("bogus", "", None, "Triton"):
+        with pytest.raises(ValueError, match=r"'path' must be one of \("):
+            LaunchPlan(path=bad, params={}, spec=spec, platform=Platform("cpu"))
+    assert LaunchPlan(path="reference", params={}, spec=spec, platform=Platform("cpu")).path == "reference"
 
 
 @pytest.mark.parametrize("spec, inputs, match", [

@@ -97,6 +97,8 @@ def test_invalid_ids_anywhere_are_skipped_and_nan_rows_never_leak():
     q = torch.randn(3, 2, 576).half()
     kv = torch.randn(16, 576).half()
     kv[7] = float("nan")
+    kv[0] = float("nan")  # row 0 too: an invalid id's slot must not gather it unmasked (a mutation audit,
+    # forty-seventh session: the reference's invalid slots gather row 0 before their weight is zeroed)
     messy = torch.tensor([[-1, 1, 2, 16], [1, -5, 2, 3], [1, 2**31 - 1, -1, 2]], dtype=torch.int32)
     out, lse = ref(q, kv, messy)
     assert not out.isnan().any()
@@ -122,6 +124,11 @@ def test_logit_cap_bounds_scores():
     q, kv, idx = one_head_two_keys()
     out, lse = ref(q, kv, idx, sm_scale=1.0, logit_cap=1.0)
     z = math.exp(math.tanh(2.0)) + 1.0
+    assert lse.item() == pytest.approx(math.log(z), abs=1e-6)
+    # a cap other than 1, where cap * tanh(s / cap) differs from tanh(s), cap * tanh(s) and tanh(s / cap) (at cap 1
+    # they coincide: a mutation audit, forty-seventh session)
+    out, lse = ref(q, kv, idx, sm_scale=1.0, logit_cap=5.0)
+    z = math.exp(5.0 * math.tanh(2.0 / 5.0)) + 1.0
     assert lse.item() == pytest.approx(math.log(z), abs=1e-6)
 
 

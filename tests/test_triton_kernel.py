@@ -49,11 +49,13 @@ SPLIT_KW = dict(config=config(block_h=64, block_n=16, num_warps=4, num_stages=1)
 
 
 def make_case(T, H, topk, q_dtype="bf16", kv_dtype="bf16", N=160, seed=0, sinks="mixed"):
-    """Inputs whose rows are: 0 = ids with -1, -5, N, 2^31-1 mixed in; 1 = first 16 ids -1; 2 = empty."""
+    """Inputs whose rows are: 0 = ids with -1, -5, N, 2^31-1 mixed in; 1 = first 16 ids -1; 2 = empty. KV rows 0 and
+    N-8.. are never referenced (NaN, as every unreferenced row)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(T, H, D_QK, generator=g) * 1.5
     kv = torch.randn(N, D_QK, generator=g)
-    idx = torch.randint(0, N - 8, (T, topk), generator=g, dtype=torch.int32)  # rows N-8.. never used
+    idx = torch.randint(1, N - 8, (T, topk), generator=g, dtype=torch.int32)  # rows N-8.. never used, nor row 0,
+    # where a masked gather would land if it clamped invalid ids to 0 (its NaN must not reach the result)
     bad = torch.tensor([-1, -5, N, 2**31 - 1], dtype=torch.int32)
     if T > 0:
         pos = torch.arange(0, topk, 3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -29,7 +31,7 @@ BAD = [
     (lambda x: x.update(kv_cache=torch.randn(32, 1, 576).bfloat16()), "kv_cache"),
     (lambda x: x.update(kv_cache=torch.randn(32, 512).bfloat16()), "kv_cache"),
     (lambda x: x.update(kv_cache=torch.randn(0, 576).bfloat16()), "kv_cache"),
-    (lambda x: x.update(kv_cache=torch.randn(32, 576).half()), "kv_cache dtype"),
+    (lambda x: x.update(kv_cache=torch.randn(32, 576).half()), "(q dtype, kv_cache dtype)"),
     (lambda x: x.update(indices=x["indices"].long()), "indices"),
     (lambda x: x.update(indices=x["indices"][0]), "indices"),
     (lambda x: x.update(indices=x["indices"][:1]), "indices"),
@@ -49,7 +51,9 @@ BAD = [
 def test_bad_input_names_the_argument(mutate, arg):
     x = good()
     mutate(x)
-    with pytest.raises(ValueError, match=f"'?{arg}") as info:
+    name = re.escape(arg) if arg.startswith("(") else f"'{arg}'"  # a pair as written, else the name in quotes (an
+    # optional quote let any message holding the letter q pass for q: a mutation audit, forty-seventh session)
+    with pytest.raises(ValueError, match=name) as info:
         sparse_mla_decode(**x)
     assert "got" in str(info.value)
 
@@ -394,7 +398,7 @@ def test_a_huge_int_scalar_is_named_briefly(arg, value):
 
 
 @pytest.mark.parametrize("arg", ["q", "kv_cache", "indices", "sinks"])
-@pytest.mark.parametrize("how", ["freed storage", "zero tensor"])
+@pytest.mark.parametrize("how", ["freed storage", "one element short", "zero tensor"])
 def test_a_tensor_without_the_storage_it_reaches_is_refused_by_name(arg, how):
     """A storage freed by ``untyped_storage().resize_(0)`` was read (NaN; the interpreter grew it back), and a zero
     tensor (``torch._efficientzerotensor``) met PyTorch's "invalid python storage" RuntimeError inside Triton (a
@@ -402,16 +406,17 @@ def test_a_tensor_without_the_storage_it_reaches_is_refused_by_name(arg, how):
     from mla_sink import sparse_mla_decode_reference
 
     x = dict(good(), sinks=torch.zeros(4))
-    if how == "freed storage":
+    if how in ("freed storage", "one element short"):  # a storage shrunk by one element is caught at its last byte
         x[arg] = x[arg].clone()
-        x[arg].untyped_storage().resize_(0)
-        message = rf"'{arg}' reaches byte \d+ of its storage, which holds 0 bytes"
+        keep = 0 if how == "freed storage" else x[arg].untyped_storage().nbytes() - x[arg].element_size()
+        x[arg].untyped_storage().resize_(keep)
+        message = rf"'{arg}' reaches byte \d+ of its storage, which holds {keep} bytes"
     else:
         x[arg] = torch._efficientzerotensor(x[arg].shape, dtype=x[arg].dtype)
         message = rf"'{arg}' must not be a zero tensor"
     for path in (None, "reference"):
         with pytest.raises(ValueError, match=message):
             sparse_mla_decode(x["q"], x["kv_cache"], x["indices"], x["sinks"], path=path)
-    if how == "freed storage":
+    if how != "zero tensor":
         with pytest.raises(ValueError, match=message):
             sparse_mla_decode_reference(x["q"], x["kv_cache"], x["indices"], x["sinks"])
