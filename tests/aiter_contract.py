@@ -84,6 +84,8 @@ class AiterContractFake:
         qlen_args: every query-length argument the fake was given, as ``(function, name, value)``
             (``max_seqlen_q`` of ``get_meta_param`` and ``mla_decode_fwd``, ``max_seqlen_qo`` of both
             metadata functions, ``uni_seqlen_qo`` of the fill).
+        info_args: the split arguments of every ``get_mla_metadata_info_v1`` call (``num_kv_splits``,
+            ``max_split_per_batch``).
     """
 
     def __init__(self, *, version: str = "0.1.20", arch: str = "gfx942", cu_num: Optional[int] = None,
@@ -98,6 +100,7 @@ class AiterContractFake:
         self.calls: list[dict[str, Any]] = []
         self.metadata_fills = 0
         self.qlen_args: list[tuple[str, str, Any]] = []
+        self.info_args: list[dict[str, Any]] = []
         self._plans: dict[int, dict[str, Any]] = {}
 
     # ---- split heuristic ------------------------------------------------------------------------
@@ -124,10 +127,12 @@ class AiterContractFake:
 
     # ---- persistent metadata --------------------------------------------------------------------
     def get_mla_metadata_info_v1(self, batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
-                                 fast_mode=True, num_kv_splits=32, intra_batch_mode=False):
+                                 fast_mode=True, num_kv_splits=32, intra_batch_mode=False, max_split_per_batch=-1):
         """``(shape, dtype)`` of work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr,
-        reduce_final_map, reduce_partial_map (in that order)."""
+        reduce_final_map, reduce_partial_map (in that order). ``max_split_per_batch`` (from 0.1.16) is recorded in
+        :attr:`info_args` (its effect on the sizes is not modelled)."""
         self.qlen_args.append(("get_mla_metadata_info_v1", "max_seqlen_qo", max_seqlen_qo))
+        self.info_args.append({"num_kv_splits": num_kv_splits, "max_split_per_batch": max_split_per_batch})
         assert num_head_qo % 8 == 0, f"num_head_qo={num_head_qo} must be a multiple of 8"
         batches = batch_size * max_seqlen_qo if is_sparse else batch_size
         tiles = batches * max(1, math.ceil(num_head_qo / 128))

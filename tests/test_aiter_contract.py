@@ -147,6 +147,11 @@ def test_path_matches_reference(case, sinks):
     if path == "aiter_lse_fp8_two_split":
         assert fake.calls[0]["num_kv_splits"] == (3 if fake_kw else 2)
         assert fake.calls[0]["num_kv_splits_indptr_given"]
+    # the metadata buffers are sized with the split cap the fill uses (max_split_per_batch, AITER 0.1.16 and newer:
+    # the fake took no such argument, so this call was never made in a test: helper-105's review)
+    split_cap = mla_table().paths["aiter_persistent"].params["max_split_per_batch"]
+    want = [{"num_kv_splits": split_cap, "max_split_per_batch": split_cap}] if path == "aiter_persistent" else []
+    assert fake.info_args == want
 
 
 @pytest.mark.parametrize("case", PATH_CASES, ids=lambda c: c[0])

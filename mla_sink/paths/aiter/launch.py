@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import inspect
 import threading
 import types
 from typing import Any, Optional, Protocol
@@ -152,15 +151,6 @@ class AiterWorkspace:
 _DEFAULT_WORKSPACE = AiterWorkspace()
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    """Whether ``fn`` takes a keyword ``name`` (AITER's metadata API grew arguments across releases)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
 def allocate_metadata(meta: PersistentMetadata, device: torch.device, impl: AiterImpl) -> dict[str, torch.Tensor]:
     """Allocate the six persistent metadata buffers with the sizes ``get_mla_metadata_info_v1`` reports.
 
@@ -172,14 +162,12 @@ def allocate_metadata(meta: PersistentMetadata, device: torch.device, impl: Aite
     Returns:
         ``{name: tensor}`` for :data:`METADATA_NAMES` (info order: meta, work_indptr, work_info_set, ...).
     """
-    extra = {}
-    if _accepts(impl.get_mla_metadata_info_v1, "max_split_per_batch"):
-        # newer AITER sizes reduce_partial_map from it: size with the cap the fill will use
-        extra["max_split_per_batch"] = meta.max_split_per_batch
+    # max_split_per_batch (AITER 0.1.16 and newer; the AITER paths require 0.1.19): AITER sizes reduce_partial_map
+    # from it, so the buffers are sized with the cap the fill will use
     info = impl.get_mla_metadata_info_v1(
         meta.batch_size, MAX_SEQLEN_Q, meta.num_heads, TORCH_DTYPES[meta.q_dtype],
         TORCH_DTYPES[meta.kv_dtype], IS_SPARSE, fast_mode=meta.fast_mode,
-        num_kv_splits=meta.max_split_per_batch, **extra,
+        num_kv_splits=meta.max_split_per_batch, max_split_per_batch=meta.max_split_per_batch,
     )
     return {name: torch.empty(size, dtype=dt, device=device) for name, (size, dt) in zip(METADATA_NAMES, info)}
 
