@@ -36,6 +36,9 @@ without the plan it really appears). What it models, with sources:
   past ``2^32`` bytes is read from the wrong memory, which the fake reads as zeros (ROCm/aiter#5765: "returns
   approximately zero", no fault; #2768; every gfx942 kernel and most of gfx950's); its bound ``kv_window_bytes`` is
   lowered by tests, which cannot allocate 4 GiB pools with data.
+* ``AITER_ENABLE_EXPERIMENTAL`` (``experimental``): from 0.1.20 fp8 persistent calls of ``nhead * max_seqlen_q``
+  = 128 (gfx942, gfx950) or 64 (gfx950) run ``hk_mla_decode_fwd``, given neither the per-tensor scales nor
+  ``final_lse`` (``aiter/mla.py`` ``use_hk``, ``csrc/include/mla_hk.h``).
 * ``get_mla_metadata_v1`` takes ``work_info_set`` before ``work_indptr`` (the reverse of
   ``get_mla_metadata_info_v1``'s return order); passing them in info order aborts here (in AITER the
   kernel would write out of bounds) (``aiter/ops/attention.py``).
@@ -75,6 +78,9 @@ class AiterContractFake:
         max_id_slots: the most ``kv_indices`` one call indexes before its int32 offsets wrap (default 2^31 - 1).
         kv_window_bytes: the bytes from ``kv_buffer``'s first byte within which KV rows are read right (default
             2^32: the kernels' 32-bit byte offsets); rows ending past it read as zeros.
+        experimental: ``AITER_ENABLE_EXPERIMENTAL`` set: from 0.1.20, fp8 persistent calls of 128 query rows (64 on
+            gfx950 too) run ``hk_mla_decode_fwd``, which reads the codes without ``q_scale`` / ``kv_scale`` and
+            writes no ``final_lse``.
 
     Attributes:
         calls: one dict per ``mla_decode_fwd`` call (persistent, effective splits, return_lse, heads,
@@ -90,8 +96,9 @@ class AiterContractFake:
 
     def __init__(self, *, version: str = "0.1.20", arch: str = "gfx942", cu_num: Optional[int] = None,
                  heuristic_splits: Optional[int] = None, max_id_slots: int = 2 ** 31 - 1,
-                 kv_window_bytes: int = 2 ** 32) -> None:
+                 kv_window_bytes: int = 2 ** 32, experimental: bool = False) -> None:
         self.version = Version(version)
+        self.experimental = experimental
         self.max_id_slots = max_id_slots
         self.kv_window_bytes = kv_window_bytes
         self.arch = arch
@@ -290,6 +297,14 @@ class AiterContractFake:
             lse_mode = "ok"
             if return_lse and not _persistent_lse_written(self.arch, q.dtype, kv_buffer.dtype, nhead):
                 lse_mode = "unwritten"  # for every token whose work is not split (modelled: every token)
+            if fp8_q and self.experimental and self.version >= Version("0.1.20") and (
+                    nhead * max_seqlen_q == 128 or (self.arch == "gfx950" and nhead * max_seqlen_q == 64)):
+                # hk_mla_decode_fwd (aiter/mla.py use_hk; csrc/include/mla_hk.h): no q_scale / kv_scale, no
+                # final_lse (modelled: every token's unwritten, the codes read unscaled)
+                record["hk"] = True
+                qf = q.float()
+                kvf = kv_buffer.reshape(kv_buffer.shape[0], -1).float()
+                lse_mode = "unwritten" if return_lse else lse_mode
             n_works = int(work_indptr[-1])
             works = [(r[2], r[3], ids_all[r[4]:r[5]]) for r in work_info_set[:n_works].tolist()]
             empty_lse = float("inf")

@@ -172,6 +172,28 @@ def test_the_fake_like_aiter_reads_rows_past_its_32_bit_window_wrongly(case):
         assert_matches_reference(x, out, lse)
 
 
+@pytest.mark.parametrize("arch, q_key, H, return_lse", [("gfx950", "fp8_e4m3", 64, True),
+                                                       ("gfx950", "fp8_e4m3", 128, False),
+                                                       ("gfx942", "fp8_e4m3fnuz", 128, False)])
+def test_the_fake_like_aiter_runs_the_hk_kernel_under_aiter_enable_experimental(arch, q_key, H, return_lse):
+    """The failure mode that keeps fp8 persistent calls off AITER while ``AITER_ENABLE_EXPERIMENTAL`` is set
+    (tables/mla_decode.yaml, ``aiter_experimental``) is real in the contract fake: from 0.1.20 such a call of 64 or
+    128 heads runs ``hk_mla_decode_fwd``, without the per-tensor scales and without ``final_lse``, and no longer
+    matches the float64 reference; with the variable unset, or on 0.1.19, it does."""
+    x = make_inputs(5, H, q_key, sinks="finite" if return_lse else None)
+    plan = make_plan("aiter_persistent", arch, q_key, H, params={"return_lse": return_lse}, sinks=return_lse)
+    for experimental, version in ((False, "0.1.20"), (True, "0.1.19")):
+        fake = AiterContractFake(arch=arch, version=version, experimental=experimental)
+        out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+        assert_matches_reference(x, out, lse)
+        assert "hk" not in fake.calls[0]
+    fake = AiterContractFake(arch=arch, experimental=True)
+    out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+    assert fake.calls[0]["hk"]
+    with pytest.raises(AssertionError):
+        assert_matches_reference(x, out, lse)
+
+
 def test_out_buffer_and_fp8_out_dtype():
     fake = AiterContractFake(arch="gfx942")
     x = make_inputs(4, 16, "fp8_e4m3fnuz", sinks="finite")

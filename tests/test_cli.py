@@ -15,6 +15,26 @@ def run_cli(capsys, *argv):
     return code, capsys.readouterr().out
 
 
+def test_explain_takes_the_pool_size_and_aiter_experimental(capsys):
+    """``--kv-cache-bytes`` past 2^32 and ``--aiter-experimental`` (fp8 persistent) keep a call off AITER, with the
+    table's reason; within the bounds (and by default) the same call is AITER's."""
+    base = ("explain", "--arch", "gfx950", "--aiter", "0.1.20", "--sinks", "--json")
+    for extra, path, reason in (
+            ((), "aiter_lse", None),
+            (("--kv-cache-bytes", str(2 ** 32)), "aiter_lse", None),
+            (("--kv-cache-bytes", str(2 ** 32 + 1)), "triton", "kv_cache_bytes=4294967297, needs <= 4294967296"),
+            (("--q-dtype", "fp8_e4m3", "--heads", "64"), "aiter_persistent", None),
+            (("--q-dtype", "fp8_e4m3", "--heads", "64", "--aiter-experimental"), "triton",
+             "aiter_experimental=true, needs false"),
+            (("--q-dtype", "fp8_e4m3", "--heads", "64", "--no-aiter-experimental"), "aiter_persistent", None)):
+        code, out = run_cli(capsys, *base, *extra)
+        doc = json.loads(out)
+        assert code == 0 and doc["path"] == path, (extra, doc["path"])
+        assert doc["platform"]["aiter_experimental"] is ("--aiter-experimental" in extra)
+        _, text = run_cli(capsys, *base[:-1], *extra)
+        assert reason is None or reason in text, text
+
+
 def test_explain_names_key_path_row_and_rejections(capsys):
     code, out = run_cli(capsys, "explain", "--arch", "gfx942", "--aiter", "0.1.20", "--q-dtype", "bf16",
                         "--heads", "64", "--sinks")

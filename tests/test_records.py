@@ -73,6 +73,24 @@ def test_kv_cache_bytes_is_read_from_the_cache():
             CallSpec(**base, kv_cache_bytes=bad)
 
 
+@pytest.mark.parametrize("value, on", [(None, False), ("0", False), ("1", True), ("2", True), (" 1", True),
+                                       ("-1", True), ("yes", False), ("", False), ("true", False)])
+def test_aiter_experimental_is_read_as_aiter_reads_it(monkeypatch, value, on):
+    """``AITER_ENABLE_EXPERIMENTAL`` as ``aiter/jit/core.py`` reads it (``int(value) != 0``, anything else off);
+    the platform's key names it; the CPU's platform never has it (no AITER)."""
+    from mla_sink.core.platform import _aiter_experimental, detect_platform
+
+    if value is None:
+        monkeypatch.delenv("AITER_ENABLE_EXPERIMENTAL", raising=False)
+    else:
+        monkeypatch.setenv("AITER_ENABLE_EXPERIMENTAL", value)
+    assert _aiter_experimental() is on
+    assert detect_platform("cpu").aiter_experimental is False
+    assert str(Platform("gfx950", "0.1.20", aiter_experimental=True)) == "gfx950-aiter0.1.20-experimental-triton"
+    with pytest.raises(ValueError, match="'aiter_experimental' must be a bool"):
+        Platform("gfx950", "0.1.20", aiter_experimental=1)
+
+
 def test_need_lse():
     base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
     assert not CallSpec(**base).need_lse

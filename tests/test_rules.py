@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import attrs
 import pytest
 
 from mla_sink import dispatch
@@ -56,6 +57,14 @@ CASES = [
     (spec(h=16), G950, "aiter_persistent", {"return_lse": False}, "aiter_persistent_bf16"),
     (spec(FNUZ, h=32), G942, "aiter_persistent", {"return_lse": False}, "aiter_persistent_fp8_gfx942"),
     (spec(OCP, h=32), G950, "aiter_persistent", {"return_lse": False}, "aiter_persistent_fp8_gfx950"),
+    # AITER_ENABLE_EXPERIMENTAL: fp8 persistent calls of 64 / 128 query rows run hk_mla_decode_fwd (no scales, no
+    # final_lse) from 0.1.20, so fp8 persistent rows require it off; gfx942's 64-head kernel is not hk's, bf16 never
+    (spec(FNUZ, h=128), attrs.evolve(G942, aiter_experimental=True), "triton", {}, "triton_portable"),
+    (spec(OCP, h=64, sinks=True), attrs.evolve(G950, aiter_experimental=True), "triton", {}, "triton_portable"),
+    (spec(OCP, h=24, sinks=True), attrs.evolve(G950, aiter_experimental=True), "triton", {}, "triton_portable"),
+    (spec(FNUZ, h=64, sinks=True), attrs.evolve(G942, aiter_experimental=True), "aiter_persistent",
+     {"return_lse": True}, "gfx942_fp8_h64_q1_persistent_lse"),
+    (spec(h=16, sinks=True), attrs.evolve(G950, aiter_experimental=True), "aiter_lse", {}, "aiter_lse_bf16_small_heads"),
     (spec(h=256), G942, "triton", {}, "triton_portable"),  # AITER paths require num_heads <= 128
     (spec(h=16, cap=30.0), G942, "triton", {}, "triton_portable"),  # AITER paths require logit_cap <= 0
     # AITER paths require packed kv_cache rows (a [N, 576] view of rows of 640 was refused by the AITER launcher

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import os
 from typing import Any, Optional
 
 import torch
@@ -28,6 +29,15 @@ def _aiter_version() -> Optional[str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return "0.0.0"  # importable from a source tree without metadata: treated as too old for LSE rows
+
+
+def _aiter_experimental() -> bool:
+    """Whether AITER's experimental kernels are on: ``AITER_ENABLE_EXPERIMENTAL`` as AITER reads it
+    (``aiter/jit/core.py``, ``is_experimental_enabled``: unset or ``0`` off, any other int on, anything else off)."""
+    try:
+        return int(os.environ.get("AITER_ENABLE_EXPERIMENTAL", "0")) != 0
+    except ValueError:
+        return False
 
 
 def _triton_available() -> bool:
@@ -126,8 +136,9 @@ def _detect_cached(device_str: Optional[str]) -> Platform:
     if arch == "cpu":  # the interpreter runs one program at a time: one "SM"
         return Platform(arch=arch, triton=triton_interpreter_ok(), gluon=False, num_sms=1)
     triton = _triton_available()
-    return Platform(arch=arch, aiter_version=_aiter_version(), triton=triton, gluon=triton and gluon_available(),
-                    num_sms=_num_sms(device_str))
+    aiter = _aiter_version()
+    return Platform(arch=arch, aiter_version=aiter, triton=triton, gluon=triton and gluon_available(),
+                    num_sms=_num_sms(device_str), aiter_experimental=aiter is not None and _aiter_experimental())
 
 
 def detect_platform(device: Any = None, *, tensor: Optional[str] = None) -> Platform:

@@ -303,12 +303,17 @@ class Platform:
         num_sms: streaming multiprocessors (compute units) of the device, which the split-KV decision
             of the ``triton`` path reads; ``None`` when unknown (then ``mla-sink explain`` leaves the
             split count open); 1 on the CPU (or ``None``: Triton's interpreter runs one program at a time).
+        aiter_experimental: whether AITER's experimental kernels are switched on (the environment variable
+            ``AITER_ENABLE_EXPERIMENTAL`` read as AITER reads it, an int other than 0; default False), which sends
+            some fp8 calls to a kernel that takes no per-tensor scales and writes no LSE
+            (``tables/mla_decode.yaml``). :func:`mla_sink.core.platform.detect_platform` reads it once per device,
+            where AITER is importable.
 
     Build one explicitly to ask about any machine from a laptop; :func:`detect` reads this one.
 
     Raises:
-        ValueError: unknown arch string or unparsable version; ``triton`` not a bool, ``gluon`` neither a bool nor
-            ``None``; ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on ``cpu``. Which archs AITER serves
+        ValueError: unknown arch string or unparsable version; ``triton`` or ``aiter_experimental`` not a bool,
+            ``gluon`` neither a bool nor ``None``; ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on ``cpu``. Which archs AITER serves
             is the rule table's (``tables/mla_decode.yaml``, the AITER paths' ``requires``): an ``aiter_version`` on any
             other arch makes those paths ineligible, with that reason.
     """
@@ -318,6 +323,7 @@ class Platform:
     triton: bool = attrs.field(default=True, validator=_bool)
     gluon: Optional[bool] = attrs.field(default=None)
     num_sms: Optional[int] = attrs.field(default=None, converter=_as_int)
+    aiter_experimental: bool = attrs.field(default=False, validator=_bool)
 
     def __attrs_post_init__(self) -> None:
         if self.gluon is None:
@@ -342,7 +348,8 @@ class Platform:
 
     def __str__(self) -> str:
         aiter = f"aiter{self.aiter_version}" if self.aiter_version else "noaiter"
-        return f"{self.arch}-{aiter}-{'triton' if self.triton else 'notriton'}"
+        experimental = "-experimental" if self.aiter_experimental else ""
+        return f"{self.arch}-{aiter}{experimental}-{'triton' if self.triton else 'notriton'}"
 
     @classmethod
     def detect(cls, device: Any = None) -> "Platform":

@@ -90,11 +90,13 @@ def check_mla_table(table: "dispatch.RuleTable") -> None:
 
 def platform_fields(platform: Platform) -> dict[str, Any]:
     """The field values of ``tables/mla_decode.yaml`` that describe the machine (not the call), from the record:
-    ``arch``, ``cuda_arch``, ``aiter_version`` and ``triton``. Raises nothing (the record was checked when made)."""
+    ``arch``, ``cuda_arch``, ``aiter_version``, ``aiter_experimental`` and ``triton``. Raises nothing (the record
+    was checked when made)."""
     return {
         "arch": platform.arch,
         "cuda_arch": platform.cuda_arch,
         "aiter_version": platform.aiter_version,
+        "aiter_experimental": platform.aiter_experimental,
         "triton": platform.triton,
     }
 

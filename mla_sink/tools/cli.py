@@ -61,7 +61,11 @@ def _platform_from_args(args: argparse.Namespace) -> Platform:
     else:
         gluon = None  # as triton
     sms = args.sms if getattr(args, "sms", None) is not None else (local.num_sms if local is not None else None)
-    return Platform(arch=arch, aiter_version=aiter, triton=triton, gluon=gluon, num_sms=sms)
+    experimental = getattr(args, "aiter_experimental", None)
+    if experimental is None:
+        experimental = local.aiter_experimental if local is not None else False
+    return Platform(arch=arch, aiter_version=aiter, triton=triton, gluon=gluon, num_sms=sms,
+                    aiter_experimental=experimental)
 
 
 def _cpu_arch() -> str:
@@ -114,6 +118,9 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
     add(p, "--aiter", metavar="VERSION",
         help="installed AITER version, e.g. 0.1.20, or 'none' for no AITER (default: this machine's when --arch is "
              "this machine's, else none)")
+    add(p, "--aiter-experimental", dest="aiter_experimental", action=argparse.BooleanOptionalAction, default=None,
+        help="AITER's experimental kernels are on (AITER_ENABLE_EXPERIMENTAL set to an int other than 0), which "
+             "keeps fp8 persistent calls off AITER (default: this machine's when --arch is this machine's, else off)")
     tri = p.add_mutually_exclusive_group()
     add(tri, "--triton", dest="triton", action="store_true", default=None,
         help="Triton can run the kernel on the platform (default: as on this machine)")
