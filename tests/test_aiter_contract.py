@@ -170,6 +170,19 @@ def test_the_fake_like_aiter_reads_rows_past_its_32_bit_window_wrongly(case):
     out, lse = launch_aiter(plan, x, impl=half, workspace=AiterWorkspace())
     with pytest.raises(AssertionError):
         assert_matches_reference(x, out, lse)
+    # the window's edge: token 0's valid ids all read one row, the last within a window ending at its last byte,
+    # past one a byte shorter
+    top = N_ROWS - 9
+    idx = x.indices.clone()
+    idx[0][(idx[0] >= 0) & (idx[0] < N_ROWS)] = top
+    x = x._replace(indices=idx)
+    atol, rtol = TOL["bf16"]
+    want = reference(x)[0][0]  # token 0's out (the other tokens read rows past the windows below)
+    for window, right in (((top + 1) * row_bytes, True), ((top + 1) * row_bytes - 1, False)):
+        fake = AiterContractFake(arch=arch, kv_window_bytes=window, **fake_kw)
+        out, _ = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+        close = torch.allclose(out[0].double(), want, atol=atol, rtol=rtol)
+        assert close is right, (window, right)
 
 
 @pytest.mark.parametrize("arch, q_key, H, return_lse", [("gfx950", "fp8_e4m3", 64, True),

@@ -204,6 +204,8 @@ def test_help(argv, capsys):
     (["explain", "--heads", "0"], "'--heads' must be in [1, 2147483647] (got 0)"),
     (["explain", "--topk", "-3"], "'--topk' must be in [1, 1073741824] (got -3)"),  # topk's bound: 2^30
     (["explain", "--dcp", "0"], "'--dcp' must be in [1, 2147483647] (got 0)"),
+    (["explain", "--kv-cache-bytes", "-1"], "'--kv-cache-bytes' must be in [0, 9223372036854775807] (got -1)"),
+    (["explain", "--kv-cache-bytes", str(2 ** 63)], "'--kv-cache-bytes' must be in [0, 9223372036854775807]"),
     (["explain", "--arch", "sm90", "--sms", "-1"], "'--sms' must be in [1, 2147483647] (got -1)"),
     # counts past int32 (the kernels' argument type) were accepted and explained
     (["explain", "--heads", str(10 ** 20)], f"'--heads' must be in [1, 2147483647] (got {10 ** 20})"),

@@ -107,6 +107,25 @@ def test_compile_fullgraph_traces_run():
     torch.testing.assert_close(lse, e_lse)
 
 
+def test_compile_with_a_pool_of_symbolic_rows():
+    """A pool whose row count is symbolic (``mark_dynamic``) while q's and the ids' sizes are not: the operator's
+    tracing check plans only with concrete sizes, the pool's included (its span, ``CallSpec.kv_cache_bytes``, is
+    read from them); it raised PyTorch's fake-tensor error when it planned with the symbolic pool (a mutation audit,
+    forty-seventh session). Two pool sizes, one graph, each equal to the eager call."""
+    from mla_sink import sparse_mla_decode
+
+    torch.manual_seed(0)
+    q, idx, s = torch.randn(2, 16, 576).bfloat16(), torch.randint(0, 64, (2, 8), dtype=torch.int32), torch.zeros(16)
+    fn = torch.compile(lambda q, kv, i, s: sparse_mla_decode(q, kv, i, s, path="reference"), fullgraph=True,
+                       dynamic=False, backend="eager")
+    for n in (64, 96):
+        kv = torch.randn(n, 576).bfloat16()
+        torch._dynamo.mark_dynamic(kv, 0)
+        out, lse = fn(q, kv, idx, s)
+        ref_out, ref_lse = sparse_mla_decode(q, kv, idx, s, path="reference")
+        assert out.shape == (2, 16, 512) and torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
 def test_compile_fullgraph_run_and_layer_with_out():
     q, kv, idx, s = inputs(T=2, H=3, topk=8)
     spec = CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=3, topk=8, sinks=True)
