@@ -100,10 +100,11 @@ class SparseMLADecode:
     Raises:
         ValueError: a dtype key or torch dtype outside the keys, a dtype pair not allowed, ``num_heads`` /
             ``topk`` / ``dcp_world_size`` out of range, ``sm_scale`` or ``logit_cap`` out of range, ``return_lse``
-            or ``kv_rows_packed`` not a bool, ``kv_cache_bytes`` not an int in ``[0, 2^63 - 1]``, malformed sinks (as :func:`mla_sink.prepare`), DCP arguments that do not
-            fit (:func:`mla_sink.api.check_dcp_args`: unknown layout, a group or ``num_kv_rows`` without DCP, a missing
-            or unusable group, a group size other than ``dcp_world_size``, ``num_kv_rows`` not an int ``>= 1``),
-            ``platform`` not a :class:`Platform`, ``path`` not a path of the table.
+            or ``kv_rows_packed`` not a bool, ``kv_cache_bytes`` not an int in ``[0, 2^63 - 1]``, malformed sinks (as
+            :func:`mla_sink.prepare`), DCP arguments that do not fit (:func:`mla_sink.api.check_dcp_args`: unknown
+            layout, a group or ``num_kv_rows`` without DCP, a missing or unusable group, a group size other than
+            ``dcp_world_size``, ``num_kv_rows`` not an int ``>= 1``), ``platform`` not a :class:`Platform`, ``path``
+            not a path of the table.
         NoKernelError: no path serves the configuration on this platform (or not the forced ``path``).
         AttributeError: later, on assigning or deleting a read-only attribute (above).
     """

@@ -238,7 +238,8 @@ class AiterContractFake:
         sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
         qf = q.float() * (q_scale.float().reshape(()) if q_scale is not None else 1.0)
         kvf = kv_buffer.reshape(kv_buffer.shape[0], -1).float() * (kv_scale.float().reshape(()) if kv_scale is not None else 1.0)
-        row_bytes, stride_bytes = kv_buffer[0].numel() * kv_buffer.element_size(), kv_buffer.stride(0) * kv_buffer.element_size()
+        size = kv_buffer.element_size()
+        row_bytes, stride_bytes = kv_buffer[0].numel() * size, kv_buffer.stride(0) * size
         wrapped = torch.arange(kv_buffer.shape[0]) * stride_bytes + row_bytes > self.kv_window_bytes
         kvf[wrapped] = 0.0  # read from the wrong memory past the 32-bit window (ROCm/aiter#5765: about zero)
         qo = qo_indptr.tolist()

@@ -49,7 +49,8 @@ def test_kv_rows_packed_is_read_from_the_cache_and_named_in_the_key():
 def test_kv_cache_bytes_is_read_from_the_cache():
     """``kv_cache_bytes`` is the bytes the pool spans, from its first byte to the end of its last row, whatever its
     layout: ``N * 1152`` for a contiguous bf16 ``[N, 576]``, less the last row's gap for a view of wider rows, the
-    pages' gaps for a paged V3.2 pool, 0 for an empty pool, past 2^32 bytes for a pool that big. The record takes an int in ``[0, 2^63 - 1]``."""
+    pages' gaps for a paged V3.2 pool, 0 for an empty pool, past 2^32 bytes for a pool that big. The record
+    takes an int in ``[0, 2^63 - 1]``."""
     import torch
 
     from mla_sink import describe

@@ -64,7 +64,8 @@ CASES = [
     (spec(OCP, h=24, sinks=True), attrs.evolve(G950, aiter_experimental=True), "triton", {}, "triton_portable"),
     (spec(FNUZ, h=64, sinks=True), attrs.evolve(G942, aiter_experimental=True), "aiter_persistent",
      {"return_lse": True}, "gfx942_fp8_h64_q1_persistent_lse"),
-    (spec(h=16, sinks=True), attrs.evolve(G950, aiter_experimental=True), "aiter_lse", {}, "aiter_lse_bf16_small_heads"),
+    (spec(h=16, sinks=True), attrs.evolve(G950, aiter_experimental=True), "aiter_lse", {},
+     "aiter_lse_bf16_small_heads"),
     (spec(h=256), G942, "triton", {}, "triton_portable"),  # AITER paths require num_heads <= 128
     (spec(h=16, cap=30.0), G942, "triton", {}, "triton_portable"),  # AITER paths require logit_cap <= 0
     # AITER paths require packed kv_cache rows (a [N, 576] view of rows of 640 was refused by the AITER launcher

@@ -65,9 +65,9 @@ def spec_of(x: DecodeInputs, *, need_lse: bool, dcp_world_size: int = 1) -> Call
 
 def spec_for_tensors(spec: CallSpec, x: DecodeInputs) -> CallSpec:
     """``spec`` with the facts only the call's tensors know taken from them (:func:`tensor_facts`:
-    ``kv_rows_packed``, ``gather_aligned``, ``unit_rows``, ``kv_cache_bytes``). A spec built without tensors (the layer's,
-    :func:`mla_sink.run`'s) assumes packed rows and aligned, unit-stride gathers; the call is planned for the
-    tensors it is given. ``x`` must already be checked (:func:`mla_sink.core.validate.check_inputs`).
+    ``kv_rows_packed``, ``gather_aligned``, ``unit_rows``, ``kv_cache_bytes``). A spec built without tensors (the
+    layer's, :func:`mla_sink.run`'s) assumes packed rows, aligned, unit-stride gathers and a small pool; the call is
+    planned for the tensors it is given. ``x`` must already be checked (:func:`mla_sink.core.validate.check_inputs`).
 
     Raises:
         dispatch.TableError / dispatch.TableCheckError: as :func:`tensor_facts`.

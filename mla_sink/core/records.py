@@ -313,9 +313,9 @@ class Platform:
 
     Raises:
         ValueError: unknown arch string or unparsable version; ``triton`` or ``aiter_experimental`` not a bool,
-            ``gluon`` neither a bool nor ``None``; ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on ``cpu``. Which archs AITER serves
-            is the rule table's (``tables/mla_decode.yaml``, the AITER paths' ``requires``): an ``aiter_version`` on any
-            other arch makes those paths ineligible, with that reason.
+            ``gluon`` neither a bool nor ``None``; ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on
+            ``cpu``. Which archs AITER serves is the rule table's (``tables/mla_decode.yaml``, the AITER paths'
+            ``requires``): an ``aiter_version`` on any other arch makes those paths ineligible, with that reason.
     """
 
     arch: str = attrs.field(converter=canonical_arch, validator=_arch)

@@ -123,8 +123,8 @@ def path_platform_failures(path: str, platform: Platform) -> tuple:
 
 def table_fields(spec: CallSpec, platform: Platform) -> dict[str, Any]:
     """The field values ``tables/mla_decode.yaml`` matches on, from the two records (:func:`platform_fields` and the
-    call's dtypes, heads, LSE need, logit cap, row packing and pool bytes), plus ``sinks``, ``dcp_world_size`` and ``topk``, which
-    no row matches and ``explain`` shows. Raises nothing (the records were checked when made)."""
+    call's dtypes, heads, LSE need, logit cap, row packing and pool bytes), plus ``sinks``, ``dcp_world_size`` and
+    ``topk``, which no row matches and ``explain`` shows. Raises nothing (the records were checked when made)."""
     return {
         **platform_fields(platform),
         "q_dtype": spec.q_dtype,
