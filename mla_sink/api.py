@@ -137,9 +137,8 @@ def check_dcp_args(dcp_world_size: int, dcp_group: Any, dcp_layout: Any,
 
 
 def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
-    """Check that the tensors are those the spec describes (all but ``kv_rows_packed``, ``gather_aligned`` and
-    ``unit_rows``, which the tensors decide:
-    :func:`mla_sink.core.describe.spec_for_tensors`).
+    """Check that the tensors are those the spec describes (all but ``kv_rows_packed``, ``gather_aligned``,
+    ``unit_rows`` and ``kv_cache_bytes``, which the tensors decide: :func:`mla_sink.core.describe.spec_for_tensors`).
 
     Raises:
         ValueError: q or kv_cache dtype, head count ``H``, ``topk``, sinks presence or ``logit_cap``
@@ -252,8 +251,9 @@ def run(
         ValueError: ``spec`` not a :class:`CallSpec` or ``platform`` neither ``None`` nor a :class:`Platform`;
             ``inputs`` neither a :class:`DecodeInputs` nor a mapping of its fields (unknown or missing keys);
             malformed tensors or scalars (as :func:`sparse_mla_decode`); tensors that disagree with ``spec``
-            (dtypes, ``H``, ``topk``, sinks present or not; ``spec.kv_rows_packed``, ``gather_aligned`` and
-            ``unit_rows`` are not compared: the call is planned for its tensors' strides) or a positive
+            (dtypes, ``H``, ``topk``, sinks present or not; ``spec.kv_rows_packed``, ``gather_aligned``,
+            ``unit_rows`` and ``kv_cache_bytes`` are not compared: the call is planned for its tensors' strides and
+            size) or a positive
             ``inputs.logit_cap`` other than ``spec.logit_cap``; ``platform`` describing another arch than the tensors'
             device; an input that requires grad in grad mode (no backward); ``path`` not a path of the table. With DCP,
             before any collective: the DCP arguments (:func:`check_dcp_args`) and a shard or ids that disagree with

@@ -36,9 +36,10 @@ without the plan it really appears). What it models, with sources:
   past ``2^32`` bytes is read from the wrong memory, which the fake reads as zeros (ROCm/aiter#5765: "returns
   approximately zero", no fault; #2768; every gfx942 kernel and most of gfx950's); its bound ``kv_window_bytes`` is
   lowered by tests, which cannot allocate 4 GiB pools with data.
-* ``AITER_ENABLE_EXPERIMENTAL`` (``experimental``): from 0.1.20 fp8 persistent calls of ``nhead * max_seqlen_q``
-  = 128 (gfx942, gfx950) or 64 (gfx950) run ``hk_mla_decode_fwd``, given neither the per-tensor scales nor
-  ``final_lse`` (``aiter/mla.py`` ``use_hk``, ``csrc/include/mla_hk.h``).
+* ``AITER_ENABLE_EXPERIMENTAL`` (``experimental``): fp8 persistent calls of ``nhead * max_seqlen_q`` = 128 (gfx942,
+  gfx950) or 64 (gfx950) run the HipKittens kernel (``hk_mla_v32_decode_fwd`` in 0.1.19, ``hk_mla_decode_fwd`` in
+  0.1.20), given neither the per-tensor scales nor ``final_lse`` (``aiter/mla.py`` ``use_hk``,
+  ``csrc/include/mla_hk.h``).
 * ``get_mla_metadata_v1`` takes ``work_info_set`` before ``work_indptr`` (the reverse of
   ``get_mla_metadata_info_v1``'s return order); passing them in info order aborts here (in AITER the
   kernel would write out of bounds) (``aiter/ops/attention.py``).
@@ -78,9 +79,9 @@ class AiterContractFake:
         max_id_slots: the most ``kv_indices`` one call indexes before its int32 offsets wrap (default 2^31 - 1).
         kv_window_bytes: the bytes from ``kv_buffer``'s first byte within which KV rows are read right (default
             2^32: the kernels' 32-bit byte offsets); rows ending past it read as zeros.
-        experimental: ``AITER_ENABLE_EXPERIMENTAL`` set: from 0.1.20, fp8 persistent calls of 128 query rows (64 on
-            gfx950 too) run ``hk_mla_decode_fwd``, which reads the codes without ``q_scale`` / ``kv_scale`` and
-            writes no ``final_lse``.
+        experimental: ``AITER_ENABLE_EXPERIMENTAL`` set: fp8 persistent calls of 128 query rows (64 on gfx950 too)
+            run the HipKittens kernel, which reads the codes without ``q_scale`` / ``kv_scale`` and writes no
+            ``final_lse``.
 
     Attributes:
         calls: one dict per ``mla_decode_fwd`` call (persistent, effective splits, return_lse, heads,
@@ -298,10 +299,11 @@ class AiterContractFake:
             lse_mode = "ok"
             if return_lse and not _persistent_lse_written(self.arch, q.dtype, kv_buffer.dtype, nhead):
                 lse_mode = "unwritten"  # for every token whose work is not split (modelled: every token)
-            if fp8_q and self.experimental and self.version >= Version("0.1.20") and (
+            if fp8_q and self.experimental and (
                     nhead * max_seqlen_q == 128 or (self.arch == "gfx950" and nhead * max_seqlen_q == 64)):
-                # hk_mla_decode_fwd (aiter/mla.py use_hk; csrc/include/mla_hk.h): no q_scale / kv_scale, no
-                # final_lse (modelled: every token's unwritten, the codes read unscaled)
+                # the HipKittens kernel (hk_mla_v32_decode_fwd in 0.1.19, hk_mla_decode_fwd in 0.1.20; aiter/mla.py
+                # use_hk, csrc/include/mla_hk.h): no q_scale / kv_scale, no final_lse (modelled: every token's
+                # unwritten, the codes read unscaled)
                 record["hk"] = True
                 qf = q.float()
                 kvf = kv_buffer.reshape(kv_buffer.shape[0], -1).float()

@@ -191,20 +191,37 @@ def test_the_fake_like_aiter_reads_rows_past_its_32_bit_window_wrongly(case):
 def test_the_fake_like_aiter_runs_the_hk_kernel_under_aiter_enable_experimental(arch, q_key, H, return_lse):
     """The failure mode that keeps fp8 persistent calls off AITER while ``AITER_ENABLE_EXPERIMENTAL`` is set
     (tables/mla_decode.yaml, ``aiter_experimental``) is real in the contract fake: from 0.1.20 such a call of 64 or
-    128 heads runs ``hk_mla_decode_fwd``, without the per-tensor scales and without ``final_lse``, and no longer
-    matches the float64 reference; with the variable unset, or on 0.1.19, it does."""
+    128 heads runs the HipKittens kernel, without the per-tensor scales and without ``final_lse``, and no longer
+    matches the float64 reference (on 0.1.19 and 0.1.20 alike); with the variable unset it does."""
     x = make_inputs(5, H, q_key, sinks="finite" if return_lse else None)
     plan = make_plan("aiter_persistent", arch, q_key, H, params={"return_lse": return_lse}, sinks=return_lse)
-    for experimental, version in ((False, "0.1.20"), (True, "0.1.19")):
-        fake = AiterContractFake(arch=arch, version=version, experimental=experimental)
+    for version in ("0.1.19", "0.1.20"):
+        fake = AiterContractFake(arch=arch, version=version)
         out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
         assert_matches_reference(x, out, lse)
         assert "hk" not in fake.calls[0]
-    fake = AiterContractFake(arch=arch, experimental=True)
-    out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
-    assert fake.calls[0]["hk"]
-    with pytest.raises(AssertionError):
-        assert_matches_reference(x, out, lse)
+        fake = AiterContractFake(arch=arch, version=version, experimental=True)
+        out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+        assert fake.calls[0]["hk"]
+        with pytest.raises(AssertionError):
+            assert_matches_reference(x, out, lse)
+
+
+def test_the_launcher_refuses_a_pool_past_what_its_path_takes():
+    """A plan made for a small pool (a spec built without tensors has ``kv_cache_bytes`` 0) given a pool past 2^32
+    bytes (allocated lazily: no page touched) is refused by the AITER launcher, naming the bound, before AITER is
+    called, as a cache of unpacked rows is (a break test, forty-seventh session: it reached AITER's kernel)."""
+    plan = make_plan("aiter_lse", "gfx950", "bf16", 16)
+    x = make_inputs(2, 16, "bf16", sinks="finite")
+    big = torch.empty(2 ** 32 // 1152 + 1, 576, dtype=torch.bfloat16)
+    fake = AiterContractFake(arch="gfx950")
+    with pytest.raises(ValueError, match=r"'kv_cache' spans 4294968192 bytes, more than path 'aiter_lse' takes "
+                                         r"\(kv_cache_bytes=4294968192, needs <= 4294967296"):
+        launch_aiter(plan, x._replace(kv_cache=big), impl=fake, workspace=AiterWorkspace())
+    assert not fake.calls
+    within = torch.empty(2 ** 32 // 1152, 576, dtype=torch.bfloat16)  # the largest pool within: not refused
+    from mla_sink.paths.aiter.launch import _check_inputs
+    _check_inputs(plan_aiter(plan, num_tokens=2), x._replace(kv_cache=within))
 
 
 def test_out_buffer_and_fp8_out_dtype():

@@ -567,6 +567,19 @@ def test_merge_states_known_numbers_natural_log():
     assert abs(lse.item() - math.log(10.0)) < 1e-6
 
 
+def test_describe_takes_an_empty_shard_with_dcp():
+    """A DCP rank whose shard holds no row describes its call, as run() takes it (a break test, forty-seventh
+    session: describe refused it); without DCP an empty pool is still refused by name."""
+    import mla_sink
+
+    q, idx = torch.zeros(2, 16, 576, dtype=torch.bfloat16), torch.zeros(2, 8, dtype=torch.int32)
+    empty = torch.empty(0, 576, dtype=torch.bfloat16)
+    spec, _ = mla_sink.describe(q, empty, idx, torch.zeros(16), dcp_world_size=2)
+    assert spec.dcp_world_size == 2 and spec.kv_cache_bytes == 0 and spec.need_lse
+    with pytest.raises(ValueError, match=r"'kv_cache' must be \[N, 576\] with N >= 1"):
+        mla_sink.describe(q, empty, idx, torch.zeros(16))
+
+
 def test_merge_states_rows_with_an_infinite_or_empty_part():
     """Row 0: a part with ``lse = +inf`` (a ``+inf`` score) makes the row's ``lse`` +inf and its ``out`` NaN, as the
     reference's; row 1: the other part empty (``-inf``, its NaN ``out`` never read) leaves the first as it is; row 2:

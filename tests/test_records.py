@@ -90,6 +90,9 @@ def test_aiter_experimental_is_read_as_aiter_reads_it(monkeypatch, value, on):
     assert str(Platform("gfx950", "0.1.20", aiter_experimental=True)) == "gfx950-aiter0.1.20-experimental-triton"
     with pytest.raises(ValueError, match="'aiter_experimental' must be a bool"):
         Platform("gfx950", "0.1.20", aiter_experimental=1)
+    for arch in ("gfx950", "cpu", "sm90"):  # AITER's switch without AITER: a contradiction, refused
+        with pytest.raises(ValueError, match="'aiter_experimental' describes AITER's kernels: it must be False"):
+            Platform(arch, aiter_experimental=True)
 
 
 def test_need_lse():

@@ -93,7 +93,8 @@ def describe(
 
     Only metadata is read (no value, no scale: fp8 calls need none here); the tensors' strides give
     ``kv_rows_packed`` (whether the cache's rows follow each other without a gap), ``gather_aligned`` and
-    ``unit_rows`` (the strides the Gluon kernels gather with: :func:`tensor_facts`).
+    ``unit_rows`` (the strides the Gluon kernels gather with) and ``kv_cache_bytes`` (the bytes the pool spans:
+    :func:`tensor_facts`).
 
     Args:
         q: ``[T, H, 576]`` bf16 / fp16 / ``float8_e4m3fn`` / ``float8_e4m3fnuz``. kv_cache: ``[N, 576]`` (a dtype
@@ -111,12 +112,16 @@ def describe(
 
     Raises:
         ValueError: a tensor is malformed (see :func:`mla_sink.core.validate.check_inputs`; tensors on the
-            ``meta`` device included), ``return_lse`` is not a bool, a field is out of its domain
+            ``meta`` device included; an empty pool ``[0, 576]`` only without DCP: a DCP rank's shard may be
+            empty), ``return_lse`` is not a bool, a field is out of its domain
             (:class:`CallSpec`: e.g. ``dcp_world_size`` or ``logit_cap``), or ``platform`` is neither ``None`` nor
             a :class:`Platform`.
     """
     check_platform(platform, optional=True)
-    check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False)  # describe precedes a launch
+    # describe precedes a launch (no meta tensors); a DCP rank's shard may be empty, as run() takes it
+    check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False,
+                 allow_empty_pool=isinstance(dcp_world_size, int) and not isinstance(dcp_world_size, bool)
+                 and dcp_world_size > 1)
     check_return_lse(return_lse)
     spec = spec_of(DecodeInputs(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap), need_lse=return_lse,
                    dcp_world_size=dcp_world_size)

@@ -306,15 +306,15 @@ class Platform:
         aiter_experimental: whether AITER's experimental kernels are switched on (the environment variable
             ``AITER_ENABLE_EXPERIMENTAL`` read as AITER reads it, an int other than 0; default False), which sends
             some fp8 calls to a kernel that takes no per-tensor scales and writes no LSE
-            (``tables/mla_decode.yaml``). :func:`mla_sink.core.platform.detect_platform` reads it once per device,
-            where AITER is importable.
+            (``tables/mla_decode.yaml``); True needs an ``aiter_version``. :func:`mla_sink.core.platform.
+            detect_platform` reads it once per device, where AITER is importable.
 
     Build one explicitly to ask about any machine from a laptop; :func:`detect` reads this one.
 
     Raises:
         ValueError: unknown arch string or unparsable version; ``triton`` or ``aiter_experimental`` not a bool,
-            ``gluon`` neither a bool nor ``None``; ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on
-            ``cpu``. Which archs AITER serves is the rule table's (``tables/mla_decode.yaml``, the AITER paths'
+            ``gluon`` neither a bool nor ``None``; ``aiter_experimental`` True without an ``aiter_version``;
+            ``num_sms`` not an int in ``[1, 2^31 - 1]``, or other than 1 on ``cpu``. Which archs AITER serves is the rule table's (``tables/mla_decode.yaml``, the AITER paths'
             ``requires``): an ``aiter_version`` on any other arch makes those paths ineligible, with that reason.
     """
 
@@ -335,6 +335,9 @@ class Platform:
         if self.num_sms is not None and (isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int)
                                          or not 1 <= self.num_sms <= COUNT_MAX):
             raise ValueError(f"'num_sms' must be None or an int in [1, {COUNT_MAX}] (got {brief(self.num_sms)})")
+        if self.aiter_experimental and self.aiter_version is None:  # AITER's switch, without AITER
+            raise ValueError("'aiter_experimental' describes AITER's kernels: it must be False without an "
+                             "aiter_version (got True with aiter_version None)")
         if self.arch == "cpu" and self.num_sms not in (None, 1):  # a plan would split for SMs it does not have
             raise ValueError(f"'num_sms' counts a GPU's SMs / CUs; arch 'cpu' runs Triton's interpreter, one program "
                              f"at a time, as one SM (got {self.num_sms}; leave it None or pass 1)")

@@ -116,7 +116,23 @@ def path_platform_failures(path: str, platform: Platform) -> tuple:
     Raises:
         KeyError: ``path`` is not a path of the table.
     """
-    values = platform_fields(platform)
+    return path_requirement_failures(path, platform_fields(platform))
+
+
+def path_requirement_failures(path: str, values: dict[str, Any]) -> tuple:
+    """The requirements of ``path`` (its ``requires`` in the table) on the given fields that these values fail; the
+    conditions on other fields are not evaluated. A launcher checks the facts of its first call's tensors with it
+    (e.g. ``{"kv_cache_bytes": ...}``), for a plan made for other tensors.
+
+    Args:
+        path: a path of the table. values: field name -> value, e.g. ``{"kv_cache_bytes": 2 ** 33}``.
+
+    Returns:
+        The ``dispatch.Failure`` records (empty when the values meet every such requirement).
+
+    Raises:
+        KeyError: ``path`` is not a path of the table.
+    """
     fails = (cond.failure(values[cond.field]) for cond in mla_table().paths[path].requires if cond.field in values)
     return tuple(f for f in fails if f is not None)
 

@@ -327,8 +327,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from mla_sink.core.platform import detect_platform
 
     platform = detect_platform()
-    print(f"platform: {platform}  (arch={platform.arch}, aiter={platform.aiter_version}, triton={platform.triton}, "
-          f"gluon={platform.gluon}, num_sms={platform.num_sms})")
+    print(f"platform: {platform}  (arch={platform.arch}, aiter={platform.aiter_version}, "
+          f"aiter_experimental={platform.aiter_experimental}, triton={platform.triton}, gluon={platform.gluon}, "
+          f"num_sms={platform.num_sms})")
     for name in ("torch", "triton", "aiter", "amd-aiter"):
         try:
             print(f"  {name} {importlib.metadata.version(name)}")

@@ -16,8 +16,10 @@ import torch
 
 from mla_sink.core.dtypes import TORCH_DTYPES, dtype_key
 from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.kv_layout import span_bytes
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import D_V
+from mla_sink.core.select import path_requirement_failures
 from mla_sink.paths.aiter.buffers import AiterBuffers, allocate_buffers, fill_kv_buffers
 from mla_sink.paths.aiter.chunks import AiterChunkedCall, AiterLaunch, plan_aiter_launch
 from mla_sink.paths.aiter.finalize import finalize_aiter
@@ -233,6 +235,12 @@ def _check_inputs(call: AiterCall, x: DecodeInputs) -> None:
                          f"[N, 1, 1, {call.q_shape[2]}] view (got stride {tuple(x.kv_cache.stride())}); the library "
                          "plans a call on a cache of other row strides on the triton path (tables/mla_decode.yaml, "
                          "kv_rows_packed)")
+    span = span_bytes(x.kv_cache)
+    failures = path_requirement_failures(call.path, {"kv_cache_bytes": span})
+    if failures:  # a plan made for a smaller pool (a spec built without tensors: its kv_cache_bytes is 0)
+        raise ValueError(f"'kv_cache' spans {span} bytes, more than path {call.path!r} takes ({failures[0]}); the "
+                         "library plans a call on such a pool on the triton path (tables/mla_decode.yaml, "
+                         "kv_cache_bytes)")
     if call.pass_q_scale and x.q_scale is None:
         raise ValueError(f"'q_scale' (fp32 [1]) is required for {call.q_dtype} q on AITER")
     if call.pass_kv_scale and x.kv_scale is None:
