@@ -12,7 +12,9 @@ without the plan it really appears). What it models, with sources:
   kv_scale=None, ..., return_lse=False) -> (logits, final_lse)``; ``o`` written in place; the LSE is
   natural log, fp32 ``[total_q, nhead]`` (ROCm/aiter ``aiter/mla.py``).
 * ``logit_cap > 0`` fails an assert; fp16 q aborts; fp8 q without ``q_scale``/``kv_scale`` aborts;
-  fewer than 16 heads has no kernel (AITER never pads) (docs/DESIGN.md "Facts about AITER").
+  fewer than 16 heads is refused (mla-sink pads to 16; AITER pads nothing itself, and its 8-head kernels at one query
+  row are not modelled); gfx942 has no non-persistent bf16 64-head kernel at one query row (docs/DESIGN.md "Facts
+  about AITER").
 * Non-persistent: a given ``num_kv_splits`` is honoured only together with ``num_kv_splits_indptr``,
   otherwise ``get_meta_param`` recomputes it (and its fp8 cap can bring it back to 1); token b reads
   ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (``aiter/mla.py``).
@@ -214,7 +216,8 @@ class AiterContractFake:
         if q.shape[:2] != (total_s, nhead):
             raise AiterAbort(f"q {tuple(q.shape)} and o {tuple(o.shape)} disagree")
         if nhead < 16:
-            raise AiterAbort(f"nhead={nhead}: no kernel below 16 heads (AITER never pads heads)")
+            raise AiterAbort(f"nhead={nhead}: the fake models 16 heads or more (mla-sink pads fewer to 16; AITER has "
+                             "8-head kernels at one query row, and pads no head count itself)")
         if o.dtype != torch.bfloat16:
             raise AiterAbort(f"o must be bf16 (got {o.dtype})")
         bs = qo_indptr.shape[0] - 1
@@ -248,6 +251,8 @@ class AiterContractFake:
 
         if not persistent:
             kernels = {16, 32, 64, 128} if not fp8_q else {16, 128}
+            if self.arch == "gfx942" and not fp8_q:  # its 64-head bf16 row is for qSeqLen 0, and asm_mla.cu asks
+                kernels = kernels - {64}  # for qSeqLen 1 at one query row: "cannot find suitable kernel"
             if nhead not in kernels:
                 raise AiterAbort(f"no non-persistent kernel for nhead={nhead} q={q.dtype}")
             if return_lse and self.version < Version("0.1.13"):

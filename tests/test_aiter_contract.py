@@ -484,7 +484,7 @@ def test_heads_below_16_abort_unpadded():
     call = plan_aiter(make_plan("aiter_lse", "gfx942", "bf16", 4), num_tokens=2)
     assert call.padded_heads == 16  # the path's pad_heads_to (tables/mla_decode.yaml) is what prevents this
     bufs = allocate_buffers(call, x.device)
-    with pytest.raises(AiterAbort, match="below 16"):
+    with pytest.raises(AiterAbort, match="models 16 heads or more"):
         fake.mla_decode_fwd(x.q, x.kv_cache.view(N_ROWS, 1, 1, 576), torch.empty(2, 4, 512, dtype=torch.bfloat16),
                             bufs.qo_indptr, bufs.kv_indptr, bufs.kv_indices, bufs.kv_last_page_lens, 1, return_lse=True)
 
