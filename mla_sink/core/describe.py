@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 import torch
@@ -119,9 +120,8 @@ def describe(
     """
     check_platform(platform, optional=True)
     # describe precedes a launch (no meta tensors); a DCP rank's shard may be empty, as run() takes it
-    check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False,
-                 allow_empty_pool=isinstance(dcp_world_size, int) and not isinstance(dcp_world_size, bool)
-                 and dcp_world_size > 1)
+    dcp = isinstance(dcp_world_size, numbers.Integral) and not isinstance(dcp_world_size, bool) and dcp_world_size > 1
+    check_inputs(q, kv_cache, indices, sinks, check_scales=False, allow_meta=False, allow_empty_pool=dcp)
     check_return_lse(return_lse)
     spec = spec_of(DecodeInputs(q, kv_cache, indices, sinks=sinks, logit_cap=logit_cap), need_lse=return_lse,
                    dcp_world_size=dcp_world_size)

@@ -158,8 +158,8 @@ def check_storage(name: str, value: Optional[torch.Tensor]) -> None:
     forty-sixth session). By :func:`check_inputs`, on the first call of a signature: a storage resized between calls
     of one signature is not re-checked (README, "Architecture")."""
     if isinstance(value, torch.Tensor) and _has_memory(value) and value.numel():
-        reach = value.storage_offset() + sum((size - 1) * stride for size, stride in zip(value.shape, value.stride()))
-        need, have = (reach + 1) * value.element_size(), value.untyped_storage().nbytes()
+        need = value.storage_offset() * value.element_size() + kv_layout.span_bytes(value)  # its last byte's end
+        have = value.untyped_storage().nbytes()
         if have < need:
             raise ValueError(f"'{name}' reaches byte {need} of its storage, which holds {have} bytes (freed or shrunk, "
                              f"e.g. by untyped_storage().resize_(0)): pass a tensor whose storage holds its elements")
