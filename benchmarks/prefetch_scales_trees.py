@@ -1,0 +1,75 @@
+"""The trees of the forty-eighth session's ``prefetch_scales`` A/B (issue #12's V3.2 H=32 T=256 bar). Each is a
+``git archive`` of :data:`BASE` (whose kernel has ``PREFETCH_SCALES``, off on every row of tables/gluon_fp8.yaml) with
+one edit of the table:
+
+- ``main``: :data:`BASE` as it is;
+- ``pf32``: ``ds_mla_h32`` with ``prefetch_scales`` (the column split's first consumer at 17-32 heads, CTAs of more
+  than two blocks);
+- ``pfall``: ``ds_mla_h32`` and ``ds_mla_h16`` (both alternate-block consumers at 16 heads) with it.
+
+Why (AOT sm90 SASS of :data:`BASE`, Triton 3.6's ptxas): without it the first consumer's loop loads a block's ids,
+then their tile scales, and its first instruction after the stage's mbarrier wait (``FADD`` of a scale) waits on the
+loads' scoreboard, before the block's score wgmmas are issued - two dependent global round trips a block on the
+period. With it, the loop's first wait on that scoreboard comes after the block's ``P_t`` stores and ``p_ready``.
+Every variant compiles without a spill.
+
+    PYTHONPATH=. python3 benchmarks/prefetch_scales_trees.py out
+    bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main a1=../out/pf32 b1=../out/pfall m2=../out/main \\
+        a2=../out/pf32
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+TABLE = os.path.join("tables", "gluon_fp8.yaml")
+#: The commit the trees are archived from (forty-eighth session: the kernel with ``PREFETCH_SCALES``).
+BASE = "19a5293"
+
+_DS_H32 = "    params: {head_block: 32, consumer_regs: 104, producer_regs: 152, deferred_row_sum: true}\n"
+_DS_H16 = ("    params: {head_block: 16, consumer_regs: 176, producer_regs: 120, producer_rows: 64, lines: true, "
+           "deferred_row_sum: false}\n")
+
+
+def _on(params: str) -> str:
+    return params.replace("}\n", ", prefetch_scales: true}\n")
+
+
+#: Variant -> the (old, new) edits of tables/gluon_fp8.yaml (each ``old`` occurs once).
+VARIANTS = {"main": [], "pf32": [(_DS_H32, _on(_DS_H32))], "pfall": [(_DS_H32, _on(_DS_H32)), (_DS_H16, _on(_DS_H16))]}
+
+
+def build(out_dir: str, name: str) -> str:
+    """``out_dir/name``: :data:`BASE`'s ``mla_sink``, ``dispatch``, ``tables``, ``tests`` and ``pyproject.toml`` with
+    :data:`VARIANTS`'s edits. Returns its path.
+
+    Raises:
+        ValueError: an edit's text is not in the table exactly once.
+        subprocess.CalledProcessError: the archive failed.
+    """
+    tree = os.path.join(out_dir, name)
+    shutil.rmtree(tree, ignore_errors=True)
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "archive", BASE, "mla_sink", "dispatch", "tables", "tests", "pyproject.toml"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    path = os.path.join(tree, TABLE)
+    text = open(path).read()
+    for old, new in VARIANTS[name]:
+        if text.count(old) != 1:
+            raise ValueError(f"{name}: {old!r} occurs {text.count(old)} times in {TABLE} (expected once)")
+        text = text.replace(old, new)
+    open(path, "w").write(text)
+    return tree
+
+
+def main(out_dir: str = "out") -> None:
+    for name in VARIANTS:
+        print(build(out_dir, name))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
