@@ -114,7 +114,8 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
 
 def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     """The ``tables/gluon_fp8.yaml`` row of a plan whose Triton launch runs ``gluon_fp8`` with a known split count:
-    ``{row, path, head_block, ctas_per_token, deferred_row_sum, early_ids, staged_ids, summary, why}``
+    ``{row, path, head_block, ctas_per_token, deferred_row_sum, early_ids, staged_ids, prefetch_scales, summary,
+    why}``
     (``head_block``: heads of one CTA,
     ``ctas_per_token``: ``cdiv(H, head_block)``; ``summary``: the arrangement in a few words), or ``None`` for any
     other plan.
@@ -141,10 +142,11 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{'deferred' if arr.deferred_row_sum else 'once a block'}"
                f"{', the first consumer on the scores only (the second all of P V)' if arr.scores_only else ''}"
                f"{', the first ids loaded before q' if arr.early_ids else ''}"
-               f"{', the ids staged by the producer in shared memory' if arr.staged_ids else ''}")
+               f"{', the ids staged by the producer in shared memory' if arr.staged_ids else ''}"
+               f"{', the tile scales loaded a block ahead' if arr.prefetch_scales else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
                 deferred_row_sum=arr.deferred_row_sum, early_ids=arr.early_ids, staged_ids=arr.staged_ids,
-                summary=summary, why=arr.why)
+                prefetch_scales=arr.prefetch_scales, summary=summary, why=arr.why)
 
 
 def gluon_seesaw_producer(plan: Any) -> Optional[dict]:
