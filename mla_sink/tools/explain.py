@@ -143,7 +143,7 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{', the first consumer on the scores only (the second all of P V)' if arr.scores_only else ''}"
                f"{', the first ids loaded before q' if arr.early_ids else ''}"
                f"{', the ids staged by the producer in shared memory' if arr.staged_ids else ''}"
-               f"{', the tile scales loaded a block ahead' if arr.prefetch_scales else ''}")
+               f"{', ids two blocks ahead and tile scales one ahead' if arr.prefetch_scales else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
                 deferred_row_sum=arr.deferred_row_sum, early_ids=arr.early_ids, staged_ids=arr.staged_ids,
                 prefetch_scales=arr.prefetch_scales, summary=summary, why=arr.why)

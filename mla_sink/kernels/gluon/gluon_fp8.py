@@ -582,9 +582,10 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
         _copy_rope(KV, kr_smem.index(FIRST),
                    _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, BLOCK_N, rope_l), nrows),
                    stride_kv, kv_block_size, ROW_BYTES, rope_l)
-    # the first block's ids and tile scales; each later block's are loaded one block ahead (after the P_t^T of the
-    # block before are stored), so that their two dependent loads (ids, then the rows' scales) are not waited for
-    # between a block's scores and its softmax
+    # the first block's ids and tile scales; each later block's are loaded one of this consumer's blocks ahead (after
+    # the P_t^T of the block before are stored), so that their two dependent loads (ids, then the rows' scales) are not
+    # waited for between a block's scores and its softmax; with PREFETCH the ids two blocks ahead and the scales one
+    # ahead, issued at each block's start and picked in the block that needs them
     ids, ok = _block_ids(IDX, idx_base, start, FIRST, end, nrows, offs_n, BLOCK_N)
     if PREFETCH:  # and the ids of this consumer's next block
         sc_ahead = _tile_scales_raw(KV, ids, ok, stride_kv, kv_block_size, ROW_BYTES)
@@ -935,13 +936,14 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     (thirty-fifth session, benchmarks/ds_first_ids_ab_thirtyfifth_2026-12-04.json: H=32 T=2 11.43-11.55 against
     12.14-12.22 us; T=256 208.8 against 189.0, so long ranges keep the loads at each block's turn).
     ``PREFETCH_SCALES`` (V3.2's long id ranges, ``prefetch_scales``): ROLE 0's ids and tile scales as a two-deep
-    pipeline whose loads no instruction reads before the block that needs them - at block ``i`` it checks block
-    ``i + 1``'s ids (loaded during block ``i - 1``), issues the load of their tile scales and loads block
-    ``i + 2``'s ids, and reads block ``i``'s scales (loaded during block ``i - 1``) only after its score wgmmas are
-    issued. Without it, a block's ids and then their scales (two dependent global loads) are waited for at the start
-    of that block; ``EARLY_IDS`` and the thirty-first session's ``scales_ahead`` issued the next block's loads early
-    but checked the ids (or picked the scale columns) at once, so they waited for the same round trips, only
-    earlier."""
+    pipeline in which no load is read in the block that issues it - at the start of block ``i`` it checks block
+    ``i + 1``'s ids (loaded during block ``i - 1``), issues the load of their tile scales and the load of block
+    ``i + 2``'s ids, and picks block ``i``'s scales (loaded during block ``i - 1``) for its scores. Without it, a
+    block's ids and then their scales (two dependent global loads) are waited for at the start of that block, before
+    its score wgmmas are issued (AOT sm90 SASS: the first instruction after the stage's wait reads a scale); with it,
+    the loop's first wait on those loads comes after the block's ``P_t`` stores. ``EARLY_IDS`` and the thirty-first
+    session's ``scales_ahead`` issued the next block's loads early but checked the ids (or picked the scale columns)
+    at once, so they waited for the same round trips, only earlier."""
     NCOLS: gl.constexpr = D_NOPE if SCORES_ONLY else D_NOPE // 2  # this consumer's value columns of O^T
     COL0: gl.constexpr = 0 if SCORES_ONLY else ROLE * NCOLS
     P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
@@ -1246,8 +1248,9 @@ def sparse_mla_decode_fp8_ws_kernel(
     (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``PAIRS``: the alternate-scores consumers
     (:func:`_consumer_pairs`; the producer a worker, gathering the ``2 * cdiv(blocks, 2)`` blocks of the pairs).
     ``EARLY_IDS``: V3.2 rows on the column split, the first consumer's first ids loaded before q
-    (:func:`_consumer_cols`). ``PREFETCH_SCALES``: V3.2 rows on the column split, the first consumer's ids and tile
-    scales loaded a block or two ahead and read only where they are needed (:func:`_consumer_cols`)."""
+    (:func:`_consumer_cols`). ``PREFETCH_SCALES``: V3.2 rows, the consumers that compute scores (the column split's
+    first, both alternate-block ones) load the ids two of their blocks ahead and the tile scales one ahead
+    (:func:`_consumer_cols`, :func:`_blocks_ds`)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)

@@ -85,8 +85,9 @@ class Fp8Arrangement:
             scales' loads).
         prefetch_scales: with V3.2 rows, the consumers that compute scores (the column split's first, or both on
             alternate blocks) load each of their blocks' ids two of their blocks ahead and its tile scales one ahead,
-            and read neither before the block that needs them (``PREFETCH_SCALES``); never on the alternate scores
-            (the kernel reads it for V3.2 rows only).
+            checking the ids one block ahead and picking the scales in the block that needs them, so no load is read
+            in the block that issues it (``PREFETCH_SCALES``); never on the alternate scores (the kernel reads it for
+            V3.2 rows only).
     """
 
     row: str
