@@ -208,16 +208,29 @@ def test_the_fake_like_aiter_runs_the_hk_kernel_under_aiter_enable_experimental(
 
 
 def test_the_launcher_refuses_a_pool_past_what_its_path_takes():
-    """A plan made for a small pool (a spec built without tensors has ``kv_cache_bytes`` 0) given a pool past 2^32
-    bytes (allocated lazily: no page touched) is refused by the AITER launcher, naming the bound, before AITER is
-    called, as a cache of unpacked rows is (a break test, forty-seventh session: it reached AITER's kernel)."""
+    """A plan made for a small pool of packed rows (a spec built without tensors has ``kv_cache_bytes`` 0 and packed
+    rows) given a pool past 2^32 bytes (allocated lazily: no page touched), or a cache of unpacked rows, is refused by
+    the AITER launcher through the path's own table requirements, naming the fact and the bound, before AITER is called
+    (a break test, forty-seventh session: the large pool reached AITER's kernel)."""
     plan = make_plan("aiter_lse", "gfx950", "bf16", 16)
     x = make_inputs(2, 16, "bf16", sinks="finite")
     big = torch.empty(2 ** 32 // 1152 + 1, 576, dtype=torch.bfloat16)
     fake = AiterContractFake(arch="gfx950")
-    with pytest.raises(ValueError, match=r"'kv_cache' spans 4294968192 bytes, more than path 'aiter_lse' takes "
-                                         r"\(kv_cache_bytes=4294968192, needs <= 4294967296"):
+    with pytest.raises(ValueError, match=r"'kv_cache' \(shape \(3728271, 576\), stride \(576, 1\), spanning "
+                                         r"4294968192 bytes\) does not meet path 'aiter_lse': "
+                                         r"kv_cache_bytes=4294968192, needs <= 4294967296; .*triton path"):
         launch_aiter(plan, x._replace(kv_cache=big), impl=fake, workspace=AiterWorkspace())
+    assert not fake.calls
+    wide = torch.empty(64, 640, dtype=torch.bfloat16)[:, :576]  # rows 64 elements apart: not packed
+    with pytest.raises(ValueError, match=r"'kv_cache' \(shape \(64, 576\), stride \(640, 1\), spanning 81792 bytes\) "
+                                         r"does not meet path 'aiter_lse': kv_rows_packed=False, needs true; "
+                                         r".*triton path"):
+        launch_aiter(plan, x._replace(kv_cache=wide), impl=fake, workspace=AiterWorkspace())
+    assert not fake.calls
+    gapped = torch.empty(64, 1152, dtype=torch.bfloat16)[:, ::2]  # (launch_aiter called directly: no other check)
+    with pytest.raises(ValueError, match=r"'kv_cache' must have unit stride along its last dim \(got stride "
+                                         r"\(1152, 2\)\)"):
+        launch_aiter(plan, x._replace(kv_cache=gapped), impl=fake, workspace=AiterWorkspace())
     assert not fake.calls
     within = torch.empty(2 ** 32 // 1152, 576, dtype=torch.bfloat16)  # the largest pool within: not refused
     from mla_sink.paths.aiter.launch import _check_inputs

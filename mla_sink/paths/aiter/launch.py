@@ -16,7 +16,7 @@ import torch
 
 from mla_sink.core.dtypes import TORCH_DTYPES, dtype_key
 from mla_sink.core.inputs import DecodeInputs
-from mla_sink.core.kv_layout import span_bytes
+from mla_sink.core.kv_layout import rows_packed, span_bytes
 from mla_sink.core.plan import LaunchPlan
 from mla_sink.core.records import D_V
 from mla_sink.core.select import path_requirement_failures
@@ -230,17 +230,19 @@ def _check_inputs(call: AiterCall, x: DecodeInputs) -> None:
                          f"(got {tuple(x.indices.shape)})")
     if x.kv_cache.dim() != 2 or x.kv_cache.shape[1] != call.q_shape[2]:
         raise ValueError(f"'kv_cache' must have shape [N, {call.q_shape[2]}] (got {tuple(x.kv_cache.shape)})")
-    if not x.kv_cache.is_contiguous():  # the plan of a call on such a cache names Triton (kv_rows_packed, the table)
-        raise ValueError(f"'kv_cache' must have packed rows (contiguous [N, {call.q_shape[2]}]) for AITER's "
-                         f"[N, 1, 1, {call.q_shape[2]}] view (got stride {tuple(x.kv_cache.stride())}); the library "
-                         "plans a call on a cache of other row strides on the triton path (tables/mla_decode.yaml, "
-                         "kv_rows_packed)")
-    span = span_bytes(x.kv_cache)
-    failures = path_requirement_failures(call.path, {"kv_cache_bytes": span})
-    if failures:  # a plan made for a smaller pool (a spec built without tensors: its kv_cache_bytes is 0)
-        raise ValueError(f"'kv_cache' spans {span} bytes, more than path {call.path!r} takes ({failures[0]}); the "
-                         "library plans a call on such a pool on the triton path (tables/mla_decode.yaml, "
-                         "kv_cache_bytes)")
+    if x.kv_cache.stride(-1) != 1:  # (the public entry points refuse it; launch_aiter may be called directly)
+        raise ValueError(f"'kv_cache' must have unit stride along its last dim (got stride "
+                         f"{tuple(x.kv_cache.stride())})")
+    # the tensors' facts that a path's table row requires (a plan made for other tensors - a spec built without
+    # tensors assumes packed rows and 0 bytes - may name a path these ones do not meet): checked through the table's
+    # own requirements, so that the bounds live there only (tables/mla_decode.yaml, kv_rows_packed, kv_cache_bytes)
+    facts = {"kv_rows_packed": rows_packed(x.kv_cache), "kv_cache_bytes": span_bytes(x.kv_cache)}
+    failures = path_requirement_failures(call.path, facts)
+    if failures:
+        unmet = "; ".join(f"{f.field}={f.actual}, needs {f.needs()}" for f in failures)
+        raise ValueError(f"'kv_cache' (shape {tuple(x.kv_cache.shape)}, stride {tuple(x.kv_cache.stride())}, spanning "
+                         f"{facts['kv_cache_bytes']} bytes) does not meet path {call.path!r}: {unmet}; the library "
+                         "plans a call on such a cache on the triton path (tables/mla_decode.yaml says why)")
     if call.pass_q_scale and x.q_scale is None:
         raise ValueError(f"'q_scale' (fp32 [1]) is required for {call.q_dtype} q on AITER")
     if call.pass_kv_scale and x.kv_scale is None:
