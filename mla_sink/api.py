@@ -77,12 +77,13 @@ def prepare(
             ``path``).
     """
     _check_records(spec, platform)
-    if platform is None:
-        platform = detect_platform(sinks.device, tensor="sinks") if sinks is not None else detect_platform()
-    if sinks is not None:
+    if sinks is not None:  # checked before its device is read (a list of floats gave an AttributeError)
         if not spec.sinks:
             raise ValueError("'sinks' given but spec.sinks is False; build the spec with sinks=True")
         check_sinks(sinks, spec.num_heads)
+    if platform is None:
+        platform = detect_platform(sinks.device, tensor="sinks") if sinks is not None else detect_platform()
+    if sinks is not None:
         want = "cpu" if platform.arch == "cpu" else "cuda"
         if sinks.device.type != want:
             raise ValueError(f"'sinks' must be on a {want} device for platform arch {platform.arch!r} "

@@ -344,6 +344,32 @@ def test_explain_json_says_whether_the_first_ids_are_loaded_before_q(kv, heads, 
     assert ("the first ids loaded before q" in arr["summary"]) == early
 
 
+@pytest.mark.parametrize("kv", ["fp8_ds_mla", "fp8_e4m3"])
+@pytest.mark.parametrize("heads,tokens", [(16, 2), (32, 2), (16, 64), (32, 64), (16, 256), (32, 256), (5, 4)])
+def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(kv, heads, tokens, capsys):
+    """Each clause of the arrangement's summary is a structured field too (a break test, forty-eighth session: the
+    summary said "the first consumer on the scores only" with no ``scores_only`` field), with the values of the row
+    the table selects, and the summary's words follow the fields."""
+    from mla_sink.kernels.gluon import tuning
+
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--q-dtype", "bf16", "--kv-dtype", kv, "--heads",
+                        str(heads), "--tokens", str(tokens), "--sms", "132", "--json")
+    launch = json.loads(out)["launch"]
+    arr = launch["gluon_fp8_arrangement"]
+    want = tuning.fp8_arrangement(kv, "bf16", heads, launch["num_kv_splits"] > 1,
+                                  tuning.cta_blocks(launch["ids_per_split"], 2048))
+    assert code == 0 and arr["row"] == want.row
+    for field in ("head_block", "consumer_regs", "producer_regs", "producer_rows", "lines", "deferred_row_sum",
+                  "scores_only", "early_ids", "staged_ids", "prefetch_scales"):
+        assert arr[field] == getattr(want, field), field
+    summary = arr["summary"]
+    assert f"second consumer {want.consumer_regs} / producer {want.producer_regs} registers" in summary
+    assert f"{want.producer_rows} rows a producer step" in summary
+    assert ("whole lines" in summary) == want.lines
+    assert ("on the scores only" in summary) == want.scores_only
+    assert ("tile scales one ahead" in summary) == want.prefetch_scales
+
+
 @pytest.mark.parametrize("heads,tokens,split,staged", [(16, 256, False, True), (32, 256, False, True),
                                                          (32, 64, True, True), (16, 64, True, False),
                                                          (32, 2, True, False), (16, 2, True, False)])

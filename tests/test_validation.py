@@ -125,6 +125,19 @@ def test_prepare_checks_sinks_without_call_tensors():
     assert prepare(s, Platform("cpu", triton=False), sinks=torch.zeros(4)).path == "reference"
 
 
+@pytest.mark.parametrize("sinks", [[0.0] * 4, 0.0, (0.0,) * 4])
+def test_sinks_that_are_not_a_tensor_are_refused_before_the_platform_is_detected(sinks):
+    """Without a platform, ``prepare`` and the layer detect it from the sinks' device; sinks that are not a tensor are
+    refused by name first (a break test, forty-eighth session: ``AttributeError: 'list' object has no attribute
+    'device'``)."""
+    s = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=4, topk=8, sinks=True)
+    kind = type(sinks).__name__
+    with pytest.raises(ValueError, match=rf"'sinks' must be a torch.Tensor \(got {kind}\)"):
+        prepare(s, sinks=sinks)
+    with pytest.raises(ValueError, match=rf"'sinks' must be a torch.Tensor \(got {kind}\)"):
+        SparseMLADecode(num_heads=4, q_dtype="bf16", kv_dtype="bf16", topk=8, sinks=sinks)
+
+
 def test_layer_rejects_at_construction():
     with pytest.raises(ValueError, match="'sinks' must have num_heads=8"):
         SparseMLADecode(num_heads=8, q_dtype="bf16", kv_dtype="bf16", topk=64, sinks=torch.zeros(4),
