@@ -21,9 +21,9 @@ Every variant compiles without a spill.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
+
+from tree_ab import archive_tree
 
 TABLE = os.path.join("tables", "gluon_fp8.yaml")
 #: The commit the trees are archived from (forty-eighth session: the kernel with ``PREFETCH_SCALES``).
@@ -50,12 +50,7 @@ def build(out_dir: str, name: str) -> str:
         ValueError: an edit's text is not in the table exactly once.
         subprocess.CalledProcessError: the archive failed.
     """
-    tree = os.path.join(out_dir, name)
-    shutil.rmtree(tree, ignore_errors=True)
-    os.makedirs(tree)
-    archive = subprocess.run(["git", "archive", BASE, "mla_sink", "dispatch", "tables", "tests", "pyproject.toml"],
-                             check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    tree = archive_tree(BASE, os.path.join(out_dir, name))
     path = os.path.join(tree, TABLE)
     text = open(path).read()
     for old, new in VARIANTS[name]:

@@ -25,9 +25,10 @@ Every variant compiles for sm90 with Triton 3.6's ptxas without a spill (forty-s
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
+
+from tree_ab import archive_tree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCH = os.path.join(HERE, "gluon_fp8_third_consumer.patch")
@@ -69,12 +70,7 @@ def build(out_dir: str, name: str) -> str:
         ValueError: an edit's text is not in the table as often as expected (the table moved on: rebase the edit).
         subprocess.CalledProcessError: the archive or the patch failed.
     """
-    tree = os.path.join(out_dir, name)
-    shutil.rmtree(tree, ignore_errors=True)
-    os.makedirs(tree)
-    archive = subprocess.run(["git", "archive", BASE, "mla_sink", "dispatch", "tables", "tests", "pyproject.toml"],
-                             check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    tree = archive_tree(BASE, os.path.join(out_dir, name))
     if name == "main":
         return tree
     subprocess.run(["git", "apply", "--unsafe-paths", "--directory", os.path.relpath(tree), PATCH], check=True)

@@ -13,6 +13,26 @@ import sys
 import torch
 
 
+#: What a tree of an A/B holds: the package, the rule tables and their reader, the tests and the project file.
+TREE_PATHS = ("mla_sink", "dispatch", "tables", "tests", "pyproject.toml")
+
+
+def archive_tree(commit: str, tree: str) -> str:
+    """``tree`` (emptied first): :data:`TREE_PATHS` of ``commit`` (``git archive``, run from the repository).
+    Returns ``tree``.
+
+    Raises:
+        subprocess.CalledProcessError: the archive or its extraction failed.
+    """
+    import shutil
+
+    shutil.rmtree(tree, ignore_errors=True)
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "archive", commit, *TREE_PATHS], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
 def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple = (), rest_args: tuple = ()) -> tuple:
     """Call ``module.run_variant(name, dump, *args)`` (``module``: a script in this folder) once per ``NAME=TREE``
     in a child process whose path starts with ``TREE`` (then any FlashMLA entries of ``PYTHONPATH``); ``args``
