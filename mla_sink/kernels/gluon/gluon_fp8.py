@@ -501,8 +501,7 @@ def _tile_quad_pv(kn, p_ring, base, acc0, acc1, acc2, acc3, alpha):
 
 
 @gluon.jit
-def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, BLOCK_N: gl.constexpr,
-                 ROW_BYTES: gl.constexpr):
+def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, ROW_BYTES: gl.constexpr):
     """The four float32 tile scales of a block's ids (``ids``, ``ok`` in the rows of ``acc_l``), each
     ``[BLOCK_N]`` in those rows (skipped ids 0; their codes read 0 too): :func:`_scale_columns` of
     :func:`_tile_scales_raw`."""
@@ -591,7 +590,7 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
         sc_ahead = _tile_scales_raw(KV, ids, ok, stride_kv, kv_block_size, ROW_BYTES)
         ids_ahead = _raw_ids(IDX, idx_base, end, start + (FIRST + STAGES) * BLOCK_N, BLOCK_N, acc_l)
     else:
-        sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
+        sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
     for i in range(FIRST, num_blocks, STAGES):
         s = _stage(i, FIRST)
         if COPY_ROPE:
@@ -618,7 +617,7 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
             ok = ok_ahead
         else:
             ids, ok = _block_ids(IDX, idx_base, start, i + STAGES, end, nrows, offs_n, BLOCK_N)
-            sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
+            sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
         fence_async_shared()
         gl.thread_barrier()  # every P_t^T complete in shared memory before the wgmmas read them
         if COPY_ROPE and i + STAGES < num_blocks:  # every warp waited for its scores before the barrier: tile read
@@ -999,8 +998,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                     sc_ahead = _tile_scales_raw(KV, ids_ahead, ok_ahead, stride_kv, kv_block_size, ROW_BYTES)
                     ids_ahead = _raw_ids(IDX, idx_base, end, start + (i + 2) * BLOCK_N, BLOCK_N, acc_l)
                 else:
-                    sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N,
-                                                      ROW_BYTES)
+                    sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
             if STAGED_IDS:
                 ids, ok = _staged_ids(ids_smem, i, offs_n)
@@ -1132,7 +1130,7 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
         if KV_DS_MLA:
             if COPY_ROPE:
                 ids_next = _raw_ids(IDX, idx_base, end, start + (2 * j + 2 + ROLE) * BLOCK_N, BLOCK_N, rope_l)
-            sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
+            sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
         mbarrier.wait(ready.index(own), phase)
         if STAGED_IDS:
             ids, ok = _staged_ids(ids_smem, 2 * j + ROLE, offs_n)
