@@ -68,7 +68,7 @@ def prepare(
 
     Raises:
         ValueError: ``spec`` not a :class:`CallSpec` or ``platform`` neither ``None`` nor a :class:`Platform`;
-            ``sinks`` malformed (not fp32, not ``[H]``), on a device of another kind than the
+            ``sinks`` malformed (not a tensor, not fp32, not ``[H]``), on a device of another kind than the
             platform's (a GPU platform needs CUDA/ROCm sinks) or on a CUDA device this machine lacks, or given
             while ``spec.sinks`` is False; ``sm_scale`` not a real in ``[2^-126, 2^126]``; ``path`` not a path of
             the table; on an AITER path, a call its planner refuses
