@@ -811,6 +811,21 @@ def test_an_abbreviated_logit_cap_flag_takes_a_negative_value(flag, capsys):
     assert capsys.readouterr().out.splitlines()[0] == "bf16-h16-cpu-nosinks-dcp1"
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["explain", "--arch", "cpu", "--topk", "-1e3"], "argument --topk: invalid int value: '-1e3'"),
+    (["explain", "--arch", "cpu", "--heads", "-2.5"], "argument --heads: invalid int value: '-2.5'"),
+    (["demo", "--tokens", "-1e3"], "argument --tokens: invalid int value: '-1e3'"),
+    (["explain", "--arch", "cpu", "--json", "-1e3"], "argument --json: ignored explicit argument '-1e3'"),
+])
+def test_a_negative_number_after_any_flag_is_named_as_its_value(argv, message, capsys):
+    """A value such as ``-1e3`` after an int flag was read by argparse as a flag ("expected one argument", no value
+    named: a "left as known" item); it is now the flag's value, which the flag's own
+    parser names."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_a_negative_logit_cap_still_means_no_cap_and_a_missing_value_is_still_refused(capsys):
     assert main(["explain", "--arch", "cpu", "--logit-cap", "-1", "--heads", "16"]) == 0
     assert "→" in capsys.readouterr().out

@@ -498,19 +498,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Flags whose value may be a negative non-number (``-inf``, ``-nan``), which argparse would take for a flag.
-_FLOAT_FLAGS = ("--logit-cap",)
-
-
-def _joined_float_values(argv: list) -> list:
-    """``--logit-cap -inf`` as ``--logit-cap=-inf``: argparse reads a value that starts with ``-`` and is not a plain
-    number as the next flag ("expected one argument"); joined, the library's own check names the value. An
-    abbreviation argparse accepts (``--logit -1e3``) is joined too (a break test, forty-third session); one that is
-    ambiguous is left for argparse to name."""
+def _joined_number_values(argv: list) -> list:
+    """``--logit-cap -inf`` as ``--logit-cap=-inf``, ``--topk -1e3`` as ``--topk=-1e3``: argparse reads a value that
+    starts with ``-`` and is not a plain number as the next flag ("expected one argument", naming no value); joined,
+    the flag's own parser or the library's check names the value. Every long flag followed by a token that reads as a
+    number is joined, abbreviations argparse accepts included (``--logit -1e3``: a break test, forty-third session;
+    the int flags, forty-eighth); an ambiguous or unknown one is left for argparse to name, a flag that takes no value
+    gets argparse's "ignored explicit argument"."""
     out, i = [], 0
     while i < len(argv):
         flag = argv[i]
-        is_float_flag = len(flag) > 2 and flag.startswith("--") and any(f.startswith(flag) for f in _FLOAT_FLAGS)
-        if is_float_flag and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+        is_long_flag = len(flag) > 2 and flag.startswith("--") and "=" not in flag
+        if is_long_flag and i + 1 < len(argv) and argv[i + 1].startswith("-"):
             try:
                 float(argv[i + 1])
             except ValueError:
@@ -574,7 +573,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mla_sink.core.select import NoKernelError
     from mla_sink.dispatch import TableCheckError
 
-    argv = _joined_float_values(list(sys.argv[1:] if argv is None else argv))
+    argv = _joined_number_values(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     if args.command == "explain":  # its own arguments, for --matrix's check of the call flags given
         args.explain_argv = argv[argv.index("explain") + 1:]
