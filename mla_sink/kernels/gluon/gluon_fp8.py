@@ -524,6 +524,18 @@ def _tile_scales_raw(KV, ids, ok, stride_kv, kv_block_size, ROW_BYTES: gl.conste
 
 
 @gluon.jit
+def _prefetch_step(IDX, KV, ids_ahead, nrows, idx_base, end, n_after, stride_kv, kv_block_size, acc_l: gl.constexpr,
+                   BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr):
+    """One step of ``PREFETCH_SCALES``' pipeline, at a block's start: ``(ok, scales, ids)`` - the mask of the next block
+    (its raw ids ``ids_ahead``, loaded a block before: ids past ``end`` read -1, not ok), the load of its tile scales
+    issued (:func:`_tile_scales_raw`) and the raw ids of positions ``[n_after, n_after + BLOCK_N)`` loaded; none of the
+    loads is read here."""
+    ok = ids_ahead.to(gl.uint32, bitcast=True) < nrows
+    return (ok, _tile_scales_raw(KV, ids_ahead, ok, stride_kv, kv_block_size, ROW_BYTES),
+            _raw_ids(IDX, idx_base, end, n_after, BLOCK_N, acc_l))
+
+
+@gluon.jit
 def _scale_columns(sc, acc_l: gl.constexpr):
     """``(scale_0, .., scale_3)`` of loaded tile scales ``sc`` (:func:`_tile_scales_raw`), each ``[BLOCK_N]`` in the
     rows of ``acc_l``."""
@@ -597,9 +609,9 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
             ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
         if PREFETCH:  # this block's scales were loaded during this consumer's block before; the next one's go now
             sc_now = sc_ahead
-            ok_ahead = ids_ahead.to(gl.uint32, bitcast=True) < nrows  # (past `end` read -1: not ok)
-            sc_ahead = _tile_scales_raw(KV, ids_ahead, ok_ahead, stride_kv, kv_block_size, ROW_BYTES)
-            ids_ahead = _raw_ids(IDX, idx_base, end, start + (i + 2 * STAGES) * BLOCK_N, BLOCK_N, acc_l)
+            ok_ahead, sc_ahead, ids_ahead = _prefetch_step(IDX, KV, ids_ahead, nrows, idx_base, end,
+                                                           start + (i + 2 * STAGES) * BLOCK_N, stride_kv,
+                                                           kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         if COPY_ROPE:
             async_copy.wait_group(0)
@@ -994,9 +1006,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                     ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
                 if PREFETCH_SCALES:  # this block's scales were loaded a block ago; block i + 1's go in flight now
                     sc_now = sc_ahead
-                    ok_ahead = ids_ahead.to(gl.uint32, bitcast=True) < nrows  # (past `end` read -1: not ok)
-                    sc_ahead = _tile_scales_raw(KV, ids_ahead, ok_ahead, stride_kv, kv_block_size, ROW_BYTES)
-                    ids_ahead = _raw_ids(IDX, idx_base, end, start + (i + 2) * BLOCK_N, BLOCK_N, acc_l)
+                    ok_ahead, sc_ahead, ids_ahead = _prefetch_step(IDX, KV, ids_ahead, nrows, idx_base, end,
+                                                                   start + (i + 2) * BLOCK_N, stride_kv,
+                                                                   kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
                 else:
                     sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
