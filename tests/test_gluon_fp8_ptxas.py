@@ -42,11 +42,10 @@ CACHES = {"e4m3": ("fp8_e4m3", (4096, 576), "*fp8e4nv"), "ds": ("fp8_ds_mla", (4
           "ds_paged": ("fp8_ds_mla", (64, 64, 656), "*u8")}
 
 
-@pytest.mark.parametrize("H,splits,cache", [(16, 1, "e4m3"), (16, 2, "e4m3"), (5, 16, "e4m3"), (32, 1, "e4m3"),
-                                            (17, 2, "e4m3"), (32, 16, "e4m3"), (16, 1, "ds"), (16, 2, "ds_paged"),
-                                            (9, 16, "ds"), (16, 32, "ds_paged"), (32, 1, "ds"), (27, 16, "ds_paged"),
-                                            (32, 32, "e4m3"), (32, 2, "ds")])
-def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
+def _compiled(H: int, splits: int, cache: str, tmp_path, **overrides) -> tuple:
+    """``(constexprs, ptxas -v report, SASS, kernel)`` of the launch ``fp8_launch_args`` gives 3 tokens of ``H``
+    heads and 2048 ids in ``splits`` splits on the cache ``CACHES[cache]``, with sinks and ``topk_length`` and the
+    constexprs ``overrides``, compiled for sm90."""
     kv_dtype, shape, kv_ptr = CACHES[cache]
     q = torch.empty(3, H, 576, dtype=torch.bfloat16)
     kv = torch.empty(*shape, dtype=torch.uint8 if kv_dtype == "fp8_ds_mla" else torch.float8_e4m3fn)
@@ -54,9 +53,19 @@ def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
     _, scalars, constexprs, options = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits,
                                                          ids_per_split=2048 // splits, out_strides=(H * 512, 512),
                                                          kv_dtype=kv_dtype)
-    constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=True)
+    constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=True, **overrides)
     kernel = compile_gluon_fp8(constexprs, scalars, kv_ptr, options["num_warps"])
     log, sass = assemble(kernel, BIN, tmp_path)
+    return constexprs, log, sass, kernel
+
+
+@pytest.mark.parametrize("H,splits,cache", [(16, 1, "e4m3"), (16, 2, "e4m3"), (5, 16, "e4m3"), (32, 1, "e4m3"),
+                                            (17, 2, "e4m3"), (32, 16, "e4m3"), (16, 1, "ds"), (16, 2, "ds_paged"),
+                                            (9, 16, "ds"), (16, 32, "ds_paged"), (32, 1, "ds"), (27, 16, "ds_paged"),
+                                            (32, 32, "e4m3"), (32, 2, "ds")])
+def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
+    kv_dtype = CACHES[cache][0]
+    constexprs, log, sass, kernel = _compiled(H, splits, cache, tmp_path)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     cols = constexprs["COLS"]
     # the column split serves 32-head blocks: e4m3's split launches, every V3.2 launch
@@ -133,17 +142,8 @@ def test_prefetched_tile_scales_fit_without_spills(H, splits, cache, tmp_path):
     column split's first consumer at 32 heads, both alternate-block consumers at 16), whether or not a row turns it
     on: the ids two blocks ahead and the tile scales one ahead stay in registers across the loop without a spill or a
     wgmma serialisation warning, and the score wgmmas are still issued."""
-    kv_dtype, shape, kv_ptr = CACHES[cache]
-    q = torch.empty(3, H, 576, dtype=torch.bfloat16)
-    kv = torch.empty(*shape, dtype=torch.uint8)
-    idx = torch.empty(3, 2048, dtype=torch.int32)
-    _, scalars, constexprs, options = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits,
-                                                         ids_per_split=2048 // splits, out_strides=(H * 512, 512),
-                                                         kv_dtype=kv_dtype)
+    constexprs, log, sass, _ = _compiled(H, splits, cache, tmp_path, PREFETCH_SCALES=True)
     assert not constexprs["EARLY_IDS"] and not constexprs["PAIRS"]
-    constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=True, PREFETCH_SCALES=True)
-    kernel = compile_gluon_fp8(constexprs, scalars, kv_ptr, options["num_warps"])
-    log, sass = assemble(kernel, BIN, tmp_path)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert spills and max(map(int, spills.groups())) == 0, log
     assert not re.search(r"C751[0-9]", log), log
