@@ -11,7 +11,9 @@ Why (AOT sm90 SASS of :data:`BASE`, Triton 3.6's ptxas): without it the first co
 then their tile scales, and its first instruction after the stage's mbarrier wait (``FADD`` of a scale) waits on the
 loads' scoreboard, before the block's score wgmmas are issued - two dependent global round trips a block on the
 period. With it, the loop's first wait on that scoreboard comes after the block's ``P_t`` stores and ``p_ready``.
-Every variant compiles without a spill.
+Every variant compiles without a spill. Timed in the forty-ninth session (an H100,
+benchmarks/prefetch_scales_ab_fortyninth_2026-12-05.json): both variants lost, and the flag left the tree
+(benchmarks/gluon_fp8_prefetch_scales.patch); :data:`BASE` still has it.
 
     PYTHONPATH=. python3 benchmarks/prefetch_scales_trees.py out
     bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main a1=../out/pf32 b1=../out/pfall m2=../out/main \\

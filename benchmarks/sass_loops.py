@@ -8,13 +8,14 @@ after the code. Eighteenth session: a paged V3.2 cache's page size as a runtime 
 against a constexpr (BENCHMARKS.md). Forty-eighth session: ``--waits`` decodes the control codes of each such loop's
 instructions (:func:`control`) and prints, in order, its global loads with the scoreboard each one writes, its score
 wgmma groups, its mbarrier waits and every instruction that waits on a global load's scoreboard - where in the loop
-a load's result is first waited for; ``--prefetch-scales`` compiles the launch with ``PREFETCH_SCALES``.
+a load's result is first waited for (its ``--prefetch-scales``, which compiled the forty-eighth session's
+``PREFETCH_SCALES``, went with that flag: benchmarks/gluon_fp8_prefetch_scales.patch).
 
 Needs Triton 3.6 with its bundled ptxas and cuobjdump (the H200 image's; here
 ``pip download triton==3.6.0 --no-deps`` unpacked onto ``PYTHONPATH``):
 
     PYTHONPATH=/tmp/tr36/site:. python3 benchmarks/sass_loops.py H SPLITS KV_DTYPE [--paged] [--topk-length]
-        [--regs CONSUMER,PRODUCER] [--sass FILE] [--prefetch-scales] [--waits]
+        [--regs CONSUMER,PRODUCER] [--sass FILE] [--waits]
 """
 
 from __future__ import annotations
@@ -111,7 +112,6 @@ def main(argv=None) -> None:
     p.add_argument("--topk-length", action="store_true", help="compile with HAS_TOPK_LEN")
     p.add_argument("--regs", help="override CONSUMER_REGS,PRODUCER_REGS")
     p.add_argument("--sass", help="also write the SASS here")
-    p.add_argument("--prefetch-scales", action="store_true", help="compile with PREFETCH_SCALES (V3.2 rows)")
     p.add_argument("--waits", action="store_true", help="print each loop's loads and the waits on them")
     a = p.parse_args(argv)
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
@@ -132,15 +132,12 @@ def main(argv=None) -> None:
     constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=a.topk_length)
     if a.regs:
         constexprs["CONSUMER_REGS"], constexprs["PRODUCER_REGS"] = map(int, a.regs.split(","))
-    if a.prefetch_scales:
-        constexprs["PREFETCH_SCALES"] = True
     kernel = compile_gluon_fp8(constexprs, scalars, kv_ptr, options["num_warps"])
     with tempfile.TemporaryDirectory() as tmp:
         log, sass = assemble(kernel, bin_dir, Path(tmp))
     if a.sass:
         Path(a.sass).write_text(sass)
-    shown = ("BLOCK_H", "COLS", "CONSUMER_REGS", "PRODUCER_REGS", "PRODUCER_ROWS", "LINES", "PREFETCH_SCALES",
-             "kv_block_size")
+    shown = ("BLOCK_H", "COLS", "CONSUMER_REGS", "PRODUCER_REGS", "PRODUCER_ROWS", "LINES", "kv_block_size")
     print({k: constexprs.get(k, scalars.get(k)) for k in shown})
     print(*[line.strip() for line in log.splitlines() if "spill" in line], sep="\n")
     print("shared bytes", kernel.metadata.shared, "| setmaxnreg",

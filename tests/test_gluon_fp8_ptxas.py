@@ -42,10 +42,10 @@ CACHES = {"e4m3": ("fp8_e4m3", (4096, 576), "*fp8e4nv"), "ds": ("fp8_ds_mla", (4
           "ds_paged": ("fp8_ds_mla", (64, 64, 656), "*u8")}
 
 
-def _compiled(H: int, splits: int, cache: str, tmp_path, **overrides) -> tuple:
+def _compiled(H: int, splits: int, cache: str, tmp_path) -> tuple:
     """``(constexprs, ptxas -v report, SASS, kernel)`` of the launch ``fp8_launch_args`` gives 3 tokens of ``H``
-    heads and 2048 ids in ``splits`` splits on the cache ``CACHES[cache]``, with sinks and ``topk_length`` and the
-    constexprs ``overrides``, compiled for sm90."""
+    heads and 2048 ids in ``splits`` splits on the cache ``CACHES[cache]``, with sinks and ``topk_length``, compiled
+    for sm90."""
     kv_dtype, shape, kv_ptr = CACHES[cache]
     q = torch.empty(3, H, 576, dtype=torch.bfloat16)
     kv = torch.empty(*shape, dtype=torch.uint8 if kv_dtype == "fp8_ds_mla" else torch.float8_e4m3fn)
@@ -53,7 +53,7 @@ def _compiled(H: int, splits: int, cache: str, tmp_path, **overrides) -> tuple:
     _, scalars, constexprs, options = gf.fp8_launch_args(q, kv, idx, num_kv_splits=splits,
                                                          ids_per_split=2048 // splits, out_strides=(H * 512, 512),
                                                          kv_dtype=kv_dtype)
-    constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=True, **overrides)
+    constexprs.update(HAS_SINKS=True, HAS_TOPK_LEN=True)
     kernel = compile_gluon_fp8(constexprs, scalars, kv_ptr, options["num_warps"])
     log, sass = assemble(kernel, BIN, tmp_path)
     return constexprs, log, sass, kernel
@@ -133,19 +133,3 @@ def test_a_cache_of_another_shape_is_refused(shape, dtype, kv_dtype, match):
     with pytest.raises(ValueError, match=match):
         gf.fp8_launch_args(q, torch.empty(*shape, dtype=dtype), idx, num_kv_splits=1, ids_per_split=64,
                            out_strides=(16 * 512, 512), kv_dtype=kv_dtype)
-
-
-@pytest.mark.parametrize("H,splits,cache", [(32, 1, "ds"), (32, 2, "ds_paged"), (16, 1, "ds"), (16, 2, "ds_paged"),
-                                            (9, 1, "ds")])
-def test_prefetched_tile_scales_fit_without_spills(H, splits, cache, tmp_path):
-    """``PREFETCH_SCALES`` (tables/gluon_fp8.yaml's ``prefetch_scales``) on each V3.2 arrangement that reads it (the
-    column split's first consumer at 32 heads, both alternate-block consumers at 16), whether or not a row turns it
-    on: the ids two blocks ahead and the tile scales one ahead stay in registers across the loop without a spill or a
-    wgmma serialisation warning, and the score wgmmas are still issued."""
-    constexprs, log, sass, _ = _compiled(H, splits, cache, tmp_path, PREFETCH_SCALES=True)
-    assert not constexprs["EARLY_IDS"] and not constexprs["PAIRS"]
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert spills and max(map(int, spills.groups())) == 0, log
-    assert not re.search(r"C751[0-9]", log), log
-    n = constexprs["BLOCK_H"]
-    assert sass.count(f"HGMMA.64x{n}x16.F32.BF16") >= (1 if constexprs["COLS"] else 2) * (36 + 32)

@@ -158,7 +158,6 @@ E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_r
      r"row 'e4m3_h16': params early_ids: only the column_split path's first consumer loads ids early"),
     (E4M3_H16.replace("}", ", early_ids: 0}"), r"row 'e4m3_h16': params early_ids: expected bool, got 0"),
     (E4M3_H16.replace("staged_ids: true", "staged_ids: 1"), r"row 'e4m3_h16': params staged_ids: expected bool, got 1"),
-    (E4M3_H16.replace("}", ", prefetch_scales: 1}"), r"row 'e4m3_h16': params prefetch_scales: expected bool, got 1"),
 ])
 def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
     table = _edited("gluon_fp8", E4M3_H16, new)
@@ -180,25 +179,6 @@ def test_staged_ids_on_a_row_that_serves_v32_rows_is_refused(row):
         tuning.check_fp8_table(table)
 
 
-@pytest.mark.parametrize("row,extra,message", [
-    ("e4m3_h32_unsplit", "prefetch_scales: true",
-     r"params prefetch_scales: only the column_split and alternate_blocks paths' V3.2 consumers prefetch tile scales "
-     r"\(got true on 'alternate_scores'\)"),
-    ("ds_mla_h32_short", "prefetch_scales: true",
-     r"params prefetch_scales and early_ids: at most one \(prefetch_scales loads every block's ids ahead itself\)"),
-])
-def test_prefetch_scales_where_the_kernel_does_not_read_it_is_refused(row, extra, message):
-    """``prefetch_scales`` on the alternate scores (whose consumers do not read it) or beside ``early_ids`` (two
-    schedules of the same ids; the kernel asserts at most one) is refused at load, naming the row."""
-    text = table_path("gluon_fp8").read_text()
-    start = text.index(f"  - id: {row}\n")
-    params = text.index("    params: {", start)
-    end = text.index("}\n", params)
-    table = dispatch.load_table(text[:end] + ", " + extra + text[end:], name="edited.yaml")
-    with pytest.raises(dispatch.TableError, match=rf"edited\.yaml:\d+: row '{row}': " + message):
-        tuning.check_fp8_table(table)
-
-
 def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
     table = _edited("gluon_fp8", E4M3_H16, E4M3_H16.replace("consumer_regs: 136, producer_regs: 152",
                                                             "consumer_regs: 256, producer_regs: 256"))
@@ -208,8 +188,7 @@ def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
 
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
-    old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false, "
-           "prefetch_scales: false}\n"
+    old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "

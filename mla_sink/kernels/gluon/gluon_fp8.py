@@ -524,18 +524,6 @@ def _tile_scales_raw(KV, ids, ok, stride_kv, kv_block_size, ROW_BYTES: gl.conste
 
 
 @gluon.jit
-def _prefetch_step(IDX, KV, ids_ahead, nrows, idx_base, end, n_after, stride_kv, kv_block_size, acc_l: gl.constexpr,
-                   BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr):
-    """One step of ``PREFETCH_SCALES``' pipeline, at a block's start: ``(ok, scales, ids)`` - the mask of the next block
-    (its raw ids ``ids_ahead``, loaded a block before: ids past ``end`` read -1, not ok), the load of its tile scales
-    issued (:func:`_tile_scales_raw`) and the raw ids of positions ``[n_after, n_after + BLOCK_N)`` loaded; none of the
-    loads is read here."""
-    ok = ids_ahead.to(gl.uint32, bitcast=True) < nrows
-    return (ok, _tile_scales_raw(KV, ids_ahead, ok, stride_kv, kv_block_size, ROW_BYTES),
-            _raw_ids(IDX, idx_base, end, n_after, BLOCK_N, acc_l))
-
-
-@gluon.jit
 def _scale_columns(sc, acc_l: gl.constexpr):
     """``(scale_0, .., scale_3)`` of loaded tile scales ``sc`` (:func:`_tile_scales_raw`), each ``[BLOCK_N]`` in the
     rows of ``acc_l``."""
@@ -567,7 +555,7 @@ def _copy_rope(KV, kr, ids, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr, l
 def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, stride_kv,
                kv_block_size, num_rows, start, end, num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr,
                BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, FIRST: gl.constexpr, COPY_ROPE: gl.constexpr,
-               DEFER: gl.constexpr, PREFETCH: gl.constexpr):
+               DEFER: gl.constexpr):
     """One consumer's blocks of V3.2 rows: ``(m, l, O^T)`` with ``O^T`` as its four 128-column tiles. The
     ring holds exact bf16 codes. ``COPY_ROPE`` (16-byte aligned rows): the consumer copies the bf16 RoPE of its
     blocks into its own stage's RoPE tile by cp.async, the next block's once this block's scores are read, so
@@ -579,10 +567,11 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
     the column split's first consumer lost, 221.8 / 64.7 against 193.5 / 58.5 at H=32) are applied exactly: to
     the scores as ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` (one fp32 wgmma accumulator per tile),
     and to ``P V`` by scaling ``P^T`` per tile (``P_t = P * scale_t`` rounded once to bf16, as the bf16 kernels
-    round ``P``), so every scale, power of two or not, decodes exactly. ``PREFETCH`` (``prefetch_scales``): the
-    ids two of this consumer's blocks ahead and the tile scales one ahead, read only in the block that needs them
-    (:func:`_consumer_cols`'s ``PREFETCH_SCALES``); without it the scales loaded one block ahead are picked at once,
-    so their round trip sits between a block's ``P_t^T`` stores and its ``P V``."""
+    round ``P``), so every scale, power of two or not, decodes exactly. The scales loaded one block ahead are picked at
+    once, so their round trip sits between a block's ``P_t^T`` stores and its ``P V``; loading the ids two blocks
+    ahead and the scales one ahead, picked only in the block that needs them, took 184.5 against 176.0-176.3 us at
+    H=16 T=256 on an H100 (forty-ninth session, benchmarks/prefetch_scales_ab_fortyninth_2026-12-05.json; patch
+    benchmarks/gluon_fp8_prefetch_scales.patch)."""
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
     nrows = num_rows.to(gl.uint32)
     m_i, l_i, acc0, acc1, acc2, acc3, s_zero = _fresh_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
@@ -595,23 +584,13 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
                    stride_kv, kv_block_size, ROW_BYTES, rope_l)
     # the first block's ids and tile scales; each later block's are loaded one of this consumer's blocks ahead (after
     # the P_t^T of the block before are stored), so that their two dependent loads (ids, then the rows' scales) are not
-    # waited for between a block's scores and its softmax; with PREFETCH the ids two blocks ahead and the scales one
-    # ahead, issued at each block's start and picked in the block that needs them
+    # waited for between a block's scores and its softmax
     ids, ok = _block_ids(IDX, idx_base, start, FIRST, end, nrows, offs_n, BLOCK_N)
-    if PREFETCH:  # and the ids of this consumer's next block
-        sc_ahead = _tile_scales_raw(KV, ids, ok, stride_kv, kv_block_size, ROW_BYTES)
-        ids_ahead = _raw_ids(IDX, idx_base, end, start + (FIRST + STAGES) * BLOCK_N, BLOCK_N, acc_l)
-    else:
-        sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
+    sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
     for i in range(FIRST, num_blocks, STAGES):
         s = _stage(i, FIRST)
         if COPY_ROPE:
             ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
-        if PREFETCH:  # this block's scales were loaded during this consumer's block before; the next one's go now
-            sc_now = sc_ahead
-            ok_ahead, sc_ahead, ids_ahead = _prefetch_step(IDX, KV, ids_ahead, nrows, idx_base, end,
-                                                           start + (i + 2 * STAGES) * BLOCK_N, stride_kv,
-                                                           kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         if COPY_ROPE:
             async_copy.wait_group(0)
@@ -619,17 +598,12 @@ def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_sc
             gl.thread_barrier()  # every warp's copies landed
         kn = kn_smem.index(s)
         z = s - FIRST  # an opaque 0: q and P's tiles indexed through it too (their descriptors are not hoisted)
-        if PREFETCH:
-            sc0, sc1, sc2, sc3 = _scale_columns(sc_now, acc_l)
         st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
         p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i, l_i,
                                              DEFER)
         _store_p_tiles(p_smem, z, p, sc0, sc1, sc2, sc3)
-        if PREFETCH:
-            ok = ok_ahead
-        else:
-            ids, ok = _block_ids(IDX, idx_base, start, i + STAGES, end, nrows, offs_n, BLOCK_N)
-            sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
+        ids, ok = _block_ids(IDX, idx_base, start, i + STAGES, end, nrows, offs_n, BLOCK_N)
+        sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
         fence_async_shared()
         gl.thread_barrier()  # every P_t^T complete in shared memory before the wgmmas read them
         if COPY_ROPE and i + STAGES < num_blocks:  # every warp waited for its scores before the barrier: tile read
@@ -735,8 +709,7 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
               HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS_MLA: gl.constexpr,
-              ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, DEFER: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr,
-              PREFETCH_SCALES: gl.constexpr):
+              ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, DEFER: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
     merges the other's state and runs the epilogue. The second consumer (``FIRST == 1``, whose first block is the
     ring's second) stages q (:func:`_stage_q`) and signals ``q_ready``, for which the first waits. ``ROWS_16B``:
@@ -762,7 +735,7 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
                                                       col_scale, idx_base, stride_kv, kv_block_size, num_rows, start,
                                                       end, num_blocks, acc_l, BLOCK_H, BLOCK_N, ROW_BYTES, FIRST,
-                                                      ROWS_16B, DEFER, PREFETCH_SCALES)
+                                                      ROWS_16B, DEFER)
     else:
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
                                                         col_scale, idx_base, num_rows.to(gl.uint32), start, end,
@@ -917,7 +890,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
                    ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr,
-                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr, PREFETCH_SCALES: gl.constexpr):
+                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -945,16 +918,13 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     CTAs of one or two blocks, ``early_ids``): ROLE 0 loads the first block's ids and the first two blocks' RoPE ids
     before it stages q and issues those copies once q is stored, and loads each later block's ids a block ahead
     (thirty-fifth session, benchmarks/ds_first_ids_ab_thirtyfifth_2026-12-04.json: H=32 T=2 11.43-11.55 against
-    12.14-12.22 us; T=256 208.8 against 189.0, so long ranges keep the loads at each block's turn).
-    ``PREFETCH_SCALES`` (V3.2's long id ranges, ``prefetch_scales``): ROLE 0's ids and tile scales as a two-deep
-    pipeline in which no load is read in the block that issues it - at the start of block ``i`` it checks block
-    ``i + 1``'s ids (loaded during block ``i - 1``), issues the load of their tile scales and the load of block
-    ``i + 2``'s ids, and picks block ``i``'s scales (loaded during block ``i - 1``) for its scores. Without it, a
-    block's ids and then their scales (two dependent global loads) are waited for at the start of that block, before
-    its score wgmmas are issued (AOT sm90 SASS: the first instruction after the stage's wait reads a scale); with it,
-    the loop's first wait on those loads comes after the block's ``P_t`` stores. ``EARLY_IDS`` and the thirty-first
-    session's ``scales_ahead`` issued the next block's loads early but checked the ids (or picked the scale columns)
-    at once, so they waited for the same round trips, only earlier."""
+    12.14-12.22 us; T=256 208.8 against 189.0, so long ranges keep the loads at each block's turn). On long V3.2
+    ranges a block's ids and then their tile scales (two dependent global loads) are waited for at the start of that
+    block, before its score wgmmas are issued (AOT sm90 SASS: the first instruction after the stage's wait reads a
+    scale); a two-deep pipeline in which no load is read in the block that issues it (ids two blocks ahead, scales
+    one ahead) moved that wait after the ``P_t`` stores and took 205.5-206.6 against 200.1-201.9 us at H=32 T=256 on
+    an H100 (forty-ninth session, benchmarks/prefetch_scales_ab_fortyninth_2026-12-05.json; patch
+    benchmarks/gluon_fp8_prefetch_scales.patch): those round trips are not on the period."""
     NCOLS: gl.constexpr = D_NOPE if SCORES_ONLY else D_NOPE // 2  # this consumer's value columns of O^T
     COL0: gl.constexpr = 0 if SCORES_ONLY else ROLE * NCOLS
     P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
@@ -982,11 +952,6 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         nrows = num_rows.to(gl.uint32)
         m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
-        if KV_DS_MLA and PREFETCH_SCALES:  # block 0's ids and tile scales, block 1's ids (see the docstring)
-            gl.static_assert(not EARLY_IDS, "PREFETCH_SCALES loads every block's ids ahead itself")
-            ids, ok = _block_ids(IDX, idx_base, start, 0, end, nrows, offs_n, BLOCK_N)
-            sc_ahead = _tile_scales_raw(KV, ids, ok, stride_kv, kv_block_size, ROW_BYTES)
-            ids_ahead = _raw_ids(IDX, idx_base, end, start + BLOCK_N, BLOCK_N, acc_l)
         if COPY_ROPE:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
             for b in gl.static_range(STAGES):
                 if b < num_blocks:
@@ -999,18 +964,12 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1
-            if not ((KV_DS_MLA and (EARLY_IDS or PREFETCH_SCALES)) or STAGED_IDS):  # (loaded ahead)
+            if not ((KV_DS_MLA and EARLY_IDS) or STAGED_IDS):  # (EARLY_IDS: loaded a block ahead)
                 ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
             if KV_DS_MLA:
                 if COPY_ROPE:
                     ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
-                if PREFETCH_SCALES:  # this block's scales were loaded a block ago; block i + 1's go in flight now
-                    sc_now = sc_ahead
-                    ok_ahead, sc_ahead, ids_ahead = _prefetch_step(IDX, KV, ids_ahead, nrows, idx_base, end,
-                                                                   start + (i + 2) * BLOCK_N, stride_kv,
-                                                                   kv_block_size, acc_l, BLOCK_N, ROW_BYTES)
-                else:
-                    sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
+                sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
             if STAGED_IDS:
                 ids, ok = _staged_ids(ids_smem, i, offs_n)
@@ -1024,8 +983,6 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                         async_copy.wait_group(0)
                     fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
                     gl.thread_barrier()  # every warp's copies landed
-                if PREFETCH_SCALES:
-                    sc0, sc1, sc2, sc3 = _scale_columns(sc_now, acc_l)
                 st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
             else:
                 st = _e4m3_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero)
@@ -1045,8 +1002,6 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                                rope_l)
                 if EARLY_IDS:  # the next block's
                     ids, ok = _block_ids(IDX, idx_base, start, i + 1, end, nrows, offs_n, BLOCK_N)
-                if PREFETCH_SCALES:  # the next block's mask, checked at this block's start
-                    ok = ok_ahead
             if not SCORES_ONLY:
                 acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s
@@ -1246,7 +1201,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
-    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, PREFETCH_SCALES: gl.constexpr,
+    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1258,9 +1213,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``PAIRS``: the alternate-scores consumers
     (:func:`_consumer_pairs`; the producer a worker, gathering the ``2 * cdiv(blocks, 2)`` blocks of the pairs).
     ``EARLY_IDS``: V3.2 rows on the column split, the first consumer's first ids loaded before q
-    (:func:`_consumer_cols`). ``PREFETCH_SCALES``: V3.2 rows, the consumers that compute scores (the column split's
-    first, both alternate-block ones) load the ids two of their blocks ahead and the tile scales one ahead
-    (:func:`_consumer_cols`, :func:`_blocks_ds`)."""
+    (:func:`_consumer_cols`)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
@@ -1372,14 +1325,14 @@ def sparse_mla_decode_fp8_ws_kernel(
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, PREFETCH_SCALES)),
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, PREFETCH_SCALES)),
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES, ids_smem, STAGED_IDS)),
@@ -1391,13 +1344,13 @@ def sparse_mla_decode_fp8_ws_kernel(
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS, PREFETCH_SCALES)),
+                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS, PREFETCH_SCALES)),
+                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES, ids_smem, STAGED_IDS)),
@@ -1469,8 +1422,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
-                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
-                      PREFETCH_SCALES=arr.prefetch_scales)
+                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

@@ -30,8 +30,7 @@ COLUMN_SPLIT = "column_split"
 ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
-              "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
-              "prefetch_scales": bool}
+              "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -83,11 +82,6 @@ class Fp8Arrangement:
             once the block's stage is filled, instead of loading them from ``indices`` before it (``STAGED_IDS``);
             per-tensor e4m3 caches only (V3.2's consumers need the ids before the stage is filled, for the tile
             scales' loads).
-        prefetch_scales: with V3.2 rows, the consumers that compute scores (the column split's first, or both on
-            alternate blocks) load each of their blocks' ids two of their blocks ahead and its tile scales one ahead,
-            checking the ids one block ahead and picking the scales in the block that needs them, so no load is read
-            in the block that issues it (``PREFETCH_SCALES``); never on the alternate scores (the kernel reads it for
-            V3.2 rows only).
     """
 
     row: str
@@ -104,7 +98,6 @@ class Fp8Arrangement:
     scores_only: bool = False
     early_ids: bool = False
     staged_ids: bool = False
-    prefetch_scales: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -149,7 +142,6 @@ def check_fp8_table(table) -> None:
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
     partition a legal count of :data:`PARTITION_REGS`; ``scores_only`` and ``early_ids`` only on :data:`COLUMN_SPLIT`;
-    ``prefetch_scales`` not on :data:`ALTERNATE_SCORES` and not with ``early_ids``;
     ``staged_ids`` only on rows whose ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a
     row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right
     type even where every row overrides them; and every head count and block count gets a row, the values on either
@@ -204,12 +196,6 @@ def check_fp8_table(table) -> None:
             if params[key] and row.path != COLUMN_SPLIT:
                 raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
                                          f"{row.path!r})")
-        if params["prefetch_scales"] and row.path == ALTERNATE_SCORES:
-            raise _error(table, row, f"params prefetch_scales: only the {COLUMN_SPLIT} and alternate_blocks paths' "
-                                     f"V3.2 consumers prefetch tile scales (got true on {row.path!r})")
-        if params["prefetch_scales"] and params["early_ids"]:
-            raise _error(table, row, "params prefetch_scales and early_ids: at most one (prefetch_scales loads every "
-                                     "block's ids ahead itself)")
         if params["head_block"] not in HEAD_BLOCKS:
             raise _error(table, row, f"params head_block: expected one of {HEAD_BLOCKS} (the kernel's head blocks), "
                                      f"got {params['head_block']!r}")
@@ -319,8 +305,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
-                          early_ids=p["early_ids"], staged_ids=p["staged_ids"],
-                          prefetch_scales=p["prefetch_scales"])
+                          early_ids=p["early_ids"], staged_ids=p["staged_ids"])
 
 
 @functools.cache
