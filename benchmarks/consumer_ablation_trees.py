@@ -29,7 +29,7 @@ from tree_ab import archive_tree
 
 KERNEL = os.path.join("mla_sink", "kernels", "gluon", "gluon_fp8.py")
 #: The commit the trees are archived from (forty-ninth session: main after ``prefetch_scales`` left it).
-BASE = "c698ba9"
+BASE = "059d8df"
 
 _IDS = "                ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)\n"
 _SCALES = "                sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)\n"
