@@ -10,14 +10,18 @@ design** - they time what the period is without that piece, nothing else:
   and no RoPE copies for the blocks after the first two;
 - ``nomax``: the softmax's running maximum fixed at 8 (no maximum over ids, which crosses the consumer's four warps);
 - ``nopv``: the first consumer's half of ``P V`` not issued (the second consumer's half still is), so the stage is
-  released as soon as its ``P_t`` are stored.
+  released as soon as its ``P_t`` are stored;
+- ``warpmax`` (a candidate, output exact): the block's maximum over ids as each warp's maximum over its 16 ids
+  (shuffles), one ``[4, heads]`` exchange through shared memory and one barrier, instead of Triton's generic
+  cross-warp reduction (``nomax`` bounds what it can gain).
 
 The expectation each tests: the piece that sets the period is the one whose removal moves the time by about its share
 of the first consumer's 2.88 µs a block (seventeenth session's timeline); a piece off the period moves nothing.
 
     PYTHONPATH=. python3 benchmarks/consumer_ablation_trees.py out
     cd benchmarks && PYTHONPATH=..:. python3 -u consumer_ablation_ab.py $OUT/ab.json m1=../out/main \\
-        s=../out/noscales l=../out/noloads x=../out/nomax p=../out/nopv m2=../out/main
+        s=../out/noscales l=../out/noloads x=../out/nomax p=../out/nopv w=../out/warpmax \\
+        m2=../out/main
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from tree_ab import archive_tree
 
 KERNEL = os.path.join("mla_sink", "kernels", "gluon", "gluon_fp8.py")
 #: The commit the trees are archived from (forty-ninth session: main after ``prefetch_scales`` left it).
-BASE = "059d8df"
+BASE = "c698ba9"
 
 _IDS = "                ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)\n"
 _SCALES = "                sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)\n"
@@ -40,7 +44,47 @@ _ROPE = "                if COPY_ROPE and i + STAGES < num_blocks:  # this stage
 _MAX = "    m_new = gl.maximum(m_i, gl.max(st, axis=0))\n"
 _PV = "            if not SCORES_ONLY:\n                acc, acc_b = _half_pv(kn, p_ring, s * P_TILES"
 
-#: Variant -> the (old, new) edits of gluon_fp8.py (each ``old`` occurs once).
+_SOFTMAX = ("            p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], "
+            "float(\"-inf\")), m_i,\n                                                 l_i, DEFER)\n")
+_SOFTMAX_W = ("            sx = gl.where(ok[:, None], st * col_scale[None, :], float(\"-inf\"))\n"
+              "            p, alpha, m_i, l_i = _softmax_with_max(sx, m_i, l_i, DEFER, _ids_max(sx, wmax_smem.index(s), "
+              "acc_l))\n")
+#: ``warpmax``'s helpers, put before ``_online_softmax``: each warp's maximum over its 16 ids (shuffles only), one
+#: ``[4, heads]`` exchange through shared memory (double-buffered by ring stage: the block after next rewrites a buffer
+#: only after the barrier that follows this block's P_t stores) and one barrier, instead of the generic reduction.
+_WARPMAX_HELPERS = """@gluon.jit
+def _ids_max(st, buf, acc_l: gl.constexpr):
+    BH: gl.constexpr = st.shape[1]
+    wmax = gl.max(gl.reshape(st, [4, st.shape[0] // 4, BH]), axis=1)
+    buf.store(wmax)
+    gl.thread_barrier()
+    if BH == 32:
+        all_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 8], [0, 16], [1, 0], [2, 0]], lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+            warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, BH])
+    else:
+        all_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 8], [1, 0], [2, 0]], lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+            warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, BH])
+    return gl.convert_layout(gl.max(buf.load(all_l), axis=0), gl.SliceLayout(0, acc_l))
+
+
+@gluon.jit
+def _softmax_with_max(st, m_i, l_i, DEFER: gl.constexpr, bmax):
+    m_new = gl.maximum(m_i, bmax)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(st - m_safe[None, :])
+    return p, alpha, m_new, _add_rows(l_i, alpha, p, DEFER)
+
+
+@gluon.jit
+def _online_softmax("""
+_COLS_SIG = "                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr):\n"
+_COLS_ARGS = "SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),"
+_ALPHA = "        alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)\n"
+
+#: Variant -> the (old, new) edits of gluon_fp8.py (each ``old`` occurs once; ``_COLS_ARGS`` twice, both replaced).
 VARIANTS = {
     "main": [],
     "noscales": [(_SCALES, _ONES)],
@@ -48,6 +92,11 @@ VARIANTS = {
                 (_ROPE, _ROPE.replace("if COPY_ROPE and", "if False and"))],
     "nomax": [(_MAX, "    m_new = gl.zeros_like(m_i) + 8.0\n")],
     "nopv": [(_PV, _PV.replace("if not SCORES_ONLY:", "if False:"))],
+    "warpmax": [("@gluon.jit\ndef _online_softmax(", _WARPMAX_HELPERS), (_SOFTMAX, _SOFTMAX_W),
+                (_COLS_SIG, _COLS_SIG.replace("STAGED_IDS: gl.constexpr):", "STAGED_IDS: gl.constexpr, wmax_smem):")),
+                (_COLS_ARGS, _COLS_ARGS.replace("STAGED_IDS)),", "STAGED_IDS, wmax_smem)),")),
+                (_ALPHA, _ALPHA + "        wmax_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_H], "
+                                  "gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))\n")],
 }
 
 
@@ -62,8 +111,8 @@ def build(out_dir: str, name: str) -> str:
     path = os.path.join(tree, KERNEL)
     text = open(path).read()
     for old, new in VARIANTS[name]:
-        if text.count(old) != 1:
-            raise ValueError(f"{name}: {old!r} occurs {text.count(old)} times in {KERNEL} (expected once)")
+        if text.count(old) != (2 if old == _COLS_ARGS else 1):
+            raise ValueError(f"{name}: {old!r} occurs {text.count(old)} times in {KERNEL}")
         text = text.replace(old, new)
     open(path, "w").write(text)
     return tree
