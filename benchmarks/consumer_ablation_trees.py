@@ -13,7 +13,10 @@ design** - they time what the period is without that piece, nothing else:
   released as soon as its ``P_t`` are stored;
 - ``warpmax`` (a candidate, output exact): the block's maximum over ids as each warp's maximum over its 16 ids
   (shuffles), one ``[4, heads]`` exchange through shared memory and one barrier, instead of Triton's generic
-  cross-warp reduction (``nomax`` bounds what it can gain).
+  cross-warp reduction (``nomax`` bounds what it can gain);
+- ``p4`` (a candidate for the column split's V3.2 rows, output exact; the trees' other arrangements that read V3.2's
+  ``P_t`` ring are not built for it): the four ``P_t`` of a stage in four allocations instead of four tiles of one
+  ring, so that the barrier analysis does not put a barrier after each of their stores (three a block).
 
 The expectation each tests: the piece that sets the period is the one whose removal moves the time by about its share
 of the first consumer's 2.88 µs a block (seventeenth session's timeline); a piece off the period moves nothing.
@@ -21,7 +24,7 @@ of the first consumer's 2.88 µs a block (seventeenth session's timeline); a pie
     PYTHONPATH=. python3 benchmarks/consumer_ablation_trees.py out
     cd benchmarks && PYTHONPATH=..:. python3 -u consumer_ablation_ab.py $OUT/ab.json m1=../out/main \\
         s=../out/noscales l=../out/noloads x=../out/nomax p=../out/nopv w=../out/warpmax \\
-        m2=../out/main
+        q=../out/p4 m2=../out/main
 """
 
 from __future__ import annotations
@@ -84,6 +87,30 @@ _COLS_SIG = "                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: g
 _COLS_ARGS = "SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),"
 _ALPHA = "        alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)\n"
 
+_P4_HELPER = """@gluon.jit
+def _pair_pv_bufs(kn, T0: gl.constexpr, pt0, pt1, acc, acc_b, alpha):
+    acc = acc * alpha[None, :]
+    acc_b = acc_b * alpha[None, :]
+    acc = warpgroup_mma(kn.slice(T0 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), pt0, acc, is_async=True)
+    acc_b = warpgroup_mma(kn.slice((T0 + 1) * DS_TILE, DS_TILE, dim=1).permute((1, 0)), pt1, acc_b, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b))
+
+
+@gluon.jit
+def _tile_pv("""
+_P_STORE = "                _store_p_tiles(p_ring, s * P_TILES, p, sc0, sc1, sc2, sc3)\n"
+_P_STORE4 = ("                pa.index(s).store((p * sc0[:, None]).to(pa.dtype))\n"
+             "                pb.index(s).store((p * sc1[:, None]).to(pa.dtype))\n"
+             "                pc.index(s).store((p * sc2[:, None]).to(pa.dtype))\n"
+             "                pd.index(s).store((p * sc3[:, None]).to(pa.dtype))\n")
+_PV0 = "                acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)\n"
+_PV1 = ("                acc, acc_b = _half_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, alpha, COL0, "
+        "KV_DS_MLA)\n")
+_RING = "        p_ring = gl.allocate_shared_memory(dt, [STAGES * p_tiles, BLOCK_N, BLOCK_H], p_layout)\n"
+_RING4 = ("        p_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_H], p_layout)\n"
+          + "".join(f"        p{x} = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_H], p_layout)\n"
+                    for x in "abcd"))
+
 #: Variant -> the (old, new) edits of gluon_fp8.py (each ``old`` occurs once; ``_COLS_ARGS`` twice, both replaced).
 VARIANTS = {
     "main": [],
@@ -97,6 +124,18 @@ VARIANTS = {
                 (_COLS_ARGS, _COLS_ARGS.replace("STAGED_IDS)),", "STAGED_IDS, wmax_smem)),")),
                 (_ALPHA, _ALPHA + "        wmax_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_H], "
                                   "gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))\n")],
+    "p4": [("@gluon.jit\ndef _tile_pv(", _P4_HELPER), (_P_STORE, _P_STORE4),
+           (_PV0, "                if KV_DS_MLA:\n    " + _PV0.replace("_half_pv(kn, p_ring, s * P_TILES,",
+                                                                          "_pair_pv_bufs(kn, 0, pa.index(s), pb.index(s),")
+            .replace(", COL0, KV_DS_MLA)", ")") + "                else:\n    " + _PV0),
+           (_PV1, "                if KV_DS_MLA:\n    " + _PV1.replace("_half_pv(kn_smem.index(s), p_ring, s * P_TILES,",
+                                                                          "_pair_pv_bufs(kn_smem.index(s), 2, pc.index(s), "
+                                                                          "pd.index(s),")
+            .replace(", COL0, \"\n        \"KV_DS_MLA)", ")").replace(", COL0, KV_DS_MLA)", ")")
+            + "                else:\n    " + _PV1),
+           (_COLS_SIG, _COLS_SIG.replace("STAGED_IDS: gl.constexpr):", "STAGED_IDS: gl.constexpr, pa, pb, pc, pd):")),
+           (_COLS_ARGS, _COLS_ARGS.replace("STAGED_IDS)),", "STAGED_IDS, pa, pb, pc, pd)),")),
+           (_RING, _RING4)],
 }
 
 
