@@ -1,5 +1,6 @@
 """Timing of the forty-ninth session's ablation trees (``consumer_ablation_trees.py``): V3.2 at H=32, T = 256 and 64
-(the ``ds_mla_h32`` row, the column split) and bf16 at H=32 T=256 as the control the trees do not touch. Each variant
+(the ``ds_mla_h32`` row, the column split), bf16 at H=32 T=256 as the control the trees do not touch, and V3.2 at
+H=16 T=256 (the alternate blocks: only ``nomax`` and a tree of the P tiles change it). Each variant
 a tree in a child process (:mod:`tree_ab`), same data, CUDA-graph replay, L2 flushed, sinks on, topk 2048, bf16 q; the
 ablations' outputs differ from main's by design.
 
@@ -12,7 +13,7 @@ import sys
 
 from tree_ab import case_script
 
-CASES = [("fp8_ds_mla", 32, 256), ("fp8_ds_mla", 32, 64), ("bf16", 32, 256)]
+CASES = [("fp8_ds_mla", 32, 256), ("fp8_ds_mla", 32, 64), ("bf16", 32, 256), ("fp8_ds_mla", 16, 256)]
 
 run_variant, main = case_script("consumer_ablation_ab", CASES)
 
