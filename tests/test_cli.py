@@ -360,14 +360,13 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
                                   tuning.cta_blocks(launch["ids_per_split"], 2048))
     assert code == 0 and arr["row"] == want.row
     for field in ("head_block", "consumer_regs", "producer_regs", "producer_rows", "lines", "deferred_row_sum",
-                  "scores_only", "early_ids", "staged_ids", "producer_rope"):
+                  "scores_only", "early_ids", "staged_ids"):
         assert arr[field] == getattr(want, field), field
     summary = arr["summary"]
     assert f"second consumer {want.consumer_regs} / producer {want.producer_regs} registers" in summary
     assert f"{want.producer_rows} rows a producer step" in summary
     assert ("whole lines" in summary) == want.lines
     assert ("on the scores only" in summary) == want.scores_only
-    assert ("RoPE gathered by the producer" in summary) == want.producer_rope
 
 
 @pytest.mark.parametrize("heads,tokens,split,staged", [(16, 256, False, True), (32, 256, False, True),

@@ -217,11 +217,11 @@ def _checked(raw, nrows):
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
               KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr,
-              ids_smem, STAGED_IDS: gl.constexpr, COPY_ROPE: gl.constexpr):
+              ids_smem, STAGED_IDS: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
-    blocks on alternate blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE unless the
-    consumers that compute scores copy it (``COPY_ROPE``: 16-byte aligned rows, and not ``producer_rope``;
+    blocks on alternate blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
+    rows are not 16-byte aligned (``ROWS_16B``; otherwise the consumers that compute scores copy it,
     :func:`_copy_rope`). The next step's
     ids are loaded before this step's rows and checked after its store, off the gather's critical path.
     Four other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
@@ -289,7 +289,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
                 x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, 0, D_NOPE,
                               nope_l)
             if KV_DS_MLA:  # the bf16 RoPE after the scales, unless the consumers copy it (16-byte aligned rows)
-                if not COPY_ROPE:
+                if not ROWS_16B:
                     rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES) + DS_ROPE_AT).to(
                         gl.pointer_type(gl.bfloat16), bitcast=True)
                     x_r = _gather(rows_r, ids_r, 0, D_ROPE, rope_l)
@@ -302,7 +302,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             if h == 0:
                 mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS_MLA))
-            if not (KV_DS_MLA and COPY_ROPE):
+            if not (KV_DS_MLA and ROWS_16B):
                 kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
             ids_n = _checked(next_n, nrows)
             if LINES:  # the latent's rows, spread as the RoPE's are
@@ -709,12 +709,11 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
               stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
               HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, FIRST: gl.constexpr, KV_DS_MLA: gl.constexpr,
-              ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, ids_smem,
-              STAGED_IDS: gl.constexpr):
+              ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, DEFER: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr):
     """One consumer warpgroup: blocks FIRST, FIRST + 2, ... of the id range (ring stage FIRST). FIRST = 0
     merges the other's state and runs the epilogue. The second consumer (``FIRST == 1``, whose first block is the
-    ring's second) stages q (:func:`_stage_q`) and signals ``q_ready``, for which the first waits. ``COPY_ROPE``:
-    the consumers copy the V3.2 rows' RoPE (16-byte aligned rows; :func:`_blocks_ds`). ``KV_DS_MLA``: V3.2 rows
+    ring's second) stages q (:func:`_stage_q`) and signals ``q_ready``, for which the first waits. ``ROWS_16B``:
+    V3.2 rows 16-byte aligned, so that the consumers copy their RoPE (:func:`_blocks_ds`). ``KV_DS_MLA``: V3.2 rows
     (:func:`_blocks_ds`), else a per-tensor e4m3 cache (``kv_scale`` folded into the scores and the output)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_H, 16])
@@ -736,7 +735,7 @@ def _consumer(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
                                                       col_scale, idx_base, stride_kv, kv_block_size, num_rows, start,
                                                       end, num_blocks, acc_l, BLOCK_H, BLOCK_N, ROW_BYTES, FIRST,
-                                                      COPY_ROPE, DEFER)
+                                                      ROWS_16B, DEFER)
     else:
         m_i, l_i, acc0, acc1, acc2, acc3 = _blocks_e4m3(IDX, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty,
                                                         col_scale, idx_base, num_rows.to(gl.uint32), start, end,
@@ -1202,7 +1201,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
-    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, PRODUCER_ROPE: gl.constexpr,
+    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1214,11 +1213,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``PAIRS``: the alternate-scores consumers
     (:func:`_consumer_pairs`; the producer a worker, gathering the ``2 * cdiv(blocks, 2)`` blocks of the pairs).
     ``EARLY_IDS``: V3.2 rows on the column split, the first consumer's first ids loaded before q
-    (:func:`_consumer_cols`). ``PRODUCER_ROPE``: V3.2 rows on the column split, the producer gathers the bf16 RoPE with
-    the latent codes where the first consumer would copy it (16-byte aligned rows)."""
-    # the consumers that compute scores copy the V3.2 rows' bf16 RoPE by cp.async (16-byte aligned rows), unless the
-    # producer gathers it (its row's producer_rope)
-    COPY_ROPE: gl.constexpr = KV_DS_MLA and ROWS_16B and not PRODUCER_ROPE
+    (:func:`_consumer_cols`)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
@@ -1308,18 +1303,18 @@ def sparse_mla_decode_fp8_ws_kernel(
                                merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
                                kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
                                stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
-                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, COPY_ROPE,
+                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
                                DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_consumer_pairs, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x,
                                kn_smem, kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, m_smem,
                                merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
                                kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
                                stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
-                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, COPY_ROPE,
+                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
                                DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, 2 * num_pairs, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, COPY_ROPE)),
+                         LINES, ids_smem, STAGED_IDS)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     elif COLS:
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
@@ -1329,18 +1324,18 @@ def sparse_mla_decode_fp8_ws_kernel(
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, COPY_ROPE, DEFER_ROW_SUM,
+                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
                               SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, COPY_ROPE, DEFER_ROW_SUM,
+                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
                               SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, COPY_ROPE)),
+                         LINES, ids_smem, STAGED_IDS)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -1349,16 +1344,16 @@ def sparse_mla_decode_fp8_ws_kernel(
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
-                         COPY_ROPE, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
+                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
                          ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
                          pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                          stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                          stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
-                         COPY_ROPE, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
+                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, COPY_ROPE)),
+                         LINES, ids_smem, STAGED_IDS)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -1427,8 +1422,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
-                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
-                      PRODUCER_ROPE=arr.producer_rope)
+                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 
