@@ -2,6 +2,9 @@
 ``git archive`` of :data:`BASE` (whose kernel has ``PRODUCER_ROPE``, off on every row of tables/gluon_fp8.yaml) with
 one edit of the table:
 
+Timed in the forty-ninth session (benchmarks/producer_rope_ab_fortyninth_2026-12-05.json, through the patch's tree,
+the same SASS): it lost, and the param left the tree (799a00a); :data:`BASE` still has it.
+
 - ``main``: :data:`BASE` as it is;
 - ``pr``: ``ds_mla_h32`` (V3.2 at 17-32 heads, CTAs of more than two blocks, the column split) with
   ``producer_rope``: the producer gathers the rows' bf16 RoPE with their latent codes, and the first consumer copies
