@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tree_ab import archive_tree
+from tree_ab import build_trees
 
 KERNEL = os.path.join("mla_sink", "kernels", "gluon", "gluon_fp8.py")
 #: The commit the trees are archived from (forty-ninth session: main after ``prefetch_scales`` left it).
@@ -111,7 +111,7 @@ _RING4 = ("        p_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOC
           + "".join(f"        p{x} = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_H], p_layout)\n"
                     for x in "abcd"))
 
-#: Variant -> the (old, new) edits of gluon_fp8.py (each ``old`` occurs once; ``_COLS_ARGS`` twice, both replaced).
+#: Variant -> the edits of gluon_fp8.py (:func:`tree_ab.edited_tree`: ``_COLS_ARGS`` occurs twice, both replaced).
 VARIANTS = {
     "main": [],
     "noscales": [(_SCALES, _ONES)],
@@ -121,7 +121,7 @@ VARIANTS = {
     "nopv": [(_PV, _PV.replace("if not SCORES_ONLY:", "if False:"))],
     "warpmax": [("@gluon.jit\ndef _online_softmax(", _WARPMAX_HELPERS), (_SOFTMAX, _SOFTMAX_W),
                 (_COLS_SIG, _COLS_SIG.replace("STAGED_IDS: gl.constexpr):", "STAGED_IDS: gl.constexpr, wmax_smem):")),
-                (_COLS_ARGS, _COLS_ARGS.replace("STAGED_IDS)),", "STAGED_IDS, wmax_smem)),")),
+                (_COLS_ARGS, _COLS_ARGS.replace("STAGED_IDS)),", "STAGED_IDS, wmax_smem)),"), 2),
                 (_ALPHA, _ALPHA + "        wmax_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_H], "
                                   "gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))\n")],
     "p4": [("@gluon.jit\ndef _tile_pv(", _P4_HELPER), (_P_STORE, _P_STORE4),
@@ -134,32 +134,13 @@ VARIANTS = {
             .replace(", COL0, \"\n        \"KV_DS_MLA)", ")").replace(", COL0, KV_DS_MLA)", ")")
             + "                else:\n    " + _PV1),
            (_COLS_SIG, _COLS_SIG.replace("STAGED_IDS: gl.constexpr):", "STAGED_IDS: gl.constexpr, pa, pb, pc, pd):")),
-           (_COLS_ARGS, _COLS_ARGS.replace("STAGED_IDS)),", "STAGED_IDS, pa, pb, pc, pd)),")),
+           (_COLS_ARGS, _COLS_ARGS.replace("STAGED_IDS)),", "STAGED_IDS, pa, pb, pc, pd)),"), 2),
            (_RING, _RING4)],
 }
 
 
-def build(out_dir: str, name: str) -> str:
-    """``out_dir/name``: :data:`BASE`'s tree with :data:`VARIANTS`'s edits of the kernel. Returns its path.
-
-    Raises:
-        ValueError: an edit's text is not in the kernel exactly once.
-        subprocess.CalledProcessError: the archive failed.
-    """
-    tree = archive_tree(BASE, os.path.join(out_dir, name))
-    path = os.path.join(tree, KERNEL)
-    text = open(path).read()
-    for old, new in VARIANTS[name]:
-        if text.count(old) != (2 if old == _COLS_ARGS else 1):
-            raise ValueError(f"{name}: {old!r} occurs {text.count(old)} times in {KERNEL}")
-        text = text.replace(old, new)
-    open(path, "w").write(text)
-    return tree
-
-
 def main(out_dir: str = "out") -> None:
-    for name in VARIANTS:
-        print(build(out_dir, name))
+    build_trees(BASE, out_dir, KERNEL, VARIANTS)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tree_ab import archive_tree
+from tree_ab import build_trees
 
 TABLE = os.path.join("tables", "gluon_fp8.yaml")
 #: The commit the trees are archived from (forty-ninth session: the kernel with ``PRODUCER_ROPE``, off).
@@ -36,27 +36,8 @@ _DS_H32 = "    params: {head_block: 32, consumer_regs: 104, producer_regs: 152, 
 VARIANTS = {"main": [], "pr": [(_DS_H32, _DS_H32.replace("}\n", ", producer_rope: true}\n"))]}
 
 
-def build(out_dir: str, name: str) -> str:
-    """``out_dir/name``: :data:`BASE`'s tree with :data:`VARIANTS`'s edits of the table. Returns its path.
-
-    Raises:
-        ValueError: an edit's text is not in the table exactly once.
-        subprocess.CalledProcessError: the archive failed.
-    """
-    tree = archive_tree(BASE, os.path.join(out_dir, name))
-    path = os.path.join(tree, TABLE)
-    text = open(path).read()
-    for old, new in VARIANTS[name]:
-        if text.count(old) != 1:
-            raise ValueError(f"{name}: {old!r} occurs {text.count(old)} times in {TABLE} (expected once)")
-        text = text.replace(old, new)
-    open(path, "w").write(text)
-    return tree
-
-
 def main(out_dir: str = "out") -> None:
-    for name in VARIANTS:
-        print(build(out_dir, name))
+    build_trees(BASE, out_dir, TABLE, VARIANTS)
 
 
 if __name__ == "__main__":

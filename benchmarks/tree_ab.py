@@ -33,6 +33,34 @@ def archive_tree(commit: str, tree: str) -> str:
     return tree
 
 
+def edited_tree(commit: str, tree: str, path: str, edits: list) -> str:
+    """:func:`archive_tree` of ``commit`` into ``tree``, then ``edits`` applied to the file ``path`` (relative to the
+    tree): each ``(old, new)`` replaces ``old``, which must occur once, or ``(old, new, count)``, ``count`` times.
+    Returns ``tree``.
+
+    Raises:
+        ValueError: an edit's ``old`` does not occur as often as it must (naming the tree, the file and the text).
+        subprocess.CalledProcessError: the archive failed.
+    """
+    archive_tree(commit, tree)
+    full = os.path.join(tree, path)
+    text = open(full).read()
+    for old, new, *count in edits:
+        want = count[0] if count else 1
+        if text.count(old) != want:
+            raise ValueError(f"{tree}: {old!r} occurs {text.count(old)} times in {path} (expected {want})")
+        text = text.replace(old, new)
+    open(full, "w").write(text)
+    return tree
+
+
+def build_trees(commit: str, out_dir: str, path: str, variants: dict) -> None:
+    """:func:`edited_tree` ``out_dir/NAME`` for each ``NAME: edits`` of ``variants`` (edits of ``path``), each
+    printed: the ``main`` of the scripts that build an A/B's trees by editing one file."""
+    for name, edits in variants.items():
+        print(edited_tree(commit, os.path.join(out_dir, name), path, edits))
+
+
 def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple = (), rest_args: tuple = ()) -> tuple:
     """Call ``module.run_variant(name, dump, *args)`` (``module``: a script in this folder) once per ``NAME=TREE``
     in a child process whose path starts with ``TREE`` (then any FlashMLA entries of ``PYTHONPATH``); ``args``
