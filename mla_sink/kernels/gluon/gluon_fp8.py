@@ -64,8 +64,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   consumer that computes scores (both on alternate blocks, the first on the column split) copies the bf16 RoPE
   of its next block by cp.async into that block's ring stage's RoPE tile while it computes this one (where the
   rows are 16-byte aligned; otherwise the producer gathers it: at 32 heads, gathered by the producer on aligned rows
-  too, V3.2 T = 256 / 64 took 205.2 / 65.3 against 201.0 / 62.6 us on an H100, forty-ninth session), and loads its block's four tile scales per id
-  (float32, in place) and applies them exactly in fp32:
+  too, V3.2 T = 256 / 64 took 205.2 / 65.3 against 201.0 / 62.6 us on an H100, forty-ninth session), and loads its
+  block's four tile scales per id (float32, in place) and applies them exactly in fp32:
   ``S^T = K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)`` with one wgmma accumulator per 128-column tile, and
   ``O^T_t += V_t^T (P^T * scale_t)`` with ``P^T`` stored once per tile, rounded to bf16 (as every bf16 kernel
   rounds ``P``). Every scale convention (powers of two, ``amax / 448``) decodes
