@@ -8,6 +8,10 @@ design** - they time what the period is without that piece, nothing else:
   so the multiplies by them stay);
 - ``noloads``: no global load in the loop at all - no scales (as ``noscales``), no ids (every id counts as valid)
   and no RoPE copies for the blocks after the first two;
+- ``noids`` (forty-ninth session, after the first timing): ``noloads`` with the RoPE copies kept - no ids and no
+  scales loaded (the scales need the ids);
+- ``norope``: only the RoPE copies of the blocks after the first two dropped (ids and scales loaded as on main), so
+  that ``noids`` and ``norope`` split ``noloads``' 11%;
 - ``nomax``: the softmax's running maximum fixed at 8 (no maximum over ids, which crosses the consumer's four warps);
 - ``nopv``: the first consumer's half of ``P V`` not issued (the second consumer's half still is), so the stage is
   released as soon as its ``P_t`` are stored;
@@ -117,6 +121,8 @@ VARIANTS = {
     "noscales": [(_SCALES, _ONES)],
     "noloads": [(_SCALES, _ONES), (_IDS, "                ok = offs_n >= 0\n"),
                 (_ROPE, _ROPE.replace("if COPY_ROPE and", "if False and"))],
+    "noids": [(_SCALES, _ONES), (_IDS, "                ok = offs_n >= 0\n")],
+    "norope": [(_ROPE, _ROPE.replace("if COPY_ROPE and", "if False and"))],
     "nomax": [(_MAX, "    m_new = gl.zeros_like(m_i) + 8.0\n")],
     "nopv": [(_PV, _PV.replace("if not SCORES_ONLY:", "if False:"))],
     "warpmax": [("@gluon.jit\ndef _online_softmax(", _WARPMAX_HELPERS), (_SOFTMAX, _SOFTMAX_W),
