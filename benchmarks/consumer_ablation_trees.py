@@ -54,8 +54,8 @@ _PV = "            if not SCORES_ONLY:\n                acc, acc_b = _half_pv(kn
 _SOFTMAX = ("            p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], "
             "float(\"-inf\")), m_i,\n                                                 l_i, DEFER)\n")
 _SOFTMAX_W = ("            sx = gl.where(ok[:, None], st * col_scale[None, :], float(\"-inf\"))\n"
-              "            p, alpha, m_i, l_i = _softmax_with_max(sx, m_i, l_i, DEFER, _ids_max(sx, wmax_smem.index(s), "
-              "acc_l))\n")
+              "            p, alpha, m_i, l_i = _softmax_with_max(sx, m_i, l_i, DEFER, "
+              "_ids_max(sx, wmax_smem.index(s), acc_l))\n")
 #: ``warpmax``'s helpers, put before ``_online_softmax``: each warp's maximum over its 16 ids (shuffles only), one
 #: ``[4, heads]`` exchange through shared memory (double-buffered by ring stage: the block after next rewrites a buffer
 #: only after the barrier that follows this block's P_t stores) and one barrier, instead of the generic reduction.
@@ -131,14 +131,13 @@ VARIANTS = {
                 (_ALPHA, _ALPHA + "        wmax_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_H], "
                                   "gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))\n")],
     "p4": [("@gluon.jit\ndef _tile_pv(", _P4_HELPER), (_P_STORE, _P_STORE4),
-           (_PV0, "                if KV_DS_MLA:\n    " + _PV0.replace("_half_pv(kn, p_ring, s * P_TILES,",
-                                                                          "_pair_pv_bufs(kn, 0, pa.index(s), pb.index(s),")
+           (_PV0, "                if KV_DS_MLA:\n    "
+            + _PV0.replace("_half_pv(kn, p_ring, s * P_TILES,", "_pair_pv_bufs(kn, 0, pa.index(s), pb.index(s),")
             .replace(", COL0, KV_DS_MLA)", ")") + "                else:\n    " + _PV0),
-           (_PV1, "                if KV_DS_MLA:\n    " + _PV1.replace("_half_pv(kn_smem.index(s), p_ring, s * P_TILES,",
-                                                                          "_pair_pv_bufs(kn_smem.index(s), 2, pc.index(s), "
-                                                                          "pd.index(s),")
-            .replace(", COL0, \"\n        \"KV_DS_MLA)", ")").replace(", COL0, KV_DS_MLA)", ")")
-            + "                else:\n    " + _PV1),
+           (_PV1, "                if KV_DS_MLA:\n    "
+            + _PV1.replace("_half_pv(kn_smem.index(s), p_ring, s * P_TILES,",
+                           "_pair_pv_bufs(kn_smem.index(s), 2, pc.index(s), pd.index(s),")
+            .replace(", COL0, KV_DS_MLA)", ")") + "                else:\n    " + _PV1),
            (_COLS_SIG, _COLS_SIG.replace("STAGED_IDS: gl.constexpr):", "STAGED_IDS: gl.constexpr, pa, pb, pc, pd):")),
            (_COLS_ARGS, _COLS_ARGS.replace("STAGED_IDS)),", "STAGED_IDS, pa, pb, pc, pd)),"), 2),
            (_RING, _RING4)],

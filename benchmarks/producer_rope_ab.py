@@ -5,10 +5,11 @@ RoPE on the column split instead of the first consumer's cp.async copies) is tim
 warms the GPU's clocks (the first case of a fresh process measured up to 15% slow). Each variant a tree in a child
 process (:mod:`tree_ab`), same data, CUDA-graph replay, L2 flushed, sinks on, topk 2048, bf16 q.
 
-    cd benchmarks && PYTHONPATH=..:. python3 -u producer_rope_ab.py OUT.json m1=../out/main r=../out/prope m2=../out/main
+    cd benchmarks && PYTHONPATH=..:. python3 -u producer_rope_ab.py OUT.json m1=../out/main r=../out/prope \
+        m2=../out/main
 
-(``out/prope``: c698ba9 with benchmarks/gluon_fp8_producer_rope.patch; or ``out/pr`` from ``producer_rope_trees.py``, the
-same sm90 SASS.)
+(``out/prope``: c698ba9 with benchmarks/gluon_fp8_producer_rope.patch; or ``out/pr`` from ``producer_rope_trees.py``,
+the same sm90 SASS.)
 """
 
 from __future__ import annotations

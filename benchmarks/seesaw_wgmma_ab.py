@@ -41,8 +41,9 @@ CASES = [("bf16", 64, 2), ("bf16", 128, 2), ("bf16", 64, 64), ("bf16", 128, 64),
 def run_variant(variant: str, dump: str, cases: list = CASES) -> dict:
     """Time every case of ``cases`` (``(kv_dtype, H, T)``) with the ``mla_sink`` on the path (``variant``: the
     label printed) and save the outputs to ``dump``; the first case is timed twice, the first timing discarded.
-    With ``AB_DS_PAGES=P`` in the environment (eighteenth session) the V3.2 cases read the paged view ``[rows / P, P, 656]`` of the cache's first ``N - N % P`` rows
-    (ids past them are skipped, as ids >= N are), vLLM's and FlashMLA's layout at ``P = 64``."""
+    With ``AB_DS_PAGES=P`` in the environment (eighteenth session) the V3.2 cases read the paged view
+    ``[rows / P, P, 656]`` of the cache's first ``N - N % P`` rows (ids past them are skipped, as ids >= N are), vLLM's
+    and FlashMLA's layout at ``P = 64``."""
     import mla_sink
     from mla_sink import quantize_kv_cache
     from mla_sink.tools.bench import GraphTimer
