@@ -116,7 +116,7 @@ STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
 IDS_STAGES = gl.constexpr(4)
 #: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
 BLOCK_N = 64
-#: The layout of a block's ``[BLOCK_N, 4]`` V3.2 tile scales as loaded (:func:`_tile_scales_raw`): its rows sit where
+#: The layout of a block's ``[BLOCK_N, 4]`` V3.2 tile scales as loaded (:func:`_tile_scales`): its rows sit where
 #: the score accumulator's do (a lane's row ``lane // 4``, one more 8 rows on, 16 rows a warp) and its 4 columns in
 #: each thread's registers, so that picking a column is an in-thread sum and its conversion to the accumulator's rows
 #: moves no data.
@@ -504,31 +504,15 @@ def _tile_quad_pv(kn, p_ring, base, acc0, acc1, acc2, acc3, alpha):
 @gluon.jit
 def _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l: gl.constexpr, ROW_BYTES: gl.constexpr):
     """The four float32 tile scales of a block's ids (``ids``, ``ok`` in the rows of ``acc_l``), each
-    ``[BLOCK_N]`` in those rows (skipped ids 0; their codes read 0 too): :func:`_scale_columns` of
-    :func:`_tile_scales_raw`."""
-    return _scale_columns(_tile_scales_raw(KV, ids, ok, stride_kv, kv_block_size, ROW_BYTES), acc_l)
-
-
-@gluon.jit
-def _tile_scales_raw(KV, ids, ok, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr):
-    """Issue the load of a block's tile scales (``ids``, ``ok`` in the score accumulator's rows): ``[BLOCK_N, 4]``
-    float32 in :data:`SCALES_L`, skipped ids 0. One 16-byte load a row: four 4-byte loads a row took 4 L1
-    wavefronts where this takes one (the L1's load pipe is the producer's limit: BENCHMARKS.md, thirteenth and
-    fourteenth sessions). Nothing here reads the loaded values, so the load stays in flight until its first use
-    (:func:`_scale_columns`)."""
+    ``[BLOCK_N]`` in those rows (skipped ids 0; their codes read 0 too). One 16-byte load a row, in
+    :data:`SCALES_L`: four 4-byte loads a row took 4 L1 wavefronts where this takes one (the L1's load pipe is the
+    producer's limit: BENCHMARKS.md, thirteenth and fourteenth sessions)."""
     ok = gl.convert_layout(ok, gl.SliceLayout(1, SCALES_L))
     ids = gl.where(ok, gl.convert_layout(ids, gl.SliceLayout(1, SCALES_L)), -1)
     rows = (_rows(KV, ids, stride_kv, kv_block_size, True, ROW_BYTES) + DS_SCALES_AT).to(gl.pointer_type(gl.float32),
                                                                                            bitcast=True)
     t = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES_L))
-    return gl.load(rows[:, None] + t[None, :], mask=ok[:, None], other=0.0)
-
-
-@gluon.jit
-def _scale_columns(sc, acc_l: gl.constexpr):
-    """``(scale_0, .., scale_3)`` of loaded tile scales ``sc`` (:func:`_tile_scales_raw`), each ``[BLOCK_N]`` in the
-    rows of ``acc_l``."""
-    t = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES_L))
+    sc = gl.load(rows[:, None] + t[None, :], mask=ok[:, None], other=0.0)
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
     return (_column(sc, t, 0, row_l), _column(sc, t, 1, row_l), _column(sc, t, 2, row_l), _column(sc, t, 3, row_l))
 
