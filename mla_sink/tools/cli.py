@@ -497,7 +497,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Flags whose value may be a negative non-number (``-inf``, ``-nan``), which argparse would take for a flag.
 def _joined_number_values(argv: list) -> list:
     """``--logit-cap -inf`` as ``--logit-cap=-inf``, ``--topk -1e3`` as ``--topk=-1e3``: argparse reads a value that
     starts with ``-`` and is not a plain number as the next flag ("expected one argument", naming no value); joined,
