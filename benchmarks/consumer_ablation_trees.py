@@ -12,6 +12,8 @@ design** - they time what the period is without that piece, nothing else:
   scales loaded (the scales need the ids);
 - ``norope``: only the RoPE copies of the blocks after the first two dropped (ids and scales loaded as on main), so
   that ``noids`` and ``norope`` split ``noloads``' 11%;
+- ``align`` (fiftieth session): the producer's latent gather at ``id * 640`` (128-byte aligned rows), the
+  consumer's loads as on main - what the 7 of 8 V3.2 rows whose 512 latent bytes straddle five 128-byte lines cost;
 - ``nomax``: the softmax's running maximum fixed at 8 (no maximum over ids, which crosses the consumer's four warps);
 - ``nopv``: the first consumer's half of ``P V`` not issued (the second consumer's half still is), so the stage is
   released as soon as its ``P_t`` are stored;
@@ -48,6 +50,10 @@ _ONES = ("                sc0 = gl.full([BLOCK_N], 1.0, gl.float32, layout=gl.Sl
          "(num_rows.to(gl.float32) * 0.0 + 1.0)\n"
          "                sc1 = sc0\n                sc2 = sc0\n                sc3 = sc0\n")
 _ROPE = "                if COPY_ROPE and i + STAGES < num_blocks:  # this stage's RoPE tile"
+#: ``align``: the producer's latent gather at ``id * 640`` (128-byte aligned rows; 640 < 656 keeps every id in the
+#: pool), the consumer's scales and RoPE where they are - what V3.2's rows straddling 128-byte lines cost the gather
+_LATENT = ("                x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, "
+           "D_NOPE,\n")
 _MAX = "    m_new = gl.maximum(m_i, gl.max(st, axis=0))\n"
 _PV = "            if not SCORES_ONLY:\n                acc, acc_b = _half_pv(kn, p_ring, s * P_TILES"
 
@@ -123,6 +129,8 @@ VARIANTS = {
                 (_ROPE, _ROPE.replace("if COPY_ROPE and", "if False and"))],
     "noids": [(_SCALES, _ONES), (_IDS, "                ok = offs_n >= 0\n")],
     "norope": [(_ROPE, _ROPE.replace("if COPY_ROPE and", "if False and"))],
+    "align": [(_LATENT, _LATENT.replace("_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES)",
+                                         "KV + ids_n.to(gl.int64) * 640"))],
     "nomax": [(_MAX, "    m_new = gl.zeros_like(m_i) + 8.0\n")],
     "nopv": [(_PV, _PV.replace("if not SCORES_ONLY:", "if False:"))],
     "warpmax": [("@gluon.jit\ndef _online_softmax(", _WARPMAX_HELPERS), (_SOFTMAX, _SOFTMAX_W),
