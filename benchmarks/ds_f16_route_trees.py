@@ -1,0 +1,100 @@
+"""The trees of the fiftieth session's probe of a cheaper V3.2 code conversion (issue #12's one missed bar, V3.2
+H=32 T=256 on the H200, where the producer and the first consumer both sit at the period: BENCHMARKS.md, fiftieth
+session). Main's producer converts each pair of V3.2 codes e4m3 -> f16x2 -> two f32 -> bf16x2 (``_to_tile``: per
+thread and block 128 ``F2FP.F16``, 256 ``HADD2.F32``, 128 ``F2FP.BF16``, 512 of its 761 instructions a step at 32
+heads, AOT sm90). The ``f16`` route keeps the one exact ``cvt`` to f16x2 and moves the f16 bits into bf16's
+places with three integer operations (shift, and, or): the bf16 holds ``code * 2^-112`` exactly (f16's exponent bias 15
+read with bf16's 127; every e4m3 value is a normal f16, so no bf16 subnormal), and the consumers undo the
+``2^-112`` with powers of two only - q's latent part scaled per head so that its largest |q| is ``2^64``
+(``_stage_q``, as e4m3 scales q into fp16's range), its RoPE part by the same factor times ``2^-56``, the tile scales
+by ``2^56`` (they scale both the scores and ``P_t``) and the output by ``2^56`` (``_out_scale``). Every product and
+sum is main's times a power of two, so the outputs must be bitwise equal to main's (the A/B's
+``max_abs_diff_vs_first``), barring a tile scale at or above ``2^72`` (``P_t`` overflows bf16) or products below
+``2^-70`` of the largest (fp32 subnormals). Checked for all 256 codes against the float64 value (fiftieth session).
+
+- ``main``: :data:`BASE` as it is;
+- ``f16r``: the f16 route; an e4m3 NaN code (0x7F, 0xFF) becomes a finite value (wrong: main keeps NaN);
+- ``f16n``: ``f16r`` plus two bf16x2 operations a pair that keep NaN (:data:`_NAN`).
+
+    PYTHONPATH=. python3 benchmarks/ds_f16_route_trees.py out
+    cd benchmarks && PYTHONPATH=..:. python3 -u consumer_ablation_ab.py $OUT/ab.json m1=../out/main \\
+        r=../out/f16r n=../out/f16n m2=../out/main
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tree_ab import build_trees
+
+KERNEL = os.path.join("mla_sink", "kernels", "gluon", "gluon_fp8.py")
+#: The commit the trees are archived from (fiftieth session: main, whose kernels are 18b59d3's).
+BASE = "9d548cc"
+
+#: e4m3x2 -> f16x2 (exact), then each f16's exponent and mantissa shifted into bf16's places and its sign kept: bf16
+#: ``code * 2^-112``. pack=4: ``$2`` four codes, ``$0`` / ``$1`` two bf16 each (the lower element in the lower half).
+_ROUTE = r"""{
+.reg .b16 lo, hi;
+.reg .b32 h0, h1, t0, t1, s0, s1;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.e4m3x2 h0, lo;
+cvt.rn.f16x2.e4m3x2 h1, hi;
+shr.b32 t0, h0, 3;
+and.b32 t0, t0, 0x0FFF0FFF;
+and.b32 s0, h0, 0x80008000;
+or.b32 $0, t0, s0;
+shr.b32 t1, h1, 3;
+and.b32 t1, t1, 0x0FFF0FFF;
+and.b32 s1, h1, 0x80008000;
+or.b32 $1, t1, s1;
+%s}"""
+#: NaN kept, on the FMA pipe: the f16 bits read as bf16 are at most 2^66 for every value's exponent (at most 23) and
+#: 2^125 for NaN's (31), so times 8 only NaN's overflow to inf, and ``inf * 0 + x`` is NaN where ``finite * 0 + x``
+#: is ``x`` (a zero keeps its sign: the product's is the code's).
+_NAN = r"""mov.b32 t0, 0x41004100;
+mov.b32 t1, 0;
+mul.rn.bf16x2 s0, h0, t0;
+mul.rn.bf16x2 s1, h1, t0;
+fma.rn.bf16x2 $0, s0, t1, $0;
+fma.rn.bf16x2 $1, s1, t1, $1;
+"""
+
+_TO_TILE = "        return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype)\n"
+_SCALES = "    sc = gl.load(rows[:, None] + t[None, :], mask=ok[:, None], other=0.0)\n"
+_Q = """    if KV_DS_MLA:  # bf16 q as it is
+        q_n.index(0).store(qn.to(dt))
+        q_r.index(0).store(qr.to(dt))
+        scale_smem.store(gl.full([BLOCK_H], sm_scale * LOG2E, gl.float32, gl.SliceLayout(1, ld_l)))
+"""
+_Q_ROUTE = """    if KV_DS_MLA:  # the f16 route: latent q to 2^64 a head row, RoPE q 2^-56 of that
+        qn = qn.to(gl.float32)
+        qr = qr.to(gl.float32)
+        qmax = gl.maximum(gl.max(_finite_abs(qn), axis=1), gl.max(_finite_abs(qr), axis=1))
+        row_exp = gl.maximum(gl.ceil(gl.log2(gl.maximum(qmax, 1e-30))), -60.0)
+        q_n.index(0).store((qn * gl.exp2(64.0 - row_exp)[:, None]).to(dt))
+        q_r.index(0).store((qr * gl.exp2(8.0 - row_exp)[:, None]).to(dt))
+        scale_smem.store(gl.exp2(row_exp - 8.0) * (sm_scale * LOG2E))
+"""
+_OUT = "        scale = 1.0 / l_safe\n"
+
+
+def _edits(nan: bool) -> list:
+    """The f16 route's edits of gluon_fp8.py (``nan``: with :data:`_NAN`)."""
+    asm = _ROUTE % (_NAN if nan else "")
+    return [(_TO_TILE, f"        return gl.inline_asm_elementwise({asm!r}, \"=r,=r,r\", [codes], dtype=gl.bfloat16,\n"
+                       "                                         is_pure=True, pack=4)\n"),
+            (_SCALES, _SCALES.replace("other=0.0)", "other=0.0) * 72057594037927936.0  # 2^56")),
+            (_Q, _Q_ROUTE),
+            (_OUT, "        scale = 72057594037927936.0 / l_safe  # 2^56: the f16 route's value unit\n")]
+
+
+VARIANTS = {"main": [], "f16r": _edits(False), "f16n": _edits(True)}
+
+
+def main(out_dir: str = "out") -> None:
+    build_trees(BASE, out_dir, KERNEL, VARIANTS)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
