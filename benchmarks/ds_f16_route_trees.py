@@ -14,11 +14,16 @@ sum is main's times a power of two, so the outputs must be bitwise equal to main
 
 - ``main``: :data:`BASE` as it is;
 - ``f16r``: the f16 route; an e4m3 NaN code (0x7F, 0xFF) becomes a finite value (wrong: main keeps NaN);
-- ``f16n``: ``f16r`` plus two bf16x2 operations a pair that keep NaN (:data:`_NAN`).
+- ``route``: the commit :data:`ROUTE` (``wip/f16-route``), the f16 route with two bf16x2 operations a pair that
+  keep NaN, as it would merge.
+
+One call (carry ``out`` and ``.peers``): the A/B over the few-heads cases, the GPU tests of the winner and the grid
+with FlashMLA (:file:`device_ab_then_grid.sh`):
 
     PYTHONPATH=. python3 benchmarks/ds_f16_route_trees.py out
-    cd benchmarks && PYTHONPATH=..:. python3 -u consumer_ablation_ab.py $OUT/ab.json m1=../out/main \\
-        r=../out/f16r n=../out/f16n m2=../out/main
+    bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main xr=../out/f16r n=../out/route m2=../out/main
+
+(``xr``: a probe, timed but never picked as the winner: benchmarks/pick_winner.py.)
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tree_ab import build_trees
+from tree_ab import archive_tree, build_trees
 
 KERNEL = os.path.join("mla_sink", "kernels", "gluon", "gluon_fp8.py")
 #: The commit the trees are archived from (fiftieth session: main, whose kernels are 18b59d3's).
@@ -48,18 +53,7 @@ shr.b32 t1, h1, 3;
 and.b32 t1, t1, 0x0FFF0FFF;
 and.b32 s1, h1, 0x80008000;
 or.b32 $1, t1, s1;
-%s}"""
-#: NaN kept, on the FMA pipe: the f16 bits read as bf16 are at most 2^66 for every value's exponent (at most 23) and
-#: 2^125 for NaN's (31), so times 8 only NaN's overflow to inf, and ``inf * 0 + x`` is NaN where ``finite * 0 + x``
-#: is ``x`` (a zero keeps its sign: the product's is the code's).
-_NAN = r"""mov.b32 t0, 0x41004100;
-mov.b32 t1, 0;
-mul.rn.bf16x2 s0, h0, t0;
-mul.rn.bf16x2 s1, h1, t0;
-fma.rn.bf16x2 $0, s0, t1, $0;
-fma.rn.bf16x2 $1, s1, t1, $1;
-"""
-
+}"""
 _TO_TILE = "        return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype)\n"
 _SCALES = "    sc = gl.load(rows[:, None] + t[None, :], mask=ok[:, None], other=0.0)\n"
 _Q = """    if KV_DS_MLA:  # bf16 q as it is
@@ -79,9 +73,9 @@ _Q_ROUTE = """    if KV_DS_MLA:  # the f16 route: latent q to 2^64 a head row, R
 _OUT = "        scale = 1.0 / l_safe\n"
 
 
-def _edits(nan: bool) -> list:
-    """The f16 route's edits of gluon_fp8.py (``nan``: with :data:`_NAN`)."""
-    asm = _ROUTE % (_NAN if nan else "")
+def _edits() -> list:
+    """The f16 route's edits of gluon_fp8.py, without the NaN operations."""
+    asm = _ROUTE
     return [(_TO_TILE, f"        return gl.inline_asm_elementwise({asm!r}, \"=r,=r,r\", [codes], dtype=gl.bfloat16,\n"
                        "                                         is_pure=True, pack=4)\n"),
             (_SCALES, _SCALES.replace("other=0.0)", "other=0.0) * 72057594037927936.0  # 2^56")),
@@ -89,11 +83,16 @@ def _edits(nan: bool) -> list:
             (_OUT, "        scale = 72057594037927936.0 / l_safe  # 2^56: the f16 route's value unit\n")]
 
 
-VARIANTS = {"main": [], "f16r": _edits(False), "f16n": _edits(True)}
+VARIANTS = {"main": [], "f16r": _edits()}
+#: The f16 route as it would merge (local branch ``wip/f16-route``): the kernel's ``_E4M3_BF16`` with the NaN
+#: operations, its constants and docstrings, and tests/test_gluon_fp8_route.py (AOT sm90: the SASS of ``f16r`` plus
+#: the two bf16x2 operations a pair, up to register numbering).
+ROUTE = "0c44cbd"
 
 
 def main(out_dir: str = "out") -> None:
     build_trees(BASE, out_dir, KERNEL, VARIANTS)
+    print(archive_tree(ROUTE, os.path.join(out_dir, "route")))
 
 
 if __name__ == "__main__":

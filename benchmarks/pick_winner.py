@@ -3,8 +3,9 @@
 
 The winner is the variant with the fastest ``fp8_ds_mla-h32-T256`` that keeps every fp8 case at H=16 and 32 faster
 than its own bf16 time at the same shape wherever the baseline (the first variant) does, and whose output matches the
-baseline's (max abs difference at most ``MAX_DIFF``); the baseline wins a tie within ``TIE_US``. Prints the winner's
-tree (the ``TREE`` of its ``NAME=TREE``).
+baseline's (max abs difference at most ``MAX_DIFF``); the baseline wins a tie within ``TIE_US``. A variant whose
+``NAME`` starts with :data:`PROBE` is timed but never picked (a probe that would not merge as it is: fiftieth session,
+the f16 route without its NaN operations). Prints the winner's tree (the ``TREE`` of its ``NAME=TREE``).
 
     python3 benchmarks/pick_winner.py AB.json NAME=TREE [NAME=TREE ...]
 """
@@ -20,6 +21,8 @@ TARGET = "fp8_ds_mla-h32-T256"
 TIE_US = 1.0
 #: the largest max abs difference of ``out`` from the baseline's that still counts as the same result (bf16 out)
 MAX_DIFF = 0.02
+#: the name prefix of a variant that is timed for information only
+PROBE = "x"
 
 
 def _keeps_bars(us: dict, base: dict) -> bool:
@@ -47,7 +50,7 @@ def main(path: str, *variants: str) -> None:
     for name in names[1:]:
         us = report["us"].get(name)
         diff = report["max_abs_diff_vs_first"].get(name, {})
-        if not us or TARGET not in us or any(d > MAX_DIFF for d in diff.values()):
+        if name.startswith(PROBE) or not us or TARGET not in us or any(d > MAX_DIFF for d in diff.values()):
             continue
         if us[TARGET] < best_us and _keeps_bars(us, base):
             best, best_us = name, us[TARGET]
