@@ -3,14 +3,15 @@ H=32 T=256 on the H200, where the producer and the first consumer both sit at th
 session). Main's producer converts each pair of V3.2 codes e4m3 -> f16x2 -> two f32 -> bf16x2 (``_to_tile``: per
 thread and block 128 ``F2FP.F16``, 256 ``HADD2.F32``, 128 ``F2FP.BF16``, 512 of its 761 instructions a step at 32
 heads, AOT sm90). The ``f16`` route keeps the one exact ``cvt`` to f16x2 and moves the f16 bits into bf16's
-places with three integer operations (shift, and, or): the bf16 holds ``code * 2^-112`` exactly (f16's exponent bias 15
+places with a shift and two logic operations (SASS: one ``SHF``, two ``LOP3``): the bf16 holds ``code * 2^-112`` exactly (f16's exponent bias 15
 read with bf16's 127; every e4m3 value is a normal f16, so no bf16 subnormal), and the consumers undo the
 ``2^-112`` with powers of two only - q's latent part scaled per head so that its largest |q| is ``2^64``
 (``_stage_q``, as e4m3 scales q into fp16's range), its RoPE part by the same factor times ``2^-56``, the tile scales
 by ``2^56`` (they scale both the scores and ``P_t``) and the output by ``2^56`` (``_out_scale``). Every product and
 sum is main's times a power of two, so the outputs must be bitwise equal to main's (the A/B's
 ``max_abs_diff_vs_first``), barring a tile scale at or above ``2^72`` (``P_t`` overflows bf16) or products below
-``2^-70`` of the largest (fp32 subnormals). Checked for all 256 codes against the float64 value (fiftieth session).
+``2^-70`` of the largest (fp32 subnormals). The branch's tests/test_gluon_fp8_route.py replays the PTX for all 256
+codes and checks the units in float64.
 
 - ``main``: :data:`BASE` as it is;
 - ``f16r``: the f16 route; an e4m3 NaN code (0x7F, 0xFF) becomes a finite value (wrong: main keeps NaN);
@@ -75,8 +76,7 @@ _OUT = "        scale = 1.0 / l_safe\n"
 
 def _edits() -> list:
     """The f16 route's edits of gluon_fp8.py, without the NaN operations."""
-    asm = _ROUTE
-    return [(_TO_TILE, f"        return gl.inline_asm_elementwise({asm!r}, \"=r,=r,r\", [codes], dtype=gl.bfloat16,\n"
+    return [(_TO_TILE, f"        return gl.inline_asm_elementwise({_ROUTE!r}, \"=r,=r,r\", [codes], dtype=gl.bfloat16,\n"
                        "                                         is_pure=True, pack=4)\n"),
             (_SCALES, _SCALES.replace("other=0.0)", "other=0.0) * 72057594037927936.0  # 2^56")),
             (_Q, _Q_ROUTE),
