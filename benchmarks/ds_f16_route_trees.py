@@ -15,8 +15,8 @@ branch's tests/test_gluon_fp8_route.py replays the PTX for all 256 codes and che
 
 - ``main``: :data:`BASE` as it is;
 - ``f16r``: the f16 route; an e4m3 NaN code (0x7F, 0xFF) becomes a finite value (wrong: main keeps NaN);
-- ``route``: the commit :data:`ROUTE` (``wip/f16-route``), the f16 route with two bf16x2 operations a pair that
-  keep NaN, as it would merge.
+- ``route``: the commit :data:`ROUTE` (``wip/f16-route``), the f16 route as it would merge, NaN kept by taking
+  each f16's sign as the f16 times 0 (one ``HMUL2`` a pair in place of the sign's mask; 820 instructions a step).
 
 One call (carry ``out`` and ``.peers``): the A/B over the few-heads cases, the GPU tests of the winner and the grid
 with FlashMLA (:file:`device_ab_then_grid.sh`):
@@ -84,10 +84,9 @@ def _edits() -> list:
 
 
 VARIANTS = {"main": [], "f16r": _edits()}
-#: The f16 route as it would merge (local branch ``wip/f16-route``): the kernel's ``_E4M3_BF16`` with the NaN
-#: operations, its constants and docstrings, and tests/test_gluon_fp8_route.py (AOT sm90: the SASS of ``f16r`` plus
-#: the two bf16x2 operations a pair, up to register numbering).
-ROUTE = "7a67f83"
+#: The f16 route as it would merge (local branch ``wip/f16-route``): the kernel's ``_E4M3_BF16`` keeping NaN, its
+#: constants and docstrings, and tests/test_gluon_fp8_route.py.
+ROUTE = "a936798"
 
 
 def main(out_dir: str = "out") -> None:
