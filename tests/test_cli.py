@@ -360,13 +360,26 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
                                   tuning.cta_blocks(launch["ids_per_split"], 2048))
     assert code == 0 and arr["row"] == want.row
     for field in ("head_block", "consumer_regs", "producer_regs", "producer_rows", "lines", "deferred_row_sum",
-                  "scores_only", "early_ids", "staged_ids"):
+                  "scores_only", "early_ids", "staged_ids", "warp_max"):
         assert arr[field] == getattr(want, field), field
     summary = arr["summary"]
     assert f"second consumer {want.consumer_regs} / producer {want.producer_regs} registers" in summary
     assert f"{want.producer_rows} rows a producer step" in summary
     assert ("whole lines" in summary) == want.lines
     assert ("on the scores only" in summary) == want.scores_only
+
+
+@pytest.mark.parametrize("kv,heads,tokens,warp_max", [("fp8_ds_mla", 32, 256, True), ("fp8_ds_mla", 32, 64, True),
+                                                       ("fp8_ds_mla", 32, 2, False), ("fp8_ds_mla", 16, 256, False),
+                                                       ("fp8_e4m3", 32, 64, False)])
+def test_explain_json_says_whether_the_block_maximum_is_taken_per_warp(kv, heads, tokens, warp_max, capsys):
+    """V3.2's long ranges at 32 heads take each block's maximum per warp (``warp_max``, fifty-first session): a
+    structured field and the summary say so."""
+    code, out = run_cli(capsys, "explain", "--arch", "sm90", "--q-dtype", "bf16", "--kv-dtype", kv, "--heads",
+                        str(heads), "--tokens", str(tokens), "--sms", "132", "--json")
+    arr = json.loads(out)["launch"]["gluon_fp8_arrangement"]
+    assert code == 0 and arr["warp_max"] is warp_max
+    assert ("the block maximum per warp" in arr["summary"]) == warp_max
 
 
 @pytest.mark.parametrize("heads,tokens,split,staged", [(16, 256, False, True), (32, 256, False, True),

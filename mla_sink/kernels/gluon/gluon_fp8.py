@@ -51,6 +51,11 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   169.1-169.7 us, T=64 51.7-52.4 against 54.3-54.6, H=16 T=256 138.4-138.7 against 140.1-140.5; V3.2's consumers need
   the ids before the stage is filled, for the tile scales' loads, and its tile scales staged the same way by cp.async
   took 199.5 against 189.0 at H=32 T=256);
+* V3.2's long id ranges at 32 heads (the table's ``warp_max``, ``WARP_MAX``): the column split's first consumer takes
+  each block's maximum over ids as each warp's maximum over its 16 ids (shuffles) and one ``[4, heads]`` exchange
+  through shared memory behind one barrier (:func:`_ids_max`), instead of the generic reduction across its four warps
+  (fifty-first session, same run on an H100: V3.2 H=32 T=256 196.0-196.2 against 200.3-200.5 us, T=64 61.2-61.3
+  against 62.2-62.5, outputs bitwise equal);
 * the softmax's row sum is deferred on long id ranges (``DEFER_ROW_SUM``, the rows' ``deferred_row_sum``): each
   thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
   the end instead of once a block (:func:`_zero_row_sum`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
@@ -116,6 +121,8 @@ STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
 IDS_STAGES = gl.constexpr(4)
 #: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
 BLOCK_N = 64
+#: Warps of one consumer warpgroup: the score accumulator's ids are ``BLOCK_N // WARPS`` = 16 a warp.
+WARPS = gl.constexpr(4)
 #: The layout of a block's ``[BLOCK_N, 4]`` V3.2 tile scales as loaded (:func:`_tile_scales`): its rows sit where
 #: the score accumulator's do (a lane's row ``lane // 4``, one more 8 rows on, 16 rows a warp) and its 4 columns in
 #: each thread's registers, so that picking a column is an in-thread sum and its conversion to the accumulator's rows
@@ -348,11 +355,46 @@ def _online_softmax(st, m_i, l_i, DEFER: gl.constexpr):
     """One block of the base-2 online softmax over ``S^T`` (``[ids, heads]``, skipped ids ``-inf``):
     ``(P^T, alpha, m, l)``; an all ``-inf`` column keeps ``m = -inf`` and ``l = 0``. ``l`` is a row sum of
     :func:`_zero_row_sum` (``DEFER``: deferred)."""
-    m_new = gl.maximum(m_i, gl.max(st, axis=0))
+    return _softmax_from_max(st, gl.max(st, axis=0), m_i, l_i, DEFER)
+
+
+@gluon.jit
+def _softmax_from_max(st, block_max, m_i, l_i, DEFER: gl.constexpr):
+    """:func:`_online_softmax` given the block's maximum over ids (``[heads]``, as ``gl.max(st, axis=0)`` or
+    :func:`_ids_max` gives it: both exact, so ``P^T`` is the same either way)."""
+    m_new = gl.maximum(m_i, block_max)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
     p = gl.exp2(st - m_safe[None, :])
     return p, alpha, m_new, _add_rows(l_i, alpha, p, DEFER)
+
+
+@gluon.constexpr_function
+def _all_warps_layout(block_h):
+    """The layout in which every thread of a consumer holds the ``[4, block_h]`` per-warp maxima of its own heads
+    (:func:`_ids_max`): the heads as the wgmma accumulator spreads them (``NVMMADistributedLayout`` v3 of
+    ``instr_shape [16, block_h, 16]``: a thread's heads ``2 (lane % 4) + {0, 1} + 8 k``), the four warps' rows in
+    its registers, so that the maximum over them is in-thread and lands in the accumulator's heads."""
+    heads = [[0, 1]] + [[0, 8 << k] for k in range(int(block_h).bit_length() - 4)]  # head bit 0, then bits 3 ..
+    return gl.DistributedLinearLayout(reg_bases=heads + [[1, 0], [2, 0]],
+                                      lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+                                      warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[WARPS.value, block_h])
+
+
+@gluon.jit
+def _ids_max(st, buf, acc_l: gl.constexpr):
+    """The maximum over ids of ``S^T`` (``[BLOCK_N, heads]`` in the wgmma accumulator layout ``acc_l``, 16 ids a
+    warp) for every head, ``[heads]`` in ``acc_l``'s head slice: each warp's maximum over its own 16 ids (shuffles
+    within the warp), stored as one row of ``buf`` (``[4, heads]`` fp32 in shared memory), one barrier, and the
+    four rows read back by every thread. The generic ``gl.max(st, axis=0)`` crosses the warps by its own round trip
+    and barriers; this one is cheaper on the column split's first consumer, whose chain is V3.2's period at 32 heads
+    (BENCHMARKS.md, forty-ninth and fifty-first sessions). ``buf`` may be rewritten once every warp has passed the
+    next barrier of the caller after this read (the one behind the ``P_t`` stores)."""
+    BH: gl.constexpr = st.shape[1]
+    warp_max = gl.max(gl.reshape(st, [WARPS, st.shape[0] // WARPS, BH]), axis=1)  # rows of warp w: 16 w .. 16 w + 15
+    buf.store(warp_max)
+    gl.thread_barrier()  # every warp's row stored
+    return gl.convert_layout(gl.max(buf.load(_all_warps_layout(BH)), axis=0), gl.SliceLayout(0, acc_l))
 
 
 @gluon.jit
@@ -875,7 +917,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
                    ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr,
-                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr):
+                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr, wmax_smem, WARP_MAX: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -909,7 +951,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     scale); a two-deep pipeline in which no load is read in the block that issues it (ids two blocks ahead, scales
     one ahead) moved that wait after the ``P_t`` stores and took 205.5-206.6 against 200.1-201.9 us at H=32 T=256 on
     an H100 (forty-ninth session, benchmarks/prefetch_scales_ab_fortyninth_2026-12-05.json; patch
-    benchmarks/gluon_fp8_prefetch_scales.patch): those round trips are not on the period."""
+    benchmarks/gluon_fp8_prefetch_scales.patch): those round trips are not on the period. ``WARP_MAX``: ROLE 0 takes
+    each block's maximum over ids by :func:`_ids_max` (through ``wmax_smem``, ``[4, BLOCK_H]`` fp32), not by
+    the generic reduction."""
     NCOLS: gl.constexpr = D_NOPE if SCORES_ONLY else D_NOPE // 2  # this consumer's value columns of O^T
     COL0: gl.constexpr = 0 if SCORES_ONLY else ROLE * NCOLS
     P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
@@ -971,8 +1015,11 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
             else:
                 st = _e4m3_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero)
-            p, alpha, m_i, l_i = _online_softmax(gl.where(ok[:, None], st * col_scale[None, :], float("-inf")), m_i,
-                                                 l_i, DEFER)
+            st = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
+            if WARP_MAX:
+                p, alpha, m_i, l_i = _softmax_from_max(st, _ids_max(st, wmax_smem, acc_l), m_i, l_i, DEFER)
+            else:
+                p, alpha, m_i, l_i = _online_softmax(st, m_i, l_i, DEFER)
             if KV_DS_MLA:
                 _store_p_tiles(p_ring, s * P_TILES, p, sc0, sc1, sc2, sc3)
             else:
@@ -1186,7 +1233,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
-    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr,
+    SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, WARP_MAX: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1198,7 +1245,8 @@ def sparse_mla_decode_fp8_ws_kernel(
     (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``PAIRS``: the alternate-scores consumers
     (:func:`_consumer_pairs`; the producer a worker, gathering the ``2 * cdiv(blocks, 2)`` blocks of the pairs).
     ``EARLY_IDS``: V3.2 rows on the column split, the first consumer's first ids loaded before q
-    (:func:`_consumer_cols`)."""
+    (:func:`_consumer_cols`). ``WARP_MAX``: on the column split, the first consumer's block maximum per warp
+    (:func:`_ids_max`)."""
     if LAUNCH_DEPENDENTS:
         launch_dependents(gl.program_id(1))
     pid_s = gl.program_id(1)
@@ -1303,6 +1351,11 @@ def sparse_mla_decode_fp8_ws_kernel(
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     elif COLS:
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
+        if WARP_MAX:  # the first consumer's per-warp maxima of a block (_ids_max)
+            wmax_smem = gl.allocate_shared_memory(gl.float32, [WARPS, BLOCK_H],
+                                                  gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        else:
+            wmax_smem = alpha_smem  # not read
         gl.warp_specialize([
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
@@ -1310,14 +1363,14 @@ def sparse_mla_decode_fp8_ws_kernel(
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS)),
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES, ids_smem, STAGED_IDS)),
@@ -1407,7 +1460,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
-                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids)
+                      SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
+                      WARP_MAX=arr.warp_max)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 
