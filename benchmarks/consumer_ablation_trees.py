@@ -19,7 +19,8 @@ design** - they time what the period is without that piece, nothing else:
   released as soon as its ``P_t`` are stored;
 - ``warpmax`` (a candidate, output exact): the block's maximum over ids as each warp's maximum over its 16 ids
   (shuffles), one ``[4, heads]`` exchange through shared memory and one barrier, instead of Triton's generic
-  cross-warp reduction (``nomax`` bounds what it can gain);
+  cross-warp reduction (``nomax`` bounds what it can gain); timed again in the fifty-first session and kept, as the
+  column split's ``warp_max`` (BENCHMARKS.md);
 - ``p4`` (a candidate for the column split's V3.2 rows, output exact; the trees' other arrangements that read V3.2's
   ``P_t`` ring are not built for it): the four ``P_t`` of a stage in four allocations instead of four tiles of one
   ring, so that the barrier analysis does not put a barrier after each of their stores (three a block).

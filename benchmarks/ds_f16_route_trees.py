@@ -24,7 +24,9 @@ with FlashMLA (:file:`device_ab_then_grid.sh`):
     PYTHONPATH=. python3 benchmarks/ds_f16_route_trees.py out
     bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main xr=../out/f16r n=../out/route m2=../out/main
 
-(``xr``: a probe, timed but never picked as the winner: benchmarks/pick_winner.py.)
+(``xr``: a probe, timed but never picked as the winner: benchmarks/pick_winner.py.) Timed in the fifty-first session
+on an H100: both lose (V3.2 H=32 T=256 route 207.9, f16r 215.1 against 200.4-201.0 us; BENCHMARKS.md), so the
+route is not merged (benchmarks/gluon_fp8_f16_route.patch).
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
     old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false, "
-           "warp_max: false}\n"
+           "warp_max: true}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "

@@ -51,11 +51,11 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   169.1-169.7 us, T=64 51.7-52.4 against 54.3-54.6, H=16 T=256 138.4-138.7 against 140.1-140.5; V3.2's consumers need
   the ids before the stage is filled, for the tile scales' loads, and its tile scales staged the same way by cp.async
   took 199.5 against 189.0 at H=32 T=256);
-* V3.2's long id ranges at 32 heads (the table's ``warp_max``, ``WARP_MAX``): the column split's first consumer takes
-  each block's maximum over ids as each warp's maximum over its 16 ids (shuffles) and one ``[4, heads]`` exchange
-  through shared memory behind one barrier (:func:`_ids_max`), instead of the generic reduction across its four warps
-  (fifty-first session, same run on an H100: V3.2 H=32 T=256 196.0-196.2 against 200.3-200.5 us, T=64 61.2-61.3
-  against 62.2-62.5, outputs bitwise equal);
+* on the column split (the table's ``warp_max``, ``WARP_MAX``, the path's default) the first consumer takes each
+  block's maximum over ids as each warp's maximum over its 16 ids (shuffles) and one ``[4, heads]`` exchange through
+  shared memory behind one barrier (:func:`_ids_max`), instead of the generic reduction across its four warps
+  (fifty-first session, same run on an H100, outputs bitwise equal: V3.2 H=32 T=256 195.3 against 200.9-201.6 us,
+  T=64 61.4 against 62.7-62.8, T=2 11.5 against 11.8-11.9; e4m3 H=32 T=64 53.2 against 54.0-54.1);
 * the softmax's row sum is deferred on long id ranges (``DEFER_ROW_SUM``, the rows' ``deferred_row_sum``): each
   thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
   the end instead of once a block (:func:`_zero_row_sum`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
@@ -200,7 +200,12 @@ def _gather_bytes(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr, LANE_BYT
 @gluon.jit
 def _to_tile(codes, dtype: gl.constexpr, KV_DS_MLA: gl.constexpr):
     """e4m3fn codes -> the ring's dtype, exactly (one ``cvt`` per pair into fp16; V3.2 codes, read as bytes,
-    into bf16 through fp32: e4m3 fits both). The V3.2 tile scales stay out: the consumers apply them."""
+    into bf16 through fp32: e4m3 fits both). The V3.2 tile scales stay out: the consumers apply them. Moving each
+    f16's bits into bf16's places instead (``code * 2^-112``, undone by powers of two in q, the tile scales and the
+    output: bitwise equal outputs) lost on an H100: V3.2 H=32 T=256 207.9 against 200.4-201.0 us, 215.1 without the
+    NaN-keeping multiply, which has 759 instructions a step against 761 here but 402 ``LOP3``/``SHF`` against 20:
+    the fewer integer operations, the faster, so the integer pipe is the likely limit (not profiled; fifty-first
+    session, benchmarks/gluon_fp8_f16_route.patch)."""
     if KV_DS_MLA:
         return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype)
     else:
