@@ -147,12 +147,12 @@ def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
-    partition a legal count of :data:`PARTITION_REGS`; ``scores_only``, ``early_ids`` and ``warp_max`` only on :data:`COLUMN_SPLIT`;
-    ``staged_ids`` only on rows whose ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a
-    row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right
-    type even where every row overrides them; and every head count and block count gets a row, the values on either
-    side of each row's thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``:
-    a launch meets every value).
+    partition a legal count of :data:`PARTITION_REGS`; ``scores_only``, ``early_ids`` and ``warp_max`` only on
+    :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose ``kv_dtype`` excludes the V3.2 rows); its head block one
+    of :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults
+    are known params of the right type even where every row overrides them; and every head count and block count
+    gets a row, the values on either side of each row's thresholds included, not only the declared ones
+    (``dispatch.check_table(thresholds=True)``: a launch meets every value).
 
     Args:
         table: tables/gluon_fp8.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
