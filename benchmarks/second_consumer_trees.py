@@ -40,7 +40,7 @@ from tree_ab import build_trees
 
 TABLE = os.path.join("tables", "gluon_fp8.yaml")
 #: The commit the trees are archived from: branch ``wip/rope2`` (main's kernels with both params, on ds_mla_h32).
-BASE = "e4f6d8b"
+BASE = "d3c3a73"
 
 _DS_H32 = ("    params: {head_block: 32, consumer_regs: 104, producer_regs: 152, deferred_row_sum: true, "
            "rope_by_second: true, meta_by_second: true}\n")
