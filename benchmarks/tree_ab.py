@@ -66,7 +66,10 @@ def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple =
     in a child process whose path starts with ``TREE`` (then any FlashMLA entries of ``PYTHONPATH``); ``args``
     is ``first_args`` for the first variant, ``rest_args`` for the others. Returns ``({name: the returned
     dict}, max_abs_diff)``, where ``max_abs_diff[name][key]`` compares each later variant's saved tensors with
-    the first one's (``run_variant`` saves ``{key: tensor}`` to ``dump``)."""
+    the first one's (``run_variant`` saves ``{key: tensor}`` to ``dump``). With ``TREE_AB_VARIANT_TIMEOUT`` (seconds)
+    in the environment, a child that runs longer is killed and its variant left out (printed), so that a variant
+    that hangs (an mbarrier never completed) does not take the rest of a device call with it."""
+    limit = os.environ.get("TREE_AB_VARIANT_TIMEOUT")
     here = os.path.abspath(os.path.dirname(__file__))
     results, dumps = {}, []
     for i, spec in enumerate(variants):
@@ -77,8 +80,12 @@ def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple =
         args = (name, dump) + (first_args if i == 0 else rest_args)
         code = (f"import sys, json; sys.path.insert(0, {here!r}); import {module} as m; "
                 f"print('JSON', json.dumps(m.run_variant(*{args!r})))")
-        r = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.abspath(tree), capture_output=True,
-                           text=True)
+        try:
+            r = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.abspath(tree), capture_output=True,
+                               text=True, timeout=float(limit) if limit else None)
+        except subprocess.TimeoutExpired:
+            print(f"{name}: killed after TREE_AB_VARIANT_TIMEOUT={limit} s, left out (a hang?)", flush=True)
+            continue
         print(r.stdout[-4000:], r.stderr[-3000:], flush=True)
         line = [x for x in r.stdout.splitlines() if x.startswith("JSON")]
         if line:
