@@ -381,9 +381,10 @@ def _all_warps_layout(block_h):
     ``instr_shape [16, block_h, 16]``: a thread's heads ``2 (lane % 4) + {0, 1} + 8 k``), the four warps' rows in
     its registers, so that the maximum over them is in-thread and lands in the accumulator's heads."""
     heads = [[0, 1]] + [[0, 8 << k] for k in range(int(block_h).bit_length() - 4)]  # head bit 0, then bits 3 ..
-    return gl.DistributedLinearLayout(reg_bases=heads + [[1, 0], [2, 0]],
-                                      lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
-                                      warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[WARPS.value, block_h])
+    n_warps = int(WARPS.value)
+    warps = [[1 << k, 0] for k in range(n_warps.bit_length() - 1)]  # every warp's row, in each thread
+    return gl.DistributedLinearLayout(reg_bases=heads + warps, lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+                                      warp_bases=[[0, 0]] * len(warps), block_bases=[], shape=[n_warps, block_h])
 
 
 @gluon.jit
@@ -1021,10 +1022,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             else:
                 st = _e4m3_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero)
             st = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
-            if WARP_MAX:
-                p, alpha, m_i, l_i = _softmax_from_max(st, _ids_max(st, wmax_smem, acc_l), m_i, l_i, DEFER)
-            else:
-                p, alpha, m_i, l_i = _online_softmax(st, m_i, l_i, DEFER)
+            block_max = _ids_max(st, wmax_smem, acc_l) if WARP_MAX else gl.max(st, axis=0)
+            p, alpha, m_i, l_i = _softmax_from_max(st, block_max, m_i, l_i, DEFER)
             if KV_DS_MLA:
                 _store_p_tiles(p_ring, s * P_TILES, p, sc0, sc1, sc2, sc3)
             else:
