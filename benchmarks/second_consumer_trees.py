@@ -1,7 +1,7 @@
 """The trees of the fifty-first session's probe of the column split's second consumer taking the first consumer's
 global loads (issue #12's one missed bar, V3.2 H=32 T=256 on the H200). Each is a ``git archive`` of :data:`BASE`
 (the local branch ``wip/rope2``: main's kernels plus the table params ``rope_by_second`` and ``meta_by_second``; the
-same change as benchmarks/gluon_fp8_second_consumer.patch against 2b562e2, should the branch be gone), differing in
+same change as benchmarks/gluon_fp8_second_consumer.patch against d4d9a9a, should the branch be gone), differing in
 one row of tables/gluon_fp8.yaml (``ds_mla_h32``):
 
 - ``main``: neither param - main's kernel and SASS. The first consumer loads each block's ids and then their tile
@@ -40,7 +40,7 @@ from tree_ab import build_trees
 
 TABLE = os.path.join("tables", "gluon_fp8.yaml")
 #: The commit the trees are archived from: branch ``wip/rope2`` (main's kernels with both params, on ds_mla_h32).
-BASE = "2941cd9"
+BASE = "aee07e3"
 
 _DS_H32 = ("    params: {head_block: 32, consumer_regs: 104, producer_regs: 152, deferred_row_sum: true, "
            "rope_by_second: true, meta_by_second: true}\n")
