@@ -161,6 +161,8 @@ E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_r
     (E4M3_H16.replace("}", ", warp_max: true}"),
      r"row 'e4m3_h16': params warp_max: only the column_split path's first consumer takes the block maximum per warp"),
     (E4M3_H16.replace("}", ", warp_max: 1}"), r"row 'e4m3_h16': params warp_max: expected bool, got 1"),
+    (E4M3_H16.replace("}", ", rope_by_second: true}"),
+     r"row 'e4m3_h16': params rope_by_second: only the column_split path's second consumer copies the RoPE"),
 ])
 def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
     table = _edited("gluon_fp8", E4M3_H16, new)
@@ -192,7 +194,7 @@ def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
     old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false, "
-           "warp_max: true}\n"
+           "warp_max: true, rope_by_second: false}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "

@@ -585,6 +585,16 @@ def _copy_rope(KV, kr, ids, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr, l
 
 
 @gluon.jit
+def _copy_rope_signalled(KV, kr, bar, raw_ids, nrows, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr,
+                         layout: gl.constexpr):
+    """cp.async of the RoPE of the rows ``raw_ids`` (:func:`_raw_ids`, checked here) into ``kr`` (:func:`_copy_rope`),
+    then one ``cp.async.mbarrier.arrive.noinc`` on ``bar`` per thread, which lands once this thread's copies have
+    (``bar`` counts a warpgroup's threads)."""
+    _copy_rope(KV, kr, _checked(raw_ids, nrows), stride_kv, kv_block_size, ROW_BYTES, layout)
+    async_copy.mbarrier_arrive(bar, increment_count=False)
+
+
+@gluon.jit
 def _blocks_ds(IDX, KV, q_n, q_r, p_smem, kn_smem, kr_smem, ready, empty, col_scale, idx_base, stride_kv,
                kv_block_size, num_rows, start, end, num_blocks, acc_l: gl.constexpr, BLOCK_H: gl.constexpr,
                BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, FIRST: gl.constexpr, COPY_ROPE: gl.constexpr,
@@ -923,7 +933,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
                    ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr,
-                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr, wmax_smem, WARP_MAX: gl.constexpr):
+                   EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr, wmax_smem, WARP_MAX: gl.constexpr,
+                   rope_ready, ROPE_BY_SECOND: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -959,7 +970,12 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     an H100 (forty-ninth session, benchmarks/prefetch_scales_ab_fortyninth_2026-12-05.json; patch
     benchmarks/gluon_fp8_prefetch_scales.patch): those round trips are not on the period. ``WARP_MAX``: ROLE 0 takes
     each block's maximum over ids by :func:`_ids_max` (through ``wmax_smem``, ``[4, BLOCK_H]`` fp32), not by
-    the generic reduction."""
+    the generic reduction. ``ROPE_BY_SECOND`` (with ``COPY_ROPE``): ROLE 1 copies every block's RoPE instead - the
+    first two before its first wait, block ``i + 2``'s into block ``i``'s stage once it has released that stage - and
+    signals each copy's landing on ``rope_ready`` by ``cp.async.mbarrier.arrive.noinc`` (one arrival a thread), so
+    ROLE 0's chain waits on that barrier instead of issuing copies, waiting for them and a barrier."""
+    COPY2: gl.constexpr = COPY_ROPE and ROPE_BY_SECOND  # the RoPE copied by ROLE 1
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
     NCOLS: gl.constexpr = D_NOPE if SCORES_ONLY else D_NOPE // 2  # this consumer's value columns of O^T
     COL0: gl.constexpr = 0 if SCORES_ONLY else ROLE * NCOLS
     P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
@@ -972,12 +988,11 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     offs_h = gl.arange(0, BLOCK_H, layout=head_l)
     hmask = offs_h < num_heads
     if ROLE == 0:
-        rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
         if KV_DS_MLA and EARLY_IDS:  # the ids the first block's scales and the first two blocks' RoPE copies need,
             # loaded while q is staged: issued after it, those dependent loads each waited a round trip behind q's
             ids, ok = _block_ids(IDX, idx_base, start, 0, end, num_rows.to(gl.uint32),
                                  gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l)), BLOCK_N)
-            if COPY_ROPE:
+            if COPY_ROPE and not COPY2:
                 gl.static_assert(STAGES == 2, "the first two blocks' RoPE ids, one per ring stage")
                 rope_ids0 = _raw_ids(IDX, idx_base, end, start, BLOCK_N, rope_l)
                 rope_ids1 = _raw_ids(IDX, idx_base, end, start + BLOCK_N, BLOCK_N, rope_l)
@@ -987,7 +1002,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         nrows = num_rows.to(gl.uint32)
         m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
-        if COPY_ROPE:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
+        if COPY_ROPE and not COPY2:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
             for b in gl.static_range(STAGES):
                 if b < num_blocks:
                     if EARLY_IDS:
@@ -1002,7 +1017,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             if not ((KV_DS_MLA and EARLY_IDS) or STAGED_IDS):  # (EARLY_IDS: loaded a block ahead)
                 ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
             if KV_DS_MLA:
-                if COPY_ROPE:
+                if COPY_ROPE and not COPY2:
                     ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
                 sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
@@ -1011,7 +1026,10 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             kn = kn_smem.index(s)
             z = _opaque_zero(i)  # q indexed through an opaque 0: its descriptors stay in the loop (not hoisted)
             if KV_DS_MLA:
-                if COPY_ROPE:
+                if COPY2:  # ROLE 1's copy of this block's RoPE landed (its arrivals follow its copies' completion)
+                    mbarrier.wait(rope_ready.index(s), phase)
+                    fence_async_shared()  # the copies' writes -> this consumer's wgmma (async proxy)
+                elif COPY_ROPE:
                     if i + 1 < num_blocks:  # the next block's copy may still be in flight
                         async_copy.wait_group(1)
                     else:
@@ -1033,7 +1051,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             gl.thread_barrier()  # P^T and alpha complete in shared memory before the wgmma and ROLE 1 read them
             mbarrier.arrive(p_ready.index(s))
             if KV_DS_MLA:
-                if COPY_ROPE and i + STAGES < num_blocks:  # this stage's RoPE tile was read by this block's scores
+                if COPY_ROPE and not COPY2 and i + STAGES < num_blocks:  # this stage's RoPE tile was read
                     _copy_rope(KV, kr_smem.index(s), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
                                rope_l)
                 if EARLY_IDS:  # the next block's
@@ -1052,9 +1070,17 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         else:
             gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
     else:
+        if COPY2:  # the first two blocks' RoPE, while ROLE 0 stages q
+            for b in gl.static_range(STAGES):
+                if b < num_blocks:
+                    _copy_rope_signalled(KV, kr_smem.index(b), rope_ready.index(b),
+                                         _raw_ids(IDX, idx_base, end, start + b * BLOCK_N, BLOCK_N, rope_l),
+                                         num_rows.to(gl.uint32), stride_kv, kv_block_size, ROW_BYTES, rope_l)
         for i in range(num_blocks):
             s = i % STAGES
             mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
+            if COPY2:  # the ids of the RoPE this stage takes next, loaded while this block's P V runs
+                ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
             alpha = alpha_smem.index(s).load(head_l)
             if SCORES_ONLY and KV_DS_MLA:
                 acc, acc_b, acc_c, acc_d = _tile_quad_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, acc_c,
@@ -1063,6 +1089,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 acc, acc_b = _half_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s and its P^T
             mbarrier.arrive(empty.index(s))
+            if COPY2 and i + STAGES < num_blocks:  # ROLE 0 has read this stage's RoPE (its P^T is ready)
+                _copy_rope_signalled(KV, kr_smem.index(s), rope_ready.index(s), ids_next, num_rows.to(gl.uint32),
+                                     stride_kv, kv_block_size, ROW_BYTES, rope_l)
         mbarrier.wait(merged, 0)
         scale = f_smem.load(head_l)
     if not (SCORES_ONLY and ROLE == 0):
@@ -1238,6 +1267,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
     SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, WARP_MAX: gl.constexpr,
+    ROPE_BY_SECOND: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1360,6 +1390,14 @@ def sparse_mla_decode_fp8_ws_kernel(
                                                   gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         else:
             wmax_smem = alpha_smem  # not read
+        if ROPE_BY_SECOND and KV_DS_MLA and ROWS_16B:  # each stage's RoPE copied by the second consumer
+            rope_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(STAGES):
+                mbarrier.init(rope_ready.index(s), count=WARPS * 32)  # one noinc arrival a thread
+            fence_async_shared()
+            gl.thread_barrier()
+        else:
+            rope_ready = ready  # not used
         gl.warp_specialize([
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
@@ -1367,14 +1405,16 @@ def sparse_mla_decode_fp8_ws_kernel(
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX)),
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
+                              ROPE_BY_SECOND)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                               num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX)),
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
+                              ROPE_BY_SECOND)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES, ids_smem, STAGED_IDS)),
@@ -1465,7 +1505,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
                       SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
-                      WARP_MAX=arr.warp_max)
+                      WARP_MAX=arr.warp_max, ROPE_BY_SECOND=arr.rope_by_second)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

@@ -31,7 +31,7 @@ ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
-              "warp_max": bool}
+              "warp_max": bool, "rope_by_second": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -53,7 +53,8 @@ FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": 
 #: The params only the column split reads (true on another path is refused) -> what the column split has for them.
 _COLUMN_SPLIT_ONLY = {"scores_only": " has a consumer that computes the scores only",
                       "early_ids": "'s first consumer loads ids early",
-                      "warp_max": "'s first consumer takes the block maximum per warp"}
+                      "warp_max": "'s first consumer takes the block maximum per warp",
+                      "rope_by_second": "'s second consumer copies the RoPE"}
 #: The params that are ``setmaxnreg`` register counts.
 _REG_PARAMS = ("consumer_regs", "producer_regs")
 
@@ -87,6 +88,9 @@ class Fp8Arrangement:
         warp_max: on the column split, the first consumer takes each block's maximum over ids as each warp's maximum
             over its 16 ids and one ``[4, heads]`` exchange through shared memory behind one barrier, instead of
             the generic reduction across its four warps (``WARP_MAX``); always ``False`` on the other paths.
+        rope_by_second: on the column split with V3.2 rows, the second consumer copies every block's bf16 RoPE (two
+            blocks ahead, signalled by an mbarrier) instead of the first (``ROPE_BY_SECOND``); always ``False`` on
+            the other paths (the kernel reads it where the RoPE is copied: 16-byte aligned V3.2 rows).
     """
 
     row: str
@@ -104,6 +108,7 @@ class Fp8Arrangement:
     early_ids: bool = False
     staged_ids: bool = False
     warp_max: bool = False
+    rope_by_second: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -147,12 +152,12 @@ def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
-    partition a legal count of :data:`PARTITION_REGS`; ``scores_only``, ``early_ids`` and ``warp_max`` only on
-    :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose ``kv_dtype`` excludes the V3.2 rows); its head block one
-    of :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults
-    are known params of the right type even where every row overrides them; and every head count and block count
-    gets a row, the values on either side of each row's thresholds included, not only the declared ones
-    (``dispatch.check_table(thresholds=True)``: a launch meets every value).
+    partition a legal count of :data:`PARTITION_REGS`; ``scores_only``, ``early_ids``, ``warp_max`` and
+    ``rope_by_second`` only on :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose ``kv_dtype`` excludes the
+    V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)``
+    CTAs a token); a path's defaults are known params of the right type even where every row overrides them; and
+    every head count and block count gets a row, the values on either side of each row's thresholds included, not
+    only the declared ones (``dispatch.check_table(thresholds=True)``: a launch meets every value).
 
     Args:
         table: tables/gluon_fp8.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
@@ -311,7 +316,8 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
-                          early_ids=p["early_ids"], staged_ids=p["staged_ids"], warp_max=p["warp_max"])
+                          early_ids=p["early_ids"], staged_ids=p["staged_ids"], warp_max=p["warp_max"],
+                          rope_by_second=p["rope_by_second"])
 
 
 @functools.cache
