@@ -360,7 +360,8 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
                                   tuning.cta_blocks(launch["ids_per_split"], 2048))
     assert code == 0 and arr["row"] == want.row
     for field in ("head_block", "consumer_regs", "producer_regs", "producer_rows", "lines", "deferred_row_sum",
-                  "scores_only", "early_ids", "staged_ids", "warp_max", "rope_by_second"):
+                  "scores_only", "early_ids", "staged_ids", "warp_max", "rope_by_second",
+                  "meta_by_second"):
         assert arr[field] == getattr(want, field), field
     summary = arr["summary"]
     assert f"second consumer {want.consumer_regs} / producer {want.producer_regs} registers" in summary

@@ -163,10 +163,25 @@ E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_r
     (E4M3_H16.replace("}", ", warp_max: 1}"), r"row 'e4m3_h16': params warp_max: expected bool, got 1"),
     (E4M3_H16.replace("}", ", rope_by_second: true}"),
      r"row 'e4m3_h16': params rope_by_second: only the column_split path's second consumer copies the RoPE"),
+    (E4M3_H16.replace("}", ", meta_by_second: true}"),
+     r"row 'e4m3_h16': params meta_by_second: only the column_split path's second consumer loads the ids and tile "
+     r"scales"),
 ])
 def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
     table = _edited("gluon_fp8", E4M3_H16, new)
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: " + message):
+        tuning.check_fp8_table(table)
+
+
+def test_meta_by_second_with_early_ids_is_refused():
+    """The second consumer that loads every block's ids and the first consumer that loads its first ids early are
+    exclusive (the kernel asserts it): refused at load, naming the row."""
+    text = table_path("gluon_fp8").read_text()
+    old = "scores_only: true,\n             early_ids: true}"
+    assert old in text
+    table = dispatch.load_table(text.replace(old, old.replace("}", ", meta_by_second: true}"), 1), name="edited.yaml")
+    with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: row 'ds_mla_h16_short': params meta_by_second: "
+                                                  r"not with early_ids"):
         tuning.check_fp8_table(table)
 
 
@@ -194,7 +209,7 @@ def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
     old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false, "
-           "warp_max: true, rope_by_second: false}\n"
+           "warp_max: true, rope_by_second: false, meta_by_second: false}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "

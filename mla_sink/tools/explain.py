@@ -115,8 +115,8 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
 def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     """The ``tables/gluon_fp8.yaml`` row of a plan whose Triton launch runs ``gluon_fp8`` with a known split count:
     ``{row, path, head_block, ctas_per_token, consumer_regs, producer_regs, producer_rows, lines, deferred_row_sum,
-    scores_only, early_ids, staged_ids, warp_max, rope_by_second, summary, why}`` (every clause of ``summary`` is a
-    field) (``head_block``: heads of one CTA,
+    scores_only, early_ids, staged_ids, warp_max, rope_by_second, meta_by_second, summary, why}`` (every clause of
+    ``summary`` is a field) (``head_block``: heads of one CTA,
     ``ctas_per_token``: ``cdiv(H, head_block)``; ``summary``: the arrangement in a few words), or ``None`` for any
     other plan.
     Needs neither Triton nor a GPU; a configuration the table refuses (the tuning table never sends one) gives
@@ -144,12 +144,13 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{', the first ids loaded before q' if arr.early_ids else ''}"
                f"{', the ids staged by the producer in shared memory' if arr.staged_ids else ''}"
                f"{', the block maximum per warp' if arr.warp_max else ''}"
-               f"{', the RoPE copied by the second consumer' if arr.rope_by_second else ''}")
+               f"{', the RoPE copied by the second consumer' if arr.rope_by_second else ''}"
+               f"{', the ids and tile scales loaded by the second consumer' if arr.meta_by_second else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
                 consumer_regs=arr.consumer_regs, producer_regs=arr.producer_regs, producer_rows=arr.producer_rows,
                 lines=arr.lines, deferred_row_sum=arr.deferred_row_sum, scores_only=arr.scores_only,
                 early_ids=arr.early_ids, staged_ids=arr.staged_ids, warp_max=arr.warp_max,
-                rope_by_second=arr.rope_by_second,
+                rope_by_second=arr.rope_by_second, meta_by_second=arr.meta_by_second,
                 summary=summary, why=arr.why)
 
 

@@ -585,6 +585,32 @@ def _copy_rope(KV, kr, ids, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr, l
 
 
 @gluon.jit
+def _publish_meta(ids_smem, sc_ring, slot, bar, ok, sc0, sc1, sc2, sc3):
+    """A block's mask and tile scales (``ok``, ``sc0 .. sc3``: each ``[BLOCK_N]``) into slot ``slot`` of the second
+    consumer's shared-memory copy (``ids_smem`` ``[BLOCK_N]`` int32; ``sc_ring`` ``[slots * 4, BLOCK_N]`` fp32, the
+    slot's rows ``4 slot ..``), then one arrival on ``bar`` once every thread of the warpgroup has stored
+    (``META_BY_SECOND``)."""
+    ids_smem.store(ok.to(gl.int32))
+    sc_ring.index(4 * slot).store(sc0)
+    sc_ring.index(4 * slot + 1).store(sc1)
+    sc_ring.index(4 * slot + 2).store(sc2)
+    sc_ring.index(4 * slot + 3).store(sc3)
+    gl.thread_barrier()  # every thread's stores, before the one arrival
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _read_meta(ids_smem, sc_ring, slot, bar, phase, offs_n):
+    """``(ok, sc0, .., sc3)`` of a block, in ``offs_n``'s layout, from the slot :func:`_publish_meta` filled, once
+    ``bar`` has completed ``phase``."""
+    row_l: gl.constexpr = offs_n.type.layout
+    mbarrier.wait(bar, phase)
+    ok = ids_smem.load(row_l) != 0
+    return (ok, sc_ring.index(4 * slot).load(row_l), sc_ring.index(4 * slot + 1).load(row_l),
+            sc_ring.index(4 * slot + 2).load(row_l), sc_ring.index(4 * slot + 3).load(row_l))
+
+
+@gluon.jit
 def _copy_rope_signalled(KV, kr, bar, raw_ids, nrows, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr,
                          layout: gl.constexpr):
     """cp.async of the RoPE of the rows ``raw_ids`` (:func:`_raw_ids`, checked here) into ``kr`` (:func:`_copy_rope`),
@@ -934,7 +960,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr, KV_DS_MLA: gl.constexpr,
                    ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr,
                    EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr, wmax_smem, WARP_MAX: gl.constexpr,
-                   rope_ready, ROPE_BY_SECOND: gl.constexpr):
+                   rope_ready, ROPE_BY_SECOND: gl.constexpr, meta_ids, meta_sc, meta_ready,
+                   META_BY_SECOND: gl.constexpr):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -973,7 +1000,13 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     the generic reduction. ``ROPE_BY_SECOND`` (with ``COPY_ROPE``): ROLE 1 copies every block's RoPE instead - the
     first two before its first wait, block ``i + 2``'s into block ``i``'s stage once it has released that stage - and
     signals each copy's landing on ``rope_ready`` by ``cp.async.mbarrier.arrive.noinc`` (one arrival a thread), so
-    ROLE 0's chain waits on that barrier instead of issuing copies, waiting for them and a barrier."""
+    ROLE 0's chain waits on that barrier instead of issuing copies, waiting for them and a barrier.
+    ``META_BY_SECOND`` (V3.2 rows, long ranges): ROLE 1 loads each block's ids and tile scales - the first two
+    blocks' before its first wait, block ``i + 2``'s once it has released block ``i`` - and publishes the mask and
+    scales in a two-slot shared-memory ring (:func:`_publish_meta`, ``meta_ready``); ROLE 0 reads block ``i + 1``'s
+    during block ``i``, after its ``P_t`` stores (:func:`_read_meta`), so no global load is left in its loop but
+    the RoPE copies."""
+    META2: gl.constexpr = KV_DS_MLA and META_BY_SECOND  # the ids and tile scales loaded by ROLE 1
     COPY2: gl.constexpr = COPY_ROPE and ROPE_BY_SECOND  # the RoPE copied by ROLE 1
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
     NCOLS: gl.constexpr = D_NOPE if SCORES_ONLY else D_NOPE // 2  # this consumer's value columns of O^T
@@ -1011,15 +1044,19 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                         rope_ids = _raw_ids(IDX, idx_base, end, start + b * BLOCK_N, BLOCK_N, rope_l)
                     _copy_rope(KV, kr_smem.index(b), _checked(rope_ids, nrows), stride_kv, kv_block_size, ROW_BYTES,
                                rope_l)
+        if META2:  # the first block's mask and scales, from ROLE 1 (each later block's read a block ahead)
+            gl.static_assert(not EARLY_IDS, "META_BY_SECOND loads every block's ids in ROLE 1")
+            ok, sc0, sc1, sc2, sc3 = _read_meta(meta_ids.index(0), meta_sc, 0, meta_ready.index(0), 0, offs_n)
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1
-            if not ((KV_DS_MLA and EARLY_IDS) or STAGED_IDS):  # (EARLY_IDS: loaded a block ahead)
+            if not ((KV_DS_MLA and EARLY_IDS) or STAGED_IDS or META2):  # (EARLY_IDS: loaded a block ahead)
                 ids, ok = _block_ids(IDX, idx_base, start, i, end, nrows, offs_n, BLOCK_N)
             if KV_DS_MLA:
                 if COPY_ROPE and not COPY2:
                     ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
-                sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
+                if not META2:
+                    sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
             mbarrier.wait(ready.index(s), phase)
             if STAGED_IDS:
                 ids, ok = _staged_ids(ids_smem, i, offs_n)
@@ -1056,6 +1093,11 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                                rope_l)
                 if EARLY_IDS:  # the next block's
                     ids, ok = _block_ids(IDX, idx_base, start, i + 1, end, nrows, offs_n, BLOCK_N)
+                if META2:  # the next block's, published by ROLE 1 (its P_t above took this block's scales)
+                    if i + 1 < num_blocks:
+                        n = (i + 1) % STAGES
+                        ok, sc0, sc1, sc2, sc3 = _read_meta(meta_ids.index(n), meta_sc, n, meta_ready.index(n),
+                                                            ((i + 1) // STAGES) & 1, offs_n)
             if not SCORES_ONLY:
                 acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
             gl.thread_barrier()  # every warp of this consumer is done with stage s
@@ -1070,6 +1112,13 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         else:
             gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
     else:
+        if META2:  # the first two blocks' mask and scales, while ROLE 0 stages q
+            offs_m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+            for b in gl.static_range(STAGES):
+                if b < num_blocks:
+                    m_ids, m_ok = _block_ids(IDX, idx_base, start, b, end, num_rows.to(gl.uint32), offs_m, BLOCK_N)
+                    m0, m1, m2, m3 = _tile_scales(KV, m_ids, m_ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
+                    _publish_meta(meta_ids.index(b), meta_sc, b, meta_ready.index(b), m_ok, m0, m1, m2, m3)
         if COPY2:  # the first two blocks' RoPE, while ROLE 0 stages q
             for b in gl.static_range(STAGES):
                 if b < num_blocks:
@@ -1081,6 +1130,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
             if COPY2:  # the ids of the RoPE this stage takes next, loaded while this block's P V runs
                 ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
+            if META2:  # block i + 2's ids, loaded while this block's P V runs
+                m_ids, m_ok = _block_ids(IDX, idx_base, start, i + STAGES, end, num_rows.to(gl.uint32), offs_m,
+                                         BLOCK_N)
             alpha = alpha_smem.index(s).load(head_l)
             if SCORES_ONLY and KV_DS_MLA:
                 acc, acc_b, acc_c, acc_d = _tile_quad_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, acc_c,
@@ -1092,6 +1144,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             if COPY2 and i + STAGES < num_blocks:  # ROLE 0 has read this stage's RoPE (its P^T is ready)
                 _copy_rope_signalled(KV, kr_smem.index(s), rope_ready.index(s), ids_next, num_rows.to(gl.uint32),
                                      stride_kv, kv_block_size, ROW_BYTES, rope_l)
+            if META2 and i + STAGES < num_blocks:  # slot s held block i's, which ROLE 0 read during block i - 1
+                m0, m1, m2, m3 = _tile_scales(KV, m_ids, m_ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
+                _publish_meta(meta_ids.index(s), meta_sc, s, meta_ready.index(s), m_ok, m0, m1, m2, m3)
         mbarrier.wait(merged, 0)
         scale = f_smem.load(head_l)
     if not (SCORES_ONLY and ROLE == 0):
@@ -1267,7 +1322,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
     SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, WARP_MAX: gl.constexpr,
-    ROPE_BY_SECOND: gl.constexpr,
+    ROPE_BY_SECOND: gl.constexpr, META_BY_SECOND: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1398,6 +1453,18 @@ def sparse_mla_decode_fp8_ws_kernel(
             gl.thread_barrier()
         else:
             rope_ready = ready  # not used
+        if META_BY_SECOND and KV_DS_MLA:  # each block's mask and tile scales from the second consumer
+            meta_ids = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], vec_l)
+            meta_sc = gl.allocate_shared_memory(gl.float32, [STAGES * 4, BLOCK_N], vec_l)  # slot s: rows 4 s ..
+            meta_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(STAGES):
+                mbarrier.init(meta_ready.index(s), count=1)
+            fence_async_shared()
+            gl.thread_barrier()
+        else:
+            meta_ids = ids_smem  # not used
+            meta_sc = alpha_smem
+            meta_ready = ready
         gl.warp_specialize([
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
@@ -1406,7 +1473,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
                               SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
-                              ROPE_BY_SECOND)),
+                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
@@ -1414,7 +1481,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
                               SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
-                              ROPE_BY_SECOND)),
+                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES, ids_smem, STAGED_IDS)),
@@ -1505,7 +1572,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
                       SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
-                      WARP_MAX=arr.warp_max, ROPE_BY_SECOND=arr.rope_by_second)
+                      WARP_MAX=arr.warp_max, ROPE_BY_SECOND=arr.rope_by_second,
+                      META_BY_SECOND=arr.meta_by_second)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

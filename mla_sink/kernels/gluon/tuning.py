@@ -31,7 +31,7 @@ ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
-              "warp_max": bool, "rope_by_second": bool}
+              "warp_max": bool, "rope_by_second": bool, "meta_by_second": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -54,7 +54,8 @@ FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": 
 _COLUMN_SPLIT_ONLY = {"scores_only": " has a consumer that computes the scores only",
                       "early_ids": "'s first consumer loads ids early",
                       "warp_max": "'s first consumer takes the block maximum per warp",
-                      "rope_by_second": "'s second consumer copies the RoPE"}
+                      "rope_by_second": "'s second consumer copies the RoPE",
+                      "meta_by_second": "'s second consumer loads the ids and tile scales"}
 #: The params that are ``setmaxnreg`` register counts.
 _REG_PARAMS = ("consumer_regs", "producer_regs")
 
@@ -91,6 +92,9 @@ class Fp8Arrangement:
         rope_by_second: on the column split with V3.2 rows, the second consumer copies every block's bf16 RoPE (two
             blocks ahead, signalled by an mbarrier) instead of the first (``ROPE_BY_SECOND``); always ``False`` on
             the other paths (the kernel reads it where the RoPE is copied: 16-byte aligned V3.2 rows).
+        meta_by_second: on the column split with V3.2 rows (not with ``early_ids``), the second consumer loads each
+            block's ids and tile scales two blocks ahead and publishes the mask and scales in shared memory, which
+            the first reads a block ahead (``META_BY_SECOND``); always ``False`` on the other paths.
     """
 
     row: str
@@ -109,6 +113,7 @@ class Fp8Arrangement:
     staged_ids: bool = False
     warp_max: bool = False
     rope_by_second: bool = False
+    meta_by_second: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -152,12 +157,13 @@ def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
-    partition a legal count of :data:`PARTITION_REGS`; ``scores_only``, ``early_ids``, ``warp_max`` and
-    ``rope_by_second`` only on :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose ``kv_dtype`` excludes the
-    V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)``
-    CTAs a token); a path's defaults are known params of the right type even where every row overrides them; and
-    every head count and block count gets a row, the values on either side of each row's thresholds included, not
-    only the declared ones (``dispatch.check_table(thresholds=True)``: a launch meets every value).
+    partition a legal count of :data:`PARTITION_REGS`; ``scores_only``, ``early_ids``, ``warp_max``,
+    ``rope_by_second`` and ``meta_by_second`` only on :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose
+    ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a row matching more heads
+    runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type even where every
+    row overrides them; and every head count and block count gets a row, the values on either side of each row's
+    thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``: a launch meets every
+    value).
 
     Args:
         table: tables/gluon_fp8.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
@@ -207,6 +213,9 @@ def check_fp8_table(table) -> None:
             if params[key] and row.path != COLUMN_SPLIT:
                 raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
                                          f"{row.path!r})")
+        if params["meta_by_second"] and params["early_ids"]:
+            raise _error(table, row, "params meta_by_second: not with early_ids (the second consumer loads every "
+                                     "block's ids, the first none)")
         if params["head_block"] not in HEAD_BLOCKS:
             raise _error(table, row, f"params head_block: expected one of {HEAD_BLOCKS} (the kernel's head blocks), "
                                      f"got {params['head_block']!r}")
@@ -317,7 +326,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
                           early_ids=p["early_ids"], staged_ids=p["staged_ids"], warp_max=p["warp_max"],
-                          rope_by_second=p["rope_by_second"])
+                          rope_by_second=p["rope_by_second"], meta_by_second=p["meta_by_second"])
 
 
 @functools.cache
