@@ -101,8 +101,9 @@ def patch(src: str) -> str:
                 f"            TL = {tl} + 384 + 3 * i\n            gl.store(TL, _now(i), mask=i < 32)\n"
                 "            mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)\n"
                 "            gl.store(TL + 1, _now(i), mask=i < 32)\n")
-        b = sub(b, "            mbarrier.arrive(empty.index(s))\n        mbarrier.wait(merged, 0)\n",
-                "            mbarrier.arrive(empty.index(s))\n            gl.store(TL + 2, _now(i), mask=i < 32)\n"
+        released = "done with stage s and its P^T\n            mbarrier.arrive(empty.index(s))\n"  # ROLE 1's
+        b = sub(b, released, released + "            gl.store(TL + 2, _now(i), mask=i < 32)\n")
+        b = sub(b, "        mbarrier.wait(merged, 0)\n",
                 f"        gl.store({tl} + 5, _now(pid_s))\n        mbarrier.wait(merged, 0)\n")
         return b.rstrip("\n") + f"\n    gl.store({tl} + 6 + ROLE, _now(pid_s))\n\n\n"
 

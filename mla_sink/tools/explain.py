@@ -112,6 +112,12 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
     return lines
 
 
+#: The summary's clause for ``rope_by_second``: the kernel copies the RoPE only from 16-byte aligned rows, which the
+#: launch configuration does not know (``gluon_fp8.rows_16b`` of the call's ``kv_cache``).
+_ROPE_BY_SECOND = (", the RoPE copied by the second consumer (on 16-byte aligned rows; otherwise gathered by the "
+                   "producer)")
+
+
 def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     """The ``tables/gluon_fp8.yaml`` row of a plan whose Triton launch runs ``gluon_fp8`` with a known split count:
     ``{row, path, head_block, ctas_per_token, consumer_regs, producer_regs, producer_rows, lines, deferred_row_sum,
@@ -144,7 +150,7 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{', the first ids loaded before q' if arr.early_ids else ''}"
                f"{', the ids staged by the producer in shared memory' if arr.staged_ids else ''}"
                f"{', the block maximum per warp' if arr.warp_max else ''}"
-               f"{', the RoPE copied by the second consumer' if arr.rope_by_second else ''}"
+               f"{_ROPE_BY_SECOND if arr.rope_by_second else ''}"
                f"{', the ids and tile scales loaded by the second consumer' if arr.meta_by_second else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
                 consumer_regs=arr.consumer_regs, producer_regs=arr.producer_regs, producer_rows=arr.producer_rows,
