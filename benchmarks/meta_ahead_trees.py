@@ -1,0 +1,47 @@
+"""The trees of the fifty-second session's prepared change (issue #12's one missed bar, V3.2 H=32 T=256 on the
+H200: BENCHMARKS.md, fifty-second session, section 5). Both are a ``git archive`` of :data:`BASE` (main):
+
+- ``main``: main's kernel. The column split's second consumer (``meta_by_second``, ``rope_by_second`` on the table
+  row ``ds_mla_h32``) loads block i + 2's ids (and RoPE ids) before its P V of block i, and block i + 2's tile
+  scales after it, each read in the same block (ncu: a third of that consumer's stall samples; the first consumer's
+  wait for the published scales 6% of its);
+- ``ahead``: main with benchmarks/gluon_fp8_meta_ahead.patch (branch ``wip/meta-ahead``) - each block's end reads
+  what the previous block's end loaded and loads what the next block's end reads, so every global load of the second
+  consumer has a block to land. AOT sm90 (Triton 3.6): no spill, the second consumer's loop 303 instructions
+  against 295, the first's unchanged (762, no global load).
+
+    PYTHONPATH=. python3 benchmarks/meta_ahead_trees.py out
+    cd benchmarks && TREE_AB_VARIANT_TIMEOUT=100 PYTHONPATH=..:. python3 -u few_heads_ab.py $OUT/ab.json \\
+        m1=../out/main a=../out/ahead m2=../out/main a2=../out/ahead
+
+Keep ``ahead`` only if every output is bitwise equal to ``m1``'s (``max_abs_diff_vs_first``) and V3.2 H=32 is
+faster at T = 64 and 256.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tree_ab import archive_tree
+
+#: The commit both trees are archived from (main; the patch applies to its gluon_fp8.py).
+BASE = "HEAD"
+PATCH = os.path.join("benchmarks", "gluon_fp8_meta_ahead.patch")
+
+
+def main(out_dir: str = "out", base: str = BASE) -> None:
+    """``out_dir/main`` and ``out_dir/ahead`` (run from the repository root).
+
+    Raises:
+        subprocess.CalledProcessError: the archive, its extraction or the patch failed.
+    """
+    print(archive_tree(base, os.path.join(out_dir, "main")))
+    ahead = archive_tree(base, os.path.join(out_dir, "ahead"))
+    subprocess.run(["git", "apply", f"--directory={ahead}", PATCH], check=True)
+    print(ahead)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
