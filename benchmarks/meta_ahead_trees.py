@@ -11,8 +11,9 @@ H200: BENCHMARKS.md, fifty-second session, section 5). Both are a ``git archive`
   against 295, the first's unchanged (762, no global load).
 
     PYTHONPATH=. python3 benchmarks/meta_ahead_trees.py out
-    cd benchmarks && TREE_AB_VARIANT_TIMEOUT=100 PYTHONPATH=..:. python3 -u few_heads_ab.py $OUT/ab.json \\
-        m1=../out/main a=../out/ahead m2=../out/main a2=../out/ahead
+    bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main a=../out/ahead m2=../out/main a2=../out/ahead
+
+(on the device, carrying ``out`` and ``.peers``: the A/B, the winner's fp8 GPU tests, its grid with FlashMLA).
 
 Keep ``ahead`` only if every output is bitwise equal to ``m1``'s (``max_abs_diff_vs_first``) and V3.2 H=32 is
 faster at T = 64 and 256.
