@@ -1048,7 +1048,13 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                                rope_l)
         if META2:  # the first block's mask and scales, from ROLE 1 (each later block's read a block ahead)
             gl.static_assert(not EARLY_IDS, "META_BY_SECOND loads every block's ids in ROLE 1")
-            ok, sc0, sc1, sc2, sc3 = _read_meta(meta_ids.index(0), meta_sc, 0, meta_ready.index(0), 0, offs_n)
+            # an empty range (topk_length 0, or a split past it) has none: ROLE 1 publishes no block then, and a
+            # wait for one would never end
+            ok = offs_n < 0
+            sc0 = gl.zeros([BLOCK_N], gl.float32, layout=gl.SliceLayout(1, acc_l))
+            sc1, sc2, sc3 = sc0, sc0, sc0
+            if num_blocks > 0:
+                ok, sc0, sc1, sc2, sc3 = _read_meta(meta_ids.index(0), meta_sc, 0, meta_ready.index(0), 0, offs_n)
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1
