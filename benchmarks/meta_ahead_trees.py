@@ -1,5 +1,5 @@
-"""The trees of the fifty-second session's prepared change (issue #12's one missed bar, V3.2 H=32 T=256 on the
-H200: BENCHMARKS.md, fifty-second session, section 5). Both are a ``git archive`` of :data:`BASE` (main):
+"""The trees of the fifty-second session's two prepared changes (issue #12's one missed bar, V3.2 H=32 T=256 on
+the H200: BENCHMARKS.md, fifty-second session, section 5). Each is a ``git archive`` of :data:`BASE` (main):
 
 - ``main``: main's kernel. The column split's second consumer (``meta_by_second``, ``rope_by_second`` on the table
   row ``ds_mla_h32``) loads block i + 2's ids (and RoPE ids) before its P V of block i, and block i + 2's tile
@@ -15,10 +15,9 @@ H200: BENCHMARKS.md, fifty-second session, section 5). Both are a ``git archive`
   phases (and the second consumer's look-ahead) continuing across tokens, so a CTA's next token is gathered while
   its consumers finish this one. At T=256 the timeline (BENCHMARKS.md, fifty-second session, section 4) puts about
   8.7 us of each CTA outside its 32 blocks (the first block's gather about 4, the epilogue 3.5), twice an SM.
-  AOT sm90: every per-block loop as in ``ahead`` (the first consumer's 771 instructions against 762: the ring index
-  counts the token's first block) and without spills; ptxas spills 260 bytes at token scope (the second consumer's
-  token prologue), so ``tests/test_gluon_fp8_ptxas.py`` fails for that launch on the branch. Launches that are
-  split, or of other rows, compile to the same loops as ``ahead``.
+  AOT sm90: no spill; every per-block loop as in ``ahead`` but the first consumer's, 770 instructions against 762
+  (the ring index counts the token's first block); launches that are split, or of other rows, compile to the same
+  loops as ``ahead``.
 
     PYTHONPATH=. python3 benchmarks/meta_ahead_trees.py out
     bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main a=../out/ahead l=../out/loop m2=../out/main
