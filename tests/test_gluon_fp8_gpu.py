@@ -210,10 +210,10 @@ def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits, H):
 @pytest.mark.parametrize("H", [32, 19])
 def test_ds_mla_more_tokens_than_sms_with_empty_ranges(H):
     """More tokens than an H100 / H200 has SMs (300), unsplit, at 17-32 heads (the column split), with
-    ``topk_length`` 0 on every seventh token and 1, 63, 64, 65 and 2048 on others: a CTA that takes several tokens
-    in turn (the ``token_loop`` experiment) meets empty ranges between full ones, and every CTA of main meets them
-    one token at a time (the fifty-second session's ``meta_by_second`` hang waited for a block an empty range does
-    not have)."""
+    ``topk_length`` 0 on every seventh token and 1, 63, 64, 65, 1000 and 2048 on others: a CTA that takes several
+    tokens in turn (the ``token_loop`` experiment) meets empty ranges between full ones, and every CTA of main meets
+    them one token at a time (the fifty-second session's ``meta_by_second`` hang waited for a block an empty range
+    does not have)."""
     g = torch.Generator(device="cuda").manual_seed(300 + H)
     N, T, topk = 4099, 300, 2048
     cache = ds_pool(N, g, "amax")
