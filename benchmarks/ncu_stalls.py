@@ -31,6 +31,7 @@ def read_rows(path: str) -> tuple[list[str], list[list[str]]]:
 
 
 def _num(s: str) -> float:
+    """A CSV cell as a number (ncu writes thousands with commas; an empty or non-numeric cell is 0)."""
     try:
         return float(s.replace(",", "")) if s else 0.0
     except ValueError:
@@ -65,6 +66,8 @@ def summarise(header: list[str], rows: list[list[str]], window: int = WINDOW) ->
 
 
 def main(path: str, window: str = str(WINDOW)) -> None:
+    """Print :func:`summarise` of the CSV at ``path``: each region's share of the samples, then its windows of
+    ``window`` instructions that hold at least 0.5% of them."""
     header, rows = read_rows(path)
     regions = summarise(header, rows, int(window))
     total = sum(r["samples"] for r in regions)
