@@ -1022,11 +1022,12 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         acc_c, acc_d = _half_state(acc_l, NCOLS, BLOCK_H, KV_DS_MLA)
     offs_h = gl.arange(0, BLOCK_H, layout=head_l)
     hmask = offs_h < num_heads
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))  # a block's ids, in the accumulator's rows
+    nrows = num_rows.to(gl.uint32)
     if ROLE == 0:
         if KV_DS_MLA and EARLY_IDS:  # the ids the first block's scales and the first two blocks' RoPE copies need,
             # loaded while q is staged: issued after it, those dependent loads each waited a round trip behind q's
-            ids, ok = _block_ids(IDX, idx_base, start, 0, end, num_rows.to(gl.uint32),
-                                 gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l)), BLOCK_N)
+            ids, ok = _block_ids(IDX, idx_base, start, 0, end, nrows, offs_n, BLOCK_N)
             if COPY_ROPE and not COPY2:
                 gl.static_assert(STAGES == 2, "the first two blocks' RoPE ids, one per ring stage")
                 rope_ids0 = _raw_ids(IDX, idx_base, end, start, BLOCK_N, rope_l)
@@ -1034,8 +1035,6 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
                  KV_DS_MLA)
         col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-        nrows = num_rows.to(gl.uint32)
         m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
         if COPY_ROPE and not COPY2:  # the first two blocks' RoPE; each later block's is copied two blocks ahead
             for b in gl.static_range(STAGES):
@@ -1121,10 +1120,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
     else:
         if META2:  # the first two blocks' mask and scales, while ROLE 0 stages q
-            offs_m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
             for b in gl.static_range(STAGES):
                 if b < num_blocks:
-                    m_ids, m_ok = _block_ids(IDX, idx_base, start, b, end, num_rows.to(gl.uint32), offs_m, BLOCK_N)
+                    m_ids, m_ok = _block_ids(IDX, idx_base, start, b, end, nrows, offs_n, BLOCK_N)
                     m0, m1, m2, m3 = _tile_scales(KV, m_ids, m_ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
                     _publish_meta(meta_ids.index(b), meta_sc, b, meta_ready.index(b), m_ok, m0, m1, m2, m3)
         if COPY2:  # the first two blocks' RoPE, while ROLE 0 stages q
@@ -1132,15 +1130,14 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 if b < num_blocks:
                     _copy_rope_signalled(KV, kr_smem.index(b), rope_ready.index(b),
                                          _raw_ids(IDX, idx_base, end, start + b * BLOCK_N, BLOCK_N, rope_l),
-                                         num_rows.to(gl.uint32), stride_kv, kv_block_size, ROW_BYTES, rope_l)
+                                         nrows, stride_kv, kv_block_size, ROW_BYTES, rope_l)
         for i in range(num_blocks):
             s = i % STAGES
             mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)
             if COPY2:  # the ids of the RoPE this stage takes next, loaded while this block's P V runs
                 ids_next = _raw_ids(IDX, idx_base, end, start + (i + STAGES) * BLOCK_N, BLOCK_N, rope_l)
             if META2:  # block i + 2's ids, loaded while this block's P V runs
-                m_ids, m_ok = _block_ids(IDX, idx_base, start, i + STAGES, end, num_rows.to(gl.uint32), offs_m,
-                                         BLOCK_N)
+                m_ids, m_ok = _block_ids(IDX, idx_base, start, i + STAGES, end, nrows, offs_n, BLOCK_N)
             alpha = alpha_smem.index(s).load(head_l)
             if SCORES_ONLY and KV_DS_MLA:
                 acc, acc_b, acc_c, acc_d = _tile_quad_pv(kn_smem.index(s), p_ring, s * P_TILES, acc, acc_b, acc_c,
@@ -1150,8 +1147,8 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             gl.thread_barrier()  # every warp of this consumer is done with stage s and its P^T
             mbarrier.arrive(empty.index(s))
             if COPY2 and i + STAGES < num_blocks:  # ROLE 0 has read this stage's RoPE (its P^T is ready)
-                _copy_rope_signalled(KV, kr_smem.index(s), rope_ready.index(s), ids_next, num_rows.to(gl.uint32),
-                                     stride_kv, kv_block_size, ROW_BYTES, rope_l)
+                _copy_rope_signalled(KV, kr_smem.index(s), rope_ready.index(s), ids_next, nrows, stride_kv,
+                                     kv_block_size, ROW_BYTES, rope_l)
             if META2 and i + STAGES < num_blocks:  # slot s held block i's, which ROLE 0 read during block i - 1
                 m0, m1, m2, m3 = _tile_scales(KV, m_ids, m_ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
                 _publish_meta(meta_ids.index(s), meta_sc, s, meta_ready.index(s), m_ok, m0, m1, m2, m3)
