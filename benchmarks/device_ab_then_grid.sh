@@ -10,15 +10,27 @@
 #    its own bf16 time wherever the baseline does (the baseline on a tie or a regression);
 # 3. FlashMLA builds in the background while the winner's fp8 GPU tests run (they are not timed);
 # 4. the winner's full grid with FlashMLA in it: OUT/grid.json, OUT/grid.png.
+# Fifty-third session: AB_TIMEOUT (seconds, default 240) bounds the A/B of more trees; AB_ONLY=1 stops after the A/B
+# (and pick_winner), WINNER=TREE (repo-relative) skips the A/B and runs that tree's tests and grid - so six trees take
+# two calls of the ten-minute limit:
+#   AB_TIMEOUT=450 AB_ONLY=1 bash benchmarks/device_ab_then_grid.sh OUT NAME=TREE ...
+#   WINNER=out/NAME bash benchmarks/device_ab_then_grid.sh OUT
 set -u
 out=$(realpath "$1"); shift
 root=$(pwd)
-# a variant that hangs is killed after 100 s and left out (tree_ab.run_variants), so the later ones still run
-(cd benchmarks && TREE_AB_VARIANT_TIMEOUT=100 PYTHONPATH=..:. timeout 240 python3 -u few_heads_ab.py "$out/ab.json" "$@" \
-    > "$out/ab.log" 2>&1)
-grep -v '^ *$' "$out/ab.log" | grep -v '^{\|^ \|^}' | tail -40
-winner=$(cd benchmarks && cd "$(python3 pick_winner.py "$out/ab.json" "$@")" && pwd)  # TREEs are benchmarks/-relative
+if [ -n "${WINNER:-}" ]; then
+  winner=$(realpath "$WINNER")
+else
+  # a variant that hangs is killed after 100 s and left out (tree_ab.run_variants), so the later ones still run
+  (cd benchmarks && TREE_AB_VARIANT_TIMEOUT=100 PYTHONPATH=..:. timeout "${AB_TIMEOUT:-240}" python3 -u few_heads_ab.py \
+      "$out/ab.json" "$@" > "$out/ab.log" 2>&1)
+  grep -v '^ *$' "$out/ab.log" | grep -v '^{\|^ \|^}' | tail -40
+  winner=$(cd benchmarks && cd "$(python3 pick_winner.py "$out/ab.json" "$@")" && pwd)  # TREEs are benchmarks/-relative
+fi
 echo "winner: $winner"
+if [ -n "${AB_ONLY:-}" ]; then
+  exit 0
+fi
 (MAX_JOBS=16 timeout 200 python3 .peers/setup_flashmla.py build_ext --inplace > "$out/build.log" 2>&1; echo "build rc $?" >> "$out/build.log") &
 # the empty ranges of 17-32-head V3.2 launches first (the fifty-second session's meta_by_second hang: BENCHMARKS.md;
 # more tokens than SMs for the token_loop experiment)

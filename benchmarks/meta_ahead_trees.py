@@ -20,13 +20,29 @@ the H200: BENCHMARKS.md, fifty-second session, section 5). Each is a ``git archi
   (the ring index counts the token's first block); launches that are split, or of other rows, compile to the same
   loops as ``ahead``.
 
-    PYTHONPATH=. python3 benchmarks/meta_ahead_trees.py out
-    bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main a=../out/ahead l=../out/loop m2=../out/main
+Fifty-third session (no device lent; AOT sm90 only, BENCHMARKS.md fifty-third session), three more:
 
-(on the device, carrying ``out`` and ``.peers``: the A/B, the winner's fp8 GPU tests, its grid with FlashMLA).
+- ``loop2``: ``loop`` with benchmarks/gluon_fp8_token_loop2.patch (branch ``wip/token-loop2``) - the second
+  consumer issues the next token's first ids before this token's epilogue and the rest after it, the next token's
+  range is computed after the block loop, the sinks are loaded once a CTA, the grid takes the plan's ``num_sms``;
+  the token loop moves to its own row ``ds_mla_h32_unsplit`` (second consumer 120, producer 144: no spill at H=32);
+- ``tiles``: ``ahead`` with benchmarks/gluon_fp8_first_one_tile.patch (branch ``wip/tiles13``) - ``first_one_tile``
+  on ``ds_mla_h32``: the first consumer accumulates one V3.2 value tile and the second three (second consumer 144
+  registers, first 208; its loop 704 instructions against 762, the second's 360 against 299). The fifty-second
+  session's timeline puts the first consumer's chain (2.46 µs a block, 0.64 of it its half of P V) on the period
+  while the second waits 0.32 µs a block for P;
+- ``both``: ``loop2`` with benchmarks/gluon_fp8_tiles_loop.patch (branch ``wip/tiles-loop``) - the two together
+  (unsplit: second consumer 152, producer 144).
+
+    PYTHONPATH=. python3 benchmarks/meta_ahead_trees.py out
+    AB_TIMEOUT=450 AB_ONLY=1 bash benchmarks/device_ab_then_grid.sh $OUT m1=../out/main a=../out/ahead \
+        l2=../out/loop2 t=../out/tiles b=../out/both m2=../out/main
+    WINNER=out/<name> bash benchmarks/device_ab_then_grid.sh $OUT     (the second call: its tests and grid)
+
+(on the device, carrying ``out`` and ``.peers``: the A/B, then the winner's fp8 GPU tests and its grid with FlashMLA).
 
 Keep a tree only if every output is bitwise equal to ``m1``'s (``max_abs_diff_vs_first``) and V3.2 H=32 is faster
-at T = 64 and 256 (``loop`` changes T=256 only: T=64 is split).
+at T = 64 and 256 (``loop`` and ``loop2`` change T=256 only: T=64 is split).
 """
 
 from __future__ import annotations
@@ -42,22 +58,28 @@ BASE = "HEAD"
 PATCH = os.path.join("benchmarks", "gluon_fp8_meta_ahead.patch")
 #: The token loop, against main with :data:`PATCH` applied.
 LOOP_PATCH = os.path.join("benchmarks", "gluon_fp8_token_loop.patch")
+#: Its second version, against ``loop``.
+LOOP2_PATCH = os.path.join("benchmarks", "gluon_fp8_token_loop2.patch")
+#: The value tiles one to three, against ``ahead``.
+TILES_PATCH = os.path.join("benchmarks", "gluon_fp8_first_one_tile.patch")
+#: The value tiles one to three on ``loop2``.
+BOTH_PATCH = os.path.join("benchmarks", "gluon_fp8_tiles_loop.patch")
+#: Each tree -> the patches applied, in order, to an archive of the base.
+TREES = {"main": (), "ahead": (PATCH,), "loop": (PATCH, LOOP_PATCH), "loop2": (PATCH, LOOP_PATCH, LOOP2_PATCH),
+         "tiles": (PATCH, TILES_PATCH), "both": (PATCH, LOOP_PATCH, LOOP2_PATCH, BOTH_PATCH)}
 
 
 def main(out_dir: str = "out", base: str = BASE) -> None:
-    """``out_dir/main``, ``out_dir/ahead`` and ``out_dir/loop`` (run from the repository root).
+    """``out_dir/<tree>`` for each tree of :data:`TREES` (run from the repository root).
 
     Raises:
-        subprocess.CalledProcessError: the archive, its extraction or the patch failed.
+        subprocess.CalledProcessError: the archive, its extraction or a patch failed.
     """
-    print(archive_tree(base, os.path.join(out_dir, "main")))
-    ahead = archive_tree(base, os.path.join(out_dir, "ahead"))
-    subprocess.run(["git", "apply", f"--directory={ahead}", PATCH], check=True)
-    print(ahead)
-    loop = archive_tree(base, os.path.join(out_dir, "loop"))
-    for patch in (PATCH, LOOP_PATCH):
-        subprocess.run(["git", "apply", f"--directory={loop}", patch], check=True)
-    print(loop)
+    for name, patches in TREES.items():
+        tree = archive_tree(base, os.path.join(out_dir, name))
+        for patch in patches:
+            subprocess.run(["git", "apply", f"--directory={tree}", patch], check=True)
+        print(tree)
 
 
 if __name__ == "__main__":
