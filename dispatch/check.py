@@ -241,20 +241,24 @@ def check_table(table: RuleTable, *, thresholds: bool = False) -> list[Problem]:
     return problems
 
 
-def assert_table_ok(table: RuleTable, *, strict: bool = False) -> None:
+def assert_table_ok(table: RuleTable, *, strict: bool = False, thresholds: bool = False) -> None:
     """Raise if ``check_table`` finds an error (or, when ``strict``, any problem).
 
     Args:
         table: The table to check.
         strict: Also fail on warnings (``unused_path``).
+        thresholds: Also check the values beside each threshold of the int and float fields
+            (``check_table(thresholds=True)``), not only the declared ones; the message says so.
 
     Raises:
         TableCheckError: Listing every problem found (warnings included).
     """
-    problems = check_table(table)
+    problems = check_table(table, thresholds=thresholds)
     failing = [p for p in problems if strict or p.level == "error"]
     if failing:
         lines = "\n".join(f"  {p}" for p in problems)
         others = len(problems) - len(failing)  # the warnings listed beside the errors, counted apart (a break test)
         also = f" (and {others} warning(s), listed too)" if others else ""
-        raise TableCheckError(f"table {table.name!r}: {len(failing)} problem(s){also}:\n{lines}", tuple(problems))
+        where = " at values beside its thresholds" if thresholds else ""
+        raise TableCheckError(f"table {table.name!r}: {len(failing)} problem(s){where}{also}:\n{lines}",
+                              tuple(problems))

@@ -364,7 +364,7 @@ def _cmd_tables(args: argparse.Namespace) -> int:
     """``mla-sink tables``: each shipped table checked as its reader loads it, one line each; exit 2 if one fails
     (most tables load lazily, on the first call they route: an edited table is otherwise only found there)."""
     from mla_sink.core.tables import table_path
-    from mla_sink.dispatch import TableCheckError, TableError, check_table
+    from mla_sink.dispatch import TableCheckError, TableError, assert_table_ok
 
     readers = table_readers()
     failed = []
@@ -374,10 +374,7 @@ def _cmd_tables(args: argparse.Namespace) -> int:
             # also at each threshold's neighbours (int and float fields), not only the declared values: a gap there
             # passed and then failed the lookup of a call (the loaders prove the declared grid only, to keep a
             # process's first call fast; a break test, forty-third session)
-            errors = [p for p in check_table(table, thresholds=True) if p.level == "error"]
-            if errors:
-                raise TableCheckError(f"table {name!r}: {len(errors)} problem(s) at values beside its thresholds:\n"
-                                      + "\n".join(f"  {p}" for p in errors), tuple(errors))
+            assert_table_ok(table, thresholds=True)
         except (TableError, TableCheckError, FileNotFoundError) as e:
             failed.append(name)
             print(f"✗ {name}: {e}")
