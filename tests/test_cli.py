@@ -139,6 +139,24 @@ def test_matrix_shows_every_path(capsys):
         assert abbrev in cells, abbrev
 
 
+def test_matrix_shows_aiter_experimental_on(capsys):
+    """A platform with AITER's experimental kernels on is a row of the matrix (``-experimental`` in its key), and
+    there fp8 calls leave AITER where they take it with the switch off (tables/mla_decode.yaml, the HipKittens rows)."""
+    from mla_sink.tools.cli import matrix_dict
+
+    doc = matrix_dict()
+    on = [k for k in doc if "-experimental" in k]
+    assert len(on) == 1
+    off = on[0].replace("-experimental", "")
+    assert off in doc
+    fp8_on, fp8_off = doc[on[0]]["fp8_e4m3fnuz/fp8_e4m3fnuz"], doc[off]["fp8_e4m3fnuz/fp8_e4m3fnuz"]
+    left = [h for h, path in fp8_off.items() if path == "aiter_persistent" and fp8_on[h] == "triton"]
+    assert "h128" in left and "h16" in left, (fp8_off, fp8_on)
+    assert doc[on[0]]["bf16/bf16"] == doc[off]["bf16/bf16"]  # the switch concerns fp8 calls only
+    code, out = run_cli(capsys, "explain", "--matrix")
+    assert code == 0 and on[0] in out
+
+
 def test_matrix_cells_sit_under_their_headers(capsys):
     """Every row of the matrix is as long as its header, the longest dtype label included
     (fp8_e4m3fnuz/fp8_e4m3fnuz), so each cell ends in its header's column."""

@@ -255,7 +255,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def matrix_platforms() -> tuple:
     """The platforms of ``explain --matrix``, from the rule table's field domains: every arch it declares,
     with the newest AITER version it declares where the AITER paths accept that arch; the first such arch
-    also with the oldest version and with none; the CPU also without Triton."""
+    also with AITER's experimental kernels on (``AITER_ENABLE_EXPERIMENTAL``: the rows that leave AITER under it),
+    with the oldest version and with none; the CPU also without Triton."""
     from packaging.version import Version
 
     from mla_sink.core.select import mla_table, path_platform_failures
@@ -272,7 +273,8 @@ def matrix_platforms() -> tuple:
         else:
             out.append(Platform(arch))
     if first_aiter is not None:
-        out += [Platform(first_aiter, versions[0]), Platform(first_aiter, None)]
+        out += [Platform(first_aiter, versions[-1], aiter_experimental=True), Platform(first_aiter, versions[0]),
+                Platform(first_aiter, None)]
     out += [attrs.evolve(p, triton=False) for p in out if p.arch == "cpu"]
     return tuple(out)
 
