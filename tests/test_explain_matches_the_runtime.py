@@ -974,7 +974,9 @@ def test_every_matrix_cell_is_what_explain_says_of_that_call(dcp):
                 for sinks in (False, True):
                     argv = ["explain", "--arch", platform.arch, "--aiter", platform.aiter_version or "none",
                             "--triton" if platform.triton else "--no-triton", "--q-dtype", q, "--kv-dtype", kv,
-                            "--heads", str(h), "--topk", "2048", "--dcp", str(dcp), "--json"] + ["--sinks"] * sinks
+                            "--heads", str(h), "--topk", "2048", "--dcp", str(dcp), "--json",
+                            "--aiter-experimental" if platform.aiter_experimental else "--no-aiter-experimental"
+                            ] + ["--sinks"] * sinks
                     rc, one, _ = cli(argv)
                     said = json.loads(one)
                     cell = row[f"h{h}" + ("+s" if sinks else "")]
