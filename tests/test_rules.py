@@ -279,6 +279,23 @@ def test_explain_states_each_mismatch_and_reason_once(p):
                     assert rid in path_lines[0]
 
 
+def test_heads_padded_to_the_paths_bound_load(tmp_path):
+    """Padding to exactly what the path takes loads: 121 heads round up to 128 (the multiple of 16), the bound."""
+    from mla_sink import dispatch
+    from mla_sink.core.tables import table_path
+    from mla_sink.paths.aiter.plan import check_mla_params
+
+    source = open(table_path("mla_decode")).read()
+    path = tmp_path / "mla_decode.yaml"
+    path.write_text(source.replace("params: {return_lse: true, pad_heads_to: 64}",
+                                   "params: {return_lse: true, pad_heads_to: 121}"))
+    check_mla_params(dispatch.load_table(str(path)))
+    path.write_text(source.replace("params: {return_lse: true, pad_heads_to: 64}",
+                                   "params: {return_lse: true, pad_heads_to: 129}"))
+    with pytest.raises(dispatch.TableError, match="pads every call to 144 heads"):
+        check_mla_params(dispatch.load_table(str(path)))
+
+
 @pytest.mark.parametrize("old,new,text", [
     # a misspelt param was ignored: the fp8 path then let AITER pick one split, whose LSE is never written
     ("params: {pad_heads_to: 16, min_kv_splits: 2}", "params: {pad_heads_to: 16, min_kv_split: 2}",
@@ -294,6 +311,11 @@ def test_explain_states_each_mismatch_and_reason_once(p):
      "needs the params ['kv_granularity', 'fast_mode']"),  # AITER's metadata choices, the table's since session 43
     ("kv_granularity: 16, fast_mode: true}", "kv_granularity: 16, fast_mode: 1}",
      "param 'fast_mode' must be a bool"),
+    # heads padded past what the path takes (a break test, fifty-third session: 24 heads were planned as 208)
+    ("params: {return_lse: true, pad_heads_to: 64}", "params: {return_lse: true, pad_heads_to: 200}",
+     "row 'gfx950_fp8_h32_persistent_lse_padded_64': param 'pad_heads_to' pads every call to 208 heads, which path "
+     "'aiter_persistent' does not take: num_heads le 128 (AITER's MLA decode kernels exist for at most 128 query "
+     "heads)"),
 ])
 def test_row_params_are_checked_when_the_table_loads(tmp_path, old, new, text):
     """A row's params, merged with its path's, are the ones its path's planner reads, of their types: a table

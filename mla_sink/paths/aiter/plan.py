@@ -403,6 +403,27 @@ def check_mla_params(table: Any) -> None:
         if missing:
             raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: path {row.path!r} needs the params "
                                       f"{missing} (in the row or the path's defaults)")
+        _check_padded_heads(table, row, params, where)
+
+
+def _check_padded_heads(table: Any, row: Any, params: dict, where: str) -> None:
+    """The heads a row pads every call to (``pad_heads_to``, rounded up to ``pad_heads_multiple``) meet its path's
+    ``requires`` on ``num_heads``: AITER is called with the padded count (a break test, fifty-third session: a
+    ``pad_heads_to: 200`` on a path that requires at most 128 heads loaded, and 24 heads were planned as 208)."""
+    from mla_sink import dispatch
+    from mla_sink.dispatch.schema import format_value
+
+    padded = params.get("pad_heads_to")
+    if padded is None:
+        return
+    multiple = params.get("pad_heads_multiple", 1)
+    padded = -(-padded // multiple) * multiple
+    for cond in table.paths[row.path].requires:
+        if cond.field == "num_heads" and not cond.holds(padded):
+            why = f" ({cond.because})" if cond.because else ""
+            raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: param 'pad_heads_to' pads every call to "
+                                      f"{padded} heads, which path {row.path!r} does not take: num_heads {cond.op} "
+                                      f"{format_value(cond.arg)}{why}")
 
 
 def _param(plan: LaunchPlan, name: str, *, required: bool) -> Any:
