@@ -138,7 +138,8 @@ def boundary_values(table: RuleTable) -> dict:
     member of ``in`` / ``not_in``, the argument of ``multiple_of``: a multiple and the values beside it) and, for a
     field with ``multiple_of`` conditions, every residue modulo their least common multiple ``L`` after each of
     those values and each declared one (``t .. t + L - 1``), none below the smallest declared value (a domain
-    starts at its field's least legal value, e.g. 0 for a count). Enumerated
+    starts at its field's least legal value, e.g. 0 for a count); and an undeclared value of each open ``str`` field
+    and the versions at and beside each version a condition names (:func:`_unlisted_values`). Enumerated
     beside the declared domain, they make the checker see a gap or a shadow that falls between the domain's values
     (e.g. ``ne: 16`` with 16 not declared).
 
@@ -146,14 +147,15 @@ def boundary_values(table: RuleTable) -> dict:
         table: The table.
 
     Returns:
-        ``{field name: sorted values}`` for the open int and the float fields with conditions.
+        ``{field name: sorted values}`` for the open int, float and str fields and the version fields with
+        conditions.
     """
     ints = {name for name, f in table.fields.items() if f.type == "int" and not f.closed}
     floats = {name for name, f in table.fields.items() if f.type == "float"}
     conds = [c for row in table.rows for c in row.when]
     conds += [c for spec in table.paths.values() for c in spec.requires]
+    out: dict = _unlisted_values(table, conds)
     floor = {name: min((v for v in table.fields[name].domain if _number(v)), default=None) for name in ints | floats}
-    out: dict = {}
     moduli: dict = {}
     for c in conds:
         if c.field not in floor or c.op == "present":
@@ -174,7 +176,64 @@ def boundary_values(table: RuleTable) -> dict:
         period, low = math.lcm(*ms), floor[name]
         starts = out[name] | {v for v in table.fields[name].domain if isinstance(v, int) and not isinstance(v, bool)}
         out[name].update(v for t in starts for v in range(t, t + period) if low is None or v >= low)
-    return {name: tuple(sorted(vals)) for name, vals in out.items()}
+    return {name: tuple(sorted(vals, key=_sort_key(table.fields[name].type))) for name, vals in out.items()}
+
+
+def _sort_key(ftype: str):
+    """How :func:`boundary_values` orders a field's values: versions by PEP 440, others as they compare."""
+    if ftype == "version":
+        from packaging.version import Version
+
+        return Version
+    return None
+
+
+#: A value of an open ``str`` field that no table declares: :func:`boundary_values` enumerates it beside the declared
+#: ones, as a call may bring a value the table does not list (an arch the rows never name).
+UNLISTED = "<unlisted>"
+
+
+def _unlisted_values(table: RuleTable, conds: list) -> dict:
+    """Beside the declared domains, for :func:`boundary_values`: :data:`UNLISTED` for each open ``str`` field that a
+    condition names, and for each ``version`` field each version a condition names with the versions just below and
+    just above it (``v.dev0`` and ``v.post1`` in PEP 440's order: before ``v`` and after it, before any later
+    release: :func:`_versions_beside`), so
+    that a gap at an undeclared arch or between two releases is found (a break test, fifty-third session: rows
+    limited to the declared archs, or split at ``below: 0.1.16`` / ``at_least: 0.1.17``, passed ``mla-sink tables``
+    and then failed the lookup of ``--arch sm86`` or of AITER 0.1.16.post1)."""
+    out: dict = {}
+    for c in conds:
+        f = table.fields.get(c.field)
+        if f is None or c.op == "present":
+            continue
+        if f.type == "str" and not f.closed:
+            out.setdefault(c.field, set()).add(UNLISTED)
+        elif f.type == "version":
+            for b in c.arg if isinstance(c.arg, (tuple, list)) else (c.arg,):
+                if isinstance(b, str):
+                    out.setdefault(c.field, set()).update((b, *_versions_beside(b)))
+    return out
+
+
+def _versions_beside(version: str) -> tuple:
+    """A version just below ``version`` and one just above it in PEP 440's order (``v.dev0`` and ``v.post1`` where
+    those parse and order so; else the base release's ``.dev0`` and the next post-release)."""
+    from packaging.version import InvalidVersion, Version
+
+    v = Version(version)
+    below = (f"{version}.dev0", f"{v.base_version}.dev0")
+    above = (f"{version}.post1", f"{v.base_version}.post{(v.post or 0) + 1}")
+
+    def first(candidates, ok):
+        for text in candidates:
+            try:
+                if ok(Version(text)):
+                    return (text,)
+            except InvalidVersion:
+                continue
+        return ()
+
+    return first(below, lambda w: w < v) + first(above, lambda w: w > v)
 
 
 def check_table(table: RuleTable, *, thresholds: bool = False) -> list[Problem]:
@@ -182,7 +241,8 @@ def check_table(table: RuleTable, *, thresholds: bool = False) -> list[Problem]:
 
     Args:
         table: The table (loaded or built in code).
-        thresholds: Also enumerate each open int field's values on either side of its conditions' thresholds
+        thresholds: Also enumerate each open int field's values on either side of its conditions' thresholds, an
+            undeclared value of each open str field and the versions beside each version threshold
             (:func:`boundary_values`), for a table whose rows must answer every value of such a field, not only
             the declared ones (a gap at a value the domain skips is then found).
 

@@ -1049,6 +1049,17 @@ ANY_GPU_PARAMS = "    params: {combine_block_h: 16, combine_block_d: 128}\n"
     ("triton_tuning", "  - id: cpu_interpreter\n    when: {arch: cpu}\n",
      "  - id: cpu_interpreter\n    when: {arch: cpu, topk: {ge: 64}}\n",
      r"\[error: gap\].*topk=(1|63)\b"),
+    # an arch no row names: the catch-all rows limited to the declared archs passed, and explain --arch sm86 then
+    # found no row; rows split between two AITER releases passed, and AITER 0.1.16 found none (break tests,
+    # fifty-third session)
+    ("mla_decode", "  - id: triton_portable\n    when:\n      triton: true\n",
+     "  - id: triton_portable\n    when:\n      triton: true\n"
+     "      arch: [gfx942, gfx950, gfx90a, sm80, sm89, sm90, sm100, cpu]\n",
+     r"problem\(s\) at values beside its thresholds:\n.*\[error: gap\].*arch=<unlisted>"),
+    ("mla_decode", "  - id: triton_portable\n    when:\n      triton: true\n",
+     "  - id: triton_portable\n    when:\n      triton: true\n"
+     "      aiter_version: {not_in: [\"0.1.15.post1\"]}\n",
+     r"\[error: gap\].*aiter_version=0\.1\.15\.post1"),
     # a misspelt target inside an in-list: the row silently missed gfx950 (a break test, forty-third session)
     ("mla_decode", "  - id: fp8_ds_mla_amd_triton\n    when:\n      arch: [gfx942, gfx950]\n",
      "  - id: fp8_ds_mla_amd_triton\n    when:\n      arch: [gfx942, gfx95O]\n",
