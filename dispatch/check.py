@@ -197,10 +197,10 @@ def _unlisted_values(table: RuleTable, conds: list) -> dict:
     """Beside the declared domains, for :func:`boundary_values`: :data:`UNLISTED` for each open ``str`` field that a
     condition names, and for each ``version`` field each version a condition names with the versions just below and
     just above it (``v.dev0`` and ``v.post1`` in PEP 440's order: before ``v`` and after it, before any later
-    release: :func:`_versions_beside`), so
-    that a gap at an undeclared arch or between two releases is found (a break test, fifty-third session: rows
-    limited to the declared archs, or split at ``below: 0.1.16`` / ``at_least: 0.1.17``, passed ``mla-sink tables``
-    and then failed the lookup of ``--arch sm86`` or of AITER 0.1.16.post1)."""
+    release: :func:`_versions_beside`), so that a gap at an undeclared arch or between two releases is found (a
+    break test, fifty-third session: rows limited to the declared archs, or split at ``below: 0.1.16`` /
+    ``at_least: 0.1.17``, passed ``mla-sink tables`` and then failed the lookup of ``--arch sm86`` or of AITER
+    0.1.16)."""
     out: dict = {}
     for c in conds:
         f = table.fields.get(c.field)
@@ -307,8 +307,9 @@ def assert_table_ok(table: RuleTable, *, strict: bool = False, thresholds: bool 
     Args:
         table: The table to check.
         strict: Also fail on warnings (``unused_path``).
-        thresholds: Also check the values beside each threshold of the int and float fields
-            (``check_table(thresholds=True)``), not only the declared ones; the message says so.
+        thresholds: Also check the values beside each threshold, an undeclared value of each open str field and
+            the versions beside each version threshold (``check_table(thresholds=True)``), not only the declared
+            values; the message says so.
 
     Raises:
         TableCheckError: Listing every problem found (warnings included).
