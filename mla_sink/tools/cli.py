@@ -373,9 +373,10 @@ def _cmd_tables(args: argparse.Namespace) -> int:
     for name, load in readers:
         try:
             table = load()
-            # also at each threshold's neighbours (int and float fields), not only the declared values: a gap there
-            # passed and then failed the lookup of a call (the loaders prove the declared grid only, to keep a
-            # process's first call fast; a break test, forty-third session)
+            # also at each threshold's neighbours, an unlisted value of each open str field and the versions beside
+            # each version threshold, not only the declared values: a gap there passed and then failed the lookup of
+            # a call (the loaders prove the declared grid only, to keep a process's first call fast; break tests,
+            # forty-third and fifty-third sessions)
             assert_table_ok(table, thresholds=True)
         except (TableError, TableCheckError, FileNotFoundError) as e:
             failed.append(name)

@@ -413,17 +413,24 @@ def _check_padded_heads(table: Any, row: Any, params: dict, where: str) -> None:
     from mla_sink import dispatch
     from mla_sink.dispatch.schema import format_value
 
-    padded = params.get("pad_heads_to")
-    if padded is None:
+    if "pad_heads_to" not in params:
         return
-    multiple = params.get("pad_heads_multiple", 1)
-    padded = -(-padded // multiple) * multiple
+    padded = padded_heads(1, params["pad_heads_to"], params.get("pad_heads_multiple"))
     for cond in table.paths[row.path].requires:
         if cond.field == "num_heads" and not cond.holds(padded):
             why = f" ({cond.because})" if cond.because else ""
             raise dispatch.TableError(f"{where}:{row.line}: row {row.id!r}: param 'pad_heads_to' pads every call to "
                                       f"{padded} heads, which path {row.path!r} does not take: num_heads {cond.op} "
                                       f"{format_value(cond.arg)}{why}")
+
+
+def padded_heads(num_heads: int, pad_heads_to: int, pad_heads_multiple: Optional[int]) -> int:
+    """The heads AITER is called with: ``max(num_heads, pad_heads_to)``, rounded up to a multiple of
+    ``pad_heads_multiple`` when one is given (the params of a row of ``tables/mla_decode.yaml``)."""
+    heads = max(num_heads, pad_heads_to)
+    if pad_heads_multiple is not None:
+        heads = -(-heads // pad_heads_multiple) * pad_heads_multiple
+    return heads
 
 
 def _param(plan: LaunchPlan, name: str, *, required: bool) -> Any:
@@ -539,10 +546,8 @@ def plan_aiter(plan: LaunchPlan, *, num_tokens: int, meta_param: Optional[tuple[
             f"{limit}, the most one AITER call indexes (kv_indptr and the row starts are int32): one call takes at "
             f"most {limit // spec.topk} tokens; plan_aiter_launch serves more as token chunks (row {plan.row_id})"
         )
-    heads = max(spec.num_heads, _int_param(plan, "pad_heads_to", required=True))
-    multiple = _int_param(plan, "pad_heads_multiple", required=False)
-    if multiple is not None:
-        heads = -(-heads // multiple) * multiple
+    heads = padded_heads(spec.num_heads, _int_param(plan, "pad_heads_to", required=True),
+                         _int_param(plan, "pad_heads_multiple", required=False))
     common = dict(
         path=plan.path, row_id=plan.row_id, num_tokens=num_tokens, num_heads=spec.num_heads,
         padded_heads=heads, topk=spec.topk, q_dtype=spec.q_dtype, kv_dtype=spec.kv_dtype,
