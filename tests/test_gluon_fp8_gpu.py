@@ -142,6 +142,16 @@ DS_ROW = 656
 DS_SM_SCALE = 576 ** -0.55
 
 
+def check_budget_by_length(o, l, ro, rl, topk_length):
+    """:func:`check_budget` per token by its ``topk_length``: the issue's bf16 budget where a token attends to all
+    2048 ids, the few-id budget (``test_gluon_gpu``: a handful of ``P`` values, each rounded to bf16, dominate the
+    row) where it attends to fewer, as :func:`test_ds_mla_adversarial` picks it by ``topk``."""
+    full = topk_length.long() >= 2048
+    for rows, key in ((full, "bf16"), (~full, "bf16_few_ids")):
+        if rows.any():
+            check_budget(o[rows], l[rows], ro[rows], rl[rows], key)
+
+
 def ds_pool(N, g, scale):
     """``[N, 656]`` V3.2 rows of random KV (``quantize_kv_cache``, ``scale`` convention); row 3 all 0xFF
     (NaN codes and NaN scales), never referenced by :func:`adversarial_ids`."""
@@ -200,7 +210,7 @@ def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits, H):
                         kv_dtype="fp8_ds_mla")
     ro, rl = sparse_mla_decode_reference(q, paged, idx, sinks, DS_SM_SCALE, topk_length=topk_length)
     assert (o[1] == 0).all() and torch.isneginf(l[1]).all() and (o[2] == 0).all()
-    check_budget(o, l, ro, rl, "bf16")
+    check_budget_by_length(o, l, ro, rl, topk_length)
     fo, fl = fp8_kernel()(q, paged.reshape(n, DS_ROW).contiguous(), idx, sinks, DS_SM_SCALE,
                           topk_length=topk_length, num_kv_splits=splits, kv_dtype="fp8_ds_mla")
     torch.testing.assert_close(fo, o, rtol=0, atol=0)
@@ -226,7 +236,7 @@ def test_ds_mla_more_tokens_than_sms_with_empty_ranges(H):
     o, l = fp8_kernel()(q, cache, idx, sinks, DS_SM_SCALE, topk_length=topk_length, kv_dtype="fp8_ds_mla")
     ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, DS_SM_SCALE, topk_length=topk_length)
     assert (o[::8] == 0).all() and torch.isneginf(l[::8]).all()
-    check_budget(o, l, ro, rl, "bf16")
+    check_budget_by_length(o, l, ro, rl, topk_length)
 
 
 @pytest.mark.parametrize("scale", ["pow2", "amax"])
