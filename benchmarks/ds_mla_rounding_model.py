@@ -7,9 +7,10 @@ It draws the test's kind of inputs on the CPU (amax scales, ``sm_scale = 576 ** 
 ``K_rope q_rope^T + sum_t scale_t (K_t q_t^T)`` in base 2, the online softmax over 64-id blocks, ``P^T * scale_t``
 rounded to bf16 before each tile's ``P V`` (fp32 accumulation), the sink in the denominator, ``out`` rounded to
 bf16. It then counts the elements over the bf16 and the few-id budgets of ``tests/test_gluon_gpu.py``, for tokens
-on 2048 ids and on fewer, against the float64 reference.
+on 2048 ids and on fewer, against the float64 reference. With ``fp32`` as a third argument ``P * scale_t`` stays
+in fp32 (the control: what is left is the rounding of ``out``).
 
-    PYTHONPATH=. python3 benchmarks/ds_mla_rounding_model.py H SEED
+    PYTHONPATH=. python3 benchmarks/ds_mla_rounding_model.py H SEED [fp32]
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def inputs(H: int, seed: int):
     return cache, q, idx, sinks, lengths
 
 
-def modelled_out(cache, q, idx, sinks, lengths, sm_scale):
-    """bf16 ``[T, H, 512]``: the kernel's arithmetic as its docstring states it (accumulation order aside)."""
+def modelled_out(cache, q, idx, sinks, lengths, sm_scale, p_dtype=torch.bfloat16):
+    """bf16 ``[T, H, 512]``: the kernel's arithmetic as its docstring states it (accumulation order aside), with
+    ``P * scale_t`` rounded to ``p_dtype``."""
     N = cache.shape[0]
     codes = cache[:, :512].contiguous().view(torch.float8_e4m3fn).float()  # exact in fp32 (and in bf16)
     scales = cache[:, 512:528].contiguous().view(torch.float32)
@@ -73,24 +75,25 @@ def modelled_out(cache, q, idx, sinks, lengths, sm_scale):
             L, O = L * alpha + p.sum(1), O * alpha[:, None]
             for i in range(NUM_TILES):
                 cols = slice(TILE * i, TILE * (i + 1))
-                O[:, cols] += (p * sc[:, i][None, :]).to(torch.bfloat16).float() @ c[:, cols]
+                O[:, cols] += (p * sc[:, i][None, :]).to(p_dtype).float() @ c[:, cols]
             m = m_new
         out[t] = torch.nan_to_num(O / (L + torch.exp2(sinks * LOG2E - m))[:, None], nan=0.0)
     return out.to(torch.bfloat16)
 
 
-def main(H: int, seed: int) -> None:
+def main(H: int, seed: int, p_dtype: str = "bf16") -> None:
     sm_scale = 576 ** -0.55
     cache, q, idx, sinks, lengths = inputs(H, seed)
     ro, _ = sparse_mla_decode_reference(q, cache, idx, sinks, sm_scale, topk_length=lengths)
-    err = (modelled_out(cache, q, idx, sinks, lengths, sm_scale).double() - ro).abs()
+    p = {"bf16": torch.bfloat16, "fp32": torch.float32}[p_dtype]
+    err = (modelled_out(cache, q, idx, sinks, lengths, sm_scale, p).double() - ro).abs()
     for name, rows in (("2048 ids", lengths >= 2048), ("fewer ids", lengths < 2048)):
         e, r = err[rows], ro[rows]
         for key, (atol, rtol) in BUDGETS.items():
             over = int((~((e <= atol) | (e <= rtol * r.abs()))).sum())
-            print(f"H={H} seed={seed} tokens on {name}, budget {key}: {over} of {e.numel()} over, "
+            print(f"H={H} seed={seed} P {p_dtype}: tokens on {name}, budget {key}: {over} of {e.numel()} over, "
                   f"max abs err {e.max().item():.4g}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:4])
