@@ -16,24 +16,17 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from test_gluon_fp8_gpu import fp8_kernel, ds_pool, DS_SM_SCALE, D_QK, check_budget_by_length  # noqa
-from test_gluon_gpu import adversarial_ids, adversarial_sinks  # noqa
+from test_gluon_fp8_gpu import fp8_kernel, DS_SM_SCALE, D_QK, check_budget_by_length, empty_range_inputs  # noqa
 from mla_sink.core.reference import sparse_mla_decode_reference, valid_mask
 from mla_sink.core.kv_layout import dequantize_kv_cache
 
 
 def inputs(H, lens_all=None):
-    g = torch.Generator(device="cuda").manual_seed(300 + H)
-    N, T, topk = 4099, 300, 2048
-    cache = ds_pool(N, g, "amax")
-    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-    idx = adversarial_ids(T, topk, N, g)
-    lengths = torch.tensor([2048, 1, 63, 64, 65, 150, 2048, 1000], dtype=torch.int32).repeat(T // 8 + 1)[:T]
-    lengths[::8] = 0
+    """The test's inputs; ``lens_all``: every token's ``topk_length`` instead."""
+    cache, q, idx, sinks, lengths = empty_range_inputs(H)
     if lens_all is not None:
         lengths[:] = lens_all
-    sinks = adversarial_sinks(H, g)
-    return cache, q, idx, sinks, lengths.to("cuda")
+    return cache, q, idx, sinks, lengths
 
 
 def bound(q, cache, idx, sinks, tl):

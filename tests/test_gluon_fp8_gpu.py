@@ -217,13 +217,10 @@ def test_ds_mla_paged_padded_blocks_topk_length_and_empty_rows(splits, H):
     torch.testing.assert_close(fl, l, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("H", [32, 19])
-def test_ds_mla_more_tokens_than_sms_with_empty_ranges(H):
-    """More tokens than an H100 / H200 has SMs (300), unsplit, at 17-32 heads (the column split), with
-    ``topk_length`` 0 on every eighth token and 1, 63, 64, 65, 150 (three blocks), 1000 and 2048 on others: a CTA
-    that takes several tokens in turn (the ``token_loop`` experiment) meets empty ranges between full ones, and every
-    CTA of main meets them one token at a time (the fifty-second session's ``meta_by_second`` hang waited for a block
-    an empty range does not have)."""
+def empty_range_inputs(H):
+    """The inputs of :func:`test_ds_mla_more_tokens_than_sms_with_empty_ranges` (also
+    ``benchmarks/ds_mla_few_ids_diag.py``'s): ``(cache [4099, 656], q [300, H, 576] bf16, indices [300, 2048],
+    sinks [H], topk_length [300])``, ``topk_length`` 0 on every eighth token."""
     g = torch.Generator(device="cuda").manual_seed(300 + H)
     N, T, topk = 4099, 300, 2048
     cache = ds_pool(N, g, "amax")
@@ -231,8 +228,17 @@ def test_ds_mla_more_tokens_than_sms_with_empty_ranges(H):
     idx = adversarial_ids(T, topk, N, g)
     lengths = torch.tensor([2048, 1, 63, 64, 65, 150, 2048, 1000], dtype=torch.int32).repeat(T // 8 + 1)[:T]
     lengths[::8] = 0
-    topk_length = lengths.to("cuda")
-    sinks = adversarial_sinks(H, g)
+    return cache, q, idx, adversarial_sinks(H, g), lengths.to("cuda")
+
+
+@pytest.mark.parametrize("H", [32, 19])
+def test_ds_mla_more_tokens_than_sms_with_empty_ranges(H):
+    """More tokens than an H100 / H200 has SMs (300), unsplit, at 17-32 heads (the column split), with
+    ``topk_length`` 0 on every eighth token and 1, 63, 64, 65, 150 (three blocks), 1000 and 2048 on others: a CTA
+    that takes several tokens in turn (the ``token_loop`` experiment) meets empty ranges between full ones, and every
+    CTA of main meets them one token at a time (the fifty-second session's ``meta_by_second`` hang waited for a block
+    an empty range does not have)."""
+    cache, q, idx, sinks, topk_length = empty_range_inputs(H)
     o, l = fp8_kernel()(q, cache, idx, sinks, DS_SM_SCALE, topk_length=topk_length, kv_dtype="fp8_ds_mla")
     ro, rl = sparse_mla_decode_reference(q, cache, idx, sinks, DS_SM_SCALE, topk_length=topk_length)
     assert (o[::8] == 0).all() and torch.isneginf(l[::8]).all()
