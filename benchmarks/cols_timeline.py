@@ -10,7 +10,9 @@ stage, past the hand-over); the alternate-block consumers (e4m3's loop and V3.2'
 the first's last store; the column split's first consumer at ``256 + 4 i + {0, 1, 2, 3}`` (block start, past its
 wait for the filled stage, past publishing ``P^T``, past the stage's release), its second at ``384 + 3 i + {0, 1,
 2}`` (block start, past its wait for ``P^T``, past the release); 8 the first consumer past staging q, 4 / 5 the
-first / second past its loop, 6 / 7 each one's last store. One eager launch after an L2
+first / second past its loop, 6 / 7 each one's last store; the column split's epilogue (fifty-fifth session) at 9
+(the first past the row sum and the LSE), 10 (past the output factor), 11 (past handing it over), 12 (past the LSE's
+store) and 13 (the second past its wait for the factor). One eager launch after an L2
 flush, five times (plus one that compiles); medians over CTAs and runs, in microseconds; ``kernel_span`` is the
 last CTA's end after the first CTA's entry (no combine). The stamps cost registers, so the times bound the
 library kernel's from above.
@@ -104,7 +106,20 @@ def patch(src: str) -> str:
         released = "done with stage s and its P^T\n            mbarrier.arrive(empty.index(s))\n"  # ROLE 1's
         b = sub(b, released, released + "            gl.store(TL + 2, _now(i), mask=i < 32)\n")
         b = sub(b, "        mbarrier.wait(merged, 0)\n",
-                f"        gl.store({tl} + 5, _now(pid_s))\n        mbarrier.wait(merged, 0)\n")
+                f"        gl.store({tl} + 5, _now(pid_s))\n        mbarrier.wait(merged, 0)\n"
+                f"        gl.store({tl} + 13, _now(pid_s))\n")
+        # the first consumer's epilogue (fifty-fifth session): past the row sum and the LSE, past the output
+        # factor (the sinks' load), past handing it over, past the LSE's store
+        b = sub(b, "        empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER))\n",
+                "        empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER))\n"
+                f"        gl.store({tl} + 9, _now(pid_s + (gl.max(lse2, axis=0) == 1.0e30).to(gl.int32)))\n")
+        b = sub(b, "        f_smem.store(scale)\n",
+                f"        f_smem.store(scale)\n        gl.store({tl} + 10, _now(pid_s))\n")
+        b = sub(b, "        mbarrier.arrive(merged)\n",
+                f"        mbarrier.arrive(merged)\n        gl.store({tl} + 11, _now(pid_s))\n")
+        b = sub(b, "            gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)\n",
+                "            gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)\n"
+                f"        gl.store({tl} + 12, _now(pid_s))\n")
         return b.rstrip("\n") + f"\n    gl.store({tl} + 6 + ROLE, _now(pid_s))\n\n\n"
 
     return _in(s, "_consumer_cols", cols)
@@ -150,6 +165,16 @@ def _phases(tl: torch.Tensor, blocks: int, cols: bool) -> dict:
             "second_pv_release": _med(c1[:, :, 2] - c1[:, :, 1]),
             "first_epilogue": _med(tl[:, 6] - tl[:, 4]),
             "second_epilogue": _med(tl[:, 7] - tl[:, 5]),
+            # the first consumer's epilogue in parts (fifty-fifth session; the stamps wait for the values they
+            # follow): the row sum and the LSE, the output factor (the sinks' load), its hand-over, the LSE's
+            # store, its stores of O^T; the second's wait for the factor, its stores
+            "first_epi_row_sum_lse": _med(tl[:, 9] - tl[:, 4]),
+            "first_epi_out_factor": _med(tl[:, 10] - tl[:, 9]),
+            "first_epi_handover": _med(tl[:, 11] - tl[:, 10]),
+            "first_epi_lse_store": _med(tl[:, 12] - tl[:, 11]),
+            "first_epi_out_stores": _med(tl[:, 6] - tl[:, 12]),
+            "second_epi_wait_factor": _med(tl[:, 13] - tl[:, 5]),
+            "second_epi_out_stores": _med(tl[:, 7] - tl[:, 13]),
             "cta_total": _med(torch.maximum(tl[:, 6], tl[:, 7]) - tl[:, 0]),
         })
     else:
