@@ -123,6 +123,10 @@ IDS_STAGES = gl.constexpr(4)
 BLOCK_N = 64
 #: Warps of one consumer warpgroup: the score accumulator's ids are ``BLOCK_N // WARPS`` = 16 a warp.
 WARPS = gl.constexpr(4)
+#: The layout ``out`` is stored from on the column split and the alternate scores (:func:`_store_cols`): a thread's 8
+#: consecutive value columns (16 bytes of bf16) of one head, 8 threads one head's 64 columns (a 128-byte line), a
+#: warp 4 heads, the 4 warps 16.
+OUT_L = gl.constexpr(gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1]))
 #: The layout of a block's ``[BLOCK_N, 4]`` V3.2 tile scales as loaded (:func:`_tile_scales`): its rows sit where
 #: the score accumulator's do (a lane's row ``lane // 4``, one more 8 rows on, 16 rows a warp) and its 4 columns in
 #: each thread's registers, so that picking a column is an in-thread sum and its conversion to the accumulator's rows
@@ -704,17 +708,26 @@ def _final_lse2(m, l):
 
 
 @gluon.jit
-def _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS: gl.constexpr,
-               SPLIT: gl.constexpr, KV_DS_MLA: gl.constexpr):
-    """The per-head factor of the output (heads ``offs_h``, ``hmask`` the real ones): ``1 / l``, times the
-    per-tensor ``kv_scale`` for e4m3 (V3.2's tile scales were applied per block), times the sink's weight in
-    unsplit launches (a split launch's combine applies the sink once); 0 on empty rows with a sink."""
+def _load_sinks(SINKS, offs_h, hmask, HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr):
+    """The sinks of heads ``offs_h`` (``-inf`` where ``hmask`` is off) for :func:`_out_scale`, where an unsplit
+    launch applies them (a split launch's combine applies the sink once); else zeros, never read."""
+    if HAS_SINKS and not SPLIT:
+        return gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
+    else:
+        return (offs_h * 0).to(gl.float32)
+
+
+@gluon.jit
+def _out_scale(l_safe, lse2, empty_row, KV_SCALE, sink, HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr,
+               KV_DS_MLA: gl.constexpr):
+    """The per-head factor of the output: ``1 / l``, times the per-tensor ``kv_scale`` for e4m3 (V3.2's tile scales
+    were applied per block), times the sink's weight in unsplit launches (``sink`` from :func:`_load_sinks`; a split
+    launch's combine applies the sink once); 0 on empty rows with a sink."""
     if KV_DS_MLA:
         scale = 1.0 / l_safe
     else:
         scale = gl.load(KV_SCALE) / l_safe
     if HAS_SINKS and not SPLIT:
-        sink = gl.load(SINKS + offs_h, mask=hmask, other=float("-inf"))
         scale = sink_scale(scale, sink, lse2, empty_row)
     return scale
 
@@ -895,7 +908,8 @@ def _merge_factors(m_i, l_i, m_o, l_o, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS
     a_self = gl.exp2(m_i - m_safe)
     a_other = gl.exp2(m_o - m_safe)
     empty_row, l_safe, lse2 = _final_lse2(m_new, l_i * a_self + l_o * a_other)
-    scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
+    scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, _load_sinks(SINKS, offs_h, hmask, HAS_SINKS, SPLIT),
+                       HAS_SINKS, SPLIT, KV_DS_MLA)
     return a_self * scale, a_other * scale, lse2
 
 
@@ -1032,6 +1046,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                 gl.static_assert(STAGES == 2, "the first two blocks' RoPE ids, one per ring stage")
                 rope_ids0 = _raw_ids(IDX, idx_base, end, start, BLOCK_N, rope_l)
                 rope_ids1 = _raw_ids(IDX, idx_base, end, start + BLOCK_N, BLOCK_N, rope_l)
+        # the sinks now, read in the epilogue: loaded there, under a full memory system, they took 0.7 us after the
+        # last block (fifty-fifth session, timeline on an H100)
+        sink = _load_sinks(SINKS, offs_h, hmask, HAS_SINKS, SPLIT)
         _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
                  KV_DS_MLA)
         col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
@@ -1110,7 +1127,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             gl.thread_barrier()  # every warp of this consumer is done with stage s
             mbarrier.arrive(empty.index(s))
         empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER))
-        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
+        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, sink, HAS_SINKS, SPLIT, KV_DS_MLA)
         f_smem.store(scale)
         gl.thread_barrier()
         mbarrier.arrive(merged)
@@ -1290,7 +1307,8 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
     else:
         mbarrier.wait(merged, 0)
         empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER) + l_smem.load(head_l))
-        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS, SPLIT, KV_DS_MLA)
+        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, _load_sinks(SINKS, offs_h, hmask, HAS_SINKS, SPLIT),
+                           HAS_SINKS, SPLIT, KV_DS_MLA)
         f_smem.store(scale)
         gl.thread_barrier()
         mbarrier.arrive(f_ready)
@@ -1306,12 +1324,21 @@ def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q
 def _store_cols(acc, o_row, col0, scale, hmask, SPLIT: gl.constexpr):
     """Value columns ``col0 ..`` of ``O^T`` (``acc``, ``[columns, heads]`` in the accumulator layout) times the
     per-head ``scale``, stored at ``o_row`` (per-head row pointers): fp32 partials when ``SPLIT``, else in the
-    output's dtype."""
-    offs_d = col0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    output's dtype. ``out`` is stored from :data:`OUT_L` (16-byte stores: a thread's 8 consecutive columns of one
+    head); in the accumulator layout a thread holds 2-byte values of two heads, 1 KB apart in ``out``, and the
+    stores of a V3.2 32-head CTA's ``O^T`` half took 1.8 us after its last block (fifty-fifth session, timeline on an
+    H100). The partials keep the accumulator layout: their fp32 conversion's scratch would not fit beside the ring
+    (253,536 bytes of shared memory at V3.2 H=32, AOT sm90)."""
     rows = acc * scale[None, :]
-    if not SPLIT:
-        rows = rows.to(o_row.dtype.element_ty)
-    gl.store(o_row[None, :] + offs_d[:, None], rows, mask=hmask[None, :])
+    if SPLIT:
+        offs_d = col0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+        gl.store(o_row[None, :] + offs_d[:, None], rows, mask=hmask[None, :])
+    else:
+        rows = gl.convert_layout(rows.to(o_row.dtype.element_ty), OUT_L)
+        offs_d = col0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, OUT_L))
+        o_row = gl.convert_layout(o_row, gl.SliceLayout(0, OUT_L))
+        hmask = gl.convert_layout(hmask, gl.SliceLayout(0, OUT_L))
+        gl.store(o_row[None, :] + offs_d[:, None], rows, mask=hmask[None, :])
 
 
 @gluon.jit
