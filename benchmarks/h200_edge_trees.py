@@ -1,0 +1,55 @@
+"""The trees of the fifty-sixth session's two prepared changes for the H200's T=256 cases (issue #12; BENCHMARKS.md,
+fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) with its patch:
+
+- ``main``: main's kernels;
+- ``se2``: main with benchmarks/gluon_fp8_early_sinks.patch - the sinks loaded at entry by the consumer that applies
+  them on the alternate blocks (``_consumer``'s merge: V3.2 and e4m3 at 16 heads, unsplit) and on the alternate
+  scores (``_consumer_pairs``: e4m3's unsplit 17-32-head launches), as the column split's first consumer has loaded
+  them since the fifty-fifth session (there with its 16-byte stores, -2.9 µs at V3.2 H=32 T=256 on an H100); the
+  two H200 cases at bf16's time besides the missed bar, e4m3 H=32 and V3.2 H=16 at T=256, take these consumers.
+  AOT sm90: no spill (tests/test_gluon_fp8_ptxas.py);
+- ``tm``: main with benchmarks/gluon_fp8_first_one_tile_on_main.patch (the fifty-third session's
+  benchmarks/gluon_fp8_first_one_tile.patch, rebased on main) - ``first_one_tile`` on ``ds_mla_h32``: the column
+  split's first consumer accumulates one V3.2 value tile and the second three. On the H100 it loses about 1.2 µs
+  at V3.2 H=32 T=256 (fifty-fifth and fifty-sixth sessions); on the H200 the first consumer's chain alone sets the
+  period (timeline: it waits 0.064 µs a block for the producer), so it is timed there.
+
+    PYTHONPATH=. python3 benchmarks/h200_edge_trees.py out
+    # on an H200, carrying out and .peers (about 40 s a tree):
+    cd benchmarks && PYTHONPATH=..:. python3 -u few_heads_ab.py $OUT/ab.json m1=../out/main se2=../out/se2 \
+        tm=../out/tm m2=../out/main
+
+Keep a tree only if every output is bitwise equal to ``m1``'s and it is faster where it is meant to be (``se2``: e4m3
+H=32 and V3.2 H=16 at T=256; ``tm``: V3.2 H=32 at T = 64 and 256) by more than the two main runs' spread.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tree_ab import archive_tree
+
+#: The commit the trees are archived from (main; the patches apply to it).
+BASE = "HEAD"
+#: Each tree -> the patches applied to an archive of the base.
+TREES = {"main": (), "se2": (os.path.join("benchmarks", "gluon_fp8_early_sinks.patch"),),
+         "tm": (os.path.join("benchmarks", "gluon_fp8_first_one_tile_on_main.patch"),)}
+
+
+def main(out_dir: str = "out", base: str = BASE) -> None:
+    """``out_dir/<tree>`` for each tree of :data:`TREES` (run from the repository root).
+
+    Raises:
+        subprocess.CalledProcessError: the archive, its extraction or a patch failed.
+    """
+    for name, patches in TREES.items():
+        tree = archive_tree(base, os.path.join(out_dir, name))
+        for patch in patches:
+            subprocess.run(["git", "apply", f"--directory={tree}", patch], check=True)
+        print(tree)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
