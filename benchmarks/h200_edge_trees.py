@@ -1,4 +1,4 @@
-"""The trees of the fifty-sixth session's two prepared changes for the H200's T=256 cases (issue #12; BENCHMARKS.md,
+"""The trees of the fifty-sixth session's three prepared changes for the H200's T=256 cases (issue #12; BENCHMARKS.md,
 fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) with its patch:
 
 - ``main``: main's kernels;
@@ -12,15 +12,22 @@ fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) w
   benchmarks/gluon_fp8_first_one_tile.patch, rebased on main) - ``first_one_tile`` on ``ds_mla_h32``: the column
   split's first consumer accumulates one V3.2 value tile and the second three. On the H100 it loses about 1.2 µs
   at V3.2 H=32 T=256 (fifty-fifth and fifty-sixth sessions); on the H200 the first consumer's chain alone sets the
-  period (timeline: it waits 0.064 µs a block for the producer), so it is timed there.
+  period (timeline: it waits 0.064 µs a block for the producer), so it is timed there;
+- ``ov``: main with benchmarks/gluon_fp8_factor_early.patch - on V3.2's long column-split ranges (``meta_by_second``)
+  the first consumer hands the output factor (row sum, LSE, sinks) to the second in its last block, once that
+  block's ``P`` is stored and before its own ``P V``, instead of after it: the H200 timeline (BENCHMARKS.md,
+  fifty-sixth session, section 6) has the second consumer wait 0.93 µs for the factor after its last block, of
+  which the first consumer's last ``P V`` (0.64) is no input to the factor. AOT sm90: no spill; the first
+  consumer's loop holds the handover's code behind a branch (1332 instructions from the loop's head to its back
+  branch, 762 on main), run once a CTA.
 
     PYTHONPATH=. python3 benchmarks/h200_edge_trees.py out
     # on an H200, carrying out and .peers (about 40 s a tree):
     cd benchmarks && PYTHONPATH=..:. python3 -u few_heads_ab.py $OUT/ab.json m1=../out/main se2=../out/se2 \
-        tm=../out/tm m2=../out/main
+        tm=../out/tm ov=../out/ov m2=../out/main
 
 Keep a tree only if every output is bitwise equal to ``m1``'s and it is faster where it is meant to be (``se2``: e4m3
-H=32 and V3.2 H=16 at T=256; ``tm``: V3.2 H=32 at T = 64 and 256) by more than the two main runs' spread.
+H=32 and V3.2 H=16 at T=256; ``tm`` and ``ov``: V3.2 H=32 at T = 64 and 256) by more than the two main runs' spread.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from tree_ab import archive_tree
 BASE = "HEAD"
 #: Each tree -> the patches applied to an archive of the base.
 TREES = {"main": (), "se2": (os.path.join("benchmarks", "gluon_fp8_early_sinks.patch"),),
-         "tm": (os.path.join("benchmarks", "gluon_fp8_first_one_tile_on_main.patch"),)}
+         "tm": (os.path.join("benchmarks", "gluon_fp8_first_one_tile_on_main.patch"),),
+         "ov": (os.path.join("benchmarks", "gluon_fp8_factor_early.patch"),)}
 
 
 def main(out_dir: str = "out", base: str = BASE) -> None:
