@@ -33,10 +33,9 @@ H=32 and V3.2 H=16 at T=256; ``tm`` and ``ov``: V3.2 H=32 at T = 64 and 256) by 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
-from tree_ab import archive_tree
+from tree_ab import patched_trees
 
 #: The commit the trees are archived from (main; the patches apply to it).
 BASE = "HEAD"
@@ -46,18 +45,5 @@ TREES = {"main": (), "se2": (os.path.join("benchmarks", "gluon_fp8_early_sinks.p
          "ov": (os.path.join("benchmarks", "gluon_fp8_factor_early.patch"),)}
 
 
-def main(out_dir: str = "out", base: str = BASE) -> None:
-    """``out_dir/<tree>`` for each tree of :data:`TREES` (run from the repository root).
-
-    Raises:
-        subprocess.CalledProcessError: the archive, its extraction or a patch failed.
-    """
-    for name, patches in TREES.items():
-        tree = archive_tree(base, os.path.join(out_dir, name))
-        for patch in patches:
-            subprocess.run(["git", "apply", f"--directory={tree}", patch], check=True)
-        print(tree)
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])
+if __name__ == "__main__":  # OUT_DIR [BASE]: the trees (run from the repository root)
+    patched_trees(sys.argv[2] if len(sys.argv) > 2 else BASE, sys.argv[1] if len(sys.argv) > 1 else "out", TREES)

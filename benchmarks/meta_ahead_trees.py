@@ -48,10 +48,9 @@ at T = 64 and 256 (``loop`` and ``loop2`` change T=256 only: T=64 is split).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
-from tree_ab import archive_tree
+from tree_ab import patched_trees
 
 #: The commit both trees are archived from (main; the patch applies to its gluon_fp8.py).
 BASE = "HEAD"
@@ -75,11 +74,7 @@ def main(out_dir: str = "out", base: str = BASE) -> None:
     Raises:
         subprocess.CalledProcessError: the archive, its extraction or a patch failed.
     """
-    for name, patches in TREES.items():
-        tree = archive_tree(base, os.path.join(out_dir, name))
-        for patch in patches:
-            subprocess.run(["git", "apply", f"--directory={tree}", patch], check=True)
-        print(tree)
+    patched_trees(base, out_dir, TREES)
 
 
 if __name__ == "__main__":

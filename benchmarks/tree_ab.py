@@ -61,6 +61,22 @@ def build_trees(commit: str, out_dir: str, path: str, variants: dict) -> None:
         print(edited_tree(commit, os.path.join(out_dir, name), path, edits))
 
 
+def patched_trees(commit: str, out_dir: str, trees: dict) -> None:
+    """:func:`archive_tree` ``out_dir/NAME`` of ``commit`` for each ``NAME: patches`` of ``trees``, then each patch
+    (a repository-relative path, ``git diff`` form) applied to it in order (``git apply --directory``: ``out_dir``
+    must lie inside the repository), each tree printed: the ``main`` of the scripts that build an A/B's trees from
+    patches.
+
+    Raises:
+        subprocess.CalledProcessError: the archive, its extraction or a patch failed.
+    """
+    for name, patches in trees.items():
+        tree = archive_tree(commit, os.path.join(out_dir, name))
+        for patch in patches:
+            subprocess.run(["git", "apply", f"--directory={tree}", patch], check=True)
+        print(tree)
+
+
 def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple = (), rest_args: tuple = ()) -> tuple:
     """Call ``module.run_variant(name, dump, *args)`` (``module``: a script in this folder) once per ``NAME=TREE``
     in a child process whose path starts with ``TREE`` (then any FlashMLA entries of ``PYTHONPATH``); ``args``
