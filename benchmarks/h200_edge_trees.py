@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tree_ab import patched_trees
+from tree_ab import trees_main
 
 #: The commit the trees are archived from (main; the patches apply to it).
 BASE = "HEAD"
@@ -45,5 +45,8 @@ TREES = {"main": (), "se2": (os.path.join("benchmarks", "gluon_fp8_early_sinks.p
          "ov": (os.path.join("benchmarks", "gluon_fp8_factor_early.patch"),)}
 
 
-if __name__ == "__main__":  # OUT_DIR [BASE]: the trees (run from the repository root)
-    patched_trees(sys.argv[2] if len(sys.argv) > 2 else BASE, sys.argv[1] if len(sys.argv) > 1 else "out", TREES)
+main = trees_main(TREES, BASE)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

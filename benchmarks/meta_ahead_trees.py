@@ -50,10 +50,11 @@ from __future__ import annotations
 import os
 import sys
 
-from tree_ab import patched_trees
+from tree_ab import trees_main
 
-#: The commit both trees are archived from (main; the patch applies to its gluon_fp8.py).
-BASE = "HEAD"
+#: The commit the trees are archived from: main when they were built (fifty-third and fifty-fourth sessions); the
+#: patches no longer apply to main since the fifty-fifth session's epilogue change.
+BASE = "24349e6"
 PATCH = os.path.join("benchmarks", "gluon_fp8_meta_ahead.patch")
 #: The token loop, against main with :data:`PATCH` applied.
 LOOP_PATCH = os.path.join("benchmarks", "gluon_fp8_token_loop.patch")
@@ -68,13 +69,7 @@ TREES = {"main": (), "ahead": (PATCH,), "loop": (PATCH, LOOP_PATCH), "loop2": (P
          "tiles": (PATCH, TILES_PATCH), "both": (PATCH, LOOP_PATCH, LOOP2_PATCH, BOTH_PATCH)}
 
 
-def main(out_dir: str = "out", base: str = BASE) -> None:
-    """``out_dir/<tree>`` for each tree of :data:`TREES` (run from the repository root).
-
-    Raises:
-        subprocess.CalledProcessError: the archive, its extraction or a patch failed.
-    """
-    patched_trees(base, out_dir, TREES)
+main = trees_main(TREES, BASE)
 
 
 if __name__ == "__main__":

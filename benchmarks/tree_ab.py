@@ -77,6 +77,15 @@ def patched_trees(commit: str, out_dir: str, trees: dict) -> None:
         print(tree)
 
 
+def trees_main(trees: dict, base: str = "HEAD"):
+    """The ``main(out_dir="out", base=base)`` of a script that builds ``trees`` by :func:`patched_trees` (run from the
+    repository root)."""
+    def main(out_dir: str = "out", commit: str = base) -> None:
+        patched_trees(commit, out_dir, trees)
+
+    return main
+
+
 def run_variants(module: str, variants: tuple, out_dir: str, first_args: tuple = (), rest_args: tuple = ()) -> tuple:
     """Call ``module.run_variant(name, dump, *args)`` (``module``: a script in this folder) once per ``NAME=TREE``
     in a child process whose path starts with ``TREE`` (then any FlashMLA entries of ``PYTHONPATH``); ``args``
