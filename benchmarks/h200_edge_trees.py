@@ -26,8 +26,10 @@ fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) w
   releases block i) and writes ``P_t`` for tiles 2 and 3 over it (the same fp32 products rounded once to bf16: outputs
   bitwise equal). Two of the four ``P_t`` leave the chain that sets the H200's period (section 6); the second
   consumer, which waits 0.16 µs a block for ``P`` and spends 0.8 on its ``P V`` in a 2.46 µs period, takes them.
-  AOT sm90: the first consumer's loop 719 instructions against 762, the second's 382 against 298; no spill with
-  the second consumer at 120 registers (the first 232; at 104 it spilled 56 bytes, at 112 24).
+  The fp32 tile's 8-byte pairs are swizzled by row (the accumulator layout's 8 rows a warp sit 128 bytes apart).
+  AOT sm90: the first consumer's loop 716 instructions against 762, the second's about 380 against 298; no spill
+  (sinks on; unsplit, 2 and 16 splits, ``topk_length``, 19 and 24 heads) with the second consumer at 128 registers
+  (the first 224; at 104 it spilled 56 bytes, at 112 24, at 120 16).
 
     PYTHONPATH=. python3 benchmarks/h200_edge_trees.py out
     # on an H200, carrying out and .peers (about 40 s a tree):
