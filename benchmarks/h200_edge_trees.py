@@ -13,13 +13,13 @@ fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) w
   split's first consumer accumulates one V3.2 value tile and the second three. On the H100 it loses about 1.2 µs
   at V3.2 H=32 T=256 (fifty-fifth and fifty-sixth sessions); on the H200 the first consumer's chain alone sets the
   period (timeline: it waits 0.064 µs a block for the producer), so it is timed there;
-- ``ov``: main with benchmarks/gluon_fp8_factor_early.patch - on V3.2's long column-split ranges (``meta_by_second``)
-  the first consumer hands the output factor (row sum, LSE, sinks) to the second in its last block, once that
+- ``ov``: main with benchmarks/gluon_fp8_factor_early.patch - on V3.2's long unsplit column-split ranges
+  (``meta_by_second``) the first consumer hands the output factor (row sum, LSE, sinks) to the second in its last block, once that
   block's ``P`` is stored and before its own ``P V``, instead of after it: the H200 timeline (BENCHMARKS.md,
   fifty-sixth session, section 6) has the second consumer wait 0.93 µs for the factor after its last block, of
   which the first consumer's last ``P V`` (0.64) is no input to the factor. AOT sm90: no spill; the first
   consumer's loop holds the handover's code behind a branch (1332 instructions from the loop's head to its back
-  branch, 762 on main), run once a CTA;
+  branch, 762 on main), run once a CTA; split launches keep main's epilogue (with it they spilled 16 bytes);
 - ``p2``: main with benchmarks/gluon_fp8_p_by_second.patch - on the same launches the first consumer stores its own
   two ``P_t`` (tiles 0 and 1) and ``P`` itself in fp32 over tiles 2 and 3; the second consumer, once ``P`` is
   ready, reads it and its two tile scales (its own copy in ``meta_by_second``'s ring, where block i's stay until it
