@@ -32,9 +32,12 @@ fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) w
   (the first 224; at 104 it spilled 56 bytes, at 112 24, at 120 16);
 - ``fb``: main with benchmarks/gluon_fp8_first_half_by_second.patch - on the same launches the producer gathers and
   decodes rows 0-31 of a CTA's first block and the second consumer, idle until that block's ``P``, rows 32-63
-  (``_first_half_rows``, 16 rows a step; its arrival on a third slot of ``meta_by_second``'s barriers, which the first
-  consumer waits for before its first block): the first block's decode, 1.38 µs of the 4.16 µs first hand-over on
-  the H200, halved. AOT sm90: no spill (unsplit, 2 splits, ``topk_length``, 19 heads); the per-block loops as on main.
+  (16 rows a step; its arrival on a third slot of ``meta_by_second``'s barriers, which the first consumer waits for
+  before its first block): the first block's decode, 1.38 µs of the 4.16 µs first hand-over on the H200, halved. So
+  that its half does not land after the producer's, the second consumer issues the ids of its half and of the first
+  two blocks' masks, scales and RoPE together, then their dependent loads together
+  (``_second_prologue_with_half``, on ranges of two blocks or more). AOT sm90: no spill (unsplit, 2 splits,
+  ``topk_length``, 19 heads); the per-block loops as on main.
 
     PYTHONPATH=. python3 benchmarks/h200_edge_trees.py out
     # on an H200, carrying out and .peers (about 40 s a tree):
