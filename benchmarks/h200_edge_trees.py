@@ -27,7 +27,7 @@ fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) w
   bitwise equal). Two of the four ``P_t`` leave the chain that sets the H200's period (section 6); the second
   consumer, which waits 0.16 µs a block for ``P`` and spends 0.8 on its ``P V`` in a 2.46 µs period, takes them.
   The fp32 tile's 8-byte pairs are swizzled by row (the accumulator layout's 8 rows a warp sit 128 bytes apart).
-  AOT sm90: the first consumer's loop 716 instructions against 762, the second's about 380 against 298; no spill
+  AOT sm90: the first consumer's loop 716 instructions against 762, the second's 373 against 298; no spill
   (sinks on; unsplit, 2 and 16 splits, ``topk_length``, 19 and 24 heads) with the second consumer at 128 registers
   (the first 224; at 104 it spilled 56 bytes, at 112 24, at 120 16);
 - ``fb``: main with benchmarks/gluon_fp8_first_half_by_second.patch - on the same launches the producer gathers and
