@@ -14,10 +14,10 @@ fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) w
   at V3.2 H=32 T=256 (fifty-fifth and fifty-sixth sessions); on the H200 the first consumer's chain alone sets the
   period (timeline: it waits 0.064 µs a block for the producer), so it is timed there;
 - ``ov``: main with benchmarks/gluon_fp8_factor_early.patch - on V3.2's long unsplit column-split ranges
-  (``meta_by_second``) the first consumer hands the output factor (row sum, LSE, sinks) to the second in its last block, once that
-  block's ``P`` is stored and before its own ``P V``, instead of after it: the H200 timeline (BENCHMARKS.md,
-  fifty-sixth session, section 6) has the second consumer wait 0.93 µs for the factor after its last block, of
-  which the first consumer's last ``P V`` (0.64) is no input to the factor. AOT sm90: no spill; the first
+  (``meta_by_second``) the first consumer hands the output factor (row sum, LSE, sinks) to the second in its last
+  block, once that block's ``P`` is stored and before its own ``P V``, instead of after it: the H200 timeline
+  (BENCHMARKS.md, fifty-sixth session, section 6) has the second consumer wait 0.93 µs for the factor after its last
+  block, of which the first consumer's last ``P V`` (0.64) is no input to the factor. AOT sm90: no spill; the first
   consumer's loop holds the handover's code behind a branch (1332 instructions from the loop's head to its back
   branch, 762 on main), run once a CTA; split launches keep main's epilogue (with it they spilled 16 bytes);
 - ``p2``: main with benchmarks/gluon_fp8_p_by_second.patch - on the same launches the first consumer stores its own
@@ -45,7 +45,8 @@ fifty-sixth session, section 7), each a ``git archive`` of :data:`BASE` (main) w
         tm=../out/tm ov=../out/ov p2=../out/p2 fb=../out/fb m2=../out/main
 
 Keep a tree only if every output is bitwise equal to ``m1``'s and it is faster where it is meant to be (``se2``: e4m3
-H=32 and V3.2 H=16 at T=256; ``tm``, ``ov``, ``p2`` and ``fb``: V3.2 H=32 at T = 64 and 256) by more than the two main runs' spread.
+H=32 and V3.2 H=16 at T=256; ``tm``, ``ov``, ``p2`` and ``fb``: V3.2 H=32 at T = 64 and 256) by more than the two main
+runs' spread.
 """
 
 from __future__ import annotations

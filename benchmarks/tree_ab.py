@@ -1,7 +1,8 @@
 """The A/B harness shared by the benchmark scripts that compare trees (``fp8_decode_ab.py``,
-``seesaw_fixed_cost.py``, the scripts built by :func:`case_script`): each ``NAME=TREE`` variant runs in a child process with ``TREE`` (a ``git archive``
-of ``mla_sink``, ``dispatch``, ``tables``, ``pyproject.toml``, or ``.``) first on the path, times its cases and
-saves its outputs; the outputs of every variant are then compared with the first one's."""
+``seesaw_fixed_cost.py``, the scripts built by :func:`case_script`): each ``NAME=TREE`` variant runs in a child
+process with ``TREE`` (a ``git archive`` of ``mla_sink``, ``dispatch``, ``tables``, ``pyproject.toml``, or ``.``)
+first on the path, times its cases and saves its outputs; the outputs of every variant are then compared with the
+first one's. The scripts that build the trees from patches share :func:`patched_trees` and :func:`trees_main`."""
 
 from __future__ import annotations
 
