@@ -79,8 +79,8 @@ def patched_trees(commit: str, out_dir: str, trees: dict) -> None:
 
 
 def trees_main(trees: dict, base: str = "HEAD"):
-    """The ``main(out_dir="out", base=base)`` of a script that builds ``trees`` by :func:`patched_trees` (run from the
-    repository root)."""
+    """The ``main(out_dir="out", commit=base)`` of a script that builds ``trees`` of ``commit`` by
+    :func:`patched_trees` (run from the repository root)."""
     def main(out_dir: str = "out", commit: str = base) -> None:
         patched_trees(commit, out_dir, trees)
 
