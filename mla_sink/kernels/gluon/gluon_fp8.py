@@ -209,7 +209,9 @@ def _to_tile(codes, dtype: gl.constexpr, KV_DS_MLA: gl.constexpr):
     output: bitwise equal outputs) lost on an H100: V3.2 H=32 T=256 207.9 against 200.4-201.0 us, 215.1 without the
     NaN-keeping multiply, which has 759 instructions a step against 761 here but 402 ``LOP3``/``SHF`` against 20:
     the fewer integer operations, the faster, so the integer pipe is the likely limit (not profiled; fifty-first
-    session, benchmarks/gluon_fp8_f16_route.patch)."""
+    session, benchmarks/gluon_fp8_f16_route.patch). One ``cvt`` a pair instead (wrong values, a ceiling probe:
+    benchmarks/gluon_fp8_one_cvt_probe.patch) took 164.7 against 171.2-172.3 us at H=16 T=256 and nothing off
+    H=32 (187.7 against 184.0-185.3; fifty-seventh session, H100)."""
     if KV_DS_MLA:
         return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype)
     else:
@@ -271,7 +273,11 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     alternate blocks, rows copied by cp.async into three 16-row staging slots two steps ahead and converted from
     shared memory (bytes in flight without registers) took 199.5 against 176.1 us at T=256
     (benchmarks/few_heads_t2_splits_staged_ab_2026-12-02.json); the timeline there (benchmarks/cols_timeline.py)
-    gives this producer a period of 2.34 us a block at 32 heads and 2.21 at 16."""
+    gives this producer a period of 2.34 us a block at 32 heads and 2.21 at 16. Fifty-seventh session (H100,
+    BENCHMARKS.md): a V3.2 row starts ``16 * (id % 8)`` bytes into a 128-byte line, so each of its 128-byte chunks
+    straddles two lines; ids that are all multiples of 8 take 174.7 against 187-188 us at H=32 T=256 with random
+    ids, but loading whole lines and moving each 8-byte chunk into place by warp shuffles (64 ``SHFL`` and 64
+    ``SEL`` a block) took 207.9 against 185.3-186.3 (benchmarks/gluon_fp8_aligned_lines.patch)."""
     if LINES:  # 8 codes a lane, 16 lanes a row: each load instruction reads whole 128-byte lines
         lane_bytes: gl.constexpr = 8
         nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -1021,7 +1027,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     during block ``i``, after its ``P_t`` stores (:func:`_read_meta`), so no global load is left in its loop. Both
     on (the table row ``ds_mla_h32``): V3.2 H=32 T=256 190.3 against 195.2-196.4 us, ``ROPE_BY_SECOND`` alone 193.0
     (fifty-second session, same run on an H100, outputs bitwise equal,
-    benchmarks/second_consumer_ab_fiftysecond_2026-12-05.json)."""
+    benchmarks/second_consumer_ab_fiftysecond_2026-12-05.json). ROLE 1's ids loaded four blocks ahead and its scales
+    one iteration before it publishes them (no load waited for in the iteration that issues it) took 190.6 against
+    185.1-185.5 us on an H100 (fifty-seventh session, benchmarks/gluon_fp8_meta_pipeline.patch)."""
     META2: gl.constexpr = KV_DS_MLA and META_BY_SECOND  # the ids and tile scales loaded by ROLE 1
     COPY2: gl.constexpr = COPY_ROPE and ROPE_BY_SECOND  # the RoPE copied by ROLE 1
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
