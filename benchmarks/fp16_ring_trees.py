@@ -4,11 +4,13 @@ fifty-seventh session, section 6), each a ``git archive`` of :data:`BASE` (main)
 - ``main``: main's kernels;
 - ``f16r``: main with benchmarks/gluon_fp8_ds_fp16_ring.patch - on the alternate blocks (the row ``ds_mla_h16``:
   V3.2 CTAs of more than two blocks at H <= 16) the producer converts the codes into an fp16 ring with one ``cvt`` a
-  pair (its loop 376 instructions against 763); q's latent part is scaled per head into fp16 as for e4m3 and its
+  pair (its loop 376 instructions against 761; the consumers' 1257 / 1282 against 757 / 782); q's latent part is scaled per head into fp16 as for e4m3 and its
   RoPE, times the same power of two, stays bf16 with the rows' RoPE; ``P_t`` is stored in fp16 in per-tile,
   per-head units (``_next_unit``: a running bound on ``|P * scale_t|``, its block maxima by ``_tile_maxima``, the
   block's softmax maximum by ``_ids_max``), each tile's ``O^T`` moved between units with ``alpha`` and taken out of
-  its unit before the merge. Registers 208 / 88 (second consumer / producer). AOT sm90: 16-24 bytes spilled (one
+  its unit before the merge; the per-head score scale is applied to each score accumulator before its tile scale
+  (``_ds_scores_scaled``: with q scaled up, ``s_t * scale_t`` first overflowed on a tile scale of 2^120 where the
+  true score does not - found by a review, helper-121, as was the unit factor's exponent reaching 128). Registers 208 / 88 (second consumer / producer). AOT sm90: 16-24 bytes spilled (one
   or two ``STL`` / ``LDL`` a block, the row sum's reduction); the 32-head and e4m3 kernels unchanged (no spill).
   ``tests/test_gluon_tables.py::test_the_measured_arrangements`` and the no-spill test fail on this tree by design
   (the row's registers and the spill). Its float64 emulation (benchmarks/fp16_ring_units_emulation.py) puts its
