@@ -10,12 +10,17 @@
   alternate-block consumer (13 on main, 10 here: H=16). The same values in the same wgmmas: outputs bitwise equal.
   The scores-only second consumer's four-tile ``P V`` rescales every tile before its wgmmas (``_quad_pv_rings``, no
   C7517). AOT sm90: no spill, the shared memory of main (tests/test_gluon_fp8_ptxas.py passes);
-- ``pw``: ``pr`` with benchmarks/gluon_fp8_softmax_by_warps.patch - on the alternate blocks (V3.2 and e4m3 at
-  H <= 16, split or not) the softmax's block maximum and (V3.2: not deferred) row sum over ids by per-warp
+- ``pw``: ``pr`` with benchmarks/gluon_fp8_softmax_by_warps.patch - on the alternate blocks (V3.2 at H <= 16 on CTAs
+  of more than two blocks, split or not; e4m3 at H <= 16 on unsplit launches of more than two blocks) the softmax's block maximum and (V3.2: not deferred) row sum over ids by per-warp
   reductions, one exchange through shared memory and one barrier each (``_ids_max``, ``_ids_sum``), in two
   allocations per consumer: 7 barriers a block against 10 in ``pr`` (the generic ``gl.max`` and ``gl.sum`` take two
   and three). The same maximum (e4m3 at 16 heads, whose row sum is deferred, stays bitwise equal); V3.2's row sum
-  is added in another order (last-bit differences). AOT sm90: no spill.
+  is added in another order (last-bit differences). AOT sm90: no spill. If kept, gate it on the table's
+  ``warp_max`` (set on the alternate blocks' defaults) rather than always on.
+
+A helper (helper-122) reviewed both patches by hand (the tile each consumer reads in every arrangement, stage
+indexing, the per-warp buffers' reuse across blocks, layouts, shared memory; forced arrangements compiled): no
+defect; its two small points (one consumer arrangement a launch, asserted; a docstring) are in the patches.
 
     PYTHONPATH=. python3 benchmarks/barrier_trees.py out
     # on the device, carrying out and .peers (about 40 s a tree):
