@@ -25,6 +25,10 @@
   block against 6 in ``pr`` (9 on main). The second consumer learns of ``P`` that much later (the meta read, the
   rescale, the issue). Outputs bitwise equal. AOT sm90: no spill.
 
+- ``pm``: ``pa`` with benchmarks/gluon_fp8_meta_rings.patch - the column split's second consumer publishes the tile
+  scales (``META_BY_SECOND``) into four allocations, a slot a stage each, instead of four rows of one: 5 barriers
+  a block in its loop against 8. Outputs bitwise equal. AOT sm90: no spill.
+
 A helper (helper-122) reviewed ``pr`` and ``pw`` by hand (the tile each consumer reads in every arrangement, stage
 indexing, the per-warp buffers' reuse across blocks, layouts, shared memory; forced arrangements compiled): no
 defect; its two small points (one consumer arrangement a launch, asserted; a docstring) are in the patches.
@@ -32,12 +36,12 @@ defect; its two small points (one consumer arrangement a launch, asserted; a doc
     PYTHONPATH=. python3 benchmarks/barrier_trees.py out
     # on the device, carrying out and .peers (about 40 s a tree):
     cd benchmarks && PYTHONPATH=..:. python3 -u few_heads_ab.py $OUT/ab.json m1=../out/main pr=../out/pr \
-        pw=../out/pw pa=../out/pa m2=../out/main
+        pw=../out/pw pa=../out/pa pm=../out/pm m2=../out/main
     cd out/pw && PYTHONPATH=. python3 -m pytest -q -m gpu tests/test_gluon_fp8_gpu.py tests/test_fp8_ds_mla_gpu.py
 
 Keep ``pr`` if its outputs are bitwise equal to ``m1``'s and V3.2 (H=32 on the column split, H=16 on the alternate
 blocks) is faster by more than the two main runs' spread; ``pw`` if it is faster than ``pr`` the same way and the
-fp8 GPU tests pass on it; ``pa`` if it is faster than ``pr`` at V3.2 H=32 and bitwise equal.
+fp8 GPU tests pass on it; ``pa`` and ``pm`` if each is faster than the one before at V3.2 H=32 and bitwise equal.
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ BASE = "HEAD"
 #: ``{tree: patches}``.
 TREES = {"main": [], "pr": ["benchmarks/gluon_fp8_p_rings.patch"],
          "pw": ["benchmarks/gluon_fp8_p_rings.patch", "benchmarks/gluon_fp8_softmax_by_warps.patch"],
-         "pa": ["benchmarks/gluon_fp8_p_rings.patch", "benchmarks/gluon_fp8_p_ready_after_issue.patch"]}
+         "pa": ["benchmarks/gluon_fp8_p_rings.patch", "benchmarks/gluon_fp8_p_ready_after_issue.patch"],
+         "pm": ["benchmarks/gluon_fp8_p_rings.patch", "benchmarks/gluon_fp8_p_ready_after_issue.patch",
+                "benchmarks/gluon_fp8_meta_rings.patch"]}
 
 main = trees_main(TREES, BASE)
 
