@@ -29,6 +29,12 @@
   scales (``META_BY_SECOND``) into four allocations, a slot a stage each, instead of four rows of one: 5 barriers
   a block in its loop against 8. Outputs bitwise equal. AOT sm90: no spill.
 
+A helper (helper-123) reviewed ``pa`` and ``pm`` by hand (what the second consumer reads after ``p_ready``, one arrive
+a block on every path, no wait cycle between the two consumers and the producer, the slots' indexing; the e4m3 and
+scores-only PTX byte-identical): no defect. On a ``pa`` or ``pm`` tree, benchmarks/cols_timeline.py's "P ready" stamp
+(anchored on the old arrive's text) lands after the ``P_t`` barrier, not at the new arrive: re-anchor it before timing
+those trees.
+
 A helper (helper-122) reviewed ``pr`` and ``pw`` by hand (the tile each consumer reads in every arrangement, stage
 indexing, the per-warp buffers' reuse across blocks, layouts, shared memory; forced arrangements compiled): no
 defect; its two small points (one consumer arrangement a launch, asserted; a docstring) are in the patches.
