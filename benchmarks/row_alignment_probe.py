@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-D_QK, TOPK, N = 576, 2048, 3_500_000
+from seesaw_wgmma_ab import D_QK, N, TOPK  # the A/Bs' pool and ids, so that "random ids" is their case
 CASES = [("fp8_ds_mla", 32, 256), ("fp8_ds_mla", 16, 256), ("fp8_e4m3", 32, 256), ("fp8_ds_mla", 32, 64)]
 OFFSETS = (0, 1, 2, 4, 0)
 
