@@ -1,0 +1,53 @@
+"""The trees of the fifty-eighth session's L2 prefetch-hint A/B (issue #12; BENCHMARKS.md, fifty-eighth session,
+section 3): :data:`BASE` archived once per variant, with the producer's hinted row loads
+(``gluon_fp8._LD_ROW_CHUNK`` and ``_LD_ROW_CHUNK8``, ``ld.global.L2::256B``) given another cache qualifier:
+
+- ``main``: main's kernels;
+- ``h128``: ``ld.global.L2::128B`` (the L2 fetches the 128-byte line a miss falls in);
+- ``hnone``: ``ld.global`` (no prefetch hint: 32-byte sectors);
+- ``na``: ``ld.global.L1::no_allocate.L2::256B`` (no L1 allocation).
+
+    PYTHONPATH=. python3 benchmarks/l2_hint_trees.py out
+    # on the device, carrying out (about 35 s a tree):
+    cd benchmarks && TREE_AB_VARIANT_TIMEOUT=70 PYTHONPATH=..:. python3 -u few_heads_ab.py $OUT/ab.json \\
+        m1=../out/main h128=../out/h128 hnone=../out/hnone na=../out/na m2=../out/main
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tree_ab import archive_tree
+
+#: The commit the trees are archived from.
+BASE = "HEAD"
+#: The kernel file whose load asm each variant rewrites, relative to a tree.
+KERNEL = os.path.join("mla_sink", "kernels", "gluon", "gluon_fp8.py")
+#: The qualifiers of main's hinted loads, and each variant's replacement.
+MAIN_QUALIFIER = "@p ld.global.L2::256B.v"
+VARIANTS = {"main": MAIN_QUALIFIER, "h128": "@p ld.global.L2::128B.v", "hnone": "@p ld.global.v",
+            "na": "@p ld.global.L1::no_allocate.L2::256B.v"}
+
+
+def main(out_dir: str = "out", commit: str = BASE) -> None:
+    """Archive ``commit`` into ``out_dir/NAME`` for each of :data:`VARIANTS`, with its qualifier in place of
+    main's (both hinted loads), and print each tree.
+
+    Raises:
+        ValueError: the kernel no longer has exactly two hinted loads (the variants would not be what they say).
+    """
+    for name, qualifier in VARIANTS.items():
+        tree = archive_tree(commit, os.path.join(out_dir, name))
+        path = os.path.join(tree, KERNEL)
+        with open(path) as f:
+            text = f.read()
+        if text.count(MAIN_QUALIFIER) != 2:
+            raise ValueError(f"{KERNEL} has {text.count(MAIN_QUALIFIER)} loads '{MAIN_QUALIFIER}', expected 2")
+        with open(path, "w") as f:
+            f.write(text.replace(MAIN_QUALIFIER, qualifier))
+        print(tree)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
