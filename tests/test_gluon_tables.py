@@ -129,7 +129,7 @@ def _edited(name: str, old: str, new: str):
 
 
 E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_rows: 64, lines: true, "
-            "deferred_row_sum: true, staged_ids: true}")
+            "deferred_row_sum: true, staged_ids: true, l2_prefetch: false}")
 
 
 @pytest.mark.parametrize("new,message", [
@@ -209,7 +209,7 @@ def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
     old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false, "
-           "warp_max: true, rope_by_second: false, meta_by_second: false}\n"
+           "warp_max: true, rope_by_second: false, meta_by_second: false, l2_prefetch: true}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "

@@ -151,12 +151,13 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{', the ids staged by the producer in shared memory' if arr.staged_ids else ''}"
                f"{', the block maximum per warp' if arr.warp_max else ''}"
                f"{_ROPE_BY_SECOND if arr.rope_by_second else ''}"
-               f"{', the ids and tile scales loaded by the second consumer' if arr.meta_by_second else ''}")
+               f"{', the ids and tile scales loaded by the second consumer' if arr.meta_by_second else ''}"
+               f"{', the L2 asked for 256 bytes a row load' if arr.l2_prefetch else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
                 consumer_regs=arr.consumer_regs, producer_regs=arr.producer_regs, producer_rows=arr.producer_rows,
                 lines=arr.lines, deferred_row_sum=arr.deferred_row_sum, scores_only=arr.scores_only,
                 early_ids=arr.early_ids, staged_ids=arr.staged_ids, warp_max=arr.warp_max,
-                rope_by_second=arr.rope_by_second, meta_by_second=arr.meta_by_second,
+                rope_by_second=arr.rope_by_second, meta_by_second=arr.meta_by_second, l2_prefetch=arr.l2_prefetch,
                 summary=summary, why=arr.why)
 
 

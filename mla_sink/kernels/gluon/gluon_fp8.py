@@ -154,51 +154,57 @@ def _gather(rows, ids, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
                    mask=(ids >= 0)[:, None], other=0.0)
 
 
-#: The gather's load of 16 bytes a lane (one ``ld.global.v4.b32``; lanes of skipped ids read 0) with the L2's
-#: 256-byte prefetch (``.L2::256B``), which FlashMLA's sparse fp8 decode also asks for: a row's first miss brings
-#: in the lines its next loads read. On the H200 (twelfth session, benchmarks/few_heads_l2_hint_ab_2026-12-01.json,
-#: same run, us): e4m3 H=16 T=256 160.4 against 164.2 for ``gl.load`` (the same load without the hint, in this
-#: asm: 164.5; ``.L2::128B`` 161.8), V3.2 rows 192.4 against 198.9, e4m3 H=32 T=256 176.0 against 182.3. FlashMLA's
-#: full form, ``ld.global.nc.L1::no_allocate.L2::256B``, took 193.6 and 244.1 (the read-only path and no L1
-#: allocation cost, rather than save). Operands (``pack=16``, one asm per lane's 16 bytes): ``$0-$3`` the bytes,
-#: ``$4-$19`` their addresses (the first one read), ``$20-$35`` their row's mask (the first one read).
-_LD_ROW_CHUNK = gl.constexpr("""{
-.reg .pred p;
-setp.ne.b32 p, $20, 0;
-mov.b32 $0, 0;
-mov.b32 $1, 0;
-mov.b32 $2, 0;
-mov.b32 $3, 0;
-@p ld.global.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];
-}""")
-_LD_ROW_CHUNK_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["l"] * 16) + "," + ",".join(["r"] * 16))
+def _ld_row_chunk(words: int, hint: str) -> str:
+    """The predicated load of ``words`` 32-bit words a lane (``$0 ..`` the bytes, then ``words * 4`` addresses and as
+    many masks, the first of each read), with the cache qualifier ``hint``: lanes whose mask is 0 read 0."""
+    outs = ", ".join(f"${i}" for i in range(words))
+    zero = "".join(f"mov.b32 ${i}, 0;\n" for i in range(words))
+    return (f"{{\n.reg .pred p;\nsetp.ne.b32 p, ${words + 4 * words}, 0;\n{zero}"
+            f"@p ld.global{hint}.v{words}.b32 {{{outs}}}, [${words}];\n}}")
 
 
-#: :data:`_LD_ROW_CHUNK` for 8 bytes a lane (``pack=8``): ``$0-$1`` the bytes, ``$2-$9`` their addresses,
-#: ``$10-$17`` their row's mask.
-_LD_ROW_CHUNK8 = gl.constexpr("""{
-.reg .pred p;
-setp.ne.b32 p, $10, 0;
-mov.b32 $0, 0;
-mov.b32 $1, 0;
-@p ld.global.L2::256B.v2.b32 {$0, $1}, [$2];
-}""")
-_LD_ROW_CHUNK8_CONSTRAINTS = gl.constexpr("=r,=r," + ",".join(["l"] * 8) + "," + ",".join(["r"] * 8))
+def _ld_row_chunk_constraints(words: int) -> str:
+    """The constraints of :func:`_ld_row_chunk`'s asm (``pack = 4 * words``)."""
+    return ",".join(["=r"] * words + ["l"] * (4 * words) + ["r"] * (4 * words))
+
+
+#: The cache qualifier of the producer's row loads where the arrangement asks the L2 for the 256-byte block a miss
+#: falls in (``l2_prefetch`` in tables/gluon_fp8.yaml): a row's first miss brings in the lines its next loads read.
+#: FlashMLA's sparse fp8 decode asks for it too. Measured both ways (BENCHMARKS.md, twelfth and fifty-eighth
+#: sessions): on the H200, twelfth session, same run, us - e4m3 H=16 T=256 160.4 against 164.2 without (``.L2::128B``
+#: 161.8), V3.2 rows 192.4 against 198.9, e4m3 H=32 T=256 176.0 against 182.3; FlashMLA's full form,
+#: ``ld.global.nc.L1::no_allocate.L2::256B``, took 193.6 and 244.1. On two H100s, fifty-eighth session, with today's
+#: kernel: e4m3 faster without it (H=16 T=256 148.1 / 148.4 against 150.8 / 151.1, H=32 172.2 / 173.8 against
+#: 174.4 / 175.2), V3.2 slower without it (H=32 T=256 187.6 / 188.5 against 185.5 / 186.1).
+L2_PREFETCH_HINT = ".L2::256B"
+#: The producer's load of 16 bytes a lane (``pack=16``, one ``ld.global.v4.b32``), with and without
+#: :data:`L2_PREFETCH_HINT`; ``$0-$3`` the bytes, ``$4-$19`` their addresses, ``$20-$35`` their row's mask.
+_LD_ROW_CHUNK = gl.constexpr(_ld_row_chunk(4, L2_PREFETCH_HINT))
+_LD_ROW_CHUNK_PLAIN = gl.constexpr(_ld_row_chunk(4, ""))
+_LD_ROW_CHUNK_CONSTRAINTS = gl.constexpr(_ld_row_chunk_constraints(4))
+#: The same for 8 bytes a lane (``pack=8``): ``$0-$1`` the bytes, ``$2-$9`` their addresses, ``$10-$17`` the masks.
+_LD_ROW_CHUNK8 = gl.constexpr(_ld_row_chunk(2, L2_PREFETCH_HINT))
+_LD_ROW_CHUNK8_PLAIN = gl.constexpr(_ld_row_chunk(2, ""))
+_LD_ROW_CHUNK8_CONSTRAINTS = gl.constexpr(_ld_row_chunk_constraints(2))
 
 
 @gluon.jit
-def _gather_bytes(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr, LANE_BYTES: gl.constexpr):
+def _gather_bytes(rows, ids, WIDTH: gl.constexpr, layout: gl.constexpr, LANE_BYTES: gl.constexpr,
+                  L2_PREFETCH: gl.constexpr):
     """Bytes ``[0, WIDTH)`` of the rows at ``rows`` as uint8 (``layout``: ``LANE_BYTES`` consecutive bytes a lane,
-    16 or 8), by :data:`_LD_ROW_CHUNK` or :data:`_LD_ROW_CHUNK8`; id -1 reads 0."""
+    16 or 8), by :data:`_LD_ROW_CHUNK` or :data:`_LD_ROW_CHUNK8` (with :data:`L2_PREFETCH_HINT` where
+    ``L2_PREFETCH``, their ``_PLAIN`` forms otherwise); id -1 reads 0."""
     cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     addr = (rows.to(gl.pointer_type(gl.uint8), bitcast=True)[:, None] + cols[None, :]).to(gl.int64, bitcast=True)
     ok = gl.zeros([rows.shape[0], WIDTH], gl.int32, layout=layout) + (ids >= 0).to(gl.int32)[:, None]
     if LANE_BYTES == 8:
-        return gl.inline_asm_elementwise(_LD_ROW_CHUNK8, _LD_ROW_CHUNK8_CONSTRAINTS, [addr, ok], dtype=gl.uint8,
-                                         is_pure=True, pack=8)
+        asm: gl.constexpr = _LD_ROW_CHUNK8 if L2_PREFETCH else _LD_ROW_CHUNK8_PLAIN
+        return gl.inline_asm_elementwise(asm, _LD_ROW_CHUNK8_CONSTRAINTS, [addr, ok], dtype=gl.uint8, is_pure=True,
+                                         pack=8)
     else:
-        return gl.inline_asm_elementwise(_LD_ROW_CHUNK, _LD_ROW_CHUNK_CONSTRAINTS, [addr, ok], dtype=gl.uint8,
-                                         is_pure=True, pack=16)
+        asm: gl.constexpr = _LD_ROW_CHUNK if L2_PREFETCH else _LD_ROW_CHUNK_PLAIN
+        return gl.inline_asm_elementwise(asm, _LD_ROW_CHUNK_CONSTRAINTS, [addr, ok], dtype=gl.uint8, is_pure=True,
+                                         pack=16)
 
 
 @gluon.jit
@@ -236,7 +242,7 @@ def _checked(raw, nrows):
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
               KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr,
-              ids_smem, STAGED_IDS: gl.constexpr):
+              ids_smem, STAGED_IDS: gl.constexpr, L2_PREFETCH: gl.constexpr):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
     blocks on alternate blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
@@ -305,7 +311,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
                 next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
             if ROWS_16B:  # the hinted 16-byte loads need 16-byte aligned rows
                 x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, D_NOPE,
-                                    nope_l, lane_bytes)
+                                    nope_l, lane_bytes, L2_PREFETCH)
                 if not KV_DS_MLA:
                     x_n = x_n.to(gl.float8e4nv, bitcast=True)
             else:
@@ -1363,7 +1369,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
     SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, WARP_MAX: gl.constexpr,
-    ROPE_BY_SECOND: gl.constexpr, META_BY_SECOND: gl.constexpr,
+    ROPE_BY_SECOND: gl.constexpr, META_BY_SECOND: gl.constexpr, L2_PREFETCH: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1477,7 +1483,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                                DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, 2 * num_pairs, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS)),
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     elif COLS:
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
@@ -1525,7 +1531,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                               ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS)),
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -1543,7 +1549,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                          ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS)),
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -1614,7 +1620,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
                       SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
                       WARP_MAX=arr.warp_max, ROPE_BY_SECOND=arr.rope_by_second,
-                      META_BY_SECOND=arr.meta_by_second)
+                      META_BY_SECOND=arr.meta_by_second, L2_PREFETCH=arr.l2_prefetch)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

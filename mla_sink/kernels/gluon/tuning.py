@@ -31,7 +31,7 @@ ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
-              "warp_max": bool, "rope_by_second": bool, "meta_by_second": bool}
+              "warp_max": bool, "rope_by_second": bool, "meta_by_second": bool, "l2_prefetch": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -95,6 +95,8 @@ class Fp8Arrangement:
         meta_by_second: on the column split with V3.2 rows (not with ``early_ids``), the second consumer loads each
             block's ids and tile scales two blocks ahead and publishes the mask and scales in shared memory, which
             the first reads a block ahead (``META_BY_SECOND``); always ``False`` on the other paths.
+        l2_prefetch: the producer's hinted row loads (16-byte aligned rows) ask the L2 for the 256-byte block a miss
+            falls in (``gluon_fp8.L2_PREFETCH_HINT``); otherwise they load 32-byte sectors only (``L2_PREFETCH``).
     """
 
     row: str
@@ -114,6 +116,7 @@ class Fp8Arrangement:
     warp_max: bool = False
     rope_by_second: bool = False
     meta_by_second: bool = False
+    l2_prefetch: bool = True
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -326,7 +329,8 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
                           early_ids=p["early_ids"], staged_ids=p["staged_ids"], warp_max=p["warp_max"],
-                          rope_by_second=p["rope_by_second"], meta_by_second=p["meta_by_second"])
+                          rope_by_second=p["rope_by_second"], meta_by_second=p["meta_by_second"],
+                          l2_prefetch=p["l2_prefetch"])
 
 
 @functools.cache
