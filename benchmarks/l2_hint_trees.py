@@ -18,36 +18,29 @@ from __future__ import annotations
 import os
 import sys
 
-from tree_ab import archive_tree
+from tree_ab import build_trees
 
 #: The commit the trees were archived from (main when they were timed; from 331888c on, the hint is the table's
 #: ``l2_prefetch`` and the loads' asm is built by ``gluon_fp8._ld_row_chunk``, so later commits have no such text).
 BASE = "19e1b03"
 #: The kernel file whose load asm each variant rewrites, relative to a tree.
 KERNEL = os.path.join("mla_sink", "kernels", "gluon", "gluon_fp8.py")
-#: The qualifiers of main's hinted loads, and each variant's replacement.
+#: The qualifier of main's two hinted loads (16 and 8 bytes a lane).
 MAIN_QUALIFIER = "@p ld.global.L2::256B.v"
-VARIANTS = {"main": MAIN_QUALIFIER, "h128": "@p ld.global.L2::128B.v", "hnone": "@p ld.global.v",
-            "na": "@p ld.global.L1::no_allocate.L2::256B.v"}
+#: Each tree -> its edits of :data:`KERNEL` (both hinted loads; ``tree_ab.edited_tree`` checks that there are two).
+VARIANTS = {name: [(MAIN_QUALIFIER, qualifier, 2)] for name, qualifier in
+            {"main": MAIN_QUALIFIER, "h128": "@p ld.global.L2::128B.v", "hnone": "@p ld.global.v",
+             "na": "@p ld.global.L1::no_allocate.L2::256B.v"}.items()}
 
 
 def main(out_dir: str = "out", commit: str = BASE) -> None:
-    """Archive ``commit`` into ``out_dir/NAME`` for each of :data:`VARIANTS`, with its qualifier in place of
-    main's (both hinted loads), and print each tree.
+    """``out_dir/NAME`` for each of :data:`VARIANTS`: ``commit`` archived, its two hinted loads given the variant's
+    qualifier (``tree_ab.build_trees``), each tree printed.
 
     Raises:
         ValueError: the kernel no longer has exactly two hinted loads (the variants would not be what they say).
     """
-    for name, qualifier in VARIANTS.items():
-        tree = archive_tree(commit, os.path.join(out_dir, name))
-        path = os.path.join(tree, KERNEL)
-        with open(path) as f:
-            text = f.read()
-        if text.count(MAIN_QUALIFIER) != 2:
-            raise ValueError(f"{KERNEL} has {text.count(MAIN_QUALIFIER)} loads '{MAIN_QUALIFIER}', expected 2")
-        with open(path, "w") as f:
-            f.write(text.replace(MAIN_QUALIFIER, qualifier))
-        print(tree)
+    build_trees(commit, out_dir, KERNEL, VARIANTS)
 
 
 if __name__ == "__main__":
