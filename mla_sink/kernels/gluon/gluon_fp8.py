@@ -309,7 +309,7 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             next_n = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, nope_l)
             if not LINES:
                 next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
-            if ROWS_16B:  # the hinted 16-byte loads need 16-byte aligned rows
+            if ROWS_16B:  # the asm row loads (vector loads, hinted or not) need 16-byte aligned rows
                 x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, D_NOPE,
                                     nope_l, lane_bytes, L2_PREFETCH)
                 if not KV_DS_MLA:
@@ -1624,13 +1624,13 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 
-#: Bytes a row's start must be a multiple of for the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`).
+#: Bytes a row's start must be a multiple of for the producer's asm row loads (:data:`_LD_ROW_CHUNK` and kin).
 ROW_ALIGN = 16
 
 
 def rows_16b(kv_cache) -> bool:
     """Whether every row of ``kv_cache`` starts at a multiple of 16 bytes (pool pointer and row / block strides),
-    as the producer's hinted 16-byte loads (:data:`_LD_ROW_CHUNK`) need; otherwise it gathers with ``gl.load``,
+    as the producer's asm row loads (:data:`_LD_ROW_CHUNK` and kin) need; otherwise it gathers with ``gl.load``,
     which Triton compiles for the alignment it sees (a V3.2 pool may sit 4 bytes past a boundary, with 660-byte
     rows). The per-row stride of a paged cache is the row size (656 bytes: a multiple of 16)."""
     size = kv_cache.element_size()

@@ -95,7 +95,7 @@ class Fp8Arrangement:
         meta_by_second: on the column split with V3.2 rows (not with ``early_ids``), the second consumer loads each
             block's ids and tile scales two blocks ahead and publishes the mask and scales in shared memory, which
             the first reads a block ahead (``META_BY_SECOND``); always ``False`` on the other paths.
-        l2_prefetch: the producer's hinted row loads (16-byte aligned rows) ask the L2 for the 256-byte block a miss
+        l2_prefetch: the producer's asm row loads (16-byte aligned rows) ask the L2 for the 256-byte block a miss
             falls in (``gluon_fp8.L2_PREFETCH_HINT``); otherwise they load 32-byte sectors only (``L2_PREFETCH``).
     """
 
