@@ -175,7 +175,9 @@ def _ld_row_chunk_constraints(words: int) -> str:
 #: 161.8), V3.2 rows 192.4 against 198.9, e4m3 H=32 T=256 176.0 against 182.3; FlashMLA's full form,
 #: ``ld.global.nc.L1::no_allocate.L2::256B``, took 193.6 and 244.1. On two H100s, fifty-eighth session, with today's
 #: kernel: e4m3 faster without it (H=16 T=256 148.1 / 148.4 against 150.8 / 151.1, H=32 172.2 / 173.8 against
-#: 174.4 / 175.2), V3.2 slower without it (H=32 T=256 187.6 / 188.5 against 185.5 / 186.1).
+#: 174.4 / 175.2), V3.2 slower without it (H=32 T=256 187.6 / 188.5 against 185.5 / 186.1); on the H200, fifty-ninth
+#: session, e4m3 ties (H=16 T=256 138.3 / 138.2 without against 138.6 / 138.3, H=32 167.3 / 166.1 against 167.7 /
+#: 166.2).
 L2_PREFETCH_HINT = ".L2::256B"
 #: The producer's load of 16 bytes a lane (``pack=16``, one ``ld.global.v4.b32``), with and without
 #: :data:`L2_PREFETCH_HINT`; ``$0-$3`` the bytes, ``$4-$19`` their addresses, ``$20-$35`` their row's mask.
