@@ -7,6 +7,10 @@ the same launch (same pool, same number of ids, same spread) with every id of th
 the plan's own route), CUDA-graph replay, L2 flushed, sinks on, topk 2048, bf16 q, power-of-two V3.2 scales;
 e4m3 (576-byte rows: offset ``64 * (id % 2)``) as the control.
 
+Compare the offsets with each other only (fifty-ninth session, BENCHMARKS.md): ``r`` is drawn from ``N / 8`` rows, so
+a T=256 launch repeats about 40% of its rows (random ids over ``N``: about 7%), and those repeats hit the L2; every
+offset shares the same ``r``, so the offsets differ in where rows start and nothing else.
+
     PYTHONPATH=. python3 -u benchmarks/row_alignment_probe.py OUT.json
 """
 
