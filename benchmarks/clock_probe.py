@@ -2,7 +2,7 @@
 V3.2 (``fp8_ds_mla``) launch at H=32 T=256 run at a lower clock than bf16's at the same shape (a power limit would
 put part of issue #12's last miss on the clock, not on the kernel's chain)?
 
-Per case (``(kv_dtype, H, T)``, the data of ``seesaw_wgmma_ab.run_variant``: topk 2048, bf16 q, sinks, uniform
+Per case (``(kv_dtype, H, T)``, the data of ``seesaw_wgmma_ab.case_call``: topk 2048, bf16 q, sinks, uniform
 random ids over the pool, power-of-two V3.2 scales): one CUDA graph of ``REPLAYS_PER_GRAPH`` calls is replayed for
 ``SECONDS`` while ``nvidia-smi`` samples the SM clock, the memory clock, the power draw and the active throttle
 reasons every ``SAMPLE_MS``; the medians of the samples taken after the first ``WARM_S`` seconds are reported with the
@@ -21,9 +21,10 @@ import time
 
 import torch
 
+from seesaw_wgmma_ab import case_caches, case_call
+
 CASES = [("bf16", 32, 256), ("fp8_ds_mla", 32, 256), ("fp8_e4m3", 32, 256), ("bf16", 16, 256),
          ("fp8_ds_mla", 16, 256)]
-N, D_QK, TOPK = 3_500_000, 576, 2048
 REPLAYS_PER_GRAPH = 20
 SECONDS, WARM_S, SAMPLE_MS = 4.0, 1.0, 50
 QUERY = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -48,13 +49,7 @@ def _parse(lines: list) -> dict:
 def run_case(kv_dtype: str, H: int, T: int, caches: dict) -> dict:
     """One case: the call captured ``REPLAYS_PER_GRAPH`` times in a graph, replayed for ``SECONDS`` under the
     sampler. Returns the samples' medians and ``us_per_call``."""
-    import mla_sink
-    g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
-    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-    idx = torch.randint(0, N, (T, TOPK), device="cuda", dtype=torch.int32, generator=g)
-    sinks = torch.randn(H, device="cuda", generator=g) + 2.0
-    cache, sc = caches[kv_dtype]
-    fn = lambda: mla_sink.sparse_mla_decode(q, cache, idx, sinks, kv_scale=sc, return_lse=True)  # noqa: E731
+    fn = case_call(caches, kv_dtype, H, T)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -86,11 +81,7 @@ def run_case(kv_dtype: str, H: int, T: int, caches: dict) -> dict:
 
 
 def main(path: str) -> None:
-    from mla_sink import quantize_kv_cache
-    torch.manual_seed(0)
-    kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
-    caches = {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
-              "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
+    caches = case_caches()
     report = {"device": torch.cuda.get_device_name(), "cases": {}}
     for rnd in range(2):  # two rounds, so a drift of the board's state over the run shows
         for kv_dtype, H, T in CASES:

@@ -3,7 +3,7 @@
 1.67-1.86 GHz against 1.98 unloaded), so a case's timing may depend on what ran just before it.
 
 Each timing is the bench's own (``mla_sink.tools.bench.GraphTimer``: CUDA-graph replay, L2 flushed before every call,
-median over replays), on the data of ``seesaw_wgmma_ab.run_variant`` (topk 2048, bf16 q, sinks, uniform random ids over
+median over replays), on the data of ``seesaw_wgmma_ab.case_call`` (topk 2048, bf16 q, sinks, uniform random ids over
 3.5 M rows, power-of-two V3.2 scales). Schedules, each over the three caches at H=32 T=256:
 
 * ``back_to_back``: bf16, e4m3, V3.2, twice, with nothing between (the bench's order within a shape);
@@ -28,25 +28,16 @@ import time
 
 import torch
 
-N, D_QK, TOPK = 3_500_000, 576, 2048
+from seesaw_wgmma_ab import case_caches, case_call
+
 H, T = 32, 256
 KVS = ("bf16", "fp8_e4m3", "fp8_ds_mla")
 IDLE_S, LOAD_S, SAMPLE_MS = 3.0, 2.0, 20
 
 
 def _calls() -> dict:
-    import mla_sink
-    from mla_sink import quantize_kv_cache
-    torch.manual_seed(0)
-    kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
-    caches = {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
-              "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
-    g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
-    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-    idx = torch.randint(0, N, (T, TOPK), device="cuda", dtype=torch.int32, generator=g)
-    sinks = torch.randn(H, device="cuda", generator=g) + 2.0
-    return {k: (lambda c=c, s=s: mla_sink.sparse_mla_decode(q, c, idx, sinks, kv_scale=s, return_lse=True))
-            for k, (c, s) in caches.items()}
+    caches = case_caches()
+    return {kv: case_call(caches, kv, H, T) for kv in KVS}
 
 
 def _sustain(fn, seconds: float) -> None:

@@ -38,20 +38,39 @@ CASES = [("bf16", 64, 2), ("bf16", 128, 2), ("bf16", 64, 64), ("bf16", 128, 64),
          ("fp8_ds_mla", 64, 64), ("fp8_ds_mla", 128, 64), ("fp8_ds_mla", 64, 256), ("fp8_ds_mla", 128, 256)]
 
 
+def case_caches() -> dict:
+    """The caches every case of these A/Bs reads (seed 0): ``{kv_dtype: (kv_cache, kv_scale)}`` for ``bf16`` (``N``
+    rows of N(0, 0.25) values), ``fp8_e4m3`` (the same values cast, ``kv_scale`` 1) and ``fp8_ds_mla`` (the same
+    values quantised with power-of-two tile scales), on the GPU."""
+    from mla_sink import quantize_kv_cache
+    torch.manual_seed(0)
+    kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
+    return {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
+            "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
+
+
+def case_call(caches: dict, kv_dtype: str, H: int, T: int):
+    """The call of one case on ``caches`` (:func:`case_caches`): q ``[T, H, 576]`` bf16, ``TOPK`` uniform random ids a
+    token over the pool, sinks N(2, 1), all drawn from a generator seeded ``H * 1000 + T``; returns the closure that
+    calls ``mla_sink.sparse_mla_decode`` (``return_lse=True``) on them."""
+    import mla_sink
+    g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
+    q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, N, (T, TOPK), device="cuda", dtype=torch.int32, generator=g)
+    sinks = torch.randn(H, device="cuda", generator=g) + 2.0
+    cache, sc = caches[kv_dtype]
+    return lambda: mla_sink.sparse_mla_decode(q, cache, idx, sinks, kv_scale=sc, return_lse=True)
+
+
 def run_variant(variant: str, dump: str, cases: list = CASES) -> dict:
     """Time every case of ``cases`` (``(kv_dtype, H, T)``) with the ``mla_sink`` on the path (``variant``: the
     label printed) and save the outputs to ``dump``; the first case is timed twice, the first timing discarded.
     With ``AB_DS_PAGES=P`` in the environment (eighteenth session) the V3.2 cases read the paged view
     ``[rows / P, P, 656]`` of the cache's first ``N - N % P`` rows (ids past them are skipped, as ids >= N are), vLLM's
     and FlashMLA's layout at ``P = 64``."""
-    import mla_sink
-    from mla_sink import quantize_kv_cache
     from mla_sink.tools.bench import GraphTimer
-    torch.manual_seed(0)
     timer = GraphTimer(reps=10, replays=7)
-    kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
-    caches = {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
-              "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
+    caches = case_caches()
     pages = int(os.environ.get("AB_DS_PAGES", "0"))
     if pages:
         ds = caches["fp8_ds_mla"][0]
@@ -59,12 +78,7 @@ def run_variant(variant: str, dump: str, cases: list = CASES) -> dict:
     res, outs = {}, {}
     first = True
     for kv_dtype, H, T in cases:
-        g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
-        q = torch.randn(T, H, D_QK, device="cuda", generator=g).to(torch.bfloat16)
-        idx = torch.randint(0, N, (T, TOPK), device="cuda", dtype=torch.int32, generator=g)
-        sinks = torch.randn(H, device="cuda", generator=g) + 2.0
-        cache, sc = caches[kv_dtype]
-        fn = lambda: mla_sink.sparse_mla_decode(q, cache, idx, sinks, kv_scale=sc, return_lse=True)  # noqa: E731
+        fn = case_call(caches, kv_dtype, H, T)
         o, _ = fn()
         key = f"{kv_dtype}-h{H}-T{T}"
         outs[key] = o.float().cpu()
