@@ -91,13 +91,22 @@ def _row_id(node: yaml.MappingNode) -> str | None:
 #: the cap refuses an alias bomb (``&a [*b, *b, ...]`` nested) at once instead of walking its 10^7 nodes for seconds.
 MAX_NODES = 100_000
 
+#: The deepest nesting of mappings and lists one table may have. The shipped tables nest at most 5 deep; the cap
+#: refuses a hostile ``[[[[...]]]]`` with the line where it passes the cap, before Python's recursion limit would
+#: (a break test, sixtieth session: 400 levels raised a RecursionError from the conversion below).
+MAX_DEPTH = 32
 
-def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "", count: list | None = None) -> Any:
+
+def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "", count: list | None = None,
+             depth: int = 0) -> Any:
     count = [0] if count is None else count
     count[0] += 1
     if count[0] > MAX_NODES:
         raise TableError(f"{label}:{node.start_mark.line + 1}: {where}the document expands to more than {MAX_NODES} "
                          f"nodes (aliases counted at each use); a rule table is far smaller")
+    if depth > MAX_DEPTH:
+        raise TableError(f"{label}:{node.start_mark.line + 1}: {where}mappings and lists nest more than {MAX_DEPTH} "
+                         f"levels deep; a rule table nests a few")
     if isinstance(node, yaml.MappingNode):
         row_id = _row_id(node)
         if row_id is not None:
@@ -105,7 +114,7 @@ def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "", coun
         out = LineDict()
         out.line = node.start_mark.line + 1
         for key_node, value_node in node.value:
-            key = _convert(key_node, loader, label, where, count)
+            key = _convert(key_node, loader, label, where, count, depth + 1)
             line = key_node.start_mark.line + 1
             if isinstance(key, (dict, list)):
                 raise TableError(f"{label}:{line}: {where}a mapping key must be a scalar")
@@ -113,11 +122,11 @@ def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "", coun
                 raise TableError(
                     f"{label}:{line}: {where}duplicate key {key!r} (first at line {out.key_lines[key]})"
                 )
-            out[key] = _convert(value_node, loader, label, where, count)
+            out[key] = _convert(value_node, loader, label, where, count, depth + 1)
             out.key_lines[key] = line
         return out
     if isinstance(node, yaml.SequenceNode):
-        out_list = LineList(_convert(item, loader, label, where, count) for item in node.value)
+        out_list = LineList(_convert(item, loader, label, where, count, depth + 1) for item in node.value)
         out_list.line = node.start_mark.line + 1
         out_list.item_lines = [item.start_mark.line + 1 for item in node.value]
         return out_list
@@ -135,8 +144,8 @@ def load_yaml(text: str, label: str) -> Any:
         ``LineDict`` / ``LineList`` / scalars; ``None`` for an empty document.
 
     Raises:
-        TableError: On a YAML syntax error, a character YAML does not take, a duplicate key, or a document that
-            expands to more than :data:`MAX_NODES` nodes (an alias bomb).
+        TableError: On a YAML syntax error, a character YAML does not take, a duplicate key, a document that
+            expands to more than :data:`MAX_NODES` nodes (an alias bomb) or nests more than :data:`MAX_DEPTH` levels.
     """
     try:
         loader = _Loader(text)  # its reader checks every character of a str here, and only here
@@ -161,5 +170,10 @@ def load_yaml(text: str, label: str) -> Any:
             hint = (" (a plain, unquoted string may not contain ': ' - quote the why / because text, or write"
                     " ' - ' instead)")
         raise TableError(f"{label}:{line}: invalid YAML: {problem}{hint}") from exc
+    except RecursionError as exc:  # PyYAML's composer recurses once a level: about 1000 levels pass Python's limit
+        # before _convert's MAX_DEPTH can see them
+        line = loader.get_mark().line + 1
+        raise TableError(f"{label}:{line}: mappings and lists nest too deep for the YAML reader (more than "
+                         f"{MAX_DEPTH} levels are refused); a rule table nests a few") from exc
     finally:
         loader.dispose()

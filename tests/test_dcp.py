@@ -193,6 +193,16 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
         # an inference tensor outside inference mode: the merge's copy raised PyTorch's RuntimeError after the local
         # decode and the collectives (on a GPU the fused merge wrote it where torch's own ops refuse)
         "out_inference": (DecodeInputs(q, good_kv, idx, 576**-0.5, out=_inference_tensor(2, 4, 512)), kw),
+        # break test, sixtieth session: a float or int64 topk_length was accepted (floats truncated), a local_decode
+        # returning lists raised AttributeError, and integer or complex partials were merged
+        "topk_length_float": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=torch.tensor([3.0, 2.0])), kw),
+        "topk_length_int64": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=torch.tensor([3, 2])), kw),
+        "local_decode_lists": (base, dict(kw, local_decode=lambda inp: ([0], [0]))),
+        "local_decode_int": (base, dict(kw, local_decode=lambda inp: (torch.zeros(2, 4, 512, dtype=torch.int32),
+                                                                      torch.zeros(2, 4, dtype=torch.int32)))),
+        "local_decode_complex": (base, dict(kw, local_decode=lambda inp: (torch.zeros(2, 4, 512, dtype=torch.complex64),
+                                                                          torch.zeros(2, 4)))),
+        "local_decode_one": (base, dict(kw, local_decode=lambda inp: torch.zeros(2, 4, 512))),
     }
     msgs = {}
     for name, (inp, kwargs) in bad.items():
@@ -541,6 +551,15 @@ VALIDATION_EXPECT = {
     "sinks_dtype": "'sinks' must be float32",
     "local_decode": "'local_decode'",
     "out_inference": "'inputs.out' is an inference tensor",
+    "topk_length_float": "'inputs.topk_length' must be int32 [T=2] on cpu, like indices (got torch.float32 (2,)",
+    "topk_length_int64": "'inputs.topk_length' must be int32 [T=2] on cpu, like indices (got torch.int64 (2,)",
+    "local_decode_lists": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu "
+                          "(got a tuple of ['list', 'list'])",
+    "local_decode_int": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu, "
+                        "dtypes ['torch.float32', 'torch.bfloat16', 'torch.float16', 'torch.float64'] (got torch.int32",
+    "local_decode_complex": "(got torch.complex64 (2, 4, 512) on cpu and torch.float32 (2, 4) on cpu)",
+    "local_decode_one": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu "
+                        "(got Tensor)",
 }
 
 
@@ -799,12 +818,28 @@ def test_local_indices_explicit_table():
         (lambda: shard_kv_cache(torch.zeros(4), 2, 0, "interleaved"), "'kv_cache'"),
         (lambda: local_indices(torch.zeros(2, 3), world_size=2, rank=0, layout="interleaved", num_kv_rows=4), "'indices'"),
         (lambda: local_indices(torch.zeros(2, 3, dtype=torch.int32), world_size=2, rank=-1, layout="contiguous", num_kv_rows=4), "'rank'"),
+        # shards past int32's ids: the local ids wrapped (2^33 + 1 -> 0 on rank 1) or went negative and were dropped
+        # (break test, sixtieth session)
+        (lambda: local_indices(torch.tensor([[2**33 + 1]]), world_size=2, rank=1, layout="interleaved",
+                               num_kv_rows=2**34), r"'num_kv_rows' .* shards of up to 8589934592 rows"),
+        (lambda: local_indices(torch.tensor([[2**31, 2**31 + 7]]), world_size=2, rank=0, layout="contiguous",
+                               num_kv_rows=2**33), r"at most 2147483648 rows a shard"),
     ],
-    ids=["layout", "rank", "world_size", "num_kv_rows", "kv_cache", "indices", "rank_negative"],
+    ids=["layout", "rank", "world_size", "num_kv_rows", "kv_cache", "indices", "rank_negative", "int32_interleaved",
+         "int32_contiguous"],
 )
 def test_sharding_argument_errors(call, needle):
     with pytest.raises(ValueError, match=needle):
         call()
+
+
+def test_local_ids_at_the_int32_limit():
+    """A shard of exactly 2^31 rows still numbers its last row (2^31 - 1) in int32; one row more is refused (above)."""
+    g = torch.tensor([[2**32 - 1, 2**32 - 2, 5, 2**32]])
+    assert local_indices(g, world_size=2, rank=1, layout="interleaved", num_kv_rows=2**32).tolist() == [
+        [2**31 - 1, -1, 2, -1]]
+    assert local_indices(g, world_size=2, rank=1, layout="contiguous", num_kv_rows=2**32).tolist() == [
+        [2**31 - 1, 2**31 - 2, -1, -1]]
 
 
 def test_dcp_call_errors_without_process_group():

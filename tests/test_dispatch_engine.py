@@ -729,6 +729,26 @@ def test_an_alias_bomb_is_refused_at_once():
     assert small["l2"][9][9] == ["x"] * 10 and len(small["l2"]) == 10
 
 
+@pytest.mark.parametrize("levels", [33, 400, 3000])
+@pytest.mark.parametrize("open_,close", [("[", "]"), ("{b: ", "}")])
+def test_deep_nesting_is_a_table_error(levels, open_, close):
+    """400 nested lists raised a ``RecursionError`` out of the loader's conversion, and about 1000 out of PyYAML's
+    composer, instead of a ``TableError`` (break test, sixtieth session); past ``MAX_DEPTH`` levels the loader
+    refuses them, and a document at the cap still loads."""
+    from mla_sink.dispatch import load_table
+    from mla_sink.dispatch.yaml_lines import MAX_DEPTH, load_yaml
+
+    text = "a: " + open_ * levels + "1" * (open_ != "[") + close * levels
+    with pytest.raises(TableError, match=rf"^deep:1: mappings and lists nest .*more than {MAX_DEPTH} levels"):
+        load_yaml(text, "deep")
+    with pytest.raises(TableError, match=r"^<string>:1: mappings and lists nest"):
+        load_table(text)
+    ok = load_yaml("a: " + "[" * MAX_DEPTH + "]" * MAX_DEPTH, "ok")["a"]
+    for _ in range(MAX_DEPTH - 1):
+        ok = ok[0]
+    assert ok == []
+
+
 @pytest.mark.parametrize("value,text", [
     ("[slow]", "'path' must be the name of a declared path (paths: fast, slow), got [slow]"),
     ("{slow: 1}", "'path' must be the name of a declared path (paths: fast, slow), got {slow: 1}"),

@@ -43,7 +43,7 @@ the split-KV combine of lightllm/sglang decode kernels.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -204,8 +204,9 @@ def local_indices(indices: torch.Tensor, *, world_size: int, rank: int, layout: 
         the global id, ``-1`` where it does not and where the global id is invalid.
 
     Raises:
-        ValueError: ``indices`` is not a 2-D integer tensor, unknown layout, or an int argument
-            outside its domain.
+        ValueError: ``indices`` is not a 2-D integer tensor, unknown layout, an int argument outside its
+            domain, or a pool whose shards hold more rows than int32 local ids can number
+            (``ceil(N / W) > 2^31``: the ids would wrap, a break test of the sixtieth session).
     """
     if (not isinstance(indices, torch.Tensor) or indices.dim() != 2 or indices.dtype.is_floating_point
             or indices.dtype == torch.bool):
@@ -216,6 +217,12 @@ def local_indices(indices: torch.Tensor, *, world_size: int, rank: int, layout: 
     _check_layout(layout)
     _check_int("num_kv_rows", num_kv_rows, 0)
     _check_rank(world_size, rank)
+    shard_rows = contiguous_shard_size(num_kv_rows, world_size)  # the most rows of any rank, in either layout
+    id_max = torch.iinfo(torch.int32).max
+    if shard_rows - 1 > id_max:
+        raise ValueError(f"'num_kv_rows' over 'world_size' ranks gives shards of up to {shard_rows} rows, whose local "
+                         f"ids int32 cannot hold (at most {id_max + 1} rows a shard; got num_kv_rows={num_kv_rows}, "
+                         f"world_size={world_size})")
     g = indices.long()
     valid = (g >= 0) & (g < num_kv_rows)
     if layout == "interleaved":
@@ -425,7 +432,8 @@ def dcp_sparse_mla_decode(
             inconsistent shapes, or ``out`` another dtype than the output dtype; ``sinks`` is not fp32
             and on q's device (any stride: the merge reads a contiguous copy of strided ones); ``out`` is on
             another device, overlaps itself, or is an inference tensor outside ``torch.inference_mode()``;
-            ``local_decode`` is not callable or returns wrong shapes.
+            ``topk_length`` is not int32 on ``indices``' device; ``local_decode`` is not callable, or returns
+            anything but two real float tensors of the shapes above on q's device.
 
     Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
     lightllm/sglang; vLLM ``cp_lse_ag_out_rs`` for the exchange pattern.
@@ -449,8 +457,11 @@ def dcp_sparse_mla_decode(
     check_sinks(inputs.sinks, h, q.device)  # checked on every device before any collective
     if inputs.sinks is not None and not inputs.sinks.is_contiguous():  # the GPU merge reads them at unit stride
         inputs = inputs._replace(sinks=inputs.sinks.contiguous())
-    if inputs.topk_length is not None and tuple(inputs.topk_length.shape) != (t,):
-        raise ValueError(f"'inputs.topk_length' must be int32 [T={t}] (got shape {tuple(inputs.topk_length.shape)})")
+    tl = inputs.topk_length
+    if tl is not None and (not isinstance(tl, torch.Tensor) or tuple(tl.shape) != (t,) or tl.dtype != torch.int32
+                           or tl.device != idx.device):
+        got = f"{tl.dtype} {tuple(tl.shape)} on {tl.device}" if isinstance(tl, torch.Tensor) else type(tl).__name__
+        raise ValueError(f"'inputs.topk_length' must be int32 [T={t}] on {idx.device}, like indices (got {got})")
     out_dtype = _out_dtype(q)
     if inputs.out is not None and (tuple(inputs.out.shape) != (t, h, D_V) or inputs.out.dtype != out_dtype):
         raise ValueError(
@@ -481,12 +492,7 @@ def dcp_sparse_mla_decode(
         lse_r = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
     else:
         local = inputs._replace(indices=loc, sinks=None, topk_length=local_len, out=None)
-        out_r, lse_r = local_decode(local)
-        if tuple(out_r.shape) != (t, h, D_V) or tuple(lse_r.shape) != (t, h):
-            raise ValueError(
-                f"'local_decode' must return out [{t}, {h}, {D_V}] and lse [{t}, {h}] "
-                f"(got {tuple(out_r.shape)} and {tuple(lse_r.shape)})"
-            )
+        out_r, lse_r = _checked_local_result(local_decode(local), t, h, q.device)
 
     if world == 1:
         outs, lses = [out_r], [lse_r.float()]
@@ -501,6 +507,32 @@ def dcp_sparse_mla_decode(
         inputs.out.copy_(out32)
         return inputs.out, lse
     return out32.to(out_dtype), lse
+
+
+#: The dtypes a ``local_decode`` may return its partial ``out`` and ``lse`` in (both travel as fp32).
+_PARTIAL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _checked_local_result(res: Any, t: int, h: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``local_decode``'s ``(out_r, lse_r)``, checked: two real floating tensors (:data:`_PARTIAL_DTYPES`) on
+    ``device``, ``out_r`` ``[T, H, 512]`` and ``lse_r`` ``[T, H]`` (a list, integer or complex parts were merged or
+    failed with an ``AttributeError``: a break test, sixtieth session).
+
+    Raises:
+        ValueError: naming ``local_decode``, what it returned and what is allowed.
+    """
+    want = f"a pair (out [{t}, {h}, {D_V}], lse [{t}, {h}]) of float tensors on {device}"
+    if not isinstance(res, (tuple, list)) or len(res) != 2 or not all(isinstance(x, torch.Tensor) for x in res):
+        got = (f"a {type(res).__name__} of {[type(x).__name__ for x in res]}" if isinstance(res, (tuple, list))
+               else type(res).__name__)
+        raise ValueError(f"'local_decode' must return {want} (got {got})")
+    out_r, lse_r = res
+    if (tuple(out_r.shape) != (t, h, D_V) or tuple(lse_r.shape) != (t, h) or out_r.dtype not in _PARTIAL_DTYPES
+            or lse_r.dtype not in _PARTIAL_DTYPES or out_r.device != device or lse_r.device != device):
+        raise ValueError(f"'local_decode' must return {want}, dtypes {[str(d) for d in _PARTIAL_DTYPES]} (got "
+                         f"{out_r.dtype} {tuple(out_r.shape)} on {out_r.device} and {lse_r.dtype} "
+                         f"{tuple(lse_r.shape)} on {lse_r.device})")
+    return out_r, lse_r
 
 
 def _fused_merge(outs, lses, sinks, out_dtype, out):
