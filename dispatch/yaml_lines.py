@@ -91,10 +91,10 @@ def _row_id(node: yaml.MappingNode) -> str | None:
 #: the cap refuses an alias bomb (``&a [*b, *b, ...]`` nested) at once instead of walking its 10^7 nodes for seconds.
 MAX_NODES = 100_000
 
-#: The deepest nesting of mappings and lists one table may have. The shipped tables nest at most 5 deep; the cap
+#: The deepest nesting of mappings and lists one table may have. The shipped tables nest at most 6 deep; the cap
 #: refuses a hostile ``[[[[...]]]]`` with the line where it passes the cap, before Python's recursion limit would
 #: (a break test, sixtieth session: 400 levels raised a RecursionError from the conversion below).
-MAX_DEPTH = 32
+MAX_DEPTH = 20
 
 
 def _convert(node: yaml.Node, loader: _Loader, label: str, where: str = "", count: list | None = None,
