@@ -61,9 +61,10 @@ class SparseMLADecode:
             requires grad is held detached (the decode has no backward), sharing its memory, so a later
             in-place load of the weights is seen and no call is refused for it; a parameter whose storage is
             replaced (``p.data = ...``, a module's ``.to()``) is detached again at the next call, whose
-            validation then checks the new tensor. A new parameter object (``load_state_dict(...,
-            assign=True)`` puts one in the module) is not this tensor: build the layer with it, or load without
-            ``assign``.
+            validation then checks the new tensor. A new parameter object is not this tensor, and the layer keeps
+            reading this one: ``load_state_dict(..., assign=True)``, ``module.to_empty(...)`` (after ``.to("meta")``)
+            and any conversion under ``torch.__future__.set_overwrite_module_params_on_conversion(True)`` put one in
+            the module. Build the layer with the module's new parameter after those, or load without ``assign``.
         sm_scale: multiplies ``q.k`` before the natural-exp softmax, a real in ``[2^-126, 2^126]``; default
             ``576 ** -0.5``.
         dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md): the ranks

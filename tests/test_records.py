@@ -243,7 +243,10 @@ def test_counts_beyond_int32_are_refused(field):
     bound is 2^30 (the test below)."""
     base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
     CallSpec(**{**base, field: 2 ** 31 - 1 if field != "topk" else 2 ** 30})
-    with pytest.raises(ValueError, match=rf"'{field}' must be an int <= 2147483647: the kernels take it as an int32"):
+    # topk names its own bound, 2^30, at 2^31 too (it named 2^31 - 1 there, which it then refused: a break test,
+    # sixtieth session)
+    bound = r"1073741824 \(2\^30" if field == "topk" else r"2147483647: the kernels take it as an int32"
+    with pytest.raises(ValueError, match=rf"'{field}' must be an int <= {bound}"):
         CallSpec(**{**base, field: 2 ** 31})
     with pytest.raises(ValueError, match=r"'num_sms' must be None or an int in \[1, 2147483647\]"):
         Platform("sm90", None, num_sms=2 ** 31)
@@ -400,3 +403,29 @@ def test_a_huge_int_field_is_named_briefly(field):
         else:
             CallSpec(**{"q_dtype": "bf16", "kv_dtype": "bf16", "num_heads": 16, "topk": 64, field: 10 ** 400})
     assert len(str(e.value)) < 200
+
+
+def test_dtype_keys_and_the_cap_take_what_the_call_takes():
+    """A break test (sixtieth session): a one-element numpy array as ``q_dtype`` passed the field's check and failed
+    later as ``TypeError: unhashable``; ``numpy.str_`` was kept as such (its repr in the record's); a tensor
+    ``logit_cap`` was taken by ``float()`` (a device sync on a GPU) where the function and the layer refuse it."""
+    import numpy as np
+    import torch
+
+    from mla_sink import describe
+
+    base = dict(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=64)
+    with pytest.raises(ValueError, match=r"^'q_dtype' must be in \('bf16', .*\(got array\(\['bf16'\]"):
+        CallSpec(**{**base, "q_dtype": np.array(["bf16"])})
+    s = CallSpec(**{**base, "q_dtype": np.str_("bf16"), "kv_dtype": np.str_("fp8_ds_mla")})
+    assert type(s.q_dtype) is str and type(s.kv_dtype) is str and s == CallSpec(**{**base, "kv_dtype": "fp8_ds_mla"})
+    assert "np.str_" not in repr(s)
+    for cap in (torch.tensor(5.0), np.array(5.0)):
+        with pytest.raises(ValueError, match=r"^'logit_cap' must be a finite float, a Python or numpy real"):
+            CallSpec(**base, logit_cap=cap)
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(64, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 64, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^'logit_cap' must be a finite float"):
+        describe(q, kv, idx, logit_cap=torch.tensor(5.0))
+    assert CallSpec(**base, logit_cap=np.float32(5.0)).logit_cap == 5.0 == CallSpec(**base, logit_cap=5).logit_cap

@@ -81,15 +81,23 @@ _at_least_1 = _int_at_least(1)
 
 
 def _topk(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    _at_least_1(inst, attribute, value)
-    if value > TOPK_MAX:
+    if not isinstance(value, bool) and isinstance(value, int) and value > TOPK_MAX:  # its own bound first: the
+        # generic one (2^31 - 1) was named for topk = 2^31 (a break test, sixtieth session)
         raise ValueError(f"'topk' must be an int <= {TOPK_MAX} ({TOPK_WHY}; got {brief(value)})")
+    _at_least_1(inst, attribute, value)
+
+
+def _plain_str(value: Any) -> Any:
+    """A ``str`` subclass (``numpy.str_``) as the plain ``str`` it spells, so the record's repr and key read the same;
+    anything else as given, for the validator to refuse."""
+    return str(value) if isinstance(value, str) else value
 
 
 def _one_of(allowed: tuple):
     def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value not in allowed:
-            raise ValueError(f"'{attribute.name}' must be in {allowed} (got {value!r})")
+        if not isinstance(value, str) or value not in allowed:  # a one-element numpy array passed 'in' and failed
+            # later as unhashable (a break test, sixtieth session)
+            raise ValueError(f"'{attribute.name}' must be in {allowed} (got {brief(value)})")
 
     return check
 
@@ -103,6 +111,11 @@ def _to_float(name: str):
     def convert(value: Any) -> float:
         if isinstance(value, (bool, str, bytes)):
             raise ValueError(f"'{name}' must be a finite float (got {value!r})")
+        if not isinstance(value, numbers.Real) and type(value).__name__ not in ("SymFloat", "SymInt"):
+            # a tensor or an array was taken by float() here (a device sync on a GPU tensor) while the function,
+            # the layer and the operators refuse it (a break test, sixtieth session); torch.compile's symbolic
+            # scalars pass, as they do there
+            raise ValueError(f"'{name}' must be a finite float, a Python or numpy real (got {brief(value)})")
         try:
             return float(value)
         except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond every float
@@ -178,8 +191,8 @@ class CallSpec:
             field, value and allowed values).
     """
 
-    q_dtype: str = attrs.field(validator=_one_of(_DTYPES))
-    kv_dtype: str = attrs.field(validator=_one_of(_KV_DTYPES))
+    q_dtype: str = attrs.field(converter=_plain_str, validator=_one_of(_DTYPES))
+    kv_dtype: str = attrs.field(converter=_plain_str, validator=_one_of(_KV_DTYPES))
     num_heads: int = attrs.field(converter=_as_int, validator=_int_at_least(1))
     topk: int = attrs.field(converter=_as_int, validator=_topk)
     sinks: bool = attrs.field(default=False, validator=_bool)
@@ -409,7 +422,10 @@ def call_key(spec: CallSpec, platform: Platform) -> str:
         else ``<q>+kv_<kv>``), then
         ``-lse`` when the LSE was asked for without sinks or DCP, ``-cap<logit_cap>`` with a cap, ``-kvstrided``
         for a ``kv_cache`` whose rows are not packed, ``-unaligned`` without ``gather_aligned`` and ``-rowstrided``
-        without ``unit_rows``. Used in logs, test ids and benchmark case names.
+        without ``unit_rows``. Used in logs, test ids and benchmark case names. It names the call's family, not its
+        plan: ``topk``, ``kv_cache_bytes`` and the platform's AITER version, Triton / Gluon availability and SM count
+        are left out, so calls of one key can take different kernels (topk 64 and 72 at 64 heads on an sm90, or
+        with and without Gluon); ``mla-sink explain`` and the plan (``prepare``) say which kernel a call takes.
 
     Raises:
         ValueError: ``spec`` or ``platform`` is not the record.
