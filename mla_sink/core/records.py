@@ -111,7 +111,9 @@ def _to_float(name: str):
     def convert(value: Any) -> float:
         if isinstance(value, (bool, str, bytes)):
             raise ValueError(f"'{name}' must be a finite float (got {value!r})")
-        if not isinstance(value, numbers.Real) and type(value).__name__ not in ("SymFloat", "SymInt"):
+        from mla_sink.core.validate import _symbolic  # validate imports this module
+
+        if not isinstance(value, numbers.Real) and not _symbolic(value):
             # a tensor or an array was taken by float() here (a device sync on a GPU tensor) while the function,
             # the layer and the operators refuse it (a break test, sixtieth session); torch.compile's symbolic
             # scalars pass, as they do there
