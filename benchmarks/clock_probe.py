@@ -46,10 +46,9 @@ def _parse(lines: list) -> dict:
             "temp_c": statistics.median(col(3)), "throttle_reasons": reasons}
 
 
-def run_case(kv_dtype: str, H: int, T: int, caches: dict) -> dict:
-    """One case: the call captured ``REPLAYS_PER_GRAPH`` times in a graph, replayed for ``SECONDS`` under the
-    sampler. Returns the samples' medians and ``us_per_call``."""
-    fn = case_call(caches, kv_dtype, H, T)
+def call_graph(fn) -> torch.cuda.CUDAGraph:
+    """``fn`` called three times (compiled and warm), then captured ``REPLAYS_PER_GRAPH`` times in one CUDA graph,
+    replayed once."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -59,6 +58,13 @@ def run_case(kv_dtype: str, H: int, T: int, caches: dict) -> dict:
             fn()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def run_case(kv_dtype: str, H: int, T: int, caches: dict) -> dict:
+    """One case: :func:`call_graph` of the call, replayed for ``SECONDS`` under the sampler. Returns the samples'
+    medians and ``us_per_call``."""
+    graph = call_graph(case_call(caches, kv_dtype, H, T))
     proc = _sampler()
     t0 = time.perf_counter()
     warm_calls, warm_t, calls = 0, None, 0
