@@ -379,10 +379,11 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
     assert code == 0 and arr["row"] == want.row
     for field in ("head_block", "consumer_regs", "producer_regs", "producer_rows", "lines", "deferred_row_sum",
                   "scores_only", "early_ids", "staged_ids", "warp_max", "rope_by_second",
-                  "meta_by_second", "l2_prefetch"):
+                  "meta_by_second", "l2_prefetch", "producers"):
         assert arr[field] == getattr(want, field), field
     summary = arr["summary"]
-    assert f"second consumer {want.consumer_regs} / producer {want.producer_regs} registers" in summary
+    producers = "producer" if want.producers == 1 else f"{want.producers} producers (one a ring stage)"
+    assert f"second consumer {want.consumer_regs} / {producers} {want.producer_regs} registers" in summary
     assert f"{want.producer_rows} rows a producer step" in summary
     assert ("whole lines" in summary) == want.lines
     assert ("the L2 asked for 256 bytes a row load" in summary) == want.l2_prefetch

@@ -44,15 +44,18 @@ def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, pairs
     assert (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["SPLIT"], c["DEFER_ROW_SUM"]) == (block_h, cols, pairs, splits > 1,
                                                                                       defer)
     assert grid == (-(-H // block_h), splits, 2)  # head groups x splits x tokens
-    # the producer a worker with 16 heads' whole-block, whole-line steps everywhere
-    assert (c["PRODUCER_ROWS"], c["LINES"]) == (gf.BLOCK_N, True)
+    # the producers workers with whole-line steps everywhere: whole blocks with one producer; with two (one a ring
+    # stage), half blocks for V3.2's 32-head blocks (88 registers each), whole ones for e4m3's 16-head unsplit (120)
+    want_rows = gf.BLOCK_N // 2 if (kv_dtype, block_h, c["PRODUCERS"]) == ("fp8_ds_mla", 32, 2) else gf.BLOCK_N
+    assert (c["PRODUCER_ROWS"], c["LINES"]) == (want_rows, True)
+    assert c["PRODUCERS"] == (2 if (kv_dtype, block_h, splits) in {("fp8_ds_mla", 32, 1), ("fp8_e4m3", 16, 1)} else 1)
     assert "PRODUCER_DEFAULT" not in c  # the first consumer is the default partition on every arrangement
 
 
 def _arrangement_of(c: dict) -> tuple:
     return (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
             c["DEFER_ROW_SUM"], c["SCORES_ONLY"], c["EARLY_IDS"], c["STAGED_IDS"], c["WARP_MAX"], c["ROPE_BY_SECOND"],
-            c["META_BY_SECOND"], c["L2_PREFETCH"])
+            c["META_BY_SECOND"], c["L2_PREFETCH"], c["PRODUCERS"])
 
 
 @pytest.mark.parametrize("kv_dtype", tuning.fp8_kv_dtypes())
@@ -76,10 +79,10 @@ def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
                 p["head_block"], sel.path == tuning.COLUMN_SPLIT, sel.path == tuning.ALTERNATE_SCORES,
                 p["consumer_regs"], p["producer_regs"], p["producer_rows"], p["lines"], p["deferred_row_sum"],
                 p["scores_only"], p["early_ids"], p["staged_ids"], p["warp_max"], p["rope_by_second"],
-                p["meta_by_second"], p["l2_prefetch"]) == (
+                p["meta_by_second"], p["l2_prefetch"], p["producers"]) == (
                 arr.head_block, arr.cols, arr.pairs, arr.consumer_regs, arr.producer_regs, arr.producer_rows,
                 arr.lines, arr.deferred_row_sum, arr.scores_only, arr.early_ids, arr.staged_ids, arr.warp_max,
-                arr.rope_by_second, arr.meta_by_second, arr.l2_prefetch), (kv_dtype, q_dtype, H, splits)
+                arr.rope_by_second, arr.meta_by_second, arr.l2_prefetch, arr.producers), (kv_dtype, q_dtype, H, splits)
             assert gf.BLOCK_N % p["producer_rows"] == 0  # whole blocks, or an even part of one a step
             assert tuning.BLOCK_IDS == gf.BLOCK_N  # the table's load check divides the kernel's block
 

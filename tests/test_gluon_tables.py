@@ -84,7 +84,7 @@ def test_the_measured_arrangements():
     def get(kv, heads, split, blocks):
         a = tuning.fp8_arrangement(kv, "bf16", heads, split, blocks)
         return (a.head_block, a.cols, a.pairs, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines,
-                a.deferred_row_sum, a.scores_only)
+                a.deferred_row_sum, a.scores_only, a.producers)
 
     def early(kv, heads, split, blocks):
         return tuning.fp8_arrangement(kv, "bf16", heads, split, blocks).early_ids
@@ -94,18 +94,18 @@ def test_the_measured_arrangements():
             # V3.2's first consumer on the scores only (thirty-third session)
             for blocks in (1, 2):
                 only = kv == "fp8_ds_mla"
-                assert get(kv, 16, split, blocks) == (16, True, False, 104, 152, 64, True, False, only)
-                assert get(kv, 17, split, blocks) == (16, True, False, 104, 152, 64, True, False, only)  # 2 CTAs
+                assert get(kv, 16, split, blocks) == (16, True, False, 104, 152, 64, True, False, only, 1)
+                assert get(kv, 17, split, blocks) == (16, True, False, 104, 152, 64, True, False, only, 1)  # 2 CTAs
                 # V3.2's short CTAs load their first ids before q (thirty-fifth session); e4m3's have no such loads
                 assert early(kv, 16, split, blocks) is only and early(kv, 32, split, blocks) is only
         # long id ranges keep each block's ids at its own turn (a block ahead lost 20 us at H=32 T=256)
         assert not any(early(kv, h, split, 32) for kv in tuning.fp8_kv_dtypes() for h in (16, 32))
-        assert get("fp8_ds_mla", 16, split, 16) == (16, False, False, 176, 120, 64, True, False, False)
-        assert get("fp8_ds_mla", 32, split, 32) == (32, True, False, 104, 152, 64, True, True, False)
-    assert get("fp8_e4m3", 16, False, 32) == (16, False, False, 136, 152, 64, True, True, False)
-    assert get("fp8_e4m3", 16, True, 16) == (16, True, False, 104, 152, 64, True, True, False)
-    assert get("fp8_e4m3", 32, False, 32) == (32, False, True, 176, 152, 64, True, True, False)
-    assert get("fp8_e4m3", 17, True, 3) == (32, True, False, 104, 152, 64, True, True, False)
+        assert get("fp8_ds_mla", 16, split, 16) == (16, False, False, 176, 120, 64, True, False, False, 1)
+        assert get("fp8_ds_mla", 32, split, 32) == (32, True, False, 112, 88, 32, True, True, False, 2)
+    assert get("fp8_e4m3", 16, False, 32) == (16, False, False, 136, 120, 64, True, True, False, 2)
+    assert get("fp8_e4m3", 16, True, 16) == (16, True, False, 104, 152, 64, True, True, False, 1)
+    assert get("fp8_e4m3", 32, False, 32) == (32, False, True, 176, 152, 64, True, True, False, 1)
+    assert get("fp8_e4m3", 17, True, 3) == (32, True, False, 104, 152, 64, True, True, False, 1)
     # staged ids (forty-first session): e4m3's long id ranges, not its one- and two-block CTAs nor its 16-head splits;
     # never V3.2, whose consumers need the ids before the stage is filled
     staged = {(kv, h, split, blocks): tuning.fp8_arrangement(kv, "bf16", h, split, blocks).staged_ids
@@ -128,7 +128,7 @@ def _edited(name: str, old: str, new: str):
     return dispatch.load_table(text.replace(old, new), name="edited.yaml")
 
 
-E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 152, producer_rows: 64, lines: true, "
+E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 120, producers: 2, producer_rows: 64, lines: true, "
             "deferred_row_sum: true, staged_ids: true, l2_prefetch: false}")
 
 
@@ -199,17 +199,35 @@ def test_staged_ids_on_a_row_that_serves_v32_rows_is_refused(row):
         tuning.check_fp8_table(table)
 
 
-def test_workers_leaving_the_default_partition_no_legal_count_are_refused():
-    table = _edited("gluon_fp8", E4M3_H16, E4M3_H16.replace("consumer_regs: 136, producer_regs: 152",
-                                                            "consumer_regs: 256, producer_regs: 256"))
-    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_h16': .*default partition gets 504 - 256 - 256 = -8 "
-                                                  r"registers, outside \[24, 256\]"):
-        tuning.check_fp8_table(table)
+@pytest.mark.parametrize("regs,producers,message", [
+    ("consumer_regs: 256, producer_regs: 256", 1, r"504 - 256 - 1 x 256 = -8 registers"),
+    ("consumer_regs: 136, producer_regs: 192", 2, r"512 - 136 - 2 x 192 = -8 registers"),
+    ("consumer_regs: 24, producer_regs: 104", 2, r"512 - 24 - 2 x 104 = 280 registers")])
+def test_workers_leaving_the_default_partition_no_legal_count_are_refused(regs, producers, message):
+    """Three warpgroups share 504 registers a thread-slot, four (two producers) 512 (tuning.partition_regs); the
+    first consumer gets what the workers leave, which must be a legal setmaxnreg count."""
+    new = E4M3_H16.replace("consumer_regs: 136, producer_regs: 120, producers: 2", f"{regs}, producers: {producers}")
+    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_h16': .*default partition gets " + message
+                       + r", outside \[24, 256\]"):
+        tuning.check_fp8_table(_edited("gluon_fp8", E4M3_H16, new))
+
+
+def test_the_register_file_split_per_warpgroup_count():
+    """What the SASS of the kernel's arrangements has (setmaxnreg counts adding up per thread-slot)."""
+    assert [tuning.partition_regs(n) for n in (3, 4)] == [504, 512]
+
+
+@pytest.mark.parametrize("count", [0, 3])
+def test_a_producer_count_the_kernel_does_not_build_is_refused(count):
+    new = E4M3_H16.replace("producers: 2", f"producers: {count}")
+    with pytest.raises(dispatch.TableError, match=rf"row 'e4m3_h16': params producers: "
+                       + (r"expected one of \(1, 2\)" if count else r"expected a positive int")):
+        tuning.check_fp8_table(_edited("gluon_fp8", E4M3_H16, new))
 
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
     old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false, "
-           "warp_max: true, rope_by_second: false, meta_by_second: false, l2_prefetch: true}\n"
+           "warp_max: true, rope_by_second: false, meta_by_second: false, l2_prefetch: true, producers: 1}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "
@@ -257,7 +275,7 @@ def test_the_shipped_loader_refuses_a_bad_table_at_load(monkeypatch, tmp_path):
     try:
         for new, message in [
                 (E4M3_H16.replace("}", "}\n    sm: 90"), r"gluon_fp8.yaml:\d+: row 'e4m3_h16': unknown row key"),
-                (E4M3_H16.replace("producer_regs: 152", "producer_regs: 300"),
+                (E4M3_H16.replace("producer_regs: 120", "producer_regs: 300"),
                  r"gluon_fp8.yaml:\d+: row 'e4m3_h16': params producer_regs: setmaxnreg")]:
             path.write_text(text.replace(E4M3_H16, new))
             tuning._load.cache_clear()

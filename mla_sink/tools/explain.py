@@ -121,7 +121,8 @@ _ROPE_BY_SECOND = (", the RoPE copied by the second consumer (on 16-byte aligned
 def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     """The ``tables/gluon_fp8.yaml`` row of a plan whose Triton launch runs ``gluon_fp8`` with a known split count:
     ``{row, path, head_block, ctas_per_token, consumer_regs, producer_regs, producer_rows, lines, deferred_row_sum,
-    scores_only, early_ids, staged_ids, warp_max, rope_by_second, meta_by_second, summary, why}`` (every clause of
+    scores_only, early_ids, staged_ids, warp_max, rope_by_second, meta_by_second, l2_prefetch, producers, summary,
+    why}`` (every clause of
     ``summary`` is a field) (``head_block``: heads of one CTA,
     ``ctas_per_token``: ``cdiv(H, head_block)``; ``summary``: the arrangement in a few words), or ``None`` for any
     other plan.
@@ -139,7 +140,8 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     if sel.refused:
         return dict(row=sel.row.id if sel.row else None, path=None, summary="refused", why=sel.reason)
     arr = tuning.fp8_arrangement(*key)
-    regs = (f"second consumer {arr.consumer_regs} / producer {arr.producer_regs} registers, the first consumer "
+    producers = "producer" if arr.producers == 1 else f"{arr.producers} producers (one a ring stage)"
+    regs = (f"second consumer {arr.consumer_regs} / {producers} {arr.producer_regs} registers, the first consumer "
             "(the default partition) what they leave")
     groups = arr.ctas_per_token(spec.num_heads)
     summary = (f"{sel.path}, {arr.head_block}-head blocks{f' ({groups} CTAs a token)' if groups > 1 else ''}, {regs}, "
@@ -158,7 +160,7 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                 lines=arr.lines, deferred_row_sum=arr.deferred_row_sum, scores_only=arr.scores_only,
                 early_ids=arr.early_ids, staged_ids=arr.staged_ids, warp_max=arr.warp_max,
                 rope_by_second=arr.rope_by_second, meta_by_second=arr.meta_by_second, l2_prefetch=arr.l2_prefetch,
-                summary=summary, why=arr.why)
+                producers=arr.producers, summary=summary, why=arr.why)
 
 
 def gluon_seesaw_producer(plan: Any) -> Optional[dict]:

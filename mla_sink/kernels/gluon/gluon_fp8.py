@@ -18,7 +18,9 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
   8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); with ``lines`` (tables/gluon_fp8.yaml:
   every row today), 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each
-  8-lane phase of a store one swizzle row;
+  8-lane phase of a store one swizzle row. Where the table's row says ``producers: 2`` (V3.2 at 32 heads,
+  e4m3 unsplit at 16 heads), two producer warpgroups fill alternate ring stages (blocks 0, 2, .. and 1, 3, ..),
+  each with two block periods for its gather and conversion;
 * at 16-head blocks two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
   shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
@@ -244,10 +246,12 @@ def _checked(raw, nrows):
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
               KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr,
-              ids_smem, STAGED_IDS: gl.constexpr, L2_PREFETCH: gl.constexpr):
+              ids_smem, STAGED_IDS: gl.constexpr, L2_PREFETCH: gl.constexpr, FIRST: gl.constexpr = 0,
+              STEP: gl.constexpr = 1):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
-    blocks on alternate blocks). V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
+    blocks on alternate blocks). Blocks ``FIRST, FIRST + STEP, ..``: one producer takes every block (0, 1); two
+    take one ring stage each (``FIRST`` 0 or 1, ``STEP`` 2 = ``STAGES``), so each has two block periods a block. V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
     rows are not 16-byte aligned (``ROWS_16B``; otherwise the consumers that compute scores copy it,
     :func:`_copy_rope`). The next step's
     ids are loaded before this step's rows and checked after its store, off the gather's critical path.
@@ -257,7 +261,8 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     splits against 47.8 before), the rows of block i + 2 prefetched into L2 (``prefetch.global.L2``) after
     block i is stored (154.2 against 153.4 for bf16; 50.3 at T=64), two producer warpgroups, one per ring
     stage, at 104 registers each (162.4 against 153.9 for bf16, 84.3 at T=128 against 78.9 before; ptxas
-    spills in both producers and in the first consumer), and converting before waiting for the ring stage,
+    spills in both producers and in the first consumer: kept since the sixty-first session where they fit without
+    spills and gain, tables/gluon_fp8.yaml's producers), and converting before waiting for the ring stage,
     which the compiler moves back after the wait. Twelfth session: the codes decoded by integer instructions
     instead of ``cvt`` (byte permutes, shifts and masks; branch ``wip/e4m3-int-decode``) took 172.0 against
     164.2 us (V3.2 rows 225.3 against 198.9; benchmarks/few_heads_int_decode_ab_2026-12-01.json). ncu at
@@ -299,18 +304,22 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # STAGED_IDS: 64 ids over 128 lanes, two a row
     nrows = num_rows.to(gl.uint32)
-    ids_n = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, nope_l), nrows)
+    ids_n = _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, ROWS, nope_l), nrows)
     if LINES:  # the latent's rows, spread as the RoPE's are (a free conversion), as at the end of each step
         ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
     else:
-        ids_r = _checked(_raw_ids(IDX, idx_base, end, start, ROWS, rope_l), nrows)
-    for i in range(num_blocks):
+        ids_r = _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, ROWS, rope_l), nrows)
+    for i in range(FIRST, num_blocks, STEP):
         s = i % STAGES
         for h in gl.static_range(BLOCK_N // ROWS):
             # the next step's ids: this block's next rows, or (after its last) the next block's first
-            next_n = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, nope_l)
+            if h + 1 == BLOCK_N // ROWS:
+                next_at = start + (i + STEP) * BLOCK_N
+            else:
+                next_at = start + i * BLOCK_N + (h + 1) * ROWS
+            next_n = _raw_ids(IDX, idx_base, end, next_at, ROWS, nope_l)
             if not LINES:
-                next_r = _raw_ids(IDX, idx_base, end, start + i * BLOCK_N + (h + 1) * ROWS, ROWS, rope_l)
+                next_r = _raw_ids(IDX, idx_base, end, next_at, ROWS, rope_l)
             if ROWS_16B:  # the asm row loads (vector loads, hinted or not) need 16-byte aligned rows
                 x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, D_NOPE,
                                     nope_l, lane_bytes, L2_PREFETCH)
@@ -1372,6 +1381,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
     SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, WARP_MAX: gl.constexpr,
     ROPE_BY_SECOND: gl.constexpr, META_BY_SECOND: gl.constexpr, L2_PREFETCH: gl.constexpr,
+    PRODUCERS: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1466,6 +1476,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     # split that left the producer room); the alternate scores, which hold half of O^T in each consumer, replaced
     # them
     if PAIRS:
+        gl.static_assert(PRODUCERS == 1, "the alternate scores have one producer (tuning.check_fp8_table)")
         m_x = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
         num_pairs = gl.cdiv(num_blocks, 2)
         gl.warp_specialize([
@@ -1514,45 +1525,95 @@ def sparse_mla_decode_fp8_ws_kernel(
             meta_ids = ids_smem  # not used
             meta_sc = alpha_smem
             meta_ready = ready
-        gl.warp_specialize([
-            (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
-                              alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
-                              sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
-                              num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
-                              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
-                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
-            (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
-                              alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
-                              sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
-                              num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
-                              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
-                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
-                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
-                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
-            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
-        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+        if PRODUCERS == 2:  # one producer a ring stage (tables/gluon_fp8.yaml's producers); Triton 3.6's Gluon
+            # takes the partitions only as a literal list of the call
+            gl.warp_specialize([
+                (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
+                                  alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                                  sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
+                                  num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt,
+                                  stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N,
+                                  D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
+                                  DEFER_ROW_SUM, SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX,
+                                  rope_ready, ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
+                (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
+                                  alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                                  sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
+                                  num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt,
+                                  stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N,
+                                  D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
+                                  DEFER_ROW_SUM, SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX,
+                                  rope_ready, ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
+                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
+                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
+                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, 2)),
+                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
+                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
+                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, 2)),
+            ], [4, 4, 4], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
+                                  alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                                  sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
+                                  num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt,
+                                  stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N,
+                                  D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
+                                  DEFER_ROW_SUM, SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX,
+                                  rope_ready, ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
+                (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
+                                  alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                                  sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
+                                  num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt,
+                                  stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N,
+                                  D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
+                                  DEFER_ROW_SUM, SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX,
+                                  rope_ready, ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
+                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
+                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
+                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
+            ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([
-            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
-                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
-                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
-                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
-            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
-                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
-                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
-                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
-                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
-                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
-            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
-        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+        if PRODUCERS == 2:  # one producer a ring stage (tables/gluon_fp8.yaml's producers); Triton 3.6's Gluon
+            # takes the partitions only as a literal list of the call
+            gl.warp_specialize([
+                (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
+                             ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
+                             pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end,
+                             num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
+                             stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA,
+                             ROW_BYTES, ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
+                (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
+                             ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
+                             pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end,
+                             num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
+                             stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA,
+                             ROW_BYTES, ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
+                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
+                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
+                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, 2)),
+                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
+                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
+                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, 2)),
+            ], [4, 4, 4], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
+                             ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
+                             pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end,
+                             num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
+                             stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA,
+                             ROW_BYTES, ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
+                (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
+                             ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
+                             pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end,
+                             num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
+                             stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA,
+                             ROW_BYTES, ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
+                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
+                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
+                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
+            ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple,
@@ -1622,7 +1683,8 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
                       SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
                       WARP_MAX=arr.warp_max, ROPE_BY_SECOND=arr.rope_by_second,
-                      META_BY_SECOND=arr.meta_by_second, L2_PREFETCH=arr.l2_prefetch)
+                      META_BY_SECOND=arr.meta_by_second, L2_PREFETCH=arr.l2_prefetch,
+                      PRODUCERS=arr.producers)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

@@ -31,7 +31,8 @@ ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
-              "warp_max": bool, "rope_by_second": bool, "meta_by_second": bool, "l2_prefetch": bool}
+              "warp_max": bool, "rope_by_second": bool, "meta_by_second": bool, "l2_prefetch": bool,
+              "producers": int}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -43,9 +44,19 @@ BLOCK_IDS = 64
 HEAD_BLOCKS = (16, 32)
 #: Rows of one pass of the producer's layouts (4 warps x 2 rows a warp): a producer step's rows are a multiple.
 ROWS_PER_PASS = 8
-#: Registers per thread-slot the three warpgroups' ``setmaxnreg`` counts add up to (the SASS of every arrangement):
-#: the default partition (the first consumer) gets what the two workers leave, which must itself be a legal count.
-PARTITION_REGS = 504
+#: 32-bit registers of an sm90 SM's register file, which a CTA's warpgroups share (one CTA an SM), and threads of a
+#: warpgroup (CUDA C Programming Guide, compute capability 9.0).
+REGISTER_FILE, WARPGROUP_THREADS = 65536, 128
+#: Producer warpgroups an arrangement may have: one, or two that fill alternate ring stages (``producers``).
+PRODUCER_COUNTS = (1, 2)
+
+
+def partition_regs(warpgroups: int) -> int:
+    """Registers per thread-slot that ``warpgroups`` warpgroups' ``setmaxnreg`` counts add up to: the register file
+    split evenly, each share rounded down to :data:`REG_STEP` - 504 for three (two consumers and a producer), 512
+    for four (two producers), as the SASS of every arrangement has them. The default partition (the first consumer)
+    gets what the workers leave, which must itself be a legal count."""
+    return REGISTER_FILE // (WARPGROUP_THREADS * warpgroups) // REG_STEP * REG_STEP * warpgroups
 #: The fields of ``tables/gluon_fp8.yaml`` that its lookups fill (:func:`fp8_selection`) -> (type, closed): the
 #: counts are open ints, so that every head and block count is answered (and checked) and not only the declared ones.
 FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": ("int", False),
@@ -97,6 +108,9 @@ class Fp8Arrangement:
             the first reads a block ahead (``META_BY_SECOND``); always ``False`` on the other paths.
         l2_prefetch: the producer's asm row loads (16-byte aligned rows) ask the L2 for the 256-byte block a miss
             falls in (``gluon_fp8.L2_PREFETCH_HINT``); otherwise they load 32-byte sectors only (``L2_PREFETCH``).
+        producers: producer warpgroups, one of :data:`PRODUCER_COUNTS`: one, or two that fill alternate ring stages
+            (blocks 0, 2, .. and 1, 3, ..), each with ``producer_regs`` registers and two block periods for its
+            gather and conversion (``PRODUCERS``).
     """
 
     row: str
@@ -117,6 +131,7 @@ class Fp8Arrangement:
     rope_by_second: bool = False
     meta_by_second: bool = False
     l2_prefetch: bool = True
+    producers: int = 1
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -159,8 +174,9 @@ def _admits_ds_mla(row) -> bool:
 def check_fp8_table(table) -> None:
     """What :func:`fp8_arrangement` relies on beyond the generic checker: the paths are :data:`FP8_PATHS`; every
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
-    divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; the workers' registers leave the default
-    partition a legal count of :data:`PARTITION_REGS`; ``scores_only``, ``early_ids``, ``warp_max``,
+    divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; ``producers`` one of
+    :data:`PRODUCER_COUNTS`; the workers' registers leave the default partition a legal count of
+    :func:`partition_regs`; ``scores_only``, ``early_ids``, ``warp_max``,
     ``rope_by_second`` and ``meta_by_second`` only on :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose
     ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a row matching more heads
     runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type even where every
@@ -203,10 +219,18 @@ def check_fp8_table(table) -> None:
         if BLOCK_IDS % rows or rows % ROWS_PER_PASS:
             raise _error(table, row, f"params producer_rows: expected a divisor of {BLOCK_IDS} (the ids of a block) "
                                      f"and a multiple of {ROWS_PER_PASS} (a pass of the producer's warps), got {rows}")
-        left = PARTITION_REGS - params["consumer_regs"] - params["producer_regs"]
+        producers = params["producers"]
+        if producers not in PRODUCER_COUNTS:
+            raise _error(table, row, f"params producers: expected one of {PRODUCER_COUNTS} (producer warpgroups), "
+                                     f"got {producers!r}")
+        if producers > 1 and row.path == ALTERNATE_SCORES:
+            raise _error(table, row, f"params producers: the {ALTERNATE_SCORES} path has one producer (two lost on it: "
+                                     f"32-row steps at 80-88 registers, sixty-first session), got {producers}")
+        total = partition_regs(2 + producers)  # two consumers and the producers
+        left = total - params["consumer_regs"] - producers * params["producer_regs"]
         if not REG_MIN <= left <= REG_MAX:
-            raise _error(table, row, f"params consumer_regs + producer_regs: the default partition gets "
-                                     f"{PARTITION_REGS} - {params['consumer_regs']} - {params['producer_regs']} = "
+            raise _error(table, row, f"params consumer_regs + producers x producer_regs: the default partition gets "
+                                     f"{total} - {params['consumer_regs']} - {producers} x {params['producer_regs']} = "
                                      f"{left} registers, outside [{REG_MIN}, {REG_MAX}]")
         if params["staged_ids"] and _admits_ds_mla(row):
             raise _error(table, row, f"params staged_ids: only rows whose kv_dtype excludes {sorted(DS_MLA_KEYS)} "
@@ -330,7 +354,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
                           early_ids=p["early_ids"], staged_ids=p["staged_ids"], warp_max=p["warp_max"],
                           rope_by_second=p["rope_by_second"], meta_by_second=p["meta_by_second"],
-                          l2_prefetch=p["l2_prefetch"])
+                          l2_prefetch=p["l2_prefetch"], producers=p["producers"])
 
 
 @functools.cache
