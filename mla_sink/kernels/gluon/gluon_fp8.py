@@ -251,8 +251,8 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
     blocks on alternate blocks). Blocks ``FIRST, FIRST + STEP, ..``: one producer takes every block (0, 1); two
-    take one ring stage each (``FIRST`` 0 or 1, ``STEP`` 2 = ``STAGES``), so each has two block periods a block. V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the
-    rows are not 16-byte aligned (``ROWS_16B``; otherwise the consumers that compute scores copy it,
+    take one ring stage each (``FIRST`` 0 or 1, ``STEP`` 2 = ``STAGES``), so each has two block periods a block.
+    V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the rows are not 16-byte aligned (``ROWS_16B``; otherwise the consumers that compute scores copy it,
     :func:`_copy_rope`). The next step's
     ids are loaded before this step's rows and checked after its store, off the gather's critical path.
     Four other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
@@ -1525,95 +1525,55 @@ def sparse_mla_decode_fp8_ws_kernel(
             meta_ids = ids_smem  # not used
             meta_sc = alpha_smem
             meta_ready = ready
-        if PRODUCERS == 2:  # one producer a ring stage (tables/gluon_fp8.yaml's producers); Triton 3.6's Gluon
-            # takes the partitions only as a literal list of the call
-            gl.warp_specialize([
-                (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
-                                  alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
-                                  sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
-                                  num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt,
-                                  stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N,
-                                  D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
-                                  DEFER_ROW_SUM, SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX,
-                                  rope_ready, ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
-                (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
-                                  alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
-                                  sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
-                                  num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt,
-                                  stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N,
-                                  D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
-                                  DEFER_ROW_SUM, SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX,
-                                  rope_ready, ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
-                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
-                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
-                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, 2)),
-                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
-                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
-                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, 2)),
-            ], [4, 4, 4], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
-        else:
-            gl.warp_specialize([
-                (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
-                                  alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
-                                  sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
-                                  num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt,
-                                  stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N,
-                                  D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
-                                  DEFER_ROW_SUM, SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX,
-                                  rope_ready, ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
-                (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
-                                  alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
-                                  sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
-                                  num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt,
-                                  stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N,
-                                  D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
-                                  DEFER_ROW_SUM, SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX,
-                                  rope_ready, ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
-                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
-                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
-                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
-            ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+        # the second producer (the two fill alternate ring stages: tables/gluon_fp8.yaml's producers) only where
+        # PRODUCERS is 2: Triton 3.6's Gluon takes the partitions only as a list literal of the call, sliced here
+        gl.warp_specialize([
+            (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
+                              alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                              sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
+                              num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
+                              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
+                              HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
+                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
+            (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
+                              alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                              sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
+                              num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
+                              stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
+                              HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
+                              SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
+                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, PRODUCERS)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, PRODUCERS)),
+        ][:2 + PRODUCERS], [4, 4, 4][:1 + PRODUCERS], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][:1 + PRODUCERS])
     else:
-        if PRODUCERS == 2:  # one producer a ring stage (tables/gluon_fp8.yaml's producers); Triton 3.6's Gluon
-            # takes the partitions only as a literal list of the call
-            gl.warp_specialize([
-                (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
-                             ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
-                             pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end,
-                             num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
-                             stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA,
-                             ROW_BYTES, ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
-                (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
-                             ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
-                             pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end,
-                             num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
-                             stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA,
-                             ROW_BYTES, ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
-                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
-                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
-                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, 2)),
-                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
-                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
-                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, 2)),
-            ], [4, 4, 4], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
-        else:
-            gl.warp_specialize([
-                (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
-                             ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
-                             pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end,
-                             num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
-                             stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA,
-                             ROW_BYTES, ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
-                (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
-                             ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
-                             pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end,
-                             num_blocks, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph,
-                             stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA,
-                             ROW_BYTES, ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
-                (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows,
-                             start, end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES,
-                             ROWS_16B, LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
-            ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+        # the second producer (the two fill alternate ring stages: tables/gluon_fp8.yaml's producers) only where
+        # PRODUCERS is 2: Triton 3.6's Gluon takes the partitions only as a list literal of the call, sliced here
+        gl.warp_specialize([
+            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p0, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
+                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
+                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES,
+                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
+            (_consumer, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p1, kn_smem, kr_smem,
+                         ready, empty, scale_smem, m_smem, l_smem, merged, q_ready, sm_scale, stride_qt, stride_qh,
+                         pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
+                         stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
+                         stride_pls, BLOCK_H, BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES,
+                         ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, PRODUCERS)),
+            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
+                         end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, PRODUCERS)),
+        ][:2 + PRODUCERS], [4, 4, 4][:1 + PRODUCERS], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][:1 + PRODUCERS])
 
 
 def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: int, out_strides: tuple,
