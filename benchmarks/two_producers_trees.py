@@ -13,7 +13,7 @@ alternate scores and the column split get a second producer warpgroup, each prod
 
 AOT sm90 (Triton 3.6 ptxas): ``p2`` spills nothing; ``p2s`` spills 4 bytes (V3.2 32-head launches).
 
-    PYTHONPATH=. python3 benchmarks/two_producers_trees.py out
+    PYTHONPATH=. python3 benchmarks/two_producers_trees.py out [COMMIT first|tm|next]
     cd benchmarks && TREE_AB_VARIANT_TIMEOUT=80 PYTHONPATH=..:. python3 -u two_producers_ab.py $OUT/ab.json \\
         m1=../out/main p2=../out/p2 p2s=../out/p2s m2=../out/main p2b=../out/p2
 """
@@ -67,10 +67,24 @@ TM_VARIANTS = {"main": [], "k": [(DS_H32, DS_P2), (E4M3_H16, E4M3_H16_A)],
                       (E4M3_H32_SPLIT, E4M3_H32_SPLIT.replace(*TWO_120))]}
 
 
+#: Prepared for the next device call, not timed (sixty-first session; trees of main, on which V3.2's 32-head row
+#: and e4m3's 16-head unsplit row already have two producers): V3.2 at 16 heads with two producers of whole-block
+#: steps, which AOT sm90 compiles with small spills - ``n16``: producers 96, the second consumer 160 (16 bytes
+#: spilled); ``n16b``: producers 104, the second consumer 152 (32 bytes). ``main`` is the baseline.
+NEXT_VARIANTS = {"main": [],
+                 "n16": [(DS_H16, DS_H16.replace("consumer_regs: 176, producer_regs: 120",
+                                                  "consumer_regs: 160, producer_regs: 96, producers: 2"))],
+                 "n16b": [(DS_H16, DS_H16.replace("consumer_regs: 176, producer_regs: 120",
+                                                   "consumer_regs: 152, producer_regs: 104, producers: 2"))]}
+#: ``which`` -> the variants it builds.
+WHICH = {"first": VARIANTS, "tm": TM_VARIANTS, "next": NEXT_VARIANTS}
+
+
 def main(out_dir: str = "out", commit: str = BASE, which: str = "first") -> None:
-    """``out_dir/NAME`` for each of :data:`VARIANTS` (``which`` = ``first``) or :data:`TM_VARIANTS` (``tm``, of
-    branch ``wip/two-producers-tm``) (``tree_ab.build_trees``), each printed."""
-    build_trees(commit, out_dir, TABLE, VARIANTS if which == "first" else TM_VARIANTS)
+    """``out_dir/NAME`` for each variant of ``WHICH[which]``: :data:`VARIANTS` (``first``), :data:`TM_VARIANTS`
+    (``tm``, of branch ``wip/two-producers-tm``) or :data:`NEXT_VARIANTS` (``next``, of main)
+    (``tree_ab.build_trees``), each printed."""
+    build_trees(commit, out_dir, TABLE, WHICH[which])
 
 
 if __name__ == "__main__":
