@@ -382,7 +382,7 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
                   "meta_by_second", "l2_prefetch", "producers"):
         assert arr[field] == getattr(want, field), field
     summary = arr["summary"]
-    producers = "producer" if want.producers == 1 else f"{want.producers} producers (one a ring stage)"
+    producers = "producer" if want.producers == 1 else f"{want.producers} producers (one a ring stage) each"
     assert f"second consumer {want.consumer_regs} / {producers} {want.producer_regs} registers" in summary
     assert f"{want.producer_rows} rows a producer step" in summary
     assert ("whole lines" in summary) == want.lines

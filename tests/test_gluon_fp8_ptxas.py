@@ -2,8 +2,8 @@
 compiled ahead of time for sm90 (no GPU needed) with the constexprs its launcher gives a call, unsplit and
 split (at 32 heads the column-split consumers), at 16 and 32 heads, for per-tensor e4m3 caches and V3.2 rows
 (flat and paged), ptxas must report no spill beyond ``SPILL_BYTES`` (the rows of tables/gluon_fp8.yaml give each
-partition what it needs; other register splits and the second producer spilled, BENCHMARKS.md ninth
-session), no wgmma serialisation warning
+partition what it needs; other register splits spilled, as the ninth session's second producer did, BENCHMARKS.md;
+two producers where the rows say so, sixty-first session), no wgmma serialisation warning
 (C7510-C7519), and the kernel must fit in the 227 KB of shared memory an sm90 CTA may hold.
 
 Needs Triton 3.6 with its bundled ptxas and cuobjdump (:mod:`aot_sm90`); skipped elsewhere.

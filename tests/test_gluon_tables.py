@@ -217,6 +217,16 @@ def test_the_register_file_split_per_warpgroup_count():
     assert [tuning.partition_regs(n) for n in (3, 4)] == [504, 512]
 
 
+def test_two_producers_on_the_alternate_scores_are_refused():
+    """The kernel's alternate-scores branch launches one producer (a static assert there): a row asking for two, with
+    registers that would fit, is refused at load, not compiled."""
+    old = "params: {head_block: 32, consumer_regs: 176, producer_regs: 152, deferred_row_sum: true"
+    table = _edited("gluon_fp8", old, old.replace("producer_regs: 152", "producer_regs: 80, producers: 2"))
+    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_h32_unsplit': params producers: the alternate_scores path "
+                                                  r"has one producer"):
+        tuning.check_fp8_table(table)
+
+
 @pytest.mark.parametrize("count", [0, 3])
 def test_a_producer_count_the_kernel_does_not_build_is_refused(count):
     new = E4M3_H16.replace("producers: 2", f"producers: {count}")

@@ -140,7 +140,7 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     if sel.refused:
         return dict(row=sel.row.id if sel.row else None, path=None, summary="refused", why=sel.reason)
     arr = tuning.fp8_arrangement(*key)
-    producers = "producer" if arr.producers == 1 else f"{arr.producers} producers (one a ring stage)"
+    producers = "producer" if arr.producers == 1 else f"{arr.producers} producers (one a ring stage) each"
     regs = (f"second consumer {arr.consumer_regs} / {producers} {arr.producer_regs} registers, the first consumer "
             "(the default partition) what they leave")
     groups = arr.ctas_per_token(spec.num_heads)

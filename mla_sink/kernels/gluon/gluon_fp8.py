@@ -249,8 +249,8 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
               ids_smem, STAGED_IDS: gl.constexpr, L2_PREFETCH: gl.constexpr, FIRST: gl.constexpr = 0,
               STEP: gl.constexpr = 1):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
-    rows of a block at a time (``BLOCK_N``, or half of it where the consumers need the registers: 32-head
-    blocks on alternate blocks). Blocks ``FIRST, FIRST + STEP, ..``: one producer takes every block (0, 1); two
+    rows of a block at a time (``BLOCK_N``, or half of it where the producers have fewer registers: V3.2's 32-head
+    blocks with two producers of 88). Blocks ``FIRST, FIRST + STEP, ..``: one producer takes every block (0, 1); two
     take one ring stage each (``FIRST`` 0 or 1, ``STEP`` 2 = ``STAGES``), so each has two block periods a block.
     V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the rows are not 16-byte aligned (``ROWS_16B``; otherwise the consumers that compute scores copy it,
     :func:`_copy_rope`). The next step's

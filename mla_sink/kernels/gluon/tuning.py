@@ -224,8 +224,8 @@ def check_fp8_table(table) -> None:
             raise _error(table, row, f"params producers: expected one of {PRODUCER_COUNTS} (producer warpgroups), "
                                      f"got {producers!r}")
         if producers > 1 and row.path == ALTERNATE_SCORES:
-            raise _error(table, row, f"params producers: the {ALTERNATE_SCORES} path has one producer (two lost on it: "
-                                     f"32-row steps at 80-88 registers, sixty-first session), got {producers}")
+            raise _error(table, row, f"params producers: the {ALTERNATE_SCORES} path has one producer (the kernel's "
+                                     f"branch for it launches one), got {producers}")
         total = partition_regs(2 + producers)  # two consumers and the producers
         left = total - params["consumer_regs"] - producers * params["producer_regs"]
         if not REG_MIN <= left <= REG_MAX:
