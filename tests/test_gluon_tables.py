@@ -222,8 +222,8 @@ def test_two_producers_on_the_alternate_scores_are_refused():
     registers that would fit, is refused at load, not compiled."""
     old = "params: {head_block: 32, consumer_regs: 176, producer_regs: 152, deferred_row_sum: true"
     table = _edited("gluon_fp8", old, old.replace("producer_regs: 152", "producer_regs: 80, producers: 2"))
-    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_h32_unsplit': params producers: the alternate_scores path "
-                                                  r"has one producer"):
+    with pytest.raises(dispatch.TableError, match=r"row 'e4m3_h32_unsplit': params producers: the alternate_scores "
+                                                  r"path has one producer"):
         tuning.check_fp8_table(table)
 
 

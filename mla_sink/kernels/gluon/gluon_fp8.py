@@ -252,9 +252,9 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     rows of a block at a time (``BLOCK_N``, or half of it where the producers have fewer registers: V3.2's 32-head
     blocks with two producers of 88). Blocks ``FIRST, FIRST + STEP, ..``: one producer takes every block (0, 1); two
     take one ring stage each (``FIRST`` 0 or 1, ``STEP`` 2 = ``STAGES``), so each has two block periods a block.
-    V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the rows are not 16-byte aligned (``ROWS_16B``; otherwise the consumers that compute scores copy it,
-    :func:`_copy_rope`). The next step's
-    ids are loaded before this step's rows and checked after its store, off the gather's critical path.
+    V3.2 rows: the latent codes without their scales; the bf16 RoPE only where the rows are not 16-byte aligned
+    (``ROWS_16B``; otherwise the consumers that compute scores copy it, :func:`_copy_rope`). The next step's ids are
+    loaded before this step's rows and checked after its store, off the gather's critical path.
     Four other schedules measured no faster (H200, ninth session; benchmarks/fp8_few_heads_*_2026-12-01.json):
     rows copied by cp.async into a staging block with the next block's copy issued before this one is
     converted (151.6 us at H=16, T=256 against 152.6 for bf16 KV in the same run; 49.9 us at T=64 in two
