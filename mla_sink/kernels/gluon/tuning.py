@@ -57,6 +57,8 @@ def partition_regs(warpgroups: int) -> int:
     for four (two producers), as the SASS of every arrangement has them. The default partition (the first consumer)
     gets what the workers leave, which must itself be a legal count."""
     return REGISTER_FILE // (WARPGROUP_THREADS * warpgroups) // REG_STEP * REG_STEP * warpgroups
+
+
 #: The fields of ``tables/gluon_fp8.yaml`` that its lookups fill (:func:`fp8_selection`) -> (type, closed): the
 #: counts are open ints, so that every head and block count is answered (and checked) and not only the declared ones.
 FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": ("int", False),
