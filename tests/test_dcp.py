@@ -551,8 +551,10 @@ VALIDATION_EXPECT = {
     "sinks_dtype": "'sinks' must be float32",
     "local_decode": "'local_decode'",
     "out_inference": "'inputs.out' is an inference tensor",
-    "topk_length_float": "'inputs.topk_length' must be int32 [T=2] on cpu, like indices (got torch.float32 (2,)",
-    "topk_length_int64": "'inputs.topk_length' must be int32 [T=2] on cpu, like indices (got torch.int64 (2,)",
+    "topk_length_float": "'inputs.topk_length' must be int32 [T=2] on cpu, like indices (got torch.float32 shape (2,) "
+                         "on cpu)",
+    "topk_length_int64": "'inputs.topk_length' must be int32 [T=2] on cpu, like indices (got torch.int64 shape (2,) "
+                         "on cpu)",
     "local_decode_lists": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu "
                           "(got a tuple of ['list', 'list'])",
     "local_decode_int": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu, "

@@ -416,7 +416,7 @@ def test_compiled_refusals_with_dynamic_shapes_name_numbers_not_symbols():
             ((q, kv, idx, s[:8]), {}, "'sinks' must have num_heads=16 entries (got 8)"),
             ((q, kv, idx[:1], s), {}, "'indices' must have T=2 rows like q (got 1)"),
             ((q, kv, idx, s), {"topk_length": torch.tensor([1, 2, 3], dtype=torch.int32)},
-             "'topk_length' must be int32 [T=2] (got torch.int32 shape (3,))"),
+             "'topk_length' must be int32 [T=2] on cpu, like q (got torch.int32 shape (3,) on cpu)"),
             ((q, kv, idx, s), {"out": torch.empty(2, 16, 511, dtype=torch.bfloat16)},
              "'out' must be torch.bfloat16 [T=2, H=16, 512] (got torch.bfloat16 shape (2, 16, 511))")]:
         torch._dynamo.reset()

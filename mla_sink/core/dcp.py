@@ -52,7 +52,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.lse import merge_states, sink_applied
 from mla_sink.core.records import D_V
-from mla_sink.core.validate import check_out_writable, check_sinks, overlaps_itself
+from mla_sink.core.validate import check_out_writable, check_sinks, check_topk_length, overlaps_itself
 
 #: Names of the supported sharding layouts.
 LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
@@ -457,11 +457,7 @@ def dcp_sparse_mla_decode(
     check_sinks(inputs.sinks, h, q.device)  # checked on every device before any collective
     if inputs.sinks is not None and not inputs.sinks.is_contiguous():  # the GPU merge reads them at unit stride
         inputs = inputs._replace(sinks=inputs.sinks.contiguous())
-    tl = inputs.topk_length
-    if tl is not None and (not isinstance(tl, torch.Tensor) or tuple(tl.shape) != (t,) or tl.dtype != torch.int32
-                           or tl.device != idx.device):
-        got = f"{tl.dtype} {tuple(tl.shape)} on {tl.device}" if isinstance(tl, torch.Tensor) else type(tl).__name__
-        raise ValueError(f"'inputs.topk_length' must be int32 [T={t}] on {idx.device}, like indices (got {got})")
+    check_topk_length(inputs.topk_length, t, idx.device, "inputs.topk_length", "indices")
     out_dtype = _out_dtype(q)
     if inputs.out is not None and (tuple(inputs.out.shape) != (t, h, D_V) or inputs.out.dtype != out_dtype):
         raise ValueError(

@@ -152,6 +152,21 @@ def _require_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
+def check_topk_length(topk_length: Optional[torch.Tensor], T, device: torch.device, name: str = "topk_length",
+                      like: str = "q") -> None:
+    """Raises ValueError unless ``topk_length`` is None or a dense int32 ``[T]`` tensor on ``device`` (the device of
+    ``like``: q for a call, indices for a DCP call's pre-collective check), ``T`` a call's tokens (a symbolic size
+    under ``torch.compile(dynamic=True)`` is shown as the number it stands for). The message names ``name``, what
+    was given and what is allowed."""
+    if topk_length is None:
+        return
+    _require_tensor(name, topk_length)
+    if topk_length.dtype != torch.int32 or topk_length.dim() != 1 or topk_length.shape[0] != T \
+            or topk_length.device != device:
+        raise ValueError(f"'{name}' must be int32 [T={shown(T)}] on {device}, like {like} (got {topk_length.dtype} "
+                         f"shape {concrete(topk_length.shape)} on {topk_length.device})")
+
+
 def check_storage(name: str, value: Optional[torch.Tensor]) -> None:
     """Raises ValueError for a tensor with data whose storage does not hold every element it reaches (one freed or
     shrunk by ``untyped_storage().resize_(0)`` was read: NaN, and the interpreter grew it back; a break test,
@@ -525,15 +540,7 @@ def check_inputs(
     check_sinks(sinks, H, device)
     if sm_scale is not None:
         check_sm_scale(sm_scale)
-    if topk_length is not None:
-        _require_tensor("topk_length", topk_length)
-        if topk_length.dtype != torch.int32 or topk_length.dim() != 1 or topk_length.shape[0] != T:
-            raise ValueError(
-                f"'topk_length' must be int32 [T={shown(T)}] (got {topk_length.dtype} shape "
-                f"{concrete(topk_length.shape)})"
-            )
-        if topk_length.device != device:
-            raise ValueError(f"'topk_length' must be on {device}, like q (got {topk_length.device})")
+    check_topk_length(topk_length, T, device)
     if check_scales and kv_key in DS_MLA_KEYS and kv_scale is not None:
         raise ValueError(f"'kv_scale' must be None with a {kv_key} kv_cache: its scales are in the rows (four float32 "
                          "per row, one per 128 latent columns; got a tensor)")
