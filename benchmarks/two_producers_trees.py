@@ -67,10 +67,11 @@ TM_VARIANTS = {"main": [], "k": [(DS_H32, DS_P2), (E4M3_H16, E4M3_H16_A)],
                       (E4M3_H32_SPLIT, E4M3_H32_SPLIT.replace(*TWO_120))]}
 
 
-#: Prepared for the next device call, not timed (sixty-first session; trees of main, on which V3.2's 32-head row
+#: Prepared in the sixty-first session, timed in the sixty-second (H100; trees of main, on which V3.2's 32-head row
 #: and e4m3's 16-head unsplit row already have two producers): V3.2 at 16 heads with two producers of whole-block
 #: steps, which AOT sm90 compiles with small spills - ``n16``: producers 96, the second consumer 160 (16 bytes
-#: spilled); ``n16b``: producers 104, the second consumer 152 (32 bytes). ``main`` is the baseline.
+#: spilled); ``n16b``: producers 104, the second consumer 152 (32 bytes). ``main`` is the baseline. Both lost
+#: (BENCHMARKS.md, sixty-second session).
 NEXT_VARIANTS = {"main": [],
                  "n16": [(DS_H16, DS_H16.replace("consumer_regs: 176, producer_regs: 120",
                                                   "consumer_regs: 160, producer_regs: 96, producers: 2"))],
