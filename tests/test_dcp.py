@@ -168,6 +168,19 @@ def _inference_tensor(*shape: int) -> torch.Tensor:
         return torch.empty(*shape)
 
 
+def _freed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its storage freed (``untyped_storage().resize_(0)``)."""
+    t.untyped_storage().resize_(0)
+    return t
+
+
+def _fake(t: torch.Tensor) -> torch.Tensor:
+    """A FakeTensor of ``t`` (no data), of a fresh ``FakeTensorMode``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode().from_tensor(t)
+
+
 def _validation_calls(rank: int, w: int) -> dict[str, str]:
     """Bad calls on a live group; each must raise ValueError before any collective."""
     n = 61
@@ -203,6 +216,14 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
         "local_decode_complex": (base, dict(kw, local_decode=lambda inp: (torch.zeros(2, 4, 512, dtype=torch.complex64),
                                                                           torch.zeros(2, 4)))),
         "local_decode_one": (base, dict(kw, local_decode=lambda inp: torch.zeros(2, 4, 512))),
+        # break test, sixty-second session: DCP's own index arithmetic read a freed topk_length or indices (the
+        # process crashed) and met a FakeTensor topk_length beside real tensors (PyTorch's AssertionError)
+        "topk_length_freed": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=_freed(torch.tensor([3, 2],
+                                                                                                     dtype=torch.int32))),
+                              kw),
+        "indices_freed": (DecodeInputs(q, good_kv, _freed(idx.clone()), 576**-0.5), kw),
+        "topk_length_fake": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=_fake(torch.tensor(
+            [3, 2], dtype=torch.int32))), kw),
     }
     msgs = {}
     for name, (inp, kwargs) in bad.items():
@@ -555,6 +576,9 @@ VALIDATION_EXPECT = {
                          "on cpu)",
     "topk_length_int64": "'inputs.topk_length' must be int32 [T=2] on cpu, like indices (got torch.int64 shape (2,) "
                          "on cpu)",
+    "topk_length_freed": "'inputs.topk_length' reaches byte 8 of its storage, which holds 0 bytes",
+    "indices_freed": "'inputs.indices' reaches byte 64 of its storage, which holds 0 bytes",
+    "topk_length_fake": "'inputs.topk_length' must hold data like q (got a FakeTensor on cpu",
     "local_decode_lists": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu "
                           "(got a tuple of ['list', 'list'])",
     "local_decode_int": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu, "

@@ -410,6 +410,20 @@ def test_a_huge_int_scalar_is_named_briefly(arg, value):
     assert len(str(e.value)) < 400
 
 
+@pytest.mark.parametrize("arg", ["sinks", "topk_length"])
+def test_a_zero_tensor_after_a_call_of_its_signature_is_refused(arg):
+    """A call's signature records whether a tensor is a zero tensor (``torch._efficientzerotensor``), so a zero
+    tensor after a good call of the same shapes is refused by name as on a first call, not sent to the launch
+    prepared for the good one (it met Triton's "invalid python storage" RuntimeError there: a break test,
+    sixty-second session)."""
+    x = dict(good(), sinks=torch.zeros(4))
+    x["topk_length"] = torch.full((x["q"].shape[0],), x["indices"].shape[1], dtype=torch.int32)
+    sparse_mla_decode(**x)
+    x[arg] = torch._efficientzerotensor(x[arg].shape, dtype=x[arg].dtype)
+    with pytest.raises(ValueError, match=rf"'{arg}' must not be a zero tensor"):
+        sparse_mla_decode(**x)
+
+
 @pytest.mark.parametrize("arg", ["q", "kv_cache", "indices", "sinks"])
 @pytest.mark.parametrize("how", ["freed storage", "one element short", "zero tensor"])
 def test_a_tensor_without_the_storage_it_reaches_is_refused_by_name(arg, how):

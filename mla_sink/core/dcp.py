@@ -52,7 +52,8 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.lse import merge_states, sink_applied
 from mla_sink.core.records import D_V
-from mla_sink.core.validate import check_out_writable, check_sinks, check_topk_length, overlaps_itself
+from mla_sink.core.validate import (READ_BY_KERNELS, check_data, check_out_writable, check_sinks, check_topk_length,
+                                   overlaps_itself)
 
 #: Names of the supported sharding layouts.
 LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
@@ -468,6 +469,7 @@ def dcp_sparse_mla_decode(
                          f"{inputs.out.device}, strides {inputs.out.stride()})")
     if inputs.out is not None:
         check_out_writable(inputs.out, "inputs.out")  # not after the collectives, from the merge's copy
+    check_data(q, ((f"inputs.{name}", getattr(inputs, name)) for name in READ_BY_KERNELS + ("out",)))
 
     if t == 0:  # every rank has the same T, so every rank skips the collectives together
         res = inputs.out if inputs.out is not None else q.new_empty((0, h, D_V), dtype=out_dtype)

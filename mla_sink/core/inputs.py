@@ -94,5 +94,8 @@ def _tensor_meta(t: Optional[torch.Tensor]) -> Optional[tuple]:
         return None
     # the layout too: an mkldnn tensor has a dense one's strides, and matched a dense call's prepared signature,
     # which skipped the refusal (a break test, thirty-ninth session); and the type: a FakeTensor (no data) has a real
-    # tensor's metadata and device, and matched a real call's signature (forty-first session)
-    return (type(t), t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg(), t.layout)
+    # tensor's metadata and device, and matched a real call's signature (forty-first session); and whether it is a
+    # zero tensor or a conjugated view, which the first call of a signature refuses and a later one skipped to the
+    # launch (a zero tensor reached Triton's "invalid python storage" RuntimeError: sixty-second session)
+    return (type(t), t.dtype, t.shape, t.stride(), t.device, t.requires_grad, t.is_neg(), t.is_conj(),
+            t._is_zerotensor(), t.layout)
