@@ -160,6 +160,9 @@ def check_topk_length(topk_length: Optional[torch.Tensor], T, device: torch.devi
     was given and what is allowed."""
     if topk_length is None:
         return
+    if not isinstance(topk_length, torch.Tensor):
+        raise ValueError(f"'{name}' must be None or an int32 [T={shown(T)}] tensor on {device}, like {like} (got "
+                         f"{type(topk_length).__name__})")
     _require_tensor(name, topk_length)
     if topk_length.dtype != torch.int32 or topk_length.dim() != 1 or topk_length.shape[0] != T \
             or topk_length.device != device:
