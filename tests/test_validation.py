@@ -41,6 +41,7 @@ BAD = [
     (lambda x: x.update(sm_scale=float("inf")), "sm_scale"),
     (lambda x: x.update(topk_length=torch.zeros(2, dtype=torch.int64)), "topk_length"),
     (lambda x: x.update(topk_length=torch.zeros(3, dtype=torch.int32)), "topk_length"),
+    (lambda x: x.update(topk_length=[8, 8]), "topk_length"),
     (lambda x: x.update(kv_scale=torch.ones(1)), "kv_scale"),
     (lambda x: x.update(out=torch.empty(2, 4, 512)), "out"),
     (lambda x: x.update(out=torch.empty(2, 4, 576, dtype=torch.bfloat16)), "out"),
