@@ -52,8 +52,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.lse import merge_states, sink_applied
 from mla_sink.core.records import D_V
-from mla_sink.core.validate import (READ_BY_KERNELS, check_data, check_out_writable, check_sinks, check_topk_length,
-                                   overlaps_itself)
+from mla_sink.core.validate import check_data, check_out_writable, check_sinks, check_topk_length, overlaps_itself
 
 #: Names of the supported sharding layouts.
 LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
@@ -62,6 +61,10 @@ LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
 LocalDecode = Callable[[DecodeInputs], "tuple[torch.Tensor, torch.Tensor]"]
 
 _PACK_ALIGN = 16  # bytes; keeps every unpacked view aligned for any element size
+
+#: The tensors of a DCP call that :func:`dcp_sparse_mla_decode`'s own code reads or writes before and after the local
+#: decode: the ids it maps and masks, and the sinks and ``out`` of the merge.
+_READ_HERE = ("indices", "topk_length", "sinks", "out")
 
 
 def _check_int(name: str, value: object, lo: int) -> int:
@@ -433,7 +436,9 @@ def dcp_sparse_mla_decode(
             inconsistent shapes, or ``out`` another dtype than the output dtype; ``sinks`` is not fp32
             and on q's device (any stride: the merge reads a contiguous copy of strided ones); ``out`` is on
             another device, overlaps itself, or is an inference tensor outside ``torch.inference_mode()``;
-            ``topk_length`` is not int32 on ``indices``' device; ``local_decode`` is not callable, or returns
+            ``topk_length`` is not int32 on ``indices``' device; ``indices``, ``topk_length``, ``sinks`` or
+            ``out`` has no data beside a q with data, or a storage that does not hold its elements (freed or
+            shrunk); ``local_decode`` is not callable, or returns
             anything but two real float tensors of the shapes above on q's device.
 
     Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
@@ -469,7 +474,8 @@ def dcp_sparse_mla_decode(
                          f"{inputs.out.device}, strides {inputs.out.stride()})")
     if inputs.out is not None:
         check_out_writable(inputs.out, "inputs.out")  # not after the collectives, from the merge's copy
-    check_data(q, ((f"inputs.{name}", getattr(inputs, name)) for name in READ_BY_KERNELS + ("out",)))
+    # the tensors this function's own code reads or writes (the local decode checks the others as a call does)
+    check_data(q, ((f"inputs.{name}", getattr(inputs, name)) for name in _READ_HERE))
 
     if t == 0:  # every rank has the same T, so every rank skips the collectives together
         res = inputs.out if inputs.out is not None else q.new_empty((0, h, D_V), dtype=out_dtype)
