@@ -188,6 +188,7 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
     idx = torch.zeros(2, 8, dtype=torch.int32)
     good_kv = shard_kv_cache(torch.randn(n, 576), w, rank, "interleaved")
     base = DecodeInputs(q, good_kv, idx, 576**-0.5)
+    lengths = torch.tensor([3, 2], dtype=torch.int32)
     kw = dict(group=None, layout="interleaved", num_kv_rows=n, local_decode=_local_reference)
     bad = {
         "layout": (base, dict(kw, layout="blocked")),
@@ -218,12 +219,9 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
         "local_decode_one": (base, dict(kw, local_decode=lambda inp: torch.zeros(2, 4, 512))),
         # break test, sixty-second session: DCP's own index arithmetic read a freed topk_length or indices (the
         # process crashed) and met a FakeTensor topk_length beside real tensors (PyTorch's AssertionError)
-        "topk_length_freed": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=_freed(torch.tensor([3, 2],
-                                                                                                     dtype=torch.int32))),
-                              kw),
+        "topk_length_freed": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=_freed(lengths.clone())), kw),
         "indices_freed": (DecodeInputs(q, good_kv, _freed(idx.clone()), 576**-0.5), kw),
-        "topk_length_fake": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=_fake(torch.tensor(
-            [3, 2], dtype=torch.int32))), kw),
+        "topk_length_fake": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=_fake(lengths)), kw),
     }
     msgs = {}
     for name, (inp, kwargs) in bad.items():

@@ -63,7 +63,7 @@ def check_kinds_like_q(q: torch.Tensor, named) -> None:
 def check_call_kinds(x) -> None:
     """:func:`check_kinds_like_q` over the tensors of a call ``x`` (a :class:`~mla_sink.core.inputs.DecodeInputs`):
     kv_cache, indices, sinks, topk_length, the scales and out."""
-    check_kinds_like_q(x.q, ((name, getattr(x, name)) for name in READ_BY_KERNELS + ("out",)))
+    check_kinds_like_q(x.q, ((name, getattr(x, name)) for name in _READ_BY_KERNELS + ("out",)))
 
 
 def _kind_text(kind: tuple, q_kind: tuple) -> str:
@@ -582,17 +582,16 @@ def check_inputs(
         if out.requires_grad:
             raise ValueError("'out' must not require grad (the kernel writes it in place; pass a plain buffer)")
         check_out_writable(out)
-        _check_out_shares_nothing(out, zip(READ_BY_KERNELS, (q, kv_cache, indices, sinks, topk_length, q_scale,
+        _check_out_shares_nothing(out, zip(_READ_BY_KERNELS, (q, kv_cache, indices, sinks, topk_length, q_scale,
                                                               kv_scale)))
-    check_data(q, tuple(zip(READ_BY_KERNELS + ("out",),
-                            (q, kv_cache, indices, sinks, topk_length, q_scale, kv_scale, out))))
+    check_data(q, zip(_READ_BY_KERNELS + ("out",), (q, kv_cache, indices, sinks, topk_length, q_scale, kv_scale, out)))
 
 
 def check_data(q: torch.Tensor, named) -> None:
     """Raises ValueError unless every tensor of ``named`` (``(argument name, tensor or None)`` pairs, q's among them)
     is of q's kind (:func:`check_kinds_like_q`; where q holds data, since a kernel will read and write every tensor
     of the call) and its storage holds every element it reaches (:func:`check_storage`). For a call
-    (:func:`validate_inputs`) and a DCP call's checks before any collective
+    (:func:`check_inputs`) and a DCP call's checks before any collective
     (:func:`mla_sink.core.dcp.dcp_sparse_mla_decode`, whose own index arithmetic read a freed ``topk_length`` or
     ``indices`` and crashed the process: a break test, sixty-second session)."""
     named = tuple(named)
@@ -624,11 +623,11 @@ def check_out_overlaps(x) -> None:
             indices, sinks, topk_length or a scale.
     """
     check_out_writable(x.out)
-    _check_out_shares_nothing(x.out, ((name, getattr(x, name)) for name in READ_BY_KERNELS))
+    _check_out_shares_nothing(x.out, ((name, getattr(x, name)) for name in _READ_BY_KERNELS))
 
 
 #: The tensors of a call that a kernel reads, by their argument names: ``out`` may share memory with none of them.
-READ_BY_KERNELS = ("q", "kv_cache", "indices", "sinks", "topk_length", "q_scale", "kv_scale")
+_READ_BY_KERNELS = ("q", "kv_cache", "indices", "sinks", "topk_length", "q_scale", "kv_scale")
 
 
 def _check_out_shares_nothing(out: torch.Tensor, named) -> None:
