@@ -222,6 +222,14 @@ def _validation_calls(rank: int, w: int) -> dict[str, str]:
         "topk_length_freed": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=_freed(lengths.clone())), kw),
         "indices_freed": (DecodeInputs(q, good_kv, _freed(idx.clone()), 576**-0.5), kw),
         "topk_length_fake": (DecodeInputs(q, good_kv, idx, 576**-0.5, topk_length=_fake(lengths)), kw),
+        # second break test, sixty-second session: a strided freed sinks was copied (a crash) before the storage
+        # check, zero tensors passed it (their storages "hold" them), a meta indices was named as topk_length's
+        # device, and a list out met an AttributeError
+        "sinks_strided_freed": (DecodeInputs(q, good_kv, idx, 576**-0.5, sinks=_freed(torch.zeros(8)[::2])), kw),
+        "out_zero": (DecodeInputs(q, good_kv, idx, 576**-0.5, out=torch._efficientzerotensor(2, 4, 512)), kw),
+        "indices_zero": (DecodeInputs(q, good_kv, torch._efficientzerotensor(2, 8, dtype=torch.int32), 576**-0.5), kw),
+        "indices_meta": (DecodeInputs(q, good_kv, idx.to("meta"), 576**-0.5, topk_length=lengths), kw),
+        "out_list": (DecodeInputs(q, good_kv, idx, 576**-0.5, out=[0]), kw),
     }
     msgs = {}
     for name, (inp, kwargs) in bad.items():
@@ -577,6 +585,11 @@ VALIDATION_EXPECT = {
     "topk_length_freed": "'inputs.topk_length' reaches byte 8 of its storage, which holds 0 bytes",
     "indices_freed": "'inputs.indices' reaches byte 64 of its storage, which holds 0 bytes",
     "topk_length_fake": "'inputs.topk_length' must hold data like q (got a FakeTensor on cpu",
+    "sinks_strided_freed": "'inputs.sinks' reaches byte 28 of its storage, which holds 0 bytes",
+    "out_zero": "'inputs.out' must not be a zero tensor",
+    "indices_zero": "'inputs.indices' must not be a zero tensor",
+    "indices_meta": "'inputs.indices' must hold data like q (got a Tensor on meta",
+    "out_list": "'inputs.out' must be None or a torch.Tensor (got list)",
     "local_decode_lists": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu "
                           "(got a tuple of ['list', 'list'])",
     "local_decode_int": "'local_decode' must return a pair (out [2, 4, 512], lse [2, 4]) of float tensors on cpu, "

@@ -436,7 +436,8 @@ def dcp_sparse_mla_decode(
             inconsistent shapes, or ``out`` another dtype than the output dtype; ``sinks`` is not fp32
             and on q's device (any stride: the merge reads a contiguous copy of strided ones); ``out`` is on
             another device, overlaps itself, or is an inference tensor outside ``torch.inference_mode()``;
-            ``topk_length`` is not int32 on ``indices``' device; ``indices``, ``topk_length``, ``sinks`` or
+            ``topk_length`` is not int32 on ``indices``' device; ``q``, ``kv_cache``, ``indices`` or ``out`` is not
+            a tensor (``out`` may be None); ``indices``, ``topk_length``, ``sinks`` or
             ``out`` has no data beside a q with data, or a storage that does not hold its elements (freed or
             shrunk); ``local_decode`` is not callable, or returns
             anything but two real float tensors of the shapes above on q's device.
@@ -451,6 +452,11 @@ def dcp_sparse_mla_decode(
     world, rank = group_size_rank(group)
     if dcp_world_size is not None and dcp_world_size != world:
         raise ValueError(f"'dcp_world_size' must equal the size of 'group' ({world}) (got {dcp_world_size!r})")
+    for name in ("q", "kv_cache", "indices", "out"):  # (sinks and topk_length: their own checks below)
+        value = getattr(inputs, name)
+        if not isinstance(value, torch.Tensor) and (value is not None or name != "out"):
+            allowed = "None or a torch.Tensor" if name == "out" else "a torch.Tensor"
+            raise ValueError(f"'inputs.{name}' must be {allowed} (got {type(value).__name__})")
     q, idx = inputs.q, inputs.indices
     if q.dim() != 3:
         raise ValueError(f"'inputs.q' must be [T, H, 576] (got shape {tuple(q.shape)})")
@@ -461,6 +467,9 @@ def dcp_sparse_mla_decode(
     if inputs.sinks is not None and tuple(inputs.sinks.shape) != (h,):
         raise ValueError(f"'inputs.sinks' must be fp32 [H={h}] (got shape {tuple(inputs.sinks.shape)})")
     check_sinks(inputs.sinks, h, q.device)  # checked on every device before any collective
+    # the tensors this function's own code reads or writes (the local decode checks the others as a call does), before
+    # the sinks' copy below reads them
+    check_data(q, ((f"inputs.{name}", getattr(inputs, name)) for name in _READ_HERE))
     if inputs.sinks is not None and not inputs.sinks.is_contiguous():  # the GPU merge reads them at unit stride
         inputs = inputs._replace(sinks=inputs.sinks.contiguous())
     check_topk_length(inputs.topk_length, t, idx.device, "inputs.topk_length", "indices")
@@ -474,8 +483,6 @@ def dcp_sparse_mla_decode(
                          f"{inputs.out.device}, strides {inputs.out.stride()})")
     if inputs.out is not None:
         check_out_writable(inputs.out, "inputs.out")  # not after the collectives, from the merge's copy
-    # the tensors this function's own code reads or writes (the local decode checks the others as a call does)
-    check_data(q, ((f"inputs.{name}", getattr(inputs, name)) for name in _READ_HERE))
 
     if t == 0:  # every rank has the same T, so every rank skips the collectives together
         res = inputs.out if inputs.out is not None else q.new_empty((0, h, D_V), dtype=out_dtype)

@@ -588,13 +588,18 @@ def check_inputs(
 
 
 def check_data(q: torch.Tensor, named) -> None:
-    """Raises ValueError unless every tensor of ``named`` (``(argument name, tensor or None)`` pairs, q's among them)
-    is of q's kind (:func:`check_kinds_like_q`; where q holds data, since a kernel will read and write every tensor
-    of the call) and its storage holds every element it reaches (:func:`check_storage`). For a call
+    """Raises ValueError unless every tensor of ``named`` (``(argument name, value)`` pairs, q's among them; values
+    that are not tensors are left to the caller's own checks) is dense and neither a lazily negated or conjugated
+    view nor a zero tensor (:func:`_require_tensor`), is of q's kind (:func:`check_kinds_like_q`; where q holds data,
+    since a kernel will read and write every tensor of the call), and has a storage that holds every element it
+    reaches (:func:`check_storage`). For a call
     (:func:`check_inputs`) and a DCP call's checks before any collective
     (:func:`mla_sink.core.dcp.dcp_sparse_mla_decode`, whose own index arithmetic read a freed ``topk_length`` or
     ``indices`` and crashed the process: a break test, sixty-second session)."""
     named = tuple(named)
+    for name, t in named:
+        if isinstance(t, torch.Tensor):  # (what is not a tensor is its own check's to refuse, with what is allowed)
+            _require_tensor(name, t)  # dense, not a lazy view, not a zero tensor (whose storage check passes)
     if _has_memory(q):
         check_kinds_like_q(q, named)
     for name, t in named:
