@@ -52,7 +52,8 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.lse import merge_states, sink_applied
 from mla_sink.core.records import D_V
-from mla_sink.core.validate import check_data, check_out_writable, check_sinks, check_topk_length, overlaps_itself
+from mla_sink.core.validate import (check_data, check_out_writable, check_sinks, check_topk_length, overlaps_itself,
+                                   require_tensor)
 
 #: Names of the supported sharding layouts.
 LAYOUTS: tuple[str, ...] = ("interleaved", "contiguous")
@@ -468,8 +469,12 @@ def dcp_sparse_mla_decode(
         raise ValueError(f"'inputs.sinks' must be fp32 [H={h}] (got shape {tuple(inputs.sinks.shape)})")
     check_sinks(inputs.sinks, h, q.device)  # checked on every device before any collective
     # the tensors this function's own code reads or writes (the local decode checks the others as a call does), before
-    # the sinks' copy below reads them
-    check_data(q, ((f"inputs.{name}", getattr(inputs, name)) for name in _READ_HERE))
+    # the sinks' copy below reads them: dense, not a lazy view nor a zero tensor, of q's kind, their storages whole
+    named = tuple((f"inputs.{name}", getattr(inputs, name)) for name in _READ_HERE)
+    for name, value in named:
+        if isinstance(value, torch.Tensor):  # (what is not a tensor is its own check's to refuse, with what is allowed)
+            require_tensor(name, value)
+    check_data(q, named)
     if inputs.sinks is not None and not inputs.sinks.is_contiguous():  # the GPU merge reads them at unit stride
         inputs = inputs._replace(sinks=inputs.sinks.contiguous())
     check_topk_length(inputs.topk_length, t, idx.device, "inputs.topk_length", "indices")

@@ -138,7 +138,7 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
         _misaligned_ds_mla(f"a view at byte offset {offset * kv_cache.element_size()} of its storage")
 
 
-def _require_tensor(name: str, value: object) -> torch.Tensor:
+def require_tensor(name: str, value: object) -> torch.Tensor:
     """``value`` as a tensor a kernel can read: dense and strided (:func:`mla_sink.core.kv_layout.check_dense`), not a
     lazily negated or conjugated view, not a zero tensor (``torch._efficientzerotensor``: no storage, which Triton's
     launch met with PyTorch's "invalid python storage" RuntimeError; a break test, forty-sixth session)."""
@@ -163,7 +163,7 @@ def check_topk_length(topk_length: Optional[torch.Tensor], T, device: torch.devi
     if not isinstance(topk_length, torch.Tensor):
         raise ValueError(f"'{name}' must be None or an int32 [T={shown(T)}] tensor on {device}, like {like} (got "
                          f"{type(topk_length).__name__})")
-    _require_tensor(name, topk_length)
+    require_tensor(name, topk_length)
     if topk_length.dtype != torch.int32 or topk_length.dim() != 1 or topk_length.shape[0] != T \
             or topk_length.device != device:
         raise ValueError(f"'{name}' must be int32 [T={shown(T)}] on {device}, like {like} (got {topk_length.dtype} "
@@ -272,7 +272,7 @@ def check_sinks(sinks: Optional[torch.Tensor], num_heads: int, device: Optional[
     """
     if sinks is None:
         return
-    _require_tensor("sinks", sinks)
+    require_tensor("sinks", sinks)
     if sinks.dtype != torch.float32:
         raise ValueError(f"'sinks' must be float32 (got {sinks.dtype})")
     if sinks.dim() != 1:
@@ -301,7 +301,7 @@ def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
     Raises:
         ValueError: naming the argument, what it is and what is allowed.
     """
-    _require_tensor("part_out", part_out)
+    require_tensor("part_out", part_out)
     if part_out.device.type not in ("cpu", "cuda"):
         raise ValueError(f"'part_out' must be on a cpu or cuda (CUDA/ROCm) device (got {part_out.device})")
     if part_out.dim() != 4 or part_out.shape[3] != D_V or (part_out.numel() and part_out.stride(3) != 1):
@@ -311,7 +311,7 @@ def check_merge_buffers(part_out, part_lse, sinks, out, lse) -> None:
     dev = part_out.device
     for name, t, shape, dtypes in (("part_lse", part_lse, (R, T, H), None), ("out", out, (T, H, D_V), MERGE_DTYPES),
                                    ("lse", lse, (T, H), (torch.float32,))):
-        _require_tensor(name, t)
+        require_tensor(name, t)
         if tuple(t.shape) != shape:
             raise ValueError(f"'{name}' must be {list(shape)} for part_out {list(part_out.shape)} (got "
                              f"{list(t.shape)})")
@@ -495,9 +495,9 @@ def check_inputs(
     Raises:
         ValueError: naming the argument, the value and what is allowed.
     """
-    _require_tensor("q", q)
-    _require_tensor("kv_cache", kv_cache)
-    _require_tensor("indices", indices)
+    require_tensor("q", q)
+    require_tensor("kv_cache", kv_cache)
+    require_tensor("indices", indices)
     if q.dtype not in DTYPE_KEYS:
         raise ValueError(f"'q' dtype must be one of {sorted(DTYPE_KEYS.values())} (got {q.dtype})")
     kv_key = kv_dtype_key(kv_cache)  # ValueError for other dtypes and uint8 rows of unknown size
@@ -559,14 +559,14 @@ def check_inputs(
             raise ValueError(f"'{name}' must be None when {owner} is {_dt(tensor)} "
                              f"(scales apply to fp8 only; got a tensor)")
         if scale is not None:
-            _require_tensor(name, scale)
+            require_tensor(name, scale)
             if scale.dtype != torch.float32 or tuple(scale.shape) not in ((1,), ()):
                 raise ValueError(f"'{name}' must be float32 of shape [1] or [] "
                                  f"(got {scale.dtype} shape {concrete(scale.shape)})")
             if scale.device != device:
                 raise ValueError(f"'{name}' must be on {device}, like q (got {scale.device})")
     if out is not None:
-        _require_tensor("out", out)
+        require_tensor("out", out)
         want = out_dtype_for(_dt(q))
         if tuple(out.shape) != (T, H, D_V) or out.dtype != want:
             raise ValueError(
@@ -589,17 +589,13 @@ def check_inputs(
 
 def check_data(q: torch.Tensor, named) -> None:
     """Raises ValueError unless every tensor of ``named`` (``(argument name, value)`` pairs, q's among them; values
-    that are not tensors are left to the caller's own checks) is dense and neither a lazily negated or conjugated
-    view nor a zero tensor (:func:`_require_tensor`), is of q's kind (:func:`check_kinds_like_q`; where q holds data,
-    since a kernel will read and write every tensor of the call), and has a storage that holds every element it
-    reaches (:func:`check_storage`). For a call
-    (:func:`check_inputs`) and a DCP call's checks before any collective
+    that are not tensors are left to the caller's own checks) is of q's kind (:func:`check_kinds_like_q`; where q
+    holds data, since a kernel will read and write every tensor of the call) and has a storage that holds every
+    element it reaches (:func:`check_storage`). The caller has passed each through :func:`require_tensor` (a zero
+    tensor's storage check passes). For a call (:func:`check_inputs`) and a DCP call's checks before any collective
     (:func:`mla_sink.core.dcp.dcp_sparse_mla_decode`, whose own index arithmetic read a freed ``topk_length`` or
     ``indices`` and crashed the process: a break test, sixty-second session)."""
     named = tuple(named)
-    for name, t in named:
-        if isinstance(t, torch.Tensor):  # (what is not a tensor is its own check's to refuse, with what is allowed)
-            _require_tensor(name, t)  # dense, not a lazy view, not a zero tensor (whose storage check passes)
     if _has_memory(q):
         check_kinds_like_q(q, named)
     for name, t in named:
