@@ -257,8 +257,10 @@ def run(
             size) or a positive
             ``inputs.logit_cap`` other than ``spec.logit_cap``; ``platform`` describing another arch than the tensors'
             device; an input that requires grad in grad mode (no backward); ``path`` not a path of the table. With DCP,
-            before any collective: the DCP arguments (:func:`check_dcp_args`) and a shard or ids that disagree with
-            ``num_kv_rows`` and ``dcp_layout`` (:func:`mla_sink.core.dcp.dcp_sparse_mla_decode`); without DCP, a
+            before the call's exchange: the DCP arguments (:func:`check_dcp_args`) and a shard or ids that disagree
+            with ``num_kv_rows`` and ``dcp_layout`` (:func:`mla_sink.core.dcp.dcp_sparse_mla_decode`); a rank that
+            refuses a DCP call still joins its exchange, so the other ranks return NaN (LSE +inf) instead of waiting
+            (:func:`mla_sink.core.dcp.join_refused_call`); without DCP, a
             ``dcp_group`` or ``num_kv_rows`` given, or a ``dcp_layout`` that is not a layout name.
         NoKernelError: no path serves the call on this platform (the message is the full explanation).
     """
@@ -516,26 +518,33 @@ def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform]
         local = _PREPARED_DCP.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full checks
         key = local = None
-    if local is not None:
-        if x.out is not None:
-            check_out_overlaps(x)  # per call, as _execute_eager: not part of the signature
-    else:
-        check_kv_dtype_matches(spec, x)
-        check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
-                     kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
-        check_spec_matches(spec, x)
-        size_rank = check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
-        if has_no_data(x.q):  # a DCP layer's or run()'s shape inference (a break test, forty-sixth session: it
-            # prepared the Triton runner for meta tensors, which asked the CUDA runtime for a device)
-            from mla_sink.core.dcp import check_shard
+    try:  # a check that fails on this rank only (its shard, its out) still joins the call's exchange
+        if local is not None:
+            if x.out is not None:
+                check_out_overlaps(x)  # per call, as _execute_eager: not part of the signature
+        else:
+            check_kv_dtype_matches(spec, x)
+            check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
+                         q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
+            check_spec_matches(spec, x)
+            size_rank = check_dcp_args(spec.dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
+            if has_no_data(x.q):  # a DCP layer's or run()'s shape inference (a break test, forty-sixth session: it
+                # prepared the Triton runner for meta tensors, which asked the CUDA runtime for a device)
+                from mla_sink.core.dcp import check_shard
 
-            check_call_kinds(x)
-            check_shard(x, num_kv_rows, *size_rank, dcp_layout)
-            return _dcp_shapes(x)
-        spec = spec_for_tensors(spec, x)  # the stride facts are the tensors' (tensor_facts)
-        local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0], path=path))
-        if key is not None:
-            _keep_prepared(_PREPARED_DCP, key, local)
+                check_call_kinds(x)
+                check_shard(x, num_kv_rows, *size_rank, dcp_layout)
+                return _dcp_shapes(x)
+            spec = spec_for_tensors(spec, x)  # the stride facts are the tensors' (tensor_facts)
+            local = local_decode_fp32(build_plan(spec, _platform_of(x, platform), num_tokens=x.q.shape[0],
+                                                 path=path))
+            if key is not None:
+                _keep_prepared(_PREPARED_DCP, key, local)
+    except Exception as error:
+        from mla_sink.core.dcp import join_refused_call
+
+        join_refused_call(x.q, dcp_group, error)
+        raise
     return run_dcp(local, x, group=dcp_group, layout=dcp_layout, num_kv_rows=num_kv_rows,
                    dcp_world_size=spec.dcp_world_size)
 

@@ -374,6 +374,56 @@ def _shape_inference_calls(rank: int, w: int) -> dict:
     return got
 
 
+def _refused_on_one_rank_calls(rank: int, w: int) -> dict:
+    """Calls that only the last rank refuses (its own shard, its ``out``, its local decode: a break test, sixty-third
+    session - the other ranks waited in the all-gather until the group's timeout, and a rank that carried on paired
+    its next call's all-gather with their pending one). Each is followed by a good call on every rank: the group must
+    still be in step and the good call correct."""
+    from mla_sink import CallSpec, run
+
+    g = torch.Generator().manual_seed(11)  # same tensors on every rank
+    n, T, H = 23, 3, 4
+    q = torch.randn(T, H, 576, generator=g).bfloat16()
+    full = torch.randn(n, 576, generator=g).bfloat16()
+    idx = torch.randint(-1, n + 1, (T, 8), generator=g, dtype=torch.int32)
+    sinks = torch.tensor([0.0, 1.0, math.inf, -math.inf])
+    shard = shard_kv_cache(full, w, rank, "interleaved", copy=True)
+    bad_rank = rank == w - 1
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=H, topk=8, sinks=True, dcp_world_size=w)
+
+    def public(kv):
+        return run(spec, {"q": q, "kv_cache": kv, "indices": idx, "sinks": sinks}, dcp_group=dist.group.WORLD,
+                   num_kv_rows=n)
+
+    def lower(kv, out=None, local=_local_reference):
+        return dcp_sparse_mla_decode(DecodeInputs(q, kv, idx, 576**-0.5, sinks=sinks, out=out), group=None,
+                                     layout="interleaved", num_kv_rows=n, local_decode=local)
+
+    def boom(inp):
+        raise RuntimeError("local decode failed on this rank")
+
+    calls = {
+        "shard_dtype": (lambda: public(shard.half() if bad_rank else shard), lambda: public(shard)),
+        "shard_rows": (lambda: lower(shard[:-1] if bad_rank else shard), lambda: lower(shard)),
+        "out_dtype": (lambda: lower(shard, out=torch.empty(T, H, 512, dtype=torch.float16 if bad_rank else
+                                                           torch.bfloat16)), lambda: lower(shard)),
+        "local_decode_fails": (lambda: lower(shard, local=boom if bad_rank else _local_reference),
+                               lambda: lower(shard)),
+    }
+    res = {}
+    for name, (refused, good) in calls.items():
+        rec = {}
+        try:
+            out, lse = refused()
+            rec.update(poisoned=bool(out.float().isnan().all() and lse.isposinf().all()))
+        except Exception as e:  # noqa: BLE001 - the type, message and notes are checked by the test
+            rec.update(error=type(e).__name__, message=str(e), notes=list(getattr(e, "__notes__", [])))
+        out, lse = good()
+        rec.update(out=out, lse=lse, q=q, kv=full, idx=idx, sinks=sinks)
+        res[name] = rec
+    return res
+
+
 def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -> None:
     try:
         torch.set_num_threads(1)
@@ -408,8 +458,9 @@ def _worker(rank: int, w: int, store_path: str, cases_path: str, out_dir: str) -
         results["cancel"] = _cancelling_partials_calls(rank, w)
         results["repeated"] = _repeated_layer_calls(rank, w)
         results["shapes"] = _shape_inference_calls(rank, w)
+        results["refused"] = _refused_on_one_rank_calls(rank, w)
         errors = _validation_calls(rank, w)
-        dist.barrier()  # the group is still in step: no failed call entered a collective
+        dist.barrier()  # the group is still in step: a refused call joins one exchange on every rank, or none
         torch.save(dict(results=results, errors=errors), os.path.join(out_dir, f"rank{rank}.pt"))
         dist.destroy_process_group()
     except BaseException:
@@ -562,6 +613,41 @@ def test_cancelling_partials_are_exact(groups, w):
         for how, out in g["results"]["cancel"].items():
             assert out.dtype == torch.bfloat16 and out.shape == (1, 1, 512)
             assert out.float().unique().tolist() == [CANCEL_ANSWER], (how, out.float().unique())
+
+
+REFUSED_EXPECT = {
+    "shard_dtype": ("ValueError", "'kv_cache'"),
+    "shard_rows": ("ValueError", "'inputs.kv_cache' must hold this rank's shard"),
+    "out_dtype": ("ValueError", "'inputs.out' must be torch.bfloat16"),
+    "local_decode_fails": ("RuntimeError", "local decode failed on this rank"),
+}
+
+
+@pytest.mark.parametrize("w", WORLD_SIZES, ids=lambda w: f"dcp{w}")
+@pytest.mark.parametrize("case", sorted(REFUSED_EXPECT))
+def test_a_call_refused_on_one_rank_leaves_no_rank_waiting(groups, w, case):
+    """The refusing rank raises its own error, noted; it still joined the call's exchange with a poisoned partial,
+    so the other ranks return out = NaN and lse = +inf for that call (they cannot raise without a host sync); the
+    next call is in step on every rank and matches the float64 reference."""
+    from mla_sink.core.dcp import REFUSED_NOTE
+
+    recs = [g["results"]["refused"][case] for g in groups[w]["ranks"]]
+    kind, text = REFUSED_EXPECT[case]
+    *others, bad = recs
+    assert bad.get("error") == kind and text in bad["message"], bad.get("message", bad)
+    assert bad["notes"] == [REFUSED_NOTE]
+    for r, rec in enumerate(others):
+        assert "error" not in rec and rec["poisoned"], (r, rec.get("message"))
+    c = recs[0]
+    ref_out, ref_lse = sparse_mla_decode_reference(c["q"], c["kv"], c["idx"], c["sinks"], 576**-0.5)
+    for r, rec in enumerate(recs[1:], start=1):
+        assert torch.equal(rec["out"], c["out"]) and torch.equal(rec["lse"], c["lse"]), f"rank {r} differs"
+    assert not c["out"].isnan().any()
+    torch.testing.assert_close(c["out"].double(), ref_out, atol=TOL[torch.bfloat16]["out"][0],
+                               rtol=TOL[torch.bfloat16]["out"][1])
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(c["lse"]))
+    torch.testing.assert_close(c["lse"][finite].double(), ref_lse[finite].double(), atol=1e-4, rtol=1e-4)
 
 
 VALIDATION_EXPECT = {

@@ -52,6 +52,7 @@ from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.lse import merge_states, sink_applied
 from mla_sink.core.records import D_V
+from mla_sink.core.trace import has_no_data
 from mla_sink.core.validate import (check_data, check_out_writable, check_sinks, check_topk_length, overlaps_itself,
                                    require_tensor)
 
@@ -353,6 +354,53 @@ def exchange_states(
     return outs, lses
 
 
+#: The note a refused DCP call's error carries once this rank joined the call's exchange (:func:`join_refused_call`).
+REFUSED_NOTE = ("mla-sink DCP: this rank still joined the call's all-gather, with a poisoned partial state (LSE +inf), "
+                "so the other ranks of the group return out = NaN, lse = +inf for this call instead of waiting for "
+                "it, and the group stays in step for the next call (docs/DCP.md)")
+
+
+def join_refused_call(q: Any, group: Optional[dist.ProcessGroup], error: BaseException) -> bool:
+    """Join a refused DCP call's one exchange, so a call that fails on some ranks only leaves none waiting.
+
+    A DCP call's checks and local decode run before its one collective. Checks on what every rank shares fail on
+    every rank, but a rank's own shard and ``out`` are checked on that rank only (a wrong dtype, shape, stride or
+    storage, an alignment), and its local decode may fail alone. Without this, the other ranks would wait in the
+    all-gather until the group's timeout, and a rank that carried on would pair its next call's all-gather with
+    their pending one and merge the wrong states (a break test, sixty-third session). So a failing rank all-gathers
+    a poisoned partial state ``(out_r = NaN, lse_r = +inf)`` of the call's shape (:func:`exchange_states`) and then
+    raises. The other ranks' merge gives every row ``lse = +inf`` and ``out = NaN``, as
+    :func:`mla_sink.core.lse.merge_states` documents for a ``+inf`` part and the GPU combine does
+    (tests/test_combine_gpu.py); not a NaN LSE, which the GPU's ``max`` may drop. A call that fails on every rank
+    joins one exchange on every rank, so the group stays in step either way.
+
+    Args:
+        q: the call's ``q`` ``[T, H, 576]`` (shared by every rank): the exchange's shape.
+        group: the call's process group (``None`` = the default group).
+        error: the exception being raised; it gets :data:`REFUSED_NOTE` when the exchange was joined.
+
+    Returns:
+        Whether this rank joined the exchange. Not joined - the call's other ranks skip the exchange too or never
+        reach it: a group that is not usable or of one rank, a ``q`` that is not a 3-D tensor with data (shape
+        inference runs no collective), ``T = 0`` (every rank returns before the exchange). An error of the exchange
+        itself (e.g. a ``q`` on a device the backend does not take) is dropped: the call's own error is raised.
+    """
+    try:
+        world = group_size_rank(group)[0]
+    except Exception:  # the group itself is what the call's error is about
+        return False
+    if world < 2 or not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] == 0 or has_no_data(q):
+        return False
+    t, h = q.shape[0], q.shape[1]
+    try:
+        exchange_states(torch.full((t, h, D_V), float("nan"), dtype=torch.float32, device=q.device),
+                        torch.full((t, h), float("inf"), dtype=torch.float32, device=q.device), group=group)
+    except Exception:
+        return False
+    error.add_note(REFUSED_NOTE)
+    return True
+
+
 def check_shard(inputs: DecodeInputs, num_kv_rows: int, world: int, rank: int, layout: str) -> int:
     """Raises ValueError unless ``inputs.kv_cache`` is rank ``rank``'s shard of a pool of ``num_kv_rows`` rows over
     ``world`` ranks under ``layout`` (:func:`shard_num_rows` rows: ``[N_r, 576]``, uint8 ``[N_r, 656]`` or a paged
@@ -397,7 +445,9 @@ def dcp_sparse_mla_decode(
 
     A rank with no valid id for a row (``lse_r = -inf``) contributes exactly zero (its ``out_r`` is
     never read, NaN included); a row empty on every rank gives ``out = 0``, ``lse = -inf``. Every
-    rank returns the same full result. No host sync.
+    rank returns the same full result. No host sync. A call that fails on this rank (any exception of its checks
+    or its local decode) still joins the exchange before it raises (:func:`join_refused_call`): the ranks that
+    passed return ``out = NaN``, ``lse = +inf`` for that call instead of waiting, and the group stays in step.
 
     Args:
         inputs: the call. ``q`` ``[T, H, 576]`` (bf16/fp16/fp8; fp32 accepted for tests),
@@ -429,7 +479,8 @@ def dcp_sparse_mla_decode(
         empty everywhere. ``out`` is ``inputs.out`` when given.
 
     Raises:
-        ValueError: before any collective, when ``layout`` is unknown; ``num_kv_rows`` is not an
+        ValueError: before the call's exchange, which a refusing rank still joins (see above; its error then carries
+            :data:`REFUSED_NOTE`), when ``layout`` is unknown; ``num_kv_rows`` is not an
             int >= 0; ``group`` is not usable; ``dcp_world_size`` differs from the group size;
             ``inputs.q`` is not 3-D; ``inputs.indices`` is not int32 ``[T, topk]``; ``inputs.kv_cache`` is
             neither 2-D nor a paged uint8 ``[blocks, block_size, 656]``, or has a row count other than this rank's
@@ -446,6 +497,34 @@ def dcp_sparse_mla_decode(
     Source: docs/DESIGN.md "Decode context parallel"; the merge is the split-KV combine of
     lightllm/sglang; vLLM ``cp_lse_ag_out_rs`` for the exchange pattern.
     """
+    try:  # every check and the local decode: what may fail on this rank only comes before the exchange
+        empty, part = _partial_state(inputs, group, layout, num_kv_rows, local_decode, dcp_world_size, compact_ids)
+    except Exception as error:
+        join_refused_call(inputs.q, group, error)
+        raise
+    if empty is not None:  # T = 0: every rank skips the exchange together
+        return empty
+    out_r, lse_r, inputs, out_dtype, world = part
+    if world == 1:
+        outs, lses = [out_r], [lse_r.float()]
+    else:
+        outs, lses = exchange_states(out_r, lse_r, group=group, wire_dtype=torch.float32)
+    fused = _fused_merge(outs, lses, inputs.sinks, out_dtype, inputs.out)
+    if fused is not None:
+        return fused
+    out32, lse = merge_states(outs, lses)
+    out32 = sink_applied(out32, lse, inputs.sinks)  # merge_states checked the parts: apply_sink without its checks
+    if inputs.out is not None:
+        inputs.out.copy_(out32)
+        return inputs.out, lse
+    return out32.to(out_dtype), lse
+
+
+def _partial_state(inputs: DecodeInputs, group: Optional[dist.ProcessGroup], layout: str, num_kv_rows: int,
+                   local_decode: LocalDecode, dcp_world_size: Optional[int], compact_ids: bool):
+    """:func:`dcp_sparse_mla_decode` up to its exchange: the checks, the local ids and the local decode. Returns
+    ``((out, lse), None)`` for T = 0 (no exchange on any rank), else ``(None, (out_r, lse_r, inputs, out_dtype,
+    world))`` with ``inputs``' sinks contiguous. Raises its caller's ``ValueError``s."""
     _check_layout(layout)
     _check_int("num_kv_rows", num_kv_rows, 0)
     if not callable(local_decode):
@@ -491,7 +570,7 @@ def dcp_sparse_mla_decode(
 
     if t == 0:  # every rank has the same T, so every rank skips the collectives together
         res = inputs.out if inputs.out is not None else q.new_empty((0, h, D_V), dtype=out_dtype)
-        return res, torch.empty((0, h), dtype=torch.float32, device=q.device)
+        return (res, torch.empty((0, h), dtype=torch.float32, device=q.device)), None
 
     # Global -> local ids; positions past topk_length become -1.
     loc = local_indices(idx, world_size=world, rank=rank, layout=layout, num_kv_rows=num_kv_rows)
@@ -509,20 +588,7 @@ def dcp_sparse_mla_decode(
     else:
         local = inputs._replace(indices=loc, sinks=None, topk_length=local_len, out=None)
         out_r, lse_r = _checked_local_result(local_decode(local), t, h, q.device)
-
-    if world == 1:
-        outs, lses = [out_r], [lse_r.float()]
-    else:
-        outs, lses = exchange_states(out_r, lse_r, group=group, wire_dtype=torch.float32)
-    fused = _fused_merge(outs, lses, inputs.sinks, out_dtype, inputs.out)
-    if fused is not None:
-        return fused
-    out32, lse = merge_states(outs, lses)
-    out32 = sink_applied(out32, lse, inputs.sinks)  # merge_states checked the parts: apply_sink without its checks
-    if inputs.out is not None:
-        inputs.out.copy_(out32)
-        return inputs.out, lse
-    return out32.to(out_dtype), lse
+    return None, (out_r, lse_r, inputs, out_dtype, world)
 
 
 #: The dtypes a ``local_decode`` may return its partial ``out`` and ``lse`` in (both travel as fp32).
