@@ -207,8 +207,13 @@ def as_inputs(inputs: Any) -> DecodeInputs:
     try:
         sm_scale, logit_cap = call_scalars(sm_scale, False, inputs.logit_cap)
     except ValueError as e:  # name the field as the caller wrote it
+        hint = ""
+        if isinstance(sm_scale, torch.Tensor):  # DecodeInputs(q, kv, idx, sinks): its 4th field is sm_scale, where
+            # sparse_mla_decode's 4th argument is sinks (a break test, sixty-third session)
+            hint = (" - DecodeInputs takes (q, kv_cache, indices, sm_scale, sinks, ...), sm_scale before sinks "
+                    "unlike sparse_mla_decode's arguments: pass sinks=... by name")
         raise ValueError(str(e).replace("'sm_scale'", "'inputs.sm_scale'")
-                         .replace("'logit_cap'", "'inputs.logit_cap'")) from None
+                         .replace("'logit_cap'", "'inputs.logit_cap'") + hint) from None
     if sm_scale is not inputs.sm_scale or logit_cap is not inputs.logit_cap:
         inputs = inputs._replace(sm_scale=sm_scale, logit_cap=logit_cap)
     return inputs
@@ -454,6 +459,8 @@ def _execute_eager(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pl
     except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full
         # checks say what is wrong
         key = prepared = None
+    if prepared is not None and x.has_freed_storage():  # a new tensor of a known signature: the full checks name it
+        prepared = None
     if prepared is None:
         prepared = _prepare_call(x, spec, need_lse, platform, path)
         if key is not None:
@@ -518,6 +525,8 @@ def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform]
         local = _PREPARED_DCP.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full checks
         key = local = None
+    if local is not None and x.has_freed_storage():  # a new tensor of a known signature: the full checks name it
+        local = None
     try:  # a check that fails on this rank only (its shard, its out) still joins the call's exchange
         if local is not None:
             if x.out is not None:

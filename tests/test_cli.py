@@ -869,6 +869,16 @@ def test_a_negative_logit_cap_still_means_no_cap_and_a_missing_value_is_still_re
     assert info.value.code == 2 and "argument --logit-cap: expected one argument" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("cap", ["1e-400", "4.9e-325"])
+def test_a_positive_logit_cap_below_every_float_is_refused_not_read_as_no_cap(cap, capsys):
+    # sixty-third session's break test: float("1e-400") is 0.0, which the flag read as no cap
+    assert main(["explain", "--arch", "cpu", "--logit-cap", cap, "--heads", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --logit-cap: 'logit_cap' must be <= 0 (no cap) or in [2^-126, 2^126]"), err
+    assert err.count("\n") == 0 and len(err) < 300
+    assert main(["explain", "--arch", "cpu", "--logit-cap", "-1e-400", "--heads", "16"]) == 0  # negative: no cap
+
+
 @pytest.mark.parametrize("argv,flags", [
     (["explain", "--arch", "cpu", "--q-dtype", "fp8_e4m3", "--kv-dtype", "bf16"], "--q-dtype/--kv-dtype"),
     (["demo", "--dtype", "fp16", "--kv-dtype", "bf16"], "--q-dtype/--kv-dtype"),

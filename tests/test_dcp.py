@@ -404,6 +404,8 @@ def _refused_on_one_rank_calls(rank: int, w: int) -> dict:
 
     calls = {
         "shard_dtype": (lambda: public(shard.half() if bad_rank else shard), lambda: public(shard)),
+        # a new shard of the prepared signature whose storage was freed (the prepared call's null-pointer test)
+        "shard_freed": (lambda: public(_freed(shard.clone()) if bad_rank else shard), lambda: public(shard)),
         "shard_rows": (lambda: lower(shard[:-1] if bad_rank else shard), lambda: lower(shard)),
         "out_dtype": (lambda: lower(shard, out=torch.empty(T, H, 512, dtype=torch.float16 if bad_rank else
                                                            torch.bfloat16)), lambda: lower(shard)),
@@ -617,6 +619,7 @@ def test_cancelling_partials_are_exact(groups, w):
 
 REFUSED_EXPECT = {
     "shard_dtype": ("ValueError", "'kv_cache'"),
+    "shard_freed": ("ValueError", "'kv_cache' reaches byte"),
     "shard_rows": ("ValueError", "'inputs.kv_cache' must hold this rank's shard"),
     "out_dtype": ("ValueError", "'inputs.out' must be torch.bfloat16"),
     "local_decode_fails": ("RuntimeError", "local decode failed on this rank"),

@@ -133,6 +133,9 @@ def test_a_plan_names_a_path_of_the_table():
     (None, {"logit_cap": float("nan")}, "'inputs.logit_cap' must be a finite float"),
     (None, {"logit_cap": True}, "'inputs.logit_cap' must be a finite float"),
     (None, {"sm_scale": "0.1"}, "'inputs.sm_scale'"),
+    # sinks passed in sm_scale's place, as sparse_mla_decode's 4th argument (sixty-third session's break test)
+    (None, {"sm_scale": torch.zeros(4)}, r"'inputs.sm_scale' must be .* DecodeInputs takes \(q, kv_cache, indices, "
+                                         r"sm_scale, sinks, \.\.\.\), sm_scale before sinks"),
 ])
 def test_run_is_as_guarded_as_the_function(spec, inputs, match):
     q, kv, idx, sinks = _case(seed=3)
@@ -381,6 +384,24 @@ def test_scalars_beyond_every_float_are_value_errors(kw):
         sparse_mla_decode(q, kv, idx, sinks, **kw)
     with pytest.raises(ValueError, match="logit_cap"):
         CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=16, logit_cap=10 ** 400)
+
+
+@pytest.mark.parametrize("cap", ["fraction", "longdouble"])
+def test_a_positive_logit_cap_whose_float_is_zero_is_refused(cap):
+    """A Fraction or numpy longdouble below fp64's range is positive, but its float is 0.0, which the function and
+    the CallSpec read as no cap (a break test, sixty-third session): refused as any cap below 2^-126."""
+    import fractions
+
+    import numpy as np
+
+    value = fractions.Fraction(1, 10 ** 400) if cap == "fraction" else np.longdouble("1e-4000")
+    if cap == "longdouble" and value == 0:
+        pytest.skip("this platform's longdouble is fp64: 1e-4000 is 0")
+    q, kv, idx, sinks = _case(seed=8)
+    with pytest.raises(ValueError, match=r"'logit_cap' must be <= 0 \(no cap\) or in \[2\^-126, 2\^126\]"):
+        sparse_mla_decode(q, kv, idx, sinks, logit_cap=value)
+    with pytest.raises(ValueError, match="'logit_cap' must be <= 0"):
+        CallSpec(q_dtype="fp16", kv_dtype="fp16", num_heads=4, topk=16, logit_cap=value)
 
 
 def test_a_numpy_half_scale_is_checked_without_a_numpy_overflow_warning():

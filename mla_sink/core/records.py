@@ -127,9 +127,15 @@ def _to_float(name: str):
 
 
 def _cap(value: Any) -> float:
-    """``logit_cap`` as a float, every finite value ``<= 0`` (no cap) as ``0.0``: one key per meaning."""
-    value = _to_float("logit_cap")(value)
-    return 0.0 if value <= 0.0 and value > float("-inf") else value
+    """``logit_cap`` as a float, every finite value ``<= 0`` (no cap) as ``0.0``: one key per meaning. A positive
+    value whose float is ``0.0`` (a Fraction or numpy longdouble below fp64's range) is refused as
+    :func:`mla_sink.core.validate.check_logit_cap` refuses one below ``2^-126``, not read as no cap."""
+    f = _to_float("logit_cap")(value)
+    if f == 0.0 and type(value) not in (float, int) and isinstance(value, numbers.Real) and value > 0:
+        from mla_sink.core.validate import check_logit_cap  # validate imports this module
+
+        check_logit_cap(value)  # raises: positive, below 2^-126 (a break test, sixty-third session)
+    return 0.0 if f <= 0.0 and f > float("-inf") else f
 
 
 def _logit_cap(inst: Any, attribute: attrs.Attribute, value: Any) -> None:

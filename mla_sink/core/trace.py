@@ -12,6 +12,7 @@ tensors (the flag set and a fake or proxy dispatch mode on this thread's stack; 
 
 from __future__ import annotations
 
+import fractions
 from typing import Any
 
 import torch
@@ -78,10 +79,18 @@ _BRIEF_DIGITS = 40
 
 def brief(value: object) -> str:
     """``repr(value)`` for an error message, an int of more than :data:`_BRIEF_DIGITS` digits shortened to its
-    leading digits and its length (``10**400`` printed all 401 digits: a break test, forty-third session)."""
+    leading digits and its length (``10**400`` printed all 401 digits: a break test, forty-third session), and a
+    Fraction of such ints as its float's ``repr`` (0.0 or inf when beyond fp64) and its digit counts."""
     text = repr(value)
     if isinstance(value, int) and not isinstance(value, bool) and len(text) > _BRIEF_DIGITS:
         sign = "-" if value < 0 else ""
         digits = text.lstrip("-")
         return f"{sign}{digits[:6]}... (an int of {len(digits)} digits)"
+    if isinstance(value, fractions.Fraction) and len(text) > _BRIEF_DIGITS:
+        num, den = len(str(abs(value.numerator))), len(str(value.denominator))
+        try:
+            approx = repr(float(value))
+        except OverflowError:
+            approx = "-inf" if value < 0 else "inf"
+        return f"Fraction of about {approx} (numerator of {num} digits, denominator of {den})"
     return text

@@ -173,8 +173,9 @@ def check_topk_length(topk_length: Optional[torch.Tensor], T, device: torch.devi
 def check_storage(name: str, value: Optional[torch.Tensor]) -> None:
     """Raises ValueError for a tensor with data whose storage does not hold every element it reaches (one freed or
     shrunk by ``untyped_storage().resize_(0)`` was read: NaN, and the interpreter grew it back; a break test,
-    forty-sixth session). By :func:`check_inputs`, on the first call of a signature: a storage resized between calls
-    of one signature is not re-checked (README, "Architecture")."""
+    forty-sixth session). By :func:`check_inputs`, on the first call of a signature: later calls of one signature
+    only test for a freed storage's null pointer (:meth:`DecodeInputs.has_freed_storage`), and a storage shrunk
+    between them is not re-checked (README, "The pipeline and the layout")."""
     if isinstance(value, torch.Tensor) and _has_memory(value) and value.numel():
         need = value.storage_offset() * value.element_size() + kv_layout.span_bytes(value)  # its last byte's end
         have = value.untyped_storage().nbytes()
@@ -407,11 +408,12 @@ def check_logit_cap(logit_cap: float) -> float:
         raise ValueError(f"'logit_cap' must be a finite float (got {brief(logit_cap)})")
     if tracing():
         return value
-    logit_cap = value
-    if logit_cap > 0 and not _in_scalar_range(logit_cap):
+    # positive as given: a Fraction or numpy longdouble below fp64's range is positive but its float is 0.0, which
+    # read as "no cap" (a break test, sixty-third session)
+    if (value > 0 or logit_cap > 0) and not _in_scalar_range(value):
         raise ValueError(f"'logit_cap' must be <= 0 (no cap) or in [2^-126, 2^126] ({_SCALAR_RANGE_WHY}; "
-                         f"got {logit_cap!r})")
-    return float(logit_cap)
+                         f"got {brief(logit_cap)})")
+    return float(value)
 
 
 def check_return_lse(return_lse: bool) -> None:

@@ -8,6 +8,7 @@ A refused call exits with status 2 and prints the explanation.
 from __future__ import annotations
 
 import argparse
+import fractions
 import json
 import os
 import sys
@@ -100,6 +101,21 @@ def _spec_from_args(args: argparse.Namespace) -> CallSpec:
                     gather_aligned=args.gather_aligned, unit_rows=args.unit_rows, kv_cache_bytes=args.kv_cache_bytes)
 
 
+def _real_flag(text: str) -> Any:
+    """A real flag's value: ``float(text)``, except for a nonzero value below fp64's range (``1e-400``), whose float
+    is ``0.0``: its exact Fraction, so that the field's own check refuses it as too small instead of reading 0 (no
+    cap for ``--logit-cap``; a break test, sixty-third session). argparse's error for what is not a number."""
+    value = float(text)
+    if value == 0.0:
+        try:
+            exact = fractions.Fraction(text.strip())
+        except (ValueError, ZeroDivisionError):
+            return value
+        if exact != 0:
+            return exact
+    return value
+
+
 def _add_call_flags(p: argparse.ArgumentParser) -> None:
     """The flags that describe one call; their destinations and defaults are recorded as ``call_flags``."""
     flags: dict = {}  # dest -> (flag names, default)
@@ -136,7 +152,7 @@ def _add_call_flags(p: argparse.ArgumentParser) -> None:
         help="dcp_world_size, decode-context-parallel ranks (default %(default)s: no DCP)")
     add(p, "--return-lse", action="store_true",
         help="the call asks for the LSE (default: only where sinks or DCP need one)")
-    add(p, "--logit-cap", type=float, default=0.0,
+    add(p, "--logit-cap", type=_real_flag, default=0.0,
         help="logit_cap: soft cap of the scaled scores, cap * tanh(s / cap); <= 0 = no cap (default %(default)s)")
     add(p, "--kv-rows-packed", dest="kv_rows_packed", action=argparse.BooleanOptionalAction, default=True,
         help="kv_rows_packed: kv_cache's rows follow each other without a gap, as in a contiguous [N, 576] (the "
