@@ -425,17 +425,21 @@ def test_a_zero_tensor_after_a_call_of_its_signature_is_refused(arg):
         sparse_mla_decode(**x)
 
 
+@pytest.mark.parametrize("offset", [0, 1], ids=["at its storage's start", "a row into its storage"])
 @pytest.mark.parametrize("arg", ["q", "kv_cache", "indices", "sinks", "topk_length", "out"])
-def test_a_new_freed_tensor_after_a_call_of_its_signature_is_refused(arg):
-    """A new tensor whose storage was freed (a null data pointer) has the metadata of a good call's, so it skipped to
-    the launch prepared for that call and read from address 0 (garbage, NaN; on a GPU an illegal address: a break
-    test, sixty-third session). Later calls of a signature test for a null pointer, so it is refused by name as on a
-    first call."""
+def test_a_new_freed_tensor_after_a_call_of_its_signature_is_refused(arg, offset):
+    """A new tensor whose storage was freed (a null storage pointer) has the metadata of a good call's, so it skipped
+    to the launch prepared for that call and read from address 0, or from the view's offset (garbage, NaN; on a GPU
+    an illegal address: two break tests, sixty-third session). Later calls of a signature test the storage's pointer,
+    so it is refused by name as on a first call."""
     x = dict(good(), sinks=torch.zeros(4))
     x["topk_length"] = torch.full((x["q"].shape[0],), x["indices"].shape[1], dtype=torch.int32)
     x["out"] = torch.empty(x["q"].shape[0], x["q"].shape[1], 512, dtype=x["q"].dtype)
     sparse_mla_decode(**x)
     x = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}  # new tensors, same metadata
+    if offset:  # a view one row into a larger storage: its own data pointer is not null once the storage is freed
+        base = torch.empty((x[arg].shape[0] + 1, *x[arg].shape[1:]), dtype=x[arg].dtype)
+        x[arg] = base[1:].copy_(x[arg])
     x[arg].untyped_storage().resize_(0)
     with pytest.raises(ValueError, match=rf"'{arg}' reaches byte \d+ of its storage, which holds 0 bytes"):
         sparse_mla_decode(**x)

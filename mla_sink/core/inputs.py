@@ -66,14 +66,16 @@ class DecodeInputs(NamedTuple):
                 _tensor_meta(self.out), self.logit_cap)
 
     def has_freed_storage(self) -> bool:
-        """Whether a tensor with elements has no memory: a null data pointer, as a storage freed by
-        ``untyped_storage().resize_(0)`` leaves. A prepared signature's later calls test this (about 0.1 us a tensor),
+        """Whether a tensor with elements has no memory: its storage's data pointer is null, as
+        ``untyped_storage().resize_(0)`` leaves it (the storage's, not the tensor's: a view at an offset has the
+        offset as its own pointer, a second break test). A prepared signature's later calls test this (about 0.15 us
+        a tensor),
         since their tensors may be new ones of the same metadata; a freed tensor then takes a first call's checks,
         which name it, where it had read from address 0 (a break test, sixty-third session). For real tensors only
         (a FakeTensor warns): the signature keeps their type."""
         for t in (self.q, self.kv_cache, self.indices, self.sinks, self.topk_length, self.q_scale, self.kv_scale,
                   self.out):
-            if t is not None and t.data_ptr() == 0 and t.numel():
+            if t is not None and t.untyped_storage().data_ptr() == 0 and t.numel():
                 return True
         return False
 
