@@ -513,7 +513,9 @@ def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform]
     checked and its ``logit_cap`` the spec's, as :func:`run` and the layer make them). DCP: validate, plan and
     prepare the rank-local decode on the first call of a signature (with these DCP
     arguments; later ones reuse it, as :func:`execute` does), then run this rank's shard and merge over the group
-    (collectives: eager only). The merge checks each call's shard and ids itself, before any collective. Tensors
+    (collectives: eager only). The merge checks each call's shard and ids itself, before any collective; a check
+    that fails on this rank still joins the call's exchange before it raises (:func:`mla_sink.core.dcp.
+    join_refused_call`), so the other ranks do not wait. Tensors
     without data (meta, fake: shape inference) are checked as a first call's and get outputs without data of the
     merged shapes, with no kernel and no collective (:func:`_dcp_shapes`)."""
     if tracing():
