@@ -424,6 +424,16 @@ def without_data_like(like: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return like.fake_mode.from_tensor(t)
 
 
+def refuse_jit_trace() -> None:
+    """Raises ValueError under ``torch.jit.trace`` (about 0.14 us a call): it records the tensors' sizes as tensors,
+    which the first call's checks met as ``'num_heads' must be an int (got tensor(8))``, and a prepared call's kernel
+    launch is not an op it can record (a break test, sixty-third session). ``torch.compile`` and ``torch.export``
+    trace the decode as one operator."""
+    if torch.jit.is_tracing():
+        raise ValueError("mla-sink cannot be traced by torch.jit.trace (its kernel launch is not an op the trace can "
+                         "record): use torch.compile or torch.export, which trace the decode as one operator")
+
+
 def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],
             path: Optional[str]) -> Result:
     """The one execute behind the function, the layer and the operators (not DCP: :func:`run` does that).
@@ -449,7 +459,8 @@ def execute(x: DecodeInputs, *, spec: Optional[CallSpec], need_lse: bool, platfo
 def _execute_eager(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, platform: Optional[Platform],
                    path: Optional[str]) -> Result:
     """:func:`execute` outside torch.compile's tracing: the prepared runner of the call's signature (prepared on
-    its first call), or the operator for tensors without data (meta, fake)."""
+    its first call), or the operator for tensors without data (meta, fake). Refused under ``torch.jit.trace``."""
+    refuse_jit_trace()
     if has_no_data(x.q):
         check_call_kinds(x)  # every tensor without data of q's kind, before the operator meets a mix
         return _traced(x, spec, need_lse, platform, path)
@@ -520,6 +531,7 @@ def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform]
     merged shapes, with no kernel and no collective (:func:`_dcp_shapes`)."""
     if tracing():
         return _dcp_outside_the_graph(spec, x, platform, path, dcp_group, dcp_layout, num_kv_rows)
+    refuse_jit_trace()
     from mla_sink.core.dcp_run import local_decode_fp32, run_dcp
 
     try:

@@ -61,10 +61,15 @@ class SparseMLADecode:
             requires grad is held detached (the decode has no backward), sharing its memory, so a later
             in-place load of the weights is seen and no call is refused for it; a parameter whose storage is
             replaced (``p.data = ...``, a module's ``.to()``) is detached again at the next call, whose
-            validation then checks the new tensor. A new parameter object is not this tensor, and the layer keeps
-            reading this one: ``load_state_dict(..., assign=True)``, ``module.to_empty(...)`` (after ``.to("meta")``)
-            and any conversion under ``torch.__future__.set_overwrite_module_params_on_conversion(True)`` put one in
-            the module. Build the layer with the module's new parameter after those, or load without ``assign``.
+            validation then checks the new tensor. A new tensor object is not this tensor, and the layer keeps
+            reading this one: ``load_state_dict(..., assign=True)``, ``module.to("meta")`` and ``module.to_empty(...)``
+            (a parameter moved across the meta boundary is replaced), any conversion under
+            ``torch.__future__.set_overwrite_module_params_on_conversion(True)``, and every conversion of a
+            module's *buffer* (``.to()``, ``.half()``, ``.cuda()`` put a new buffer in the module, which
+            ``load_state_dict`` then fills) put one in the module, and ``torch.func.functional_call``'s override is
+            another tensor. So keep sinks as a parameter (``requires_grad=False`` if frozen), not a buffer, and build
+            the layer with the module's new tensor after those, or load without ``assign`` (a break test,
+            sixty-third session).
         sm_scale: multiplies ``q.k`` before the natural-exp softmax, a real in ``[2^-126, 2^126]``; default
             ``576 ** -0.5``.
         dcp_world_size, dcp_group, dcp_layout, num_kv_rows: decode context parallel (docs/DCP.md): the ranks

@@ -877,6 +877,9 @@ def test_a_positive_logit_cap_below_every_float_is_refused_not_read_as_no_cap(ca
     assert err.startswith("error: --logit-cap: 'logit_cap' must be <= 0 (no cap) or in [2^-126, 2^126]"), err
     assert err.count("\n") == 0 and len(err) < 300
     assert main(["explain", "--arch", "cpu", "--logit-cap", "-1e-400", "--heads", "16"]) == 0  # negative: no cap
+    with pytest.raises(SystemExit) as info:  # argparse's refusal names the type as before, not the helper
+        main(["explain", "--arch", "cpu", "--logit-cap", "", "--heads", "16"])
+    assert info.value.code == 2 and "argument --logit-cap: invalid float value: ''" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,flags", [

@@ -425,6 +425,38 @@ def test_a_zero_tensor_after_a_call_of_its_signature_is_refused(arg):
         sparse_mla_decode(**x)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated", "ignore::torch.jit.TracerWarning")
+@pytest.mark.parametrize("entry", ["function", "layer"])
+def test_torch_jit_trace_is_refused_with_what_to_use_instead(entry):
+    """torch.jit.trace recorded the tensors' sizes as tensors, which the checks met as "'num_heads' must be an int
+    (got tensor(8))" (a break test, sixty-third session); a prepared call's launch is not an op it can record."""
+    from mla_sink import SparseMLADecode
+
+    x = good()
+    q, kv, idx = x["q"], x["kv_cache"], x["indices"]
+    layer = SparseMLADecode(num_heads=q.shape[1], q_dtype=q.dtype, kv_dtype=kv.dtype, topk=idx.shape[1])
+    call = (lambda a, b, c: sparse_mla_decode(a, b, c)) if entry == "function" else (lambda a, b, c: layer(a, b, c))
+    for _ in range(2):  # a first call of the signature, then a prepared one
+        with pytest.raises(ValueError, match=r"cannot be traced by torch.jit.trace .* use torch.compile or "
+                                             r"torch.export"):
+            torch.jit.trace(call, (q, kv, idx), check_trace=False)
+        call(q, kv, idx)
+
+
+@pytest.mark.parametrize("arg", ["q", "kv_cache", "indices"])
+def test_a_torch_func_vmap_tensor_is_refused_by_name(arg):
+    """vmap's BatchedTensor met PyTorch's NotImplementedError ("Cannot access storage of BatchedTensorImpl") in the
+    storage check (a break test, sixty-third session); refused by name, on a first call and after a prepared one."""
+    x = good()
+    for _ in range(2):
+        def one(t):
+            return sparse_mla_decode(**dict(x, **{arg: t}))[0]
+
+        with pytest.raises(ValueError, match=rf"'{arg}' is a torch.func transform's tensor \(vmap, grad, jvp\)"):
+            torch.func.vmap(one)(x[arg][None].expand(2, *x[arg].shape))
+        sparse_mla_decode(**x)
+
+
 @pytest.mark.parametrize("offset", [0, 1], ids=["at its storage's start", "a row into its storage"])
 @pytest.mark.parametrize("arg", ["q", "kv_cache", "indices", "sinks", "topk_length", "out"])
 def test_a_new_freed_tensor_after_a_call_of_its_signature_is_refused(arg, offset):

@@ -71,12 +71,16 @@ class DecodeInputs(NamedTuple):
         offset as its own pointer, a second break test). A prepared signature's later calls test this (about 0.15 us
         a tensor),
         since their tensors may be new ones of the same metadata; a freed tensor then takes a first call's checks,
-        which name it, where it had read from address 0 (a break test, sixty-third session). For real tensors only
-        (a FakeTensor warns): the signature keeps their type."""
-        for t in (self.q, self.kv_cache, self.indices, self.sinks, self.topk_length, self.q_scale, self.kv_scale,
-                  self.out):
-            if t is not None and t.untyped_storage().data_ptr() == 0 and t.numel():
-                return True
+        which name it, where it had read from address 0 (a break test, sixty-third session). True too for a tensor
+        whose storage cannot be read (``torch.func.vmap``'s), which those checks refuse. For real tensors only (a
+        FakeTensor warns): the signature keeps their type."""
+        try:
+            for t in (self.q, self.kv_cache, self.indices, self.sinks, self.topk_length, self.q_scale, self.kv_scale,
+                      self.out):
+                if t is not None and t.untyped_storage().data_ptr() == 0 and t.numel():
+                    return True
+        except (NotImplementedError, RuntimeError):  # a storage that cannot be read (a torch.func transform's tensor,
+            return True  # whose metadata may match a real call's): the first call's checks refuse it by name
         return False
 
     @property

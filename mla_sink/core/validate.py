@@ -28,6 +28,11 @@ from mla_sink.core.dtypes import (
 from mla_sink.core.records import D_QK, D_V, TOPK_MAX, TOPK_WHY
 from mla_sink.core.trace import brief, concrete, has_no_data, shown, tracing
 
+#: Whether a tensor is a torch.func transform's wrapper (vmap's BatchedTensor, grad's): PyTorch's own test, absent
+#: from some builds (then nothing is such a wrapper to us).
+is_functorch_wrapped_tensor = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor",
+                                      lambda t: False)
+
 
 def _dt(t: torch.Tensor) -> str:
     return DTYPE_KEYS.get(t.dtype, str(t.dtype))
@@ -141,8 +146,12 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
 def require_tensor(name: str, value: object) -> torch.Tensor:
     """``value`` as a tensor a kernel can read: dense and strided (:func:`mla_sink.core.kv_layout.check_dense`), not a
     lazily negated or conjugated view, not a zero tensor (``torch._efficientzerotensor``: no storage, which Triton's
-    launch met with PyTorch's "invalid python storage" RuntimeError; a break test, forty-sixth session)."""
+    launch met with PyTorch's "invalid python storage" RuntimeError; a break test, forty-sixth session), not a
+    ``torch.func`` transform's tensor (``vmap``'s: no storage to read; sixty-third session)."""
     kv_layout.check_dense(name, value)
+    if is_functorch_wrapped_tensor(value):  # its storage raised NotImplementedError in the storage check (break test)
+        raise ValueError(f"'{name}' is a torch.func transform's tensor (vmap, grad, jvp): the decode has no batching "
+                         f"or autograd rule; call it once per batch element, outside the transform")
     if value.is_neg() or value.is_conj():
         raise ValueError(f"'{name}' must not be a lazily negated or conjugated view (resolve it first: "
                          "t.resolve_neg() / t.resolve_conj())")

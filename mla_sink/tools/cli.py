@@ -116,6 +116,9 @@ def _real_flag(text: str) -> Any:
     return value
 
 
+_real_flag.__name__ = "float"  # argparse names the type in its refusal: "invalid float value: ''", as type=float did
+
+
 def _add_call_flags(p: argparse.ArgumentParser) -> None:
     """The flags that describe one call; their destinations and defaults are recorded as ``call_flags``."""
     flags: dict = {}  # dest -> (flag names, default)
