@@ -69,11 +69,10 @@ class DecodeInputs(NamedTuple):
         """Whether a tensor with elements has no memory: its storage's data pointer is null, as
         ``untyped_storage().resize_(0)`` leaves it (the storage's, not the tensor's: a view at an offset has the
         offset as its own pointer, a second break test). A prepared signature's later calls test this (about 0.15 us
-        a tensor),
-        since their tensors may be new ones of the same metadata; a freed tensor then takes a first call's checks,
-        which name it, where it had read from address 0 (a break test, sixty-third session). True too for a tensor
-        whose storage cannot be read (``torch.func.vmap``'s), which those checks refuse. For real tensors only (a
-        FakeTensor warns): the signature keeps their type."""
+        a tensor), since their tensors may be new ones of the same metadata; a freed tensor then takes a first call's
+        checks, which name it, where it had read from address 0 (a break test, sixty-third session). True too for a
+        tensor whose storage cannot be read (``torch.func.vmap``'s), which those checks refuse. For real tensors only
+        (a FakeTensor warns): the signature keeps their type."""
         try:
             for t in (self.q, self.kv_cache, self.indices, self.sinks, self.topk_length, self.q_scale, self.kv_scale,
                       self.out):
