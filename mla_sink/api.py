@@ -394,6 +394,22 @@ _PREPARED_LOCK = threading.Lock()
 _PREPARED_DCP: dict = {}
 
 
+def _find_prepared(cache: dict, x: DecodeInputs, *options: Any) -> tuple:
+    """``(key, prepared)``: the key of ``x``'s signature with ``options`` in ``cache`` (:data:`_PREPARED` or
+    :data:`_PREPARED_DCP`) and what it holds there, or ``None`` for a signature not prepared yet. ``(None, None)``
+    where there is no key (not dense tensors, or unhashable options: the full checks say what is wrong); the entry
+    is not used for a call with a freed storage (:meth:`DecodeInputs.has_freed_storage`: a new tensor of a known
+    signature, which the full checks name)."""
+    try:
+        key = (x.signature(), *options, torch.is_grad_enabled())
+        prepared = cache.get(key)
+    except (AttributeError, TypeError, RuntimeError):
+        return None, None
+    if prepared is not None and x.has_freed_storage():
+        prepared = None
+    return key, prepared
+
+
 def _keep_prepared(cache: dict, key: Any, value: Any) -> None:
     """Remember ``value`` under ``key`` in ``cache`` (:data:`_PREPARED` or :data:`_PREPARED_DCP`), clearing the
     cache first once it holds :data:`MAX_PREPARED` signatures (eager calls with ever new shapes)."""
@@ -464,14 +480,7 @@ def _execute_eager(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pl
     if has_no_data(x.q):
         check_call_kinds(x)  # every tensor without data of q's kind, before the operator meets a mix
         return _traced(x, spec, need_lse, platform, path)
-    try:
-        key = (x.signature(), need_lse, spec, platform, path, torch.is_grad_enabled())
-        prepared = _PREPARED.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full
-        # checks say what is wrong
-        key = prepared = None
-    if prepared is not None and x.has_freed_storage():  # a new tensor of a known signature: the full checks name it
-        prepared = None
+    key, prepared = _find_prepared(_PREPARED, x, need_lse, spec, platform, path)
     if prepared is None:
         prepared = _prepare_call(x, spec, need_lse, platform, path)
         if key is not None:
@@ -534,13 +543,7 @@ def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform]
     refuse_jit_trace()
     from mla_sink.core.dcp_run import local_decode_fp32, run_dcp
 
-    try:
-        key = (x.signature(), spec, platform, path, dcp_group, dcp_layout, num_kv_rows, torch.is_grad_enabled())
-        local = _PREPARED_DCP.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # not dense tensors, or unhashable options: the full checks
-        key = local = None
-    if local is not None and x.has_freed_storage():  # a new tensor of a known signature: the full checks name it
-        local = None
+    key, local = _find_prepared(_PREPARED_DCP, x, spec, platform, path, dcp_group, dcp_layout, num_kv_rows)
     try:  # a check that fails on this rank only (its shard, its out) still joins the call's exchange
         if local is not None:
             if x.out is not None:
