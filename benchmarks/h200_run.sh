@@ -2,14 +2,33 @@
 # One H200 session's run (BENCHMARKS.md): build the FlashMLA peer, the GPU suite, the kernel bench with
 # FlashMLA beside ours, the host-cost bench. (Longer than one 600 s device call: run its parts in two.)
 # Usage (repo root, .peers/ laid out as ../shared/peers/README.md says): bash benchmarks/h200_run.sh OUTDIR
+#   PARTS   which parts run, of "suite host grid" (default all three; FlashMLA is built whenever grid runs)
+#   H200_ONLY=1   stop at once (exit 3) unless nvidia-smi names an H200, so that a device call which lands on
+#                 another GPU costs only its start: issue #12's bars name the H200 (sixty-sixth session:
+#                 H200_ONLY=1 PARTS=grid bash benchmarks/h200_run.sh "$OUT")
 set -u
 OUT=${1:?output dir}
-MAX_JOBS=16 python3 .peers/setup_flashmla.py build_ext --inplace > "$OUT/fmla_build.log" 2>&1 || true
+PARTS=${PARTS:-suite host grid}
+gpu=$(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | head -1)
+echo "GPU: $gpu"
+if [ -n "${H200_ONLY:-}" ]; then
+  case "$gpu" in *H200*) ;; *) echo "not an H200: stop"; exit 3;; esac
+fi
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+case " $PARTS " in *" grid "*)
+  MAX_JOBS=16 python3 .peers/setup_flashmla.py build_ext --inplace > "$OUT/fmla_build.log" 2>&1 || true;;
+esac
 export PYTHONPATH=.peers/FlashMLA:.
 python3 -c "import flash_mla; print('flash_mla importable')" 2>&1 | tail -1
-timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$OUT/gpu_suite.log" 2>&1
-tail -4 "$OUT/gpu_suite.log"
-timeout 240 python3 -u -m mla_sink bench --host --pool-rows 1000000 --json "$OUT/host.json" > "$OUT/host.log" 2>&1
-tail -9 "$OUT/host.log"
-timeout 300 python3 -u -m mla_sink bench --peers --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-tail -60 "$OUT/bench.log"
+case " $PARTS " in *" suite "*)
+  timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$OUT/gpu_suite.log" 2>&1
+  tail -4 "$OUT/gpu_suite.log";;
+esac
+case " $PARTS " in *" host "*)
+  timeout 240 python3 -u -m mla_sink bench --host --pool-rows 1000000 --json "$OUT/host.json" > "$OUT/host.log" 2>&1
+  tail -9 "$OUT/host.log";;
+esac
+case " $PARTS " in *" grid "*)
+  timeout 300 python3 -u -m mla_sink bench --peers --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  tail -60 "$OUT/bench.log";;
+esac
