@@ -9,26 +9,27 @@
 set -u
 OUT=${1:?output dir}
 PARTS=${PARTS:-suite host grid}
+part() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }  # whether PARTS names part $1
 gpu=$(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | head -1)
 echo "GPU: $gpu"
 if [ -n "${H200_ONLY:-}" ]; then
   case "$gpu" in *H200*) ;; *) echo "not an H200: stop"; exit 3;; esac
 fi
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
-case " $PARTS " in *" grid "*)
-  MAX_JOBS=16 python3 .peers/setup_flashmla.py build_ext --inplace > "$OUT/fmla_build.log" 2>&1 || true;;
-esac
+if part grid; then
+  MAX_JOBS=16 python3 .peers/setup_flashmla.py build_ext --inplace > "$OUT/fmla_build.log" 2>&1 || true
+fi
 export PYTHONPATH=.peers/FlashMLA:.
 python3 -c "import flash_mla; print('flash_mla importable')" 2>&1 | tail -1
-case " $PARTS " in *" suite "*)
+if part suite; then
   timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$OUT/gpu_suite.log" 2>&1
-  tail -4 "$OUT/gpu_suite.log";;
-esac
-case " $PARTS " in *" host "*)
+  tail -4 "$OUT/gpu_suite.log"
+fi
+if part host; then
   timeout 240 python3 -u -m mla_sink bench --host --pool-rows 1000000 --json "$OUT/host.json" > "$OUT/host.log" 2>&1
-  tail -9 "$OUT/host.log";;
-esac
-case " $PARTS " in *" grid "*)
+  tail -9 "$OUT/host.log"
+fi
+if part grid; then
   timeout 300 python3 -u -m mla_sink bench --peers --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-  tail -60 "$OUT/bench.log";;
-esac
+  tail -60 "$OUT/bench.log"
+fi
