@@ -320,7 +320,9 @@ def sparse_mla_decode(
         indices: int32 ``[T, topk]``, ``1 <= topk <= 2^30``, global row ids; ``-1`` or any id outside
             ``[0, N)`` = skip, wherever it sits in the row; a duplicated id counts once per occurrence.
         sinks: optional fp32 ``[H]``, any stride: one sink logit per head, natural-log units, not scaled by
-            ``sm_scale`` (``-inf`` changes nothing, ``+inf`` gives zeros).
+            ``sm_scale`` (``-inf`` changes nothing, ``+inf`` gives zeros; a NaN sink is not checked, which would
+            read it back from the device: that head's ``out`` is NaN on rows with a valid id and 0 on empty rows,
+            its ``lse`` unaffected, as in the float64 reference).
         sm_scale: multiplies ``q.k`` before the natural-exp softmax; a real in ``[2^-126, 2^126]``; default
             ``576 ** -0.5``.
         topk_length: optional int32 ``[T]``: use only the first ``topk_length[t]`` ids of row t (values are

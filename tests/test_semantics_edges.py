@@ -175,6 +175,34 @@ def test_triton_non_finite_scores_match_the_reference(num_kv_splits, sinks, logi
 
 
 @interpreter
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+def test_a_nan_sink_gives_what_the_docstring_says(num_kv_splits, kv_dtype):
+    """A NaN sink is not checked (that would read the sinks back from the device): its head's ``out`` is NaN on
+    rows with a valid id and 0 on empty rows, its ``lse`` (sink excluded) unaffected, the other heads untouched -
+    as on the reference (``sparse_mla_decode``'s docstring, README; break test, sixty-eighth session)."""
+    from mla_sink import quantize_kv_cache
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 3, 576, generator=g).bfloat16()
+    kv = torch.randn(64, 576, generator=g).bfloat16()
+    if kv_dtype == "fp8_ds_mla":
+        kv = quantize_kv_cache(kv, layout="fp8_ds_mla", scale="amax")
+    idx = torch.randint(0, 64, (3, 32), generator=g, dtype=torch.int32)
+    idx[1] = -1  # an empty row
+    if num_kv_splits > 1:
+        idx = _spread(idx, 256)
+        assert _splits_used(q, kv, idx, num_kv_splits) == num_kv_splits
+    sinks = torch.tensor([0.5, NAN, -INF])
+    out, lse = sparse_mla_decode_triton(q, kv, idx, sinks, num_kv_splits=num_kv_splits)
+    r_out, r_lse = ref(q, kv, idx, sinks)
+    assert r_out[[0, 2], 1].isnan().all() and (r_out[1] == 0).all()  # the reference's answer, as documented
+    assert out[[0, 2], 1].isnan().all() and (out[1] == 0).all()
+    assert out[:, [0, 2]].isfinite().all() and lse.isfinite()[[0, 2]].all() and (lse[1] == -INF).all()
+    torch.testing.assert_close(out.double(), r_out, atol=2e-2, rtol=2e-2, equal_nan=True)
+    torch.testing.assert_close(lse.double(), r_lse.double(), atol=1e-4, rtol=1e-5)
+
+@interpreter
 @pytest.mark.parametrize("logit_cap", [0.0, 2.0])
 @pytest.mark.parametrize("which", ["q_scale", "kv_scale"])
 def test_a_nan_per_tensor_scale_gives_nan_with_and_without_the_cap(which, logit_cap):

@@ -462,8 +462,17 @@ def _version() -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (``mla-sink <command>: error: ...``, exit 2), no usage block."""
 
+    commands: dict = {}  # the top-level parser's subcommand parsers by name (set by :func:`build_parser`)
+
     def error(self, message: str):  # noqa: D102 - argparse API
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def error_from_command(self, command: str, argv: list, extras: list):
+        """Exit 2 naming ``extras`` (arguments no parser took) as unrecognized, by the parser of ``command`` when
+        they all follow it on the command line (``mla-sink demo: error: ...``), else by this top-level parser."""
+        after = argv[argv.index(command) + 1:] if command in argv else []
+        owner = self.commands.get(command, self) if all(e in after for e in extras) else self
+        owner.error(f"unrecognized arguments: {' '.join(extras)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -513,6 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
         register_bench = None
     if register_bench is not None:
         register_bench(sub)
+    parser.commands = sub.choices
     return parser
 
 
@@ -592,7 +602,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mla_sink.dispatch import TableCheckError
 
     argv = _joined_number_values(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # reported by the parser of the command they follow (``mla-sink demo: error: ...``)
+        parser.error_from_command(args.command, argv, extras)
     if args.command == "explain":  # its own arguments, for --matrix's check of the call flags given
         args.explain_argv = argv[argv.index("explain") + 1:]
     stdout, sys.stdout = sys.stdout, _ClosedPipeSafe(sys.stdout)
