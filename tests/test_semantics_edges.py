@@ -199,8 +199,10 @@ def test_a_nan_sink_gives_what_the_docstring_says(num_kv_splits, kv_dtype):
     assert r_out[[0, 2], 1].isnan().all() and (r_out[1] == 0).all()  # the reference's answer, as documented
     assert out[[0, 2], 1].isnan().all() and (out[1] == 0).all()
     assert out[:, [0, 2]].isfinite().all() and lse.isfinite()[[0, 2]].all() and (lse[1] == -INF).all()
-    torch.testing.assert_close(out.double(), r_out, atol=2e-2, rtol=2e-2, equal_nan=True)
-    torch.testing.assert_close(lse.double(), r_lse.double(), atol=1e-4, rtol=1e-5)
+    # bf16 out under the interpreter: its final rounding plus fp32 sums (tests/test_fp8_ds_mla.py's OUT_TOL)
+    torch.testing.assert_close(out.double(), r_out, atol=8e-3, rtol=8e-3, equal_nan=True)
+    torch.testing.assert_close(lse.double(), r_lse.double(), atol=2e-5, rtol=1e-5)
+
 
 @interpreter
 @pytest.mark.parametrize("logit_cap", [0.0, 2.0])
