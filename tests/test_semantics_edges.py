@@ -223,7 +223,7 @@ def test_aiter_contract_nan_sink_gives_what_the_docstring_says(path, arch):
     r_out, r_lse = ref(q, kv, idx, sinks)
     assert out[[0, 2], 1].isnan().all() and (out[1] == 0).all() and torch.equal(out.isnan(), r_out.isnan())
     assert torch.equal(lse.isneginf(), r_lse.isneginf()) and lse.isfinite()[[0, 2]].all()
-    torch.testing.assert_close(out.double(), r_out, atol=2e-2, rtol=2e-2, equal_nan=True)  # the AITER contract bf16 budget (duplicate ids test)
+    torch.testing.assert_close(out.double(), r_out, atol=2e-2, rtol=2e-2, equal_nan=True)  # AITER contract bf16 budget
 
 
 @interpreter
