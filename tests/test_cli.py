@@ -512,15 +512,14 @@ def test_argparse_errors_are_one_line(argv, capsys):
     assert len(err.strip().splitlines()) == 1 and "error: argument" in err and "usage:" not in err
 
 
-@pytest.mark.parametrize("argv, prog", [(["explain", "--bogus"], "mla-sink explain"),
-                                        (["demo", "--tokens", "2", "stray"], "mla-sink demo"),
-                                        (["info", "--x"], "mla-sink info"),
-                                        (["--bogus", "explain"], "mla-sink")])
-def test_unrecognized_arguments_are_named_by_the_command_they_follow(argv, prog, capsys):
+@pytest.mark.parametrize("argv, prog, stray", [(["explain", "--bogus"], "mla-sink explain", "--bogus"),
+                                               (["demo", "--tokens", "2", "stray"], "mla-sink demo", "stray"),
+                                               (["info", "--x"], "mla-sink info", "--x"),
+                                               (["--bogus", "explain"], "mla-sink", "--bogus")])
+def test_unrecognized_arguments_are_named_by_the_command_they_follow(argv, prog, stray, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
     err = capsys.readouterr().err
-    stray = argv[-1] if argv[0] != "--bogus" else "--bogus"
     assert info.value.code == 2
     assert err == f"{prog}: error: unrecognized arguments: {stray} (see --help)\n"
 

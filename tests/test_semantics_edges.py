@@ -83,17 +83,24 @@ def test_triton_duplicate_ids_match_the_reference(num_kv_splits):
     assert torch.equal(out1[0, 0], kv1[2, :512])  # the average of a row with itself, at a huge score
 
 
+def _aiter_contract_run(path, arch, q, kv, idx, sinks):
+    """``(out, lse, fake)``: a bf16 call with sinks forced onto AITER path ``path`` on ``arch``, planned from the
+    table's row for that path (its params and the AITER call) and launched on the contract model ``fake``."""
+    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=q.shape[1], topk=idx.shape[1], sinks=True)
+    fake = AiterContractFake(arch=arch)
+    plan = build_plan(spec, Platform(arch=arch, aiter_version="0.1.20"), num_tokens=q.shape[0], path=path,
+                      aiter_impl=fake)
+    assert plan.path == path and plan.launch is not None
+    x = DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=576 ** -0.5, sinks=sinks)
+    out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+    return out, lse, fake
+
+
 @pytest.mark.parametrize("path,arch", [("aiter_lse", "gfx942"), ("aiter_persistent", "gfx950")])
 def test_aiter_contract_duplicate_ids_match_the_reference(path, arch):
     q, kv, dup, _, sinks = _duplicate_case()
     q, kv, sinks = q[:, :4].repeat(1, 4, 1), kv, sinks.repeat(4)  # 16 heads: AITER's smallest bucket
-    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=dup.shape[1], sinks=True)
-    fake = AiterContractFake(arch=arch)
-    plan = build_plan(spec, Platform(arch=arch, aiter_version="0.1.20"), num_tokens=q.shape[0], path=path,
-                      aiter_impl=fake)  # the table's row for the forced path, its params and the AITER call
-    assert plan.path == path and plan.launch is not None
-    x = DecodeInputs(q=q, kv_cache=kv, indices=dup, sm_scale=576 ** -0.5, sinks=sinks)
-    out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+    out, lse, fake = _aiter_contract_run(path, arch, q, kv, dup, sinks)
     r_out, r_lse = ref(q, kv, dup, sinks)
     torch.testing.assert_close(out.double(), r_out, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, r_lse, atol=2e-3, rtol=1e-4)
@@ -174,6 +181,19 @@ def test_triton_non_finite_scores_match_the_reference(num_kv_splits, sinks, logi
         assert r_lse.isnan().any() and (r_lse == -INF).any()  # the case exercises both rules
 
 
+def _nan_sink_case(num_heads):
+    """bf16 ``q [3, num_heads, 576]``, ``kv [64, 576]``, ``idx [3, 32]`` with token 1 empty (all ``-1``), and fp32
+    sinks with head 1's NaN (head 0 finite, head 2 ``-inf`` where there are three heads, the rest 0)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, num_heads, 576, generator=g).bfloat16()
+    kv = torch.randn(64, 576, generator=g).bfloat16()
+    idx = torch.randint(0, 64, (3, 32), generator=g, dtype=torch.int32)
+    idx[1] = -1  # an empty row
+    sinks = torch.zeros(num_heads)
+    sinks[:3] = torch.tensor([0.5, NAN, -INF])[:num_heads]
+    return q, kv, idx, sinks
+
+
 @interpreter
 @pytest.mark.parametrize("num_kv_splits", [1, 2])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
@@ -183,17 +203,12 @@ def test_a_nan_sink_gives_what_the_docstring_says(num_kv_splits, kv_dtype):
     as on the reference (``sparse_mla_decode``'s docstring, README; break test, sixty-eighth session)."""
     from mla_sink import quantize_kv_cache
 
-    g = torch.Generator().manual_seed(5)
-    q = torch.randn(3, 3, 576, generator=g).bfloat16()
-    kv = torch.randn(64, 576, generator=g).bfloat16()
+    q, kv, idx, sinks = _nan_sink_case(3)
     if kv_dtype == "fp8_ds_mla":
         kv = quantize_kv_cache(kv, layout="fp8_ds_mla", scale="amax")
-    idx = torch.randint(0, 64, (3, 32), generator=g, dtype=torch.int32)
-    idx[1] = -1  # an empty row
     if num_kv_splits > 1:
         idx = _spread(idx, 256)
         assert _splits_used(q, kv, idx, num_kv_splits) == num_kv_splits
-    sinks = torch.tensor([0.5, NAN, -INF])
     out, lse = sparse_mla_decode_triton(q, kv, idx, sinks, num_kv_splits=num_kv_splits)
     r_out, r_lse = ref(q, kv, idx, sinks)
     assert r_out[[0, 2], 1].isnan().all() and (r_out[1] == 0).all()  # the reference's answer, as documented
@@ -208,18 +223,8 @@ def test_a_nan_sink_gives_what_the_docstring_says(num_kv_splits, kv_dtype):
 def test_aiter_contract_nan_sink_gives_what_the_docstring_says(path, arch):
     """The AITER paths apply the sink after the kernel (``finalize_aiter``): a NaN sink gives the same NaN / 0
     pattern as the reference, its ``lse`` unaffected (contract model, 16 heads: AITER's smallest bucket)."""
-    g = torch.Generator().manual_seed(5)
-    q = torch.randn(3, 16, 576, generator=g).bfloat16()
-    kv = torch.randn(64, 576, generator=g).bfloat16()
-    idx = torch.randint(0, 64, (3, 32), generator=g, dtype=torch.int32)
-    idx[1] = -1  # an empty row
-    sinks = torch.zeros(16)
-    sinks[1] = NAN
-    spec = CallSpec(q_dtype="bf16", kv_dtype="bf16", num_heads=16, topk=32, sinks=True)
-    fake = AiterContractFake(arch=arch)
-    plan = build_plan(spec, Platform(arch=arch, aiter_version="0.1.20"), num_tokens=3, path=path, aiter_impl=fake)
-    x = DecodeInputs(q=q, kv_cache=kv, indices=idx, sm_scale=576 ** -0.5, sinks=sinks)
-    out, lse = launch_aiter(plan, x, impl=fake, workspace=AiterWorkspace())
+    q, kv, idx, sinks = _nan_sink_case(16)
+    out, lse, _ = _aiter_contract_run(path, arch, q, kv, idx, sinks)
     r_out, r_lse = ref(q, kv, idx, sinks)
     assert out[[0, 2], 1].isnan().all() and (out[1] == 0).all() and torch.equal(out.isnan(), r_out.isnan())
     assert torch.equal(lse.isneginf(), r_lse.isneginf()) and lse.isfinite()[[0, 2]].all()

@@ -12,7 +12,8 @@ import fractions
 import json
 import os
 import sys
-from typing import Any, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Optional, Sequence
 
 import attrs
 
@@ -462,7 +463,8 @@ def _version() -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (``mla-sink <command>: error: ...``, exit 2), no usage block."""
 
-    commands: dict = {}  # the top-level parser's subcommand parsers by name (set by :func:`build_parser`)
+    #: the top-level parser's subcommand parsers by name (``build_parser`` sets it; none on a subcommand's)
+    commands: Mapping[str, argparse.ArgumentParser] = MappingProxyType({})
 
     def error(self, message: str):  # noqa: D102 - argparse API
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
