@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import re
 
 import pytest
@@ -93,6 +94,22 @@ def test_zero_dim_scales_are_accepted():
 def test_scalar_options_are_named_as_passed(kw, message):
     with pytest.raises(ValueError, match=message):
         sparse_mla_decode(**good(), **kw)
+
+
+@pytest.mark.parametrize("name", ["sm_scale", "logit_cap"])
+@pytest.mark.parametrize("value,kind", [(decimal.Decimal("0.04"), "decimal.Decimal"), ("0.1", "str"), (True, "bool"),
+                                        (torch.tensor(0.1), "torch.Tensor")])
+def test_a_scalar_option_of_a_refused_type_names_its_type(name, value, kind):
+    """A finite ``Decimal`` read as "must be a finite float (got Decimal('0.04'))" alone, as if its value were the
+    trouble: the error names the type that is refused and what to pass (a break test, sixty-ninth session)."""
+    with pytest.raises(ValueError, match=rf"^'{name}' must be a finite float.*, a {kind}: pass a Python or numpy "
+                                         rf"int or float\)$"):
+        sparse_mla_decode(**good(), **{name: value})
+
+
+def test_a_refused_real_value_names_no_type():
+    with pytest.raises(ValueError, match=r"got 1e-40\)$"):
+        sparse_mla_decode(**good(), sm_scale=1e-40)
 
 
 def test_numpy_scalars_are_accepted():

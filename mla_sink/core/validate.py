@@ -371,6 +371,17 @@ def _as_real(value: object) -> Optional[float]:
     return f if math.isfinite(f) else None
 
 
+def _got(value: object) -> str:
+    """``brief(value)`` for a scalar option's error, with its type where that, not its value, is refused: a
+    ``decimal.Decimal('0.04')`` (not a ``numbers.Real``), a string, a bool or a tensor read as "must be a finite
+    float" alone, as if the value were the trouble (a break test, sixty-ninth session)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return brief(value)
+    kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
+        f"{type(value).__module__}.{type(value).__qualname__}"
+    return f"{brief(value)}, a {kind}: pass a Python or numpy int or float"
+
+
 def _symbolic(value: object) -> bool:
     """A scalar torch.compile traces symbolically (``dynamic=True``): checked where the call runs, by the
     operator's real implementation."""
@@ -397,7 +408,7 @@ def check_sm_scale(sm_scale: float) -> None:
     value = _as_real(sm_scale)
     if value is None or (not tracing() and not _in_scalar_range(value)):
         raise ValueError(f"'sm_scale' must be a finite float in [2^-126, 2^126] "
-                         f"({_SCALAR_RANGE_WHY}; got {brief(sm_scale)})")
+                         f"({_SCALAR_RANGE_WHY}; got {_got(sm_scale)})")
 
 
 def check_logit_cap(logit_cap: float) -> float:
@@ -414,7 +425,7 @@ def check_logit_cap(logit_cap: float) -> float:
         return logit_cap
     value = _as_real(logit_cap)
     if value is None:
-        raise ValueError(f"'logit_cap' must be a finite float (got {brief(logit_cap)})")
+        raise ValueError(f"'logit_cap' must be a finite float (got {_got(logit_cap)})")
     if tracing():
         return value
     # positive as given: a Fraction or numpy longdouble below fp64's range is positive but its float is 0.0, which
