@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import traceback
 from datetime import timedelta
 
@@ -1009,6 +1010,15 @@ PORT_TAKEN = ("EADDRINUSE", "address already in use", "Address already in use")
 PORT_ATTEMPTS = 3  # the free port is found by binding and releasing it; another process may take it meanwhile
 
 
+def _aborted_at_exit(errs: list, codes: list, out_dir, w: int) -> bool:
+    """Whether a rank aborted (SIGABRT) after the example had returned and its results were saved, with no error
+    raised: gloo's threads torn down at interpreter exit ("terminate called without an active exception", one
+    rank of one CI run in the sixty-ninth session, after the example's barrier and destroy_process_group; the
+    failure PyTorch's pytorch/pytorch#179291 describes for exits that skip destroy_process_group)."""
+    saved = all((out_dir / f"doc{r}.pt").exists() for r in range(w))
+    return not errs and saved and -signal.SIGABRT in codes and all(c in (0, -signal.SIGABRT) for c in codes)
+
+
 def _run_doc_example(w: int, out_dir) -> tuple:
     """Spawn the ``w`` ranks of the doc example on a fresh free port; ``(errors, exit codes)``."""
     import socket
@@ -1018,6 +1028,7 @@ def _run_doc_example(w: int, out_dir) -> tuple:
         port = sock.getsockname()[1]
     for r in range(w):
         (out_dir / f"doc{r}.err").unlink(missing_ok=True)
+        (out_dir / f"doc{r}.pt").unlink(missing_ok=True)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_doc_worker, args=(r, w, port, str(out_dir))) for r in range(w)]
     for p in procs:
@@ -1036,11 +1047,13 @@ def test_dcp_doc_example_runs_as_written(tmp_path):
     """docs/DCP.md's example, extracted from the markdown and run on 2 processes (gloo, as torchrun
     would set the environment), returns on every rank the full result, equal to the one-process
     float64 reference within the bf16 budget. A port taken between finding it free and the store's bind
-    (the race that made this test flake once) is retried on a new port; every other failure fails."""
+    (the race that made this test flake once) is retried on a new port, and so is a rank's abort at interpreter
+    exit once the example has returned (:func:`_aborted_at_exit`); every other failure fails, and so does either
+    of those on every attempt."""
     w = 2
     for _ in range(PORT_ATTEMPTS):
         errs, codes = _run_doc_example(w, tmp_path)
-        if not any(t in e for e in errs for t in PORT_TAKEN):
+        if not any(t in e for e in errs for t in PORT_TAKEN) and not _aborted_at_exit(errs, codes, tmp_path, w):
             break
     assert not errs and all(c == 0 for c in codes), "\n".join(errs)
     res = [torch.load(tmp_path / f"doc{r}.pt", weights_only=False) for r in range(w)]
