@@ -357,10 +357,15 @@ def _in_scalar_range(value: float) -> bool:
     return FP32_TINY <= value <= FP32_SCALE_MAX
 
 
+def _real_type(value: object) -> bool:
+    """Whether ``value``'s type is one a scalar option takes: a ``numbers.Real`` (Python or numpy), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _as_real(value: object) -> Optional[float]:
     """``value`` as a Python float when it is a finite real number (Python or numpy scalar; not a bool or
     a string), else None: huge ints (no fp32 nor fp64 value) and numpy half floats compare as Python floats."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not _real_type(value):
         return None
     if tracing():
         return value  # possibly symbolic (dynamic=True): its value is checked where the operator runs
@@ -375,7 +380,7 @@ def _got(value: object) -> str:
     """``brief(value)`` for a scalar option's error, with its type where that, not its value, is refused: a
     ``decimal.Decimal('0.04')`` (not a ``numbers.Real``), a string, a bool or a tensor read as "must be a finite
     float" alone, as if the value were the trouble (a break test, sixty-ninth session)."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    if _real_type(value):
         return brief(value)
     kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
         f"{type(value).__module__}.{type(value).__qualname__}"

@@ -472,7 +472,7 @@ class _Parser(argparse.ArgumentParser):
     def error_from_command(self, command: str, argv: list, extras: list):
         """Exit 2 naming ``extras`` (arguments no parser took) as unrecognized, by the parser of ``command`` when
         they all follow it on the command line (``mla-sink demo: error: ...``), else by this top-level parser."""
-        after = argv[argv.index(command) + 1:] if command in argv else []
+        after = _args_after(argv, command)
         owner = self.commands.get(command, self) if all(e in after for e in extras) else self
         owner.error(f"unrecognized arguments: {' '.join(extras)}")
 
@@ -526,6 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
         register_bench(sub)
     parser.commands = sub.choices
     return parser
+
+
+def _args_after(argv: list, command: str) -> list:
+    """The arguments after ``command``'s first place in ``argv`` (none where it is absent)."""
+    return argv[argv.index(command) + 1:] if command in argv else []
 
 
 def _joined_number_values(argv: list) -> list:
@@ -609,7 +614,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if extras:  # reported by the parser of the command they follow (``mla-sink demo: error: ...``)
         parser.error_from_command(args.command, argv, extras)
     if args.command == "explain":  # its own arguments, for --matrix's check of the call flags given
-        args.explain_argv = argv[argv.index("explain") + 1:]
+        args.explain_argv = _args_after(argv, "explain")
     stdout, sys.stdout = sys.stdout, _ClosedPipeSafe(sys.stdout)
     try:
         rc = args.func(args)
