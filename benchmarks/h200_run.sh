@@ -37,6 +37,6 @@ if part bar; then
   tail -30 "$OUT/bar.log"
 fi
 if part grid; then
-  timeout 300 python3 -u -m mla_sink bench --peers --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  timeout 300 python3 -u -m mla_sink bench --peers --json "$OUT/bench.json" --png "$OUT/bench.png" > "$OUT/bench.log" 2>&1
   tail -60 "$OUT/bench.log"
 fi
