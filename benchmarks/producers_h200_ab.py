@@ -1,11 +1,13 @@
-"""A/B of the sixty-first session's two producers on an H200 (issue #12, seventieth session): the table row
-``ds_mla_h32`` as on main (two producers of 88 registers, 32-row steps, the second consumer 112) against the same
-kernel with the row's parameters before the sixty-first session (one producer of 152 registers, whole-block steps,
-the second consumer 104: tree ``p1``, the row edited in ``tables/gluon_fp8.yaml``). Each variant is a tree run in
-a child process (:mod:`tree_ab`) on the same data through the library, CUDA-graph replay, L2 flushed, sinks on,
-topk 2048, bf16 q; every variant's ``out`` is compared with the first one's. The other cases do not read the row
-(the trees' kernels are the same there): their spread is the runs' own; the bf16 cases are the bar's reference
-(fp8 faster than bf16 at H = 16 and 32).
+"""A/B of the V3.2 32-head arrangement on an H200 (issue #12, seventieth session, BENCHMARKS.md section 2), where
+the gather is off the period and the first consumer's chain sets it: the table row ``ds_mla_h32`` as on main (two
+producers of 88 registers, 32-row steps, the second consumer 112) against the row's parameters before the sixty-first
+session (tree ``p1``: one producer of 152 registers, whole-block steps, the second consumer 104), the first consumer on
+the scores only (``so``: ``scores_only``, the second consumer 176 registers) and the patches
+``gluon_fp8_pv_overlap.patch`` (``pv``) and ``gluon_fp8_p_tiles_by_second.patch`` (``pt``), which shorten that chain.
+Each variant is a tree run in a child process (:mod:`tree_ab`) on the same data through the library, CUDA-graph
+replay, L2 flushed, sinks on, topk 2048, bf16 q; every variant's ``out`` is compared with the first one's. The cases
+that do not read the row keep main's kernel in ``p1`` and ``so`` (their spread is the runs' own); the bf16 cases are
+the bar's reference (fp8 faster than bf16 at H = 16 and 32).
 
     PYTHONPATH=..:. python3 -u producers_h200_ab.py OUT.json NAME=TREE [NAME=TREE ...]
 """
