@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import types
 
@@ -455,6 +456,38 @@ def test_run_bench_end_to_end_on_cpu(fake_flash_mla, monkeypatch, tmp_path, peer
     bench.print_table(report)
     out = capsys.readouterr().out
     assert out.count("| bf16") == 4 and ("ours ÷ flash_mla_decode" in out) == (peers_flag is None)
+
+
+@pytest.mark.parametrize("patterns", ["nonexistent", "BF16", "-h64-x,-h3-"])
+def test_run_bench_refuses_cases_that_select_nothing_before_timing(monkeypatch, patterns):
+    """A ``--cases`` whose patterns match no case name (a typo, upper case) is refused naming the flag, the value and
+    two names of this platform's cases, before the peer checks, the ceilings or any case is timed (seventieth
+    session's break test: it printed an empty table and exited 0)."""
+    import argparse
+
+    def untouched(*a, **k):
+        raise AssertionError("timed or checked before --cases was refused")
+
+    monkeypatch.setattr(bench, "GraphTimer", untouched)
+    monkeypatch.setattr(bench, "measure_ceilings", untouched)
+    monkeypatch.setattr(bench, "run_cases", untouched)
+    monkeypatch.setattr(peers, "peer_checks", untouched)
+    args = argparse.Namespace(reps=10, replays=7, flush="read", cases=patterns, pool_rows=200, peer_max_tokens=256,
+                              peers=None)
+    with pytest.raises(ValueError, match=r"'--cases' selects none of the 56 cases \(got '" + re.escape(patterns)
+                       + r"'\); give substrings of case names such as 'bf16-h16-"):
+        bench.run_bench(args, device="cpu")
+
+
+def test_selected_cases_keeps_every_case_without_patterns_and_filters_with_them():
+    """``None`` or an empty ``--cases`` keeps the grid; patterns keep the cases whose name contains one of them."""
+    platform = detect_platform("cpu")
+    every = bench.default_cases()
+    assert bench.selected_cases(None, platform) == every and bench.selected_cases("", platform) == every
+    chosen = bench.selected_cases("-h128-,kv_fp8_ds_mla", platform)
+    names = [bench.case_name(c, platform) for c in chosen]
+    assert names and all("-h128-" in n or "kv_fp8_ds_mla" in n for n in names)
+    assert len(chosen) == sum(1 for c in every if c["H"] == 128 or c["kv"] == "fp8_ds_mla")
 
 
 def test_run_cases_gives_ours_the_paged_view_of_the_same_cache(fake_flash_mla, monkeypatch):

@@ -242,6 +242,26 @@ def case_name(c: dict, platform: Platform) -> str:
     return key + f"-T{c['T']}-topk{c['topk']}"
 
 
+def selected_cases(patterns: Optional[str], platform: Platform) -> list[dict]:
+    """The cases of :func:`default_cases` whose :func:`case_name` on ``platform`` contains one of ``patterns``
+    (``--cases``: substrings separated by commas; ``None`` or empty: every case).
+
+    Raises:
+        ValueError: naming ``--cases``, when its patterns select no case; the message gives two case names of this
+            platform (their arch part is the GPU's, e.g. ``sm90``), since a name is known only once the GPU is.
+    """
+    cases = default_cases()
+    if not patterns:
+        return cases
+    wanted = patterns.split(",")
+    chosen = [c for c in cases if any(w in case_name(c, platform) for w in wanted)]
+    if not chosen:
+        names = [case_name(c, platform) for c in (cases[0], cases[-1])]
+        raise ValueError(f"'--cases' selects none of the {len(cases)} cases (got {patterns!r}); give substrings of "
+                         f"case names such as {names[0]!r} or {names[-1]!r} (e.g. 'bf16-h', 'kv_fp8', '-h128-')")
+    return chosen
+
+
 def flash_peers_of(c: dict, peer_max_tokens: int) -> dict[str, Optional[str]]:
     """The FlashMLA peers a case gets, each with why it is skipped (None: timed).
 
@@ -443,6 +463,7 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
 
     torch.manual_seed(0)
     platform = detect_platform(device)
+    cases = selected_cases(args.cases, platform)  # a --cases that selects nothing fails before anything is timed
     flash_mla, why = peers.flash_mla_unless_off(getattr(args, "peers", None))
     peer_doc: dict = {"flash_mla": {"status": "timed", "file": getattr(flash_mla, "__file__", None)}
                       if flash_mla is not None else {"status": why}}
@@ -452,10 +473,6 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
         print(f"peer checks against the float64 reference: {json.dumps(checks)}", file=sys.stderr, flush=True)
     timer = GraphTimer(reps=args.reps, replays=args.replays, flush=args.flush)
     ceilings = measure_ceilings(timer)
-    cases = default_cases()
-    if args.cases:
-        wanted = args.cases.split(",")
-        cases = [c for c in cases if any(w in case_name(c, platform) for w in wanted)]
     ds_pages = getattr(args, "ds_pages", None) or 0
     ds_scale = getattr(args, "ds_scale", None) or "pow2"
     results, ds_source = run_cases(
@@ -657,7 +674,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else :func:`run_bench` (exit 2 without a GPU).
 
     Raises:
-        ValueError: a flag value out of its domain (:func:`check_bench_args`), checked before the GPU.
+        ValueError: a flag value out of its domain (:func:`check_bench_args`), checked before the GPU; a ``--cases``
+            that selects no case (:func:`selected_cases`), checked once the GPU names the cases, before anything
+            is timed.
     """
     check_bench_args(args)
     mode = bench_mode(args)
