@@ -452,6 +452,9 @@ def run_bench(args: argparse.Namespace, device: str = "cuda") -> dict:
         (:func:`run_cases`: per case and implementation the time in us, median of CUDA-graph replays with
         the L2 flushed before each call, TFLOP/s, gathered GB/s and both as % of the ceilings; per case
         ``ours_over_peer``).
+
+    Raises:
+        ValueError: ``--cases`` selects no case of this platform (:func:`selected_cases`), before anything is timed.
     """
     from mla_sink.core.platform import detect_platform
 
