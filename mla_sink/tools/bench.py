@@ -254,9 +254,9 @@ def selected_cases(patterns: Optional[str], platform: Platform) -> list[dict]:
     if not patterns:
         return cases
     wanted = patterns.split(",")
-    chosen = [c for c in cases if any(w in case_name(c, platform) for w in wanted)]
+    names = [case_name(c, platform) for c in cases]  # each name once, whatever the number of patterns
+    chosen = [c for c, name in zip(cases, names) if any(w in name for w in wanted)]
     if not chosen:
-        names = [case_name(c, platform) for c in (cases[0], cases[-1])]
         raise ValueError(f"'--cases' selects none of the {len(cases)} cases (got {patterns!r}); give substrings of "
                          f"case names such as {names[0]!r} or {names[-1]!r} (e.g. 'bf16-h', 'kv_fp8', '-h128-')")
     return chosen
