@@ -290,7 +290,12 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
     BENCHMARKS.md): a V3.2 row starts ``16 * (id % 8)`` bytes into a 128-byte line, so each of its 128-byte chunks
     straddles two lines; ids that are all multiples of 8 take 174.7 against 187-188 us at H=32 T=256 with random
     ids, but loading whole lines and moving each 8-byte chunk into place by warp shuffles (64 ``SHFL`` and 64
-    ``SEL`` a block) took 207.9 against 185.3-186.3 (benchmarks/gluon_fp8_aligned_lines.patch)."""
+    ``SEL`` a block) took 207.9 against 185.3-186.3 (benchmarks/gluon_fp8_aligned_lines.patch). Seventy-first
+    session (H100, BENCHMARKS.md): with only these gathers sent to L2-resident rows (a timing probe,
+    benchmarks/gluon_fp8_gather_l2_probe.patch) V3.2 H=32 T=256 took 160.4 / 161.9 against 180.3-181.9 us, each of a
+    block's two 32-row steps about half of it: HBM's latency over the producers' bytes in flight holds about 11% of
+    that shape; asking the L2 for later blocks' rows from the second consumer tied or lost (line prefetches three and
+    four blocks ahead 180.1 / 188.0 against 179.6-181.0, bulk prefetches 244.7)."""
     if LINES:  # 8 codes a lane, 16 lanes a row: each load instruction reads whole 128-byte lines
         lane_bytes: gl.constexpr = 8
         nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
