@@ -1,5 +1,7 @@
-"""A/B of the V3.2 32-head arrangement on an H200 (issue #12, seventieth session, BENCHMARKS.md section 2), where
-the gather is off the period and the first consumer's chain sets it: the table row ``ds_mla_h32`` as on main (two
+"""A/B of the V3.2 32-head arrangement on an H200 (issue #12, seventieth session, BENCHMARKS.md section 2), written
+on the reading that there the gather is off the period and the first consumer's chain sets it (the seventy-first
+session's probes found the gather's HBM latency about 11% of V3.2 H=32 T=256 on an H100; the H200 is not probed yet):
+the table row ``ds_mla_h32`` as on main (two
 producers of 88 registers, 32-row steps, the second consumer 112) against the row's parameters before the sixty-first
 session (tree ``p1``: one producer of 152 registers, whole-block steps, the second consumer 104), the first consumer on
 the scores only (``so``: ``scores_only``, the second consumer 176 registers) and the patches
