@@ -320,7 +320,8 @@ def test_explain_names_the_kernel_file(argv, row, kernel_file, capsys):
     (["--kv-dtype", "fp8_e4m3", "--heads", "32", "--tokens", "64"], "e4m3_h32_split"),  # two splits
     (["--kv-dtype", "fp8_e4m3", "--heads", "32", "--tokens", "256"], "e4m3_h32_unsplit"),
     (["--kv-dtype", "fp8_ds_mla", "--heads", "16", "--tokens", "256"], "ds_mla_h16"),
-    (["--kv-dtype", "fp8_ds_mla", "--heads", "24", "--tokens", "64"], "ds_mla_h32"),
+    (["--kv-dtype", "fp8_ds_mla", "--heads", "24", "--tokens", "64"], "ds_mla_h32_split"),  # two splits
+    (["--kv-dtype", "fp8_ds_mla", "--heads", "24", "--tokens", "256"], "ds_mla_h32"),
     (["--kv-dtype", "fp8_ds_mla", "--heads", "24", "--tokens", "2"], "ds_mla_h32_short"),  # one block a CTA
     (["--kv-dtype", "fp8_e4m3", "--heads", "16", "--tokens", "4"], "e4m3_h16_short"),  # two blocks a CTA
 ])
@@ -379,7 +380,7 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
     assert code == 0 and arr["row"] == want.row
     for field in ("head_block", "consumer_regs", "producer_regs", "producer_rows", "lines", "deferred_row_sum",
                   "scores_only", "early_ids", "staged_ids", "warp_max", "rope_by_second",
-                  "meta_by_second", "l2_prefetch", "producers"):
+                  "meta_by_second", "l2_prefetch", "producers", "producer_ahead"):
         assert arr[field] == getattr(want, field), field
     summary = arr["summary"]
     producers = "producer" if want.producers == 1 else f"{want.producers} producers (one a ring stage) each"
@@ -388,6 +389,7 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
     assert ("whole lines" in summary) == want.lines
     assert ("the L2 asked for 256 bytes a row load" in summary) == want.l2_prefetch
     assert ("on the scores only" in summary) == want.scores_only
+    assert ("next step in flight" in summary) == want.producer_ahead
 
 
 @pytest.mark.parametrize("kv,heads,tokens,warp_max", [("fp8_ds_mla", 32, 256, True), ("fp8_ds_mla", 32, 64, True),

@@ -101,7 +101,15 @@ def test_the_measured_arrangements():
         # long id ranges keep each block's ids at its own turn (a block ahead lost 20 us at H=32 T=256)
         assert not any(early(kv, h, split, 32) for kv in tuning.fp8_kv_dtypes() for h in (16, 32))
         assert get("fp8_ds_mla", 16, split, 16) == (16, False, False, 176, 120, 64, True, False, False, 1)
-        assert get("fp8_ds_mla", 32, split, 32) == (32, True, False, 112, 88, 32, True, True, False, 2)
+        # V3.2 at 32 heads: two producers; unsplit, each keeps its next step in flight (seventy-second session)
+        want = (32, True, False, 112, 88, 32, True, True, False, 2) if split else \
+            (32, True, False, 104, 96, 32, True, True, False, 2)
+        assert get("fp8_ds_mla", 32, split, 32) == want
+        assert tuning.fp8_arrangement("fp8_ds_mla", "bf16", 32, split, 32).producer_ahead is not split
+        assert not any(tuning.fp8_arrangement(kv, "bf16", h, split, b).producer_ahead
+                       for kv in tuning.fp8_kv_dtypes() for h in (1, 16) for b in (1, 2, 16, 32))
+        assert not tuning.fp8_arrangement("fp8_ds_mla", "bf16", 32, split, 2).producer_ahead
+        assert not tuning.fp8_arrangement("fp8_e4m3", "bf16", 32, split, 32).producer_ahead
     assert get("fp8_e4m3", 16, False, 32) == (16, False, False, 136, 120, 64, True, True, False, 2)
     assert get("fp8_e4m3", 16, True, 16) == (16, True, False, 104, 152, 64, True, True, False, 1)
     assert get("fp8_e4m3", 32, False, 32) == (32, False, True, 176, 152, 64, True, True, False, 1)
@@ -235,9 +243,30 @@ def test_a_producer_count_the_kernel_does_not_build_is_refused(count):
         tuning.check_fp8_table(_edited("gluon_fp8", E4M3_H16, new))
 
 
+@pytest.mark.parametrize("edit", ["kv", "producers", "rows", "lines"])
+def test_producer_ahead_only_where_the_kernel_builds_it(edit):
+    """``producer_ahead`` (each producer's next step in flight) needs V3.2 rows only, two producers, steps of less
+    than a block and whole lines: any other row that asks for it is refused at load, naming the row and the param."""
+    if edit == "kv":  # an e4m3 row with two producers of half-block steps asking for it
+        old = E4M3_H16
+        new = E4M3_H16.replace("producer_rows: 64", "producer_rows: 32").replace("}", ", producer_ahead: true}")
+        row = "e4m3_h16"
+    else:
+        old = next(line for line in table_path("gluon_fp8").read_text().splitlines() if "producer_ahead: true" in line)
+        new = {"producers": old.replace("producers: 2", "producers: 1").replace("consumer_regs: 104",
+                                                                                 "consumer_regs: 248"),
+               "rows": old.replace("producer_rows: 32", "producer_rows: 64"),
+               "lines": old.replace("}", ", lines: false}")}[edit]
+        row = "ds_mla_h32"
+    with pytest.raises(dispatch.TableError, match=rf"row '{row}': params producer_ahead: only rows whose kv_dtype "
+                                                  r"is the V3\.2 rows"):
+        tuning.check_fp8_table(_edited("gluon_fp8", old, new))
+
+
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
     old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false, "
-           "warp_max: true, rope_by_second: false, meta_by_second: false, l2_prefetch: true, producers: 1}\n"
+           "warp_max: true, rope_by_second: false, meta_by_second: false, l2_prefetch: true, producers: 1, "
+           "producer_ahead: false}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "

@@ -116,13 +116,15 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
 #: launch configuration does not know (``gluon_fp8.rows_16b`` of the call's ``kv_cache``).
 _ROPE_BY_SECOND = (", the RoPE copied by the second consumer (on 16-byte aligned rows; otherwise gathered by the "
                    "producer)")
+#: The clause of :func:`gluon_fp8_arrangement`'s summary for ``producer_ahead``.
+_PRODUCER_AHEAD = ", each producer's next step in flight"
 
 
 def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     """The ``tables/gluon_fp8.yaml`` row of a plan whose Triton launch runs ``gluon_fp8`` with a known split count:
     ``{row, path, head_block, ctas_per_token, consumer_regs, producer_regs, producer_rows, lines, deferred_row_sum,
-    scores_only, early_ids, staged_ids, warp_max, rope_by_second, meta_by_second, l2_prefetch, producers, summary,
-    why}`` (every clause of
+    scores_only, early_ids, staged_ids, warp_max, rope_by_second, meta_by_second, l2_prefetch, producers,
+    producer_ahead, summary, why}`` (every clause of
     ``summary`` is a field) (``head_block``: heads of one CTA,
     ``ctas_per_token``: ``cdiv(H, head_block)``; ``summary``: the arrangement in a few words), or ``None`` for any
     other plan.
@@ -154,13 +156,14 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{', the block maximum per warp' if arr.warp_max else ''}"
                f"{_ROPE_BY_SECOND if arr.rope_by_second else ''}"
                f"{', the ids and tile scales loaded by the second consumer' if arr.meta_by_second else ''}"
-               f"{', the L2 asked for 256 bytes a row load' if arr.l2_prefetch else ''}")
+               f"{', the L2 asked for 256 bytes a row load' if arr.l2_prefetch else ''}"
+               f"{_PRODUCER_AHEAD if arr.producer_ahead else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
                 consumer_regs=arr.consumer_regs, producer_regs=arr.producer_regs, producer_rows=arr.producer_rows,
                 lines=arr.lines, deferred_row_sum=arr.deferred_row_sum, scores_only=arr.scores_only,
                 early_ids=arr.early_ids, staged_ids=arr.staged_ids, warp_max=arr.warp_max,
                 rope_by_second=arr.rope_by_second, meta_by_second=arr.meta_by_second, l2_prefetch=arr.l2_prefetch,
-                producers=arr.producers, summary=summary, why=arr.why)
+                producers=arr.producers, producer_ahead=arr.producer_ahead, summary=summary, why=arr.why)
 
 
 def gluon_seesaw_producer(plan: Any) -> Optional[dict]:

@@ -20,7 +20,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   every row today), 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each
   8-lane phase of a store one swizzle row. Where the table's row says ``producers: 2`` (V3.2 at 32 heads,
   e4m3 unsplit at 16 heads), two producer warpgroups fill alternate ring stages (blocks 0, 2, .. and 1, 3, ..),
-  each with two block periods for its gather and conversion;
+  each with two block periods for its gather and conversion; on V3.2's unsplit 32-head launches (``producer_ahead``)
+  each keeps its next step's rows in flight while it converts and stores this step's (:func:`_producer_ahead`);
 * at 16-head blocks two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
   shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
@@ -242,12 +243,155 @@ def _checked(raw, nrows):
     return gl.where(raw.to(gl.uint32, bitcast=True) < nrows, raw, -1)
 
 
+#: The producer's load of two 32-bit words of a row (8 bytes a lane) where it keeps the next step's rows in flight
+#: (``PRODUCER_AHEAD``), with :data:`L2_PREFETCH_HINT` (``_PLAIN``: without): ``$0-$1`` the words, ``$2-$3`` their
+#: addresses and ``$4-$5`` their row's mask (the first of each read); masked lanes read 0. The words stay packed in
+#: registers across the step (as ``uint8`` elements they would take a register each: 128 a step, which spilled
+#: kilobytes, AOT sm90).
+_LD_WORDS = gl.constexpr("{\n.reg .pred p;\nsetp.ne.b32 p, $4, 0;\nmov.b32 $0, 0;\nmov.b32 $1, 0;\n"
+                         "@p ld.global" + L2_PREFETCH_HINT + ".v2.b32 {$0, $1}, [$2];\n}")
+_LD_WORDS_PLAIN = gl.constexpr("{\n.reg .pred p;\nsetp.ne.b32 p, $4, 0;\nmov.b32 $0, 0;\nmov.b32 $1, 0;\n"
+                               "@p ld.global.v2.b32 {$0, $1}, [$2];\n}")
+_LD_WORDS_CONSTRAINTS = gl.constexpr("=r,=r,l,l,r,r")
+#: One word of four e4m3fn codes -> two words of two bf16 each (codes 0, 1 and 2, 3; low half first), exactly as
+#: :func:`_to_tile` converts them (e4m3 -> f16 pairs by ``cvt``, each f16 -> f32 -> a bf16 pair; NaN stays NaN).
+_CVT_WORD_BF16 = gl.constexpr("{\n.reg .b16 lo, hi, a0, a1, a2, a3;\n.reg .b32 h0, h1;\n.reg .f32 f0, f1, f2, f3;\n"
+                              "mov.b32 {lo, hi}, $2;\ncvt.rn.f16x2.e4m3x2 h0, lo;\ncvt.rn.f16x2.e4m3x2 h1, hi;\n"
+                              "mov.b32 {a0, a1}, h0;\nmov.b32 {a2, a3}, h1;\ncvt.f32.f16 f0, a0;\ncvt.f32.f16 f1, a1;\n"
+                              "cvt.f32.f16 f2, a2;\ncvt.f32.f16 f3, a3;\ncvt.rn.bf16x2.f32 $0, f1, f0;\n"
+                              "cvt.rn.bf16x2.f32 $1, f3, f2;\n}")
+#: ``$1 & $2 & $3`` by two ``and``s, the last two first (:func:`_zero_after`).
+_AND3 = gl.constexpr("{\n.reg .b32 t;\nand.b32 t, $2, $3;\nand.b32 $0, t, $1;\n}")
+#: 32-bit words of one 128-code latent tile of a V3.2 row.
+TILE_WORDS = gl.constexpr(DS_TILE // 4)
+
+
+@gluon.jit
+def _gather_words(rows, ids, WORDS: gl.constexpr, layout: gl.constexpr, dep, L2_PREFETCH: gl.constexpr):
+    """Words ``[0, WORDS)`` of the rows at ``rows`` (byte pointers, 8-byte aligned) as int32 in ``layout`` (two
+    consecutive words a lane), by :data:`_LD_WORDS` (``_PLAIN`` unless ``L2_PREFETCH``); id -1 reads 0. ``dep``
+    (int32 in ``layout``, 0 at run time) is added to every address: the loads are issued only once ``dep`` is known
+    (:func:`_zero_after`)."""
+    cols = gl.arange(0, WORDS, layout=gl.SliceLayout(0, layout))
+    addr = (rows.to(gl.pointer_type(gl.int32), bitcast=True)[:, None] + cols[None, :]).to(gl.int64, bitcast=True)
+    addr = addr + dep.to(gl.int64)
+    ok = gl.zeros([rows.shape[0], WORDS], gl.int32, layout=layout) + (ids >= 0).to(gl.int32)[:, None]
+    asm: gl.constexpr = _LD_WORDS if L2_PREFETCH else _LD_WORDS_PLAIN
+    return gl.inline_asm_elementwise(asm, _LD_WORDS_CONSTRAINTS, [addr, ok], dtype=gl.int32, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _codes_to_bf16_words(w, out_l: gl.constexpr):
+    """``[rows, n]`` words of e4m3fn codes -> ``([rows, 2 n]`` words of bf16 pairs in ``out_l``, the first of each
+    word's two results in ``w``'s layout``)``, by :data:`_CVT_WORD_BF16` (exact)."""
+    lo, hi = gl.inline_asm_elementwise(_CVT_WORD_BF16, "=r,=r,r", [w], dtype=(gl.int32, gl.int32), is_pure=True,
+                                       pack=1)
+    return gl.convert_layout(gl.reshape(gl.join(lo, hi), [w.shape[0], 2 * w.shape[1]]), out_l), lo
+
+
+@gluon.jit
+def _zero_after(x, late, zero):
+    """0 (``zero`` is 0 at run time, opaque to LLVM and ptxas) computed from ``x`` and ``late`` by :data:`_AND3`:
+    an instruction that reads it waits for ``x``'s loads, and ptxas cannot place that wait before ``late`` exists."""
+    return gl.inline_asm_elementwise(_AND3, "=r,r,r,r", [x, late, zero], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _gather_latent(KV, ids, stride_kv, kv_block_size, ROW_BYTES: gl.constexpr, layout: gl.constexpr, dep,
+                   L2_PREFETCH: gl.constexpr):
+    """The latent codes of the V3.2 rows ``ids`` as their four 128-code tiles, each ``[rows, TILE_WORDS]`` packed
+    words (:func:`_gather_words`, ``dep`` added to every address)."""
+    rows = _rows(KV, ids, stride_kv, kv_block_size, True, ROW_BYTES)
+    return (_gather_words(rows, ids, TILE_WORDS, layout, dep, L2_PREFETCH),
+            _gather_words(rows + DS_TILE, ids, TILE_WORDS, layout, dep, L2_PREFETCH),
+            _gather_words(rows + 2 * DS_TILE, ids, TILE_WORDS, layout, dep, L2_PREFETCH),
+            _gather_words(rows + 3 * DS_TILE, ids, TILE_WORDS, layout, dep, L2_PREFETCH))
+
+
+@gluon.jit
+def _store_latent(dst, c0, c1, c2, c3, out_l: gl.constexpr):
+    """The four tiles of :func:`_gather_latent` as bf16 into ``dst`` (the ring's ``[rows, 512]`` bf16 seen as
+    ``[rows, 256]`` words), one tile at a time (converting all four before the first store held twice the
+    registers). Returns the last tile's first conversion words (the ``late`` of :func:`_zero_after`)."""
+    x, late = _codes_to_bf16_words(c0, out_l)
+    dst.slice(0, 2 * TILE_WORDS, dim=1).store(x)
+    x, late = _codes_to_bf16_words(c1, out_l)
+    dst.slice(2 * TILE_WORDS, 2 * TILE_WORDS, dim=1).store(x)
+    x, late = _codes_to_bf16_words(c2, out_l)
+    dst.slice(4 * TILE_WORDS, 2 * TILE_WORDS, dim=1).store(x)
+    x, late = _codes_to_bf16_words(c3, out_l)
+    dst.slice(6 * TILE_WORDS, 2 * TILE_WORDS, dim=1).store(x)
+    return late
+
+
+@gluon.jit
+def _step_start(start, k, FIRST: gl.constexpr, STEP: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr):
+    """Id position of a producer's step ``k``: row ``(k % steps) * ROWS`` of its ``k // steps``-th block (blocks
+    ``FIRST, FIRST + STEP, ..``; ``steps = BLOCK_N // ROWS``)."""
+    steps: gl.constexpr = BLOCK_N // ROWS
+    return start + (FIRST + (k // steps) * STEP) * BLOCK_N + (k % steps) * ROWS
+
+
+@gluon.jit
+def _producer_ahead(IDX, KV, kn_smem, ready, empty, idx_base, stride_kv, kv_block_size, nrows, start, end, num_blocks,
+                    BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, ROWS: gl.constexpr, ROW_BYTES: gl.constexpr,
+                    L2_PREFETCH: gl.constexpr, FIRST: gl.constexpr, STEP: gl.constexpr):
+    """:func:`_producer` on 16-byte aligned V3.2 rows with the next step's rows in flight (``PRODUCER_AHEAD``): step
+    ``k + 1``'s latent codes are loaded (packed words, :func:`_gather_latent`) before step ``k``'s are converted and
+    stored - at a block's first step, before the wait for its free stage - so two steps' rows are in flight where
+    :func:`_producer` has one, and a block's second step is not loaded only once its first is stored. The ids are
+    loaded two steps ahead. Each step's loads add a 0 computed from the step before's bytes and the last conversion
+    of the step before that (:func:`_zero_after`): they are issued once those bytes have landed, so a step's
+    conversion does not wait on the scoreboard of the loads issued after it (ptxas puts every row load on one).
+    Seventy-second session, three calls on an H100 (outputs bitwise equal): V3.2 H=32 T=256 179.15 / 178.65 / 178.82 us
+    against 179.95-182.14, T=64 (two splits) 58.3 / 58.6 against 56.9-57.9, so split launches keep :func:`_producer`
+    (benchmarks/producer_ahead_*_seventysecond_2026-12-07.json). With one producer (two steps ahead, the
+    thirty-second session's benchmarks/gluon_fp8_producer_ahead.patch) the same idea lost: 197.6 against 189.1 us
+    at T=256 on the H200."""
+    steps: gl.constexpr = BLOCK_N // ROWS
+    words_l: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])  # 8 bytes a lane, 16 lanes a row
+    out_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 8 bf16 a lane: 16-byte stores
+    # the ring's bf16 tiles as words of bf16 pairs: the same 128-byte swizzle over the same bytes
+    kw = kn_smem._reinterpret(gl.int32, [STAGES, BLOCK_N, D_NOPE // 2],
+                              gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+    zero = (nrows >> 31).to(gl.int32)  # 0: a pool has fewer than 2^31 rows (MAX_ROWS); unknown to the compilers
+    late = gl.zeros([ROWS, TILE_WORDS], gl.int32, layout=words_l)
+    zeros = late + zero
+    ids = _checked(_raw_ids(IDX, idx_base, end, _step_start(start, 0, FIRST, STEP, BLOCK_N, ROWS), ROWS, words_l),
+                   nrows)
+    raw_next = _raw_ids(IDX, idx_base, end, _step_start(start, 1, FIRST, STEP, BLOCK_N, ROWS), ROWS, words_l)
+    x0, x1, x2, x3 = _gather_latent(KV, ids, stride_kv, kv_block_size, ROW_BYTES, words_l, late, L2_PREFETCH)
+    ids_next = _checked(raw_next, nrows)
+    raw_next = _raw_ids(IDX, idx_base, end, _step_start(start, 2, FIRST, STEP, BLOCK_N, ROWS), ROWS, words_l)
+    k = 0
+    for i in range(FIRST, num_blocks, STEP):
+        s = i % STAGES
+        for h in gl.static_range(steps):
+            # the next step's rows, issued once this step's bytes and the last conversion are in
+            y0, y1, y2, y3 = _gather_latent(KV, ids_next, stride_kv, kv_block_size, ROW_BYTES, words_l,
+                                            _zero_after(x0, late, zeros), L2_PREFETCH)
+            ids_next = _checked(raw_next, nrows)
+            raw_next = _raw_ids(IDX, idx_base, end, _step_start(start, k + 3, FIRST, STEP, BLOCK_N, ROWS), ROWS,
+                                words_l)
+            if h == 0:
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            late = _store_latent(kw.index(s).slice(h * ROWS, ROWS), x0, x1, x2, x3, out_l)
+            x0 = y0
+            x1 = y1
+            x2 = y2
+            x3 = y3
+            k += 1
+        fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
+        gl.thread_barrier()
+        mbarrier.arrive(ready.index(s))
+
+
 @gluon.jit
 def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start, end,
               num_blocks, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr, ROWS: gl.constexpr,
               KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr, LINES: gl.constexpr,
               ids_smem, STAGED_IDS: gl.constexpr, L2_PREFETCH: gl.constexpr, FIRST: gl.constexpr = 0,
-              STEP: gl.constexpr = 1):
+              STEP: gl.constexpr = 1, PRODUCER_AHEAD: gl.constexpr = False):
     """Worker partition: fp8 rows -> registers -> fp16 (V3.2: bf16) once -> the shared-memory ring, ``ROWS``
     rows of a block at a time (``BLOCK_N``, or half of it where the producers have fewer registers: V3.2's 32-head
     blocks with two producers of 88). Blocks ``FIRST, FIRST + STEP, ..``: one producer takes every block (0, 1); two
@@ -309,54 +453,61 @@ def _producer(IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_b
             rope_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # STAGED_IDS: 64 ids over 128 lanes, two a row
     nrows = num_rows.to(gl.uint32)
-    ids_n = _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, ROWS, nope_l), nrows)
-    if LINES:  # the latent's rows, spread as the RoPE's are (a free conversion), as at the end of each step
-        ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
+    if PRODUCER_AHEAD and ROWS_16B:  # the 8-byte word loads need 8-byte aligned rows; others take the steps below
+        gl.static_assert(KV_DS_MLA and LINES and not STAGED_IDS and ROWS < BLOCK_N and STEP == STAGES,
+                         "PRODUCER_AHEAD: V3.2 rows, whole lines, steps within a block, two producers "
+                         "(tuning.check_fp8_table)")
+        _producer_ahead(IDX, KV, kn_smem, ready, empty, idx_base, stride_kv, kv_block_size, nrows, start, end,
+                        num_blocks, BLOCK_N, D_NOPE, ROWS, ROW_BYTES, L2_PREFETCH, FIRST, STEP)
     else:
-        ids_r = _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, ROWS, rope_l), nrows)
-    for i in range(FIRST, num_blocks, STEP):
-        s = i % STAGES
-        for h in gl.static_range(BLOCK_N // ROWS):
-            # the next step's ids: this block's next rows, or (after its last) the next block's first
-            if h + 1 == BLOCK_N // ROWS:
-                next_at = start + (i + STEP) * BLOCK_N
-            else:
-                next_at = start + i * BLOCK_N + (h + 1) * ROWS
-            next_n = _raw_ids(IDX, idx_base, end, next_at, ROWS, nope_l)
-            if not LINES:
-                next_r = _raw_ids(IDX, idx_base, end, next_at, ROWS, rope_l)
-            if ROWS_16B:  # the asm row loads (vector loads, hinted or not) need 16-byte aligned rows
-                x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, D_NOPE,
-                                    nope_l, lane_bytes, L2_PREFETCH)
-                if not KV_DS_MLA:
-                    x_n = x_n.to(gl.float8e4nv, bitcast=True)
-            else:
-                x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, 0, D_NOPE,
-                              nope_l)
-            if KV_DS_MLA:  # the bf16 RoPE after the scales, unless the consumers copy it (16-byte aligned rows)
-                if not ROWS_16B:
-                    rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES) + DS_ROPE_AT).to(
-                        gl.pointer_type(gl.bfloat16), bitcast=True)
-                    x_r = _gather(rows_r, ids_r, 0, D_ROPE, rope_l)
-            else:  # the RoPE codes after the latent ones
-                x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_r, D_NOPE, D_ROPE,
-                              rope_l)
-            if STAGED_IDS:  # the checked ids for the consumers, who read them once the block is handed over (two
-                # lanes store a row's id: in the gather's layout all 16 lanes of a row would)
-                ids_smem.index(i % IDS_STAGES).slice(h * ROWS, ROWS).store(gl.convert_layout(ids_n, ids_l))
-            if h == 0:
-                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS_MLA))
-            if not (KV_DS_MLA and ROWS_16B):
-                kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
-            ids_n = _checked(next_n, nrows)
-            if LINES:  # the latent's rows, spread as the RoPE's are
-                ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
-            else:
-                ids_r = _checked(next_r, nrows)
-        fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
-        gl.thread_barrier()
-        mbarrier.arrive(ready.index(s))
+        ids_n = _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, ROWS, nope_l), nrows)
+        if LINES:  # the latent's rows, spread as the RoPE's are (a free conversion), as at the end of each step
+            ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
+        else:
+            ids_r = _checked(_raw_ids(IDX, idx_base, end, start + FIRST * BLOCK_N, ROWS, rope_l), nrows)
+        for i in range(FIRST, num_blocks, STEP):
+            s = i % STAGES
+            for h in gl.static_range(BLOCK_N // ROWS):
+                # the next step's ids: this block's next rows, or (after its last) the next block's first
+                if h + 1 == BLOCK_N // ROWS:
+                    next_at = start + (i + STEP) * BLOCK_N
+                else:
+                    next_at = start + i * BLOCK_N + (h + 1) * ROWS
+                next_n = _raw_ids(IDX, idx_base, end, next_at, ROWS, nope_l)
+                if not LINES:
+                    next_r = _raw_ids(IDX, idx_base, end, next_at, ROWS, rope_l)
+                if ROWS_16B:  # the asm row loads (vector loads, hinted or not) need 16-byte aligned rows
+                    x_n = _gather_bytes(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, D_NOPE,
+                                        nope_l, lane_bytes, L2_PREFETCH)
+                    if not KV_DS_MLA:
+                        x_n = x_n.to(gl.float8e4nv, bitcast=True)
+                else:
+                    x_n = _gather(_rows(KV, ids_n, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_n, 0, D_NOPE,
+                                  nope_l)
+                if KV_DS_MLA:  # the bf16 RoPE after the scales, unless the consumers copy it (16-byte aligned rows)
+                    if not ROWS_16B:
+                        rows_r = (_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES) + DS_ROPE_AT).to(
+                            gl.pointer_type(gl.bfloat16), bitcast=True)
+                        x_r = _gather(rows_r, ids_r, 0, D_ROPE, rope_l)
+                else:  # the RoPE codes after the latent ones
+                    x_r = _gather(_rows(KV, ids_r, stride_kv, kv_block_size, KV_DS_MLA, ROW_BYTES), ids_r, D_NOPE,
+                                  D_ROPE, rope_l)
+                if STAGED_IDS:  # the checked ids for the consumers, who read them once the block is handed over (two
+                    # lanes store a row's id: in the gather's layout all 16 lanes of a row would)
+                    ids_smem.index(i % IDS_STAGES).slice(h * ROWS, ROWS).store(gl.convert_layout(ids_n, ids_l))
+                if h == 0:
+                    mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+                kn_smem.index(s).slice(h * ROWS, ROWS).store(_to_tile(x_n, kn_smem.dtype, KV_DS_MLA))
+                if not (KV_DS_MLA and ROWS_16B):
+                    kr_smem.index(s).slice(h * ROWS, ROWS).store(x_r.to(kr_smem.dtype))
+                ids_n = _checked(next_n, nrows)
+                if LINES:  # the latent's rows, spread as the RoPE's are
+                    ids_r = gl.convert_layout(ids_n, gl.SliceLayout(1, rope_l))
+                else:
+                    ids_r = _checked(next_r, nrows)
+            fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
+            gl.thread_barrier()
+            mbarrier.arrive(ready.index(s))
 
 
 @gluon.jit
@@ -1386,7 +1537,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
     SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, WARP_MAX: gl.constexpr,
     ROPE_BY_SECOND: gl.constexpr, META_BY_SECOND: gl.constexpr, L2_PREFETCH: gl.constexpr,
-    PRODUCERS: gl.constexpr,
+    PRODUCERS: gl.constexpr, PRODUCER_AHEAD: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1551,10 +1702,10 @@ def sparse_mla_decode_fp8_ws_kernel(
                               ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, PRODUCERS)),
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, PRODUCERS, PRODUCER_AHEAD)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, PRODUCERS)),
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, PRODUCERS, PRODUCER_AHEAD)),
         ][:2 + PRODUCERS], [4, 4, 4][:1 + PRODUCERS], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][:1 + PRODUCERS])
     else:
         # the second producer (the two fill alternate ring stages: tables/gluon_fp8.yaml's producers) only where
@@ -1574,10 +1725,10 @@ def sparse_mla_decode_fp8_ws_kernel(
                          ROWS_16B, DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, PRODUCERS)),
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, PRODUCERS, PRODUCER_AHEAD)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, PRODUCERS)),
+                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 1, PRODUCERS, PRODUCER_AHEAD)),
         ][:2 + PRODUCERS], [4, 4, 4][:1 + PRODUCERS], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][:1 + PRODUCERS])
 
 
@@ -1649,7 +1800,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
                       WARP_MAX=arr.warp_max, ROPE_BY_SECOND=arr.rope_by_second,
                       META_BY_SECOND=arr.meta_by_second, L2_PREFETCH=arr.l2_prefetch,
-                      PRODUCERS=arr.producers)
+                      PRODUCERS=arr.producers, PRODUCER_AHEAD=arr.producer_ahead)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

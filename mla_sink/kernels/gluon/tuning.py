@@ -32,7 +32,7 @@ ALTERNATE_SCORES = "alternate_scores"
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
               "warp_max": bool, "rope_by_second": bool, "meta_by_second": bool, "l2_prefetch": bool,
-              "producers": int}
+              "producers": int, "producer_ahead": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -49,6 +49,8 @@ ROWS_PER_PASS = 8
 REGISTER_FILE, WARPGROUP_THREADS = 65536, 128
 #: Producer warpgroups an arrangement may have: one, or two that fill alternate ring stages (``producers``).
 PRODUCER_COUNTS = (1, 2)
+#: Ring stages of the gluon_fp8 kernel (its ``STAGES``): two producers fill one each, alternately.
+RING_STAGES = 2
 
 
 def partition_regs(warpgroups: int) -> int:
@@ -113,6 +115,9 @@ class Fp8Arrangement:
         producers: producer warpgroups, one of :data:`PRODUCER_COUNTS`: one, or two that fill alternate ring stages
             (blocks 0, 2, .. and 1, 3, ..), each with ``producer_regs`` registers and two block periods for its
             gather and conversion (``PRODUCERS``).
+        producer_ahead: each of two producers keeps its next step's rows in flight while it converts and stores
+            this step's (a block's second step loaded before the wait for its free stage), on 16-byte aligned V3.2
+            rows with steps of less than a block (``PRODUCER_AHEAD``, ``gluon_fp8._producer_ahead``).
     """
 
     row: str
@@ -134,6 +139,7 @@ class Fp8Arrangement:
     meta_by_second: bool = False
     l2_prefetch: bool = True
     producers: int = 1
+    producer_ahead: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -168,9 +174,15 @@ def _check_params(table, row, params: dict, wanted: dict) -> None:
                                      f"[{REG_MIN}, {REG_MAX}], got {value!r}")
 
 
+def _admits(row, kv_dtypes) -> bool:
+    """Whether a row of tables/gluon_fp8.yaml can match a cache of one of ``kv_dtypes`` (no ``kv_dtype`` condition
+    excludes it)."""
+    return any(all(c.holds(key) for c in row.when if c.field == "kv_dtype") for key in kv_dtypes)
+
+
 def _admits_ds_mla(row) -> bool:
     """Whether a row of tables/gluon_fp8.yaml can match a V3.2 cache (no ``kv_dtype`` condition excludes it)."""
-    return any(all(c.holds(key) for c in row.when if c.field == "kv_dtype") for key in DS_MLA_KEYS)
+    return _admits(row, DS_MLA_KEYS)
 
 
 def check_fp8_table(table) -> None:
@@ -180,7 +192,8 @@ def check_fp8_table(table) -> None:
     :data:`PRODUCER_COUNTS`; the workers' registers leave the default partition a legal count of
     :func:`partition_regs`; ``scores_only``, ``early_ids``, ``warp_max``,
     ``rope_by_second`` and ``meta_by_second`` only on :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose
-    ``kv_dtype`` excludes the V3.2 rows); its head block one of :data:`HEAD_BLOCKS` (a row matching more heads
+    ``kv_dtype`` excludes the V3.2 rows; ``producer_ahead`` only on rows whose ``kv_dtype`` excludes the e4m3 cache,
+    with two producers, steps of less than a block and whole lines); its head block one of :data:`HEAD_BLOCKS` (a row matching more heads
     runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type even where every
     row overrides them; and every head count and block count gets a row, the values on either side of each row's
     thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``: a launch meets every
@@ -242,6 +255,13 @@ def check_fp8_table(table) -> None:
             if params[key] and row.path != COLUMN_SPLIT:
                 raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
                                          f"{row.path!r})")
+        if params["producer_ahead"]:
+            others = sorted(set(table.fields["kv_dtype"].domain) - DS_MLA_KEYS)  # the caches of 576-byte rows
+            if _admits(row, others) or params["producers"] != RING_STAGES or params["producer_rows"] >= BLOCK_IDS \
+                    or not params["lines"]:
+                raise _error(table, row, "params producer_ahead: only rows whose kv_dtype is the V3.2 rows "
+                                         f"{sorted(DS_MLA_KEYS)}, with producers {RING_STAGES}, producer_rows below {BLOCK_IDS} "
+                                         "and lines (each producer holds two steps of whole lines of latent codes)")
         if params["meta_by_second"] and params["early_ids"]:
             raise _error(table, row, "params meta_by_second: not with early_ids (the second consumer loads every "
                                      "block's ids, the first none)")
@@ -356,7 +376,8 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
                           early_ids=p["early_ids"], staged_ids=p["staged_ids"], warp_max=p["warp_max"],
                           rope_by_second=p["rope_by_second"], meta_by_second=p["meta_by_second"],
-                          l2_prefetch=p["l2_prefetch"], producers=p["producers"])
+                          l2_prefetch=p["l2_prefetch"], producers=p["producers"],
+                          producer_ahead=p["producer_ahead"])
 
 
 @functools.cache
