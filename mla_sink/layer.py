@@ -47,6 +47,23 @@ def _sinks_for(q: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     return without_data_like(q, source)
 
 
+def _held_sinks(sinks: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The layer's copy of its sinks (detached; a tensor: :func:`mla_sink.prepare` checked it), or None.
+
+    Raises:
+        ValueError: naming ``sinks``, where it holds data while a ``FakeTensorMode`` is active (torch refuses to
+            detach it there, with an ``AssertionError`` of its own: a break test, seventy-second session).
+    """
+    if sinks is None:
+        return None
+    try:
+        return sinks.detach()
+    except AssertionError as e:  # FakeTensorMode refuses a tensor with data ("convert all Tensors to FakeTensors")
+        raise ValueError("'sinks' is a tensor with data while a FakeTensorMode is active; build the layer outside "
+                         "the mode (a call on fake q then takes these sinks as they are), or pass sinks as a "
+                         f"FakeTensor of that mode (torch: {str(e).splitlines()[0]})") from None
+
+
 class SparseMLADecode:
     """Sparse MLA decode for one attention layer: configuration fixed at construction.
 
@@ -110,7 +127,7 @@ class SparseMLADecode:
             :func:`mla_sink.prepare`), DCP arguments that do not fit (:func:`mla_sink.api.check_dcp_args`: unknown
             layout, a group or ``num_kv_rows`` without DCP, a missing or unusable group, a group size other than
             ``dcp_world_size``, ``num_kv_rows`` not an int ``>= 1``), ``platform`` not a :class:`Platform`, ``path``
-            not a path of the table.
+            not a path of the table, ``sinks`` with data while a ``FakeTensorMode`` is active.
         NoKernelError: no path serves the configuration on this platform (or not the forced ``path``).
         AttributeError: later, on assigning or deleting a read-only attribute (above).
     """
@@ -135,7 +152,7 @@ class SparseMLADecode:
         check_dcp_args(dcp_world_size, dcp_group, dcp_layout, num_kv_rows)
         self._plan: LaunchPlan = prepare(self._spec, platform, path=path, sinks=sinks, sm_scale=self._sm_scale)
         self._platform = self._plan.platform
-        self._sinks = sinks.detach() if sinks is not None else None  # a tensor: prepare() checked it
+        self._sinks = _held_sinks(sinks)
         self._sinks_source = sinks  # the caller's tensor: its storage may be replaced later (__call__)
         self._path = path
         self._dcp = (dict(dcp_group=dcp_group, dcp_layout=dcp_layout, num_kv_rows=num_kv_rows)

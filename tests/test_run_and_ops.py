@@ -313,6 +313,22 @@ def test_a_bad_forced_path_is_refused_while_tracing():
             sparse_mla_decode(*fake[:3], fake[3], path="bogus")
 
 
+def test_a_layer_built_under_a_fake_mode_names_sinks_with_data():
+    """Built inside a ``FakeTensorMode`` with real sinks, the layer raised torch's own ``AssertionError`` from its
+    ``detach`` (break test, seventy-second session): a ``ValueError`` names ``sinks`` and the two ways that work, and
+    both work - sinks as a FakeTensor of the mode, or the layer built outside it and called on fake q."""
+    q, kv, idx, s = inputs(T=2, H=3, topk=8)
+    args = dict(num_heads=3, q_dtype=q.dtype, kv_dtype=kv.dtype, topk=8)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        with pytest.raises(ValueError, match=r"^'sinks' is a tensor with data while a FakeTensorMode is active"):
+            SparseMLADecode(**args, sinks=s)
+        out, _ = SparseMLADecode(**args, sinks=mode.from_tensor(s))(*(mode.from_tensor(t) for t in (q, kv, idx)))
+        assert out.shape == (2, 3, 512)
+    layer = SparseMLADecode(**args, sinks=s)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        assert layer(*(mode.from_tensor(t) for t in (q, kv, idx)))[0].shape == (2, 3, 512)
+
+
 def test_the_operators_refuse_inputs_that_require_grad():
     """The operators and compiled calls returned outputs that required grad, whose ``backward()`` failed with
     PyTorch's generic "no autograd formula" (break test, thirty-third session): they refuse such a call as the
