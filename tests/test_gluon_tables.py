@@ -252,7 +252,8 @@ def test_producer_ahead_only_where_the_kernel_builds_it(edit):
         new = E4M3_H16.replace("producer_rows: 64", "producer_rows: 32").replace("}", ", producer_ahead: true}")
         row = "e4m3_h16"
     else:
-        old = next(line for line in table_path("gluon_fp8").read_text().splitlines() if "producer_ahead: true" in line)
+        lines = table_path("gluon_fp8").read_text().splitlines()
+        old = next(line for line in lines if "producer_ahead: true" in line)
         new = {"producers": old.replace("producers: 2", "producers: 1").replace("consumer_regs: 104",
                                                                                  "consumer_regs: 248"),
                "rows": old.replace("producer_rows: 32", "producer_rows: 64"),

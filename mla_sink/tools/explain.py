@@ -117,7 +117,7 @@ def _triton_lines(plan: Any, launch: Any) -> list[str]:
 _ROPE_BY_SECOND = (", the RoPE copied by the second consumer (on 16-byte aligned rows; otherwise gathered by the "
                    "producer)")
 #: The clause of :func:`gluon_fp8_arrangement`'s summary for ``producer_ahead``.
-_PRODUCER_AHEAD = ", each producer's next step in flight"
+_PRODUCER_AHEAD = ", each producer's next step in flight (on 16-byte aligned rows)"
 
 
 def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:

@@ -192,12 +192,12 @@ def check_fp8_table(table) -> None:
     :data:`PRODUCER_COUNTS`; the workers' registers leave the default partition a legal count of
     :func:`partition_regs`; ``scores_only``, ``early_ids``, ``warp_max``,
     ``rope_by_second`` and ``meta_by_second`` only on :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose
-    ``kv_dtype`` excludes the V3.2 rows; ``producer_ahead`` only on rows whose ``kv_dtype`` excludes the e4m3 cache,
-    with two producers, steps of less than a block and whole lines); its head block one of :data:`HEAD_BLOCKS` (a row matching more heads
-    runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults are known params of the right type even where every
-    row overrides them; and every head count and block count gets a row, the values on either side of each row's
-    thresholds included, not only the declared ones (``dispatch.check_table(thresholds=True)``: a launch meets every
-    value).
+    ``kv_dtype`` excludes the V3.2 rows; ``producer_ahead`` only on rows whose ``kv_dtype`` excludes every cache
+    but the V3.2 rows, with two producers, steps of less than a block and whole lines); its head block one of
+    :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults
+    are known params of the right type even where every row overrides them; and every head count and block count
+    gets a row, the values on either side of each row's thresholds included, not only the declared ones
+    (``dispatch.check_table(thresholds=True)``: a launch meets every value).
 
     Args:
         table: tables/gluon_fp8.yaml as :func:`dispatch.load_table` returns it (the shipped file or an edited copy).
@@ -260,8 +260,9 @@ def check_fp8_table(table) -> None:
             if _admits(row, others) or params["producers"] != RING_STAGES or params["producer_rows"] >= BLOCK_IDS \
                     or not params["lines"]:
                 raise _error(table, row, "params producer_ahead: only rows whose kv_dtype is the V3.2 rows "
-                                         f"{sorted(DS_MLA_KEYS)}, with producers {RING_STAGES}, producer_rows below {BLOCK_IDS} "
-                                         "and lines (each producer holds two steps of whole lines of latent codes)")
+                                         f"{sorted(DS_MLA_KEYS)}, with producers {RING_STAGES}, producer_rows below "
+                                         f"{BLOCK_IDS} and lines (each producer holds two steps of whole lines of "
+                                         "latent codes)")
         if params["meta_by_second"] and params["early_ids"]:
             raise _error(table, row, "params meta_by_second: not with early_ids (the second consumer loads every "
                                      "block's ids, the first none)")
