@@ -96,9 +96,10 @@ def patch(src: str) -> str:
                 "            gl.store(TL + 1, _now(i), mask=i < 32)\n")
         b = sub(b, "            mbarrier.arrive(p_ready.index(s))\n",
                 "            mbarrier.arrive(p_ready.index(s))\n            gl.store(TL + 2, _now(i), mask=i < 32)\n")
-        b = sub(b, "            mbarrier.arrive(empty.index(s))\n        empty_row,",
-                "            mbarrier.arrive(empty.index(s))\n            gl.store(TL + 3, _now(i), mask=i < 32)\n"
-                f"        gl.store({tl} + 4, _now(pid_s))\n        empty_row,")
+        # past the release (with PV_OVERLAP, past the iteration: block i's stage is released in the next one)
+        b = sub(b, "                mbarrier.arrive(empty.index(s))\n        if PIPE:",
+                "                mbarrier.arrive(empty.index(s))\n            gl.store(TL + 3, _now(i), mask=i < 32)\n"
+                f"        gl.store({tl} + 4, _now(pid_s))\n        if PIPE:")
         b = sub(b, "            mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)\n",
                 f"            TL = {tl} + 384 + 3 * i\n            gl.store(TL, _now(i), mask=i < 32)\n"
                 "            mbarrier.wait(p_ready.index(s), (i // STAGES) & 1)\n"

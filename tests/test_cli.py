@@ -380,7 +380,7 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
     assert code == 0 and arr["row"] == want.row
     for field in ("head_block", "consumer_regs", "producer_regs", "producer_rows", "lines", "deferred_row_sum",
                   "scores_only", "early_ids", "staged_ids", "warp_max", "rope_by_second",
-                  "meta_by_second", "l2_prefetch", "producers", "producer_ahead"):
+                  "meta_by_second", "l2_prefetch", "producers", "producer_ahead", "pv_overlap"):
         assert arr[field] == getattr(want, field), field
     summary = arr["summary"]
     producers = "producer" if want.producers == 1 else f"{want.producers} producers (one a ring stage) each"
@@ -390,6 +390,7 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
     assert ("the L2 asked for 256 bytes a row load" in summary) == want.l2_prefetch
     assert ("on the scores only" in summary) == want.scores_only
     assert ("next step in flight" in summary) == want.producer_ahead
+    assert ("half of P V in flight" in summary) == want.pv_overlap
 
 
 @pytest.mark.parametrize("kv,heads,tokens,warp_max", [("fp8_ds_mla", 32, 256, True), ("fp8_ds_mla", 32, 64, True),

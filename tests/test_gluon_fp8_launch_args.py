@@ -55,7 +55,7 @@ def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, pairs
 def _arrangement_of(c: dict) -> tuple:
     return (c["BLOCK_H"], c["COLS"], c["PAIRS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
             c["DEFER_ROW_SUM"], c["SCORES_ONLY"], c["EARLY_IDS"], c["STAGED_IDS"], c["WARP_MAX"], c["ROPE_BY_SECOND"],
-            c["META_BY_SECOND"], c["L2_PREFETCH"], c["PRODUCERS"], c["PRODUCER_AHEAD"])
+            c["META_BY_SECOND"], c["L2_PREFETCH"], c["PRODUCERS"], c["PRODUCER_AHEAD"], c["PV_OVERLAP"])
 
 
 @pytest.mark.parametrize("kv_dtype", tuning.fp8_kv_dtypes())
@@ -79,10 +79,11 @@ def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
                 p["head_block"], sel.path == tuning.COLUMN_SPLIT, sel.path == tuning.ALTERNATE_SCORES,
                 p["consumer_regs"], p["producer_regs"], p["producer_rows"], p["lines"], p["deferred_row_sum"],
                 p["scores_only"], p["early_ids"], p["staged_ids"], p["warp_max"], p["rope_by_second"],
-                p["meta_by_second"], p["l2_prefetch"], p["producers"], p["producer_ahead"]) == (
+                p["meta_by_second"], p["l2_prefetch"], p["producers"], p["producer_ahead"], p["pv_overlap"]) == (
                 arr.head_block, arr.cols, arr.pairs, arr.consumer_regs, arr.producer_regs, arr.producer_rows,
                 arr.lines, arr.deferred_row_sum, arr.scores_only, arr.early_ids, arr.staged_ids, arr.warp_max,
-                arr.rope_by_second, arr.meta_by_second, arr.l2_prefetch, arr.producers, arr.producer_ahead), (
+                arr.rope_by_second, arr.meta_by_second, arr.l2_prefetch, arr.producers, arr.producer_ahead,
+                arr.pv_overlap), (
                 kv_dtype, q_dtype, H, splits)
             assert gf.BLOCK_N % p["producer_rows"] == 0  # whole blocks, or an even part of one a step
             assert tuning.BLOCK_IDS == gf.BLOCK_N  # the table's load check divides the kernel's block

@@ -31,11 +31,12 @@ SM90_SMEM_PER_CTA = 227 * 1024
 #: 152 registers with no spill; on the alternate blocks before, 200 / 104, one register of the producer's loop was
 #: stored and reloaded once a block (4 bytes). None on the column split (the table's column_split rows: CTAs of one or
 #: two blocks at 16 and 32 heads, e4m3's other split launches, V3.2's 32-head launches), with the row sum deferred
-#: or not, but V3.2's unsplit 32-head launches with ``topk_length`` (row ds_mla_h32, the producers' next step in
-#: flight at 96 registers): one register stored at the kernel's entry, before the partitions' register split, and
-#: reloaded once (4 bytes; none in any loop, none without ``topk_length``; seventy-second session).
+#: or not, but V3.2's unsplit 32-head launches with ``topk_length`` (row ds_mla_h32: the producers' next step in
+#: flight at 96 registers, the first consumer's half of P V in flight): ptxas stores 8 and reloads 11 registers a block
+#: in one producer's loop and one at the kernel's entry (64 / 68 bytes; none without ``topk_length``, the case the
+#: A/Bs timed; seventy-second session).
 SPILL_BYTES = {("fp8_e4m3", 16, False): 0, ("fp8_e4m3", 32, False): 0, ("fp8_e4m3", 32, True): 0,
-               ("fp8_ds_mla", 16, False): 0, ("fp8_ds_mla", 32, True): 4, ("fp8_e4m3", 16, True): 0,
+               ("fp8_ds_mla", 16, False): 0, ("fp8_ds_mla", 32, True): 68, ("fp8_e4m3", 16, True): 0,
                ("fp8_ds_mla", 16, True): 0}
 
 

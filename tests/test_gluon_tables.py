@@ -106,6 +106,12 @@ def test_the_measured_arrangements():
             (32, True, False, 104, 96, 32, True, True, False, 2)
         assert get("fp8_ds_mla", 32, split, 32) == want
         assert tuning.fp8_arrangement("fp8_ds_mla", "bf16", 32, split, 32).producer_ahead is not split
+        # the first consumer's half of P V in flight: V3.2's unsplit 32-head launches of more than two blocks only
+        for kv in tuning.fp8_kv_dtypes():
+            for h in (1, 16, 17, 32):
+                for b in (1, 2, 3, 16, 32):
+                    want_pv = kv == "fp8_ds_mla" and h > 16 and not split and b > 2
+                    assert tuning.fp8_arrangement(kv, "bf16", h, split, b).pv_overlap is want_pv, (kv, h, split, b)
         assert not any(tuning.fp8_arrangement(kv, "bf16", h, split, b).producer_ahead
                        for kv in tuning.fp8_kv_dtypes() for h in (1, 16) for b in (1, 2, 16, 32))
         assert not tuning.fp8_arrangement("fp8_ds_mla", "bf16", 32, split, 2).producer_ahead
@@ -264,10 +270,29 @@ def test_producer_ahead_only_where_the_kernel_builds_it(edit):
         tuning.check_fp8_table(_edited("gluon_fp8", old, new))
 
 
+@pytest.mark.parametrize("edit", ["rope", "meta", "scores_only", "kv"])
+def test_pv_overlap_only_where_the_first_consumer_has_no_global_load(edit):
+    """``pv_overlap`` needs the column split's second consumer to take the RoPE copies and the ids and tile scales
+    (``rope_by_second``, ``meta_by_second``), a first consumer with a half of ``P V`` (not ``scores_only``) and V3.2
+    rows: any other row asking for it is refused at load, naming the row and the param."""
+    lines = table_path("gluon_fp8").read_text().splitlines()
+    old = next(line for line in lines if "pv_overlap: true" in line)
+    new = {"rope": old.replace("rope_by_second: true", "rope_by_second: false"),
+           "meta": old.replace("meta_by_second: true", "meta_by_second: false"),
+           "scores_only": old.replace("}", ", scores_only: true}")}.get(edit)
+    row = "ds_mla_h32"
+    if edit == "kv":  # e4m3's split row on the column split
+        old = next(line for line in lines if "head_block: 32, consumer_regs: 104, producer_regs: 152" in line)
+        new = old.replace("}", ", pv_overlap: true}")
+        row = "e4m3_h32_split"
+    with pytest.raises(dispatch.TableError, match=rf"row '{row}': params pv_overlap: only with rope_by_second"):
+        tuning.check_fp8_table(_edited("gluon_fp8", old, new))
+
+
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
     old = ("params: {producer_rows: 64, lines: true, scores_only: false, early_ids: false, staged_ids: false, "
            "warp_max: true, rope_by_second: false, meta_by_second: false, l2_prefetch: true, producers: 1, "
-           "producer_ahead: false}\n"
+           "producer_ahead: false, pv_overlap: false}\n"
            "    description: both consumers read every block")
     table = _edited("gluon_fp8", old, old.replace("lines: true", "lines: true, deferred_row_sum: maybe"))
     with pytest.raises(dispatch.TableError, match=r"edited\.yaml:\d+: path 'column_split': params deferred_row_sum: "

@@ -118,13 +118,15 @@ _ROPE_BY_SECOND = (", the RoPE copied by the second consumer (on 16-byte aligned
                    "producer)")
 #: The clause of :func:`gluon_fp8_arrangement`'s summary for ``producer_ahead``.
 _PRODUCER_AHEAD = ", each producer's next step in flight (on 16-byte aligned rows)"
+#: The clause of :func:`gluon_fp8_arrangement`'s summary for ``pv_overlap``.
+_PV_OVERLAP = ", the first consumer's half of P V in flight behind the next block's scores (on 16-byte aligned rows)"
 
 
 def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
     """The ``tables/gluon_fp8.yaml`` row of a plan whose Triton launch runs ``gluon_fp8`` with a known split count:
     ``{row, path, head_block, ctas_per_token, consumer_regs, producer_regs, producer_rows, lines, deferred_row_sum,
     scores_only, early_ids, staged_ids, warp_max, rope_by_second, meta_by_second, l2_prefetch, producers,
-    producer_ahead, summary, why}`` (every clause of
+    producer_ahead, pv_overlap, summary, why}`` (every clause of
     ``summary`` is a field) (``head_block``: heads of one CTA,
     ``ctas_per_token``: ``cdiv(H, head_block)``; ``summary``: the arrangement in a few words), or ``None`` for any
     other plan.
@@ -157,13 +159,15 @@ def gluon_fp8_arrangement(plan: Any) -> Optional[dict]:
                f"{_ROPE_BY_SECOND if arr.rope_by_second else ''}"
                f"{', the ids and tile scales loaded by the second consumer' if arr.meta_by_second else ''}"
                f"{', the L2 asked for 256 bytes a row load' if arr.l2_prefetch else ''}"
-               f"{_PRODUCER_AHEAD if arr.producer_ahead else ''}")
+               f"{_PRODUCER_AHEAD if arr.producer_ahead else ''}"
+               f"{_PV_OVERLAP if arr.pv_overlap else ''}")
     return dict(row=arr.row, path=sel.path, head_block=arr.head_block, ctas_per_token=groups,
                 consumer_regs=arr.consumer_regs, producer_regs=arr.producer_regs, producer_rows=arr.producer_rows,
                 lines=arr.lines, deferred_row_sum=arr.deferred_row_sum, scores_only=arr.scores_only,
                 early_ids=arr.early_ids, staged_ids=arr.staged_ids, warp_max=arr.warp_max,
                 rope_by_second=arr.rope_by_second, meta_by_second=arr.meta_by_second, l2_prefetch=arr.l2_prefetch,
-                producers=arr.producers, producer_ahead=arr.producer_ahead, summary=summary, why=arr.why)
+                producers=arr.producers, producer_ahead=arr.producer_ahead, pv_overlap=arr.pv_overlap,
+                summary=summary, why=arr.why)
 
 
 def gluon_seesaw_producer(plan: Any) -> Optional[dict]:

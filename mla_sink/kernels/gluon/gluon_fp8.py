@@ -108,6 +108,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -1154,7 +1155,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                    ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr, SCORES_ONLY: gl.constexpr,
                    EARLY_IDS: gl.constexpr, ids_smem, STAGED_IDS: gl.constexpr, wmax_smem, WARP_MAX: gl.constexpr,
                    rope_ready, ROPE_BY_SECOND: gl.constexpr, meta_ids, meta_sc, meta_ready,
-                   META_BY_SECOND: gl.constexpr):
+                   META_BY_SECOND: gl.constexpr, PV_OVERLAP: gl.constexpr = False):
     """One of two consumers that split ``O^T`` by value columns (``COLS``): both take every block. ROLE 0
     stages q, computes ``S^T``, the online softmax and ``P^T`` (into the block's stage of ``p_ring``, with the
     rescale ``alpha`` into ``alpha_smem``), signals ``p_ready`` and accumulates value columns ``0 .. 255``; ROLE 1
@@ -1202,9 +1203,17 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
     (fifty-second session, same run on an H100, outputs bitwise equal,
     benchmarks/second_consumer_ab_fiftysecond_2026-12-05.json). ROLE 1's ids loaded four blocks ahead and its scales
     one iteration before it publishes them (no load waited for in the iteration that issues it) took 190.6 against
-    185.1-185.5 us on an H100 (fifty-seventh session, benchmarks/gluon_fp8_meta_pipeline.patch)."""
+    185.1-185.5 us on an H100 (fifty-seventh session, benchmarks/gluon_fp8_meta_pipeline.patch). ``PV_OVERLAP`` (with
+    both, V3.2 rows, not ``SCORES_ONLY``; the row ``ds_mla_h32``'s ``pv_overlap``): ROLE 0 issues its half of block
+    ``i``'s ``P V`` and leaves it in flight; block ``i + 1``'s five score wgmmas are issued before ROLE 0 waits for it,
+    and block ``i``'s stage is released after that wait. Alone it lost (sixty-sixth session, H100: 181.7-182.7 against
+    180.0 us at V3.2 H=32 T=256, benchmarks/gluon_fp8_pv_overlap.patch); with the producers' next step in flight
+    (``PRODUCER_AHEAD``, which refills a stage sooner) it took 174.54 against 179.30 / 178.84 (seventy-second session,
+    H100, outputs bitwise equal, benchmarks/pv_overlap_ahead_ab_h100_seventysecond_2026-12-07.json)."""
     META2: gl.constexpr = KV_DS_MLA and META_BY_SECOND  # the ids and tile scales loaded by ROLE 1
     COPY2: gl.constexpr = COPY_ROPE and ROPE_BY_SECOND  # the RoPE copied by ROLE 1
+    # PV_OVERLAP: ROLE 0 issues block i's score wgmmas before it waits for its half of block i - 1's P V
+    PIPE: gl.constexpr = PV_OVERLAP and KV_DS_MLA and META2 and COPY2 and not SCORES_ONLY
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
     NCOLS: gl.constexpr = D_NOPE if SCORES_ONLY else D_NOPE // 2  # this consumer's value columns of O^T
     COL0: gl.constexpr = 0 if SCORES_ONLY else ROLE * NCOLS
@@ -1252,6 +1261,9 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             sc1, sc2, sc3 = sc0, sc0, sc0
             if num_blocks > 0:
                 ok, sc0, sc1, sc2, sc3 = _read_meta(meta_ids.index(0), meta_sc, 0, meta_ready.index(0), 0, offs_n)
+        if PIPE:  # the P V accumulators are carried through the loop in flight
+            acc = warpgroup_mma_init(acc)
+            acc_b = warpgroup_mma_init(acc_b)
         for i in range(num_blocks):
             s = i % STAGES
             phase = (i // STAGES) & 1
@@ -1278,7 +1290,22 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                         async_copy.wait_group(0)
                     fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
                     gl.thread_barrier()  # every warp's copies landed
-                st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
+                if PIPE:
+                    sr = warpgroup_mma(kr_smem.index(s), q_r.index(z).permute((1, 0)), s_zero, use_acc=False,
+                                       is_async=True)
+                    s0 = _tile_scores(kn, q_n.index(z), s_zero, 0)
+                    s1 = _tile_scores(kn, q_n.index(z), s_zero, 1)
+                    s2 = _tile_scores(kn, q_n.index(z), s_zero, 2)
+                    s3 = _tile_scores(kn, q_n.index(z), s_zero, 3)
+                    # block i - 1's half of P V, issued before these five (none in flight at the first block)
+                    acc, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b))
+                    if i > 0:
+                        gl.thread_barrier()  # every warp of this consumer is done with the other stage
+                        mbarrier.arrive(empty.index((i + 1) % STAGES))
+                    sr, s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1, s2, s3))
+                    st = sr + s0 * sc0[:, None] + s1 * sc1[:, None] + s2 * sc2[:, None] + s3 * sc3[:, None]
+                else:
+                    st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
             else:
                 st = _e4m3_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero)
             st = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
@@ -1292,6 +1319,14 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             fence_async_shared()
             gl.thread_barrier()  # P^T and alpha complete in shared memory before the wgmma and ROLE 1 read them
             mbarrier.arrive(p_ready.index(s))
+            if PIPE:  # issued only, before the next block's mask and scales are read: waited for behind the next
+                # block's score wgmmas
+                acc = acc * alpha[None, :]
+                acc_b = acc_b * alpha[None, :]
+                acc = warpgroup_mma(kn.slice(COL0, DS_TILE, dim=1).permute((1, 0)), p_ring.index(s * P_TILES), acc,
+                                    is_async=True)
+                acc_b = warpgroup_mma(kn.slice(COL0 + DS_TILE, DS_TILE, dim=1).permute((1, 0)),
+                                      p_ring.index(s * P_TILES + 1), acc_b, is_async=True)
             if KV_DS_MLA:
                 if COPY_ROPE and not COPY2 and i + STAGES < num_blocks:  # this stage's RoPE tile was read
                     _copy_rope(KV, kr_smem.index(s), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
@@ -1303,10 +1338,13 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                         n = (i + 1) % STAGES
                         ok, sc0, sc1, sc2, sc3 = _read_meta(meta_ids.index(n), meta_sc, n, meta_ready.index(n),
                                                             ((i + 1) // STAGES) & 1, offs_n)
-            if not SCORES_ONLY:
-                acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
-            gl.thread_barrier()  # every warp of this consumer is done with stage s
-            mbarrier.arrive(empty.index(s))
+            if not PIPE:
+                if not SCORES_ONLY:
+                    acc, acc_b = _half_pv(kn, p_ring, s * P_TILES, acc, acc_b, alpha, COL0, KV_DS_MLA)
+                gl.thread_barrier()  # every warp of this consumer is done with stage s
+                mbarrier.arrive(empty.index(s))
+        if PIPE:  # the last block's half of P V
+            acc, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b))
         empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER))
         scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, sink, HAS_SINKS, SPLIT, KV_DS_MLA)
         f_smem.store(scale)
@@ -1537,7 +1575,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
     SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, WARP_MAX: gl.constexpr,
     ROPE_BY_SECOND: gl.constexpr, META_BY_SECOND: gl.constexpr, L2_PREFETCH: gl.constexpr,
-    PRODUCERS: gl.constexpr, PRODUCER_AHEAD: gl.constexpr,
+    PRODUCERS: gl.constexpr, PRODUCER_AHEAD: gl.constexpr, PV_OVERLAP: gl.constexpr,
 ):
     """One CTA = (head group, id range ``pid_s``, token): heads ``BLOCK_H * group ..`` of the token (every head
     when one group holds them). See the module docstring.
@@ -1691,7 +1729,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
                               SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
-                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
+                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND, PV_OVERLAP)),
             (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
                               alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
                               sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
@@ -1699,7 +1737,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                               stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
                               HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B, DEFER_ROW_SUM,
                               SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
-                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND)),
+                              ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND, PV_OVERLAP)),
             (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
                          end, num_blocks, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
                          LINES, ids_smem, STAGED_IDS, L2_PREFETCH, 0, PRODUCERS, PRODUCER_AHEAD)),
@@ -1800,7 +1838,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
                       WARP_MAX=arr.warp_max, ROPE_BY_SECOND=arr.rope_by_second,
                       META_BY_SECOND=arr.meta_by_second, L2_PREFETCH=arr.l2_prefetch,
-                      PRODUCERS=arr.producers, PRODUCER_AHEAD=arr.producer_ahead)
+                      PRODUCERS=arr.producers, PRODUCER_AHEAD=arr.producer_ahead, PV_OVERLAP=arr.pv_overlap)
     return (arr.ctas_per_token(H), splits, T), scalars, constexprs, dict(num_warps=4)
 
 

@@ -32,7 +32,7 @@ ALTERNATE_SCORES = "alternate_scores"
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
               "warp_max": bool, "rope_by_second": bool, "meta_by_second": bool, "l2_prefetch": bool,
-              "producers": int, "producer_ahead": bool}
+              "producers": int, "producer_ahead": bool, "pv_overlap": bool}
 #: The params of ``tables/gluon_seesaw.yaml``'s rows (their path's defaults included) -> type.
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
@@ -70,7 +70,8 @@ _COLUMN_SPLIT_ONLY = {"scores_only": " has a consumer that computes the scores o
                       "early_ids": "'s first consumer loads ids early",
                       "warp_max": "'s first consumer takes the block maximum per warp",
                       "rope_by_second": "'s second consumer copies the RoPE",
-                      "meta_by_second": "'s second consumer loads the ids and tile scales"}
+                      "meta_by_second": "'s second consumer loads the ids and tile scales",
+                      "pv_overlap": "'s first consumer leaves its half of P V in flight"}
 #: The params that are ``setmaxnreg`` register counts.
 _REG_PARAMS = ("consumer_regs", "producer_regs")
 
@@ -118,6 +119,10 @@ class Fp8Arrangement:
         producer_ahead: each of two producers keeps its next step's rows in flight while it converts and stores
             this step's (a block's second step loaded before the wait for its free stage), on 16-byte aligned V3.2
             rows with steps of less than a block (``PRODUCER_AHEAD``, ``gluon_fp8._producer_ahead``).
+        pv_overlap: on the column split with V3.2 rows, ``rope_by_second`` and ``meta_by_second`` (not
+            ``scores_only``), the first consumer leaves its half of a block's ``P V`` in flight behind the next
+            block's score wgmmas and releases the block's stage once it has waited for both (``PV_OVERLAP``); always
+            ``False`` on the other paths.
     """
 
     row: str
@@ -140,6 +145,7 @@ class Fp8Arrangement:
     l2_prefetch: bool = True
     producers: int = 1
     producer_ahead: bool = False
+    pv_overlap: bool = False
 
     def ctas_per_token(self, num_heads: int) -> int:
         """CTAs one token's ``num_heads`` heads take: ``cdiv(H, head_block)`` (head groups)."""
@@ -193,7 +199,9 @@ def check_fp8_table(table) -> None:
     :func:`partition_regs`; ``scores_only``, ``early_ids``, ``warp_max``,
     ``rope_by_second`` and ``meta_by_second`` only on :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose
     ``kv_dtype`` excludes the V3.2 rows; ``producer_ahead`` only on rows whose ``kv_dtype`` excludes every cache
-    but the V3.2 rows, with two producers, steps of less than a block and whole lines); its head block one of
+    but the V3.2 rows, with two producers, steps of less than a block and whole lines; ``pv_overlap`` only there too,
+    on :data:`COLUMN_SPLIT`, with ``rope_by_second`` and ``meta_by_second`` and not ``scores_only``); its head block
+    one of
     :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults
     are known params of the right type even where every row overrides them; and every head count and block count
     gets a row, the values on either side of each row's thresholds included, not only the declared ones
@@ -225,6 +233,7 @@ def check_fp8_table(table) -> None:
     if errors:
         raise dispatch.TableError(f"{where}: the rows checked at every declared value and on either side of each "
                                   "row's head and block thresholds: " + "; ".join(map(str, errors)))
+    others_than_ds = sorted(set(table.fields["kv_dtype"].domain) - DS_MLA_KEYS)  # the caches of 576-byte rows
     for row in table.rows:
         if row.is_refusal:
             continue
@@ -256,13 +265,17 @@ def check_fp8_table(table) -> None:
                 raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
                                          f"{row.path!r})")
         if params["producer_ahead"]:
-            others = sorted(set(table.fields["kv_dtype"].domain) - DS_MLA_KEYS)  # the caches of 576-byte rows
-            if _admits(row, others) or params["producers"] != RING_STAGES or params["producer_rows"] >= BLOCK_IDS \
+            if _admits(row, others_than_ds) or params["producers"] != RING_STAGES or params["producer_rows"] >= BLOCK_IDS \
                     or not params["lines"]:
                 raise _error(table, row, "params producer_ahead: only rows whose kv_dtype is the V3.2 rows "
                                          f"{sorted(DS_MLA_KEYS)}, with producers {RING_STAGES}, producer_rows below "
                                          f"{BLOCK_IDS} and lines (each producer holds two steps of whole lines of "
                                          "latent codes)")
+        if params["pv_overlap"] and (not (params["rope_by_second"] and params["meta_by_second"])
+                                     or params["scores_only"] or _admits(row, others_than_ds)):
+            raise _error(table, row, "params pv_overlap: only with rope_by_second and meta_by_second, not with "
+                                     "scores_only, on rows whose kv_dtype is the V3.2 rows (the first consumer's "
+                                     "loop has no global load then, and its half of P V to leave in flight)")
         if params["meta_by_second"] and params["early_ids"]:
             raise _error(table, row, "params meta_by_second: not with early_ids (the second consumer loads every "
                                      "block's ids, the first none)")
@@ -378,7 +391,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                           early_ids=p["early_ids"], staged_ids=p["staged_ids"], warp_max=p["warp_max"],
                           rope_by_second=p["rope_by_second"], meta_by_second=p["meta_by_second"],
                           l2_prefetch=p["l2_prefetch"], producers=p["producers"],
-                          producer_ahead=p["producer_ahead"])
+                          producer_ahead=p["producer_ahead"], pv_overlap=p["pv_overlap"])
 
 
 @functools.cache
