@@ -158,18 +158,21 @@ def _gather(rows, ids, col0, WIDTH: gl.constexpr, layout: gl.constexpr):
                    mask=(ids >= 0)[:, None], other=0.0)
 
 
-def _ld_row_chunk(words: int, hint: str) -> str:
-    """The predicated load of ``words`` 32-bit words a lane (``$0 ..`` the bytes, then ``words * 4`` addresses and as
-    many masks, the first of each read), with the cache qualifier ``hint``: lanes whose mask is 0 read 0."""
+def _ld_row_chunk(words: int, hint: str, pack: int = 0) -> str:
+    """The predicated load of ``words`` 32-bit words a lane (``$0 ..`` the loaded elements, then ``pack`` addresses
+    and as many masks, the first of each read; ``pack``: the elements of one asm instance, ``4 * words`` bytes by
+    default, ``words`` for int32 elements), with the cache qualifier ``hint``: lanes whose mask is 0 read 0."""
+    pack = pack or 4 * words
     outs = ", ".join(f"${i}" for i in range(words))
     zero = "".join(f"mov.b32 ${i}, 0;\n" for i in range(words))
-    return (f"{{\n.reg .pred p;\nsetp.ne.b32 p, ${words + 4 * words}, 0;\n{zero}"
+    return (f"{{\n.reg .pred p;\nsetp.ne.b32 p, ${words + pack}, 0;\n{zero}"
             f"@p ld.global{hint}.v{words}.b32 {{{outs}}}, [${words}];\n}}")
 
 
-def _ld_row_chunk_constraints(words: int) -> str:
-    """The constraints of :func:`_ld_row_chunk`'s asm (``pack = 4 * words``)."""
-    return ",".join(["=r"] * words + ["l"] * (4 * words) + ["r"] * (4 * words))
+def _ld_row_chunk_constraints(words: int, pack: int = 0) -> str:
+    """The constraints of :func:`_ld_row_chunk`'s asm (``pack``: as there, ``4 * words`` by default)."""
+    pack = pack or 4 * words
+    return ",".join(["=r"] * words + ["l"] * pack + ["r"] * pack)
 
 
 #: The cache qualifier of the producer's row loads where the arrangement asks the L2 for the 256-byte block a miss
@@ -249,11 +252,9 @@ def _checked(raw, nrows):
 #: addresses and ``$4-$5`` their row's mask (the first of each read); masked lanes read 0. The words stay packed in
 #: registers across the step (as ``uint8`` elements they would take a register each: 128 a step, which spilled
 #: kilobytes, AOT sm90).
-_LD_WORDS = gl.constexpr("{\n.reg .pred p;\nsetp.ne.b32 p, $4, 0;\nmov.b32 $0, 0;\nmov.b32 $1, 0;\n"
-                         "@p ld.global" + L2_PREFETCH_HINT + ".v2.b32 {$0, $1}, [$2];\n}")
-_LD_WORDS_PLAIN = gl.constexpr("{\n.reg .pred p;\nsetp.ne.b32 p, $4, 0;\nmov.b32 $0, 0;\nmov.b32 $1, 0;\n"
-                               "@p ld.global.v2.b32 {$0, $1}, [$2];\n}")
-_LD_WORDS_CONSTRAINTS = gl.constexpr("=r,=r,l,l,r,r")
+_LD_WORDS = gl.constexpr(_ld_row_chunk(2, L2_PREFETCH_HINT, pack=2))
+_LD_WORDS_PLAIN = gl.constexpr(_ld_row_chunk(2, "", pack=2))
+_LD_WORDS_CONSTRAINTS = gl.constexpr(_ld_row_chunk_constraints(2, pack=2))
 #: One word of four e4m3fn codes -> two words of two bf16 each (codes 0, 1 and 2, 3; low half first), exactly as
 #: :func:`_to_tile` converts them (e4m3 -> f16 pairs by ``cvt``, each f16 -> f32 -> a bf16 pair; NaN stays NaN).
 _CVT_WORD_BF16 = gl.constexpr("{\n.reg .b16 lo, hi, a0, a1, a2, a3;\n.reg .b32 h0, h1;\n.reg .f32 f0, f1, f2, f3;\n"
@@ -638,17 +639,29 @@ def _tile_scores(kn, qn, s_zero, t: gl.constexpr):
 
 
 @gluon.jit
+def _ds_score_wgmmas(kn, kr, qn, qr, s_zero):
+    """Issue a block of V3.2 rows' five score wgmmas (async, fresh fp32 accumulators): ``(K_rope q_rope^T, K_0 q_0^T,
+    .., K_3 q_3^T)``, to be waited for by :func:`_ds_scores_of`."""
+    sr = warpgroup_mma(kr, qr.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return (sr, _tile_scores(kn, qn, s_zero, 0), _tile_scores(kn, qn, s_zero, 1), _tile_scores(kn, qn, s_zero, 2),
+            _tile_scores(kn, qn, s_zero, 3))
+
+
+@gluon.jit
+def _ds_scores_of(sr, s0, s1, s2, s3, sc0, sc1, sc2, sc3):
+    """Wait for :func:`_ds_score_wgmmas`' five accumulators and combine them with the ids' tile scales ``sc_t`` (in
+    the accumulator's rows): ``K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)``."""
+    sr, s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1, s2, s3))
+    return sr + s0 * sc0[:, None] + s1 * sc1[:, None] + s2 * sc2[:, None] + s3 * sc3[:, None]
+
+
+@gluon.jit
 def _ds_scores(kn, kr, qn, qr, s_zero, sc0, sc1, sc2, sc3):
     """``S^T`` of a block of V3.2 rows (``[ids, heads]`` fp32, before the per-head score scale):
     ``K_rope q_rope^T + sum_t scale_t * (K_t q_t^T)``, one wgmma accumulator per tile, ``sc_t`` the ids' tile
     scales (in the accumulator's rows)."""
-    sr = warpgroup_mma(kr, qr.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s0 = _tile_scores(kn, qn, s_zero, 0)
-    s1 = _tile_scores(kn, qn, s_zero, 1)
-    s2 = _tile_scores(kn, qn, s_zero, 2)
-    s3 = _tile_scores(kn, qn, s_zero, 3)
-    sr, s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1, s2, s3))
-    return sr + s0 * sc0[:, None] + s1 * sc1[:, None] + s2 * sc2[:, None] + s3 * sc3[:, None]
+    sr, s0, s1, s2, s3 = _ds_score_wgmmas(kn, kr, qn, qr, s_zero)
+    return _ds_scores_of(sr, s0, s1, s2, s3, sc0, sc1, sc2, sc3)
 
 
 @gluon.jit
@@ -700,16 +713,23 @@ def _tiles_pv(kn, p0, p1, p2, p3, acc0, acc1, acc2, acc3, alpha):
 
 
 @gluon.jit
-def _tile_pair_pv(kn, T0: gl.constexpr, p_ring, base, acc, acc_b, alpha):
-    """A column-split consumer's ``P V`` of one block of V3.2 rows: tiles ``T0`` and ``T0 + 1`` (``acc``,
-    ``acc_b``) with their ``P_t^T`` at ``p_ring[base + t]``, waited for. Both accumulators are rescaled before
-    either wgmma is issued: rescaling the second while the first runs made ptxas serialise them (C7517)."""
+def _tile_pair_pv_issued(kn, T0: gl.constexpr, p_ring, base, acc, acc_b, alpha):
+    """Issue a column-split consumer's ``P V`` of one block of V3.2 rows (async, not waited for): tiles ``T0`` and
+    ``T0 + 1`` (``acc``, ``acc_b``) with their ``P_t^T`` at ``p_ring[base + t]``. Both accumulators are rescaled
+    before either wgmma is issued: rescaling the second while the first runs made ptxas serialise them (C7517)."""
     acc = acc * alpha[None, :]
     acc_b = acc_b * alpha[None, :]
     acc = warpgroup_mma(kn.slice(T0 * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_ring.index(base + T0), acc,
                         is_async=True)
     acc_b = warpgroup_mma(kn.slice((T0 + 1) * DS_TILE, DS_TILE, dim=1).permute((1, 0)), p_ring.index(base + T0 + 1),
                           acc_b, is_async=True)
+    return acc, acc_b
+
+
+@gluon.jit
+def _tile_pair_pv(kn, T0: gl.constexpr, p_ring, base, acc, acc_b, alpha):
+    """:func:`_tile_pair_pv_issued`, waited for."""
+    acc, acc_b = _tile_pair_pv_issued(kn, T0, p_ring, base, acc, acc_b, alpha)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b))
 
 
@@ -1291,19 +1311,13 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
                     fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
                     gl.thread_barrier()  # every warp's copies landed
                 if PIPE:
-                    sr = warpgroup_mma(kr_smem.index(s), q_r.index(z).permute((1, 0)), s_zero, use_acc=False,
-                                       is_async=True)
-                    s0 = _tile_scores(kn, q_n.index(z), s_zero, 0)
-                    s1 = _tile_scores(kn, q_n.index(z), s_zero, 1)
-                    s2 = _tile_scores(kn, q_n.index(z), s_zero, 2)
-                    s3 = _tile_scores(kn, q_n.index(z), s_zero, 3)
+                    sr, s0, s1, s2, s3 = _ds_score_wgmmas(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero)
                     # block i - 1's half of P V, issued before these five (none in flight at the first block)
                     acc, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b))
                     if i > 0:
                         gl.thread_barrier()  # every warp of this consumer is done with the other stage
                         mbarrier.arrive(empty.index((i + 1) % STAGES))
-                    sr, s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(sr, s0, s1, s2, s3))
-                    st = sr + s0 * sc0[:, None] + s1 * sc1[:, None] + s2 * sc2[:, None] + s3 * sc3[:, None]
+                    st = _ds_scores_of(sr, s0, s1, s2, s3, sc0, sc1, sc2, sc3)
                 else:
                     st = _ds_scores(kn, kr_smem.index(s), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
             else:
@@ -1321,12 +1335,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             mbarrier.arrive(p_ready.index(s))
             if PIPE:  # issued only, before the next block's mask and scales are read: waited for behind the next
                 # block's score wgmmas
-                acc = acc * alpha[None, :]
-                acc_b = acc_b * alpha[None, :]
-                acc = warpgroup_mma(kn.slice(COL0, DS_TILE, dim=1).permute((1, 0)), p_ring.index(s * P_TILES), acc,
-                                    is_async=True)
-                acc_b = warpgroup_mma(kn.slice(COL0 + DS_TILE, DS_TILE, dim=1).permute((1, 0)),
-                                      p_ring.index(s * P_TILES + 1), acc_b, is_async=True)
+                acc, acc_b = _tile_pair_pv_issued(kn, COL0 // DS_TILE, p_ring, s * P_TILES, acc, acc_b, alpha)
             if KV_DS_MLA:
                 if COPY_ROPE and not COPY2 and i + STAGES < num_blocks:  # this stage's RoPE tile was read
                     _copy_rope(KV, kr_smem.index(s), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
