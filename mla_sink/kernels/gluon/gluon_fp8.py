@@ -226,7 +226,10 @@ def _to_tile(codes, dtype: gl.constexpr, KV_DS_MLA: gl.constexpr):
     the fewer integer operations, the faster, so the integer pipe is the likely limit (not profiled; fifty-first
     session, benchmarks/gluon_fp8_f16_route.patch). One ``cvt`` a pair instead (wrong values, a ceiling probe:
     benchmarks/gluon_fp8_one_cvt_probe.patch) took 164.7 against 171.2-172.3 us at H=16 T=256 and nothing off
-    H=32 (187.7 against 184.0-185.3; fifty-seventh session, H100)."""
+    H=32 (187.7 against 184.0-185.3; fifty-seventh session, H100). The bf16 pair taken as the upper halves of the
+    two exact float32 by one ``prmt`` (integer pipe) instead of ``cvt.rn.bf16x2.f32`` lost: 179.9 against 175.5-175.6
+    us at V3.2 H=16 T=256, outputs bitwise equal (seventy-third session, H100,
+    benchmarks/gluon_fp8_prmt_to_tile.patch)."""
     if KV_DS_MLA:
         return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(dtype)
     else:
