@@ -116,15 +116,15 @@ from mla_sink.kernels.gluon.math import LOG2E, sink_scale
 from mla_sink.kernels.gluon.seesaw_common import _opaque_zero
 from mla_sink.kernels.gluon.pdl import launch_dependents
 from mla_sink.kernels.gluon.seesaw_fp8 import DS_ROPE_AT, DS_SCALES_AT, DS_TILE, _row_offsets
-from mla_sink.kernels.gluon.tuning import cta_blocks, fp8_arrangement, fp8_kv_dtypes
+from mla_sink.kernels.gluon.tuning import BLOCK_IDS, RING_STAGES, cta_blocks, fp8_arrangement, fp8_kv_dtypes
 
-STAGES = gl.constexpr(2)  # one ring stage per consumer warpgroup
+STAGES = gl.constexpr(RING_STAGES)  # one ring stage per consumer warpgroup (the table checker's count too)
 #: Slots of the staged ids (``STAGED_IDS``): the producer writes block i's ids once it has passed the waits of blocks
 #: i - 2 and i - 1, which need blocks i - 4 and i - 3 released by every consumer that reads them, after each one read
 #: their ids; three slots would do, four make the slot an AND.
 IDS_STAGES = gl.constexpr(4)
-#: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows).
-BLOCK_N = 64
+#: Ids per block: the wgmma M dimension of ``S^T`` (one warpgroup's 64 rows; the table checker's count too).
+BLOCK_N = BLOCK_IDS
 #: Warps of one consumer warpgroup: the score accumulator's ids are ``BLOCK_N // WARPS`` = 16 a warp.
 WARPS = gl.constexpr(4)
 #: The layout ``out`` is stored from on the column split and the alternate scores (:func:`_store_cols`): a thread's 8

@@ -37,7 +37,8 @@ FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "pr
 SEESAW_PARAMS = {"producer_regs": int, "consumer_regs": int}
 #: ``setmaxnreg`` takes a multiple of :data:`REG_STEP` registers in ``[REG_MIN, REG_MAX]``.
 REG_MIN, REG_MAX, REG_STEP = 24, 256, 8
-#: Ids per block of the gluon_fp8 kernel (its ``BLOCK_N``, the wgmma M of ``S^T``): a producer step's rows divide it.
+#: Ids per block of the gluon_fp8 kernel (its ``BLOCK_N`` is this; the wgmma M of ``S^T``): a producer step's rows
+#: divide it.
 BLOCK_IDS = 64
 #: The head blocks the gluon_fp8 kernel is built for (its ``BLOCK_H``, the wgmma N of both swapped GEMMs): a token's
 #: ``H`` heads take ``cdiv(H, head_block)`` CTAs (head groups).
@@ -49,7 +50,7 @@ ROWS_PER_PASS = 8
 REGISTER_FILE, WARPGROUP_THREADS = 65536, 128
 #: Producer warpgroups an arrangement may have: one, or two that fill alternate ring stages (``producers``).
 PRODUCER_COUNTS = (1, 2)
-#: Ring stages of the gluon_fp8 kernel (its ``STAGES``): two producers fill one each, alternately.
+#: Ring stages of the gluon_fp8 kernel (its ``STAGES`` is this): two producers fill one each, alternately.
 RING_STAGES = 2
 
 
@@ -201,10 +202,9 @@ def check_fp8_table(table) -> None:
     ``kv_dtype`` excludes the V3.2 rows; ``producer_ahead`` only on rows whose ``kv_dtype`` excludes every cache
     but the V3.2 rows, with two producers, steps of less than a block and whole lines; ``pv_overlap`` only there too,
     on :data:`COLUMN_SPLIT`, with ``rope_by_second`` and ``meta_by_second`` and not ``scores_only``); its head block
-    one of
-    :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's defaults
-    are known params of the right type even where every row overrides them; and every head count and block count
-    gets a row, the values on either side of each row's thresholds included, not only the declared ones
+    one of :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's
+    defaults are known params of the right type even where every row overrides them; and every head count and block
+    count gets a row, the values on either side of each row's thresholds included, not only the declared ones
     (``dispatch.check_table(thresholds=True)``: a launch meets every value).
 
     Args:
@@ -265,8 +265,8 @@ def check_fp8_table(table) -> None:
                 raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
                                          f"{row.path!r})")
         if params["producer_ahead"]:
-            if _admits(row, others_than_ds) or params["producers"] != RING_STAGES or params["producer_rows"] >= BLOCK_IDS \
-                    or not params["lines"]:
+            if (_admits(row, others_than_ds) or params["producers"] != RING_STAGES
+                    or params["producer_rows"] >= BLOCK_IDS or not params["lines"]):
                 raise _error(table, row, "params producer_ahead: only rows whose kv_dtype is the V3.2 rows "
                                          f"{sorted(DS_MLA_KEYS)}, with producers {RING_STAGES}, producer_rows below "
                                          f"{BLOCK_IDS} and lines (each producer holds two steps of whole lines of "
