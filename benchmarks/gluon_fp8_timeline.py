@@ -64,7 +64,9 @@ def cta_base(tlb: str, words: int = WORDS) -> str:
 def add_buffer(src: str) -> str:
     """The kernel source with :data:`HELPER` and the timeline buffer ``TLB`` as the kernel's argument after
     ``PART_LSE``, passed by the launcher from ``_TL_BUF[0]``."""
-    s = sub(src, "STAGES = gl.constexpr(2)", HELPER + "\nSTAGES = gl.constexpr(2)")
+    # (the anchor is the ring's STAGES line, gl.constexpr(2) on trees before the seventy-third session's review,
+    # gl.constexpr(RING_STAGES) since)
+    s = sub(src, "\nSTAGES = gl.constexpr(", "\n" + HELPER + "\nSTAGES = gl.constexpr(")
     s = sub(s, "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, sm_scale,",
             "    Q, KV, IDX, SINKS, TOPK_LEN, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, TLB, sm_scale,")
     return sub(s, "kv_scale, out, lse, part_out, part_lse,\n        float(sm_scale)",
