@@ -30,12 +30,14 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
   mantissas; undone on the scores). The second consumer (whose first block is the ring's second) stages q
   (:func:`_stage_q`) while the producer already gathers the first block.
-* 32-head blocks of V3.2 rows, and e4m3's split launches of them (the table's ``column_split`` rows), run the two
-  consumers on every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages
+* 32-head blocks (the table's ``column_split`` rows, both caches) run the two consumers on every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages
   q, computes ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511
   with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
-  registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us on the alternate blocks; its
-  unsplit launches took 179.1 here against 174.4 there, and take the alternate scores below);
+  registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us on the alternate blocks). e4m3's
+  unsplit 32-head launches took the alternate scores (the blocks in pairs, each consumer one block's scores and one
+  half of ``O^T`` over both) from the twenty-sixth session until the seventy-fourth, when two producers of 32-row
+  steps on the column split took 150.1 against 172.8 us at T=256 on an H100 (tables/gluon_fp8.yaml row
+  ``e4m3_h32_unsplit``; the alternate scores are in git history);
 * CTAs of one or two blocks (T <= 6 at topk 2048 on 132 SMs; the table's ``*_short`` rows) take the column split at 16
   heads too: the two halves of a block's ``P V`` run at once and each consumer stores its own columns, with no merge of
   two consumers' states through shared memory (H=16 T=2, thirtieth session: e4m3 9.7, V3.2 10.4 against 11.5 and
@@ -63,11 +65,6 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   thread adds its own ``P^T`` elements and the sum over ids, whose rows span the consumer's four warps, runs once at
   the end instead of once a block (:func:`_zero_row_sum`; e4m3 T=256 140.5 against 146.7 us at H=16, 168.1 against
   171.2 at H=32);
-* e4m3's unsplit launches of 32-head blocks (the table's ``alternate_scores`` rows, ``PAIRS``) take the blocks in
-  pairs: each consumer computes the scores, the softmax and ``P^T`` of one block of the pair (the running max
-  shared as on the seesaw) and accumulates one half of ``O^T``'s value columns over both, so both score chains run
-  at once while each consumer holds half of ``O^T`` and the producer keeps 16 heads' whole-block steps (T=256
-  167.3-168.1 against 169.8 us on the alternate blocks, twenty-sixth session; :func:`_consumer_pairs`);
 * V3.2 rows (``KV_DS_MLA``): the producer stores the latent codes as bf16 (exact); q is bf16 as given. Each
   consumer that computes scores (both on alternate blocks, the first on the column split) copies the bf16 RoPE
   of its next block by cp.async into that block's ring stage's RoPE tile while it computes this one (where the
@@ -127,7 +124,7 @@ IDS_STAGES = gl.constexpr(4)
 BLOCK_N = BLOCK_IDS
 #: Warps of one consumer warpgroup: the score accumulator's ids are ``BLOCK_N // WARPS`` = 16 a warp.
 WARPS = gl.constexpr(4)
-#: The layout ``out`` is stored from on the column split and the alternate scores (:func:`_store_cols`): a thread's 8
+#: The layout ``out`` is stored from on the column split (:func:`_store_cols`): a thread's 8
 #: consecutive value columns (16 bytes of bf16 or fp16) of one head, 8 threads one head's 64 columns (a 128-byte
 #: line), a warp 4 heads, the 4 warps 16.
 OUT_L = gl.constexpr(gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1]))
@@ -613,15 +610,6 @@ def _add_rows(l_i, alpha, p, DEFER: gl.constexpr):
         return l_i * alpha[None, :] + p
     else:
         return l_i * alpha + gl.sum(p, axis=0)
-
-
-@gluon.jit
-def _rescale_rows(l_i, alpha, DEFER: gl.constexpr):
-    """``l * alpha`` (``alpha`` per head) for a row sum of :func:`_zero_row_sum`."""
-    if DEFER:
-        return l_i * alpha[None, :]
-    else:
-        return l_i * alpha
 
 
 @gluon.jit
@@ -1118,9 +1106,9 @@ def _merge_factors(m_i, l_i, m_o, l_o, KV_SCALE, SINKS, offs_h, hmask, HAS_SINKS
 
 @gluon.jit
 def _half_state(acc_l: gl.constexpr, NCOLS: gl.constexpr, BLOCK_H: gl.constexpr, KV_DS_MLA: gl.constexpr):
-    """``(acc, acc_b)``: a consumer's zero half of ``O^T`` (``NCOLS`` value columns) on the column split and the
-    alternate scores - V3.2 rows: its two 128-column tiles (one per tile scale); e4m3: one ``[NCOLS, heads]``
-    accumulator and an unread ``acc_b`` (:func:`_half_pv` passes it through)."""
+    """``(acc, acc_b)``: a consumer's zero half of ``O^T`` (``NCOLS`` value columns) on the column split - V3.2
+    rows: its two 128-column tiles (one per tile scale); e4m3: one ``[NCOLS, heads]`` accumulator and an unread
+    ``acc_b`` (:func:`_half_pv` passes it through)."""
     if KV_DS_MLA:
         acc = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
         acc_b = gl.zeros([DS_TILE, BLOCK_H], gl.float32, layout=acc_l)
@@ -1411,147 +1399,6 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
 
 
 @gluon.jit
-def _consumer_pairs(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x, kn_smem,
-                    kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, f_smem, merged, f_ready,
-                    sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads,
-                    num_rows, start, end, num_pairs, stride_ot, stride_oh, stride_lt, stride_lh, stride_pt,
-                    stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                    D_NOPE: gl.constexpr, HAS_SINKS: gl.constexpr, SPLIT: gl.constexpr, ROLE: gl.constexpr,
-                    KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, COPY_ROPE: gl.constexpr, DEFER: gl.constexpr,
-                    ids_smem, STAGED_IDS: gl.constexpr):
-    """One of two consumers on the alternate-scores arrangement (``PAIRS``): the blocks go in pairs, ROLE 0
-    computes the scores, the softmax and ``P^T`` of the even block (ring stage 0), ROLE 1 those of the odd block
-    (stage 1), at the same time; each accumulates one half of ``O^T``'s value columns (ROLE 0 columns 0-255, ROLE
-    1 256-511) over both blocks, its own ``P^T`` and the other's read from ``p_ring``. The running max is shared:
-    ROLE 0 publishes ``m0 = max(m, rowmax S0)`` (``m_x[0]``, ``m_ready``), ROLE 1 takes ``m1 = max(m0, rowmax
-    S1)`` and publishes it with its ``P^T`` (``m_x[1]``, ``p_ready[1]``); each rescales its half to ``m0`` before
-    the even block's ``P V`` and to ``m1`` before the odd one's, so no ``P`` is rewritten. Each keeps the row sums of
-    its own ``P`` (relative to the shared max) and ROLE 0 adds ROLE 1's at the end, runs the epilogue's statistics
-    and hands the per-head output factor back (``f_smem``, ``f_ready``); each stores its own columns. A stage is
-    freed once both have read it (``empty`` counts two). The pair's odd block past the id range reads no row
-    (every id skipped: weights 0). ROLE 1 stages q (its block is the ring's second). The schedule is the seesaw's
-    (:mod:`mla_sink.kernels.gluon.gluon_seesaw`) with the roles of the GEMMs swapped (ids as wgmma M), so that
-    both consumers' scores run at once instead of the column split's first consumer computing every block's
-    scores (its chain bounds the column split: BENCHMARKS.md, seventeenth session). V3.2 rows: the tile scales
-    applied as on the column split (:func:`_ds_scores`, :func:`_store_p_tiles`), each consumer copying the RoPE of
-    its own next block (``COPY_ROPE``) as on the alternate blocks (:func:`_blocks_ds`)."""
-    NCOLS: gl.constexpr = D_NOPE // 2  # this consumer's value columns of O^T
-    COL0: gl.constexpr = ROLE * NCOLS
-    P_TILES: gl.constexpr = p_ring.shape[0] // STAGES
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, BLOCK_H, 16])
-    head_l: gl.constexpr = gl.SliceLayout(0, acc_l)
-    acc, acc_b = _half_state(acc_l, NCOLS, BLOCK_H, KV_DS_MLA)
-    offs_h = gl.arange(0, BLOCK_H, layout=head_l)
-    hmask = offs_h < num_heads
-    if ROLE == 1:
-        _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads, BLOCK_H,
-                 KV_DS_MLA)
-        mbarrier.arrive(q_ready)
-    else:
-        mbarrier.wait(q_ready, 0)
-    col_scale = scale_smem.load(head_l)  # per head: q scaling, sm_scale, kv_scale, log2(e)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    nrows = num_rows.to(gl.uint32)
-    m_i, l_i, s_zero = _softmax_state(acc_l, BLOCK_H, BLOCK_N, DEFER)
-    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 bytes a copy, 8 a row
-    if KV_DS_MLA:
-        if COPY_ROPE and num_pairs > 0:
-            _copy_rope(KV, kr_smem.index(ROLE),
-                       _checked(_raw_ids(IDX, idx_base, end, start + ROLE * BLOCK_N, BLOCK_N, rope_l), nrows),
-                       stride_kv, kv_block_size, ROW_BYTES, rope_l)
-    for j in range(num_pairs):
-        phase = j & 1
-        z = _opaque_zero(j)  # stages, q and P indexed through an opaque 0: their descriptors stay in the loop
-        own = z + ROLE
-        other = z + (1 - ROLE)
-        if not STAGED_IDS:
-            ids, ok = _block_ids(IDX, idx_base, start, 2 * j + ROLE, end, nrows, offs_n, BLOCK_N)
-        if KV_DS_MLA:
-            if COPY_ROPE:
-                ids_next = _raw_ids(IDX, idx_base, end, start + (2 * j + 2 + ROLE) * BLOCK_N, BLOCK_N, rope_l)
-            sc0, sc1, sc2, sc3 = _tile_scales(KV, ids, ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
-        mbarrier.wait(ready.index(own), phase)
-        if STAGED_IDS:
-            ids, ok = _staged_ids(ids_smem, 2 * j + ROLE, offs_n)
-        kn = kn_smem.index(own)
-        if KV_DS_MLA:
-            if COPY_ROPE:
-                async_copy.wait_group(0)
-                fence_async_shared()  # the RoPE's cp.async writes -> the wgmma (async proxy)
-                gl.thread_barrier()  # every warp's copies landed
-            st = _ds_scores(kn, kr_smem.index(own), q_n.index(z), q_r.index(z), s_zero, sc0, sc1, sc2, sc3)
-        else:
-            st = _e4m3_scores(kn, kr_smem.index(own), q_n.index(z), q_r.index(z), s_zero)
-        sm = gl.where(ok[:, None], st * col_scale[None, :], float("-inf"))
-        if ROLE == 0:  # m0 = max(m, rowmax S0), published at once
-            m_own = gl.maximum(m_i, gl.max(sm, axis=0))
-            m_x.index(0).store(m_own)
-            gl.thread_barrier()
-            mbarrier.arrive(m_ready)
-        else:  # m1 = max(m0, rowmax S1); m0 is at least this consumer's previous max
-            m_loc = gl.max(sm, axis=0)
-            mbarrier.wait(m_ready, phase)
-            m_0 = m_x.index(0).load(head_l)
-            m_own = gl.maximum(m_0, m_loc)
-            m_x.index(1).store(m_own)  # read by ROLE 0 after p_ready[1], below
-        m_use = gl.where(m_own == float("-inf"), 0.0, m_own)
-        p = gl.exp2(sm - m_use[None, :])
-        l_i = _add_rows(l_i, gl.exp2(m_i - m_use), p, DEFER)
-        if KV_DS_MLA:
-            _store_p_tiles(p_ring, own * P_TILES, p, sc0, sc1, sc2, sc3)
-        else:
-            p_ring.index(own).store(p.to(gl.float16))
-        fence_async_shared()
-        gl.thread_barrier()  # P^T (and ROLE 1's m1) complete in shared memory before either consumer reads them
-        mbarrier.arrive(p_ready.index(own))
-        if KV_DS_MLA:
-            if COPY_ROPE and 2 * j + 2 + ROLE < 2 * num_pairs:  # every warp waited for its scores: tile read
-                _copy_rope(KV, kr_smem.index(own), _checked(ids_next, nrows), stride_kv, kv_block_size, ROW_BYTES,
-                           rope_l)
-        if ROLE == 0:  # the even block (own P), then the odd one (ROLE 1's P, rescaled to m1)
-            acc, acc_b = _half_pv(kn, p_ring, own * P_TILES, acc, acc_b, gl.exp2(m_i - m_use), COL0, KV_DS_MLA)
-            gl.thread_barrier()
-            mbarrier.arrive(empty.index(own))
-            mbarrier.wait(p_ready.index(other), phase)
-            m_1 = m_x.index(1).load(head_l)
-            a_1 = gl.exp2(m_own - gl.where(m_1 == float("-inf"), 0.0, m_1))
-            acc, acc_b = _half_pv(kn_smem.index(other), p_ring, other * P_TILES, acc, acc_b, a_1, COL0, KV_DS_MLA)
-            l_i = _rescale_rows(l_i, a_1, DEFER)
-            m_i = m_1
-        else:  # the even block (ROLE 0's P, against m0), then its own
-            mbarrier.wait(p_ready.index(other), phase)
-            acc, acc_b = _half_pv(kn_smem.index(other), p_ring, other * P_TILES, acc, acc_b,
-                                  gl.exp2(m_i - gl.where(m_0 == float("-inf"), 0.0, m_0)), COL0, KV_DS_MLA)
-            gl.thread_barrier()
-            mbarrier.arrive(empty.index(other))
-            acc, acc_b = _half_pv(kn, p_ring, own * P_TILES, acc, acc_b, gl.exp2(m_0 - m_use), COL0, KV_DS_MLA)
-            m_i = m_own
-        gl.thread_barrier()  # every warp of this consumer is done with the pair's last stage
-        mbarrier.arrive(empty.index(z + 1))
-    if ROLE == 1:
-        l_smem.store(_row_sum(l_i, DEFER))
-        gl.thread_barrier()
-        mbarrier.arrive(merged)
-        mbarrier.wait(f_ready, 0)
-        scale = f_smem.load(head_l)
-    else:
-        mbarrier.wait(merged, 0)
-        empty_row, l_safe, lse2 = _final_lse2(m_i, _row_sum(l_i, DEFER) + l_smem.load(head_l))
-        scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, _load_sinks(SINKS, offs_h, hmask, HAS_SINKS, SPLIT),
-                           HAS_SINKS, SPLIT, KV_DS_MLA)
-        f_smem.store(scale)
-        gl.thread_barrier()
-        mbarrier.arrive(f_ready)
-        if SPLIT:
-            gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=hmask)
-        else:
-            gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)
-    _store_half(acc, acc_b, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stride_ps, stride_ph, stride_ot, stride_oh,
-                scale, hmask, COL0, SPLIT, KV_DS_MLA)
-
-
-@gluon.jit
 def _store_cols(acc, o_row, col0, scale, hmask, SPLIT: gl.constexpr):
     """Value columns ``col0 ..`` of ``O^T`` (``acc``, ``[columns, heads]`` in the accumulator layout) times the
     per-head ``scale``, stored at ``o_row`` (per-head row pointers): fp32 partials when ``SPLIT``, else in the
@@ -1584,7 +1431,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     HAS_SINKS: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, SPLIT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_ROWS: gl.constexpr,
     KV_DS_MLA: gl.constexpr, ROW_BYTES: gl.constexpr, ROWS_16B: gl.constexpr,
-    LINES: gl.constexpr, COLS: gl.constexpr, PAIRS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
+    LINES: gl.constexpr, COLS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr,
     SCORES_ONLY: gl.constexpr, EARLY_IDS: gl.constexpr, STAGED_IDS: gl.constexpr, WARP_MAX: gl.constexpr,
     ROPE_BY_SECOND: gl.constexpr, META_BY_SECOND: gl.constexpr, L2_PREFETCH: gl.constexpr,
     PRODUCERS: gl.constexpr, PRODUCER_AHEAD: gl.constexpr, PV_OVERLAP: gl.constexpr,
@@ -1596,8 +1443,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     KV is the 656-byte V3.2 rows as bytes (``ROW_BYTES`` per row, ``kv_block_size`` rows per page of
     ``stride_kv`` bytes; 1 for ``[N, 656]``), the ring and q are bf16, q unscaled; else an e4m3fn cache of
     ``stride_kv``-element rows, fp16 ring and scaled q. ``COLS``: the column-split consumers
-    (:func:`_consumer_cols`; the producer a worker, whole-block steps). ``PAIRS``: the alternate-scores consumers
-    (:func:`_consumer_pairs`; the producer a worker, gathering the ``2 * cdiv(blocks, 2)`` blocks of the pairs).
+    (:func:`_consumer_cols`); otherwise the alternate-block consumers (:func:`_consumer`).
     ``EARLY_IDS``: V3.2 rows on the column split, the first consumer's first ids loaded before q
     (:func:`_consumer_cols`). ``WARP_MAX``: on the column split, the first consumer's block maximum per warp
     (:func:`_ids_max`)."""
@@ -1637,7 +1483,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     q_r = gl.allocate_shared_memory(dt, [1, BLOCK_H, D_ROPE],
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dt))
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dt)
-    if COLS or PAIRS:  # one P^T ring read by both consumers (a stage's P^T per tile scale)
+    if COLS:  # one P^T ring read by both consumers (a stage's P^T per tile scale)
         p_ring = gl.allocate_shared_memory(dt, [STAGES * p_tiles, BLOCK_N, BLOCK_H], p_layout)
     else:  # each consumer's own P^T
         p0 = gl.allocate_shared_memory(dt, [p_tiles, BLOCK_N, BLOCK_H], p_layout)
@@ -1662,16 +1508,11 @@ def sparse_mla_decode_fp8_ws_kernel(
     p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # COLS: P^T ready
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2 if COLS or PAIRS else 1)  # both consumers read every stage
-        if COLS or PAIRS:
+        mbarrier.init(empty.index(s), count=2 if COLS else 1)  # both consumers read every stage
+        if COLS:
             mbarrier.init(p_ready.index(s), count=1)
     mbarrier.init(merged, count=1)
     mbarrier.init(q_ready, count=1)
-    if PAIRS:
-        m_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # m0 published
-        f_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # the output factor
-        mbarrier.init(m_ready, count=1)
-        mbarrier.init(f_ready, count=1)
     fence_async_shared()  # the barriers' initialisation, before any partition uses them
     gl.thread_barrier()
 
@@ -1679,32 +1520,9 @@ def sparse_mla_decode_fp8_ws_kernel(
     # and the producer workers, as at 32 heads on every arrangement (tables/gluon_fp8.yaml). Until the twenty-sixth
     # session e4m3's unsplit 32-head alternate blocks made the producer the default partition and both consumers
     # workers (as the default partition, the first consumer spilled the loop's wgmma descriptors at any register
-    # split that left the producer room); the alternate scores, which hold half of O^T in each consumer, replaced
-    # them
-    if PAIRS:
-        gl.static_assert(PRODUCERS == 1, "the alternate scores have one producer (tuning.check_fp8_table)")
-        m_x = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
-        num_pairs = gl.cdiv(num_blocks, 2)
-        gl.warp_specialize([
-            (_consumer_pairs, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x,
-                               kn_smem, kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, m_smem,
-                               merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
-                               kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
-                               stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
-                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 0, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
-                               DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
-            (_consumer_pairs, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, m_x,
-                               kn_smem, kr_smem, ready, empty, p_ready, m_ready, q_ready, scale_smem, l_smem, m_smem,
-                               merged, f_ready, sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv,
-                               kv_block_size, num_heads, num_rows, start, end, num_pairs, stride_ot, stride_oh,
-                               stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H,
-                               BLOCK_N, D_NOPE, HAS_SINKS, SPLIT, 1, KV_DS_MLA, ROW_BYTES, KV_DS_MLA and ROWS_16B,
-                               DEFER_ROW_SUM, ids_smem, STAGED_IDS)),
-            (_producer, (IDX, KV, kn_smem, kr_smem, ready, empty, idx_base, stride_kv, kv_block_size, num_rows, start,
-                         end, 2 * num_pairs, BLOCK_N, D_NOPE, D_ROPE, PRODUCER_ROWS, KV_DS_MLA, ROW_BYTES, ROWS_16B,
-                         LINES, ids_smem, STAGED_IDS, L2_PREFETCH)),
-        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
-    elif COLS:
+    # split that left the producer room); the alternate scores (each consumer half of O^T) replaced them, and the
+    # column split with two producers replaced those (seventy-fourth session)
+    if COLS:
         alpha_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_H], vec_l)
         if WARP_MAX:  # the first consumer's per-warp maxima of a block (_ids_max)
             wmax_smem = gl.allocate_shared_memory(gl.float32, [WARPS, BLOCK_H],
@@ -1846,7 +1664,7 @@ def fp8_launch_args(q, kv_cache, indices, *, num_kv_splits: int, ids_per_split: 
                       CONSUMER_REGS=arr.consumer_regs, PRODUCER_REGS=arr.producer_regs, PRODUCER_ROWS=arr.producer_rows,
                       KV_DS_MLA=ds,
                       ROW_BYTES=kv_layout.ROW_BYTES if ds else d_qk, ROWS_16B=rows_16b(kv_cache), LINES=arr.lines,
-                      COLS=arr.cols, PAIRS=arr.pairs, DEFER_ROW_SUM=arr.deferred_row_sum,
+                      COLS=arr.cols, DEFER_ROW_SUM=arr.deferred_row_sum,
                       SCORES_ONLY=arr.scores_only, EARLY_IDS=arr.early_ids, STAGED_IDS=arr.staged_ids,
                       WARP_MAX=arr.warp_max, ROPE_BY_SECOND=arr.rope_by_second,
                       META_BY_SECOND=arr.meta_by_second, L2_PREFETCH=arr.l2_prefetch,

@@ -21,13 +21,13 @@ import attrs
 from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.tables import load_checked_table
 
-#: The paths of ``tables/gluon_fp8.yaml``: the three arrangements of the consumers (neither ``COLS`` nor
-#: ``PAIRS``; ``COLS``; ``PAIRS``).
-FP8_PATHS = ("alternate_blocks", "column_split", "alternate_scores")
+#: The paths of ``tables/gluon_fp8.yaml``: the two arrangements of the consumers (not ``COLS``; ``COLS``). The
+#: third, the alternate scores (``PAIRS``: alternate blocks' scores, ``P V`` split by columns), served e4m3's unsplit
+#: 32-head launches from the twenty-sixth session until the seventy-fourth, when the column split with two producers
+#: took its row (BENCHMARKS.md), and left the kernel with it.
+FP8_PATHS = ("alternate_blocks", "column_split")
 #: The path of the column-split consumers (``COLS``).
 COLUMN_SPLIT = "column_split"
-#: The path of the consumers that take alternate blocks' scores and split ``P V`` by columns (``PAIRS``).
-ALTERNATE_SCORES = "alternate_scores"
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
@@ -84,8 +84,7 @@ class Fp8Arrangement:
 
     Attributes:
         row, why, source: the row that chose it (``tables/gluon_fp8.yaml``).
-        cols: the column-split consumers (its path is :data:`COLUMN_SPLIT`).
-        pairs: the alternate-scores consumers (its path is :data:`ALTERNATE_SCORES`); neither: alternate blocks.
+        cols: the column-split consumers (its path is :data:`COLUMN_SPLIT`); otherwise alternate blocks.
         head_block: heads of one CTA (the wgmma N dimension); a token's ``H`` heads take ``cdiv(H, head_block)``
             CTAs (head groups).
         consumer_regs, producer_regs: ``setmaxnreg`` registers of the two worker partitions (the table's
@@ -130,7 +129,6 @@ class Fp8Arrangement:
     why: str
     source: str
     cols: bool
-    pairs: bool
     head_block: int
     consumer_regs: int
     producer_regs: int
@@ -247,9 +245,6 @@ def check_fp8_table(table) -> None:
         if producers not in PRODUCER_COUNTS:
             raise _error(table, row, f"params producers: expected one of {PRODUCER_COUNTS} (producer warpgroups), "
                                      f"got {producers!r}")
-        if producers > 1 and row.path == ALTERNATE_SCORES:
-            raise _error(table, row, f"params producers: the {ALTERNATE_SCORES} path has one producer (the kernel's "
-                                     f"branch for it launches one), got {producers}")
         total = partition_regs(2 + producers)  # two consumers and the producers
         left = total - params["consumer_regs"] - producers * params["producer_regs"]
         if not REG_MIN <= left <= REG_MAX:
@@ -384,7 +379,6 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                          "tables/gluon_fp8.yaml)")
     p = sel.params
     return Fp8Arrangement(row=sel.row.id, why=sel.row.why, source=sel.row.source, cols=sel.path == COLUMN_SPLIT,
-                          pairs=sel.path == ALTERNATE_SCORES,
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
