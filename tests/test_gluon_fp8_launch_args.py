@@ -77,7 +77,8 @@ def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
             arr = tuning.fp8_arrangement(kv_dtype, key, H, splits > 1, blocks)
             p = sel.params
             assert _arrangement_of(launch(kv_dtype, H, splits, q_dtype)) == (
-                p["head_block"], sel.path == tuning.COLUMN_SPLIT, p["consumer_regs"], p["producer_regs"], p["producer_rows"], p["lines"], p["deferred_row_sum"],
+                p["head_block"], sel.path == tuning.COLUMN_SPLIT, p["consumer_regs"], p["producer_regs"],
+                p["producer_rows"], p["lines"], p["deferred_row_sum"],
                 p["scores_only"], p["early_ids"], p["staged_ids"], p["warp_max"], p["rope_by_second"],
                 p["meta_by_second"], p["l2_prefetch"], p["producers"], p["producer_ahead"], p["pv_overlap"]) == (
                 arr.head_block, arr.cols, arr.consumer_regs, arr.producer_regs, arr.producer_rows,

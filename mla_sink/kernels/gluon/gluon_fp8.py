@@ -19,7 +19,7 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); with ``lines`` (tables/gluon_fp8.yaml:
   every row today), 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each
   8-lane phase of a store one swizzle row. Where the table's row says ``producers: 2`` (V3.2 at 32 heads,
-  e4m3 unsplit at 16 heads), two producer warpgroups fill alternate ring stages (blocks 0, 2, .. and 1, 3, ..),
+  e4m3 unsplit at 16 and 32 heads), two producer warpgroups fill alternate ring stages (blocks 0, 2, .. and 1, 3, ..),
   each with two block periods for its gather and conversion; on V3.2's unsplit 32-head launches (``producer_ahead``)
   each keeps its next step's rows in flight while it converts and stores this step's (:func:`_producer_ahead`);
 * at 16-head blocks two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
@@ -30,7 +30,8 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   memory as fp16, each head row scaled by a power of two so its largest ``|q|`` is 2^14 (exact for bf16
   mantissas; undone on the scores). The second consumer (whose first block is the ring's second) stages q
   (:func:`_stage_q`) while the producer already gathers the first block.
-* 32-head blocks (the table's ``column_split`` rows, both caches) run the two consumers on every block instead, split by value columns as FlashMLA's sm90 kernels split them: the first stages
+* 32-head blocks (the table's ``column_split`` rows, both caches) run the two consumers on every block instead, split
+  by value columns as FlashMLA's sm90 kernels split them: the first stages
   q, computes ``S^T``, the softmax and ``P^T`` and accumulates ``O^T``'s columns 0-255, the second columns 256-511
   with the first's ``P^T``; each stores its own columns. Holding half of ``O^T`` each, they leave the producer the
   registers of 16 heads' whole block steps (e4m3 H=32 T=64 54.6 against 60.4 us on the alternate blocks). e4m3's
