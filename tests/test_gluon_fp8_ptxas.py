@@ -26,14 +26,13 @@ from mla_sink.kernels.gluon import gluon_fp8 as gf  # noqa: E402
 SM90_SMEM_PER_CTA = 227 * 1024
 
 
-#: Spill bytes ptxas may report, per (KV dtype, head block, column-split consumers): none. Every 32-head launch runs
-#: the column split (e4m3's unsplit ones since the seventy-fourth session, tables/gluon_fp8.yaml row
-#: e4m3_h32_unsplit: two producers of 88 registers, the second consumer 112). None on the column split (the table's
-#: column_split rows: CTAs of one or two blocks at 16 and 32 heads, e4m3's 32-head launches and 16-head splits,
-#: V3.2's 32-head launches), with the row sum deferred or not, but V3.2's unsplit 32-head launches with
-#: ``topk_length`` (row ds_mla_h32: the producers' next step in flight at 96 registers, the first consumer's half of
-#: P V in flight): ptxas stores 8 and reloads 11 registers a block in one producer's loop and one at the kernel's
-#: entry (64 / 68 bytes; none without ``topk_length``, the case the
+#: Spill bytes ptxas may report, per (KV dtype, head block, column-split consumers): none, on the alternate blocks
+#: and on the column split (the table's column_split rows: CTAs of one or two blocks at 16 and 32 heads, every 32-head
+#: launch - e4m3's unsplit ones since the seventy-fourth session, row e4m3_h32_unsplit: two producers of 88
+#: registers, the second consumer 112 - and e4m3's 16-head splits), with the row sum deferred or not; the one
+#: exception, V3.2's unsplit 32-head launches with ``topk_length`` (row ds_mla_h32: the producers' next step in flight
+#: at 96 registers, the first consumer's half of P V in flight), where ptxas stores 8 and reloads 11 registers a block
+#: in one producer's loop and one at the kernel's entry (64 / 68 bytes; none without ``topk_length``, the case the
 #: A/Bs timed; seventy-second session).
 SPILL_BYTES = {("fp8_e4m3", 16, False): 0, ("fp8_e4m3", 32, True): 0,
                ("fp8_ds_mla", 16, False): 0, ("fp8_ds_mla", 32, True): 68, ("fp8_e4m3", 16, True): 0,
