@@ -41,12 +41,13 @@ CASES = [("bf16", 64, 2), ("bf16", 128, 2), ("bf16", 64, 64), ("bf16", 128, 64),
 def case_caches() -> dict:
     """The caches every case of these A/Bs reads (seed 0): ``{kv_dtype: (kv_cache, kv_scale)}`` for ``bf16`` (``N``
     rows of N(0, 0.25) values), ``fp8_e4m3`` (the same values cast, ``kv_scale`` 1) and ``fp8_ds_mla`` (the same
-    values quantised with power-of-two tile scales), on the GPU."""
+    values quantised with power-of-two tile scales, or with ``AB_DS_SCALE=amax`` in the environment (seventy-fifth
+    session) vLLM's ``amax / 448``), on the GPU."""
     from mla_sink import quantize_kv_cache
     torch.manual_seed(0)
     kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
     return {"bf16": (kv, None), "fp8_e4m3": (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda")),
-            "fp8_ds_mla": (quantize_kv_cache(kv, scale="pow2"), None)}
+            "fp8_ds_mla": (quantize_kv_cache(kv, scale=os.environ.get("AB_DS_SCALE", "pow2")), None)}
 
 
 def case_call(caches: dict, kv_dtype: str, H: int, T: int):
