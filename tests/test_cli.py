@@ -396,7 +396,8 @@ def test_explain_json_gives_every_clause_of_the_arrangement_summary_as_a_field(k
 @pytest.mark.parametrize("kv,heads,tokens,warp_max", [("fp8_ds_mla", 32, 256, True), ("fp8_ds_mla", 32, 64, True),
                                                        ("fp8_ds_mla", 32, 2, True), ("fp8_ds_mla", 16, 2, True),
                                                        ("fp8_e4m3", 32, 64, True), ("fp8_e4m3", 16, 2, True),
-                                                       ("fp8_ds_mla", 16, 256, False), ("fp8_e4m3", 32, 256, True),
+                                                       ("fp8_ds_mla", 16, 256, True), ("fp8_ds_mla", 16, 64, True),
+                                                       ("fp8_e4m3", 32, 256, True),
                                                        ("fp8_e4m3", 16, 256, False)])
 def test_explain_json_says_whether_the_block_maximum_is_taken_per_warp(kv, heads, tokens, warp_max, capsys):
     """The column split's first consumer takes each block's maximum per warp (``warp_max``, fifty-first session; the

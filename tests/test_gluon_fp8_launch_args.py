@@ -35,7 +35,8 @@ def launch(kv_dtype, H, splits, q_dtype=torch.bfloat16, grid=False):
     ("fp8_e4m3", 32, 1, 32, True, True),  # e4m3's unsplit 32-head blocks: the column split, two producers
     ("fp8_e4m3", 17, 2, 32, True, True),
     ("fp8_e4m3", 32, 16, 16, True, False),  # two blocks a CTA: two 16-head CTAs a token
-    ("fp8_ds_mla", 16, 1, 16, False, False), ("fp8_ds_mla", 9, 2, 16, False, False),
+    # V3.2's 16-head long ranges: the column split, two producers (seventy-sixth session)
+    ("fp8_ds_mla", 16, 1, 16, True, True), ("fp8_ds_mla", 9, 2, 16, True, True),
     ("fp8_ds_mla", 9, 32, 16, True, False),  # one block a CTA: the column split at 16 heads too
     ("fp8_ds_mla", 32, 1, 32, True, True), ("fp8_ds_mla", 27, 32, 16, True, False),
 ])
@@ -44,10 +45,12 @@ def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, defer
     assert (c["BLOCK_H"], c["COLS"], c["SPLIT"], c["DEFER_ROW_SUM"]) == (block_h, cols, splits > 1, defer)
     assert grid == (-(-H // block_h), splits, 2)  # head groups x splits x tokens
     # the producers workers with whole-line steps everywhere: whole blocks with one producer; with two (one a ring
-    # stage), half blocks for the unsplit 32-head blocks (88 registers each, 96 ahead), whole ones for e4m3's
-    # 16-head unsplit (120)
-    two = {("fp8_ds_mla", 32, 1), ("fp8_e4m3", 32, 1), ("fp8_e4m3", 16, 1)}
-    want_rows = gf.BLOCK_N // 2 if (block_h, c["PRODUCERS"]) == (32, 2) else gf.BLOCK_N
+    # stage), half blocks for the unsplit 32-head blocks and V3.2's long ranges (88 registers each, 96 ahead), whole
+    # ones for e4m3's 16-head unsplit (120)
+    two = {("fp8_ds_mla", 32, 1), ("fp8_e4m3", 32, 1), ("fp8_e4m3", 16, 1), ("fp8_ds_mla", 16, 1),
+           ("fp8_ds_mla", 16, 2)}
+    whole = c["PRODUCERS"] == 1 or (kv_dtype, block_h) == ("fp8_e4m3", 16)
+    want_rows = gf.BLOCK_N if whole else gf.BLOCK_N // 2
     assert (c["PRODUCER_ROWS"], c["LINES"]) == (want_rows, True)
     assert c["PRODUCERS"] == (2 if (kv_dtype, block_h, splits) in two else 1)
     assert "PRODUCER_DEFAULT" not in c  # the first consumer is the default partition on every arrangement

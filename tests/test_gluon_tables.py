@@ -100,22 +100,21 @@ def test_the_measured_arrangements():
                 assert early(kv, 16, split, blocks) is only and early(kv, 32, split, blocks) is only
         # long id ranges keep each block's ids at its own turn (a block ahead lost 20 us at H=32 T=256)
         assert not any(early(kv, h, split, 32) for kv in tuning.fp8_kv_dtypes() for h in (16, 32))
-        assert get("fp8_ds_mla", 16, split, 16) == (16, False, 176, 120, 64, True, False, False, 1)
-        # V3.2 at 32 heads: two producers; unsplit, each keeps its next step in flight (seventy-second session)
-        want = (32, True, 112, 88, 32, True, True, False, 2) if split else \
-            (32, True, 104, 96, 32, True, True, False, 2)
-        assert get("fp8_ds_mla", 32, split, 32) == want
-        assert tuning.fp8_arrangement("fp8_ds_mla", "bf16", 32, split, 32).producer_ahead is not split
-        # the first consumer's half of P V in flight: V3.2's unsplit 32-head launches of more than two blocks only
+        # V3.2's long ranges at 16 heads (seventy-sixth session) and 32 (seventy-second): the column split with two
+        # producers of 32-row steps; unsplit, each keeps its next step in flight
+        for heads in (1, 16, 17, 32):
+            block = 16 if heads <= 16 else 32
+            want = (block, True, 112, 88, 32, True, True, False, 2) if split else \
+                (block, True, 104, 96, 32, True, True, False, 2)
+            assert get("fp8_ds_mla", heads, split, 16) == get("fp8_ds_mla", heads, split, 32) == want, heads
+        # producer_ahead and the first consumer's half of P V in flight: V3.2's unsplit launches of more than two
+        # blocks only
         for kv in tuning.fp8_kv_dtypes():
             for h in (1, 16, 17, 32):
                 for b in (1, 2, 3, 16, 32):
-                    want_pv = kv == "fp8_ds_mla" and h > 16 and not split and b > 2
-                    assert tuning.fp8_arrangement(kv, "bf16", h, split, b).pv_overlap is want_pv, (kv, h, split, b)
-        assert not any(tuning.fp8_arrangement(kv, "bf16", h, split, b).producer_ahead
-                       for kv in tuning.fp8_kv_dtypes() for h in (1, 16) for b in (1, 2, 16, 32))
-        assert not tuning.fp8_arrangement("fp8_ds_mla", "bf16", 32, split, 2).producer_ahead
-        assert not tuning.fp8_arrangement("fp8_e4m3", "bf16", 32, split, 32).producer_ahead
+                    want_on = kv == "fp8_ds_mla" and not split and b > 2
+                    a = tuning.fp8_arrangement(kv, "bf16", h, split, b)
+                    assert a.pv_overlap is want_on and a.producer_ahead is want_on, (kv, h, split, b)
     assert get("fp8_e4m3", 16, False, 32) == (16, False, 136, 120, 64, True, True, False, 2)
     assert get("fp8_e4m3", 16, True, 16) == (16, True, 104, 152, 64, True, True, False, 1)
     # e4m3's unsplit 32-head blocks: the column split with two producers of 32-row steps (seventy-fourth session)
@@ -124,7 +123,8 @@ def test_the_measured_arrangements():
     # staged ids (forty-first session): e4m3's long id ranges, not its one- and two-block CTAs nor its 16-head splits;
     # never V3.2, whose consumers need the ids before the stage is filled
     staged = {(kv, h, split, blocks): tuning.fp8_arrangement(kv, "bf16", h, split, blocks).staged_ids
-              for kv in tuning.fp8_kv_dtypes() for h in (16, 32) for split in (False, True) for blocks in (1, 2, 16, 32)}
+              for kv in tuning.fp8_kv_dtypes() for h in (16, 32) for split in (False, True)
+              for blocks in (1, 2, 16, 32)}
     assert {k for k, on in staged.items() if on} == {
         ("fp8_e4m3", 16, False, 16), ("fp8_e4m3", 16, False, 32), ("fp8_e4m3", 32, False, 16),
         ("fp8_e4m3", 32, False, 32), ("fp8_e4m3", 32, True, 16), ("fp8_e4m3", 32, True, 32)}
@@ -141,6 +141,13 @@ def _edited(name: str, old: str, new: str):
     text = table_path(name).read_text()
     assert text.count(old) == 1, old
     return dispatch.load_table(text.replace(old, new), name="edited.yaml")
+
+
+def _params_line(row: str) -> str:
+    """The ``params:`` line of ``tables/gluon_fp8.yaml``'s row ``row`` (unique: it names the row's head block)."""
+    lines = table_path("gluon_fp8").read_text().splitlines()
+    start = lines.index(f"  - id: {row}")
+    return next(line for line in lines[start:] if line.startswith("    params: "))
 
 
 E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 120, producers: 2, producer_rows: 64, lines: true, "
@@ -200,7 +207,7 @@ def test_meta_by_second_with_early_ids_is_refused():
         tuning.check_fp8_table(table)
 
 
-@pytest.mark.parametrize("row", ["ds_mla_h32", "ds_mla_h16"])
+@pytest.mark.parametrize("row", ["ds_mla_h32", "ds_mla_h32_split", "ds_mla_h16", "ds_mla_h16_split"])
 def test_staged_ids_on_a_row_that_serves_v32_rows_is_refused(row):
     """V3.2's consumers load each block's ids before its stage is filled (the tile scales' loads need them), so a row
     that can match the V3.2 cache may not stage them: refused at load, naming the row."""
@@ -240,8 +247,9 @@ def test_a_producer_count_the_kernel_does_not_build_is_refused(count):
         tuning.check_fp8_table(_edited("gluon_fp8", E4M3_H16, new))
 
 
+@pytest.mark.parametrize("ahead_row", ["ds_mla_h16", "ds_mla_h32"])
 @pytest.mark.parametrize("edit", ["kv", "producers", "rows", "lines"])
-def test_producer_ahead_only_where_the_kernel_builds_it(edit):
+def test_producer_ahead_only_where_the_kernel_builds_it(edit, ahead_row):
     """``producer_ahead`` (each producer's next step in flight) needs V3.2 rows only, two producers, steps of less
     than a block and whole lines: any other row that asks for it is refused at load, naming the row and the param."""
     if edit == "kv":  # an e4m3 row with two producers of half-block steps asking for it
@@ -249,29 +257,31 @@ def test_producer_ahead_only_where_the_kernel_builds_it(edit):
         new = E4M3_H16.replace("producer_rows: 64", "producer_rows: 32").replace("}", ", producer_ahead: true}")
         row = "e4m3_h16"
     else:
-        lines = table_path("gluon_fp8").read_text().splitlines()
-        old = next(line for line in lines if "producer_ahead: true" in line)
+        old = _params_line(ahead_row)
+        assert "producer_ahead: true" in old
         new = {"producers": old.replace("producers: 2", "producers: 1").replace("consumer_regs: 104",
                                                                                  "consumer_regs: 248"),
                "rows": old.replace("producer_rows: 32", "producer_rows: 64"),
                "lines": old.replace("}", ", lines: false}")}[edit]
-        row = "ds_mla_h32"
+        row = ahead_row
     with pytest.raises(dispatch.TableError, match=rf"row '{row}': params producer_ahead: only rows whose kv_dtype "
                                                   r"is the V3\.2 rows"):
         tuning.check_fp8_table(_edited("gluon_fp8", old, new))
 
 
+@pytest.mark.parametrize("overlap_row", ["ds_mla_h16", "ds_mla_h32"])
 @pytest.mark.parametrize("edit", ["rope", "meta", "scores_only", "kv"])
-def test_pv_overlap_only_where_the_first_consumer_has_no_global_load(edit):
+def test_pv_overlap_only_where_the_first_consumer_has_no_global_load(edit, overlap_row):
     """``pv_overlap`` needs the column split's second consumer to take the RoPE copies and the ids and tile scales
     (``rope_by_second``, ``meta_by_second``), a first consumer with a half of ``P V`` (not ``scores_only``) and V3.2
     rows: any other row asking for it is refused at load, naming the row and the param."""
     lines = table_path("gluon_fp8").read_text().splitlines()
-    old = next(line for line in lines if "pv_overlap: true" in line)
+    old = _params_line(overlap_row)
+    assert "pv_overlap: true" in old
     new = {"rope": old.replace("rope_by_second: true", "rope_by_second: false"),
            "meta": old.replace("meta_by_second: true", "meta_by_second: false"),
            "scores_only": old.replace("}", ", scores_only: true}")}.get(edit)
-    row = "ds_mla_h32"
+    row = overlap_row
     if edit == "kv":  # e4m3's split row on the column split
         old = next(line for line in lines if "head_block: 32, consumer_regs: 104, producer_regs: 152" in line)
         new = old.replace("}", ", pv_overlap: true}")

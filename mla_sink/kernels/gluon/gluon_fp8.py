@@ -18,11 +18,12 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
   8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); with ``lines`` (tables/gluon_fp8.yaml:
   every row today), 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each
-  8-lane phase of a store one swizzle row. Where the table's row says ``producers: 2`` (V3.2 at 32 heads,
+  8-lane phase of a store one swizzle row. Where the table's row says ``producers: 2`` (V3.2's long id ranges,
   e4m3 unsplit at 16 and 32 heads), two producer warpgroups fill alternate ring stages (blocks 0, 2, .. and 1, 3, ..),
-  each with two block periods for its gather and conversion; on V3.2's unsplit 32-head launches (``producer_ahead``)
+  each with two block periods for its gather and conversion; on V3.2's unsplit launches (``producer_ahead``)
   each keeps its next step's rows in flight while it converts and stores this step's (:func:`_producer_ahead`);
-* at 16-head blocks two consumer warpgroups take alternate blocks (one ring stage each) and keep their own online
+* at 16-head blocks (e4m3's unsplit launches; V3.2's until the seventy-sixth session) two consumer warpgroups take
+  alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
   shared memory at the end (each ``O^T`` over its own ring stage, which no block needs any more), which
   merges them 64 value columns at a time, applies the sink and the per-tensor ``kv_scale`` and stores
@@ -38,7 +39,9 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   unsplit 32-head launches took the alternate scores (the blocks in pairs, each consumer one block's scores and one
   half of ``O^T`` over both) from the twenty-sixth session until the seventy-fourth, when two producers of 32-row
   steps on the column split took 150.1 against 172.8 us at T=256 on an H100 (tables/gluon_fp8.yaml row
-  ``e4m3_h32_unsplit``; the alternate scores are in git history);
+  ``e4m3_h32_unsplit``; the alternate scores are in git history). V3.2's 16-head long ranges take the 32-head
+  arrangements at head block 16 since the seventy-sixth session (rows ``ds_mla_h16``, ``ds_mla_h16_split``; H100,
+  H=16 T = 256 / 64 / 16 165.2 / 51.9 / 24.4 against 176.4 / 54.4 / 26.0 us on the alternate blocks);
 * CTAs of one or two blocks (T <= 6 at topk 2048 on 132 SMs; the table's ``*_short`` rows) take the column split at 16
   heads too: the two halves of a block's ``P V`` run at once and each consumer stores its own columns, with no merge of
   two consumers' states through shared memory (H=16 T=2, thirtieth session: e4m3 9.7, V3.2 10.4 against 11.5 and
