@@ -44,12 +44,12 @@ def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, defer
     c, grid = launch(kv_dtype, H, splits, grid=True)
     assert (c["BLOCK_H"], c["COLS"], c["SPLIT"], c["DEFER_ROW_SUM"]) == (block_h, cols, splits > 1, defer)
     assert grid == (-(-H // block_h), splits, 2)  # head groups x splits x tokens
-    # the producers workers with whole-line steps everywhere: whole blocks with one producer; with two (one a ring
-    # stage), half blocks for the unsplit 32-head blocks and V3.2's long ranges (88 registers each, 96 ahead), whole
-    # ones for e4m3's 16-head unsplit (120)
+    # the producers workers with whole-line steps everywhere: whole blocks with one producer (CTAs of one or two
+    # blocks); with two (one a ring stage), half blocks on the column split's long ranges (88 registers each, 96
+    # ahead; e4m3's split launches since the seventy-sixth session), whole ones for e4m3's 16-head unsplit (120)
     two = {("fp8_ds_mla", 32, 1), ("fp8_e4m3", 32, 1), ("fp8_e4m3", 16, 1), ("fp8_ds_mla", 16, 1),
-           ("fp8_ds_mla", 16, 2)}
-    whole = c["PRODUCERS"] == 1 or (kv_dtype, block_h) == ("fp8_e4m3", 16)
+           ("fp8_ds_mla", 16, 2), ("fp8_e4m3", 16, 2), ("fp8_e4m3", 32, 2)}
+    whole = c["PRODUCERS"] == 1 or (kv_dtype, block_h, splits) == ("fp8_e4m3", 16, 1)
     want_rows = gf.BLOCK_N if whole else gf.BLOCK_N // 2
     assert (c["PRODUCER_ROWS"], c["LINES"]) == (want_rows, True)
     assert c["PRODUCERS"] == (2 if (kv_dtype, block_h, splits) in two else 1)

@@ -18,10 +18,11 @@ base-2 LSEs for the combine kernel, which applies the sink, launched as a progra
   sit 4 to a row (16 bytes a lane) and 8 rows to a warp, so every 8-lane phase of a 16-byte store covers the
   8 distinct 16-byte chunks of the 128-byte swizzle (no bank conflicts); with ``lines`` (tables/gluon_fp8.yaml:
   every row today), 16 to a row with 8 bytes a lane, so each load instruction reads whole 128-byte lines and each
-  8-lane phase of a store one swizzle row. Where the table's row says ``producers: 2`` (V3.2's long id ranges,
-  e4m3 unsplit at 16 and 32 heads), two producer warpgroups fill alternate ring stages (blocks 0, 2, .. and 1, 3, ..),
-  each with two block periods for its gather and conversion; on V3.2's unsplit launches (``producer_ahead``)
-  each keeps its next step's rows in flight while it converts and stores this step's (:func:`_producer_ahead`);
+  8-lane phase of a store one swizzle row. Where the table's row says ``producers: 2`` (the long id ranges: V3.2's,
+  e4m3's split launches and its unsplit ones at 16 and 32 heads), two producer warpgroups fill alternate ring
+  stages (blocks 0, 2, .. and 1, 3, ..), each with two block periods for its gather and conversion; on V3.2's
+  unsplit launches (``producer_ahead``) each keeps its next step's rows in flight while it converts and stores this
+  step's (:func:`_producer_ahead`);
 * at 16-head blocks (e4m3's unsplit launches; V3.2's until the seventy-sixth session) two consumer warpgroups take
   alternate blocks (one ring stage each) and keep their own online
   softmax state (base 2) and ``O^T`` accumulator; the second hands ``(m, l, O^T)`` to the first through
