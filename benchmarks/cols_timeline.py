@@ -1,13 +1,12 @@
 """Where the time of ``gluon_fp8`` goes at issue #12's last misses (seventeenth session, 2026-12-02): a per-CTA
-timeline from ``%globaltimer`` of the column-split consumers (``COLS``) and of the alternate blocks (e4m3 at 16 and
-32 heads, V3.2 at 16), at H=32 T = 2 / 64 / 256 (both fp8 caches) and H=16 T=256.
+timeline from ``%globaltimer`` of the column-split consumers, at H=32 T = 2 / 64 / 256 (both fp8 caches) and H=16
+T=256. Until the seventy-sixth session it stamped the alternate-block consumers too (words 128-255 below, and
+4 / 5 / 6 past their loops and the first's last store); they left the kernel then, and with them those stamps.
 
 As :mod:`gluon_fp8_timeline` (its helper, with 512 words per CTA, and stamps for the current kernel): a copy of
 the tree's ``mla_sink`` whose ``gluon_fp8.py`` stores timestamps into an extra int32 buffer. Words: 0 kernel entry,
 1 before the partitions start; the producer at ``16 + 3 i + {0, 1, 2}`` (block i's start, past its wait for a free
-stage, past the hand-over); the alternate-block consumers (e4m3's loop and V3.2's) at ``128 + 64 c + 3 k + {0, 1,
-2}`` (its k-th block's start, past its wait for the filled stage, past the release), 4 / 5 past each one's loop, 6
-the first's last store; the column split's first consumer at ``256 + 4 i + {0, 1, 2, 3}`` (block start, past its
+stage, past the hand-over); the first consumer at ``256 + 4 i + {0, 1, 2, 3}`` (block start, past its
 wait for the filled stage, past publishing ``P^T``, past the stage's release), its second at ``384 + 3 i + {0, 1,
 2}`` (block start, past its wait for ``P^T``, past the release); 8 the first consumer past staging q, 4 / 5 the
 first / second past its loop, 6 / 7 each one's last store; the column split's epilogue (fifty-fifth session) at 9
@@ -49,23 +48,12 @@ def _in(s: str, name: str, edit) -> str:
     return s[:c0] + edit(s[c0:c1]) + s[c1:]
 
 
-def _stamp_loop(body: str, ind: str, stage: str, wait: str, release: str, words: str) -> str:
-    """A consumer loop's three stamps (``words`` + 0 / 1 / 2): after the line ``stage`` (the block's start), after
-    the line ``wait`` and after the line ``release``, each at the indentation ``ind``."""
-    body = sub(body, f"{ind}{stage}\n", f"{ind}{stage}\n{ind}TL = {words}\n{ind}gl.store(TL, _now(i), mask=i < 32)\n")
-    body = sub(body, f"{ind}{wait}\n", f"{ind}{wait}\n{ind}gl.store(TL + 1, _now(i), mask=i < 32)\n")
-    return sub(body, f"{ind}{release}\n", f"{ind}{release}\n{ind}gl.store(TL + 2, _now(i), mask=i < 32)\n")
-
-
 def patch(src: str) -> str:
     """The kernel source with the timeline stores (see the module docstring)."""
     s = add_buffer(src)
-    for fn in ("_producer(IDX, KV, kn_smem", "_consumer(Q, IDX, KV, SINKS", "_consumer_cols(Q, IDX,"):
+    for fn in ("_producer(IDX, KV, kn_smem", "_consumer_cols(Q, IDX,"):
         s = sub(s, f"def {fn}", f"def {fn.replace('(', '(TLB, ', 1)}")
         s = sub(s, f"({fn.replace('(', ', (', 1)}", f"({fn.replace('(', ', (TLB, ', 1)}", -1)
-    for fn in ("_blocks_ds(IDX, KV, q_n", "_blocks_e4m3(IDX, q_n"):
-        s = sub(s, f"def {fn}", f"def {fn.replace('(', '(TLB, ', 1)}")
-        s = sub(s, f"= {fn}", f"= {fn.replace('(', '(TLB, ', 1)}")
     tl = cta_base("TLB", WORDS)
     s = sub(s, "    if LAUNCH_DEPENDENTS:\n",
             f"    gl.store({tl}, _now(gl.program_id(1)))\n    if LAUNCH_DEPENDENTS:\n")
@@ -73,18 +61,6 @@ def patch(src: str) -> str:
             f"    gl.store({tl} + 1, _now(gl.program_id(1)))\n"
             "    # 16 heads: the first consumer is the default partition")
     s = _in(s, "_producer", lambda b: _producer_stamps(b, tl))
-    # the alternate-block consumers: V3.2's loop and e4m3's
-    for fn in ("_blocks_ds", "_blocks_e4m3"):
-        s = _in(s, fn, lambda b: _stamp_loop(
-            b, "        ", "s = _stage(i, FIRST)", "mbarrier.wait(ready.index(s), (i // STAGES) & 1)",
-            "mbarrier.arrive(empty.index(s))", f"{tl} + 128 + 64 * FIRST + 3 * (i // STAGES)"))
-
-    def consumer(b: str) -> str:
-        b = sub(b, "    if FIRST == 1:\n        m_smem.store(m_i)",
-                f"    gl.store({tl} + 4 + FIRST, _now(pid_s))\n    if FIRST == 1:\n        m_smem.store(m_i)")
-        return b.rstrip("\n") + f"\n    if FIRST == 0:\n        gl.store({tl} + 6, _now(pid_s))\n\n\n"
-
-    s = _in(s, "_consumer", consumer)
 
     def cols(b: str) -> str:  # the column split: the first consumer's four stamps a block, the second's three
         b = sub(b, "                 KV_DS_MLA)\n", f"                 KV_DS_MLA)\n        gl.store({tl} + 8, _now(pid_s))\n")
@@ -141,7 +117,7 @@ def _med(x) -> float:
     return float(x.double().median()) if x.numel() else float("nan")
 
 
-def _phases(tl: torch.Tensor, blocks: int, cols: bool) -> dict:
+def _phases(tl: torch.Tensor, blocks: int) -> dict:
     """Per-phase ns of one run (``tl``: int64 ``[CTAs, WORDS]`` after the earliest entry)."""
     n = min(blocks, 32)
     prod = tl[:, 16:16 + 3 * n].reshape(-1, n, 3)
@@ -151,41 +127,32 @@ def _phases(tl: torch.Tensor, blocks: int, cols: bool) -> dict:
         "producer_gather_and_wait_free": _med(prod[:, 1:, 1] - prod[:, 1:, 0]),
         "producer_store_to_handover": _med(prod[:, 1:, 2] - prod[:, 1:, 1]),
         "producer_block_period": _med(prod[:, 1:, 0] - prod[:, :-1, 0]),
-        "kernel_span": float(tl[:, 6:8].max() if cols else tl[:, 6].max()),
+        "kernel_span": float(tl[:, 6:8].max()),
     }
-    if cols:
-        c0 = tl[:, 256:256 + 4 * n].reshape(-1, n, 4)
-        c1 = tl[:, 384:384 + 3 * n].reshape(-1, n, 3)
-        out.update({
-            "first_q_staged": _med(tl[:, 8] - tl[:, 0]),
-            "first_wait_filled": _med(c0[:, :, 1] - c0[:, :, 0]),
-            "first_scores_softmax_p": _med(c0[:, :, 2] - c0[:, :, 1]),
-            "first_pv_release": _med(c0[:, :, 3] - c0[:, :, 2]),
-            "first_block_period": _med(c0[:, 1:, 0] - c0[:, :-1, 0]),
-            "second_wait_p": _med(c1[:, :, 1] - c1[:, :, 0]),
-            "second_pv_release": _med(c1[:, :, 2] - c1[:, :, 1]),
-            "first_epilogue": _med(tl[:, 6] - tl[:, 4]),
-            "second_epilogue": _med(tl[:, 7] - tl[:, 5]),
-            # the first consumer's epilogue in parts (fifty-fifth session; the stamps wait for the values they
-            # follow): the row sum and the LSE, the output factor (the sinks' load), its hand-over, the LSE's
-            # store, its stores of O^T; the second's wait for the factor, its stores
-            "first_epi_row_sum_lse": _med(tl[:, 9] - tl[:, 4]),
-            "first_epi_out_factor": _med(tl[:, 10] - tl[:, 9]),
-            "first_epi_handover": _med(tl[:, 11] - tl[:, 10]),
-            "first_epi_lse_store": _med(tl[:, 12] - tl[:, 11]),
-            "first_epi_out_stores": _med(tl[:, 6] - tl[:, 12]),
-            "second_epi_wait_factor": _med(tl[:, 13] - tl[:, 5]),
-            "second_epi_out_stores": _med(tl[:, 7] - tl[:, 13]),
-            "cta_total": _med(torch.maximum(tl[:, 6], tl[:, 7]) - tl[:, 0]),
-        })
-    else:
-        k = [(n + 1 - c) // 2 for c in (0, 1)]
-        cons = [tl[:, 128 + 64 * c:128 + 64 * c + 3 * k[c]].reshape(-1, k[c], 3) for c in (0, 1)]
-        for c in (0, 1):
-            out[f"consumer{c}_wait_filled"] = _med(cons[c][:, :, 1] - cons[c][:, :, 0])
-            out[f"consumer{c}_compute"] = _med(cons[c][:, :, 2] - cons[c][:, :, 1])
-        out["epilogue"] = _med(tl[:, 6] - torch.maximum(tl[:, 4], tl[:, 5]))
-        out["cta_total"] = _med(tl[:, 6] - tl[:, 0])
+    c0 = tl[:, 256:256 + 4 * n].reshape(-1, n, 4)
+    c1 = tl[:, 384:384 + 3 * n].reshape(-1, n, 3)
+    out.update({
+        "first_q_staged": _med(tl[:, 8] - tl[:, 0]),
+        "first_wait_filled": _med(c0[:, :, 1] - c0[:, :, 0]),
+        "first_scores_softmax_p": _med(c0[:, :, 2] - c0[:, :, 1]),
+        "first_pv_release": _med(c0[:, :, 3] - c0[:, :, 2]),
+        "first_block_period": _med(c0[:, 1:, 0] - c0[:, :-1, 0]),
+        "second_wait_p": _med(c1[:, :, 1] - c1[:, :, 0]),
+        "second_pv_release": _med(c1[:, :, 2] - c1[:, :, 1]),
+        "first_epilogue": _med(tl[:, 6] - tl[:, 4]),
+        "second_epilogue": _med(tl[:, 7] - tl[:, 5]),
+        # the first consumer's epilogue in parts (fifty-fifth session; the stamps wait for the values they
+        # follow): the row sum and the LSE, the output factor (the sinks' load), its hand-over, the LSE's
+        # store, its stores of O^T; the second's wait for the factor, its stores
+        "first_epi_row_sum_lse": _med(tl[:, 9] - tl[:, 4]),
+        "first_epi_out_factor": _med(tl[:, 10] - tl[:, 9]),
+        "first_epi_handover": _med(tl[:, 11] - tl[:, 10]),
+        "first_epi_lse_store": _med(tl[:, 12] - tl[:, 11]),
+        "first_epi_out_stores": _med(tl[:, 6] - tl[:, 12]),
+        "second_epi_wait_factor": _med(tl[:, 13] - tl[:, 5]),
+        "second_epi_out_stores": _med(tl[:, 7] - tl[:, 13]),
+        "cta_total": _med(torch.maximum(tl[:, 6], tl[:, 7]) - tl[:, 0]),
+    })
     return out
 
 
@@ -193,8 +160,6 @@ def timeline(gf, kv_dtype: str, H: int, T: int, splits: int, topk: int = 2048, r
     """The medians of :func:`_phases` over ``runs`` launches of one case (``splits`` programs a token)."""
     q, idx, sinks, cache, scale = case_inputs(kv_dtype, H, T, topk, T * 100 + splits)
     ids_per_split = topk // splits
-    _, _, constexprs, _ = gf.fp8_launch_args(q, cache, idx, num_kv_splits=splits, ids_per_split=ids_per_split,
-                                             out_strides=(H * 512, 512), kv_dtype=kv_dtype)
     flush = torch.ones(1 << 28, device="cuda")
     buf = torch.zeros(T * splits * WORDS, dtype=torch.int32, device="cuda")
     gf._TL_BUF[0] = buf
@@ -208,9 +173,8 @@ def timeline(gf, kv_dtype: str, H: int, T: int, splits: int, topk: int = 2048, r
         torch.cuda.synchronize()
         tl = relative_stamps(buf.view(T * splits, WORDS))
         if r:  # the first run compiles
-            per_run.append(_phases(tl, blocks, constexprs["COLS"]))
+            per_run.append(_phases(tl, blocks))
     res = {k: round(statistics.median(p[k] for p in per_run) / 1e3, 3) for k in per_run[0]}
-    res["cols"] = bool(constexprs["COLS"])
     return res
 
 

@@ -1,5 +1,7 @@
 """Where the few-heads fp8 kernel's time goes (``gluon_fp8``, H <= 16): a timeline of every CTA from
-``%globaltimer`` (written in the eleventh session, 2026-12-01, for the next one; not yet run).
+``%globaltimer`` (written in the eleventh session, 2026-12-01, for the next one; not yet run). Written for trees
+with the alternate-block consumers (before the seventy-sixth session); on later trees its patch stops at the first
+anchor that is gone.
 
 As :mod:`seesaw_timeline` (whose patch-and-import steps it uses): the script copies the ``mla_sink`` package of a
 tree into a temporary directory and inserts timestamp stores into that copy of ``mla_sink/kernels/gluon/gluon_fp8.py`` (the library's kernel is not

@@ -137,7 +137,7 @@ def main(argv=None) -> None:
         log, sass = assemble(kernel, bin_dir, Path(tmp))
     if a.sass:
         Path(a.sass).write_text(sass)
-    shown = ("BLOCK_H", "COLS", "CONSUMER_REGS", "PRODUCER_REGS", "PRODUCER_ROWS", "LINES", "kv_block_size")
+    shown = ("BLOCK_H", "CONSUMER_REGS", "PRODUCER_REGS", "PRODUCER_ROWS", "LINES", "kv_block_size")
     print({k: constexprs.get(k, scalars.get(k)) for k in shown})
     print(*[line.strip() for line in log.splitlines() if "spill" in line], sep="\n")
     print("shared bytes", kernel.metadata.shared, "| setmaxnreg",

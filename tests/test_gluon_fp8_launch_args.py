@@ -28,36 +28,32 @@ def launch(kv_dtype, H, splits, q_dtype=torch.bfloat16, grid=False):
     return (constexprs, g) if grid else constexprs
 
 
-@pytest.mark.parametrize("kv_dtype,H,splits,block_h,cols,defer", [
-    ("fp8_e4m3", 16, 1, 16, False, True),  # 16-head blocks: alternate blocks unsplit
-    ("fp8_e4m3", 5, 2, 16, True, True),  # the column split on split launches, the row sum deferred
-    ("fp8_e4m3", 5, 16, 16, True, False),  # two blocks a CTA: the row sum once a block
-    ("fp8_e4m3", 32, 1, 32, True, True),  # e4m3's unsplit 32-head blocks: the column split, two producers
-    ("fp8_e4m3", 17, 2, 32, True, True),
-    ("fp8_e4m3", 32, 16, 16, True, False),  # two blocks a CTA: two 16-head CTAs a token
-    # V3.2's 16-head long ranges: the column split, two producers (seventy-sixth session)
-    ("fp8_ds_mla", 16, 1, 16, True, True), ("fp8_ds_mla", 9, 2, 16, True, True),
-    ("fp8_ds_mla", 9, 32, 16, True, False),  # one block a CTA: the column split at 16 heads too
-    ("fp8_ds_mla", 32, 1, 32, True, True), ("fp8_ds_mla", 27, 32, 16, True, False),
+@pytest.mark.parametrize("kv_dtype,H,splits,block_h,defer", [
+    ("fp8_e4m3", 16, 1, 16, True),  # 16-head long ranges: two producers of 32-row steps (seventy-sixth session)
+    ("fp8_e4m3", 5, 2, 16, True),  # split launches too, the row sum deferred
+    ("fp8_e4m3", 5, 16, 16, False),  # two blocks a CTA: the row sum once a block, one producer of whole blocks
+    ("fp8_e4m3", 32, 1, 32, True),  # e4m3's unsplit 32-head blocks: two producers (seventy-fourth session)
+    ("fp8_e4m3", 17, 2, 32, True),
+    ("fp8_e4m3", 32, 16, 16, False),  # two blocks a CTA: two 16-head CTAs a token
+    ("fp8_ds_mla", 16, 1, 16, True), ("fp8_ds_mla", 9, 2, 16, True),
+    ("fp8_ds_mla", 9, 32, 16, False),  # one block a CTA
+    ("fp8_ds_mla", 32, 1, 32, True), ("fp8_ds_mla", 27, 32, 16, False),
 ])
-def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, cols, defer):
+def test_consumer_arrangement_per_call(kv_dtype, H, splits, block_h, defer):
     c, grid = launch(kv_dtype, H, splits, grid=True)
-    assert (c["BLOCK_H"], c["COLS"], c["SPLIT"], c["DEFER_ROW_SUM"]) == (block_h, cols, splits > 1, defer)
+    assert (c["BLOCK_H"], c["SPLIT"], c["DEFER_ROW_SUM"]) == (block_h, splits > 1, defer)
+    assert "COLS" not in c  # one arrangement of the consumers: the column split
     assert grid == (-(-H // block_h), splits, 2)  # head groups x splits x tokens
     # the producers workers with whole-line steps everywhere: whole blocks with one producer (CTAs of one or two
-    # blocks); with two (one a ring stage), half blocks on the column split's long ranges (88 registers each, 96
-    # ahead; e4m3's split launches since the seventy-sixth session), whole ones for e4m3's 16-head unsplit (120)
-    two = {("fp8_ds_mla", 32, 1), ("fp8_e4m3", 32, 1), ("fp8_e4m3", 16, 1), ("fp8_ds_mla", 16, 1),
-           ("fp8_ds_mla", 16, 2), ("fp8_e4m3", 16, 2), ("fp8_e4m3", 32, 2)}
-    whole = c["PRODUCERS"] == 1 or (kv_dtype, block_h, splits) == ("fp8_e4m3", 16, 1)
-    want_rows = gf.BLOCK_N if whole else gf.BLOCK_N // 2
-    assert (c["PRODUCER_ROWS"], c["LINES"]) == (want_rows, True)
-    assert c["PRODUCERS"] == (2 if (kv_dtype, block_h, splits) in two else 1)
-    assert "PRODUCER_DEFAULT" not in c  # the first consumer is the default partition on every arrangement
+    # blocks); two (one a ring stage) of half blocks on every long range (88 registers each, 96 ahead)
+    two = block_h == 32 or splits <= 2
+    assert (c["PRODUCER_ROWS"], c["LINES"]) == (gf.BLOCK_N // 2 if two else gf.BLOCK_N, True)
+    assert c["PRODUCERS"] == (2 if two else 1)
+    assert "PRODUCER_DEFAULT" not in c  # the first consumer is the default partition
 
 
 def _arrangement_of(c: dict) -> tuple:
-    return (c["BLOCK_H"], c["COLS"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
+    return (c["BLOCK_H"], c["CONSUMER_REGS"], c["PRODUCER_REGS"], c["PRODUCER_ROWS"], c["LINES"],
             c["DEFER_ROW_SUM"], c["SCORES_ONLY"], c["EARLY_IDS"], c["STAGED_IDS"], c["WARP_MAX"], c["ROPE_BY_SECOND"],
             c["META_BY_SECOND"], c["L2_PREFETCH"], c["PRODUCERS"], c["PRODUCER_AHEAD"], c["PV_OVERLAP"])
 
@@ -79,12 +75,13 @@ def test_launch_args_follow_the_table_for_every_combination(kv_dtype, q_dtype):
                 continue
             arr = tuning.fp8_arrangement(kv_dtype, key, H, splits > 1, blocks)
             p = sel.params
+            assert sel.path == tuning.COLUMN_SPLIT
             assert _arrangement_of(launch(kv_dtype, H, splits, q_dtype)) == (
-                p["head_block"], sel.path == tuning.COLUMN_SPLIT, p["consumer_regs"], p["producer_regs"],
+                p["head_block"], p["consumer_regs"], p["producer_regs"],
                 p["producer_rows"], p["lines"], p["deferred_row_sum"],
                 p["scores_only"], p["early_ids"], p["staged_ids"], p["warp_max"], p["rope_by_second"],
                 p["meta_by_second"], p["l2_prefetch"], p["producers"], p["producer_ahead"], p["pv_overlap"]) == (
-                arr.head_block, arr.cols, arr.consumer_regs, arr.producer_regs, arr.producer_rows,
+                arr.head_block, arr.consumer_regs, arr.producer_regs, arr.producer_rows,
                 arr.lines, arr.deferred_row_sum, arr.scores_only, arr.early_ids, arr.staged_ids, arr.warp_max,
                 arr.rope_by_second, arr.meta_by_second, arr.l2_prefetch, arr.producers, arr.producer_ahead,
                 arr.pv_overlap), (

@@ -26,18 +26,14 @@ from mla_sink.kernels.gluon import gluon_fp8 as gf  # noqa: E402
 SM90_SMEM_PER_CTA = 227 * 1024
 
 
-#: Spill bytes ptxas may report, per (KV dtype, head block, column-split consumers): none, on the alternate blocks
-#: and on the column split (the table's column_split rows: CTAs of one or two blocks at 16 and 32 heads, every 32-head
-#: launch - e4m3's unsplit ones since the seventy-fourth session, row e4m3_h32_unsplit: two producers of 88
-#: registers, the second consumer 112 - e4m3's 16-head splits and V3.2's 16-head long ranges), with the row sum
-#: deferred or not; the exceptions, V3.2's unsplit launches with ``topk_length`` (rows ds_mla_h32 and ds_mla_h16:
-#: the producers' next step in flight at 96 registers, the first consumer's half of P V in flight): at 32 heads ptxas
+#: Spill bytes ptxas may report, per (KV dtype, head block): none (CTAs of one or two blocks at 16 and 32 heads, and
+#: every long range - two producers of 32-row steps at 88 registers, the second consumer 112 - with the row sum
+#: deferred or not), but for V3.2's unsplit launches with ``topk_length`` (rows ds_mla_h32 and ds_mla_h16: the
+#: producers' next step in flight at 96 registers, the first consumer's half of P V in flight): at 32 heads ptxas
 #: stores 8 and reloads 11 registers a block in one producer's loop and one at the kernel's entry (64 / 68 bytes;
 #: none without ``topk_length``, the case the A/Bs timed; seventy-second session), at 16 heads one register stored
 #: at the entry and reloaded once per outer pass, none in a block's loop (4 bytes; seventy-sixth session).
-SPILL_BYTES = {("fp8_e4m3", 16, False): 0, ("fp8_e4m3", 32, True): 0,
-               ("fp8_ds_mla", 32, True): 68, ("fp8_e4m3", 16, True): 0,
-               ("fp8_ds_mla", 16, True): 4}
+SPILL_BYTES = {("fp8_e4m3", 16): 0, ("fp8_e4m3", 32): 0, ("fp8_ds_mla", 16): 4, ("fp8_ds_mla", 32): 68}
 
 
 #: KV caches of the cases: (kv_dtype, shape, Triton pointer type of the kernel's KV).
@@ -70,17 +66,13 @@ def test_no_spills_and_shared_memory_fits(H, splits, cache, tmp_path):
     kv_dtype = CACHES[cache][0]
     constexprs, log, sass, kernel = _compiled(H, splits, cache, tmp_path)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    cols = constexprs["COLS"]
-    # the column split: every launch but e4m3's unsplit 16-head ones (V3.2's 16-head long ranges since the
-    # seventy-sixth session)
-    assert cols == (splits > 1 or kv_dtype == "fp8_ds_mla" or constexprs["BLOCK_H"] == 32)
-    assert spills and max(map(int, spills.groups())) <= SPILL_BYTES[kv_dtype, constexprs["BLOCK_H"], cols], log
+    assert spills and max(map(int, spills.groups())) <= SPILL_BYTES[kv_dtype, constexprs["BLOCK_H"]], log
     assert not re.search(r"C751[0-9]", log), log
     assert kernel.metadata.shared <= SM90_SMEM_PER_CTA, kernel.metadata.shared
     n = constexprs["BLOCK_H"]
-    # 36 score and 32 P V steps a block in each consumer; in the column split once (the scores and half of P V in
-    # the first, the other half in the second)
-    assert sass.count(f"HGMMA.64x{n}x16") >= (1 if cols else 2) * (36 + 32)
+    # 36 score and 32 P V steps a block: the scores and half of P V in the first consumer, the other half in the
+    # second
+    assert sass.count(f"HGMMA.64x{n}x16") >= 36 + 32
     if kv_dtype == "fp8_ds_mla":  # bf16 operands only
         assert re.search(rf"HGMMA\.64x{n}x16\.F32\.BF16", sass) and not re.search(r"HGMMA\.\S+\.F16", sass)
 

@@ -52,7 +52,7 @@ def test_every_kv_dtype_head_block_split_and_cta_length_gets_exactly_one_path_ro
                     arr = tuning.fp8_arrangement(kv, "bf16", heads, split, n)
                     want = blocks[0] if _short(n) else min(b for b in blocks if b >= heads)
                     assert arr.head_block == want, (kv, heads, split, n)
-                    assert arr.row == sel.row.id and arr.cols == (sel.path == tuning.COLUMN_SPLIT)
+                    assert arr.row == sel.row.id and sel.path == tuning.COLUMN_SPLIT
                     seen.add(sel.row.id)
                 with pytest.raises(ValueError, match=f"at most {blocks[-1]} heads.*row more_than_32_heads"):
                     tuning.fp8_arrangement(kv, "bf16", blocks[-1] + 1, split, n)
@@ -83,7 +83,7 @@ def test_the_measured_arrangements():
     """The rows' numbers as the measurements left them (the tables' why / source say where from)."""
     def get(kv, heads, split, blocks):
         a = tuning.fp8_arrangement(kv, "bf16", heads, split, blocks)
-        return (a.head_block, a.cols, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines,
+        return (a.head_block, a.consumer_regs, a.producer_regs, a.producer_rows, a.lines,
                 a.deferred_row_sum, a.scores_only, a.producers)
 
     def early(kv, heads, split, blocks):
@@ -94,8 +94,8 @@ def test_the_measured_arrangements():
             # V3.2's first consumer on the scores only (thirty-third session)
             for blocks in (1, 2):
                 only = kv == "fp8_ds_mla"
-                assert get(kv, 16, split, blocks) == (16, True, 104, 152, 64, True, False, only, 1)
-                assert get(kv, 17, split, blocks) == (16, True, 104, 152, 64, True, False, only, 1)  # 2 CTAs
+                assert get(kv, 16, split, blocks) == (16, 104, 152, 64, True, False, only, 1)
+                assert get(kv, 17, split, blocks) == (16, 104, 152, 64, True, False, only, 1)  # 2 CTAs
                 # V3.2's short CTAs load their first ids before q (thirty-fifth session); e4m3's have no such loads
                 assert early(kv, 16, split, blocks) is only and early(kv, 32, split, blocks) is only
         # long id ranges keep each block's ids at its own turn (a block ahead lost 20 us at H=32 T=256)
@@ -104,8 +104,8 @@ def test_the_measured_arrangements():
         # producers of 32-row steps; unsplit, each keeps its next step in flight
         for heads in (1, 16, 17, 32):
             block = 16 if heads <= 16 else 32
-            want = (block, True, 112, 88, 32, True, True, False, 2) if split else \
-                (block, True, 104, 96, 32, True, True, False, 2)
+            want = (block, 112, 88, 32, True, True, False, 2) if split else \
+                (block, 104, 96, 32, True, True, False, 2)
             assert get("fp8_ds_mla", heads, split, 16) == get("fp8_ds_mla", heads, split, 32) == want, heads
         # producer_ahead and the first consumer's half of P V in flight: V3.2's unsplit launches of more than two
         # blocks only
@@ -115,11 +115,11 @@ def test_the_measured_arrangements():
                     want_on = kv == "fp8_ds_mla" and not split and b > 2
                     a = tuning.fp8_arrangement(kv, "bf16", h, split, b)
                     assert a.pv_overlap is want_on and a.producer_ahead is want_on, (kv, h, split, b)
-    assert get("fp8_e4m3", 16, False, 32) == (16, False, 136, 120, 64, True, True, False, 2)
-    assert get("fp8_e4m3", 16, True, 16) == (16, True, 112, 88, 32, True, True, False, 2)
-    # e4m3's unsplit 32-head blocks: the column split with two producers of 32-row steps (seventy-fourth session)
-    assert get("fp8_e4m3", 32, False, 32) == (32, True, 112, 88, 32, True, True, False, 2)
-    assert get("fp8_e4m3", 17, True, 3) == (32, True, 112, 88, 32, True, True, False, 2)
+    # e4m3's long ranges: two producers of 32-row steps, unsplit at 32 heads since the seventy-fourth session, split
+    # and at 16 heads since the seventy-sixth
+    for heads, split, blocks in ((16, False, 32), (16, True, 16), (32, False, 32), (17, True, 3), (1, False, 3)):
+        want = (16 if heads <= 16 else 32, 112, 88, 32, True, True, False, 2)
+        assert get("fp8_e4m3", heads, split, blocks) == want, (heads, split, blocks)
     # staged ids (forty-first session): e4m3's long id ranges, not its one- and two-block CTAs nor its 16-head splits;
     # never V3.2, whose consumers need the ids before the stage is filled
     staged = {(kv, h, split, blocks): tuning.fp8_arrangement(kv, "bf16", h, split, blocks).staged_ids
@@ -161,44 +161,34 @@ def _params_line(row: str) -> str:
     return next(line for line in lines[start:] if line.startswith("    params: "))
 
 
-E4M3_H16 = ("{head_block: 16, consumer_regs: 136, producer_regs: 120, producers: 2, producer_rows: 64, lines: true, "
+E4M3_H16 = ("{head_block: 16, consumer_regs: 112, producer_regs: 88, producers: 2, producer_rows: 32, "
             "deferred_row_sum: true, staged_ids: true, l2_prefetch: false}")
 
 
 @pytest.mark.parametrize("new,message", [
-    (E4M3_H16.replace(", lines: true", ""), r"row 'e4m3_h16': params must be exactly .*missing \['lines'\]"),
+    (E4M3_H16.replace("consumer_regs: 112, ", ""),
+     r"row 'e4m3_h16': params must be exactly .*missing \['consumer_regs'\]"),
     (E4M3_H16.replace(", deferred_row_sum: true", ""),
      r"row 'e4m3_h16': params must be exactly .*missing \['deferred_row_sum'\]"),
     (E4M3_H16.replace("deferred_row_sum: true", "deferred_row_sum: 1"),
      r"row 'e4m3_h16': params deferred_row_sum: expected bool, got 1"),
     (E4M3_H16.replace("}", ", stages: 2}"), r"row 'e4m3_h16': params .*unknown \['stages'\]"),
-    (E4M3_H16.replace("consumer_regs: 136", "consumer_regs: 140"),
+    (E4M3_H16.replace("consumer_regs: 112", "consumer_regs: 140"),
      r"row 'e4m3_h16': params consumer_regs: setmaxnreg takes a multiple of 8 in \[24, 256\], got 140"),
-    (E4M3_H16.replace("lines: true", "lines: 1"), r"row 'e4m3_h16': params lines: expected bool, got 1"),
-    (E4M3_H16.replace("producer_rows: 64", "producer_rows: 0"),
+    (E4M3_H16.replace("}", ", lines: 1}"), r"row 'e4m3_h16': params lines: expected bool, got 1"),
+    (E4M3_H16.replace("producer_rows: 32", "producer_rows: 0"),
      r"row 'e4m3_h16': params producer_rows: expected a pos"),
-    (E4M3_H16.replace("producer_rows: 64", "producer_rows: 48"),
+    (E4M3_H16.replace("producer_rows: 32", "producer_rows: 48"),
      r"row 'e4m3_h16': params producer_rows: expected a divisor of 64 .* got 48"),
-    (E4M3_H16.replace("producer_rows: 64", "producer_rows: 4"),
+    (E4M3_H16.replace("producer_rows: 32", "producer_rows: 4"),
      r"row 'e4m3_h16': params producer_rows: expected a divisor of 64 .*a multiple of 8 .* got 4"),
     (E4M3_H16.replace("head_block: 16", "head_block: 8"),
      r"row 'e4m3_h16': params head_block: expected one of \(16, 32\) \(the kernel's head blocks\), got 8"),
     (E4M3_H16.replace("head_block: 16", "head_block: 24"), r"row 'e4m3_h16': params head_block: expected one of"),
-    (E4M3_H16.replace("}", ", scores_only: true}"),
-     r"row 'e4m3_h16': params scores_only: only the column_split path has a consumer that computes the scores only"),
     (E4M3_H16.replace("}", ", scores_only: 1}"), r"row 'e4m3_h16': params scores_only: expected bool, got 1"),
-    (E4M3_H16.replace("}", ", early_ids: true}"),
-     r"row 'e4m3_h16': params early_ids: only the column_split path's first consumer loads ids early"),
     (E4M3_H16.replace("}", ", early_ids: 0}"), r"row 'e4m3_h16': params early_ids: expected bool, got 0"),
     (E4M3_H16.replace("staged_ids: true", "staged_ids: 1"), r"row 'e4m3_h16': params staged_ids: expected bool, got 1"),
-    (E4M3_H16.replace("}", ", warp_max: true}"),
-     r"row 'e4m3_h16': params warp_max: only the column_split path's first consumer takes the block maximum per warp"),
     (E4M3_H16.replace("}", ", warp_max: 1}"), r"row 'e4m3_h16': params warp_max: expected bool, got 1"),
-    (E4M3_H16.replace("}", ", rope_by_second: true}"),
-     r"row 'e4m3_h16': params rope_by_second: only the column_split path's second consumer copies the RoPE"),
-    (E4M3_H16.replace("}", ", meta_by_second: true}"),
-     r"row 'e4m3_h16': params meta_by_second: only the column_split path's second consumer loads the ids and tile "
-     r"scales"),
 ])
 def test_a_bad_fp8_row_is_refused_at_load_naming_the_row_and_field(new, message):
     table = _edited("gluon_fp8", E4M3_H16, new)
@@ -239,7 +229,7 @@ def test_staged_ids_on_a_row_that_serves_v32_rows_is_refused(row):
 def test_workers_leaving_the_default_partition_no_legal_count_are_refused(regs, producers, message):
     """Three warpgroups share 504 registers a thread-slot, four (two producers) 512 (tuning.partition_regs); the
     first consumer gets what the workers leave, which must be a legal setmaxnreg count."""
-    new = E4M3_H16.replace("consumer_regs: 136, producer_regs: 120, producers: 2", f"{regs}, producers: {producers}")
+    new = E4M3_H16.replace("consumer_regs: 112, producer_regs: 88, producers: 2", f"{regs}, producers: {producers}")
     with pytest.raises(dispatch.TableError, match=r"row 'e4m3_h16': .*default partition gets " + message
                        + r", outside \[24, 256\]"):
         tuning.check_fp8_table(_edited("gluon_fp8", E4M3_H16, new))
@@ -265,7 +255,7 @@ def test_producer_ahead_only_where_the_kernel_builds_it(edit, ahead_row):
     than a block and whole lines: any other row that asks for it is refused at load, naming the row and the param."""
     if edit == "kv":  # an e4m3 row with two producers of half-block steps asking for it
         old = E4M3_H16
-        new = E4M3_H16.replace("producer_rows: 64", "producer_rows: 32").replace("}", ", producer_ahead: true}")
+        new = E4M3_H16.replace("}", ", producer_ahead: true}")
         row = "e4m3_h16"
     else:
         old = _params_line(ahead_row)
@@ -336,9 +326,9 @@ def test_fields_that_would_hide_or_refuse_a_count_are_refused(old, new):
 
 def test_a_threshold_at_the_least_count_finds_no_gap_below_it():
     """``range: [0, 16]`` means ``le: 16`` for every head count: no gap at -1."""
-    old = 'num_heads: {le: 16, because: "16-head blocks"}\n    path: alternate_blocks\n    params: {head_block: 16, '
-    table = _edited("gluon_fp8", old + "consumer_regs: 136", old.replace("{le: 16,", "{range: [0, 16],")
-                    + "consumer_regs: 136")
+    old = 'num_heads: {le: 16, because: "16-head blocks"}\n    path: column_split\n    params: {head_block: 16, '
+    table = _edited("gluon_fp8", old + "consumer_regs: 112", old.replace("{le: 16,", "{range: [0, 16],")
+                    + "consumer_regs: 112")
     tuning.check_fp8_table(table)
 
 
@@ -351,7 +341,7 @@ def test_the_shipped_loader_refuses_a_bad_table_at_load(monkeypatch, tmp_path):
     try:
         for new, message in [
                 (E4M3_H16.replace("}", "}\n    sm: 90"), r"gluon_fp8.yaml:\d+: row 'e4m3_h16': unknown row key"),
-                (E4M3_H16.replace("producer_regs: 120", "producer_regs: 300"),
+                (E4M3_H16.replace("producer_regs: 88", "producer_regs: 300"),
                  r"gluon_fp8.yaml:\d+: row 'e4m3_h16': params producer_regs: setmaxnreg")]:
             path.write_text(text.replace(E4M3_H16, new))
             tuning._load.cache_clear()

@@ -21,13 +21,14 @@ import attrs
 from mla_sink.core.dtypes import DS_MLA_KEYS
 from mla_sink.core.tables import load_checked_table
 
-#: The paths of ``tables/gluon_fp8.yaml``: the two arrangements of the consumers (not ``COLS``; ``COLS``). The
-#: third, the alternate scores (``PAIRS``: alternate blocks' scores, ``P V`` split by columns), served e4m3's unsplit
-#: 32-head launches from the twenty-sixth session until the seventy-fourth, when the column split with two producers
-#: took its row (BENCHMARKS.md), and left the kernel with it.
-FP8_PATHS = ("alternate_blocks", "column_split")
-#: The path of the column-split consumers (``COLS``).
+#: The path of ``tables/gluon_fp8.yaml``: the consumers' one arrangement, both on every block with ``O^T`` split by
+#: value columns. The alternate scores (alternate blocks' scores, ``P V`` split by columns) served e4m3's unsplit
+#: 32-head launches from the twenty-sixth session until the seventy-fourth, and the alternate blocks (each consumer
+#: every other block) 16-head long ranges until the seventy-sixth, when the column split with two producers took
+#: their rows (BENCHMARKS.md); both left the kernel with them.
 COLUMN_SPLIT = "column_split"
+#: The paths of ``tables/gluon_fp8.yaml``.
+FP8_PATHS = (COLUMN_SPLIT,)
 #: Every param a path row of ``tables/gluon_fp8.yaml`` gives (its path's defaults included) -> its type.
 FP8_PARAMS = {"head_block": int, "consumer_regs": int, "producer_regs": int, "producer_rows": int, "lines": bool,
               "deferred_row_sum": bool, "scores_only": bool, "early_ids": bool, "staged_ids": bool,
@@ -66,13 +67,6 @@ def partition_regs(warpgroups: int) -> int:
 #: counts are open ints, so that every head and block count is answered (and checked) and not only the declared ones.
 FP8_FIELDS = {"kv_dtype": ("str", True), "q_dtype": ("str", True), "num_heads": ("int", False),
               "split": ("bool", False), "blocks": ("int", False)}
-#: The params only the column split reads (true on another path is refused) -> what the column split has for them.
-_COLUMN_SPLIT_ONLY = {"scores_only": " has a consumer that computes the scores only",
-                      "early_ids": "'s first consumer loads ids early",
-                      "warp_max": "'s first consumer takes the block maximum per warp",
-                      "rope_by_second": "'s second consumer copies the RoPE",
-                      "meta_by_second": "'s second consumer loads the ids and tile scales",
-                      "pv_overlap": "'s first consumer leaves its half of P V in flight"}
 #: The params that are ``setmaxnreg`` register counts.
 _REG_PARAMS = ("consumer_regs", "producer_regs")
 
@@ -84,7 +78,6 @@ class Fp8Arrangement:
 
     Attributes:
         row, why, source: the row that chose it (``tables/gluon_fp8.yaml``).
-        cols: the column-split consumers (its path is :data:`COLUMN_SPLIT`); otherwise alternate blocks.
         head_block: heads of one CTA (the wgmma N dimension); a token's ``H`` heads take ``cdiv(H, head_block)``
             CTAs (head groups).
         consumer_regs, producer_regs: ``setmaxnreg`` registers of the two worker partitions (the table's
@@ -93,24 +86,24 @@ class Fp8Arrangement:
         lines: the producer loads whole 128-byte lines (8 codes a lane, 16 lanes a row).
         deferred_row_sum: the consumers that compute scores keep the softmax's row sum per thread (``[ids, heads]``)
             and sum it over ids once at the end, instead of once a block (``DEFER_ROW_SUM``).
-        scores_only: on the column split, the first consumer computes only the scores, the softmax and ``P`` and
-            the second accumulates all of ``P V`` (``SCORES_ONLY``); always ``False`` on the other paths.
-        early_ids: on the column split with V3.2 rows, the first consumer loads the first block's ids and the first
-            two blocks' RoPE ids before it stages q, and each later block's ids a block ahead (``EARLY_IDS``); always
-            ``False`` on the other paths (the kernel reads it for V3.2 rows only).
+        scores_only: the first consumer computes only the scores, the softmax and ``P`` and the second accumulates
+            all of ``P V`` (``SCORES_ONLY``).
+        early_ids: with V3.2 rows, the first consumer loads the first block's ids and the first two blocks' RoPE ids
+            before it stages q, and each later block's ids a block ahead (``EARLY_IDS``; the kernel reads it for
+            V3.2 rows only).
         staged_ids: the producer stores each block's checked ids in shared memory and the consumers read them there
             once the block's stage is filled, instead of loading them from ``indices`` before it (``STAGED_IDS``);
             per-tensor e4m3 caches only (V3.2's consumers need the ids before the stage is filled, for the tile
             scales' loads).
-        warp_max: on the column split, the first consumer takes each block's maximum over ids as each warp's maximum
-            over its 16 ids and one ``[4, heads]`` exchange through shared memory behind one barrier, instead of
-            the generic reduction across its four warps (``WARP_MAX``); always ``False`` on the other paths.
-        rope_by_second: on the column split with V3.2 rows, the second consumer copies every block's bf16 RoPE (two
-            blocks ahead, signalled by an mbarrier) instead of the first (``ROPE_BY_SECOND``); always ``False`` on
-            the other paths (the kernel reads it where the RoPE is copied: 16-byte aligned V3.2 rows).
-        meta_by_second: on the column split with V3.2 rows (not with ``early_ids``), the second consumer loads each
-            block's ids and tile scales two blocks ahead and publishes the mask and scales in shared memory, which
-            the first reads a block ahead (``META_BY_SECOND``); always ``False`` on the other paths.
+        warp_max: the first consumer takes each block's maximum over ids as each warp's maximum over its 16 ids and
+            one ``[4, heads]`` exchange through shared memory behind one barrier, instead of the generic reduction
+            across its four warps (``WARP_MAX``).
+        rope_by_second: with V3.2 rows, the second consumer copies every block's bf16 RoPE (two blocks ahead,
+            signalled by an mbarrier) instead of the first (``ROPE_BY_SECOND``; the kernel reads it where the RoPE
+            is copied: 16-byte aligned V3.2 rows).
+        meta_by_second: with V3.2 rows (not with ``early_ids``), the second consumer loads each block's ids and tile
+            scales two blocks ahead and publishes the mask and scales in shared memory, which the first reads a
+            block ahead (``META_BY_SECOND``).
         l2_prefetch: the producer's asm row loads (16-byte aligned rows) ask the L2 for the 256-byte block a miss
             falls in (``gluon_fp8.L2_PREFETCH_HINT``); otherwise they load 32-byte sectors only (``L2_PREFETCH``).
         producers: producer warpgroups, one of :data:`PRODUCER_COUNTS`: one, or two that fill alternate ring stages
@@ -119,16 +112,14 @@ class Fp8Arrangement:
         producer_ahead: each of two producers keeps its next step's rows in flight while it converts and stores
             this step's (a block's second step loaded before the wait for its free stage), on 16-byte aligned V3.2
             rows with steps of less than a block (``PRODUCER_AHEAD``, ``gluon_fp8._producer_ahead``).
-        pv_overlap: on the column split with V3.2 rows, ``rope_by_second`` and ``meta_by_second`` (not
-            ``scores_only``), the first consumer leaves its half of a block's ``P V`` in flight behind the next
-            block's score wgmmas and releases the block's stage once it has waited for both (``PV_OVERLAP``); always
-            ``False`` on the other paths.
+        pv_overlap: with V3.2 rows, ``rope_by_second`` and ``meta_by_second`` (not ``scores_only``), the first
+            consumer leaves its half of a block's ``P V`` in flight behind the next block's score wgmmas and releases
+            the block's stage once it has waited for both (``PV_OVERLAP``).
     """
 
     row: str
     why: str
     source: str
-    cols: bool
     head_block: int
     consumer_regs: int
     producer_regs: int
@@ -195,11 +186,10 @@ def check_fp8_table(table) -> None:
     path row gives every param of :data:`FP8_PARAMS` (defaults included) with a legal value (``producer_rows`` a
     divisor of :data:`BLOCK_IDS` and a multiple of :data:`ROWS_PER_PASS`; ``producers`` one of
     :data:`PRODUCER_COUNTS`; the workers' registers leave the default partition a legal count of
-    :func:`partition_regs`; ``scores_only``, ``early_ids``, ``warp_max``,
-    ``rope_by_second`` and ``meta_by_second`` only on :data:`COLUMN_SPLIT`; ``staged_ids`` only on rows whose
+    :func:`partition_regs`; ``staged_ids`` only on rows whose
     ``kv_dtype`` excludes the V3.2 rows; ``producer_ahead`` only on rows whose ``kv_dtype`` excludes every cache
     but the V3.2 rows, with two producers, steps of less than a block and whole lines; ``pv_overlap`` only there too,
-    on :data:`COLUMN_SPLIT`, with ``rope_by_second`` and ``meta_by_second`` and not ``scores_only``); its head block
+    with ``rope_by_second`` and ``meta_by_second`` and not ``scores_only``); its head block
     one of :data:`HEAD_BLOCKS` (a row matching more heads runs ``cdiv(H, head_block)`` CTAs a token); a path's
     defaults are known params of the right type even where every row overrides them; and every head count and block
     count gets a row, the values on either side of each row's thresholds included, not only the declared ones
@@ -255,10 +245,6 @@ def check_fp8_table(table) -> None:
             raise _error(table, row, f"params staged_ids: only rows whose kv_dtype excludes {sorted(DS_MLA_KEYS)} "
                                      f"(V3.2's consumers load each block's ids before its stage is filled, for the "
                                      f"tile scales' loads)")
-        for key, what in _COLUMN_SPLIT_ONLY.items():
-            if params[key] and row.path != COLUMN_SPLIT:
-                raise _error(table, row, f"params {key}: only the {COLUMN_SPLIT} path{what} (got true on "
-                                         f"{row.path!r})")
         if params["producer_ahead"]:
             if (_admits(row, others_than_ds) or params["producers"] != RING_STAGES
                     or params["producer_rows"] >= BLOCK_IDS or not params["lines"]):
@@ -378,7 +364,7 @@ def fp8_arrangement(kv_dtype: str, q_dtype: str, num_heads: int, split: bool, bl
                          f"num_heads={num_heads}: {sel.reason} (row {sel.row.id if sel.row else None} of "
                          "tables/gluon_fp8.yaml)")
     p = sel.params
-    return Fp8Arrangement(row=sel.row.id, why=sel.row.why, source=sel.row.source, cols=sel.path == COLUMN_SPLIT,
+    return Fp8Arrangement(row=sel.row.id, why=sel.row.why, source=sel.row.source,
                           head_block=p["head_block"], consumer_regs=p["consumer_regs"],
                           producer_regs=p["producer_regs"], producer_rows=p["producer_rows"], lines=p["lines"],
                           deferred_row_sum=p["deferred_row_sum"], scores_only=p["scores_only"],
