@@ -814,8 +814,9 @@ def _finite_abs(x):
 @gluon.jit
 def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stride_qh, num_heads,
              BLOCK_H: gl.constexpr, KV_DS_MLA: gl.constexpr):
-    """q of token ``pid_t`` into shared memory, while the producer already gathers the first block. On the
-    alternate blocks the second consumer stages it, which waits for the ring's second block anyway: at 32 heads
+    """q of token ``pid_t`` into shared memory, while the producer already gathers the first block. The first
+    consumer stages it. On the alternate blocks (until the seventy-sixth session) the second consumer staged it,
+    which waits for the ring's second block anyway: at 32 heads
     (e4m3) 170.0 and 170.7 against 171.6 and 172.3 us at T=256 staged before the partitions start, two runs,
     eighteenth session, benchmarks/few_heads_q_by_consumer_ab_2026-12-02.json and
     benchmarks/few_heads_widen_ab_2026-12-02.json (the first consumer took 177.7 there, and 195.4 against 175.3
@@ -823,11 +824,10 @@ def _stage_q(Q, KV_SCALE, q_n, q_r, scale_smem, sm_scale, pid_t, stride_qt, stri
     seventeenth session); at 16 heads, where the first consumer staged it since the fifteenth session (H=16 T=256
     e4m3 148.3 against 149.8 us staged before the partitions), 144.6 against 147.8 us for e4m3 at T=256 and
     165.4 / 50.9 against 167.5 / 52.1 for V3.2 (paged) at T = 256 / 64 (nineteenth session,
-    benchmarks/few_heads_paged_ab_nineteenth_2026-12-02.json). On the column split the first consumer stages
-    it. Then
-    ``fence_async_shared`` and a barrier of the calling warps after it: fp16 for an e4m3 cache, each head row
-    scaled so that its largest |q| is 2^14, and the per-head factor that undoes it
-    (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for V3.2 rows."""
+    benchmarks/few_heads_paged_ab_nineteenth_2026-12-02.json). Then ``fence_async_shared`` and a barrier of the
+    calling warps after it: fp16 for an e4m3 cache, each head row scaled so that its largest |q| is 2^14, and the
+    per-head factor that undoes it (with sm_scale, kv_scale and log2(e)) into ``scale_smem``; bf16 as it is for
+    V3.2 rows."""
     D_NOPE: gl.constexpr = q_n.shape[2]
     D_ROPE: gl.constexpr = q_r.shape[2]
     dt: gl.constexpr = q_n.dtype
