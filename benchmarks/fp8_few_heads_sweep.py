@@ -4,14 +4,15 @@ the L2 flushed, times
 
 * ``bf16``: the library on a bf16 cache (the bar of issue #12: fp8 faster than bf16 at H <= 32);
 * ``e4m3_lib``: the library on the e4m3 cache (its route at the time of the run);
-* ``gluon_fp8/s<splits>[/r<regs>]``: :func:`mla_sink.kernels.gluon.gluon_fp8.sparse_mla_decode_fp8_gluon` with
-  that many splits (and, at 32 heads, other register splits of the two worker partitions),
+* ``gluon_fp8/s<splits>``: :func:`mla_sink.kernels.gluon.gluon_fp8.sparse_mla_decode_fp8_gluon` with that many
+  splits (the ninth session's runs also timed other register splits of the 32-head alternate blocks, ``/r<regs>``;
+  those variants left the script with the alternate blocks, seventy-sixth session),
 
 and checks each ``gluon_fp8`` configuration against the float64 reference (max abs error of ``out`` and
 ``lse``) on the same inputs.
 
 Runs of 2026-12-01 (BENCHMARKS.md, ninth session): ``fp8_few_heads_sweep_2026-12-01.json``, the kernel with
-its producer loading rows into registers and 32-head blocks offered (``REGS_32``: their register splits;
+its producer loading rows into registers and 32-head blocks offered (their register splits, ``/r<regs>``;
 they lost, and the kernel now takes 16-head blocks only); ``fp8_few_heads_staged_2026-12-01.json``, heads
 16 only, the producer copying rows into a staging block by cp.async; ``fp8_few_heads_prefetch_2026-12-01.json``,
 heads 16 only, the producer loading rows into registers again and prefetching block i + 2 into L2;
@@ -31,16 +32,6 @@ import torch
 D_QK, TOPK, N = 576, 2048, 3_500_000
 SHAPES = [(h, t) for h in (16, 32) for t in (2, 64, 128, 256)]
 SPLITS = {2: (8, 16, 32), 64: (1, 2, 3), 128: (1, 2), 256: (1,)}
-REGS_32 = [None, (216, 80)]  # at 32 heads (producer the default partition) only the consumers' value is set
-
-
-def _with_regs(arrangement, regs):
-    """``arrangement`` (a :class:`mla_sink.kernels.gluon.tuning.Fp8Arrangement`) with the consumers' and the
-    producer's registers ``regs`` where it ran 32-head blocks on the alternate-block consumers; since the
-    seventy-sixth session every launch runs the column split (the alternate blocks left the kernel), so ``regs``
-    changes nothing and the arrangement is the table's."""
-    del regs
-    return arrangement
 
 
 def main(path: str, heads: str = "16,32") -> None:
@@ -54,7 +45,6 @@ def main(path: str, heads: str = "16,32") -> None:
     kv = (torch.randn(N, D_QK, device="cuda") * 0.5).to(torch.bfloat16)
     kv8 = kv.to(torch.float8_e4m3fn)
     kv_scale = torch.tensor([1.25], device="cuda")
-    table_arrangement = gf.fp8_arrangement  # the rows of tables/gluon_fp8.yaml
     report: dict = {"us": {}, "err": {}}
     for H, T in [(h, t) for h, t in SHAPES if str(h) in heads.split(",")]:
         g = torch.Generator(device="cuda").manual_seed(H * 1000 + T)
@@ -70,24 +60,19 @@ def main(path: str, heads: str = "16,32") -> None:
         ro, rl = sparse_mla_decode_reference(q, kv8, idx, sinks, kv_scale=kv_scale)
         errs: dict = {}
         for splits in SPLITS[T]:
-            for regs in (REGS_32 if H == 32 else [None]):
-                name = f"gluon_fp8/s{splits}" + (f"/r{regs[0]}-{regs[1]}" if regs else "")
-                gf.fp8_arrangement = table_arrangement
-                if regs:  # the alternate blocks' 32-head registers replaced, as the run of the time set them
-                    gf.fp8_arrangement = lambda *key, regs=regs: _with_regs(table_arrangement(*key), regs)
-                fn = lambda: gf.sparse_mla_decode_fp8_gluon(q, kv8, idx, sinks, kv_scale=kv_scale,  # noqa: E731
-                                                            num_kv_splits=splits)
-                try:
-                    o, lse = fn()
-                    torch.cuda.synchronize()
-                    errs[name] = [float((o.double() - ro.double()).abs().max()),
-                                  float((lse.double() - rl.double()).abs().nan_to_num(0.0).max()),
-                                  bool(torch.isnan(o).any())]
-                    row[name] = timer.time_us(fn)
-                except Exception as e:  # noqa: BLE001 - a configuration that fails is reported, not fatal
-                    row[name] = None
-                    errs[name] = repr(e)[:300]
-        gf.fp8_arrangement = table_arrangement
+            name = f"gluon_fp8/s{splits}"
+            fn = lambda: gf.sparse_mla_decode_fp8_gluon(q, kv8, idx, sinks, kv_scale=kv_scale,  # noqa: E731
+                                                        num_kv_splits=splits)
+            try:
+                o, lse = fn()
+                torch.cuda.synchronize()
+                errs[name] = [float((o.double() - ro.double()).abs().max()),
+                              float((lse.double() - rl.double()).abs().nan_to_num(0.0).max()),
+                              bool(torch.isnan(o).any())]
+                row[name] = timer.time_us(fn)
+            except Exception as e:  # noqa: BLE001 - a configuration that fails is reported, not fatal
+                row[name] = None
+                errs[name] = repr(e)[:300]
         report["us"][key] = {k: (round(v, 2) if v is not None else None) for k, v in row.items()}
         report["err"][key] = errs
         print(key, json.dumps(report["us"][key]), json.dumps(errs), flush=True)
