@@ -137,25 +137,23 @@ def test_the_measured_arrangements():
 
 # ---- malformed tables ------------------------------------------------------------------------------------------
 
-def _edited(name: str, old: str, new: str):
+def _edited(name: str, old: str, new: str, row: str | None = None):
+    """``tables/<name>.yaml`` with its one ``old`` replaced by ``new`` - inside the row ``row`` only, where given
+    (another row may hold the same text) - loaded as ``edited.yaml``."""
     text = table_path(name).read_text()
-    assert text.count(old) == 1, old
-    return dispatch.load_table(text.replace(old, new), name="edited.yaml")
-
-
-def _edited_row(row: str, old: str, new: str):
-    """``tables/gluon_fp8.yaml`` with ``old`` replaced by ``new`` inside the row ``row`` only (another row may hold the
-    same params line), loaded as ``edited.yaml``."""
-    text = table_path("gluon_fp8").read_text()
-    start = text.index(f"  - id: {row}\n")
-    end = text.find("\n  - id: ", start)
+    start, end = 0, len(text)
+    if row is not None:
+        start = text.index(f"  - id: {row}\n")
+        end = text.find("\n  - id: ", start + 1)  # the next row, or the end of the file
+        end = len(text) if end < 0 else end
     segment = text[start:end]
     assert segment.count(old) == 1, (row, old)
     return dispatch.load_table(text[:start] + segment.replace(old, new) + text[end:], name="edited.yaml")
 
 
 def _params_line(row: str) -> str:
-    """The ``params:`` line of ``tables/gluon_fp8.yaml``'s row ``row`` (unique: it names the row's head block)."""
+    """The ``params:`` line of ``tables/gluon_fp8.yaml``'s row ``row`` (the first after its id; two rows may have the
+    same one: :func:`_edited` with ``row`` edits it in one of them)."""
     lines = table_path("gluon_fp8").read_text().splitlines()
     start = lines.index(f"  - id: {row}")
     return next(line for line in lines[start:] if line.startswith("    params: "))
@@ -267,7 +265,7 @@ def test_producer_ahead_only_where_the_kernel_builds_it(edit, ahead_row):
         row = ahead_row
     with pytest.raises(dispatch.TableError, match=rf"row '{row}': params producer_ahead: only rows whose kv_dtype "
                                                   r"is the V3\.2 rows"):
-        tuning.check_fp8_table(_edited_row(row, old, new))
+        tuning.check_fp8_table(_edited("gluon_fp8", old, new, row))
 
 
 @pytest.mark.parametrize("overlap_row", ["ds_mla_h16", "ds_mla_h32"])
@@ -287,7 +285,7 @@ def test_pv_overlap_only_where_the_first_consumer_has_no_global_load(edit, overl
         new = old.replace("}", ", pv_overlap: true}")
         row = "e4m3_h32_split"
     with pytest.raises(dispatch.TableError, match=rf"row '{row}': params pv_overlap: only with rope_by_second"):
-        tuning.check_fp8_table(_edited_row(row, old, new))
+        tuning.check_fp8_table(_edited("gluon_fp8", old, new, row))
 
 
 def test_a_bad_path_default_is_refused_even_where_every_row_overrides_it():
