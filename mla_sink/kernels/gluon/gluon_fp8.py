@@ -1244,10 +1244,6 @@ def sparse_mla_decode_fp8_ws_kernel(
     vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
     m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
-    # l_smem and q_ready: read by no partition since the alternate blocks left (seventy-sixth session), kept so that
-    # the shared-memory layout and the SASS stay the ones the GPU tests and timings ran (without them the launches'
-    # SASS differs, AOT sm90); the next kernel change that runs on a GPU drops them
-    l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
     if STAGED_IDS:  # each block's checked ids, from the producer to the consumers
         gl.static_assert(not KV_DS_MLA, "V3.2 rows: the consumers load each block's ids before its stage is filled")
         ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_STAGES, BLOCK_N], vec_l)
@@ -1256,14 +1252,12 @@ def sparse_mla_decode_fp8_ws_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # P^T ready
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumers read every stage
         mbarrier.init(p_ready.index(s), count=1)
     mbarrier.init(merged, count=1)
-    mbarrier.init(q_ready, count=1)
     fence_async_shared()  # the barriers' initialisation, before any partition uses them
     gl.thread_barrier()
 
