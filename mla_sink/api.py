@@ -161,25 +161,42 @@ def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
 
 
 def _mismatch(spec: CallSpec, name: str, arg: str, value) -> None:
-    raise ValueError(f"'{arg}' gives {name}={value!r} but spec.{name}={getattr(spec, name)!r} (the tensors "
-                     "must be those the spec, or the layer, was built for)")
+    raise ValueError(_mismatch_text(spec, [(name, arg, value)]))
 
 
-def check_kv_dtype_matches(spec: CallSpec, x: DecodeInputs) -> None:
-    """Check, before the per-dtype input checks, that ``kv_cache`` is of the spec's KV dtype, so that a cache of
-    another dtype is named as such (a layer built for ``fp8_ds_mla`` given an e4m3 cache would otherwise be
-    told that its ``kv_scale`` is missing).
+def _mismatch_text(spec: CallSpec, mismatches: list) -> str:
+    """The message of :func:`check_spec_matches` and :func:`check_dtypes_match`: each ``(field, argument, value)``
+    named with the spec's value, then what the tensors must be."""
+    named = "; ".join(f"'{arg}' gives {name}={value!r} but spec.{name}={getattr(spec, name)!r}"
+                      for name, arg, value in mismatches)
+    return f"{named} (the tensors must be those the spec, or the layer, was built for)"
+
+
+def check_dtypes_match(spec: CallSpec, x: DecodeInputs) -> None:
+    """Check, before the per-dtype input checks, that ``q`` and ``kv_cache`` are of the spec's dtypes, so that a
+    tensor of another dtype is named as such (a layer built for ``fp8_ds_mla`` given an e4m3 cache would otherwise
+    be told that its ``kv_scale`` is missing, and one built for bf16 given fp16 q and an fp16 cache that the cache
+    alone differs); both are named when both differ. A q dtype with no key is left to
+    :func:`mla_sink.core.validate.check_inputs`, which lists the allowed ones.
 
     Raises:
-        ValueError: ``kv_cache``'s dtype key (:func:`mla_sink.core.dtypes.kv_dtype_key`, which also refuses
-            unknown dtypes and uint8 rows of no known size) is not ``spec.kv_dtype``.
+        ValueError: ``q``'s dtype key is not ``spec.q_dtype``, or ``kv_cache``'s
+            (:func:`mla_sink.core.dtypes.kv_dtype_key`, which also refuses unknown dtypes and uint8 rows of no
+            known size) is not ``spec.kv_dtype``.
     """
-    from mla_sink.core.dtypes import kv_dtype_key
+    from mla_sink.core.dtypes import DTYPE_KEYS, kv_dtype_key
 
+    mismatches = []
+    if isinstance(x.q, torch.Tensor):
+        q_key = DTYPE_KEYS.get(x.q.dtype)
+        if q_key is not None and q_key != spec.q_dtype:
+            mismatches.append(("q_dtype", "q", q_key))
     if isinstance(x.kv_cache, torch.Tensor):
-        value = kv_dtype_key(x.kv_cache)
-        if value != spec.kv_dtype:
-            _mismatch(spec, "kv_dtype", "kv_cache", value)
+        kv_key = kv_dtype_key(x.kv_cache)
+        if kv_key != spec.kv_dtype:
+            mismatches.append(("kv_dtype", "kv_cache", kv_key))
+    if mismatches:
+        raise ValueError(_mismatch_text(spec, mismatches))
 
 
 def as_inputs(inputs: Any) -> DecodeInputs:
@@ -498,7 +515,7 @@ def _prepare_call(x: DecodeInputs, spec: Optional[CallSpec], need_lse: bool, pla
     """validate -> describe -> select -> plan -> the path's runner, for the first call of a signature."""
     _check_records(spec, platform, spec_given=spec is not None)
     if spec is not None:
-        check_kv_dtype_matches(spec, x)
+        check_dtypes_match(spec, x)
     check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length, q_scale=x.q_scale,
                  kv_scale=x.kv_scale, out=x.out)
     if spec is None:
@@ -551,7 +568,7 @@ def execute_dcp(x: DecodeInputs, *, spec: CallSpec, platform: Optional[Platform]
             if x.out is not None:
                 check_out_overlaps(x)  # per call, as _execute_eager: not part of the signature
         else:
-            check_kv_dtype_matches(spec, x)
+            check_dtypes_match(spec, x)
             check_inputs(x.q, x.kv_cache, x.indices, x.sinks, x.sm_scale, topk_length=x.topk_length,
                          q_scale=x.q_scale, kv_scale=x.kv_scale, out=x.out, allow_empty_pool=True)
             check_spec_matches(spec, x)

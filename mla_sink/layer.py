@@ -26,8 +26,8 @@ def _key(name: str, dtype: Union[str, torch.dtype]) -> Union[str, torch.dtype]:
         if dtype not in DTYPE_KEYS:
             keys = KV_DTYPE_KEYS if name == "kv_dtype" else sorted(DTYPE_KEYS.values())
             note = "; a uint8 layout is named by its key" if name == "kv_dtype" else ""
-            raise ValueError(f"'{name}' must be one of {list(keys)} or the torch dtypes of "
-                             f"{sorted(DTYPE_KEYS.values())} (got {dtype}{note})")
+            raise ValueError(f"'{name}' must be in {tuple(keys)} or the torch dtype of one of "
+                             f"{tuple(sorted(DTYPE_KEYS.values()))} (got {dtype}{note})")
         return DTYPE_KEYS[dtype]
     return dtype
 

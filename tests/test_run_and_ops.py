@@ -246,12 +246,27 @@ def test_layer_construction_rejections():
         layer(q, kv, idx)
 
 
+def test_layer_names_every_tensor_of_another_dtype():
+    """A layer built for fp16 given bf16 tensors names q and kv_cache, each with the dtype it gives and the layer's,
+    before the per-dtype checks (which would name the dtype pair alone: a break test, seventy-seventh session)."""
+    layer = SparseMLADecode(num_heads=5, q_dtype="fp16", kv_dtype="fp16", topk=24, platform=CPU_NO_TRITON)
+    q, kv, idx, _ = inputs(sinks=False)
+    q_text = "'q' gives q_dtype='bf16' but spec.q_dtype='fp16'"
+    kv_text = "'kv_cache' gives kv_dtype='bf16' but spec.kv_dtype='fp16'"
+    for q_in, kv_in, want in ((q.bfloat16(), kv.bfloat16(), f"{q_text}; {kv_text} "), (q.bfloat16(), kv, q_text),
+                              (q, kv.bfloat16(), f"^{kv_text}")):
+        with pytest.raises(ValueError, match=want.replace("(", r"\(")):
+            layer(q_in, kv_in, idx)
+    out, _ = layer(q, kv, idx)  # the layer's own dtypes still run
+    torch.testing.assert_close(out.double(), ref(q, kv, idx)[0], atol=2e-3, rtol=1e-2)
+
+
 def test_layer_takes_torch_dtypes_and_names_bad_options():
     layer = SparseMLADecode(num_heads=5, q_dtype=torch.float16, kv_dtype=torch.float16, topk=24,
                             platform=CPU_NO_TRITON)
     assert (layer.spec.q_dtype, layer.spec.kv_dtype) == ("fp16", "fp16")
     base = dict(num_heads=3, q_dtype="fp16", kv_dtype="fp16", topk=8, platform=Platform("cpu"))
-    for kw, message in ((dict(q_dtype=torch.float32), "'q_dtype' must be one of"),
+    for kw, message in ((dict(q_dtype=torch.float32), r"'q_dtype' must be in \('bf16', .*\) or the torch dtype of"),
                         (dict(return_lse=None), "'return_lse' must be a bool"),
                         (dict(logit_cap="3"), "'logit_cap' must be a finite float")):
         with pytest.raises(ValueError, match=message):
