@@ -82,8 +82,8 @@ def patch(src: str) -> str:
                 "            gl.store(TL + 1, _now(i), mask=i < 32)\n")
         released = "done with stage s and its P^T\n            mbarrier.arrive(empty.index(s))\n"  # ROLE 1's
         b = sub(b, released, released + "            gl.store(TL + 2, _now(i), mask=i < 32)\n")
-        b = sub(b, "        mbarrier.wait(merged, 0)\n",
-                f"        gl.store({tl} + 5, _now(pid_s))\n        mbarrier.wait(merged, 0)\n"
+        b = sub(b, "        mbarrier.wait(f_ready, 0)\n",
+                f"        gl.store({tl} + 5, _now(pid_s))\n        mbarrier.wait(f_ready, 0)\n"
                 f"        gl.store({tl} + 13, _now(pid_s))\n")
         # the first consumer's epilogue (fifty-fifth session): past the row sum and the LSE, past the output
         # factor (the sinks' load), past handing it over, past the LSE's store
@@ -92,8 +92,8 @@ def patch(src: str) -> str:
                 f"        gl.store({tl} + 9, _now(pid_s + (gl.max(lse2, axis=0) == 1.0e30).to(gl.int32)))\n")
         b = sub(b, "        f_smem.store(scale)\n",
                 f"        f_smem.store(scale)\n        gl.store({tl} + 10, _now(pid_s))\n")
-        b = sub(b, "        mbarrier.arrive(merged)\n",
-                f"        mbarrier.arrive(merged)\n        gl.store({tl} + 11, _now(pid_s))\n")
+        b = sub(b, "        mbarrier.arrive(f_ready)\n",
+                f"        mbarrier.arrive(f_ready)\n        gl.store({tl} + 11, _now(pid_s))\n")
         b = sub(b, "            gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)\n",
                 "            gl.store(LSE + pid_t * stride_lt + offs_h * stride_lh, lse2 / LOG2E, mask=hmask)\n"
                 f"        gl.store({tl} + 12, _now(pid_s))\n")

@@ -910,7 +910,7 @@ def _store_half(acc, acc_b, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stri
 
 @gluon.jit
 def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring, alpha_smem, kn_smem,
-                   kr_smem, ready, empty, p_ready, scale_smem, f_smem, merged, sm_scale, stride_qt, stride_qh,
+                   kr_smem, ready, empty, p_ready, scale_smem, f_smem, f_ready, sm_scale, stride_qt, stride_qh,
                    pid_t, pid_s, idx_base, stride_kv, kv_block_size, num_heads, num_rows, start, end, num_blocks,
                    stride_ot, stride_oh, stride_lt, stride_lh, stride_pt, stride_ps, stride_ph, stride_plt,
                    stride_pls, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
@@ -1101,7 +1101,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
         scale = _out_scale(l_safe, lse2, empty_row, KV_SCALE, sink, HAS_SINKS, SPLIT, KV_DS_MLA)
         f_smem.store(scale)
         gl.thread_barrier()
-        mbarrier.arrive(merged)
+        mbarrier.arrive(f_ready)
         if SPLIT:
             gl.store(PART_LSE + pid_t * stride_plt + pid_s * stride_pls + offs_h, lse2, mask=hmask)
         else:
@@ -1140,7 +1140,7 @@ def _consumer_cols(Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_
             if META2 and i + STAGES < num_blocks:  # slot s held block i's, which ROLE 0 read during block i - 1
                 m0, m1, m2, m3 = _tile_scales(KV, m_ids, m_ok, stride_kv, kv_block_size, acc_l, ROW_BYTES)
                 _publish_meta(meta_ids.index(s), meta_sc, s, meta_ready.index(s), m_ok, m0, m1, m2, m3)
-        mbarrier.wait(merged, 0)
+        mbarrier.wait(f_ready, 0)
         scale = f_smem.load(head_l)
     if not (SCORES_ONLY and ROLE == 0):
         _store_half(acc, acc_b, PART_OUT, OUT, pid_t, pid_s, offs_h, stride_pt, stride_ps, stride_ph, stride_ot,
@@ -1243,7 +1243,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dt))
     vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
-    m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)
+    f_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec_l)  # the per-head output factor, ROLE 0 -> 1
     if STAGED_IDS:  # each block's checked ids, from the producer to the consumers
         gl.static_assert(not KV_DS_MLA, "V3.2 rows: the consumers load each block's ids before its stage is filled")
         ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_STAGES, BLOCK_N], vec_l)
@@ -1251,13 +1251,13 @@ def sparse_mla_decode_fp8_ws_kernel(
         ids_smem = scale_smem  # (a placeholder, never read)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    f_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # f_smem written
     p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # P^T ready
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumers read every stage
         mbarrier.init(p_ready.index(s), count=1)
-    mbarrier.init(merged, count=1)
+    mbarrier.init(f_ready, count=1)
     fence_async_shared()  # the barriers' initialisation, before any partition uses them
     gl.thread_barrier()
 
@@ -1297,7 +1297,7 @@ def sparse_mla_decode_fp8_ws_kernel(
     # PRODUCERS is 2: Triton 3.6's Gluon takes the partitions only as a list literal of the call, sliced here
     gl.warp_specialize([
         (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
-                          alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                          alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, f_smem, f_ready,
                           sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                           num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                           stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
@@ -1305,7 +1305,7 @@ def sparse_mla_decode_fp8_ws_kernel(
                           SCORES_ONLY, EARLY_IDS, ids_smem, STAGED_IDS, wmax_smem, WARP_MAX, rope_ready,
                           ROPE_BY_SECOND, meta_ids, meta_sc, meta_ready, META_BY_SECOND, PV_OVERLAP)),
         (_consumer_cols, (Q, IDX, KV, SINKS, KV_SCALE, OUT, LSE, PART_OUT, PART_LSE, q_n, q_r, p_ring,
-                          alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, m_smem, merged,
+                          alpha_smem, kn_smem, kr_smem, ready, empty, p_ready, scale_smem, f_smem, f_ready,
                           sm_scale, stride_qt, stride_qh, pid_t, pid_s, idx_base, stride_kv, kv_block_size,
                           num_heads, num_rows, start, end, num_blocks, stride_ot, stride_oh, stride_lt, stride_lh,
                           stride_pt, stride_ps, stride_ph, stride_plt, stride_pls, BLOCK_H, BLOCK_N, D_NOPE,
