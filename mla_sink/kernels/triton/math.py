@@ -42,6 +42,32 @@ def id_valid(ids, num_rows):
 
 
 @triton.jit
+def block_ids(idx_row, pos, end, num_rows, EVEN: tl.constexpr):
+    """A block's ids and which of them are read: ``(ids, valid)`` for the positions ``pos`` (int32 ``[BLOCK_N]``) of
+    one token's id row ``idx_row`` (``*int32``), ``valid`` = ``pos < end`` and :func:`id_valid`. ``EVEN`` (every
+    block full, no ``topk_length``: the launcher's guarantee) drops the range mask, about 20% fewer instructions a
+    step on sm90; otherwise a position at or past ``end`` reads no id (``-1``)."""
+    if EVEN:
+        ids = tl.load(idx_row + pos)
+        valid = id_valid(ids, num_rows)
+    else:
+        in_range = pos < end
+        ids = tl.load(idx_row + pos, mask=in_range, other=-1)
+        valid = in_range & id_valid(ids, num_rows)
+    return ids, valid
+
+
+@triton.jit
+def final_lse2(m_i, l_i):
+    """The epilogue's statistics of a base-2 online softmax (:func:`online_softmax_step`'s ``m``, ``l``, fp32
+    ``[BLOCK_H]``): ``(empty, l_safe, lse2)`` - the rows with no valid id (``l = 0``), ``l`` with those rows at 1
+    (no division by zero) and the base-2 sink-free LSE ``m + log2 l`` (``-inf`` on empty rows)."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    return empty, l_safe, tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+
+
+@triton.jit
 def fnuz_to_f32(x):
     """float8_e4m3fnuz codes (a uint8 tile: the launcher passes fnuz tensors as uint8 views) -> fp32 values.
 
