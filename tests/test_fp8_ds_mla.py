@@ -239,8 +239,11 @@ def test_quantiser_paged_and_errors():
         quantize_kv_cache(bad)
     with pytest.raises(ValueError, match="'layout' must be 'fp8_ds_mla'"):
         dequantize_kv_cache(paged, layout="bf16")
-    with pytest.raises(ValueError, match=r"'kv_cache' must be uint8 \[N, 656\]"):
+    with pytest.raises(ValueError, match=r"'kv_cache' must be uint8 \[N, 656\].*\(got torch.uint8 shape \(4, 576\)\)$"):
         dequantize_kv_cache(torch.zeros(4, D_QK, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"shape \(3, 64, 1, 656\)\); a \[num_blocks, block_size, 1, 656\] cache of "
+                                         r"one KV head \(FlashMLA's k_cache\) is passed as kv_cache.squeeze\(2\)"):
+        dequantize_kv_cache(torch.zeros(3, 64, 1, 656, dtype=torch.uint8))
 
 
 def test_public_api_exports():
@@ -829,7 +832,10 @@ BAD = [
      r"'kv_cache' \(fp8_ds_mla\) must start at a multiple of 4 bytes"),
     ("empty pool", lambda x: x.update(kv_cache=torch.zeros(0, 8, ROW, dtype=torch.uint8)), r"must hold N >= 1 rows"),
     ("4-d", lambda x: x.update(kv_cache=torch.zeros(2, 2, 8, ROW, dtype=torch.uint8)),
-     r"must be uint8 \[N, 656\] or \[num_blocks, block_size, 656\] \(got shape \(2, 2, 8, 656\)\)"),
+     r"must be uint8 \[N, 656\] or \[num_blocks, block_size, 656\] \(got shape \(2, 2, 8, 656\)\)$"),
+    ("FlashMLA's 4-d k_cache", lambda x: x.update(kv_cache=torch.zeros(2, 8, 1, ROW, dtype=torch.uint8)),
+     r"\(got shape \(2, 8, 1, 656\)\); a \[num_blocks, block_size, 1, 656\] cache of one KV head \(FlashMLA's "
+     r"k_cache\) is passed as kv_cache.squeeze\(2\)"),
     ("kv_scale given", lambda x: x.update(kv_scale=torch.ones(1)),
      r"'kv_scale' must be None with a fp8_ds_mla kv_cache: its scales are in the rows"),
     ("656-byte rows of another dtype", lambda x: x.update(kv_cache=torch.zeros(32, ROW, dtype=torch.float8_e4m3fn)),

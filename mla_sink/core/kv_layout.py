@@ -173,7 +173,17 @@ def check_cache(kv_cache: Any) -> None:
     check_dense("kv_cache", kv_cache)
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != ROW_BYTES:
         raise ValueError(f"'kv_cache' must be uint8 [N, {ROW_BYTES}] or [num_blocks, block_size, {ROW_BYTES}] "
-                         f"(got {kv_cache.dtype} shape {concrete(kv_cache.shape)})")
+                         f"(got {kv_cache.dtype} shape {concrete(kv_cache.shape)}){one_head_hint(kv_cache)}")
+
+
+def one_head_hint(kv_cache: torch.Tensor) -> str:
+    """The tail of a shape error for a 4-D cache with one KV head, ``[num_blocks, block_size, 1, 656]`` (FlashMLA's
+    ``k_cache``, ``flash_mla_interface.py``): how to pass it (its view without that dimension, no copy); ``""`` for
+    any other shape."""
+    if kv_cache.dim() == 4 and kv_cache.shape[2] == 1 and kv_cache.shape[-1] == ROW_BYTES:
+        return (f"; a [num_blocks, block_size, 1, {ROW_BYTES}] cache of one KV head (FlashMLA's k_cache) is passed "
+                f"as kv_cache.squeeze(2)")
+    return ""
 
 
 def cache_rows(kv_cache: torch.Tensor) -> torch.Tensor:

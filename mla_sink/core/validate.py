@@ -120,7 +120,7 @@ def check_ds_mla_cache(kv_cache: torch.Tensor, *, allow_empty_pool: bool = False
     row = kv_layout.ROW_BYTES
     if kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != row:
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must be uint8 [N, {row}] or [num_blocks, block_size, {row}] "
-                         f"(got shape {concrete(kv_cache.shape)})")
+                         f"(got shape {concrete(kv_cache.shape)}){kv_layout.one_head_hint(kv_cache)}")
     if kv_layout.num_rows(kv_cache) < (0 if allow_empty_pool else 1):
         raise ValueError(f"'kv_cache' (fp8_ds_mla) must hold N >= 1 rows (got shape {concrete(kv_cache.shape)})")
     strides = tuple(kv_cache.stride())  # compared as they are (symbolic sizes install their guards)
