@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 from mla_sink.api import check_dcp_args
 from mla_sink.core.dcp import (
     LAYOUTS,
+    check_shard,
     compact_local_indices,
     dcp_sparse_mla_decode,
     global_row_ids,
@@ -958,6 +959,20 @@ def test_local_indices_explicit_table():
 def test_sharding_argument_errors(call, needle):
     with pytest.raises(ValueError, match=needle):
         call()
+
+
+@pytest.mark.parametrize("kv,needle", [
+    (torch.zeros(2, 64, 1, 656, dtype=torch.uint8),
+     r"\[num_blocks, block_size, 656\]\) \(got shape \(2, 64, 1, 656\)\); a \[num_blocks, block_size, 1, 656\] "
+     r"cache of one KV head \(FlashMLA's k_cache\) is passed as kv_cache.squeeze\(2\)"),
+    (torch.zeros(2, 4, 576, dtype=torch.bfloat16), r"\(got shape \(2, 4, 576\)\)$"),
+], ids=["one_kv_head", "paged_bf16"])
+def test_shard_shape_errors(kv, needle):
+    """A shard that is neither [N_r, 576], uint8 [N_r, 656] nor a paged fp8_ds_mla one is refused by its shape before
+    any collective; FlashMLA's 4-D cache of one KV head with how to pass it."""
+    inp = DecodeInputs(torch.randn(1, 16, 576, dtype=torch.bfloat16), kv, torch.zeros(1, 8, dtype=torch.int32), 1.0)
+    with pytest.raises(ValueError, match=needle):
+        check_shard(inp, 256, 2, 0, "interleaved")
 
 
 def test_local_ids_at_the_int32_limit():

@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
 from mla_sink.core.inputs import DecodeInputs
+from mla_sink.core.kv_layout import one_head_hint
 from mla_sink.core.lse import merge_states, sink_applied
 from mla_sink.core.records import D_V
 from mla_sink.core.trace import has_no_data
@@ -409,8 +410,8 @@ def check_shard(inputs: DecodeInputs, num_kv_rows: int, world: int, rank: int, l
     kv = inputs.kv_cache
     paged = kv.dim() == 3 and kv.dtype == torch.uint8  # an fp8_ds_mla shard [num_blocks, block_size, 656]
     if kv.dim() != 2 and not paged:
-        raise ValueError(f"'inputs.kv_cache' must be this rank's shard [N_r, 576] (or uint8 [N_r, 656]) "
-                         f"(got shape {tuple(kv.shape)})")
+        raise ValueError(f"'inputs.kv_cache' must be this rank's shard [N_r, 576] (or uint8 [N_r, 656] or "
+                         f"[num_blocks, block_size, 656]) (got shape {tuple(kv.shape)}){one_head_hint(kv)}")
     expect_rows = shard_num_rows(num_kv_rows, world, rank, layout)
     if inputs.num_kv_rows != expect_rows:
         raise ValueError(
