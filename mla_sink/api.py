@@ -22,7 +22,7 @@ from mla_sink.core.describe import spec_for_tensors, spec_of
 from mla_sink.core.inputs import DecodeInputs
 from mla_sink.core.plan import LaunchPlan, build_plan
 from mla_sink.core.platform import arch_of, detect_platform
-from mla_sink.core.dtypes import DTYPE_KEYS, out_dtype_for
+from mla_sink.core.dtypes import DTYPE_KEYS, kv_dtype_key, out_dtype_for
 from mla_sink.core.records import D_QK, D_V, CallSpec, Platform, check_platform, check_spec
 from mla_sink.core.trace import has_no_data, tracing
 from mla_sink.core.validate import (
@@ -145,8 +145,6 @@ def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
         ValueError: q or kv_cache dtype, head count ``H``, ``topk``, sinks presence or ``logit_cap``
             differ from ``spec`` (message names the field, the tensors' value and the spec's).
     """
-    from mla_sink.core.dtypes import DTYPE_KEYS, kv_dtype_key
-
     got = {  # field: (the argument it comes from, its value there)
         "q_dtype": ("q", DTYPE_KEYS.get(x.q.dtype)),
         "kv_dtype": ("kv_cache", kv_dtype_key(x.kv_cache)),
@@ -157,11 +155,7 @@ def check_spec_matches(spec: CallSpec, x: DecodeInputs) -> None:
     }
     for name, (arg, value) in got.items():
         if getattr(spec, name) != value:
-            _mismatch(spec, name, arg, value)
-
-
-def _mismatch(spec: CallSpec, name: str, arg: str, value) -> None:
-    raise ValueError(_mismatch_text(spec, [(name, arg, value)]))
+            raise ValueError(_mismatch_text(spec, [(name, arg, value)]))
 
 
 def _mismatch_text(spec: CallSpec, mismatches: list) -> str:
@@ -184,8 +178,6 @@ def check_dtypes_match(spec: CallSpec, x: DecodeInputs) -> None:
             (:func:`mla_sink.core.dtypes.kv_dtype_key`, which also refuses unknown dtypes and uint8 rows of no
             known size) is not ``spec.kv_dtype``.
     """
-    from mla_sink.core.dtypes import DTYPE_KEYS, kv_dtype_key
-
     mismatches = []
     if isinstance(x.q, torch.Tensor):
         q_key = DTYPE_KEYS.get(x.q.dtype)
